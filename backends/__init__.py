@@ -1,0 +1,1 @@
+"""tokenweir backends: the SGLang launcher and a CPU emulator of an SGLang server."""

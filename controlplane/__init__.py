@@ -1,0 +1,1 @@
+"""tokenweir control plane: policy model, translation to Envoy resources, xDS server, CLI."""

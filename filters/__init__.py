@@ -1,0 +1,1 @@
+"""tokenweir filter server: an ext_proc plugin chain that makes Envoy LLM-aware."""

@@ -1,0 +1,94 @@
+"""Shared test helpers: free loopback ports, child processes that always stop, a private Redis."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["free_port", "redis_server", "wait_for_port", "ChildProcess"]
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 15.0, host: str = LOOPBACK) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
+
+
+class ChildProcess:
+    """A child process in its own process group, stopped (TERM, then KILL) on close."""
+
+    def __init__(self, argv: list[str], *, log: Path, env: dict[str, str] | None = None) -> None:
+        self.argv = argv
+        self.log = log
+        self._log_fh = log.open("wb")
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=self._log_fh,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def output(self) -> str:
+        self._log_fh.flush()
+        return self.log.read_text(errors="replace")
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout)
+        self._log_fh.close()
+
+
+@contextlib.contextmanager
+def redis_server(extra_args: list[str] | None = None) -> Iterator[int]:
+    """Start a private redis-server on a free loopback port; yield the port; stop it."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed (scripts/ensure-system-deps.sh installs it)")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="tw-redis-") as tmp:
+        argv = [
+            binary,
+            "--port", str(port),
+            "--bind", LOOPBACK,
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", tmp,
+            *(extra_args or []),
+        ]
+        child = ChildProcess(argv, log=Path(tmp) / "redis.log")
+        try:
+            wait_for_port(port)
+            yield port
+        finally:
+            child.close()
