@@ -1,0 +1,65 @@
+"""Errors raised by ``backends``.
+
+Exception tree::
+
+    BackendError
+    ├── UnknownProfileError (also KeyError)   an unknown profile name
+    ├── RequestError                           a request the server rejects with 400
+    ├── QueueFullError                         the waiting queue is full (503, as SGLang)
+    ├── ServerClosingError                     the server is stopping (503)
+    └── LauncherError                          the real-SGLang launcher failed
+        └── LaunchTimeoutError                 /health did not come up in time
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "LaunchTimeoutError",
+    "LauncherError",
+    "QueueFullError",
+    "RequestError",
+    "ServerClosingError",
+    "UnknownProfileError",
+]
+
+
+class BackendError(Exception):
+    """Base of every error raised by ``backends``."""
+
+
+class UnknownProfileError(BackendError, KeyError):
+    """No profile has this name; the message lists the known names."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.known = list(known)
+        super().__init__(f"unknown backend profile {name!r}; known profiles: {', '.join(known)}")
+
+    def __str__(self) -> str:  # KeyError would repr() the message otherwise
+        return str(self.args[0])
+
+
+class RequestError(BackendError):
+    """A bad request: the HTTP layer answers 400 with SGLang's error body."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        self.message = message
+        self.param = param
+        super().__init__(message)
+
+
+class QueueFullError(BackendError):
+    """The scheduler's waiting queue is at ``max_queued_requests``."""
+
+
+class ServerClosingError(BackendError):
+    """The emulator is shutting down and takes no new work."""
+
+
+class LauncherError(BackendError):
+    """Starting or stopping a real SGLang server failed."""
+
+
+class LaunchTimeoutError(LauncherError):
+    """The launched server did not report healthy in time."""
