@@ -1,0 +1,15 @@
+"""The mesh policy: typed model, YAML loader with precise errors, cross-reference checks."""
+
+from controlplane.policy.errors import Issue, PolicyError
+from controlplane.policy.loader import endpoint_files, load_policy, load_policy_text
+from controlplane.policy.model import Address, Policy
+
+__all__ = [
+    "Address",
+    "Issue",
+    "Policy",
+    "PolicyError",
+    "endpoint_files",
+    "load_policy",
+    "load_policy_text",
+]

@@ -1,0 +1,436 @@
+"""The policy model: frozen, typed dataclasses. Field names are the YAML keys (docs/policy.md).
+
+A policy describes the whole mesh: LLM pools (SGLang replicas), ordinary HTTP services, the
+Envoy nodes (gateways and sidecars) that route to them, the tenants and tiers whose quotas the
+rate-limit service enforces, and where the rate-limit and filter (ext_proc) servers listen.
+Cross-references (route → pool, fallback → pool, sidecar → service …) are checked in
+:mod:`controlplane.policy.semantic`, not here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+import yaml
+
+from controlplane.policy.decode import MISSING_NODE, Decoder, Duration, Range, Size
+
+__all__ = [
+    "LANES",
+    "Address",
+    "Affinity",
+    "CircuitBreakers",
+    "EmulatedPool",
+    "FiltersServer",
+    "Gateway",
+    "HealthCheck",
+    "HttpService",
+    "Lane",
+    "LlmPool",
+    "OutlierDetection",
+    "PluginRef",
+    "Policy",
+    "QuotaLimits",
+    "Quotas",
+    "RateLimitServer",
+    "Retries",
+    "Route",
+    "RouteFilters",
+    "RouteMatch",
+    "RouteRateLimit",
+    "Sidecar",
+    "SidecarInbound",
+    "SidecarOutbound",
+    "Tenant",
+    "Thresholds",
+    "Tier",
+    "Timeouts",
+]
+
+Lane = Literal["interactive", "batch"]
+LANES: tuple[str, ...] = ("interactive", "batch")
+Port = Annotated[int, Range(1, 65535)]
+Count = Annotated[int, Range(0, 1_000_000_000)]
+Positive = Annotated[int, Range(1, 1_000_000_000)]
+Percent = Annotated[float, Range(0, 100)]
+_HOSTPORT = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9_\-]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True, order=True)
+class Address:
+    """``host:port``; written as that string in YAML."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def parse(cls, text: str) -> Address:
+        m = _HOSTPORT.match(text.strip())
+        if m is None or not 1 <= int(m.group("port")) <= 65535:
+            raise ValueError(f"expected host:port with a port in 1..65535, got {text!r}")
+        return cls(m.group("host").strip("[]"), int(m.group("port")))
+
+    @classmethod
+    def __decode__(cls, d: Decoder, node: yaml.Node, path: str) -> Any:
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                return cls.parse(str(node.value))
+            except ValueError as exc:
+                d.error(node, path, str(exc))
+                return MISSING_NODE
+        d.error(node, path, "expected a 'host:port' string")
+        return MISSING_NODE
+
+
+def _name(value: str, what: str) -> None:
+    if not _NAME.match(value):
+        raise ValueError(
+            f"{what} {value!r} is not a valid name (lowercase letters, digits, '-' and '_', "
+            "1-63 characters, starting and ending with a letter or digit)"
+        )
+
+
+# -- LLM pools --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Affinity:
+    """Ring-hash affinity: the first header present decides the replica."""
+
+    headers: tuple[str, ...] = ("x-session-id", "x-prefix-hash")
+    hash_balance_factor: Annotated[int, Range(100, 100_000)] | None = 150
+    minimum_ring_size: Annotated[int, Range(1, 8_388_608)] = 1024
+    maximum_ring_size: Annotated[int, Range(1, 8_388_608)] = 8_388_608
+    prefix_tokens: Annotated[int, Range(16, 1_000_000)] = 256
+
+    def __post_init__(self) -> None:
+        if not self.headers:
+            raise ValueError("headers: give at least one header to hash on")
+        if self.minimum_ring_size > self.maximum_ring_size:
+            raise ValueError("minimum_ring_size must not exceed maximum_ring_size")
+
+
+@dataclass(frozen=True)
+class OutlierDetection:
+    enabled: bool = True
+    consecutive_5xx: Positive = 5
+    consecutive_gateway_errors: Positive = 5
+    interval: Annotated[float, Duration(0.001)] = 10.0
+    base_ejection_time: Annotated[float, Duration(0.001)] = 30.0
+    max_ejection_percent: Percent = 50.0
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    enabled: bool = True
+    path: str = "/health"
+    interval: Annotated[float, Duration(0.01)] = 5.0
+    timeout: Annotated[float, Duration(0.01)] = 2.0
+    unhealthy_threshold: Positive = 3
+    healthy_threshold: Positive = 1
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Envoy circuit-breaker thresholds for one priority."""
+
+    max_connections: Count = 1024
+    max_pending_requests: Count = 1024
+    max_requests: Count = 1024
+    max_retries: Count = 3
+
+
+@dataclass(frozen=True)
+class CircuitBreakers:
+    """Separate thresholds per lane: interactive → Envoy HIGH priority, batch → DEFAULT."""
+
+    interactive: Thresholds = field(default_factory=Thresholds)
+    batch: Thresholds = field(default_factory=Thresholds)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """``request: 0s`` means no total timeout (what SSE streams need); ``stream_idle`` guards them."""
+
+    connect: Annotated[float, Duration(0.001, 3600)] = 1.0
+    request: Annotated[float, Duration(0, 86400)] = 0.0
+    stream_idle: Annotated[float, Duration(0, 86400)] = 60.0
+    per_try: Annotated[float, Duration(0, 86400)] = 0.0
+
+
+@dataclass(frozen=True)
+class Retries:
+    enabled: bool = True
+    num_retries: Annotated[int, Range(0, 10)] = 2
+    retry_on: tuple[str, ...] = (
+        "connect-failure",
+        "refused-stream",
+        "reset",
+        "retriable-status-codes",
+    )
+    retriable_status_codes: tuple[Annotated[int, Range(100, 599)], ...] = (503,)
+    backoff_base: Annotated[float, Duration(0.001, 60)] = 0.025
+    backoff_max: Annotated[float, Duration(0.001, 300)] = 0.25
+    budget_percent: Percent | None = 20.0
+    budget_min_concurrency: Count = 3
+
+    def __post_init__(self) -> None:
+        allowed = {
+            "5xx",
+            "gateway-error",
+            "reset",
+            "reset-before-request",
+            "connect-failure",
+            "envoy-ratelimited",
+            "retriable-4xx",
+            "refused-stream",
+            "retriable-status-codes",
+            "http3-post-connect-failure",
+        }
+        bad = [r for r in self.retry_on if r not in allowed]
+        if bad:
+            raise ValueError(f"retry_on: unknown condition(s) {bad}; allowed: {sorted(allowed)}")
+        if self.backoff_base > self.backoff_max:
+            raise ValueError("retries: backoff_base must not exceed backoff_max")
+
+
+@dataclass(frozen=True)
+class EmulatedPool:
+    """Replicas that ``tokenweir up`` runs as SGLang emulators (backends/emulator)."""
+
+    replicas: Annotated[int, Range(1, 64)] = 2
+    profile: str = "llama-3.1-8b-h100"
+    base_port: Port | None = None
+    time_scale: Annotated[float, Range(0.001, 1000)] = 1.0
+    cache_tokens: Positive | None = None
+
+
+@dataclass(frozen=True)
+class LlmPool:
+    """A pool of SGLang replicas serving the same model(s)."""
+
+    models: tuple[str, ...]
+    endpoints: tuple[Address, ...] = ()
+    endpoints_file: str | None = None
+    emulated: EmulatedPool | None = None
+    affinity: Affinity = field(default_factory=Affinity)
+    outlier_detection: OutlierDetection = field(default_factory=OutlierDetection)
+    health_check: HealthCheck = field(default_factory=HealthCheck)
+    circuit_breakers: CircuitBreakers = field(default_factory=CircuitBreakers)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    retries: Retries = field(default_factory=Retries)
+    fallback: str | None = None
+    max_body_bytes: Annotated[int, Size(1024, 64 * 1024**2)] = 1024**2
+
+
+# -- ordinary HTTP services -------------------------------------------------------------------
+@dataclass(frozen=True)
+class HttpService:
+    """An existing HTTP service routed through Envoy unchanged."""
+
+    endpoints: tuple[Address, ...] = ()
+    endpoints_file: str | None = None
+    hosts: tuple[str, ...] = ()
+    timeouts: Timeouts = field(default_factory=lambda: Timeouts(request=15.0, stream_idle=300.0))
+    retries: Retries = field(
+        default_factory=lambda: Retries(retry_on=("connect-failure", "refused-stream", "reset"))
+    )
+    circuit_breakers: Thresholds = field(default_factory=Thresholds)
+    outlier_detection: OutlierDetection | None = None
+    health_check: HealthCheck | None = None
+    rate_limit: QuotaLimits | None = None
+
+
+# -- routes and filters -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class RouteMatch:
+    prefix: str | None = None
+    path: str | None = None
+    hosts: tuple[str, ...] = ("*",)
+    headers: dict[str, str] = field(default_factory=dict)
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefix is not None and self.path is not None:
+            raise ValueError("match: give prefix or path, not both")
+        if self.prefix is None and self.path is None:
+            object.__setattr__(self, "prefix", "/")
+
+
+@dataclass(frozen=True)
+class PluginRef:
+    """A plugin by built-in name (``identity``) or dotted import path (``mypkg.mod:Plugin``)."""
+
+    name: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def __shorthand__(cls, d: Decoder, node: yaml.Node, path: str) -> yaml.Node:
+        if isinstance(node, yaml.ScalarNode):  # "identity" == {name: identity}
+            key = yaml.ScalarNode("tag:yaml.org,2002:str", "name", node.start_mark, node.end_mark)
+            return yaml.MappingNode(
+                "tag:yaml.org,2002:map", [(key, node)], node.start_mark, node.end_mark
+            )
+        return node
+
+
+@dataclass(frozen=True)
+class RouteFilters:
+    """ext_proc plugin chain for this route (filters/)."""
+
+    enabled: bool = True
+    plugins: tuple[PluginRef, ...] = ()
+    failure_mode: Literal["open", "closed"] = "closed"
+
+
+@dataclass(frozen=True)
+class RouteRateLimit:
+    """Token-aware limits for this route (ratelimit_service/)."""
+
+    enabled: bool = True
+    settle_on_stream_done: bool = True
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str
+    match: RouteMatch = field(default_factory=RouteMatch)
+    pool: str | None = None
+    service: str | None = None
+    lane: Lane | None = None
+    rate_limit: RouteRateLimit | None = None
+    filters: RouteFilters | None = None
+    timeouts: Timeouts | None = None
+
+    def __post_init__(self) -> None:
+        _name(self.name, "route name")
+        if (self.pool is None) == (self.service is None):
+            raise ValueError(f"route {self.name!r}: give exactly one of pool or service")
+
+
+# -- nodes ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Gateway:
+    """An edge Envoy; every instance with node cluster == this name gets these resources."""
+
+    listen: Address = field(default_factory=lambda: Address("127.0.0.1", 10000))
+    routes: tuple[Route, ...] = ()
+    max_request_headers_kb: Annotated[int, Range(1, 8192)] = 60
+
+
+@dataclass(frozen=True)
+class SidecarInbound:
+    listen: Address
+    local: Address
+
+
+@dataclass(frozen=True)
+class SidecarOutbound:
+    listen: Address
+    upstreams: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """A per-service Envoy: inbound to the local app, outbound to the upstreams it may call."""
+
+    service: str
+    inbound: SidecarInbound | None = None
+    outbound: SidecarOutbound | None = None
+
+
+# -- tenants and quotas -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class QuotaLimits:
+    """A token bucket (burst = C, refill_per_second = r) and long-window budgets."""
+
+    burst: Positive | None = None
+    refill_per_second: Annotated[float, Range(0, 1e9)] | None = None
+    per_minute: Positive | None = None
+    per_hour: Positive | None = None
+    per_day: Positive | None = None
+    per_month: Positive | None = None
+    shadow: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.burst is None) != (self.refill_per_second is None):
+            raise ValueError("a token bucket needs both burst and refill_per_second")
+
+
+@dataclass(frozen=True)
+class Quotas:
+    tokens: QuotaLimits | None = None
+    requests: QuotaLimits | None = None
+    models: dict[str, QuotaLimits] = field(default_factory=dict)
+    lanes: dict[str, QuotaLimits] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bad = [k for k in self.lanes if k not in LANES]
+        if bad:
+            raise ValueError(f"lanes: unknown lane(s) {bad}; allowed: {list(LANES)}")
+
+
+@dataclass(frozen=True)
+class Tier:
+    lane: Lane = "interactive"
+    allowed_lanes: tuple[Lane, ...] = ("interactive", "batch")
+    max_tokens: Positive = 4096
+    quotas: Quotas = field(default_factory=Quotas)
+
+
+@dataclass(frozen=True)
+class Tenant:
+    tier: str
+    api_keys: tuple[str, ...] = ()
+    quotas: Quotas | None = None
+
+
+# -- servers the mesh talks to ----------------------------------------------------------------
+@dataclass(frozen=True)
+class RateLimitServer:
+    address: Address = field(default_factory=lambda: Address("127.0.0.1", 18081))
+    domain: str = "tokenweir"
+    timeout: Annotated[float, Duration(0.001, 10)] = 0.05
+    failure_mode_deny: bool = False
+    redis_url: str | None = None
+    redis_failure_mode: Literal["open", "closed"] = "open"
+    reservation_ttl: Annotated[float, Duration(1, 86400)] = 600.0
+    replicas: Annotated[int, Range(1, 16)] = 1
+    metrics_port: Port | None = None
+
+
+@dataclass(frozen=True)
+class FiltersServer:
+    address: Address = field(default_factory=lambda: Address("127.0.0.1", 18082))
+    message_timeout: Annotated[float, Duration(0.001, 60)] = 0.2
+    max_body_bytes: Annotated[int, Size(1024, 64 * 1024**2)] = 1024**2
+    processes: Annotated[int, Range(1, 16)] = 1
+    metrics_port: Port | None = None
+
+
+@dataclass(frozen=True)
+class ControlPlane:
+    xds: Address = field(default_factory=lambda: Address("127.0.0.1", 18000))
+    metrics: Address = field(default_factory=lambda: Address("127.0.0.1", 18001))
+    debounce: Annotated[float, Duration(0, 10)] = 0.1
+    delta: bool = True
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The whole mesh."""
+
+    version: Literal[1] = 1
+    control_plane: ControlPlane = field(default_factory=ControlPlane)
+    pools: dict[str, LlmPool] = field(default_factory=dict)
+    services: dict[str, HttpService] = field(default_factory=dict)
+    gateways: dict[str, Gateway] = field(default_factory=dict)
+    sidecars: dict[str, Sidecar] = field(default_factory=dict)
+    tiers: dict[str, Tier] = field(default_factory=dict)
+    tenants: dict[str, Tenant] = field(default_factory=dict)
+    ratelimit: RateLimitServer | None = None
+    filters: FiltersServer | None = None

@@ -1,0 +1,185 @@
+"""Cross-reference checks on a decoded policy: every name used is defined, ports do not clash.
+
+Each check yields (key path, message); the loader turns paths into file lines.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from controlplane.policy.model import LANES, Address, Policy
+
+__all__ = ["check_policy"]
+
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9_\-]{0,61}[a-z0-9])?$")
+_NAME_RULE = "lowercase letters, digits, '-' and '_', 1-63 characters"
+
+
+def check_policy(policy: Policy) -> list[tuple[str, str]]:
+    """Every cross-reference problem in ``policy`` as ``(key.path, message)``."""
+    return [
+        *_names(policy),
+        *_pools(policy),
+        *_gateways(policy),
+        *_sidecars(policy),
+        *_tenants(policy),
+        *_ports(policy),
+    ]
+
+
+def _names(policy: Policy) -> Iterator[tuple[str, str]]:
+    for section in ("pools", "services", "gateways", "sidecars", "tiers", "tenants"):
+        for name in getattr(policy, section):
+            if not _NAME.match(name):
+                yield f"{section}.{name}", f"invalid name ({_NAME_RULE})"
+    clash = set(policy.pools) & set(policy.services)
+    for name in sorted(clash):
+        yield f"services.{name}", "a pool and a service may not share a name (both become clusters)"
+    clash = set(policy.gateways) & set(policy.sidecars)
+    for name in sorted(clash):
+        yield f"sidecars.{name}", "a gateway and a sidecar may not share a name (node cluster ids)"
+
+
+def _pools(policy: Policy) -> Iterator[tuple[str, str]]:
+    for name, pool in policy.pools.items():
+        path = f"pools.{name}"
+        if not pool.models:
+            yield f"{path}.models", "list at least one model name this pool serves"
+        if pool.emulated is not None and pool.emulated.base_port is None:
+            yield (
+                f"{path}.emulated.base_port",
+                "required: emulated replicas listen on base_port, base_port+1, ...",
+            )
+        if pool.fallback is not None:
+            if pool.fallback not in policy.pools:
+                yield (
+                    f"{path}.fallback",
+                    f"unknown pool {pool.fallback!r}; defined pools: {sorted(policy.pools)}",
+                )
+            elif pool.fallback == name:
+                yield f"{path}.fallback", "a pool cannot be its own fallback"
+        seen: set[Address] = set()
+        for i, ep in enumerate(pool.endpoints):
+            if ep in seen:
+                yield f"{path}.endpoints[{i}]", f"duplicate endpoint {ep}"
+            seen.add(ep)
+
+
+def _gateways(policy: Policy) -> Iterator[tuple[str, str]]:
+    served = {m for p in policy.pools.values() for m in p.models}
+    for gname, gw in policy.gateways.items():
+        names: set[str] = set()
+        for i, route in enumerate(gw.routes):
+            path = f"gateways.{gname}.routes[{i}]"
+            if route.name in names:
+                yield f"{path}.name", f"duplicate route name {route.name!r}"
+            names.add(route.name)
+            if route.pool is not None and route.pool not in policy.pools:
+                yield (
+                    f"{path}.pool",
+                    f"unknown pool {route.pool!r}; defined pools: {sorted(policy.pools)}",
+                )
+            if route.service is not None and route.service not in policy.services:
+                yield (
+                    f"{path}.service",
+                    f"unknown service {route.service!r}; defined services: {sorted(policy.services)}",
+                )
+            if route.match.model is not None and route.match.model not in served:
+                yield f"{path}.match.model", f"no pool serves model {route.match.model!r}"
+            rl_on = route.rate_limit is not None and route.rate_limit.enabled
+            if rl_on and policy.ratelimit is None:
+                yield (
+                    f"{path}.rate_limit",
+                    "needs a top-level 'ratelimit:' section (where the service listens)",
+                )
+            if route.filters is not None and route.filters.enabled and policy.filters is None:
+                yield (
+                    f"{path}.filters",
+                    "needs a top-level 'filters:' section (where the filter server listens)",
+                )
+            if route.service is not None and route.filters is not None and route.filters.enabled:
+                yield (
+                    f"{path}.filters",
+                    "LLM filters apply to pool routes only; services pass through unchanged",
+                )
+
+
+def _sidecars(policy: Policy) -> Iterator[tuple[str, str]]:
+    for sname, sc in policy.sidecars.items():
+        path = f"sidecars.{sname}"
+        if sc.service not in policy.services:
+            yield (
+                f"{path}.service",
+                f"unknown service {sc.service!r}; defined services: {sorted(policy.services)}",
+            )
+        if sc.inbound is None and sc.outbound is None:
+            yield path, "a sidecar needs an inbound or an outbound listener (or both)"
+        if sc.outbound is not None:
+            for i, up in enumerate(sc.outbound.upstreams):
+                if up not in policy.services and up not in policy.pools:
+                    yield (
+                        f"{path}.outbound.upstreams[{i}]",
+                        f"unknown upstream {up!r}; it must name a service or a pool",
+                    )
+
+
+def _tenants(policy: Policy) -> Iterator[tuple[str, str]]:
+    served = {m for p in policy.pools.values() for m in p.models}
+    for tname, tier in policy.tiers.items():
+        if tier.lane not in tier.allowed_lanes:
+            yield (
+                f"tiers.{tname}.lane",
+                f"default lane {tier.lane!r} is not in allowed_lanes {list(tier.allowed_lanes)}",
+            )
+        for model in tier.quotas.models:
+            if model not in served:
+                yield f"tiers.{tname}.quotas.models.{model}", f"no pool serves model {model!r}"
+    keys: dict[str, str] = {}
+    for tname, tenant in policy.tenants.items():
+        path = f"tenants.{tname}"
+        if tenant.tier not in policy.tiers:
+            yield (
+                f"{path}.tier",
+                f"unknown tier {tenant.tier!r}; defined tiers: {sorted(policy.tiers)}",
+            )
+        for i, key in enumerate(tenant.api_keys):
+            if len(key) < 8:
+                yield f"{path}.api_keys[{i}]", "an API key must be at least 8 characters"
+            if key in keys:
+                yield f"{path}.api_keys[{i}]", f"this key is already given to tenant {keys[key]!r}"
+            keys.setdefault(key, tname)
+        if tenant.quotas is not None:
+            for lane in tenant.quotas.lanes:
+                if lane not in LANES:
+                    yield f"{path}.quotas.lanes.{lane}", f"unknown lane; allowed: {list(LANES)}"
+
+
+def _ports(policy: Policy) -> Iterator[tuple[str, str]]:
+    used: dict[int, str] = {}
+
+    def claim(port: int, path: str) -> Iterator[tuple[str, str]]:
+        if port in used:
+            yield path, f"port {port} is already used by {used[port]}"
+        else:
+            used[port] = path
+
+    cp = policy.control_plane
+    yield from claim(cp.xds.port, "control_plane.xds")
+    yield from claim(cp.metrics.port, "control_plane.metrics")
+    if policy.ratelimit is not None:
+        yield from claim(policy.ratelimit.address.port, "ratelimit.address")
+    if policy.filters is not None:
+        yield from claim(policy.filters.address.port, "filters.address")
+    for gname, gw in policy.gateways.items():
+        yield from claim(gw.listen.port, f"gateways.{gname}.listen")
+    for sname, sc in policy.sidecars.items():
+        if sc.inbound is not None:
+            yield from claim(sc.inbound.listen.port, f"sidecars.{sname}.inbound.listen")
+        if sc.outbound is not None:
+            yield from claim(sc.outbound.listen.port, f"sidecars.{sname}.outbound.listen")
+    for pname, pool in policy.pools.items():
+        em = pool.emulated
+        if em is not None and em.base_port is not None:
+            for i in range(em.replicas):
+                yield from claim(em.base_port + i, f"pools.{pname}.emulated.base_port")
