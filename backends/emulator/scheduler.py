@@ -1,0 +1,325 @@
+"""The emulator's scheduler: one asyncio task stepping a continuous batch, as SGLang's does.
+
+Each step (one forward pass of the emulated GPU):
+
+1. admit waiting requests in FCFS order while fewer than ``max_running_requests`` run, the
+   step's prefill budget (``chunked_prefill_size`` uncached tokens) is not spent, and the KV pool
+   can hold the request (uncached prompt + ``max_new_tokens``, evicting LRU cache leaves);
+   the matched prefix is locked so it cannot be evicted while the request runs;
+2. give the step's prefill budget to requests still in prefill, oldest first (chunked prefill);
+3. every request whose prefill finished in an earlier step decodes one token;
+4. sleep ``profile.step_s(prefill tokens, decode batch) * time_scale * slow``, then publish
+   the tokens. A request whose prefill completes in this step gets its first token now; its prompt
+   is inserted into the radix cache (so concurrent requests with the same prefix hit), and on
+   finish prompt + output are inserted and the lock released.
+
+Prefill and decode share a step (mixed chunked prefill); the waiting queue is bounded
+(``QueueFullError`` → 503). With no work the task waits on an event: no busy loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from backends.emulator.radix_cache import RadixCache
+from backends.emulator.request import EmuRequest
+from backends.emulator.tokenizer import OutputWords
+from backends.errors import QueueFullError, RequestError, ServerClosingError
+from backends.profiles import BackendProfile
+
+__all__ = ["Scheduler", "SchedulerObserver", "SchedulerStats"]
+
+_LATE_SLACK_S = 0.05  # behind schedule by less than this: catch up; more: start afresh
+_THROUGHPUT_WINDOW_S = 5.0
+
+
+class SchedulerObserver(Protocol):
+    """Receives events for metrics (implemented with prometheus in ``metrics.py``)."""
+
+    def on_admit(self, req: EmuRequest, queue_time_s: float) -> None: ...
+    def on_first_token(self, req: EmuRequest, ttft_s: float) -> None: ...
+    def on_decode(self, tokens: int, itls_s: list[float]) -> None: ...
+    def on_finish(self, req: EmuRequest, e2e_s: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    num_running_reqs: int
+    num_queue_reqs: int
+    num_used_tokens: int
+    max_total_num_tokens: int
+    token_usage: float
+    cache_hit_rate: float
+    gen_throughput: float
+    cached_tokens_in_tree: int
+
+
+class Scheduler:
+    """Continuous batching over a radix cache, timed by a ``BackendProfile``."""
+
+    def __init__(
+        self,
+        profile: BackendProfile,
+        *,
+        time_scale: float = 1.0,
+        server_seed: int = 0,
+        stop_prob: float = 0.0,
+        observer: SchedulerObserver | None = None,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.profile = profile
+        self.time_scale = time_scale
+        self.slow_factor = 1.0
+        self.server_seed = server_seed
+        self.stop_prob = stop_prob
+        self.cache = RadixCache(profile.max_total_tokens, profile.page_size)
+        self.words = OutputWords.build()
+        self._observer = observer
+        self._clock = clock
+        self._sleep = sleep
+        self.waiting: collections.deque[EmuRequest] = collections.deque()
+        self.running: list[EmuRequest] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._target = 0.0
+        self._uncommitted = 0  # tokens computed by running requests, not yet in the tree
+        self._tp: collections.deque[tuple[float, int]] = collections.deque()
+        self.prompt_tokens_total = 0
+        self.cached_tokens_total = 0
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="emulator-scheduler")
+
+    async def aclose(self) -> None:
+        """Stop the step loop and abort every request."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for req in [*self.waiting, *self.running]:
+            self.abort(req)
+
+    # ---- requests -----------------------------------------------------------------------
+    def add(self, req: EmuRequest) -> EmuRequest:
+        """Queue a request; QueueFullError when the waiting queue is full."""
+        if self._closing:
+            raise ServerClosingError("the emulator is shutting down")
+        total = req.prompt_len + req.params.max_new_tokens
+        if req.prompt_len == 0:
+            raise RequestError("the prompt is empty", "prompt")
+        if total > self.profile.max_total_tokens:
+            raise RequestError(
+                f"prompt ({req.prompt_len}) + max_new_tokens ({req.params.max_new_tokens}) "
+                f"exceed the KV cache ({self.profile.max_total_tokens} tokens)"
+            )
+        if len(self.waiting) >= self.profile.max_queued_requests:
+            raise QueueFullError(
+                f"The request queue is full ({self.profile.max_queued_requests} waiting)"
+            )
+        self.waiting.append(req)
+        self._wake.set()
+        return req
+
+    def abort(self, req: EmuRequest) -> None:
+        """Drop a request (client gone or shutdown); frees what it holds."""
+        if req.done:
+            return
+        if req in self.waiting:
+            self.waiting.remove(req)
+        elif req in self.running:
+            self.running.remove(req)
+            self._release(req, commit=req.prefill_done)
+        req.finish_reason = "abort"
+        req.finished_at = self._clock()
+        req.event.set()
+
+    def flush_cache(self) -> bool:
+        """Empty the radix cache; False (nothing done) while requests run or wait."""
+        if self.running or self.waiting:
+            return False
+        self.cache.reset()
+        return True
+
+    def stats(self) -> SchedulerStats:
+        cap = self.profile.max_total_tokens
+        used = self.cache.protected_size + self._uncommitted
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_queue_reqs=len(self.waiting),
+            num_used_tokens=used,
+            max_total_num_tokens=cap,
+            token_usage=used / cap,
+            cache_hit_rate=(
+                self.cached_tokens_total / self.prompt_tokens_total
+                if self.prompt_tokens_total
+                else 0.0
+            ),
+            gen_throughput=self._gen_throughput(),
+            cached_tokens_in_tree=self.cache.total_size,
+        )
+
+    # ---- the step loop ------------------------------------------------------------------
+    async def _run(self) -> None:
+        while not self._closing:
+            if not self.waiting and not self.running:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            prefill, decode = self._form_batch()
+            prefill_tokens = sum(n for _, n in prefill)
+            if not prefill and not decode:
+                # waiting requests that do not fit while nothing runs cannot happen (add()
+                # rejects them); be safe and wait for a change instead of spinning
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            dt = self.profile.step_s(prefill_tokens, len(decode))
+            await self._sleep_step(dt * self.time_scale * self.slow_factor)
+            self._apply(prefill, decode)
+
+    async def _sleep_step(self, dt: float) -> None:
+        now = self._clock()
+        self._target = self._target + dt if now - self._target < _LATE_SLACK_S else now + dt
+        await self._sleep(max(self._target - now, 0.0))
+
+    def _form_batch(self) -> tuple[list[tuple[EmuRequest, int]], list[EmuRequest]]:
+        decode = [r for r in self.running if r.prefill_done]
+        budget = self.profile.chunked_prefill_size
+        prefill: list[tuple[EmuRequest, int]] = []
+        for req in self.running:
+            if budget <= 0:
+                break
+            if not req.prefill_done:
+                n = min(req.prompt_len - req.prefilled, budget)
+                prefill.append((req, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.profile.max_running_requests:
+            req = self.waiting[0]
+            if not self._admit(req):
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            n = min(req.prompt_len - req.prefilled, budget)
+            prefill.append((req, n))
+            budget -= n
+        return prefill, decode
+
+    def _admit(self, req: EmuRequest) -> bool:
+        prompt = req.params.prompt_ids
+        match = self.cache.match_prefix(prompt[: len(prompt) - 1])
+        self.cache.lock(match.node)
+        need = req.prompt_len - match.length + req.params.max_new_tokens
+        if not self.cache.allocate(need):
+            self.cache.unlock(match.node)
+            return False
+        now = self._clock()
+        req.node = match.node
+        req.reserved = need
+        req.cached_tokens = match.length
+        req.prefilled = match.length
+        req.admitted_at = now
+        self.prompt_tokens_total += req.prompt_len
+        self.cached_tokens_total += match.length
+        if self._observer is not None:
+            self._observer.on_admit(req, now - req.arrival)
+        return True
+
+    def _apply(self, prefill: list[tuple[EmuRequest, int]], decode: list[EmuRequest]) -> None:
+        now = self._clock()
+        itls: list[float] = []
+        produced = 0
+        for req in decode:
+            if req.done:
+                continue
+            if req.last_token_at is not None:
+                itls.append(now - req.last_token_at)
+            self._emit_token(req, now)
+            produced += 1
+        for req, n in prefill:
+            if req.done:
+                continue
+            req.prefilled += n
+            self._uncommitted += n
+            if req.prefill_done:
+                self._commit_prompt(req)
+                req.first_token_at = now
+                if self._observer is not None:
+                    self._observer.on_first_token(req, now - req.arrival)
+                if req.params.max_new_tokens == 0:
+                    req.finish_reason = "length"
+                    continue
+                self._emit_token(req, now)
+                produced += 1
+        self._tp.append((now, produced))
+        while self._tp and self._tp[0][0] < now - _THROUGHPUT_WINDOW_S:
+            self._tp.popleft()
+        if self._observer is not None and produced:
+            self._observer.on_decode(produced, itls)
+        finished = [r for r in self.running if r.finish_reason is not None]
+        if finished:
+            self.running = [r for r in self.running if r.finish_reason is None]
+            for req in finished:
+                self._release(req, commit=True)
+                req.finished_at = now
+                if self._observer is not None:
+                    self._observer.on_finish(req, now - req.arrival)
+                req.event.set()
+
+    def _emit_token(self, req: EmuRequest, now: float) -> None:
+        idx = req.rng.randrange(len(self.words.words))
+        word = self.words.words[idx]
+        req.last_token_at = now
+        self._uncommitted += 1
+        if word in req.params.stop:
+            req.finish_reason, req.matched_stop = "stop", word
+            return
+        req.output_words.append(word)
+        req.output_ids.append(self.words.ids[idx])
+        if len(req.output_ids) >= req.params.max_new_tokens:
+            req.finish_reason = "length"
+        elif not req.params.ignore_eos and self.stop_prob and req.rng.random() < self.stop_prob:
+            req.finish_reason = "stop"
+        req.event.set()
+
+    def _commit_prompt(self, req: EmuRequest) -> None:
+        """Prefill done: move the prompt into the tree and lock it there instead."""
+        uncached = req.prompt_len - req.cached_tokens
+        self.cache.release(uncached)
+        req.reserved -= uncached
+        self._uncommitted -= uncached
+        inserted = self.cache.insert(req.params.prompt_ids)
+        self.cache.lock(inserted.node)
+        if req.node is not None:
+            self.cache.unlock(req.node)
+        req.node = inserted.node
+
+    def _release(self, req: EmuRequest, *, commit: bool) -> None:
+        """Free the request's reservation; with ``commit`` insert prompt + output first."""
+        self.cache.release(req.reserved)
+        computed = req.prefilled - req.cached_tokens if not req.prefill_done else 0
+        self._uncommitted -= computed + len(req.output_ids) + (req.matched_stop is not None)
+        req.reserved = 0
+        if commit and req.prefill_done:
+            self.cache.insert([*req.params.prompt_ids, *req.output_ids])
+        if req.node is not None:
+            self.cache.unlock(req.node)
+            req.node = None
+
+    def _gen_throughput(self) -> float:
+        if len(self._tp) < 2:
+            return 0.0
+        span = self._tp[-1][0] - self._tp[0][0]
+        tokens = sum(n for _, n in self._tp) - self._tp[0][1]
+        return tokens / span if span > 0 else 0.0
