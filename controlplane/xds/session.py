@@ -1,0 +1,289 @@
+"""Per-stream protocol state shared by State-of-the-World and Delta ADS sessions.
+
+A session is a synchronous state machine: feed it requests (``on_request``) and new snapshots
+(``on_snapshot``); each call returns the responses to send now. No I/O, no clock of its own.
+
+Push rules (make-before-break):
+
+* types are pushed in ``ORDER`` (CDS, EDS, LDS, RDS); a type waits while an earlier type has a
+  response that Envoy has not answered yet, or that Envoy rejected for the current content;
+* clusters Envoy holds that the new snapshot drops are *retained* (with their endpoints) until
+  Envoy has acknowledged the new listeners and routes, and only then removed;
+* after a NACK the type stays on its last accepted content and the rejected content is not sent
+  again; the next different content (a new snapshot, a new subscription) is tried.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import base_pb2
+from google.protobuf import any_pb2
+from google.protobuf.message import Message
+
+from controlplane.xds.snapshot import Snapshot
+from controlplane.xds.types import CLUSTER, ENDPOINT, LISTENER, ORDER, ROUTE, WILDCARD_TYPES
+
+__all__ = ["Entry", "Pending", "Recorder", "Session", "TypeState", "key_of"]
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+
+class Recorder(Protocol):
+    """Where a session reports what happened (metrics); see ``controlplane.xds.metrics``."""
+
+    def pushed(self, type_url: str, mode: str) -> None: ...
+
+    def acked(self, type_url: str, mode: str, seconds: float) -> None: ...
+
+    def nacked(self, type_url: str, mode: str) -> None: ...
+
+    def stale(self, type_url: str, mode: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One resource as it would be sent: its name, content version, message and packed form."""
+
+    name: str
+    version: str
+    message: Message
+    packed: Callable[[], any_pb2.Any]
+
+
+@dataclass
+class Pending:
+    """A response Envoy has not answered yet."""
+
+    nonce: str
+    version: str
+    entries: dict[str, Entry]
+    removed: tuple[str, ...]
+    key: tuple[tuple[str, str], ...]
+    sent_at: float
+
+
+@dataclass
+class TypeState:
+    """What one stream knows about one resource type."""
+
+    asked: bool = False  # Envoy requested this type at least once on this stream
+    wildcard: bool = False
+    names: set[str] = field(default_factory=set)
+    held: dict[str, str] = field(default_factory=dict)  # name → version Envoy accepted
+    held_messages: dict[str, Message] = field(default_factory=dict)
+    pending: Pending | None = None
+    last_nonce: str = ""
+    rejected_key: tuple[tuple[str, str], ...] | None = None
+    needs_response: bool = False
+    force: set[str] = field(default_factory=set)  # names to send again even if unchanged
+    accepted_version: str = ""
+
+    def wants(self, name: str) -> bool:
+        return self.wildcard or name in self.names
+
+
+class Session(ABC, Generic[R]):
+    """Protocol state of one ADS stream (one Envoy); subclasses encode SotW or Delta."""
+
+    mode = "base"
+
+    def __init__(
+        self, node: base_pb2.Node, group: str, *, recorder: Recorder, clock: Callable[[], float]
+    ) -> None:
+        self.node = node
+        self.group = group
+        self.recorder = recorder
+        self.clock = clock
+        self.target: Snapshot | None = None
+        self.types: dict[str, TypeState] = {t: TypeState() for t in ORDER}
+        self._nonce = 0
+
+    # ----------------------------------------------------------------- inputs
+    def on_snapshot(self, snapshot: Snapshot) -> list[R]:
+        self.target = snapshot
+        return self.pump()
+
+    @abstractmethod
+    def on_request(self, request: Message) -> list[R]: ...
+
+    # ----------------------------------------------------------------- planning
+    def pump(self) -> list[R]:
+        """Every response that may go out now, in make-before-break order."""
+        if self.target is None:
+            return []
+        out: list[R] = []
+        for type_url in ORDER:
+            state = self.types[type_url]
+            if not state.asked:
+                continue
+            if not self._earlier_types_settled(type_url):
+                break
+            if state.pending is not None:
+                continue
+            response = self._maybe_respond(type_url, state, self._desired(type_url, state))
+            if response is not None:
+                out.append(response)
+        return out
+
+    @abstractmethod
+    def _maybe_respond(
+        self, type_url: str, state: TypeState, desired: dict[str, Entry]
+    ) -> R | None:
+        """Build the response that brings Envoy to ``desired``, or None when nothing is due."""
+
+    def _earlier_types_settled(self, type_url: str) -> bool:
+        for earlier in ORDER[: ORDER.index(type_url)]:
+            state = self.types[earlier]
+            if state.pending is not None:
+                return False
+            if state.rejected_key is not None and state.rejected_key == key_of(
+                self._desired(earlier, state)
+            ):
+                return False
+        return True
+
+    def _desired(self, type_url: str, state: TypeState) -> dict[str, Entry]:
+        assert self.target is not None
+        snapshot = self.target
+        versions = snapshot.versions.get(type_url, {})
+        desired = {
+            name: Entry(name, versions[name], message, _packer(snapshot, type_url, name))
+            for name, message in snapshot.of_type(type_url).items()
+            if state.wants(name)
+        }
+        if type_url in (CLUSTER, ENDPOINT) and not self._routes_follow_target():
+            for name, message in self._retained(type_url).items():
+                if state.wants(name) and name not in desired:
+                    desired[name] = Entry(name, state.held[name], message, _fresh_packer(message))
+        return desired
+
+    def _retained(self, type_url: str) -> dict[str, Message]:
+        """Resources Envoy holds that the target drops but listeners/routes may still use."""
+        assert self.target is not None
+        clusters = self.types[CLUSTER]
+        kept = {
+            name: message
+            for name, message in clusters.held_messages.items()
+            if name not in self.target.of_type(CLUSTER) and name in clusters.held
+        }
+        if type_url == CLUSTER:
+            return kept
+        wanted = {_cla_name(name, message) for name, message in kept.items()}
+        endpoints = self.types[ENDPOINT]
+        return {
+            name: message
+            for name, message in endpoints.held_messages.items()
+            if name in wanted
+            and name in endpoints.held
+            and name not in self.target.of_type(ENDPOINT)
+        }
+
+    def _routes_follow_target(self) -> bool:
+        """True once Envoy accepted the target's listeners and routes (or never asked for them)."""
+        assert self.target is not None
+        for type_url in (LISTENER, ROUTE):
+            state = self.types[type_url]
+            if not state.asked:
+                continue
+            if state.pending is not None:
+                return False
+            versions = self.target.versions.get(type_url, {})
+            for name, version in versions.items():
+                if state.wants(name) and state.held.get(name) != version:
+                    return False
+        return True
+
+    # ----------------------------------------------------------------- answers
+    def _next_nonce(self) -> str:
+        self._nonce += 1
+        return str(self._nonce)
+
+    def _start(self, type_url: str, state: TypeState, pending: Pending) -> None:
+        state.pending = pending
+        state.last_nonce = pending.nonce
+        state.needs_response = False
+        state.force.clear()
+        self.recorder.pushed(type_url, self.mode)
+
+    def _accept(self, type_url: str, state: TypeState) -> None:
+        pending = state.pending
+        assert pending is not None
+        previous = dict(state.held)
+        for name in pending.removed:
+            state.held.pop(name, None)
+            state.held_messages.pop(name, None)
+        for name, entry in pending.entries.items():
+            if not state.wants(name):
+                continue  # unsubscribed while the response was in flight
+            state.held[name] = entry.version
+            state.held_messages[name] = entry.message
+        state.pending = None
+        state.rejected_key = None
+        state.accepted_version = pending.version
+        self.recorder.acked(type_url, self.mode, max(0.0, self.clock() - pending.sent_at))
+        if type_url == CLUSTER:
+            self._resend_endpoints_of_changed_clusters(previous, pending.entries)
+
+    def _reject(self, type_url: str, state: TypeState, message: str) -> None:
+        pending = state.pending
+        assert pending is not None
+        state.pending = None
+        state.rejected_key = pending.key
+        self.recorder.nacked(type_url, self.mode)
+        log.warning(
+            "NACK from node %r (group %r) for %s version %r: %s; it stays on version %r",
+            self.node.id,
+            self.group,
+            type_url.rsplit(".", 1)[-1],
+            pending.version,
+            message,
+            state.accepted_version,
+        )
+
+    def _resend_endpoints_of_changed_clusters(
+        self, previous: Mapping[str, str], entries: Mapping[str, Entry]
+    ) -> None:
+        """An updated EDS cluster is rebuilt by Envoy and waits for its endpoints again."""
+        endpoints = self.types[ENDPOINT]
+        for name, entry in entries.items():
+            if name in previous and previous[name] != entry.version:
+                endpoints.force.add(_cla_name(name, entry.message))
+
+    def subscribe_names(self, type_url: str, state: TypeState, names: list[str]) -> bool:
+        """SotW-style full subscription list; True when it changed."""
+        wildcard = (not names and type_url in WILDCARD_TYPES) or "*" in names
+        new = set(names) - {"*"}
+        changed = wildcard != state.wildcard or new != state.names
+        state.wildcard, state.names = wildcard, new
+        return changed
+
+
+def key_of(desired: Mapping[str, Entry]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((name, entry.version) for name, entry in desired.items()))
+
+
+def _cla_name(cluster_name: str, message: Message) -> str:
+    if isinstance(message, cluster_pb2.Cluster) and message.eds_cluster_config.service_name:
+        return str(message.eds_cluster_config.service_name)
+    return cluster_name
+
+
+def _packer(snapshot: Snapshot, type_url: str, name: str) -> Callable[[], any_pb2.Any]:
+    return lambda: snapshot.packed(type_url, name)
+
+
+def _fresh_packer(message: Message) -> Callable[[], any_pb2.Any]:
+    def pack() -> any_pb2.Any:
+        packed = any_pb2.Any()
+        packed.Pack(message)
+        return packed
+
+    return pack

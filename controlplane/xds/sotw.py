@@ -1,0 +1,68 @@
+"""State-of-the-World ADS: every response carries the full set of a type's resources."""
+
+from __future__ import annotations
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from controlplane.xds.session import Entry, Pending, Session, TypeState, key_of
+
+__all__ = ["SotwSession"]
+
+
+class SotwSession(Session[discovery_pb2.DiscoveryResponse]):
+    """One SotW ADS stream (``StreamAggregatedResources``)."""
+
+    mode = "sotw"
+
+    def on_request(
+        self, request: discovery_pb2.DiscoveryRequest
+    ) -> list[discovery_pb2.DiscoveryResponse]:  # type: ignore[override]
+        state = self.types.get(request.type_url)
+        if state is None:
+            return []  # a type we do not serve: Envoy waits for its initial-fetch timeout
+        names = list(request.resource_names)
+        nonce = request.response_nonce
+        if not nonce:
+            # First request for this type on this stream; Envoy's version_info may come from a
+            # previous control plane whose versions mean nothing here, so always answer.
+            state.asked = True
+            self.subscribe_names(request.type_url, state, names)
+            state.needs_response = True
+            return self.pump()
+        if nonce != state.last_nonce:
+            self.recorder.stale(request.type_url, self.mode)
+            return []
+        if state.pending is not None and state.pending.nonce == nonce:
+            if request.HasField("error_detail"):
+                self._reject(request.type_url, state, request.error_detail.message)
+            else:
+                self._accept(request.type_url, state)
+        if self.subscribe_names(request.type_url, state, names) and (state.wildcard or state.names):
+            state.needs_response = True
+        return self.pump()
+
+    def _maybe_respond(
+        self, type_url: str, state: TypeState, desired: dict[str, Entry]
+    ) -> discovery_pb2.DiscoveryResponse | None:
+        key = key_of(desired)
+        if key == state.rejected_key:
+            return None
+        unchanged = state.held == dict(key)
+        if unchanged and not state.needs_response and not (state.force & desired.keys()):
+            state.force.clear()
+            return None
+        assert self.target is not None
+        version = self.target.version
+        if any(name not in self.target.of_type(type_url) for name in desired):
+            version += "+retained"
+        nonce = self._next_nonce()
+        removed = tuple(name for name in state.held if name not in desired)
+        self._start(
+            type_url, state, Pending(nonce, version, dict(desired), removed, key, self.clock())
+        )
+        return discovery_pb2.DiscoveryResponse(
+            version_info=version,
+            type_url=type_url,
+            nonce=nonce,
+            resources=[desired[name].packed() for name in sorted(desired)],
+        )
