@@ -142,7 +142,8 @@ class PlanInputs:
         u = self.target_utilization
         if not (math.isfinite(u) and 0 < u < 1):
             why = (
-                f"; {u:g} is {u - 1:.3g} at or past 1, where queues grow without bound"
+                f" ({u:g} is over 1 by {u - 1:.3g}: arrivals at or above capacity, the queue grows"
+                " without bound)"
                 if u >= 1
                 else ""
             )
