@@ -88,6 +88,7 @@ class Decoder:
     def __init__(self, filename: str) -> None:
         self.filename = filename
         self.issues: list[Issue] = []
+        self._key_line: dict[int, int] = {}  # id(value node) → line of the key that owns it
 
     # -- reporting -----------------------------------------------------------------------------
     def error(self, node: Node | None, path: str, message: str) -> None:
@@ -146,6 +147,7 @@ class Decoder:
                 failed = True
                 continue
             seen.add(key)
+            self._key_line[id(value_node)] = key_node.start_mark.line + 1
             value = self.decode(value_node, hints[key], sub)
             if value is MISSING_NODE:
                 failed = True
@@ -155,7 +157,10 @@ class Decoder:
             if name in seen:
                 continue
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                self.error(node, _join(path, name), "required key is missing")
+                line = self._key_line.get(id(node), node.start_mark.line + 1)
+                self.issues.append(
+                    Issue(self.filename, line, _join(path, name), "required key is missing")
+                )
                 failed = True
         if failed:
             return MISSING_NODE
@@ -180,6 +185,7 @@ class Decoder:
                 self.error(key_node, sub, "duplicate key")
                 failed = True
                 continue
+            self._key_line[id(value_node)] = key_node.start_mark.line + 1
             value = self.decode(value_node, value_hint, sub)
             if value is MISSING_NODE:
                 failed = True

@@ -1,0 +1,173 @@
+"""The ``tokenweir`` command: validate, render, serve, up, plan, quota."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from google.protobuf.json_format import MessageToDict
+
+from controlplane.policy import Address, PolicyError, load_policy
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    return int(args.func(args))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tokenweir", description="A traffic governor for LLM inference."
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = p.add_subparsers(metavar="COMMAND")
+
+    v = sub.add_parser("validate", help="check a policy file offline (same loader as the server)")
+    v.add_argument("path", type=Path)
+    v.set_defaults(func=_validate)
+
+    r = sub.add_parser("render", help="print the Envoy resources a policy becomes (JSON)")
+    r.add_argument("path", type=Path)
+    r.add_argument("--node", help="only this node group (a gateway or sidecar name)")
+    r.add_argument("--static", action="store_true", help="as a static Envoy bootstrap (one node)")
+    r.set_defaults(func=_render)
+
+    s = sub.add_parser("serve", help="run the control plane only (xDS + policy watcher + metrics)")
+    s.add_argument("-c", "--config", type=Path, required=True)
+    s.add_argument("--xds", type=Address.parse, help="override control_plane.xds (host:port)")
+    s.add_argument(
+        "--metrics", type=Address.parse, help="override control_plane.metrics (host:port)"
+    )
+    s.set_defaults(func=_serve)
+
+    from controlplane.up import register as register_up
+
+    register_up(sub)
+    for module in ("controlplane.planner.cli", "controlplane.quota_cli"):
+        _register_optional(module, sub)
+    return p
+
+
+def _register_optional(module: str, sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:  # a component not installed in this build
+        if exc.name != module:
+            raise
+        return
+    mod.register(sub)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.path)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        print(f"{args.path}: {len(exc.issues)} problem(s); policy rejected", file=sys.stderr)
+        return 1
+    from controlplane.reloader import snapshots_for
+    from controlplane.translate.render import render
+    from controlplane.xds.errors import InconsistentSnapshotError
+
+    try:
+        for snap in snapshots_for(render(policy)).values():
+            snap.check()
+    except InconsistentSnapshotError as exc:
+        print(f"{args.path}: rendered config is inconsistent: {exc}", file=sys.stderr)
+        return 1
+    groups = len(policy.gateways) + len(policy.sidecars)
+    print(
+        f"{args.path}: OK ({len(policy.pools)} pools, {len(policy.services)} services, "
+        f"{groups} node groups, {len(policy.tenants)} tenants)"
+    )
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.path)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    from controlplane.translate.render import render
+    from controlplane.translate.static import static_bootstrap
+
+    groups = render(policy)
+    if args.node is not None:
+        if args.node not in groups:
+            print(f"unknown node group {args.node!r}; known: {sorted(groups)}", file=sys.stderr)
+            return 1
+        groups = {args.node: groups[args.node]}
+    if args.static:
+        if len(groups) != 1:
+            print("--static needs --node NAME (one bootstrap per Envoy)", file=sys.stderr)
+            return 1
+        ((node, res),) = groups.items()
+        out: object = static_bootstrap(res, node_id=node)
+    else:
+        out = {
+            group: {
+                type_url.rsplit(".", 1)[-1]: {
+                    name: MessageToDict(msg) for name, msg in sorted(by_name.items())
+                }
+                for type_url, by_name in res.items()
+            }
+            for group, res in sorted(groups.items())
+        }
+    json.dump(out, sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from controlplane.app import ControlPlane, ControlPlaneSettings
+
+    try:
+        policy = load_policy(args.config)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    cp = policy.control_plane
+    settings = ControlPlaneSettings(
+        args.config, args.xds or cp.xds, args.metrics or cp.metrics, cp.debounce
+    )
+
+    async def run() -> None:
+        plane = ControlPlane(settings)
+        await plane.start()
+        print(
+            f"control plane: xDS {settings.xds.host}:{plane.xds_port}, metrics http://{settings.metrics}/metrics",
+            flush=True,
+        )
+        await _until_signal()
+        await plane.aclose()
+
+    asyncio.run(run())
+    return 0
+
+
+async def _until_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

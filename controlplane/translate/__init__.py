@@ -1,0 +1,1 @@
+"""Pure translation: policy → Envoy resources (no I/O, no clock, no grpc)."""

@@ -1,0 +1,213 @@
+"""Clusters: one per LLM pool (ring hash, bounded load, outlier ejection, health checks,
+per-priority circuit breakers), one per ordinary service, the sidecars' local app clusters,
+and the gRPC clusters of the rate-limit and filter servers."""
+
+from __future__ import annotations
+
+from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
+from envoy.config.core.v3 import base_pb2, health_check_pb2, protocol_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.extensions.clusters.aggregate.v3 import cluster_pb2 as aggregate_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as hpo
+from envoy.type.v3 import percent_pb2
+
+from controlplane.policy.model import (
+    Address,
+    CircuitBreakers,
+    HealthCheck,
+    HttpService,
+    LlmPool,
+    OutlierDetection,
+    Retries,
+    Thresholds,
+)
+from controlplane.translate import names
+from controlplane.translate.protos import ads_source, any_of, dur, socket_address, u32
+
+__all__ = ["fallback_cluster", "pool_cluster", "service_cluster", "static_cluster"]
+
+_HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+def pool_cluster(name: str, pool: LlmPool) -> cluster_pb2.Cluster:
+    c = _eds_cluster(names.pool_cluster(name), pool.timeouts.connect)
+    c.lb_policy = cluster_pb2.Cluster.RING_HASH
+    c.ring_hash_lb_config.CopyFrom(
+        cluster_pb2.Cluster.RingHashLbConfig(
+            minimum_ring_size=_u64(pool.affinity.minimum_ring_size),
+            maximum_ring_size=_u64(pool.affinity.maximum_ring_size),
+            hash_function=cluster_pb2.Cluster.RingHashLbConfig.XX_HASH,
+        )
+    )
+    if pool.affinity.hash_balance_factor is not None:
+        c.common_lb_config.consistent_hashing_lb_config.hash_balance_factor.value = (
+            pool.affinity.hash_balance_factor
+        )
+    c.circuit_breakers.CopyFrom(_lane_breakers(pool.circuit_breakers, pool.retries))
+    _outliers(c, pool.outlier_detection)
+    _health(c, pool.health_check)
+    _http1(c, idle=pool.timeouts.stream_idle)
+    return c
+
+
+def service_cluster(name: str, svc: HttpService) -> cluster_pb2.Cluster:
+    c = _eds_cluster(names.service_cluster(name), svc.timeouts.connect)
+    c.lb_policy = cluster_pb2.Cluster.LEAST_REQUEST
+    c.circuit_breakers.CopyFrom(
+        circuit_breaker_pb2.CircuitBreakers(
+            thresholds=[_thresholds(base_pb2.DEFAULT, svc.circuit_breakers, svc.retries)]
+        )
+    )
+    if svc.outlier_detection is not None:
+        _outliers(c, svc.outlier_detection)
+    if svc.health_check is not None:
+        _health(c, svc.health_check)
+    _http1(c, idle=svc.timeouts.stream_idle)
+    return c
+
+
+def static_cluster(
+    name: str, address: Address, *, http2: bool, connect_timeout: float = 1.0
+) -> cluster_pb2.Cluster:
+    """A cluster with one fixed address (local app, rate-limit server, filter server)."""
+    c = cluster_pb2.Cluster(
+        name=name,
+        type=cluster_pb2.Cluster.STATIC,
+        connect_timeout=dur(connect_timeout),
+        load_assignment=endpoint_pb2.ClusterLoadAssignment(
+            cluster_name=name,
+            endpoints=[
+                endpoint_components_pb2.LocalityLbEndpoints(
+                    lb_endpoints=[
+                        endpoint_components_pb2.LbEndpoint(
+                            endpoint=endpoint_components_pb2.Endpoint(
+                                address=socket_address(address.host, address.port)
+                            )
+                        )
+                    ]
+                )
+            ],
+        ),
+    )
+    if http2:
+        opts = hpo.HttpProtocolOptions(
+            explicit_http_config=hpo.HttpProtocolOptions.ExplicitHttpConfig(
+                http2_protocol_options=protocol_pb2.Http2ProtocolOptions(
+                    connection_keepalive=protocol_pb2.KeepaliveSettings(
+                        interval=dur(30), timeout=dur(5)
+                    )
+                )
+            )
+        )
+        c.typed_extension_protocol_options[_HTTP_OPTIONS].CopyFrom(any_of(opts))
+    else:
+        _http1(c, idle=300.0)
+    return c
+
+
+def fallback_cluster(pool: str, fallback: str) -> cluster_pb2.Cluster:
+    """Aggregate cluster: every request goes to ``pool`` while it has healthy hosts, else ``fallback``."""
+    cfg = aggregate_pb2.ClusterConfig(
+        clusters=[names.pool_cluster(pool), names.pool_cluster(fallback)]
+    )
+    return cluster_pb2.Cluster(
+        name=names.fallback_cluster(pool),
+        connect_timeout=dur(1.0),
+        lb_policy=cluster_pb2.Cluster.CLUSTER_PROVIDED,
+        cluster_type=cluster_pb2.Cluster.CustomClusterType(
+            name="envoy.clusters.aggregate", typed_config=any_of(cfg)
+        ),
+    )
+
+
+# -- pieces -----------------------------------------------------------------------------------
+def _eds_cluster(name: str, connect_timeout: float) -> cluster_pb2.Cluster:
+    return cluster_pb2.Cluster(
+        name=name,
+        type=cluster_pb2.Cluster.EDS,
+        eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(eds_config=ads_source()),
+        connect_timeout=dur(connect_timeout),
+        ignore_health_on_host_removal=True,
+    )
+
+
+def _lane_breakers(cb: CircuitBreakers, retries: Retries) -> circuit_breaker_pb2.CircuitBreakers:
+    """interactive → HIGH, batch → DEFAULT: batch overflow is cut first, interactive keeps room."""
+    return circuit_breaker_pb2.CircuitBreakers(
+        thresholds=[
+            _thresholds(base_pb2.DEFAULT, cb.batch, retries),
+            _thresholds(base_pb2.HIGH, cb.interactive, retries),
+        ]
+    )
+
+
+def _thresholds(
+    priority: int, t: Thresholds, retries: Retries
+) -> circuit_breaker_pb2.CircuitBreakers.Thresholds:
+    th = circuit_breaker_pb2.CircuitBreakers.Thresholds(
+        priority=priority,  # type: ignore[arg-type]
+        max_connections=u32(t.max_connections),
+        max_pending_requests=u32(t.max_pending_requests),
+        max_requests=u32(t.max_requests),
+        max_retries=u32(t.max_retries),
+        track_remaining=True,
+    )
+    if retries.enabled and retries.budget_percent is not None:
+        # Envoy ignores max_retries once a retry budget is set: the budget scales with load.
+        th.retry_budget.CopyFrom(
+            circuit_breaker_pb2.CircuitBreakers.Thresholds.RetryBudget(
+                budget_percent=percent_pb2.Percent(value=retries.budget_percent),
+                min_retry_concurrency=u32(retries.budget_min_concurrency),
+            )
+        )
+    return th
+
+
+def _outliers(c: cluster_pb2.Cluster, od: OutlierDetection) -> None:
+    if not od.enabled:
+        return
+    c.outlier_detection.CopyFrom(
+        outlier_detection_pb2.OutlierDetection(
+            consecutive_5xx=u32(od.consecutive_5xx),
+            consecutive_gateway_failure=u32(od.consecutive_gateway_errors),
+            enforcing_consecutive_5xx=u32(100),
+            enforcing_consecutive_gateway_failure=u32(100),
+            interval=dur(od.interval),
+            base_ejection_time=dur(od.base_ejection_time),
+            max_ejection_percent=u32(round(od.max_ejection_percent)),
+            enforcing_success_rate=u32(0),
+        )
+    )
+
+
+def _health(c: cluster_pb2.Cluster, hc: HealthCheck) -> None:
+    if not hc.enabled:
+        return
+    c.health_checks.append(
+        health_check_pb2.HealthCheck(
+            timeout=dur(hc.timeout),
+            interval=dur(hc.interval),
+            unhealthy_threshold=u32(hc.unhealthy_threshold),
+            healthy_threshold=u32(hc.healthy_threshold),
+            http_health_check=health_check_pb2.HealthCheck.HttpHealthCheck(path=hc.path),
+        )
+    )
+    c.common_lb_config.healthy_panic_threshold.value = 0.0  # never spray traffic at unhealthy hosts
+
+
+def _http1(c: cluster_pb2.Cluster, *, idle: float) -> None:
+    opts = hpo.HttpProtocolOptions(
+        common_http_protocol_options=protocol_pb2.HttpProtocolOptions(
+            idle_timeout=dur(idle) if idle > 0 else None
+        ),
+        explicit_http_config=hpo.HttpProtocolOptions.ExplicitHttpConfig(
+            http_protocol_options=protocol_pb2.Http1ProtocolOptions()
+        ),
+    )
+    c.typed_extension_protocol_options[_HTTP_OPTIONS].CopyFrom(any_of(opts))
+
+
+def _u64(v: int):  # type: ignore[no-untyped-def]
+    from google.protobuf import wrappers_pb2
+
+    return wrappers_pb2.UInt64Value(value=v)

@@ -1,0 +1,122 @@
+"""Listeners: one HTTP connection manager per gateway listener and per sidecar direction.
+
+Routes come over RDS (ADS). The HTTP filter chain is ext_proc (filter server) → ratelimit →
+router; the first two are present only when some route of the listener uses them, and are
+switched off per route through ``typed_per_filter_config`` (an LDS change would not reach open
+keep-alive connections; an RDS change does).
+"""
+
+from __future__ import annotations
+
+from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import (
+    http_connection_manager_pb2 as hcm_pb2,
+)
+
+from controlplane.policy.model import Address, Gateway, Policy, Route
+from controlplane.translate import names
+from controlplane.translate.protos import ads_source, any_of, dur, socket_address
+from controlplane.translate.routes import PerRoute
+
+__all__ = ["gateway_listener", "route_hooks", "sidecar_listener"]
+
+HCM = hcm_pb2.HttpConnectionManager
+
+
+def route_hooks(
+    policy: Policy, routes: tuple[Route, ...]
+) -> tuple[list[hcm_pb2.HttpFilter], list[PerRoute]]:
+    """The optional HTTP filters a set of routes needs, and their per-route config makers."""
+    filters: list[hcm_pb2.HttpFilter] = []
+    per_route: list[PerRoute] = []
+    if policy.filters is not None and any(
+        r.filters is not None and r.filters.enabled for r in routes
+    ):
+        from controlplane.translate.ext_proc import ext_proc_http_filter, ext_proc_per_route
+
+        filters.append(ext_proc_http_filter(policy))
+        per_route.append(ext_proc_per_route)
+    if policy.ratelimit is not None and any(
+        r.rate_limit is not None and r.rate_limit.enabled for r in routes
+    ):
+        from controlplane.translate.ratelimit import ratelimit_http_filter, ratelimit_per_route
+
+        filters.append(ratelimit_http_filter(policy))
+        per_route.append(ratelimit_per_route)
+    return filters, per_route
+
+
+def gateway_listener(
+    node: str, gw: Gateway, extra_filters: list[hcm_pb2.HttpFilter]
+) -> listener_pb2.Listener:
+    return _listener(
+        names.listener_name(node, "gateway"),
+        gw.listen,
+        names.route_config_name(node, "gateway"),
+        extra_filters,
+        edge=True,
+        max_headers_kb=gw.max_request_headers_kb,
+    )
+
+
+def sidecar_listener(node: str, kind: str, listen: Address) -> listener_pb2.Listener:
+    return _listener(
+        names.listener_name(node, kind), listen, names.route_config_name(node, kind), [], edge=False
+    )
+
+
+def _listener(
+    name: str,
+    listen: Address,
+    route_config: str,
+    extra_filters: list[hcm_pb2.HttpFilter],
+    *,
+    edge: bool,
+    max_headers_kb: int = 60,
+) -> listener_pb2.Listener:
+    router = hcm_pb2.HttpFilter(
+        name="envoy.filters.http.router", typed_config=any_of(router_pb2.Router())
+    )
+    hcm = HCM(
+        stat_prefix=name,
+        codec_type=HCM.AUTO,
+        rds=hcm_pb2.Rds(config_source=ads_source(), route_config_name=route_config),
+        http_filters=[*extra_filters, router],
+        use_remote_address=_bool(edge),
+        stream_idle_timeout=dur(300),
+        request_timeout=dur(0),
+        max_request_headers_kb=_u32(max_headers_kb),
+        common_http_protocol_options=_common(),
+    )
+    chain = listener_components_pb2.FilterChain(
+        filters=[
+            listener_components_pb2.Filter(
+                name="envoy.filters.network.http_connection_manager", typed_config=any_of(hcm)
+            )
+        ]
+    )
+    return listener_pb2.Listener(
+        name=name,
+        address=socket_address(listen.host, listen.port),
+        filter_chains=[chain],
+        per_connection_buffer_limit_bytes=_u32(1024 * 1024),
+    )
+
+
+def _common():  # type: ignore[no-untyped-def]
+    from envoy.config.core.v3 import protocol_pb2
+
+    return protocol_pb2.HttpProtocolOptions(idle_timeout=dur(3600))
+
+
+def _u32(v: int):  # type: ignore[no-untyped-def]
+    from controlplane.translate.protos import u32
+
+    return u32(v)
+
+
+def _bool(v: bool):  # type: ignore[no-untyped-def]
+    from google.protobuf import wrappers_pb2
+
+    return wrappers_pb2.BoolValue(value=v)

@@ -1,0 +1,42 @@
+"""Envoy resource names derived from policy names, in one place."""
+
+from __future__ import annotations
+
+__all__ = [
+    "FILTERS_CLUSTER",
+    "RATELIMIT_CLUSTER",
+    "fallback_cluster",
+    "listener_name",
+    "local_cluster",
+    "pool_cluster",
+    "route_config_name",
+    "service_cluster",
+]
+
+RATELIMIT_CLUSTER = "tokenweir_ratelimit"
+FILTERS_CLUSTER = "tokenweir_filters"
+
+
+def pool_cluster(pool: str) -> str:
+    return f"pool_{pool}"
+
+
+def fallback_cluster(pool: str) -> str:
+    """Aggregate cluster: the pool first, its fallback pool when the pool has no healthy host."""
+    return f"pool_{pool}_with_fallback"
+
+
+def service_cluster(service: str) -> str:
+    return f"svc_{service}"
+
+
+def local_cluster(sidecar: str) -> str:
+    return f"local_{sidecar}"
+
+
+def listener_name(node: str, kind: str) -> str:
+    return f"{node}_{kind}"
+
+
+def route_config_name(node: str, kind: str) -> str:
+    return f"{node}_{kind}_routes"

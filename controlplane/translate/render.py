@@ -1,0 +1,111 @@
+"""policy → Envoy resources per node group (gateway name or sidecar name). Pure.
+
+Every node group gets only what its role uses: the clusters its routes name (plus the
+rate-limit / filter server clusters when its routes use them), their endpoints, its listeners
+and route configurations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from google.protobuf.message import Message
+
+from controlplane.policy.model import Policy
+from controlplane.translate import clusters, names
+from controlplane.translate.endpoints import load_assignment
+from controlplane.translate.listeners import gateway_listener, route_hooks, sidecar_listener
+from controlplane.translate.routes import (
+    gateway_routes,
+    sidecar_inbound_routes,
+    sidecar_outbound_routes,
+)
+from controlplane.xds.types import CLUSTER, ENDPOINT, LISTENER, ROUTE
+
+__all__ = ["CLUSTER", "ENDPOINT", "LISTENER", "ROUTE", "Resources", "render"]
+
+
+# type URL → resource name → resource
+Resources = dict[str, dict[str, Message]]
+
+
+def render(policy: Policy) -> dict[str, Resources]:
+    """The resources of every node group in ``policy``, keyed by group (node cluster) name."""
+    out: dict[str, Resources] = {}
+    for node, gw in policy.gateways.items():
+        res = _empty()
+        hooks, per_route = route_hooks(policy, gw.routes)
+        _add(res, LISTENER, gateway_listener(node, gw, hooks))
+        _add(res, ROUTE, gateway_routes(policy, node, gw, per_route))
+        for route in gw.routes:
+            if route.pool is not None:
+                _pool(policy, res, route.pool)
+            elif route.service is not None:
+                _service(policy, res, route.service)
+        _servers(policy, res, hooks_used={f.name for f in hooks})
+        out[node] = res
+    for node, sc in policy.sidecars.items():
+        res = _empty()
+        if sc.inbound is not None:
+            _add(
+                res,
+                CLUSTER,
+                clusters.static_cluster(names.local_cluster(node), sc.inbound.local, http2=False),
+            )
+            _add(res, LISTENER, sidecar_listener(node, "inbound", sc.inbound.listen))
+            _add(res, ROUTE, sidecar_inbound_routes(node, sc))
+        if sc.outbound is not None:
+            _add(res, LISTENER, sidecar_listener(node, "outbound", sc.outbound.listen))
+            _add(res, ROUTE, sidecar_outbound_routes(policy, node, sc))
+            for up in sc.outbound.upstreams:
+                if up in policy.services:
+                    _service(policy, res, up)
+                else:
+                    _pool(policy, res, up)
+        out[node] = res
+    return out
+
+
+def _empty() -> Resources:
+    return {CLUSTER: {}, ENDPOINT: {}, LISTENER: {}, ROUTE: {}}
+
+
+def _add(res: Resources, type_url: str, msg: Message) -> None:
+    name = msg.cluster_name if type_url == ENDPOINT else msg.name  # type: ignore[attr-defined]
+    res[type_url][name] = msg
+
+
+def _pool(policy: Policy, res: Resources, name: str) -> None:
+    pool = policy.pools[name]
+    if names.pool_cluster(name) in res[CLUSTER]:
+        return
+    _add(res, CLUSTER, clusters.pool_cluster(name, pool))
+    _add(res, ENDPOINT, load_assignment(names.pool_cluster(name), pool.endpoints))
+    if pool.fallback is not None:
+        _pool(policy, res, pool.fallback)
+        _add(res, CLUSTER, clusters.fallback_cluster(name, pool.fallback))
+
+
+def _service(policy: Policy, res: Resources, name: str) -> None:
+    svc = policy.services[name]
+    _add(res, CLUSTER, clusters.service_cluster(name, svc))
+    _add(res, ENDPOINT, load_assignment(names.service_cluster(name), svc.endpoints))
+
+
+def _servers(policy: Policy, res: Resources, hooks_used: set[str]) -> None:
+    if policy.filters is not None and "envoy.filters.http.ext_proc" in hooks_used:
+        _add(
+            res,
+            CLUSTER,
+            clusters.static_cluster(names.FILTERS_CLUSTER, policy.filters.address, http2=True),
+        )
+    if policy.ratelimit is not None and "envoy.filters.http.ratelimit" in hooks_used:
+        _add(
+            res,
+            CLUSTER,
+            clusters.static_cluster(names.RATELIMIT_CLUSTER, policy.ratelimit.address, http2=True),
+        )
+
+
+def resource_counts(groups: Mapping[str, Resources]) -> dict[str, int]:
+    return {g: sum(len(v) for v in res.values()) for g, res in groups.items()}

@@ -1,0 +1,205 @@
+"""RouteConfigurations: gateway routes (pools and services), sidecar inbound and outbound.
+
+A pool route becomes two Envoy routes when the lane is chosen per request: one that matches
+``x-tokenweir-lane: interactive`` (priority HIGH → the interactive circuit-breaker thresholds)
+and one for everything else (priority DEFAULT → batch thresholds). The lane header is set by
+the filter server, which strips any client-supplied ``x-tokenweir-*`` header first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from envoy.config.core.v3 import base_pb2
+from envoy.config.route.v3 import route_components_pb2 as rc
+from envoy.config.route.v3 import route_pb2
+from envoy.type.matcher.v3 import string_pb2
+from google.protobuf import wrappers_pb2
+
+from controlplane.policy.model import Gateway, LlmPool, Policy, Retries, Route, Sidecar, Timeouts
+from controlplane.translate import names
+from controlplane.translate.protos import dur, u32
+
+__all__ = [
+    "INTERNAL_PREFIX",
+    "PerRoute",
+    "gateway_routes",
+    "sidecar_inbound_routes",
+    "sidecar_outbound_routes",
+]
+
+INTERNAL_PREFIX = "x-tokenweir-"
+LANE_HEADER = "x-tokenweir-lane"
+MODEL_HEADER = "x-tokenweir-model"
+
+# Per-route filter config for a route: route → {filter name: Any}.
+PerRoute = Callable[[Route], dict[str, Any]]
+
+
+def gateway_routes(
+    policy: Policy, node: str, gw: Gateway, per_route: list[PerRoute]
+) -> route_pb2.RouteConfiguration:
+    vhosts: dict[tuple[str, ...], rc.VirtualHost] = {}
+    for route in gw.routes:
+        hosts = route.match.hosts
+        vh = vhosts.get(hosts)
+        if vh is None:
+            vh = rc.VirtualHost(name=f"{node}_{len(vhosts)}", domains=list(hosts))
+            vhosts[hosts] = vh
+        vh.routes.extend(_policy_route(policy, route, per_route))
+    return route_pb2.RouteConfiguration(
+        name=names.route_config_name(node, "gateway"),
+        virtual_hosts=list(vhosts.values()),
+        request_headers_to_remove=[],
+        validate_clusters=wrappers_pb2.BoolValue(value=False),
+    )
+
+
+def sidecar_inbound_routes(node: str, sc: Sidecar) -> route_pb2.RouteConfiguration:
+    vh = rc.VirtualHost(
+        name=f"{node}_inbound",
+        domains=["*"],
+        routes=[
+            rc.Route(
+                name=f"{node}_inbound",
+                match=rc.RouteMatch(prefix="/"),
+                route=rc.RouteAction(cluster=names.local_cluster(node), timeout=dur(0)),
+            )
+        ],
+    )
+    return route_pb2.RouteConfiguration(
+        name=names.route_config_name(node, "inbound"), virtual_hosts=[vh]
+    )
+
+
+def sidecar_outbound_routes(policy: Policy, node: str, sc: Sidecar) -> route_pb2.RouteConfiguration:
+    assert sc.outbound is not None
+    vhosts = []
+    for upstream in sc.outbound.upstreams:
+        if upstream in policy.services:
+            svc = policy.services[upstream]
+            cluster, timeouts, retries = names.service_cluster(upstream), svc.timeouts, svc.retries
+            hosts = (upstream, *svc.hosts)
+        else:
+            pool = policy.pools[upstream]
+            cluster, timeouts, retries = names.pool_cluster(upstream), pool.timeouts, pool.retries
+            hosts = (upstream,)
+        domains = sorted({d for h in hosts for d in (h, f"{h}:*")})
+        action = _action(cluster, timeouts, retries, rc.RouteAction())
+        vhosts.append(
+            rc.VirtualHost(
+                name=f"{node}_out_{upstream}",
+                domains=domains,
+                routes=[
+                    rc.Route(
+                        name=f"{node}_out_{upstream}", match=rc.RouteMatch(prefix="/"), route=action
+                    )
+                ],
+            )
+        )
+    return route_pb2.RouteConfiguration(
+        name=names.route_config_name(node, "outbound"), virtual_hosts=vhosts
+    )
+
+
+# -- one policy route → Envoy routes ----------------------------------------------------------
+def _policy_route(policy: Policy, route: Route, per_route: list[PerRoute]) -> list[rc.Route]:
+    configs: dict[str, Any] = {}
+    for fn in per_route:
+        configs.update(fn(route))
+    if route.service is not None:
+        svc = policy.services[route.service]
+        action = _action(
+            names.service_cluster(route.service),
+            route.timeouts or svc.timeouts,
+            svc.retries,
+            rc.RouteAction(),
+        )
+        return [_route(route.name, route, action, configs)]
+    assert route.pool is not None
+    pool = policy.pools[route.pool]
+    cluster = (
+        names.fallback_cluster(route.pool) if pool.fallback else names.pool_cluster(route.pool)
+    )
+    timeouts = route.timeouts or pool.timeouts
+    lanes_vary = route.lane is None and route.filters is not None and route.filters.enabled
+    out = []
+    if lanes_vary:
+        hi = _pool_action(cluster, pool, timeouts, base_pb2.HIGH)
+        out.append(_route(f"{route.name}/interactive", route, hi, configs, lane="interactive"))
+    prio = base_pb2.HIGH if route.lane == "interactive" else base_pb2.DEFAULT
+    out.append(_route(route.name, route, _pool_action(cluster, pool, timeouts, prio), configs))
+    return out
+
+
+def _route(
+    name: str,
+    route: Route,
+    action: rc.RouteAction,
+    configs: dict[str, Any],
+    lane: str | None = None,
+) -> rc.Route:
+    m = route.match
+    match = rc.RouteMatch(prefix=m.prefix) if m.path is None else rc.RouteMatch(path=m.path)
+    headers = dict(m.headers)
+    if lane is not None:
+        headers[LANE_HEADER] = lane
+    if m.model is not None:
+        headers[MODEL_HEADER] = m.model
+    for key, value in sorted(headers.items()):
+        match.headers.append(
+            rc.HeaderMatcher(name=key, string_match=string_pb2.StringMatcher(exact=value))
+        )
+    r = rc.Route(name=name, match=match, route=action)
+    for filter_name, cfg in configs.items():
+        r.typed_per_filter_config[filter_name].CopyFrom(cfg)
+    return r
+
+
+def _pool_action(cluster: str, pool: LlmPool, timeouts: Timeouts, priority: int) -> rc.RouteAction:
+    action = rc.RouteAction(priority=priority)  # type: ignore[arg-type]
+    for header in pool.affinity.headers:
+        action.hash_policy.append(
+            rc.RouteAction.HashPolicy(
+                header=rc.RouteAction.HashPolicy.Header(header_name=header), terminal=True
+            )
+        )
+    return _action(cluster, timeouts, pool.retries, action)
+
+
+def _action(
+    cluster: str, timeouts: Timeouts, retries: Retries, action: rc.RouteAction
+) -> rc.RouteAction:
+    action.cluster = cluster
+    action.timeout.CopyFrom(dur(timeouts.request))  # 0s: no total timeout (streams)
+    if timeouts.stream_idle > 0:
+        action.idle_timeout.CopyFrom(dur(timeouts.stream_idle))
+    if retries.enabled and retries.num_retries > 0:
+        rp = rc.RetryPolicy(
+            retry_on=",".join(retries.retry_on),
+            num_retries=u32(retries.num_retries),
+            retriable_status_codes=list(retries.retriable_status_codes),
+            retry_back_off=rc.RetryPolicy.RetryBackOff(
+                base_interval=dur(retries.backoff_base), max_interval=dur(retries.backoff_max)
+            ),
+            retry_host_predicate=[
+                rc.RetryPolicy.RetryHostPredicate(
+                    name="envoy.retry_host_predicates.previous_hosts",
+                    typed_config=_previous_hosts(),
+                )
+            ],
+            host_selection_retry_max_attempts=3,
+        )
+        if timeouts.per_try > 0:
+            rp.per_try_timeout.CopyFrom(dur(timeouts.per_try))
+        action.retry_policy.CopyFrom(rp)
+    return action
+
+
+def _previous_hosts():  # type: ignore[no-untyped-def]
+    from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
+
+    from controlplane.translate.protos import any_of
+
+    return any_of(previous_hosts_pb2.PreviousHostsPredicate())

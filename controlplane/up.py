@@ -1,0 +1,253 @@
+"""``tokenweir up``: the whole local mesh from one policy file.
+
+Starts, in order: a private redis-server (when the policy has a rate-limit section and names no
+Redis), the SGLang emulator replicas of pools marked ``emulated``, the rate-limit service, the
+filter server, the control plane (in this process), and one Envoy per gateway and sidecar fed
+over ADS. Prints every URL. Ctrl-C (or SIGTERM) stops all of it, children first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import shutil
+import socket
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+from controlplane.app import ControlPlane, ControlPlaneSettings
+from controlplane.children import Child, ChildError, wait_port
+from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
+from controlplane.policy import Address, Policy, PolicyError, load_policy
+
+__all__ = ["Mesh", "register"]
+
+log = logging.getLogger("tokenweir.up")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("up", help="start the local mesh described by a policy (Ctrl-C stops it)")
+    p.add_argument("-c", "--config", type=Path, required=True)
+    p.add_argument("--run-dir", type=Path, help="logs and bootstraps (default: a temporary folder)")
+    p.add_argument("--redis-url", help="use this Redis instead of starting one")
+    p.add_argument(
+        "--sotw", action="store_true", help="Envoys use State-of-the-World xDS (default: policy)"
+    )
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.config)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="tokenweir-up-"))
+    mesh = Mesh(
+        args.config,
+        policy,
+        run_dir,
+        redis_url=args.redis_url,
+        delta=policy.control_plane.delta and not args.sotw,
+    )
+
+    async def main() -> int:
+        try:
+            await mesh.start()
+        except (ChildError, OSError, RuntimeError) as exc:
+            print(f"tokenweir up: failed to start: {exc}", file=sys.stderr)
+            await mesh.aclose()
+            return 1
+        print(mesh.summary(), flush=True)
+        from controlplane.cli import _until_signal
+
+        waiter = asyncio.create_task(_until_signal())
+        watcher = asyncio.create_task(mesh.watch_children())
+        done, _ = await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (waiter, watcher):
+            task.cancel()
+        print("tokenweir up: stopping ...", flush=True)
+        await mesh.aclose()
+        return 1 if watcher in done else 0
+
+    return asyncio.run(main())
+
+
+class Mesh:
+    def __init__(
+        self, config: Path, policy: Policy, run_dir: Path, *, redis_url: str | None, delta: bool
+    ) -> None:
+        self.config = config.resolve()
+        self.policy = policy
+        self.run_dir = run_dir
+        self.redis_url = redis_url or (policy.ratelimit.redis_url if policy.ratelimit else None)
+        self.delta = delta
+        self.children: list[Child] = []
+        self.envoys: dict[str, EnvoyProcess] = {}
+        self.plane: ControlPlane | None = None
+        self.lines: list[str] = []
+
+    async def start(self) -> None:
+        p = self.policy
+        if p.ratelimit is not None and self.redis_url is None:
+            await self._start_redis()
+        await self._start_emulators()
+        if p.ratelimit is not None:
+            await self._start_module(
+                "ratelimit", "ratelimit_service", p.ratelimit.address, self._redis_args()
+            )
+        if p.filters is not None:
+            await self._start_module("filters", "filters", p.filters.address, self._redis_args())
+        cp = p.control_plane
+        self.plane = ControlPlane(
+            ControlPlaneSettings(self.config, cp.xds, cp.metrics, cp.debounce)
+        )
+        result = await self.plane.start()
+        if not result.ok:
+            raise RuntimeError("policy rejected:\n" + "\n".join(result.problems))
+        self.lines.append(
+            f"control plane   xDS grpc://{cp.xds}  metrics http://{cp.metrics}/metrics"
+        )
+        await self._start_envoys()
+
+    def _redis_args(self) -> list[str]:
+        return ["--redis-url", self.redis_url] if self.redis_url else []
+
+    async def _start_redis(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError(
+                "the policy uses rate limits but redis-server is not installed and no --redis-url was given"
+            )
+        port = _free_port()
+        data = self.run_dir / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        child = Child(
+            "redis",
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(data)],
+            self.run_dir / "redis.log",
+        )
+        await self._spawn(child, Address("127.0.0.1", port))
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        self.lines.append(f"redis           {self.redis_url}")
+
+    async def _start_emulators(self) -> None:
+        for name, pool in self.policy.pools.items():
+            em = pool.emulated
+            if em is None or em.base_port is None:
+                continue
+            for i in range(em.replicas):
+                addr = Address("127.0.0.1", em.base_port + i)
+                argv = [
+                    sys.executable, "-m", "backends.emulator",
+                    "--host", addr.host, "--port", str(addr.port),
+                    "--model", pool.models[0], "--profile", em.profile,
+                    "--time-scale", str(em.time_scale), "--seed", str(i),
+                ]  # fmt: skip
+                if em.cache_tokens is not None:
+                    argv += ["--cache-tokens", str(em.cache_tokens)]
+                await self._spawn(
+                    Child(f"emulator {name}#{i}", argv, self.run_dir / f"emulator-{name}-{i}.log"),
+                    addr,
+                )
+                self.lines.append(
+                    f"emulator        {name}#{i} http://{addr} (metrics http://{addr}/metrics)"
+                )
+
+    async def _start_module(self, label: str, module: str, addr: Address, extra: list[str]) -> None:
+        argv = [sys.executable, "-m", module, "--policy", str(self.config), *extra]
+        await self._spawn(Child(label, argv, self.run_dir / f"{label}.log"), addr)
+        self.lines.append(f"{label:<15} grpc://{addr}")
+
+    async def _spawn(self, child: Child, addr: Address) -> None:
+        child.start()
+        self.children.append(child)
+        await wait_port(addr.host, addr.port, child)
+
+    async def _start_envoys(self) -> None:
+        assert self.plane is not None
+        nodes = [(n, g.listen, "gateway") for n, g in self.policy.gateways.items()]
+        nodes += [
+            (n, s.outbound.listen if s.outbound else s.inbound.listen, "sidecar")
+            for n, s in self.policy.sidecars.items()
+        ]  # type: ignore[union-attr]
+        for node, listen, role in nodes:
+            settings = EnvoySettings(
+                node_id=f"{node}-0", node_cluster=node, xds_host=self.policy.control_plane.xds.host,
+                xds_port=self.plane.xds_port, base_id=_base_id(self.run_dir, node), delta=self.delta,
+            )  # fmt: skip
+            envoy = EnvoyProcess(settings, self.run_dir)
+            await envoy.start()
+            self.envoys[node] = envoy
+            await _wait_listening(listen, envoy)
+            self.lines.append(f"envoy {role:<9} {node}: http://{listen}  admin {envoy.admin_url}")
+        for name, sc in self.policy.sidecars.items():
+            if sc.inbound is not None:
+                self.lines.append(
+                    f"  {name} inbound  http://{sc.inbound.listen} → app {sc.inbound.local}"
+                )
+
+    def summary(self) -> str:
+        gw = next(iter(self.policy.gateways.values()), None)
+        head = f"tokenweir up: mesh running (logs in {self.run_dir}); Ctrl-C stops everything"
+        url = f"\n  gateway: http://{gw.listen}/v1/chat/completions" if gw is not None else ""
+        return head + url + "\n  " + "\n  ".join(self.lines)
+
+    async def watch_children(self) -> None:
+        """Return (ending `up`) if any child dies unexpectedly."""
+        while True:
+            await asyncio.sleep(0.5)
+            for child in self.children:
+                if not child.alive():
+                    print(
+                        f"tokenweir up: {child.name} exited with {child.returncode}:\n{child.log_tail()}",
+                        file=sys.stderr,
+                    )
+                    return
+            for node, envoy in self.envoys.items():
+                if not envoy.alive():
+                    print(
+                        f"tokenweir up: envoy {node} exited:\n{envoy.log_tail()}", file=sys.stderr
+                    )
+                    return
+
+    async def aclose(self) -> None:
+        for envoy in self.envoys.values():
+            await envoy.aclose()
+        self.envoys.clear()
+        if self.plane is not None:
+            await self.plane.aclose()
+            self.plane = None
+        for child in reversed(self.children):
+            await child.aclose()
+        self.children.clear()
+
+
+async def _wait_listening(addr: Address, envoy: EnvoyProcess, timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if not envoy.alive():
+            raise ChildError(f"envoy exited:\n{envoy.log_tail()}")
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection((addr.host, addr.port), timeout=0.2),
+        ):
+            return
+        await asyncio.sleep(0.05)
+    raise ChildError(f"envoy did not open {addr} within {timeout}s:\n{envoy.log_tail()}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _base_id(run_dir: Path, node: str) -> int:
+    """Distinct per node and per run folder, so several meshes and tests can share a machine."""
+    return 1000 + zlib.crc32(f"{run_dir}:{node}".encode()) % 60000
