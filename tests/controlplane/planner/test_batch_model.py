@@ -1,0 +1,50 @@
+"""The batch-aware chain: reduces to M/M/c and to processor sharing where it must."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controlplane.planner.batch_model import batch_queue
+from controlplane.planner.queueing import erlang_c, mmc_wait_mean, mmc_wait_quantile
+
+
+@given(c=st.integers(1, 80), rho=st.floats(0.05, 0.97), s=st.floats(0.05, 30))
+def test_constant_service_time_is_mmc(c: int, rho: float, s: float) -> None:
+    lam = rho * c / s
+    bq = batch_queue(lam, c, lambda _k: s)
+    assert bq.p_wait == pytest.approx(erlang_c(c, lam * s), rel=1e-7, abs=1e-12)
+    assert bq.mean_wait_s == pytest.approx(mmc_wait_mean(lam, s, c), rel=1e-7, abs=1e-12)
+    assert bq.wait_quantile(0.95) == pytest.approx(
+        mmc_wait_quantile(lam, s, c, 0.95), rel=1e-6, abs=1e-9
+    )
+    # Little's law on the running requests: L_run = λ·S
+    assert bq.mean_running == pytest.approx(lam * s, rel=1e-7)
+
+
+@given(rho=st.floats(0.05, 0.95))
+def test_flat_throughput_is_processor_sharing(rho: float) -> None:
+    # itl(b) = b/T, no prefill: departures at T/out whatever the batch → M/M/1-PS, L = ρ/(1 − ρ)
+    t_tok, out, c = 2000.0, 500.0, 400
+    lam = rho * t_tok / out
+    bq = batch_queue(lam, c, lambda k: out * k / t_tok)
+    assert bq.mean_in_system == pytest.approx(rho / (1 - rho), rel=1e-6)
+
+
+def test_unstable_and_idle() -> None:
+    bq = batch_queue(10.0, 4, lambda _k: 1.0)
+    assert bq.p_wait == 1.0 and math.isinf(bq.mean_wait_s) and math.isinf(bq.wait_quantile(0.9))
+    idle = batch_queue(0.0, 4, lambda _k: 1.0)
+    assert idle.mean_wait_s == 0.0 and idle.wait_quantile(0.95) == 0.0
+
+
+def test_batching_waits_less_than_mmc_when_small_batches_run_faster() -> None:
+    # S(k) grows with k: at the same λ, fewer requests hold slots than M/M/c with S(c) says
+    c, s_full = 40, 10.1
+    lam = 0.8 * c / s_full
+    bq = batch_queue(lam, c, lambda k: 0.1 + 500 * (0.01 + 0.00025 * k))
+    assert bq.mean_in_system < lam * s_full
+    assert bq.mean_wait_s < mmc_wait_mean(lam, s_full, c)
