@@ -230,7 +230,7 @@ sidecars:
         async with mesh(
             tmp_path, text, {"inventory-sidecar": inbound, "caller-sidecar": outbound}
         ) as m:
-            status, headers, body = await m.get(
+            status, _, body = await m.get(
                 outbound, "/items/7?x=1", {"Host": "inventory.local", "X-Custom": "kept"}
             )
             assert status == 200 and body == f"{app.name} /items/7 0"
