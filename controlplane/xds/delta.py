@@ -67,7 +67,13 @@ class DeltaSession(Session[discovery_pb2.DeltaDiscoveryResponse]):
             for name, entry in desired.items()
             if state.held.get(name) != entry.version or name in state.force
         }
-        removed = tuple(sorted(name for name in state.held if name not in desired))
+        # Named subscriptions (EDS, RDS) end with Envoy's unsubscribe once the cluster or
+        # listener that used them is gone; only wildcard types get explicit removals.
+        removed = (
+            tuple(sorted(name for name in state.held if name not in desired))
+            if state.wildcard
+            else ()
+        )
         if not changed and not removed and not state.needs_response:
             state.force.clear()
             return None

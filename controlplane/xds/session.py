@@ -148,6 +148,23 @@ class Session(ABC, Generic[R]):
                 self._desired(earlier, state)
             ):
                 return False
+        return type_url not in (LISTENER, ROUTE) or self._endpoints_follow_clusters()
+
+    def _endpoints_follow_clusters(self) -> bool:
+        """True once every EDS cluster Envoy accepted has its target endpoints accepted too.
+
+        Envoy subscribes to a new cluster's endpoints in a request of its own, which may come
+        after the CDS ACK; routes wait for it so that no route names a cluster still warming.
+        """
+        assert self.target is not None
+        clusters, endpoints = self.types[CLUSTER], self.types[ENDPOINT]
+        wanted = self.target.versions.get(ENDPOINT, {})
+        for name, message in clusters.held_messages.items():
+            if name not in clusters.held or not _is_eds(message):
+                continue
+            cla = _cla_name(name, message)
+            if cla in wanted and endpoints.held.get(cla) != wanted[cla]:
+                return False
         return True
 
     def _desired(self, type_url: str, state: TypeState) -> dict[str, Entry]:
@@ -258,16 +275,24 @@ class Session(ABC, Generic[R]):
                 endpoints.force.add(_cla_name(name, entry.message))
 
     def subscribe_names(self, type_url: str, state: TypeState, names: list[str]) -> bool:
-        """SotW-style full subscription list; True when it changed."""
+        """SotW-style full subscription list; True when it asks for something new."""
         wildcard = (not names and type_url in WILDCARD_TYPES) or "*" in names
         new = set(names) - {"*"}
-        changed = wildcard != state.wildcard or new != state.names
+        added = (wildcard and not state.wildcard) or bool(new - state.names)
         state.wildcard, state.names = wildcard, new
-        return changed
+        if not wildcard:
+            for name in [n for n in state.held if n not in new]:
+                del state.held[name]  # Envoy drops what it no longer subscribes to
+                state.held_messages.pop(name, None)
+        return added
 
 
 def key_of(desired: Mapping[str, Entry]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((name, entry.version) for name, entry in desired.items()))
+
+
+def _is_eds(message: Message) -> bool:
+    return isinstance(message, cluster_pb2.Cluster) and message.type == cluster_pb2.Cluster.EDS
 
 
 def _cla_name(cluster_name: str, message: Message) -> str:

@@ -47,7 +47,10 @@ class SotwSession(Session[discovery_pb2.DiscoveryResponse]):
         key = key_of(desired)
         if key == state.rejected_key:
             return None
-        unchanged = state.held == dict(key)
+        if state.wildcard:
+            unchanged = state.held == dict(key)
+        else:  # a name dropped from EDS/RDS needs no response: Envoy forgets it on its own
+            unchanged = all(state.held.get(name) == version for name, version in key)
         if unchanged and not state.needs_response and not (state.force & desired.keys()):
             state.force.clear()
             return None

@@ -8,7 +8,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import address_pb2, config_source_pb2, grpc_service_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
-from envoy.config.route.v3 import route_components_pb2, route_pb2
+from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
@@ -79,9 +79,8 @@ def route_config(
         route = host.routes.add()
         route.match.prefix = "/"
         for cluster, weight in weighted:
-            route.route.weighted_clusters.clusters.append(
-                route_components_pb2.WeightedCluster.ClusterWeight(name=cluster, weight=weight)  # type: ignore[arg-type]
-            )
+            item = route.route.weighted_clusters.clusters.add(name=cluster)
+            item.weight.value = weight
     return config
 
 
