@@ -62,7 +62,7 @@ class Capacity:
     c_kv: int
     binding: str
     prefill_s: float  # mean uncached prefill time
-    ttft_floor_s: float  # TTFT of the p95 prompt on an idle slot (no queueing)
+    ttft_floor_s: float  # TTFT of the p95 prompt on a free slot: prefill + its step(s)
     service_s: float  # S = S(c): time a request holds a slot when the batch is full
     queue_budget_s: float  # TTFT budget − TTFT floor: what queueing may use
     cs2: float  # SCV of the service time (from the output-token distribution)
@@ -79,10 +79,15 @@ def _uncached(inputs: PlanInputs, tokens: float) -> float:
 
 
 def service_time_s(inputs: PlanInputs, batch: int) -> float:
-    """S(b) = step overhead + uncached mean prompt / prefill rate + mean output · itl(b)."""
+    """S(b) = uncached mean prompt / prefill rate + mean output · itl(b).
+
+    The first token comes out of the prefill step, which also carries a decode step, so the
+    output costs ``out`` steps in all.
+    """
     rep = inputs.replica
-    prefill = rep.step_overhead_s + _uncached(inputs, inputs.prompt.mean) / rep.prefill_tok_s
-    return prefill + inputs.output.mean * rep.itl_s(batch)
+    return _uncached(
+        inputs, inputs.prompt.mean
+    ) / rep.prefill_tok_s + inputs.output.mean * rep.itl_s(batch)
 
 
 def _tbt_step(inputs: PlanInputs, c_tbt: int) -> Step:
@@ -134,10 +139,13 @@ def replica_capacity(inputs: PlanInputs) -> Capacity:
     c = limits[binding]
     prefill_s = _uncached(inputs, inputs.prompt.mean) / rep.prefill_tok_s
     prefill_p95_s = _uncached(inputs, inputs.prompt.p95) / rep.prefill_tok_s
-    floor = rep.step_overhead_s + prefill_p95_s
+    chunk = getattr(rep, "chunked_prefill_size", None)
+    uncached_p95 = _uncached(inputs, inputs.prompt.p95)
+    prefill_steps = max(1, math.ceil(uncached_p95 / chunk)) if chunk else 1
+    floor = prefill_p95_s + prefill_steps * rep.itl_s(c)
     if floor >= inputs.ttft_s:
         raise InfeasibleError(
-            "TTFT budget below the prefill time of the p95 prompt on an idle replica",
+            "TTFT budget below the TTFT of the p95 prompt on a free slot (prefill + its step)",
             required=floor * 1e3,
             available=inputs.ttft_s * 1e3,
             unit="ms",
@@ -174,9 +182,10 @@ def replica_capacity(inputs: PlanInputs) -> Capacity:
         ),
         Step(
             "ttft_floor_s",
-            "TTFT of the p95 prompt on an idle slot",
-            f"(1 − {h:g})·{inputs.prompt.p95:g}/{rep.prefill_tok_s:g} + overhead "
-            f"{rep.step_overhead_s:g} = {floor * 1e3:.4g} ms",
+            "TTFT of the p95 prompt on a free slot (no queueing)",
+            f"(1 − {h:g})·{inputs.prompt.p95:g}/{rep.prefill_tok_s:g} + {prefill_steps} step(s)"
+            f" · itl(c) = {prefill_p95_s * 1e3:.4g} + {prefill_steps}·{rep.itl_s(c) * 1e3:.4g}"
+            f" = {floor * 1e3:.4g} ms (prefill shares its step with the full decode batch)",
             floor,
             "s",
         ),

@@ -15,14 +15,14 @@ from .conftest import seed_inputs
 def test_lane_max_wait_and_queue_bounds(seed: PlanInputs) -> None:
     plan = make_plan(seed)
     inter, batch = plan.lanes
-    # max wait = TTFT budget − prefill of the p95 prompt = 1000 − 300 ms
-    assert inter.max_wait_s == pytest.approx(0.7)
-    # interactive drains at c/S = 40/10.1 per replica: ⌊0.7 × 3.96⌋ = 2
-    assert inter.queue_bound == math.floor(0.7 * 40 / 10.1) == 2
+    # max wait = TTFT budget − (prefill of the p95 prompt + its step) = 1000 − (300 + 20) ms
+    assert inter.max_wait_s == pytest.approx(0.68)
+    # interactive drains at c/S = 40/10.1 per replica: ⌊0.68 × 3.96⌋ = 2
+    assert inter.queue_bound == math.floor(0.68 * 40 / 10.1) == 2
     assert inter.pool_queue_bound == 8
     # batch drains at what interactive leaves: 40/10.1 − 8/4
-    assert batch.max_wait_s == pytest.approx(29.7)
-    assert batch.queue_bound == math.floor(29.7 * (40 / 10.1 - 2))
+    assert batch.max_wait_s == pytest.approx(29.68)
+    assert batch.queue_bound == math.floor(29.68 * (40 / 10.1 - 2))
     # strict priority: interactive waits less than FCFS, batch more
     fcfs = plan.wait().mean_s
     assert inter.mean_wait_s < fcfs < batch.mean_wait_s
