@@ -1,0 +1,81 @@
+"""QuotaReader: read-only peek at what a tenant can still reserve."""
+
+from __future__ import annotations
+
+import time
+
+import redis.asyncio as aioredis
+
+from controlplane.policy import Policy
+from ratelimit_service.config import effective_quotas, limits_for_tenant, tenant_defaults
+from ratelimit_service.keys import config_key
+from ratelimit_service.plan import checks_for
+from ratelimit_service.reader import QuotaReader
+from ratelimit_service.store import RedisStore
+
+
+async def _reserve(store: RedisStore, policy: Policy, tenant: str, tokens: int, **kw: str) -> bool:
+    sq = effective_quotas(tenant_defaults(policy, tenant), {})
+    now = int(time.time() * 1e6)
+    checks = checks_for(tenant, limits_for_tenant(sq, kw.get("model"), kw.get("lane")), tokens, now)
+    res = await store.reserve(f"rec-{tenant}", False, checks, now, 60_000)
+    return res.admitted
+
+
+async def _snapshot(client: aioredis.Redis, tenant: str) -> dict[bytes, bytes]:
+    keys = sorted(await client.keys(f"tw:{{{tenant}}}*"))
+    return {k: await client.dump(k) for k in keys}
+
+
+async def test_remaining_is_the_tightest_quota(
+    aredis: aioredis.Redis, policy: Policy, tenant: str
+) -> None:
+    reader = QuotaReader(aredis, policy)
+    store = RedisStore(aredis)
+    try:
+        assert await reader.remaining(tenant) == 1000
+        assert await reader.remaining(tenant, model="big") == 300
+        assert await _reserve(store, policy, tenant, 250, lane="batch")
+        assert await reader.remaining(tenant) == 750
+        assert await reader.remaining(tenant, model="big") == 300  # model bucket not charged
+        assert await reader.remaining(tenant, lane="batch") == 450  # 700/minute minus 250
+        assert await _reserve(store, policy, tenant, 100, model="big")
+        assert await reader.remaining(tenant, model="big") == 200
+    finally:
+        await store.aclose()
+
+
+async def test_live_edit_wins_and_peek_writes_nothing(
+    aredis: aioredis.Redis, policy: Policy, tenant: str
+) -> None:
+    reader = QuotaReader(aredis, policy)
+    await aredis.hset(config_key(tenant), mapping={"tokens.burst": "40", "tokens.per_day": "none"})
+    assert await reader.remaining(tenant) == 40
+    before = await _snapshot(aredis, tenant)
+    for _ in range(3):
+        await reader.remaining(tenant, model="big", lane="batch")
+    assert await _snapshot(aredis, tenant) == before
+
+
+async def test_no_token_quota_gives_none(
+    aredis: aioredis.Redis, policy: Policy, tenant: str
+) -> None:
+    reader = QuotaReader(aredis, policy)
+    assert await reader.remaining(f"{tenant}-open") is None
+    assert await reader.remaining("nobody-knows-me") is None
+    # the tenant's own tokens quota replaces the tier's (per quota), and it is shadow only
+    assert await reader.remaining(f"{tenant}-shadow") is None
+
+
+async def test_clock_is_injected(aredis: aioredis.Redis, policy: Policy, tenant: str) -> None:
+    store = RedisStore(aredis)
+    try:
+        assert await _reserve(store, policy, tenant, 4000, lane="interactive") is False  # > burst
+        await aredis.hset(config_key(tenant), "tokens.refill_per_second", "10")
+        assert await _reserve(store, policy, tenant, 900)
+        now = time.time()
+        assert await QuotaReader(aredis, policy, clock=lambda: now).remaining(tenant) in (100, 101)
+        later = QuotaReader(aredis, policy, clock=lambda: now + 30)
+        assert await later.remaining(tenant) in (400, 401)
+    finally:
+        await store.aclose()
