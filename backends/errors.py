@@ -6,7 +6,8 @@ Exception tree::
     ├── UnknownProfileError (also KeyError)   an unknown profile name
     ├── RequestError                           a request the server rejects with 400
     ├── QueueFullError                         the waiting queue is full (503, as SGLang)
-    ├── ServerClosingError                     the server is stopping (503)
+    ├── ServerClosingError                     the server is stopping or starting (503)
+    ├── InjectedFaultError                     an error injected on purpose (500)
     └── LauncherError                          the real-SGLang launcher failed
         └── LaunchTimeoutError                 /health did not come up in time
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendError",
+    "InjectedFaultError",
     "LaunchTimeoutError",
     "LauncherError",
     "QueueFullError",
@@ -55,6 +57,10 @@ class QueueFullError(BackendError):
 
 class ServerClosingError(BackendError):
     """The emulator is shutting down and takes no new work."""
+
+
+class InjectedFaultError(BackendError):
+    """Fault injection chose to fail this request."""
 
 
 class LauncherError(BackendError):

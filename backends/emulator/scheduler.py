@@ -143,6 +143,8 @@ class Scheduler:
             self._release(req, commit=req.prefill_done)
         req.finish_reason = "abort"
         req.finished_at = self._clock()
+        if self._observer is not None:
+            self._observer.on_finish(req, req.finished_at - req.arrival)
         req.event.set()
 
     def flush_cache(self) -> bool:
@@ -176,6 +178,7 @@ class Scheduler:
             if not self.waiting and not self.running:
                 self._wake.clear()
                 await self._wake.wait()
+                self._target = self._clock()  # idle time is not a debt to catch up on
                 continue
             prefill, decode = self._form_batch()
             prefill_tokens = sum(n for _, n in prefill)

@@ -200,3 +200,16 @@ async def test_idle_scheduler_does_not_step() -> None:
         await asyncio.sleep(0)
     assert clock() == t0  # no step ran: it waits on an event
     await sched.aclose()
+
+
+async def test_idle_time_is_not_caught_up_later() -> None:
+    clock = FakeClock()
+    p = _profile()
+    sched = Scheduler(p, clock=clock, sleep=clock.sleep)
+    await _run_all(sched, [_req(clock, [1, 2, 3], 5)])
+    clock.now += 0.01  # idle for less than the catch-up slack
+    r = _req(clock, [4, 5, 6], 5)
+    t0 = clock()
+    await _run_all(sched, [r])
+    assert r.finished_at == pytest.approx(t0 + p.step_s(3, 0) + 4 * p.itl_s(1))
+    await sched.aclose()

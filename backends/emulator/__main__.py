@@ -1,0 +1,111 @@
+"""``python -m backends.emulator`` / ``tokenweir-emulator``: one emulated SGLang server process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from backends.emulator.server import start_emulator
+from backends.emulator.settings import EmulatorSettings
+from backends.profiles import profile_names
+
+__all__ = ["main", "parse_args"]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
+    p = argparse.ArgumentParser(
+        prog="tokenweir-emulator",
+        description="A CPU emulator of an SGLang server (same HTTP API and metric names).",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--model", default="emulated-model", help="served model name")
+    p.add_argument("--profile", default="llama-3.1-8b-h100", choices=profile_names())
+    p.add_argument(
+        "--time-scale", type=float, default=1.0, help="multiply emulated durations (0.01: 100x)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-running-requests", type=int)
+    p.add_argument("--max-queued-requests", type=int)
+    p.add_argument("--cache-tokens", type=int, help="KV pool / radix cache size in tokens")
+    p.add_argument("--page-size", type=int)
+    p.add_argument("--chunked-prefill-size", type=int)
+    p.add_argument("--context-length", type=int)
+    p.add_argument("--default-max-tokens", type=int, default=128)
+    p.add_argument("--stop-prob", type=float, default=0.0, help="per-token EOS chance")
+    p.add_argument("--no-cache-report", action="store_true", help="omit cached_tokens in usage")
+    p.add_argument("--error-rate", type=float, default=0.0)
+    p.add_argument("--hang-rate", type=float, default=0.0)
+    p.add_argument("--slow", type=float, default=1.0, help="step time multiplier (>= 1)")
+    p.add_argument("--slow-start", type=float, default=0.0, help="seconds of 503 after start")
+    p.add_argument("--log-level", default="INFO")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        return EmulatorSettings(
+            model=a.model,
+            profile=a.profile,
+            host=a.host,
+            port=a.port,
+            time_scale=a.time_scale,
+            seed=a.seed,
+            max_running_requests=a.max_running_requests,
+            max_queued_requests=a.max_queued_requests,
+            cache_tokens=a.cache_tokens,
+            page_size=a.page_size,
+            chunked_prefill_size=a.chunked_prefill_size,
+            context_length=a.context_length,
+            default_max_tokens=a.default_max_tokens,
+            stop_prob=a.stop_prob,
+            enable_cache_report=not a.no_cache_report,
+            error_rate=a.error_rate,
+            hang_rate=a.hang_rate,
+            slow_factor=a.slow,
+            slow_start_s=a.slow_start,
+            exit_on_crash=True,
+        )
+    except ValueError as exc:
+        p.error(str(exc))
+        raise  # unreachable: p.error exits
+
+
+async def _serve(settings: EmulatorSettings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server = await start_emulator(settings)
+    log = logging.getLogger("backends.emulator")
+    log.info(
+        "emulator %s (profile %s, time scale %g) listening on %s",
+        settings.model,
+        server.profile.name,
+        settings.time_scale,
+        server.url,
+    )
+    try:
+        await stop.wait()
+    finally:
+        log.info("emulator stopping")
+        await server.aclose()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse_args(argv)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency, but optional at runtime
+        asyncio.run(_serve(settings))
+    else:
+        with contextlib.suppress(KeyboardInterrupt):
+            uvloop.run(_serve(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""SGLang's native endpoints: /generate, health, server info, load, cache flush, metrics; and
+the emulator's own fault endpoint ``/_emulator/faults``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from backends.emulator.faults import update_faults
+from backends.emulator.metrics import CONTENT_TYPE
+from backends.emulator.protocol import (
+    DONE,
+    context_check,
+    output_text,
+    parse_bool,
+    parse_json_object,
+    parse_max_tokens,
+    parse_stop,
+    sse,
+)
+from backends.emulator.request import EmuRequest, GenerationParams
+from backends.emulator.tokenizer import encode
+from backends.errors import RequestError, ServerClosingError
+
+if TYPE_CHECKING:
+    from backends.emulator.server import EmulatorServer
+
+__all__ = ["routes"]
+
+_HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's budget for the 1-token health generation
+
+
+def routes(server: EmulatorServer) -> list[web.RouteDef]:
+    api = _NativeApi(server)
+    return [
+        web.post("/generate", api.generate),
+        web.get("/health", api.health),
+        web.get("/health_generate", api.health_generate),
+        web.get("/get_server_info", api.server_info),
+        web.get("/server_info", api.server_info),
+        web.get("/get_model_info", api.model_info),
+        web.get("/get_load", api.load),
+        web.post("/flush_cache", api.flush_cache),
+        web.get("/flush_cache", api.flush_cache),
+        web.get("/metrics", api.metrics),
+        web.get("/_emulator/faults", api.get_faults),
+        web.post("/_emulator/faults", api.post_faults),
+    ]
+
+
+def _finish_reason(req: EmuRequest) -> dict[str, Any] | None:
+    if req.finish_reason == "length":
+        return {"type": "length", "length": len(req.output_ids)}
+    if req.finish_reason == "stop":
+        return {"type": "stop", "matched": req.matched_stop}
+    if req.finish_reason == "abort":
+        return {"type": "abort", "message": "request aborted"}
+    return None
+
+
+class _NativeApi:
+    def __init__(self, server: EmulatorServer) -> None:
+        self.server = server
+
+    # ---- /generate ----------------------------------------------------------------------
+    def _params(self, body: dict[str, Any]) -> GenerationParams:
+        text, input_ids = body.get("text"), body.get("input_ids")
+        if isinstance(text, list) or (input_ids and isinstance(input_ids[0], list)):
+            raise RequestError("batched /generate is not supported by the emulator", "text")
+        if isinstance(text, str):
+            ids = encode(text)
+        elif isinstance(input_ids, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in input_ids
+        ):
+            ids = list(input_ids)
+        else:
+            raise RequestError("either text (a string) or input_ids (a list) is required", "text")
+        sp = body.get("sampling_params") or {}
+        if not isinstance(sp, dict):
+            raise RequestError("sampling_params must be an object", "sampling_params")
+        return context_check(
+            ids,
+            parse_max_tokens(sp, ("max_new_tokens",)),
+            default=self.server.settings.default_max_tokens,
+            context_length=self.server.profile.context_length,
+            ignore_eos=parse_bool(sp, "ignore_eos"),
+            stop=parse_stop(sp.get("stop")),
+        )
+
+    def _result(self, req: EmuRequest) -> dict[str, Any]:
+        end = req.finished_at if req.finished_at is not None else self.server.clock()
+        return {
+            "text": output_text(req.output_words),
+            "output_ids": list(req.output_ids),
+            "meta_info": {
+                "id": req.rid,
+                "finish_reason": _finish_reason(req),
+                "prompt_tokens": req.prompt_len,
+                "completion_tokens": len(req.output_ids),
+                "cached_tokens": req.cached_tokens,
+                "e2e_latency": end - req.arrival,
+            },
+        }
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        body = parse_json_object(await request.read())
+        params = self._params(body)
+        rid = body.get("rid")
+        rid = rid if isinstance(rid, str) and rid else self.server.next_id()
+        req = await self.server.open_request(params, rid)
+        if not parse_bool(body, "stream"):
+            await self.server.run_to_end(req)
+            return web.json_response(self._result(req))
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        try:
+            while True:
+                await req.wait()
+                if req.take_new_words() or req.done:  # text is cumulative, as SGLang's
+                    await resp.write(sse(json.dumps(self._result(req))))
+                if req.done and req.read_upto >= len(req.output_words):
+                    break
+            await resp.write(DONE)
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass
+        finally:
+            if not req.done:
+                self.server.scheduler.abort(req)
+        return resp
+
+    # ---- health and info ----------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.StreamResponse:
+        if not self.server.available():
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def health_generate(self, request: web.Request) -> web.StreamResponse:
+        if not self.server.available():
+            return web.Response(status=503)
+        params = GenerationParams(prompt_ids=tuple(encode("health check")), max_new_tokens=1)
+        try:
+            req = await asyncio.wait_for(
+                self.server.open_request(params, "HEALTH_CHECK_" + self.server.next_id()),
+                _HEALTH_GENERATE_TIMEOUT_S,
+            )
+            await asyncio.wait_for(self.server.run_to_end(req), _HEALTH_GENERATE_TIMEOUT_S)
+        except (TimeoutError, ServerClosingError):
+            return web.Response(status=503)
+        return web.Response(status=200 if req.output_ids else 503)
+
+    def _info(self) -> dict[str, Any]:
+        s, p = self.server.settings, self.server.profile
+        return {
+            "model_path": s.model,
+            "served_model_name": s.model,
+            "host": s.host,
+            "port": self.server.port,
+            "max_running_requests": p.max_running_requests,
+            "max_queued_requests": p.max_queued_requests,
+            "max_total_tokens": p.max_total_tokens,
+            "max_total_num_tokens": p.max_total_tokens,
+            "chunked_prefill_size": p.chunked_prefill_size,
+            "page_size": p.page_size,
+            "context_length": p.context_length,
+            "schedule_policy": "fcfs",
+            "enable_metrics": True,
+            "enable_cache_report": s.enable_cache_report,
+            "random_seed": s.seed,
+            "version": "tokenweir-emulator",
+            "emulator": {"profile": p.name, "time_scale": s.time_scale, "source": p.source},
+            "internal_states": [
+                {
+                    "max_total_num_tokens": p.max_total_tokens,
+                    "max_running_requests": p.max_running_requests,
+                    "last_gen_throughput": self.server.scheduler.stats().gen_throughput,
+                }
+            ],
+        }
+
+    async def server_info(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(self._info())
+
+    async def model_info(self, request: web.Request) -> web.StreamResponse:
+        s = self.server.settings
+        return web.json_response(
+            {"model_path": s.model, "tokenizer_path": s.model, "is_generation": True}
+        )
+
+    async def load(self, request: web.Request) -> web.StreamResponse:
+        st = self.server.scheduler.stats()
+        return web.json_response(
+            [
+                {
+                    "dp_rank": 0,
+                    "num_reqs": st.num_running_reqs + st.num_queue_reqs,
+                    "num_running_reqs": st.num_running_reqs,
+                    "num_waiting_reqs": st.num_queue_reqs,
+                    "num_tokens": st.num_used_tokens,
+                }
+            ]
+        )
+
+    async def flush_cache(self, request: web.Request) -> web.StreamResponse:
+        if self.server.scheduler.flush_cache():
+            return web.Response(text="Cache flushed.\n", status=200)
+        return web.Response(
+            text="Cache not flushed: there are running or waiting requests.\n", status=400
+        )
+
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            body=self.server.metrics.render(), headers={"Content-Type": CONTENT_TYPE}
+        )
+
+    # ---- faults -------------------------------------------------------------------------
+    async def get_faults(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(self.server.faults.to_json(self.server.clock()))
+
+    async def post_faults(self, request: web.Request) -> web.StreamResponse:
+        body = parse_json_object(await request.read())
+        now = self.server.clock()
+        self.server.set_faults(update_faults(self.server.faults, body, now))
+        return web.json_response(self.server.faults.to_json(now))

@@ -1,0 +1,201 @@
+"""The emulator's HTTP server: aiohttp app, request admission (faults, queue), lifecycle.
+
+Errors become HTTP answers in one place (``_error_middleware``): ``RequestError`` → 400,
+``QueueFullError`` and ``ServerClosingError`` → 503, ``InjectedFaultError`` → 500, each with
+SGLang's error object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from backends.emulator import native_api, openai_api
+from backends.emulator.faults import FaultConfig, decide
+from backends.emulator.metrics import EmulatorMetrics
+from backends.emulator.protocol import error_body
+from backends.emulator.request import EmuRequest, GenerationParams
+from backends.emulator.scheduler import Scheduler
+from backends.emulator.settings import EmulatorSettings
+from backends.errors import (
+    InjectedFaultError,
+    QueueFullError,
+    RequestError,
+    ServerClosingError,
+)
+
+__all__ = ["EmulatorServer", "start_emulator"]
+
+log = logging.getLogger("backends.emulator")
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _error_middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RequestError as exc:
+        return web.json_response(error_body(400, exc.message, exc.param), status=400)
+    except (QueueFullError, ServerClosingError) as exc:
+        return web.json_response(error_body(503, str(exc)), status=503)
+    except InjectedFaultError as exc:
+        return web.json_response(error_body(500, str(exc)), status=500)
+
+
+class EmulatorServer:
+    """One emulated SGLang server. Build with ``start_emulator``; stop with ``aclose()``."""
+
+    def __init__(
+        self,
+        settings: EmulatorSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.profile = settings.resolved_profile()
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.metrics = EmulatorMetrics(settings.model)
+        self.scheduler = Scheduler(
+            self.profile,
+            time_scale=settings.time_scale,
+            server_seed=settings.seed,
+            stop_prob=settings.stop_prob,
+            observer=self.metrics,
+            clock=clock,
+        )
+        self.metrics.bind(self.scheduler.stats)
+        self.faults = FaultConfig(
+            error_rate=settings.error_rate,
+            hang_rate=settings.hang_rate,
+            slow=settings.slow_factor,
+            unavailable_until=clock() + settings.slow_start_s,
+        )
+        self.scheduler.slow_factor = settings.slow_factor
+        self._fault_rng = random.Random(settings.seed)
+        self._ids = itertools.count(1)
+        self._hang_gate = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.closing = False
+        self.crashed = False
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.port}"
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def build_app(self) -> web.Application:
+        app = web.Application(middlewares=[_error_middleware], client_max_size=64 * 1024**2)
+        app.add_routes(openai_api.routes(self))
+        app.add_routes(native_api.routes(self))
+        return app
+
+    async def start(self) -> None:
+        self.scheduler.start()
+        self._runner = web.AppRunner(
+            self.build_app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.host, self.settings.port, backlog=4096)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+
+    async def aclose(self) -> None:
+        """Stop serving, abort every request, release hung handlers, stop the scheduler."""
+        if self.closing:
+            return
+        self.closing = True
+        self._hang_gate.set()
+        await self.scheduler.aclose()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """Run a background task that ``aclose`` stops."""
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def set_faults(self, faults: FaultConfig) -> None:
+        self.faults = faults
+        self.scheduler.slow_factor = faults.slow
+        if faults.crash and not self.crashed:
+            self.crashed = True
+            self.spawn(self._crash())
+
+    async def _crash(self) -> None:
+        await asyncio.sleep(0.05)  # let the fault endpoint answer first
+        log.error("emulator: crash fault injected")
+        if self.settings.exit_on_crash:
+            os._exit(70)
+        self.closing = True
+        self._hang_gate.set()
+        await self.scheduler.aclose()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # ---- admission ----------------------------------------------------------------------
+    def available(self) -> bool:
+        return not self.closing and self.clock() >= self.faults.unavailable_until
+
+    def next_id(self) -> str:
+        return f"{self.port:x}{next(self._ids):08x}"
+
+    async def open_request(self, params: GenerationParams, rid: str) -> EmuRequest:
+        """Admit a request to the scheduler after the fault checks (may hang on purpose)."""
+        if self.closing:
+            raise ServerClosingError("the server is shutting down")
+        if not self.available():
+            raise ServerClosingError("the server is starting")
+        decision = decide(self.faults, self._fault_rng)
+        if decision == "error":
+            raise InjectedFaultError("injected fault: internal error")
+        if decision == "hang":
+            await self._hang_gate.wait()
+            raise ServerClosingError("the server is shutting down")
+        req = EmuRequest(
+            rid=rid,
+            params=params,
+            rng=self.scheduler.words.rng_for(self.settings.seed, params.prompt_ids),
+            arrival=self.clock(),
+        )
+        return self.scheduler.add(req)
+
+    async def run_to_end(self, req: EmuRequest) -> None:
+        """Wait for a non-streamed request; abort it if the client goes away."""
+        try:
+            await req.wait_done()
+        finally:
+            if not req.done:
+                self.scheduler.abort(req)
+
+
+async def start_emulator(settings: EmulatorSettings) -> EmulatorServer:
+    """Start an emulator in this event loop; it serves until ``aclose()``."""
+    server = EmulatorServer(settings)
+    try:
+        await server.start()
+    except BaseException:
+        await server.aclose()
+        raise
+    return server

@@ -1,0 +1,67 @@
+"""Typed settings of one emulator process (entry points build them; nothing reads the environment)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from backends.profiles import BackendProfile, get_profile
+
+__all__ = ["EmulatorSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatorSettings:
+    """Everything ``start_emulator`` needs. ``None`` overrides keep the profile's value."""
+
+    model: str = "emulated-model"
+    profile: str = "llama-3.1-8b-h100"
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: a free port chosen by the OS
+    time_scale: float = 1.0  # emulated durations are multiplied by this (0.01 = 100x faster)
+    seed: int = 0
+    max_running_requests: int | None = None
+    max_queued_requests: int | None = None
+    cache_tokens: int | None = None  # KV pool / radix cache capacity in tokens
+    page_size: int | None = None
+    chunked_prefill_size: int | None = None
+    context_length: int | None = None
+    default_max_tokens: int = 128  # when a request names no max_tokens / max_new_tokens
+    stop_prob: float = 0.0  # per-token chance of an EOS (unless ignore_eos)
+    enable_cache_report: bool = True  # usage.prompt_tokens_details.cached_tokens
+    error_rate: float = 0.0
+    hang_rate: float = 0.0
+    slow_factor: float = 1.0
+    slow_start_s: float = 0.0
+    exit_on_crash: bool = False  # the process exits on a crash fault (set by __main__)
+
+    def __post_init__(self) -> None:
+        if not self.time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port out of range: {self.port}")
+        for key in ("error_rate", "hang_rate", "stop_prob"):
+            value = getattr(self, key)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{key} must be within [0, 1], got {value}")
+        if self.slow_factor < 1.0:
+            raise ValueError(f"slow_factor must be >= 1, got {self.slow_factor}")
+        if self.slow_start_s < 0:
+            raise ValueError(f"slow_start_s must be >= 0, got {self.slow_start_s}")
+        if self.default_max_tokens < 1:
+            raise ValueError("default_max_tokens must be >= 1")
+        self.resolved_profile()  # unknown names and bad overrides fail here
+
+    def resolved_profile(self) -> BackendProfile:
+        """The named profile with this process's overrides applied."""
+        base = get_profile(self.profile)
+        overrides = {
+            "max_running_requests": self.max_running_requests,
+            "max_queued_requests": self.max_queued_requests,
+            "max_total_tokens": self.cache_tokens,
+            "page_size": self.page_size,
+            "chunked_prefill_size": self.chunked_prefill_size,
+            "context_length": self.context_length,
+        }
+        changes = {k: v for k, v in overrides.items() if v is not None}
+        return dataclasses.replace(base, **changes) if changes else base  # type: ignore[arg-type]
