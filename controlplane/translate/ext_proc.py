@@ -1,0 +1,84 @@
+"""The ext_proc HTTP filter (filter server, filters/) and its per-route configuration. Pure.
+
+Filter level: request headers SEND (Envoy drops header mutations made with a BUFFERED body
+otherwise), request body BUFFERED, response headers SEND, response body STREAMED (SSE chunks
+pass one by one, never held), trailers SKIP; namespace ``tokenweir`` received as dynamic
+metadata (the usage plugin's ``settle_tokens``). Per route: the route's name travels as gRPC
+initial metadata ``x-tokenweir-route`` (set here, so clients cannot forge it), the phases its
+plugins do not need are skipped, and its failure mode decides ``failure_mode_allow``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envoy.config.core.v3 import base_pb2, grpc_service_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import (
+    http_connection_manager_pb2 as hcm_pb2,
+)
+from google.protobuf import wrappers_pb2
+
+from controlplane.policy.model import FiltersServer, Policy, Route
+from controlplane.translate.names import FILTERS_CLUSTER
+from controlplane.translate.protos import any_of, dur
+from filters.phases import ROUTE_HEADER, route_hooks
+
+__all__ = ["EXT_PROC_FILTER", "ext_proc_http_filter", "ext_proc_per_route", "route_mode"]
+
+EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+_PM = processing_mode_pb2.ProcessingMode
+
+
+def _mode(
+    request_body: bool, response_headers: bool, response_body: bool
+) -> processing_mode_pb2.ProcessingMode:
+    return _PM(
+        request_header_mode=_PM.SEND,
+        request_body_mode=_PM.BUFFERED if request_body else _PM.NONE,
+        response_header_mode=_PM.SEND if response_headers else _PM.SKIP,
+        response_body_mode=_PM.STREAMED if response_body else _PM.NONE,
+        request_trailer_mode=_PM.SKIP,
+        response_trailer_mode=_PM.SKIP,
+    )
+
+
+def route_mode(route: Route) -> processing_mode_pb2.ProcessingMode:
+    """The phases a route's plugins need (request headers always: internal headers are stripped)."""
+    names = [p.name for p in route.filters.plugins] if route.filters is not None else []
+    hooks = route_hooks(names)
+    return _mode(
+        "request_body" in hooks,
+        "response_headers" in hooks or "response_chunk" in hooks,
+        "response_chunk" in hooks,
+    )
+
+
+def ext_proc_http_filter(policy: Policy) -> hcm_pb2.HttpFilter:
+    server = policy.filters if policy.filters is not None else FiltersServer()
+    cfg = ext_proc_pb2.ExternalProcessor(
+        grpc_service=grpc_service_pb2.GrpcService(
+            envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=FILTERS_CLUSTER)
+        ),
+        failure_mode_allow=False,
+        processing_mode=_mode(True, True, True),
+        message_timeout=dur(server.message_timeout),
+        metadata_options=ext_proc_pb2.MetadataOptions(
+            receiving_namespaces=ext_proc_pb2.MetadataOptions.MetadataNamespaces(
+                untyped=["tokenweir"]
+            )
+        ),
+    )
+    return hcm_pb2.HttpFilter(name=EXT_PROC_FILTER, typed_config=any_of(cfg))
+
+
+def ext_proc_per_route(route: Route) -> dict[str, Any]:
+    """typed_per_filter_config entries: disabled without filters, else mode, route name, failure."""
+    if route.filters is None or not route.filters.enabled:
+        return {EXT_PROC_FILTER: any_of(ext_proc_pb2.ExtProcPerRoute(disabled=True))}
+    overrides = ext_proc_pb2.ExtProcOverrides(
+        processing_mode=route_mode(route),
+        grpc_initial_metadata=[base_pb2.HeaderValue(key=ROUTE_HEADER, value=route.name)],
+        failure_mode_allow=wrappers_pb2.BoolValue(value=route.filters.failure_mode == "open"),
+    )
+    return {EXT_PROC_FILTER: any_of(ext_proc_pb2.ExtProcPerRoute(overrides=overrides))}

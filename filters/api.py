@@ -1,0 +1,196 @@
+"""The plugin API: what a plugin implements, what it receives, what it returns.
+
+A plugin is an object with five async hooks (see :class:`Plugin`). Subclass :class:`BasePlugin`
+and override only the hooks you need: the chain calls a hook only on plugins that override it,
+and the control plane asks Envoy only for the phases some plugin of the route needs.
+
+Each hook gets the per-request :class:`Context` (it travels from the request to the end of the
+response; plugins keep their own per-request state in ``ctx.scratch``) and returns ``None``
+(nothing to change) or a :class:`Result`: header mutations, a body replacement, dynamic
+metadata for the next Envoy filters (namespace ``tokenweir``), or an immediate :class:`Reply`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "HOOKS",
+    "BasePlugin",
+    "Context",
+    "Hook",
+    "Plugin",
+    "Reply",
+    "Result",
+    "RouteInfo",
+    "Usage",
+    "openai_error",
+]
+
+Hook = Literal[
+    "request_headers", "request_body", "response_headers", "response_chunk", "stream_end"
+]
+HOOKS: tuple[Hook, ...] = (
+    "request_headers",
+    "request_body",
+    "response_headers",
+    "response_chunk",
+    "stream_end",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An immediate HTTP answer; Envoy sends it to the client and the request goes no further."""
+
+    status: int
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    details: str = ""
+
+
+def openai_error(
+    status: int,
+    message: str,
+    *,
+    error_type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | int | None = None,
+    headers: Mapping[str, str] | None = None,
+    details: str = "",
+) -> Reply:
+    """A :class:`Reply` with the error body OpenAI clients understand."""
+    body = {
+        "error": {
+            "message": message,
+            "type": error_type,
+            "param": param,
+            "code": code if code is not None else status,
+        }
+    }
+    return Reply(
+        status=status,
+        body=json.dumps(body).encode(),
+        headers={"content-type": "application/json", **(headers or {})},
+        details=details or f"tokenweir_{status}",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What a hook asks for. Later plugins see the headers and body earlier ones produced."""
+
+    set_headers: Mapping[str, str] = field(default_factory=dict)
+    remove_headers: tuple[str, ...] = ()
+    body: bytes | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    reply: Reply | None = None
+    clear_route_cache: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RouteInfo:
+    """The route a request matched, as the policy describes it."""
+
+    name: str
+    pool: str | None = None
+    models: tuple[str, ...] = ()
+    lane: str | None = None
+    prefix_tokens: int = 256
+    max_body_bytes: int = 1024**2
+    failure_mode: Literal["open", "closed"] = "closed"
+    rate_limited: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts the backend reported for one request."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(slots=True)
+class Context:
+    """Per-request state, created at the request headers and dropped after the stream ends."""
+
+    route: RouteInfo
+    started: float
+    request_id: str = ""
+    method: str = ""
+    path: str = ""
+    request_headers: dict[str, str] = field(default_factory=dict)
+    tenant: str | None = None
+    tier: str | None = None
+    lane: str | None = None
+    model: str | None = None
+    body: Any = None  # the parsed request body (filters.bodies.LlmRequest) once tokens ran
+    prompt_tokens: int | None = None
+    max_tokens: int | None = None
+    reserve: int | None = None
+    stream: bool = False
+    client_wants_usage: bool = False
+    status: int | None = None
+    usage: Usage | None = None
+    scratch: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    """The five hooks. Request hooks may do I/O (bounded by the route's deadline); response hooks
+    run once per streamed chunk and must stay cheap and must not wait on I/O."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def request_headers(
+        self, ctx: Context, headers: Mapping[str, str], end_of_stream: bool
+    ) -> Result | None: ...
+
+    async def request_body(self, ctx: Context, body: bytes) -> Result | None: ...
+
+    async def response_headers(self, ctx: Context, headers: Mapping[str, str]) -> Result | None: ...
+
+    async def response_chunk(
+        self, ctx: Context, chunk: bytes, end_of_stream: bool
+    ) -> Result | None: ...
+
+    async def stream_end(self, ctx: Context) -> None: ...
+
+
+class BasePlugin:
+    """No-op hooks; override the ones you need. ``name`` defaults to the class name."""
+
+    name: ClassVar[str] = ""
+
+    async def request_headers(
+        self, ctx: Context, headers: Mapping[str, str], end_of_stream: bool
+    ) -> Result | None:
+        return None
+
+    async def request_body(self, ctx: Context, body: bytes) -> Result | None:
+        return None
+
+    async def response_headers(self, ctx: Context, headers: Mapping[str, str]) -> Result | None:
+        return None
+
+    async def response_chunk(
+        self, ctx: Context, chunk: bytes, end_of_stream: bool
+    ) -> Result | None:
+        return None
+
+    async def stream_end(self, ctx: Context) -> None:
+        return None
+
+    @classmethod
+    def hooks(cls) -> frozenset[Hook]:
+        """The hooks this class overrides (the phases it needs from Envoy)."""
+        return frozenset(h for h in HOOKS if getattr(cls, h) is not getattr(BasePlugin, h))

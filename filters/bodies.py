@@ -1,0 +1,338 @@
+"""Parse and check LLM request bodies: OpenAI chat/completions, completions, SGLang ``/generate``.
+
+Pure functions. Every problem raises :class:`~filters.errors.ClientError` with an OpenAI-style
+message, a ``param`` and a short metric ``reason``; nothing else escapes :func:`parse_request`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from filters.errors import ClientError
+
+__all__ = [
+    "MAX_TOKENS_LIMIT",
+    "Kind",
+    "LlmRequest",
+    "dump_body",
+    "kind_for_path",
+    "parse_request",
+]
+
+Kind = Literal["chat", "completion", "generate"]
+MAX_TOKENS_LIMIT = 1_000_000  # above this a max_tokens value is absurd, not merely large
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_SGLANG_EXTRAS = frozenset(
+    {
+        "top_k", "min_p", "min_tokens", "regex", "ebnf", "json_schema", "repetition_penalty",
+        "stop_token_ids", "no_stop_trim", "ignore_eos", "skip_special_tokens", "lora_path",
+        "session_params", "separate_reasoning", "stream_reasoning", "chat_template_kwargs",
+        "rid", "return_hidden_states", "continue_final_message", "custom_params",
+    }
+)  # fmt: skip
+_COMMON = frozenset(
+    {
+        "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
+        "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "seed",
+    }
+)  # fmt: skip
+_FIELDS: dict[Kind, frozenset[str]] = {
+    "chat": _COMMON
+    | _SGLANG_EXTRAS
+    | {
+        "messages",
+        "max_completion_tokens",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "functions",
+        "function_call",
+        "metadata",
+        "store",
+        "reasoning_effort",
+        "service_tier",
+        "modalities",
+        "prediction",
+    },
+    "completion": _COMMON | _SGLANG_EXTRAS | {"prompt", "echo", "best_of", "suffix"},
+    "generate": frozenset(
+        {
+            "model",
+            "text",
+            "input_ids",
+            "sampling_params",
+            "stream",
+            "rid",
+            "return_logprob",
+            "logprob_start_len",
+            "top_logprobs_num",
+            "return_text_in_logprobs",
+            "lora_path",
+            "session_params",
+            "custom_logit_processor",
+            "return_hidden_states",
+            "image_data",
+        }
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LlmRequest:
+    """A checked request. ``data`` is the decoded JSON object (rewritten by the tokens plugin)."""
+
+    kind: Kind
+    data: dict[str, Any]
+    model: str | None
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+    max_tokens_field: (
+        str  # "max_tokens", "max_completion_tokens" or "sampling_params.max_new_tokens"
+    )
+    prompt_text: str  # the rendered prompt (chat: roles and contents in order)
+    prefix_text: str  # system prompt + the conversation up to the first non-system message
+    input_ids: tuple[int, ...] | None = None  # when the prompt came as token ids
+
+
+def kind_for_path(path: str) -> Kind | None:
+    """The body kind a request path carries, or None for paths the plugins pass through."""
+    p = path.split("?", 1)[0].rstrip("/")
+    if p.endswith("/chat/completions"):
+        return "chat"
+    if p.endswith("/completions"):
+        return "completion"
+    if p.endswith("/generate"):
+        return "generate"
+    return None
+
+
+def _bad(message: str, reason: str, param: str | None = None, status: int = 400) -> ClientError:
+    return ClientError(status, message, reason=reason, param=param)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def decode_json(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object; 400 on invalid UTF-8, malformed or non-object JSON."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _bad(f"the request body is not valid UTF-8 ({exc.reason})", "bad_utf8") from exc
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError as exc:
+        raise _bad("the request body nests too deeply", "bad_json") from exc
+    except ValueError as exc:
+        raise _bad(f"the request body is not valid JSON: {exc}", "bad_json") from exc
+    if not isinstance(data, dict):
+        raise _bad("the request body must be a JSON object", "bad_json")
+    return data
+
+
+def dump_body(data: dict[str, Any]) -> bytes:
+    """Serialize a (rewritten) body; ASCII escapes keep lone surrogates from breaking UTF-8."""
+    return json.dumps(data, separators=(",", ":")).encode("ascii")
+
+
+def _int_field(value: Any, param: str, *, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"{param} must be an integer", "bad_field", param)
+    if not low <= value <= high:
+        raise _bad(f"{param} must be between {low} and {high}, got {value}", "bad_field", param)
+    return value
+
+
+def _opt_bool(data: dict[str, Any], key: str) -> bool:
+    value = data.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _bad(f"{key} must be a boolean", "bad_field", key)
+    return value
+
+
+def _one_completion(data: dict[str, Any], key: str = "n") -> None:
+    n = data.get(key)
+    if n is not None and _int_field(n, key, low=1, high=MAX_TOKENS_LIMIT) != 1:
+        raise _bad(
+            f"{key}={n} is not supported by this gateway: send one request per completion",
+            "n_gt_1",
+            key,
+        )
+
+
+def _content_text(content: Any, param: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise _bad(f"{param}[{i}] must be an object with a 'type'", "bad_field", param)
+            if part["type"] == "text":
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise _bad(f"{param}[{i}].text must be a string", "bad_field", param)
+                parts.append(text)
+            else:
+                parts.append(f"[{part['type']}]")
+        return "\n".join(parts)
+    raise _bad(f"{param} must be a string or a list of content parts", "bad_field", param)
+
+
+def _render_chat(messages: Any) -> tuple[str, str]:
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages must be a non-empty list", "bad_field", "messages")
+    chunks: list[str] = []
+    prefix_end = 0
+    for i, msg in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise _bad(f"{param} must be an object", "bad_field", param)
+        role = msg.get("role")
+        if role not in _ROLES:
+            raise _bad(f"{param}.role must be one of {sorted(_ROLES)}", "bad_field", param)
+        text = _content_text(msg.get("content"), f"{param}.content")
+        if msg.get("tool_calls") is not None:
+            text += json.dumps(msg["tool_calls"], separators=(",", ":"))
+        chunks.append(f"<|{role}|>\n{text}\n")
+        if prefix_end == 0 and role not in ("system", "developer"):
+            prefix_end = len(chunks)
+    rendered = "".join(chunks)
+    prefix = "".join(chunks[: prefix_end or len(chunks)])
+    return rendered, prefix
+
+
+def _ids(value: Any, param: str) -> tuple[int, ...] | None:
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        return tuple(value)
+    return None
+
+
+def _single_prompt(value: Any, param: str) -> tuple[str, tuple[int, ...] | None]:
+    """A prompt given as a string, a one-element list of strings, or token ids."""
+    if isinstance(value, str):
+        return value, None
+    ids = _ids(value, param)
+    if ids is not None:
+        return "", ids
+    if isinstance(value, list) and len(value) == 1:
+        return _single_prompt(value[0], param)
+    if isinstance(value, list) and len(value) > 1:
+        raise _bad(
+            f"{param} holds {len(value)} prompts: send one request per prompt", "n_gt_1", param
+        )
+    raise _bad(f"{param} must be a string or a list of token ids", "bad_field", param)
+
+
+def _check_fields(kind: Kind, data: dict[str, Any], extra: Collection[str]) -> None:
+    allowed = _FIELDS[kind]
+    for key in data:
+        if key not in allowed and key not in extra:
+            raise _bad(f"Unrecognized request argument supplied: {key}", "unknown_field", key)
+
+
+def _model(data: dict[str, Any], required: bool) -> str | None:
+    model = data.get("model")
+    if model is None and not required:
+        return None
+    if not isinstance(model, str) or not model or len(model) > 256:
+        raise _bad("model must be a non-empty string", "bad_field", "model")
+    return model
+
+
+def parse_request(
+    kind: Kind, body: bytes, *, extra_fields: Collection[str] = (), reject_unknown: bool = True
+) -> LlmRequest:
+    """Decode and check one request body of ``kind``."""
+    data = decode_json(body)
+    if reject_unknown:
+        _check_fields(kind, data, extra_fields)
+    if kind == "generate":
+        return _parse_generate(data)
+    model = _model(data, required=True)
+    _one_completion(data)
+    if kind == "completion":
+        _one_completion(data, "best_of")
+        if "prompt" not in data:
+            raise _bad("prompt is required", "bad_field", "prompt")
+        prompt, ids = _single_prompt(data["prompt"], "prompt")
+        rendered, prefix = prompt, prompt
+    else:
+        rendered, prefix = _render_chat(data.get("messages"))
+        ids = None
+    field_name = "max_tokens"
+    max_tokens = None
+    for key in ("max_completion_tokens", "max_tokens"):
+        if data.get(key) is not None:
+            max_tokens = _int_field(data[key], key, low=1, high=MAX_TOKENS_LIMIT)
+            field_name = key
+    stream = _opt_bool(data, "stream")
+    opts = data.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise _bad("stream_options must be an object", "bad_field", "stream_options")
+    include_usage = bool(stream and opts and _opt_bool(opts, "include_usage"))
+    return LlmRequest(
+        kind=kind,
+        data=data,
+        model=model,
+        stream=stream,
+        include_usage=include_usage,
+        max_tokens=max_tokens,
+        max_tokens_field=field_name,
+        prompt_text=rendered,
+        prefix_text=prefix,
+        input_ids=ids,
+    )
+
+
+def _parse_generate(data: dict[str, Any]) -> LlmRequest:
+    model = _model(data, required=False)
+    if ("text" in data) == ("input_ids" in data):
+        raise _bad("give exactly one of text or input_ids", "bad_field", "text")
+    if "text" in data:
+        text, ids = _single_prompt(data["text"], "text")
+        if ids is not None:
+            raise _bad("text must be a string", "bad_field", "text")
+    else:
+        text, ids = "", _ids(data["input_ids"], "input_ids")
+        if ids is None:
+            raise _bad("input_ids must be a non-empty list of integers", "bad_field", "input_ids")
+    params = data.get("sampling_params")
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise _bad("sampling_params must be an object", "bad_field", "sampling_params")
+    _one_completion(params)
+    max_tokens = None
+    if params.get("max_new_tokens") is not None:
+        max_tokens = _int_field(
+            params["max_new_tokens"], "sampling_params.max_new_tokens", low=1, high=MAX_TOKENS_LIMIT
+        )
+    stream = _opt_bool(data, "stream")
+    return LlmRequest(
+        kind="generate",
+        data=data,
+        model=model,
+        stream=stream,
+        include_usage=True,  # /generate reports usage in meta_info of every chunk
+        max_tokens=max_tokens,
+        max_tokens_field="sampling_params.max_new_tokens",
+        prompt_text=text,
+        prefix_text=text,
+        input_ids=ids,
+    )

@@ -1,0 +1,63 @@
+"""Prometheus metrics of the filter server, on a registry the caller owns (no global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+__all__ = ["FilterMetrics"]
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_GAP = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+_RATE = (1, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
+_RATIO = (0.5, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 2.0)
+
+
+class FilterMetrics:
+    """Counters and histograms; label values are route, tenant, model, plugin, reason."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        p = "tokenweir_filters_"
+        self.streams = Counter(p + "streams", "ext_proc streams by route", ["route"], registry=r)
+        self.rejections = Counter(
+            p + "rejections", "requests answered with a 4xx", ["route", "reason", "status"],
+            registry=r,
+        )  # fmt: skip
+        self.plugin_errors = Counter(
+            p + "plugin_errors", "plugin failures", ["route", "plugin", "phase"], registry=r
+        )
+        self.redis_errors = Counter(p + "redis_errors", "Redis lookups that failed", registry=r)
+        self.unknown_routes = Counter(
+            p + "unknown_route", "streams naming a route the policy lacks", registry=r
+        )
+        self.ttft = Histogram(
+            p + "ttft_seconds", "time to first token (request start to first body chunk)",
+            ["tenant", "model"], buckets=_LATENCY, registry=r,
+        )  # fmt: skip
+        self.tbt = Histogram(
+            p + "tbt_seconds", "time between streamed chunks", ["tenant", "model"],
+            buckets=_GAP, registry=r,
+        )  # fmt: skip
+        self.tokens_per_second = Histogram(
+            p + "tokens_per_second", "completion tokens per second after the first token",
+            ["tenant", "model"], buckets=_RATE, registry=r,
+        )  # fmt: skip
+        self.tokens = Counter(
+            p + "tokens", "tokens reported by backends", ["tenant", "model", "kind"], registry=r
+        )
+        self.estimate_ratio = Histogram(
+            p + "prompt_estimate_ratio", "estimated / reported prompt tokens", ["model"],
+            buckets=_RATIO, registry=r,
+        )  # fmt: skip
+        self.clamped = Counter(
+            p + "max_tokens_clamped", "requests whose max_tokens was lowered or set",
+            ["tenant", "why"], registry=r,
+        )  # fmt: skip
+
+    # ChainEvents
+    def rejected(self, route: str, reason: str, status: int) -> None:
+        self.rejections.labels(route, reason, str(status)).inc()
+
+    def plugin_failed(self, route: str, plugin: str, phase: str) -> None:
+        self.plugin_errors.labels(route, plugin, phase).inc()

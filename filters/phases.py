@@ -1,0 +1,31 @@
+"""Which ext_proc phases a route needs, from its plugin names alone (no imports of plugins).
+
+The control plane (controlplane/translate/ext_proc.py) asks Envoy only for these phases; the
+server relies on the same answer. A plugin given by import path may use any hook: all phases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["BUILTIN_HOOKS", "ROUTE_HEADER", "route_hooks"]
+
+ROUTE_HEADER = "x-tokenweir-route"  # gRPC initial metadata naming the route (set per route)
+
+BUILTIN_HOOKS: dict[str, frozenset[str]] = {
+    "identity": frozenset({"request_headers"}),
+    "lane": frozenset({"request_headers"}),
+    "tokens": frozenset({"request_headers", "request_body"}),
+    "prefix": frozenset({"request_body"}),
+    "usage": frozenset({"response_headers", "response_chunk", "stream_end"}),
+}
+_ALL = frozenset(
+    {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}
+)
+
+
+def route_hooks(plugin_names: Iterable[str]) -> frozenset[str]:
+    hooks: set[str] = {"request_headers"}  # always: internal headers are stripped there
+    for name in plugin_names:
+        hooks |= BUILTIN_HOOKS.get(name, _ALL)
+    return frozenset(hooks)

@@ -1,0 +1,1 @@
+"""Built-in plugins: identity, tokens, prefix, lane, usage."""

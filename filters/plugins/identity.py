@@ -1,0 +1,88 @@
+"""identity: ``Authorization: Bearer KEY`` → tenant and tier; strips client ``x-tokenweir-*``.
+
+Settings: ``require`` (default true: a missing or unknown key gets 401), ``anonymous_tenant``
+and ``anonymous_tier`` (used when ``require`` is false), ``forward_authorization`` (default
+false: the client's key is not sent to the backend).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from filters.api import BasePlugin, Context, Result
+from filters.errors import ClientError, ConfigError
+from filters.services import Services
+
+__all__ = ["INTERNAL_PREFIX", "IdentityPlugin", "bearer_key"]
+
+INTERNAL_PREFIX = "x-tokenweir-"
+
+
+def bearer_key(headers: Mapping[str, str]) -> str | None:
+    value = headers.get("authorization", "")
+    scheme, _, key = value.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    key = key.strip()
+    return key or None
+
+
+def _unauthorized(message: str) -> ClientError:
+    return ClientError(
+        401,
+        message,
+        reason="unauthorized",
+        code="invalid_api_key",
+        headers=(("www-authenticate", 'Bearer realm="tokenweir"'),),
+    )
+
+
+class IdentityPlugin(BasePlugin):
+    name = "identity"
+
+    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+        unknown = set(settings) - {
+            "require",
+            "anonymous_tenant",
+            "anonymous_tier",
+            "forward_authorization",
+        }
+        if unknown:
+            raise ConfigError(f"identity: unknown setting(s) {sorted(unknown)}")
+        self.require = bool(settings.get("require", True))
+        self.anonymous_tenant = str(settings.get("anonymous_tenant", "anonymous"))
+        self.anonymous_tier = settings.get("anonymous_tier")
+        self.forward_authorization = bool(settings.get("forward_authorization", False))
+        self.services = services
+
+    async def request_headers(
+        self, ctx: Context, headers: Mapping[str, str], end_of_stream: bool
+    ) -> Result | None:
+        remove = [h for h in headers if h.startswith(INTERNAL_PREFIX)]
+        key = bearer_key(headers)
+        info = await self.services.keys.lookup(key) if key else None
+        if info is None:
+            if self.require:
+                if key is None:
+                    raise _unauthorized(
+                        "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'."
+                    )
+                raise _unauthorized(f"Incorrect API key provided: {_masked(key)}.")
+            tenant, tier = self.anonymous_tenant, self.anonymous_tier
+        else:
+            tenant, tier = info.tenant, info.tier
+        if tier is None:
+            t = self.services.policy.tenants.get(tenant)
+            tier = t.tier if t is not None else None
+        ctx.tenant, ctx.tier = tenant, tier
+        if not self.forward_authorization and "authorization" in headers:
+            remove.append("authorization")
+        set_headers = {"x-tokenweir-tenant": tenant}
+        if tier is not None:
+            set_headers["x-tokenweir-tier"] = tier
+        return Result(set_headers=set_headers, remove_headers=tuple(remove))
+
+
+def _masked(key: str) -> str:
+    return key[:3] + "*" * max(0, min(len(key) - 7, 20)) + key[-4:] if len(key) > 8 else "****"

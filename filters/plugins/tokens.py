@@ -1,0 +1,149 @@
+"""tokens: parse the body, estimate prompt tokens, clamp max_tokens, set the reservation.
+
+The clamp: ``max_tokens`` ≤ the tier's ``max_tokens`` and ≤ what the tenant's token budget still
+holds after the prompt (never below 1: an empty budget is the rate-limit service's to refuse,
+with its 429 and Retry-After). The body is rewritten when the value changes or is absent, and
+streamed chat/completions get ``stream_options.include_usage`` so the usage plugin can settle.
+``x-tokenweir-reserve`` = estimated prompt tokens + the clamped max_tokens.
+
+Settings: ``extra_fields`` (body fields to accept besides the known ones), ``reject_unknown``
+(default true), ``default_max_tokens`` (cap when the tenant has no tier; default 4096),
+``max_body_bytes`` (default: the route's).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from filters.api import BasePlugin, Context, Result
+from filters.bodies import Kind, LlmRequest, dump_body, kind_for_path, parse_request
+from filters.errors import ClientError, ConfigError
+from filters.services import Services
+
+__all__ = ["TokensPlugin", "estimate_prompt"]
+
+_log = logging.getLogger(__name__)
+_PER_MESSAGE = 4  # role markers and separators a chat template adds per message
+
+
+def estimate_prompt(req: LlmRequest, services: Services) -> int:
+    if req.input_ids is not None:
+        return len(req.input_ids)
+    n = services.estimator.count(req.prompt_text)
+    if req.kind == "chat":
+        n += _PER_MESSAGE * len(req.data.get("messages") or ()) + 3
+    return max(1, n)
+
+
+def _too_large(size: int, limit: int) -> ClientError:
+    return ClientError(
+        413,
+        f"the request body has {size} bytes; this route accepts at most {limit}",
+        reason="too_large",
+    )
+
+
+def _set_max_tokens(req: LlmRequest, value: int) -> None:
+    if req.kind == "generate":
+        params = req.data.get("sampling_params")
+        if not isinstance(params, dict):
+            params = req.data["sampling_params"] = {}
+        params["max_new_tokens"] = value
+    else:
+        req.data[req.max_tokens_field] = value
+
+
+class TokensPlugin(BasePlugin):
+    name = "tokens"
+
+    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+        unknown = set(settings) - {
+            "extra_fields",
+            "reject_unknown",
+            "default_max_tokens",
+            "max_body_bytes",
+        }
+        if unknown:
+            raise ConfigError(f"tokens: unknown setting(s) {sorted(unknown)}")
+        self.extra_fields = frozenset(settings.get("extra_fields", ()))
+        self.reject_unknown = bool(settings.get("reject_unknown", True))
+        self.default_max_tokens = int(settings.get("default_max_tokens", 4096))
+        self.max_body_bytes: int | None = settings.get("max_body_bytes")
+        self.services = services
+
+    def _limit(self, ctx: Context) -> int:
+        return self.max_body_bytes or ctx.route.max_body_bytes
+
+    async def request_headers(
+        self, ctx: Context, headers: Mapping[str, str], end_of_stream: bool
+    ) -> Result | None:
+        kind = kind_for_path(ctx.path)
+        if kind is None or end_of_stream or ctx.method not in ("POST", "PUT"):
+            return None
+        ctype = headers.get("content-type", "application/json").split(";", 1)[0].strip().lower()
+        if ctype != "application/json":
+            raise ClientError(
+                415,
+                f"Content-Type must be application/json, got {ctype!r}",
+                reason="content_type",
+            )
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > self._limit(ctx):
+            raise _too_large(int(length), self._limit(ctx))
+        return None
+
+    async def request_body(self, ctx: Context, body: bytes) -> Result | None:
+        if len(body) > self._limit(ctx):
+            raise _too_large(len(body), self._limit(ctx))
+        kind: Kind | None = kind_for_path(ctx.path)
+        if kind is None:
+            return None
+        req = parse_request(
+            kind, body, extra_fields=self.extra_fields, reject_unknown=self.reject_unknown
+        )
+        ctx.body = req
+        model = req.model or (ctx.route.models[0] if ctx.route.models else "unknown")
+        ctx.model = model
+        ctx.stream = req.stream
+        ctx.client_wants_usage = req.include_usage
+        prompt = estimate_prompt(req, self.services)
+        ctx.prompt_tokens = prompt
+        final, why = await self._clamp(ctx, req, prompt, model)
+        ctx.max_tokens = final
+        ctx.reserve = prompt + final
+        rewrite = final != req.max_tokens
+        if rewrite:
+            _set_max_tokens(req, final)
+            if ctx.tenant is not None:
+                self.services.metrics.clamped.labels(ctx.tenant, why).inc()
+        if req.stream and kind != "generate" and not req.include_usage:
+            opts = req.data.get("stream_options")
+            req.data["stream_options"] = {**(opts or {}), "include_usage": True}
+            rewrite = True
+        headers = {"x-tokenweir-model": model, "x-tokenweir-reserve": str(ctx.reserve)}
+        if not rewrite:
+            return Result(set_headers=headers)
+        new = dump_body(req.data)
+        headers["content-length"] = str(len(new))
+        return Result(set_headers=headers, body=new)
+
+    async def _clamp(
+        self, ctx: Context, req: LlmRequest, prompt: int, model: str
+    ) -> tuple[int, str]:
+        tier = self.services.policy.tiers.get(ctx.tier) if ctx.tier else None
+        cap = tier.max_tokens if tier is not None else self.default_max_tokens
+        why = "tier"
+        if ctx.tenant is not None and ctx.route.rate_limited:
+            try:
+                left = await self.services.budget.remaining(ctx.tenant, model, ctx.lane)
+            except Exception as exc:  # the rate-limit service still decides; clamp to the tier
+                _log.warning("budget lookup failed for %s: %s", ctx.tenant, exc)
+                self.services.metrics.redis_errors.inc()
+                left = None
+            if left is not None and left - prompt < cap:
+                cap, why = max(1, left - prompt), "budget"
+        if req.max_tokens is None:
+            return cap, "absent"
+        return min(req.max_tokens, cap), why

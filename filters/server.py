@@ -1,0 +1,205 @@
+"""The ext_proc gRPC server: one stream per HTTP request, driven through the route's chain.
+
+The route arrives as gRPC initial metadata ``x-tokenweir-route`` that the control plane sets
+per route (ExtProcPerRoute.overrides.grpc_initial_metadata): clients cannot reach it. Whatever
+the plugins do, the server strips client-supplied ``x-tokenweir-*`` headers and, on
+rate-limited routes, always sets tenant, model, lane and reserve so the rate-limit descriptors
+are complete (a missing ``hits_addend`` value would disable the limit in Envoy).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from filters.api import Context, openai_error
+from filters.chain import Outcome
+from filters.metrics import FilterMetrics
+from filters.phases import ROUTE_HEADER
+from filters.protocol import (
+    CONTINUE_REQUEST_BODY,
+    CONTINUE_RESPONSE_BODY,
+    CONTINUE_RESPONSE_HEADERS,
+    body_response,
+    header_map,
+    headers_response,
+    immediate,
+    trailers_response,
+)
+from filters.registry import RouteEntry
+
+__all__ = ["FilterServer", "FilterServicer"]
+
+_log = logging.getLogger(__name__)
+_INTERNAL = "x-tokenweir-"
+
+
+def _route_name(context: Any) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == ROUTE_HEADER:
+            return value if isinstance(value, str) else value.decode()
+    return None
+
+
+def _finish(out: Outcome) -> Outcome:
+    """Never remove a header that is also set (Envoy's order of the two is not ours to rely on)."""
+    if out.remove_headers:
+        seen: set[str] = set()
+        out.remove_headers = [
+            h
+            for h in out.remove_headers
+            if h not in out.set_headers and not (h in seen or seen.add(h))  # type: ignore[func-returns-value]
+        ]
+    return out
+
+
+def _descriptor_headers(ctx: Context) -> dict[str, str]:
+    return {
+        "x-tokenweir-tenant": ctx.tenant or "anonymous",
+        "x-tokenweir-model": ctx.model or (ctx.route.models[0] if ctx.route.models else "unknown"),
+        "x-tokenweir-lane": ctx.lane or ctx.route.lane or "interactive",
+        "x-tokenweir-reserve": str(ctx.reserve or 0),
+    }
+
+
+class FilterServicer(pb_grpc.ExternalProcessorServicer):
+    """Serves ``envoy.service.ext_proc.v3.ExternalProcessor/Process``."""
+
+    def __init__(
+        self,
+        routes: Mapping[str, RouteEntry],
+        *,
+        clock: Callable[[], float],
+        metrics: FilterMetrics,
+    ) -> None:
+        self._routes = dict(routes)
+        self._clock = clock
+        self._metrics = metrics
+
+    def swap(self, routes: Mapping[str, RouteEntry]) -> None:
+        """Use new chains for new streams; streams in flight finish on the old ones."""
+        self._routes = dict(routes)
+
+    async def Process(  # gRPC's method name
+        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        name = _route_name(context)
+        entry = self._routes.get(name) if name else None
+        ctx: Context | None = None
+        try:
+            async for req in request_iterator:
+                which = req.WhichOneof("request")
+                if which == "request_headers":
+                    if entry is None:
+                        self._metrics.unknown_routes.inc()
+                        yield immediate(
+                            openai_error(
+                                503,
+                                f"the filter server has no route {name!r} (policy reloading?)",
+                                error_type="server_error",
+                                headers={"retry-after": "1"},
+                                details="tokenweir_unknown_route",
+                            )
+                        )
+                        return
+                    ctx = Context(route=entry.info, started=self._clock())
+                    yield await self._request_headers(entry, ctx, req.request_headers)
+                elif entry is None or ctx is None:
+                    yield _continue(which)
+                elif which == "request_body":
+                    yield await self._request_body(entry, ctx, req.request_body)
+                elif which == "response_headers":
+                    if not entry.chain.needs("response_headers"):
+                        yield CONTINUE_RESPONSE_HEADERS
+                        continue
+                    headers = header_map(req.response_headers.headers)
+                    out = await entry.chain.response_headers(ctx, headers)
+                    yield headers_response("response_headers", _finish(out))
+                elif which == "response_body":
+                    if not entry.chain.needs("response_chunk"):
+                        yield CONTINUE_RESPONSE_BODY
+                        continue
+                    b = req.response_body
+                    out = await entry.chain.response_chunk(ctx, b.body, b.end_of_stream)
+                    yield (
+                        CONTINUE_RESPONSE_BODY if out.empty else body_response("response_body", out)
+                    )
+                else:
+                    yield _continue(which)
+        finally:
+            if ctx is not None and entry is not None:
+                await entry.chain.stream_end(ctx)
+
+    async def _request_headers(
+        self, entry: RouteEntry, ctx: Context, msg: pb.HttpHeaders
+    ) -> pb.ProcessingResponse:
+        self._metrics.streams.labels(entry.info.name).inc()
+        raw = header_map(msg.headers)
+        strip = [h for h in raw if h.startswith(_INTERNAL)]
+        headers = {k: v for k, v in raw.items() if not k.startswith(_INTERNAL)}
+        ctx.request_headers = headers
+        ctx.request_id = headers.get("x-request-id", "")
+        ctx.method = headers.get(":method", "")
+        ctx.path = headers.get(":path", "")
+        out = await entry.chain.request_headers(ctx, dict(headers), msg.end_of_stream)
+        out.remove_headers[:0] = strip
+        if entry.info.rate_limited and out.reply is None:
+            for k, v in _descriptor_headers(ctx).items():
+                out.set_headers.setdefault(k, v)
+            out.clear_route_cache = True
+        return headers_response("request_headers", _finish(out))
+
+    async def _request_body(
+        self, entry: RouteEntry, ctx: Context, msg: pb.HttpBody
+    ) -> pb.ProcessingResponse:
+        if not entry.chain.needs("request_body") and not entry.info.rate_limited:
+            return CONTINUE_REQUEST_BODY
+        out = await entry.chain.request_body(ctx, msg.body)
+        if entry.info.rate_limited and out.reply is None:
+            for k, v in _descriptor_headers(ctx).items():
+                out.set_headers.setdefault(k, v)
+            out.clear_route_cache = True
+        return body_response("request_body", _finish(out))
+
+
+def _continue(which: str | None) -> pb.ProcessingResponse:
+    if which == "request_body":
+        return CONTINUE_REQUEST_BODY
+    if which == "response_headers":
+        return CONTINUE_RESPONSE_HEADERS
+    if which == "response_body":
+        return CONTINUE_RESPONSE_BODY
+    if which in ("request_trailers", "response_trailers"):
+        return trailers_response(which)
+    if which == "request_headers":
+        return pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+    return pb.ProcessingResponse()
+
+
+class FilterServer:
+    """A grpc.aio server hosting :class:`FilterServicer`; ``aclose()`` stops it."""
+
+    def __init__(self, servicer: FilterServicer, host: str, port: int) -> None:
+        self.servicer = servicer
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", 1),
+                ("grpc.max_receive_message_length", 80 * 1024 * 1024),
+                ("grpc.http2.max_pings_without_data", 0),
+            ]
+        )
+        pb_grpc.add_ExternalProcessorServicer_to_server(servicer, self._server)
+        self.port = self._server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot listen on {host}:{port}")
+
+    async def start(self) -> None:
+        await self._server.start()
+
+    async def aclose(self, grace: float = 1.0) -> None:
+        await self._server.stop(grace)

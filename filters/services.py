@@ -1,0 +1,38 @@
+"""What plugins get at construction: the policy and the shared, long-lived helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from filters.budget import Budget, NoBudget
+from filters.estimate import Estimator, HeuristicEstimator
+from filters.keys import KeyStore, policy_keys
+from filters.metrics import FilterMetrics
+
+__all__ = ["Services", "default_services"]
+
+
+@dataclass(frozen=True)
+class Services:
+    """Shared by every plugin of a server; ``policy`` is the one the chains were built from."""
+
+    policy: Any  # controlplane.policy.Policy
+    keys: KeyStore
+    budget: Budget
+    estimator: Estimator
+    metrics: FilterMetrics
+    clock: Callable[[], float]
+
+
+def default_services(policy: Any, clock: Callable[[], float]) -> Services:
+    """Services without Redis: keys from the policy file, no live budget, the heuristic."""
+    return Services(
+        policy=policy,
+        keys=KeyStore(policy_keys(policy), None, clock=clock),
+        budget=NoBudget(),
+        estimator=HeuristicEstimator(),
+        metrics=FilterMetrics(),
+        clock=clock,
+    )

@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+import json
+
+from filters.api import Usage
+from filters.bodies import parse_request
+from filters.plugins.usage import UsagePlugin
+from filters.services import Services
+from filters.sse import split_events
+from tests.filters.conftest import FakeClock, make_ctx
+
+
+def ev(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+CHUNKS = [
+    ev({"choices": [{"delta": {"role": "assistant", "content": ""}}], "usage": None}),
+    ev({"choices": [{"delta": {"content": "Hello"}}]}),
+    ev({"choices": [{"delta": {}, "finish_reason": "stop"}]}),
+    ev({"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 2,
+                                 "prompt_tokens_details": {"cached_tokens": 4}}}),
+    b"data: [DONE]\n\n",
+]  # fmt: skip
+
+
+def streaming_ctx(wants_usage: bool):  # type: ignore[no-untyped-def]
+    opts = {"stream_options": {"include_usage": True}} if wants_usage else {}
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True, **opts}
+    ctx = make_ctx(tenant="demo-pro", model="m")
+    ctx.body = parse_request("chat", json.dumps(body).encode())
+    ctx.stream, ctx.client_wants_usage = True, wants_usage
+    return ctx
+
+
+async def run(plugin: UsagePlugin, ctx, chunks: list[bytes], clock: FakeClock):  # type: ignore[no-untyped-def]
+    await plugin.response_headers(ctx, {":status": "200", "content-type": "text/event-stream"})
+    out, meta = [], {}
+    for i, c in enumerate(chunks):
+        clock.now += 0.01
+        r = await plugin.response_chunk(ctx, c, i == len(chunks) - 1)
+        out.append(c if r is None or r.body is None else r.body)
+        if r is not None:
+            meta.update(r.metadata)
+    await plugin.stream_end(ctx)
+    return b"".join(out), meta
+
+
+async def test_usage_chunk_dropped_when_client_did_not_ask(
+    services: Services, clock: FakeClock
+) -> None:
+    ctx = streaming_ctx(False)
+    body, meta = await run(UsagePlugin({}, services), ctx, CHUNKS, clock)
+    assert meta == {"settle_tokens": 13}
+    assert ctx.usage == Usage(11, 2, 4)
+    assert b'"usage": {' not in body and body.endswith(b"data: [DONE]\n\n")
+    assert body == b"".join(c for i, c in enumerate(CHUNKS) if i != 3)
+
+
+async def test_usage_chunk_kept_when_client_asked(services: Services, clock: FakeClock) -> None:
+    ctx = streaming_ctx(True)
+    body, meta = await run(UsagePlugin({}, services), ctx, CHUNKS, clock)
+    assert body == b"".join(CHUNKS) and meta == {"settle_tokens": 13}
+
+
+async def test_usage_event_split_across_chunks(services: Services, clock: FakeClock) -> None:
+    stream = b"".join(CHUNKS)
+    pieces = [stream[i : i + 37] for i in range(0, len(stream), 37)]
+    for wants in (False, True):
+        ctx = streaming_ctx(wants)
+        body, meta = await run(UsagePlugin({}, services), ctx, pieces, clock)
+        assert meta == {"settle_tokens": 13}
+        expected = (
+            b"".join(CHUNKS) if wants else b"".join(c for i, c in enumerate(CHUNKS) if i != 3)
+        )
+        assert body == expected
+
+
+async def test_json_usage_and_metrics(services: Services, clock: FakeClock) -> None:
+    ctx = make_ctx(tenant="demo-pro", model="m", prompt_tokens=10)
+    plugin = UsagePlugin({}, services)
+    await plugin.response_headers(ctx, {":status": "200", "content-type": "application/json"})
+    body = json.dumps(
+        {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}
+    ).encode()
+    assert await plugin.response_chunk(ctx, body[:20], False) is None
+    r = await plugin.response_chunk(ctx, body[20:], True)
+    assert r is not None and r.metadata == {"settle_tokens": 15}
+    await plugin.stream_end(ctx)
+    reg = services.metrics.registry
+    assert (
+        reg.get_sample_value(
+            "tokenweir_filters_tokens_total",
+            {"tenant": "demo-pro", "model": "m", "kind": "completion"},
+        )
+        == 5
+    )
+    assert (
+        reg.get_sample_value(
+            "tokenweir_filters_ttft_seconds_count", {"tenant": "demo-pro", "model": "m"}
+        )
+        == 1
+    )
+
+
+async def test_generate_stream_settles_from_last_meta_info(
+    services: Services, clock: FakeClock
+) -> None:
+    ctx = make_ctx(path="/generate", tenant="t", model="m")
+    ctx.body = parse_request("generate", b'{"text":"hi","stream":true}')
+    chunks = [
+        ev({"text": "a", "meta_info": {"prompt_tokens": 3, "completion_tokens": 1}}),
+        ev({"text": "a b", "meta_info": {"prompt_tokens": 3, "completion_tokens": 2}}),
+        b"data: [DONE]\n\n",
+    ]
+    body, meta = await run(UsagePlugin({}, services), ctx, chunks, clock)
+    assert meta == {"settle_tokens": 5} and body == b"".join(chunks)
+
+
+async def test_error_responses_are_not_parsed(services: Services) -> None:
+    ctx = make_ctx()
+    plugin = UsagePlugin({}, services)
+    await plugin.response_headers(ctx, {":status": "500", "content-type": "application/json"})
+    assert await plugin.response_chunk(ctx, b'{"usage":{"completion_tokens":1}}', True) is None
+
+
+def test_split_events() -> None:
+    events, tail = split_events(b"data: a\n\ndata: b\r\n\r\ndata: c")
+    assert events == [b"data: a\n\n", b"data: b\n\n"] and tail == b"data: c"
