@@ -1,6 +1,6 @@
 """The emulator's HTTP server: aiohttp app, request admission (faults, queue), lifecycle.
 
-Errors become HTTP answers in one place (``_error_middleware``): ``RequestError`` → 400,
+Errors become HTTP answers in one place (``_map_errors``): ``RequestError`` → 400,
 ``QueueFullError`` and ``ServerClosingError`` → 503, ``InjectedFaultError`` → 500, each with
 SGLang's error object.
 """
@@ -40,8 +40,7 @@ log = logging.getLogger("backends.emulator")
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-@web.middleware
-async def _error_middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
+async def _map_errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except RequestError as exc:
@@ -88,6 +87,7 @@ class EmulatorServer:
         self._hang_gate = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._inflight: set[asyncio.BaseTransport] = set()  # connections with a request
         self.closing = False
         self.crashed = False
         self.port = 0
@@ -98,7 +98,17 @@ class EmulatorServer:
 
     # ---- lifecycle ----------------------------------------------------------------------
     def build_app(self) -> web.Application:
-        app = web.Application(middlewares=[_error_middleware], client_max_size=64 * 1024**2)
+        @web.middleware
+        async def track(request: web.Request, handler: _Handler) -> web.StreamResponse:
+            transport = request.transport
+            if transport is not None:
+                self._inflight.add(transport)
+            try:
+                return await _map_errors(request, handler)
+            finally:
+                self._inflight.discard(transport)
+
+        app = web.Application(middlewares=[track], client_max_size=64 * 1024**2)
         app.add_routes(openai_api.routes(self))
         app.add_routes(native_api.routes(self))
         return app
@@ -148,6 +158,9 @@ class EmulatorServer:
         if self.settings.exit_on_crash:
             os._exit(70)
         self.closing = True
+        for transport in list(self._inflight):  # cut connections as a dying process would
+            if isinstance(transport, asyncio.Transport):
+                transport.abort()
         self._hang_gate.set()
         await self.scheduler.aclose()
         if self._runner is not None:
