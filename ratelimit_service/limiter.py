@@ -172,10 +172,10 @@ def settle(state: MemoryState, record: str, actual: int, now_us: int) -> SettleR
     item = state.records.pop(record, None)
     if item is None or item[0] <= now_us:
         return SettleResult(False)
-    total = 0
+    reserved = 0
     for key, (charged, is_bucket, cap_f, rate) in item[1].items():
         delta = actual - int(charged)
-        total += delta
+        reserved = max(reserved, int(charged))
         if is_bucket:
             cap = int(cap_f)
             tk, ts = refill(*state.bucket(key, cap, now_us), now_us, cap, rate)
@@ -190,4 +190,4 @@ def settle(state: MemoryState, record: str, actual: int, now_us: int) -> SettleR
             if used < 0:
                 used = 0
             state.windows[key] = (used, state.windows[key][1])
-    return SettleResult(True, total)
+    return SettleResult(True, actual - reserved)

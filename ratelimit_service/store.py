@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
+from collections.abc import Callable
 from importlib import resources
 from typing import Any, Protocol
 
@@ -93,8 +95,16 @@ class RedisStore:
     """Lua on Redis (or Redis Cluster: every call touches one hash tag), EVALSHA with reload on
     NOSCRIPT. Calls that arrive while a pipeline is in flight wait for the next one."""
 
-    def __init__(self, client: Any, *, max_batch: int = 512, max_inflight: int = 2) -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        max_batch: int = 512,
+        max_inflight: int = 2,
+        observe: Callable[[float, int], None] | None = None,
+    ) -> None:
         self.client = client
+        self._observe = observe
         self._scripts = {name: load_script(name) for name in ("reserve", "settle")}
         self._sha = {n: hashlib.sha1(s.encode()).hexdigest() for n, s in self._scripts.items()}
         self._queue: list[tuple[str, list[str], list[Any], asyncio.Future[Any]]] = []
@@ -148,6 +158,7 @@ class RedisStore:
     ) -> None:
         self.batches += 1
         self.calls += len(batch)
+        started = time.perf_counter()
         try:
             pipe = self.client.pipeline(transaction=False)
             for name, keys, args, _ in batch:
@@ -162,6 +173,8 @@ class RedisStore:
                 if not fut.done():
                     fut.set_exception(err)
             return
+        if self._observe is not None:
+            self._observe(time.perf_counter() - started, len(batch))
         for (*_, fut), res in zip(batch, results, strict=True):
             if fut.done():
                 continue

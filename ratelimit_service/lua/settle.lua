@@ -2,7 +2,7 @@
 -- Twin: ratelimit_service/limiter.py:settle. Idempotent: the record is deleted on first use.
 -- KEYS[1] reservation record (all keys it names share its hash tag)
 -- ARGV: now_us, actual tokens
--- returns {found, total delta}
+-- returns {found, actual - reserved} (reserved: the largest charge in the record)
 local rec = redis.call('HGETALL', KEYS[1])
 if #rec == 0 then return {0, 0} end
 redis.call('DEL', KEYS[1])
@@ -10,11 +10,11 @@ local now = tonumber(ARGV[1])
 local actual = tonumber(ARGV[2])
 local map = {}
 for i = 1, #rec, 2 do map[rec[i]] = rec[i + 1] end
-local total = 0
+local reserved = 0
 for key, v in pairs(map) do
   if string.sub(key, -2, -2) ~= '#' then
     local delta = actual - tonumber(v)
-    total = total + delta
+    if tonumber(v) > reserved then reserved = tonumber(v) end
     local capv = map[key .. '#c']
     if capv then
       local cap = tonumber(capv)
@@ -51,4 +51,4 @@ for key, v in pairs(map) do
     end
   end
 end
-return {1, total}
+return {1, actual - reserved}

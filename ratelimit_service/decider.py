@@ -1,0 +1,227 @@
+"""The decision core behind the gRPC servicer: RateLimitRequest in, RateLimitResponse out.
+
+It never raises: bad input gets a defined OVER_LIMIT answer and a log line, a Redis outage the
+policy's failure mode (open: this replica's local bucket holding its share of every limit;
+closed: OVER_LIMIT), both within ``deadline`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from envoy.service.ratelimit.v3 import rls_pb2
+
+from ratelimit_service.config import Limit, limits_for_service, limits_for_tenant
+from ratelimit_service.descriptors import Call, parse_request
+from ratelimit_service.directory import QuotaDirectory
+from ratelimit_service.errors import BadRequest, StoreUnavailable
+from ratelimit_service.health import RedisHealth
+from ratelimit_service.keys import record_key, service_subject
+from ratelimit_service.limiter import Check, ReserveResult
+from ratelimit_service.metrics import Metrics
+from ratelimit_service.plan import checks_for, scaled
+from ratelimit_service.responses import Verdict, error_response, response
+from ratelimit_service.store import MemoryStore, QuotaStore
+
+__all__ = ["Decider", "DeciderSettings", "verdict"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DeciderSettings:
+    domain: str = "tokenweir"
+    failure_mode: str = "open"  # Redis down: "open" (local bucket) or "closed" (deny)
+    deadline: float = 0.03  # seconds we wait for Redis before the fallback answers
+    reservation_ttl_ms: int = 600_000
+    replicas: int = 1  # the local bucket holds 1/replicas of every limit
+
+
+def verdict(
+    res: ReserveResult,
+    limits: list[Limit],
+    checks: list[Check],
+    hits: int,
+    now_us: int,
+    subject: str,
+) -> Verdict:
+    """Report the denying limit with the longest wait, else the tightest enforced limit."""
+    outcomes = res.outcomes
+    shadow = tuple(
+        f"{x.quota}.{x.unit}"
+        for x, o in zip(limits, outcomes, strict=True)
+        if x.shadow and not o.ok
+    )
+    best = -1
+    best_key = -math.inf
+    for i, (lim, o) in enumerate(zip(limits, outcomes, strict=True)):
+        if lim.shadow or (not res.admitted and o.ok):
+            continue
+        if res.admitted:
+            key = -float(o.remaining)
+        else:
+            key = math.inf if o.retry_us < 0 else float(o.retry_us)
+        if key > best_key:
+            best, best_key = i, key
+    if best < 0:
+        return Verdict(ok=res.admitted, shadow_denied=shadow)
+    lim, o = limits[best], outcomes[best]
+    if lim.unit != "bucket":
+        reset = checks[best].reset_us - now_us
+    elif lim.rate > 0:
+        reset = math.ceil((lim.limit - o.remaining) * 1e6 / lim.rate)
+    else:
+        reset = 0
+    return Verdict(
+        ok=res.admitted,
+        quota=lim.quota,
+        unit=lim.unit,
+        limit=lim.limit,
+        remaining=o.remaining,
+        reset_us=max(0, reset),
+        retry_us=o.retry_us,
+        requested=hits if lim.tokens else 1,
+        kind="tokens" if lim.tokens else "requests",
+        subject=subject,
+        shadow_denied=shadow,
+    )
+
+
+class Decider:
+    def __init__(
+        self,
+        settings: DeciderSettings,
+        *,
+        directory: QuotaDirectory,
+        store: QuotaStore | None,
+        health: RedisHealth | None,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.directory = directory
+        self.store = store
+        self.health = health
+        self.local = MemoryStore()
+        self.metrics = metrics
+        self.clock = clock
+        self._last_log: dict[str, float] = {}
+
+    def _log_limited(self, key: str, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._last_log.get(key, 0.0) >= 1.0:
+            self._last_log[key] = now
+            log.warning(msg, *args)
+
+    async def decide(self, request: rls_pb2.RateLimitRequest) -> rls_pb2.RateLimitResponse:
+        try:
+            calls = parse_request(request, self.settings.domain)
+            verdicts = [await self._one(call) for call in calls]
+        except BadRequest as exc:
+            self.metrics.bad_requests.labels(exc.code).inc()
+            self.metrics.decisions.labels("invalid", "").inc()
+            self._log_limited(exc.code, "bad rate-limit request (%s): %s", exc.code, exc)
+            return error_response(str(exc), exc.code, "invalid_request_error")
+        except StoreUnavailable as exc:  # failure mode "closed"
+            self.metrics.decisions.labels("unavailable", "").inc()
+            self._log_limited("closed", "denying: quota store unavailable (%s)", exc)
+            return error_response(
+                "The quota service cannot check your budget right now.",
+                "quota_unavailable",
+                "service_unavailable",
+                retry_s=1,
+            )
+        return response(verdicts)
+
+    async def _one(self, call: Call) -> Verdict:
+        if call.phase == "settle":
+            await self._settle(call)
+            return Verdict(ok=True)
+        if call.phase == "requests":
+            sq = await self.directory.service(call.service or "")
+            subject = service_subject(call.service or "", call.remote_address or "-")
+            return await self._reserve(subject, limits_for_service(sq), call, None)
+        tenant = call.tenant or ""
+        sq = await self.directory.tenant(tenant)
+        if not sq.known:
+            raise BadRequest(f"unknown tenant {tenant!r}", "unknown_tenant")
+        limits = limits_for_tenant(sq, call.model, call.lane)
+        if call.request_id is None:
+            self._log_limited("no_request_id", "reserve without request_id: it cannot be settled")
+        return await self._reserve(tenant, limits, call, call.request_id)
+
+    async def _reserve(
+        self, subject: str, limits: list[Limit], call: Call, rid: str | None
+    ) -> Verdict:
+        if not limits:
+            self.metrics.decisions.labels("ok", "").inc()
+            return Verdict(ok=True)
+        now_us = int(self.clock() * 1_000_000)
+        record = record_key(subject, rid or "-")
+        ttl = self.settings.reservation_ttl_ms
+        res: ReserveResult | None = None
+        if self.store is not None and (self.health is None or self.health.up):
+            checks = checks_for(subject, limits, call.hits, now_us)
+            try:
+                res = await asyncio.wait_for(
+                    self.store.reserve(record, rid is not None, checks, now_us, ttl),
+                    self.settings.deadline,
+                )
+            except (StoreUnavailable, TimeoutError) as exc:
+                if self.health is not None:
+                    self.health.failed(exc)
+        if res is None:
+            self.metrics.fallbacks.labels(self.settings.failure_mode).inc()
+            if self.settings.failure_mode == "closed":
+                raise StoreUnavailable("redis unavailable")
+            limits = scaled(limits, self.settings.replicas)
+            checks = checks_for(subject, limits, call.hits, now_us)
+            res = await self.local.reserve(record, rid is not None, checks, now_us, ttl)
+        v = verdict(res, limits, checks, call.hits, now_us, subject)
+        self._count(v, call)
+        return v
+
+    def _count(self, v: Verdict, call: Call) -> None:
+        quota = f"{v.quota}.{v.unit}" if v.quota else ""
+        self.metrics.decisions.labels("ok" if v.ok else "over_limit", quota).inc()
+        for q in v.shadow_denied:
+            self.metrics.shadow_denials.labels(q).inc()
+        if v.ok and call.phase == "reserve":
+            self.metrics.tokens.labels("reserved").inc(call.hits)
+
+    async def _settle(self, call: Call) -> None:
+        if call.request_id is None:
+            self._log_limited("settle_no_id", "settle without request_id: ignored")
+            self.metrics.settles.labels("lost").inc()
+            return
+        record = record_key(call.tenant or "", call.request_id)
+        now_us = int(self.clock() * 1_000_000)
+        if self.local.has_record(record):
+            res = await self.local.settle(record, call.hits, now_us)
+            result = "local"
+        elif self.store is not None and (self.health is None or self.health.up):
+            try:
+                res = await asyncio.wait_for(
+                    self.store.settle(record, call.hits, now_us), self.settings.deadline
+                )
+            except (StoreUnavailable, TimeoutError) as exc:
+                if self.health is not None:
+                    self.health.failed(exc)
+                self.metrics.settles.labels("lost").inc()
+                return
+            result = "settled" if res.found else "not_found"
+        else:
+            self.metrics.settles.labels("lost").inc()
+            return
+        self.metrics.settles.labels(result).inc()
+        if res.found:
+            self.metrics.tokens.labels("settled").inc(call.hits)
+            if res.delta < 0:
+                self.metrics.tokens.labels("refunded").inc(-res.delta)
+            elif res.delta > 0:
+                self.metrics.tokens.labels("extra").inc(res.delta)

@@ -1,0 +1,74 @@
+"""What Envoy asked: a RateLimitRequest turned into typed calls (see docs/quotas.md).
+
+Envoy 1.40 sends the cost per descriptor (``descriptors[i].hits_addend``); the request-level
+``hits_addend`` stays 0 (DESIGN.md facts 1–3). One descriptor is one call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ratelimit_service.errors import BadRequest
+
+__all__ = ["MAX_HITS", "Call", "parse_request"]
+
+MAX_HITS = 100_000_000  # more tokens than any one request can cost: Envoy or a header is broken
+PHASES = frozenset({"reserve", "settle", "requests"})
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """``phase`` reserve/settle (an LLM tenant, ``hits`` tokens) or requests (a service)."""
+
+    phase: str
+    hits: int
+    tenant: str | None = None
+    model: str | None = None
+    lane: str | None = None
+    request_id: str | None = None
+    service: str | None = None
+    remote_address: str | None = None
+
+
+def _call(entries: dict[str, str], hits: int) -> Call:
+    phase = entries.get("phase") or ("requests" if "service" in entries else "reserve")
+    if phase not in PHASES:
+        raise BadRequest(f"unknown phase {phase!r}; expected one of {sorted(PHASES)}")
+    if hits < 0 or hits > MAX_HITS:
+        raise BadRequest(f"hits_addend {hits} is outside 0..{MAX_HITS}", "invalid_hits_addend")
+    if phase == "requests":
+        service = entries.get("service")
+        if not service:
+            raise BadRequest("a request-count descriptor needs a 'service' entry")
+        return Call("requests", 1, service=service, remote_address=entries.get("remote_address"))
+    tenant = entries.get("tenant")
+    if not tenant:
+        raise BadRequest(f"a {phase} descriptor needs a 'tenant' entry", "missing_tenant")
+    return Call(
+        phase,
+        hits,
+        tenant=tenant,
+        model=entries.get("model") or None,
+        lane=entries.get("lane") or None,
+        request_id=entries.get("request_id") or None,
+    )
+
+
+def parse_request(request: Any, domain: str) -> list[Call]:
+    """Typed calls of a ``RateLimitRequest``; raises BadRequest for anything we cannot judge."""
+    if request.domain != domain:
+        raise BadRequest(
+            f"unknown domain {request.domain!r}; this service serves {domain!r}", "unknown_domain"
+        )
+    if not request.descriptors:
+        raise BadRequest("the request has no descriptors", "missing_descriptors")
+    default_hits = request.hits_addend or 1
+    calls = []
+    for d in request.descriptors:
+        if not d.entries:
+            raise BadRequest("a descriptor has no entries", "missing_descriptors")
+        entries = {e.key: e.value for e in d.entries}
+        hits = d.hits_addend.value if d.HasField("hits_addend") else default_hits
+        calls.append(_call(entries, hits))
+    return calls

@@ -1,0 +1,121 @@
+"""Effective quotas per subject: policy defaults overlaid by the live Redis hash, cached for at
+most ``ttl`` seconds per process (so ``redis-cli HSET`` takes effect within a second), and the
+seeding of policy defaults into Redis that never overwrites live edits."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from controlplane.policy.model import Policy
+from ratelimit_service.config import (
+    SubjectQuotas,
+    effective_quotas,
+    service_defaults,
+    tenant_defaults,
+)
+from ratelimit_service.keys import config_key, seed_key, service_subject
+from ratelimit_service.reader import decode_map
+from ratelimit_service.store import load_script
+
+__all__ = ["QuotaDirectory", "seed_defaults"]
+
+log = logging.getLogger(__name__)
+_MAX_ENTRIES = 100_000
+
+
+class QuotaDirectory:
+    """``tenant(name)`` / ``service(name)`` → SubjectQuotas. Without a client (or while Redis is
+    down, see ``available``) the policy defaults plus the last live values seen are used."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        client: Any | None,
+        *,
+        ttl: float = 0.5,
+        fetch_timeout: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+        available: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self._policy = policy
+        self._client = client
+        self._ttl = ttl
+        self._timeout = fetch_timeout
+        self._clock = clock
+        self._available = available
+        self._cache: dict[tuple[str, str], tuple[float, SubjectQuotas]] = {}
+        self._live: dict[tuple[str, str], dict[str, str]] = {}
+        self._pending: dict[tuple[str, str], asyncio.Future[SubjectQuotas]] = {}
+
+    def update_policy(self, policy: Policy) -> None:
+        self._policy = policy
+        self._cache.clear()
+
+    async def tenant(self, name: str) -> SubjectQuotas:
+        return await self._get(("t", name))
+
+    async def service(self, name: str) -> SubjectQuotas:
+        return await self._get(("s", name))
+
+    async def _get(self, key: tuple[str, str]) -> SubjectQuotas:
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] > self._clock():
+            return hit[1]
+        pending = self._pending.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[SubjectQuotas] = asyncio.get_running_loop().create_future()
+        self._pending[key] = fut
+        try:
+            sq = await self._load(key)
+            fut.set_result(sq)
+            return sq
+        finally:
+            del self._pending[key]
+            if not fut.done():
+                fut.cancel()
+
+    async def _load(self, key: tuple[str, str]) -> SubjectQuotas:
+        kind, name = key
+        subject = name if kind == "t" else service_subject(name)
+        if self._client is not None and self._available():
+            try:
+                raw = await asyncio.wait_for(
+                    self._client.hgetall(config_key(subject)), self._timeout
+                )
+                self._live[key] = decode_map(raw)
+            except Exception as exc:  # Redis down or slow: defaults and the last live values seen
+                log.debug("live quotas of %s unavailable: %s", subject, exc)
+        defaults = (
+            tenant_defaults(self._policy, name)
+            if kind == "t"
+            else service_defaults(self._policy, name)
+        )
+        sq = effective_quotas(defaults, self._live.get(key, {}))
+        if sq.problems:
+            log.warning("ignoring bad live quota fields of %s: %s", subject, "; ".join(sq.problems))
+        if len(self._cache) > _MAX_ENTRIES:
+            self._cache.clear()
+            self._live.clear()
+        self._cache[key] = (self._clock() + self._ttl, sq)
+        return sq
+
+
+async def seed_defaults(client: Any, policy: Policy) -> int:
+    """Copy the policy's quota defaults of every tenant and service into Redis (seed.lua); returns
+    how many fields changed. Live edits are kept."""
+    script = client.register_script(load_script("seed"))
+    changed = 0
+    subjects: list[tuple[str, dict[str, str]]] = []
+    for name in policy.tenants:
+        subjects.append((name, tenant_defaults(policy, name) or {}))
+    for name in policy.services:
+        subjects.append((service_subject(name), service_defaults(policy, name) or {}))
+    for subject, fields in subjects:
+        args = [x for kv in sorted(fields.items()) for x in kv]
+        changed += int(await script(keys=[config_key(subject), seed_key(subject)], args=args))
+    return changed

@@ -1,0 +1,70 @@
+"""Prometheus metrics of one service process (its own registry: no global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["Metrics"]
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter(
+            "tokenweir_ratelimit_decisions",
+            "Rate-limit decisions by result (ok, over_limit, invalid, unavailable) and quota",
+            ["result", "quota"],
+            registry=r,
+        )
+        self.shadow_denials = Counter(
+            "tokenweir_ratelimit_shadow_denials",
+            "Requests a shadow-mode quota would have denied (admitted anyway)",
+            ["quota"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "tokenweir_ratelimit_tokens",
+            "Tokens reserved at admission, settled (real cost), refunded and charged extra",
+            ["kind"],
+            registry=r,
+        )
+        self.settles = Counter(
+            "tokenweir_ratelimit_settles",
+            "Stream-done settlements: settled, not_found (expired or repeated), local, lost",
+            ["result"],
+            registry=r,
+        )
+        self.redis_seconds = Histogram(
+            "tokenweir_ratelimit_redis_seconds",
+            "Latency of one Redis pipeline (a batch of decisions)",
+            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
+            registry=r,
+        )
+        self.redis_batch = Histogram(
+            "tokenweir_ratelimit_redis_batch_size",
+            "Decisions per Redis pipeline",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=r,
+        )
+        self.redis_errors = Counter(
+            "tokenweir_ratelimit_redis_errors", "Redis errors and timeouts", ["kind"], registry=r
+        )
+        self.redis_up = Gauge("tokenweir_ratelimit_redis_up", "1 while Redis answers", registry=r)
+        self.fallbacks = Counter(
+            "tokenweir_ratelimit_fallback_decisions",
+            "Decisions taken without Redis (mode open: local bucket; closed: denied)",
+            ["mode"],
+            registry=r,
+        )
+        self.bad_requests = Counter(
+            "tokenweir_ratelimit_bad_requests",
+            "Requests from Envoy that could not be judged, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.redis_up.set(1)
+
+    def observe_batch(self, seconds: float, size: int) -> None:
+        self.redis_seconds.observe(seconds)
+        self.redis_batch.observe(size)

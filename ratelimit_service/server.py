@@ -1,0 +1,198 @@
+"""One service process: the gRPC RateLimitService, /metrics, and the policy file watcher."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+from aiohttp import web
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from controlplane.policy import Policy, PolicyError, load_policy
+from controlplane.policy.model import RateLimitServer
+from ratelimit_service.decider import Decider, DeciderSettings
+from ratelimit_service.directory import QuotaDirectory, seed_defaults
+from ratelimit_service.health import RedisHealth
+from ratelimit_service.metrics import Metrics
+from ratelimit_service.redis_client import connect_redis
+from ratelimit_service.responses import error_response, ok_response
+from ratelimit_service.store import RedisStore
+
+__all__ = ["RateLimitServicer", "Service", "ServiceSettings", "decider_settings"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """Everything a process needs; read once by the entry point (``__main__``)."""
+
+    policy_path: Path
+    redis_url: str | None = None
+    listen: str | None = None  # host:port; default: the policy's ratelimit.address
+    metrics_port: int | None = None
+    worker_index: int = 0
+    reload_interval: float = 1.0
+    quota_cache_ttl: float = 0.5
+
+
+def decider_settings(rl: RateLimitServer) -> DeciderSettings:
+    return DeciderSettings(
+        domain=rl.domain,
+        failure_mode=rl.redis_failure_mode,
+        deadline=max(0.002, rl.timeout * 0.6),
+        reservation_ttl_ms=int(rl.reservation_ttl * 1000),
+        replicas=rl.replicas,
+    )
+
+
+class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
+    """gRPC boundary: every answer comes from the Decider; an unexpected error is logged, counted
+    and answered per the failure mode (never a gRPC error Envoy would silently fail open on)."""
+
+    def __init__(self, decider: Decider) -> None:
+        self.decider = decider
+
+    async def ShouldRateLimit(
+        self, request: rls_pb2.RateLimitRequest, context: Any
+    ) -> rls_pb2.RateLimitResponse:
+        try:
+            return await self.decider.decide(request)
+        except Exception:
+            log.exception("internal error while deciding")
+            self.decider.metrics.decisions.labels("internal_error", "").inc()
+            if self.decider.settings.failure_mode == "open":
+                return ok_response([])
+            return error_response(
+                "Internal error in the quota service.", "internal_error", "server_error", 1
+            )
+
+
+class Service:
+    """Start with ``start()``, stop with ``aclose()``; ``port`` is the bound gRPC port."""
+
+    def __init__(self, settings: ServiceSettings, policy: Policy) -> None:
+        self.settings = settings
+        self.policy = policy
+        self.metrics = Metrics()
+        self.redis: Any = None
+        self.store: RedisStore | None = None
+        self.health: RedisHealth | None = None
+        self.decider: Decider | None = None
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+        self.metrics_port: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._mtime = self._stamp()
+
+    def _rl(self) -> RateLimitServer:
+        return self.policy.ratelimit or RateLimitServer()
+
+    def _stamp(self) -> tuple[float, int] | None:
+        try:
+            st = os.stat(self.settings.policy_path)
+        except OSError:
+            return None
+        return st.st_mtime, st.st_size
+
+    async def start(self) -> None:
+        rl = self._rl()
+        url = self.settings.redis_url or rl.redis_url
+        if url:
+            self.redis = await connect_redis(url)
+            self.store = RedisStore(self.redis, observe=self.metrics.observe_batch)
+            self.health = RedisHealth(self.redis.ping, self.metrics)
+            with contextlib.suppress(Exception):  # seeded later by the watcher if Redis is down
+                await seed_defaults(self.redis, self.policy)
+        health = self.health
+        directory = QuotaDirectory(
+            self.policy,
+            self.redis,
+            ttl=self.settings.quota_cache_ttl,
+            available=(lambda: health.up) if health else (lambda: True),
+        )
+        self.decider = Decider(
+            decider_settings(rl),
+            directory=directory,
+            store=self.store,
+            health=self.health,
+            metrics=self.metrics,
+        )
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
+        rls_pb2_grpc.add_RateLimitServiceServicer_to_server(
+            RateLimitServicer(self.decider), self.server
+        )
+        self.port = self.server.add_insecure_port(self.settings.listen or str(rl.address))
+        await self.server.start()
+        await self._start_metrics(rl)
+        self._watch = asyncio.get_running_loop().create_task(self._watch_policy())
+        log.info("rate-limit service on port %d (redis: %s)", self.port, url or "none")
+
+    async def _start_metrics(self, rl: RateLimitServer) -> None:
+        port = self.settings.metrics_port or rl.metrics_port
+        if port is None:
+            return
+        app = web.Application()
+        app.router.add_get("/metrics", self._serve_metrics)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, rl.address.host, port + self.settings.worker_index)
+        await site.start()
+        self.metrics_port = port + self.settings.worker_index
+
+    async def _serve_metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _watch_policy(self) -> None:
+        seeded = True
+        while True:
+            await asyncio.sleep(self.settings.reload_interval)
+            stamp = self._stamp()
+            if stamp != self._mtime:
+                self._mtime = stamp
+                self._reload()
+                seeded = False
+            if not seeded and self.redis is not None and (self.health is None or self.health.up):
+                try:
+                    await seed_defaults(self.redis, self.policy)
+                    seeded = True
+                except Exception as exc:  # Redis down: retried on the next tick
+                    log.debug("seeding deferred: %s", exc)
+
+    def _reload(self) -> None:
+        try:
+            policy = load_policy(self.settings.policy_path)
+        except (PolicyError, OSError) as exc:
+            log.error("policy reload failed, keeping the previous policy:\n%s", exc)
+            return
+        self.policy = policy
+        if self.decider is not None:
+            self.decider.settings = replace(decider_settings(self._rl()))
+            self.decider.directory.update_policy(policy)
+        log.info("policy reloaded at %s", time.strftime("%H:%M:%S"))
+
+    async def aclose(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        if self.server is not None:
+            await self.server.stop(grace=1.0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self.health is not None:
+            await self.health.aclose()
+        if self.store is not None:
+            await self.store.aclose()
+        if self.redis is not None:
+            await self.redis.aclose()
