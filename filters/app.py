@@ -1,0 +1,172 @@
+"""The running filter server: policy → services → gRPC server, /metrics, live policy reload.
+
+Everything here belongs to :class:`FilterApp`; ``aclose()`` stops the watcher, the metrics
+endpoint, the gRPC server and the Redis connection, in that order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from controlplane.policy import Policy, PolicyError, load_policy
+from filters.budget import Budget, NoBudget, quota_reader_budget
+from filters.estimate import Estimator, load_estimator
+from filters.keys import KeyStore, policy_keys
+from filters.metrics import FilterMetrics
+from filters.registry import build_routes
+from filters.server import FilterServer, FilterServicer
+from filters.services import Services
+
+__all__ = ["FilterApp", "Settings"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    policy_path: Path
+    redis_url: str | None = None
+    listen: str | None = None  # host:port; default: the policy's filters.address
+    metrics_port: int | None = None
+    tokenizer_file: str | None = None
+    key_cache_seconds: float = 1.0
+    reload_interval: float = 1.0
+
+
+class FilterApp:
+    def __init__(self, settings: Settings, *, clock: Callable[[], float]) -> None:
+        self.settings = settings
+        self._clock = clock
+        self.metrics = FilterMetrics()
+        self.policy: Policy = load_policy(settings.policy_path)
+        self._estimator: Estimator = load_estimator(settings.tokenizer_file)
+        self._redis: Any = None
+        self._budget_reader: Budget = NoBudget()
+        self._mtime = self._stat()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: web.AppRunner | None = None
+        self.server: FilterServer | None = None
+        self.metrics_port: int | None = None
+
+    def _stat(self) -> float:
+        try:
+            return os.stat(self.settings.policy_path).st_mtime
+        except OSError:
+            return 0.0
+
+    def _redis_url(self) -> str | None:
+        if self.settings.redis_url:
+            return self.settings.redis_url
+        rl = self.policy.ratelimit
+        return rl.redis_url if rl is not None else None
+
+    def _services(self) -> Services:
+        keys = KeyStore(
+            policy_keys(self.policy),
+            self._redis,
+            clock=self._clock,
+            ttl=self.settings.key_cache_seconds,
+            on_redis_error=self.metrics.redis_errors.inc,
+        )
+        budget: Budget = NoBudget()
+        if self._redis is not None:
+            budget = quota_reader_budget(self._redis, self.policy)
+        return Services(self.policy, keys, budget, self._estimator, self.metrics, self._clock)
+
+    async def start(self) -> None:
+        url = self._redis_url()
+        if url:
+            import redis.asyncio as aioredis
+
+            self._redis = aioredis.Redis.from_url(url)
+        services = self._services()
+        servicer = FilterServicer(
+            build_routes(self.policy, services), clock=self._clock, metrics=self.metrics
+        )
+        host, port = self._listen()
+        self.server = FilterServer(servicer, host, port)
+        await self.server.start()
+        mport = self.settings.metrics_port
+        if mport is None and self.policy.filters is not None:
+            mport = self.policy.filters.metrics_port
+        if mport is not None:
+            await self._serve_metrics(host, mport)
+        self._tasks.append(asyncio.create_task(self._watch()))
+        _log.info(
+            "filter server on %s:%s (routes: %s)", host, self.server.port, len(servicer._routes)
+        )
+
+    def _listen(self) -> tuple[str, int]:
+        if self.settings.listen:
+            host, _, port = self.settings.listen.rpartition(":")
+            return host or "127.0.0.1", int(port)
+        addr = self.policy.filters.address if self.policy.filters is not None else None
+        return (addr.host, addr.port) if addr is not None else ("127.0.0.1", 18082)
+
+    async def _serve_metrics(self, host: str, port: int) -> None:
+        async def handler(_: web.Request) -> web.Response:
+            body = generate_latest(self.metrics.registry)
+            return web.Response(body=body, headers={"content-type": CONTENT_TYPE_LATEST})
+
+        app = web.Application()
+        app.router.add_get("/metrics", handler)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_port=True)
+        await site.start()
+        self.metrics_port = port
+
+    def reload(self) -> bool:
+        """Load the policy file again; keep the running chains when it is invalid."""
+        try:
+            policy = load_policy(self.settings.policy_path)
+        except (PolicyError, OSError) as exc:
+            _log.error("policy reload failed, keeping the running policy: %s", exc)
+            return False
+        old = self.policy
+        self.policy = policy
+        try:
+            routes = build_routes(policy, self._services())
+        except Exception as exc:
+            self.policy = old
+            _log.error("policy reload failed (plugins), keeping the running policy: %s", exc)
+            return False
+        if self.server is not None:
+            self.server.servicer.swap(routes)
+        _log.info("policy reloaded: %d filtered routes", len(routes))
+        return True
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reload_interval)
+            mtime = self._stat()
+            if mtime != self._mtime:
+                self._mtime = mtime
+                self.reload()
+
+    async def aclose(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self.server is not None:
+            await self.server.aclose()
+            self.server = None
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
