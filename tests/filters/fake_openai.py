@@ -23,6 +23,7 @@ class FakeOpenAI:
     words: int = 5  # answer length in tokens (capped by max_tokens)
     gap: float = 0.0  # seconds between streamed chunks
     seen: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
+    spans: list[tuple[float, float, dict[str, str], int]] = field(default_factory=list)
     record: bool = True
     _runner: web.AppRunner | None = None
 
@@ -53,6 +54,15 @@ class FakeOpenAI:
             self.seen.append(({k.lower(): v for k, v in request.headers.items()}, body))
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        start = time.monotonic()
+        resp = await self._answer(request)
+        if self.record:
+            total = int(resp.headers.get("x-usage-total", "0"))
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            self.spans.append((start, time.monotonic(), headers, total))
+        return resp
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         body = json.loads(raw)
         self._note(request, body)
@@ -62,7 +72,7 @@ class FakeOpenAI:
         usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
         base = {"id": "cmpl-1", "object": "chat.completion", "created": int(time.time()),
                 "model": body.get("model", "m1")}  # fmt: skip
-        headers = {"x-backend": self.name}
+        headers = {"x-backend": self.name, "x-usage-total": str(prompt + n)}
         if not body.get("stream"):
             return web.json_response(
                 {**base, "choices": [{"index": 0, "message": {"role": "assistant",

@@ -1,0 +1,156 @@
+"""End to end: real Envoy (our control plane), real Redis, the rate-limit service and the filter
+server as processes, a fake OpenAI backend. A tenant's token budget holds across streamed and
+non-streamed requests and a burst of 100 parallel ones; settlement refunds what was not used."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from controlplane.policy import load_policy
+from ratelimit_service.reader import QuotaReader
+from tests.filters.fake_openai import FakeOpenAI
+from tests.helpers import ChildProcess, free_port, wait_for_port
+from tests.integration.mesh_harness import mesh
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+BUDGET = 1000
+
+
+def policy_text(gw: int, fp: int, rp: int, redis_url: str, backend: FakeOpenAI) -> str:
+    return f"""
+version: 1
+control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
+ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}", reservation_ttl: 60s}}
+filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
+pools:
+  chat:
+    models: [m1]
+    endpoints: [127.0.0.1:{backend.port}]
+    health_check: {{enabled: false}}
+    retries: {{enabled: false}}
+gateways:
+  edge:
+    listen: 127.0.0.1:{gw}
+    routes:
+      - name: llm
+        match: {{prefix: /v1/}}
+        pool: chat
+        rate_limit: {{enabled: true}}
+        filters: {{plugins: [identity, tokens, prefix, lane, usage]}}
+tiers:
+  small:
+    max_tokens: 100
+    quotas: {{tokens: {{burst: {BUDGET}, refill_per_second: 0.01}}}}
+tenants:
+  carol: {{tier: small, api_keys: [carol-key-123]}}
+  dave: {{tier: small, api_keys: [dave-key-1234]}}
+"""
+
+
+@dataclass
+class E2E:
+    url: str
+    backend: FakeOpenAI
+    reader: QuotaReader
+    session: aiohttp.ClientSession
+
+    async def chat(self, key: str, *, stream: bool = False, max_tokens: int = 100):  # type: ignore[no-untyped-def]
+        body = {"model": "m1", "messages": [{"role": "user", "content": "tell me about weirs"}],
+                "max_tokens": max_tokens, "stream": stream}  # fmt: skip
+        headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+        async with self.session.post(
+            self.url + "/v1/chat/completions", data=json.dumps(body), headers=headers
+        ) as r:
+            return r.status, r.headers.copy(), await r.read()
+
+    async def remaining(self, tenant: str) -> int:
+        left = await self.reader.remaining(tenant, "m1", "interactive")
+        assert left is not None
+        return left
+
+    async def wait_remaining(self, tenant: str, at_least: int, timeout: float = 5.0) -> int:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        left = await self.remaining(tenant)
+        while left < at_least and loop.time() < end:
+            await asyncio.sleep(0.05)
+            left = await self.remaining(tenant)
+        return left
+
+
+@contextlib.asynccontextmanager
+async def e2e(tmp_path: Path, redis_port: int) -> AsyncIterator[E2E]:
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    r = aioredis.Redis.from_url(redis_url)
+    await r.flushdb()
+    backend = FakeOpenAI(name="b0", gap=0.002)
+    await backend.start()
+    gw, fp, rp = free_port(), free_port(), free_port()
+    children: list[ChildProcess] = []
+    try:
+        async with mesh(tmp_path, policy_text(gw, fp, rp, redis_url, backend), {"edge": gw}) as m:
+            for mod, port in (("ratelimit_service", rp), ("filters", fp)):
+                argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
+                        "--redis-url", redis_url]  # fmt: skip
+                children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
+                await asyncio.to_thread(wait_for_port, port, 20.0)
+            reader = QuotaReader(r, load_policy(m.policy_path))
+            async with aiohttp.ClientSession() as s:
+                yield E2E(f"http://127.0.0.1:{gw}", backend, reader, s)
+    finally:
+        for c in children:
+            c.close()
+        await backend.aclose()
+        await r.aclose()
+
+
+async def test_budget_reserve_settle_and_parallel_burst(tmp_path: Path, redis_port: int) -> None:
+    async with e2e(tmp_path, redis_port) as t:
+        # one request: reserved prompt + 100, settled to the real 5 completion tokens + prompt
+        status, _, body = await t.chat("carol-key-123")
+        assert status == 200, body
+        real = json.loads(body)["usage"]["total_tokens"]
+        left = await t.wait_remaining("carol", BUDGET - real - 2)
+        assert BUDGET - real - 2 <= left <= BUDGET - real + 1, "settlement did not refund"
+        # a streamed request settles from the usage chunk the client never sees
+        status, _, body = await t.chat("carol-key-123", stream=True)
+        assert status == 200 and b'"usage"' not in body
+        left = await t.wait_remaining("carol", BUDGET - 2 * real - 4)
+        assert left >= BUDGET - 2 * real - 4, "streamed request was not settled"
+
+        # 100 parallel requests: at every moment, the reservations of requests in flight plus
+        # the real usage of finished ones stay within the budget (refunds let later ones in)
+        t.backend.spans.clear()
+        t.backend.gap = 0.01
+        results = await asyncio.gather(
+            *(t.chat("dave-key-1234", stream=i % 2 == 0) for i in range(100))
+        )
+        statuses = [s for s, _, _ in results]
+        spans = [sp for sp in t.backend.spans if sp[2]["x-tokenweir-tenant"] == "dave"]
+        assert statuses.count(200) == len(spans) >= 5
+        assert statuses.count(429) == 100 - len(spans)
+        for start, _, _, _ in spans:
+            held = sum(int(h["x-tokenweir-reserve"]) for s0, e0, h, _ in spans if s0 <= start < e0)
+            spent = sum(total for _, e0, _, total in spans if e0 <= start)
+            assert held + spent <= BUDGET, f"{held} reserved + {spent} spent > budget {BUDGET}"
+        admitted_tokens = sum(total for *_, total in spans)
+        assert admitted_tokens <= BUDGET
+        _, h429, b429 = next(r for r in results if r[0] == 429)
+        assert "retry-after" in h429 and json.loads(b429)["error"]["message"]
+        # after settlement the unused reservations come back and the next request gets in
+        used = admitted_tokens  # a generous bound on each one's real usage
+        left = await t.wait_remaining("dave", BUDGET - used)
+        assert left >= BUDGET - used
+        status, _, _ = await t.chat("dave-key-1234")
+        assert status == 200
