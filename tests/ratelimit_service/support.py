@@ -1,0 +1,192 @@
+"""Shared by the rate-limit integration tests and benchmarks: policies, a static Envoy bootstrap
+that uses the control plane's ratelimit translation, and service processes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from controlplane.policy.model import Route, RouteRateLimit
+from controlplane.translate.ratelimit import ratelimit_http_filter, ratelimit_per_route
+from tests.helpers import ChildProcess, wait_for_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A Lua filter stands in for the filter server: on the response it copies the backend's
+# x-usage-tokens header into dynamic metadata tokenweir.settle_tokens (what the usage plugin does).
+USAGE_LUA = """
+function envoy_on_response(handle)
+  local usage = handle:headers():get("x-usage-tokens")
+  if usage ~= nil then
+    handle:streamInfo():dynamicMetadata():set("tokenweir", "settle_tokens", tonumber(usage))
+  end
+end
+"""
+
+
+def start_service(
+    policy: Path,
+    redis_url: str,
+    port: int,
+    tmp: Path,
+    *,
+    name: str = "rls",
+    extra: list[str] | None = None,
+) -> ChildProcess:
+    argv = [
+        sys.executable,
+        "-m",
+        "ratelimit_service",
+        "--policy",
+        str(policy),
+        "--redis-url",
+        redis_url,
+        "--listen",
+        f"127.0.0.1:{port}",
+        *(extra or []),
+    ]
+    child = ChildProcess(argv, log=tmp / f"{name}.log", env={"PYTHONPATH": str(ROOT)})
+    try:
+        wait_for_port(port, timeout=20)
+    except TimeoutError:
+        child.close()
+        raise RuntimeError(child.output()) from None
+    return child
+
+
+def _cluster(name: str, port: int, http2: bool) -> dict[str, Any]:
+    c: dict[str, Any] = {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {
+                            "endpoint": {
+                                "address": {
+                                    "socket_address": {"address": "127.0.0.1", "port_value": port}
+                                }
+                            }
+                        }
+                    ]
+                }
+            ],
+        },
+    }
+    if http2:
+        c["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        }
+    return c
+
+
+def _route(prefix: str, route: Route, cluster: str) -> dict[str, Any]:
+    per = {k: MessageToDict(v) for k, v in ratelimit_per_route(route).items()}
+    r: dict[str, Any] = {
+        "match": {"prefix": prefix},
+        "route": {"cluster": cluster, "timeout": "0s"},
+    }
+    if per:
+        r["typed_per_filter_config"] = per
+    return r
+
+
+def envoy_bootstrap(
+    policy: Any, *, listen: int, admin: int, backend: int, rls: int
+) -> dict[str, Any]:
+    """Static config: Lua usage stand-in → ratelimit (our translation) → router."""
+    llm = Route(name="chat", pool="chat", rate_limit=RouteRateLimit())
+    svc = Route(name="inventory", service="inventory", rate_limit=RouteRateLimit())
+    free = Route(name="free", pool="chat")
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "edge",
+        "route_config": {
+            "name": "local",
+            "virtual_hosts": [
+                {
+                    "name": "all",
+                    "domains": ["*"],
+                    "routes": [
+                        _route("/v1/", llm, "backend"),
+                        _route("/inventory/", svc, "backend"),
+                        _route("/", free, "backend"),
+                    ],
+                }
+            ],
+        },
+        "http_filters": [
+            {
+                "name": "envoy.filters.http.lua",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+                    "default_source_code": {"inline_string": USAGE_LUA},
+                },
+            },
+            MessageToDict(ratelimit_http_filter(policy), preserving_proto_field_name=True),
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+                },
+            },
+        ],
+    }
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "edge",
+                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": hcm,
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": [
+                _cluster("backend", backend, False),
+                _cluster("tokenweir_ratelimit", rls, True),
+            ],
+        },
+    }
+
+
+def start_envoy(bootstrap_path: Path, admin: int, tmp: Path) -> ChildProcess:
+    base_id = 20_000 + os.getpid() % 10_000
+    argv = [
+        str(Path(sys.executable).parent / "envoy"),
+        "-c",
+        str(bootstrap_path),
+        "--base-id",
+        str(base_id),
+        "--concurrency",
+        "1",
+        "-l",
+        "warning",
+        "--disable-hot-restart",
+    ]
+    child = ChildProcess(argv, log=tmp / "envoy.log")
+    try:
+        wait_for_port(admin, timeout=30)
+    except TimeoutError:
+        child.close()
+        raise RuntimeError(child.output()) from None
+    return child
