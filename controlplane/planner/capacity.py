@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from .batch_model import batch_queue
+from .batch_model import batch_predict
 from .errors import InfeasibleError
 from .inputs import PlanInputs
 from .queueing import (
@@ -37,7 +37,7 @@ Model = Literal["mmc", "mgc", "batch"]
 MODELS: dict[Model, str] = {
     "mmc": "M/M/c (Erlang C)",
     "mgc": "M/G/c (Allen–Cunneen)",
-    "batch": "batch-aware (itl(b) chain)",
+    "batch": "batch-aware (itl(b) chain + prefill + step residual)",
 }
 _MAX_REPLICAS_SEARCH = 100_000
 
@@ -64,14 +64,23 @@ class Capacity:
     prefill_s: float  # mean uncached prefill time
     ttft_floor_s: float  # TTFT of the p95 prompt on a free slot: prefill + its step(s)
     service_s: float  # S = S(c): time a request holds a slot when the batch is full
+    tau_s: float  # replica time per request: t_p + out·itl(c)/c (prefill stalls every stream)
     queue_budget_s: float  # TTFT budget − TTFT floor: what queueing may use
     cs2: float  # SCV of the service time (from the output-token distribution)
     steps: tuple[Step, ...]
 
     @property
     def slot_rate(self) -> float:
-        """Completions per second of one full replica: c / S."""
+        """Completions per second of one full replica as M/M/c sees it: c / S."""
         return self.c / self.service_s
+
+    def rate(self, model: Model) -> float:
+        """Most completions per second of one replica under ``model``.
+
+        M/M/c and M/G/c: c / S (c independent servers). Batch-aware: 1/τ, because a prefill
+        step stalls all c streams while decode steps are shared by c.
+        """
+        return 1.0 / self.tau_s if model == "batch" else self.slot_rate
 
 
 def _uncached(inputs: PlanInputs, tokens: float) -> float:
@@ -153,6 +162,7 @@ def replica_capacity(inputs: PlanInputs) -> Capacity:
             "or raise the prefix-cache hit rate",
         )
     s = service_time_s(inputs, c)
+    tau = prefill_s + inputs.output.mean * rep.itl_s(c) / c
     h = inputs.prefix_hit_rate
     steps = (
         _tbt_step(inputs, c_tbt),
@@ -181,6 +191,16 @@ def replica_capacity(inputs: PlanInputs) -> Capacity:
             "s",
         ),
         Step(
+            "tau_s",
+            "replica time per request (batch-aware capacity)",
+            f"τ = t_p + output·itl(c)/c = {prefill_s:.4g} + {inputs.output.mean:g}·"
+            f"{rep.itl_s(c):.6g}/{c} = {tau:.4g} s → one replica completes at most 1/τ = "
+            f"{1 / tau:.4g} req/s (M/M/c says c/S = {c / s:.4g}: it misses that a prefill step "
+            "stalls every running stream)",
+            tau,
+            "s",
+        ),
+        Step(
             "ttft_floor_s",
             "TTFT of the p95 prompt on a free slot (no queueing)",
             f"(1 − {h:g})·{inputs.prompt.p95:g}/{rep.prefill_tok_s:g} + {prefill_steps} step(s)"
@@ -198,6 +218,7 @@ def replica_capacity(inputs: PlanInputs) -> Capacity:
         prefill_s=prefill_s,
         ttft_floor_s=floor,
         service_s=s,
+        tau_s=tau,
         queue_budget_s=inputs.ttft_s - floor,
         cs2=_service_scv(inputs, s, c),
         steps=steps,
@@ -236,9 +257,9 @@ def wait_estimate(
     q = inputs.quantile if q is None else q
     s, c = cap.service_s, cap.c
     if model == "batch":
-        bq = batch_queue(lam, c, lambda k: service_time_s(inputs, k))
+        bp = batch_predict(lam, c, inputs.output.mean, inputs.replica.itl_s, cap.prefill_s)
         return WaitEstimate(
-            model, lam, bq.p_wait, bq.mean_wait_s, bq.wait_quantile(q), bq.mean_in_system
+            model, lam, bp.p_wait, bp.mean_wait_s, bp.wait_quantile(q), bp.mean_in_system
         )
     a = lam * s
     pw = erlang_c(c, a) if a < c else 1.0
@@ -254,9 +275,10 @@ def replicas_needed(
 ) -> tuple[int, int, int, tuple[Step, ...]]:
     """(replicas, replicas for the utilization target, replicas for the wait budget, steps)."""
     lam, s, c, u = inputs.total_qps, cap.service_s, cap.c, inputs.target_utilization
+    rate = cap.rate(model)
     load = lam * s
-    n_util = max(1, math.ceil(load / (c * u) - 1e-9))
-    n_lat = max(1, math.floor(load / c) + 1)
+    n_util = max(1, math.ceil(lam / (rate * u) - 1e-9))
+    n_lat = max(1, math.floor(lam / rate) + 1)
     while n_lat < _MAX_REPLICAS_SEARCH:
         if wait_estimate(inputs, cap, lam / n_lat, model).quantile_s <= cap.queue_budget_s:
             break
@@ -271,6 +293,13 @@ def replicas_needed(
             available=inputs.max_replicas,
             unit="replicas",
         )
+    if model == "batch":
+        util_formula = (
+            f"N_u = ⌈λ·τ / ρ_target⌉ = ⌈{lam:g}·{cap.tau_s:.4g} / {u:g}⌉ = {n_util}"
+            f" (M/M/c would say ⌈λ·S/(c·ρ_target)⌉ = {math.ceil(load / (c * u) - 1e-9)})"
+        )
+    else:
+        util_formula = f"N_u = ⌈λ·S / (c·ρ_target)⌉ = ⌈{load:.4g} / ({c}·{u:g})⌉ = {n_util}"
     steps = (
         Step(
             "little_l",
@@ -280,11 +309,7 @@ def replicas_needed(
             "requests",
         ),
         Step(
-            "replicas_util",
-            "replicas for the utilization target",
-            f"N_u = ⌈L / (c·ρ_target)⌉ = ⌈{load:.4g} / ({c}·{u:g})⌉ = {n_util}",
-            n_util,
-            "replicas",
+            "replicas_util", "replicas for the utilization target", util_formula, n_util, "replicas"
         ),
         Step(
             "replicas_latency",

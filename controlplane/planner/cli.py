@@ -200,7 +200,9 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
         return EXIT_INFEASIBLE
     out.write(plan_json(plan) + "\n" if args.format == "json" else plan_text(plan))
     if args.plot is not None:
-        plot_wait_vs_utilization(plan.inputs, plan.capacity, args.plot, plan.utilization)
+        plot_wait_vs_utilization(
+            plan.inputs, plan.capacity, args.plot, plan.utilization, axis=plan.model
+        )
         print(f"wrote {args.plot}", file=err)
     if args.fragment is not None:
         args.fragment.write_text(fragment_yaml(plan), encoding="utf-8")

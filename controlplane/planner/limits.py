@@ -30,16 +30,21 @@ class LanePlan:
 
 
 def lane_plans(
-    inputs: PlanInputs, cap: Capacity, replicas: int, fcfs_mean_wait_s: float, p_wait: float
+    inputs: PlanInputs,
+    cap: Capacity,
+    replicas: int,
+    fcfs_mean_wait_s: float,
+    p_wait: float,
+    full_rate: float,
 ) -> tuple[LanePlan, ...]:
     """Max wait and queue bound per lane, and its wait under strict priority.
 
     Queue bound = ⌊max wait × drain rate⌋: a request that finds more ahead of it cannot start
     within its TTFT budget, so rejecting it at once (with Retry-After) is kinder than a timeout.
-    Interactive drains at c/S per replica; batch only at what interactive leaves: c/S − λ_i/N.
+    ``full_rate`` is what one replica completes per second (1/τ batch-aware, c/S for M/M/c).
+    Interactive drains at that rate per replica; batch only at what interactive leaves.
     Priority waits (Cobham): W_k = W_fcfs·(1 − ρ) / ((1 − σ_{k−1})(1 − σ_k)).
     """
-    full_rate = cap.slot_rate
     rho = inputs.total_qps / (replicas * full_rate)
     out: list[LanePlan] = []
     sigma_prev = 0.0
@@ -100,16 +105,18 @@ class Bucket:
     steps: tuple[Step, ...]
 
 
-def buckets(inputs: PlanInputs, cap: Capacity, replicas: int) -> tuple[Bucket, ...]:
+def buckets(
+    inputs: PlanInputs, cap: Capacity, replicas: int, full_rate: float
+) -> tuple[Bucket, ...]:
     """C and r per tenant class from contracted average QPS and burst size.
 
     r_tokens = avg QPS × (mean prompt + mean output): the long-run token rate the contract buys.
     C_tokens = burst × (p95 prompt + p95 output): what a burst reserves before usage settles.
-    A full burst lands on the spare capacity N·c/S − λ and waits burst / spare seconds.
+    A full burst lands on the spare capacity N·rate − λ and waits burst / spare seconds.
     """
     mean_tok = inputs.prompt.mean + inputs.output.mean
     p95_tok = inputs.prompt.p95 + inputs.output.p95
-    spare = replicas * cap.slot_rate - inputs.total_qps
+    spare = replicas * full_rate - inputs.total_qps
     out = []
     for t in inputs.tenants:
         r_tok = t.avg_qps * mean_tok
@@ -134,7 +141,7 @@ def buckets(inputs: PlanInputs, cap: Capacity, replicas: int) -> tuple[Bucket, .
             Step(
                 f"{t.name}.backlog",
                 f"tier {t.name}: queueing a full burst adds",
-                f"burst / (N·c/S − λ) = {t.burst_requests} / {spare:.4g} = {backlog:.4g} s",
+                f"burst / (N·rate − λ) = {t.burst_requests} / {spare:.4g} = {backlog:.4g} s",
                 backlog,
                 "s",
             ),

@@ -60,22 +60,28 @@ class Plan:
 
 
 def wait_table(
-    inputs: PlanInputs, cap: Capacity, utilizations: tuple[float, ...] = TABLE_UTILIZATIONS
+    inputs: PlanInputs,
+    cap: Capacity,
+    model: Model = "batch",
+    utilizations: tuple[float, ...] = TABLE_UTILIZATIONS,
 ) -> tuple[TableRow, ...]:
-    """Per-replica waits across utilizations, every model side by side."""
+    """Per-replica waits across utilizations (λ / rate of ``model``), every model side by side."""
     rows = []
     for u in utilizations:
-        lam = u * cap.slot_rate
+        lam = u * cap.rate(model)
         ests = tuple(wait_estimate(inputs, cap, lam, m) for m in MODELS)
         rows.append(TableRow(u, lam, ests[0].p_wait, ests))
     return tuple(rows)
 
 
-def explode_utilization(inputs: PlanInputs, cap: Capacity, model: Model) -> float | None:
-    """Utilization past which the p-quantile wait exceeds the queue budget (None: never < 1)."""
+def explode_utilization(
+    inputs: PlanInputs, cap: Capacity, model: Model, axis: Model = "batch"
+) -> float | None:
+    """Utilization (λ / rate of ``axis``) past which ``model``'s p-quantile wait exceeds the
+    queue budget; None when it never does below 1."""
 
     def quantile_at(u: float) -> float:
-        return wait_estimate(inputs, cap, u * cap.slot_rate, model).quantile_s
+        return wait_estimate(inputs, cap, u * cap.rate(axis), model).quantile_s
 
     return solve_increasing(quantile_at, math.nextafter(cap.queue_budget_s, math.inf), 0.0, 0.9999)
 
@@ -85,14 +91,15 @@ def make_plan(inputs: PlanInputs, model: Model = "batch", envoys: int = 1) -> Pl
     cap = replica_capacity(inputs)
     n, n_util, n_lat, rsteps = replicas_needed(inputs, cap, model)
     lam_r = inputs.total_qps / n
-    util = lam_r / cap.slot_rate
-    headroom = n * cap.slot_rate - inputs.total_qps
+    rate = cap.rate(model)
+    util = lam_r / rate
+    headroom = n * rate - inputs.total_qps
     waits = tuple(wait_estimate(inputs, cap, lam_r, m) for m in MODELS)
     chosen = next(w for w in waits if w.model == model)
-    lanes = lane_plans(inputs, cap, n, chosen.mean_s, chosen.p_wait)
-    bks = buckets(inputs, cap, n)
+    lanes = lane_plans(inputs, cap, n, chosen.mean_s, chosen.p_wait, rate)
+    bks = buckets(inputs, cap, n, rate)
     brs = breakers(inputs, cap, n, lanes, envoys)
-    explode = tuple((m, explode_utilization(inputs, cap, m)) for m in MODELS)
+    explode = tuple((m, explode_utilization(inputs, cap, m, model)) for m in MODELS)
     q = f"p{inputs.quantile * 100:g}"
     steps = (
         *cap.steps,
@@ -100,19 +107,24 @@ def make_plan(inputs: PlanInputs, model: Model = "batch", envoys: int = 1) -> Pl
         Step(
             "utilization",
             "utilization at the planned load",
-            f"ρ = λ·S / (N·c) = {inputs.total_qps:g}·{cap.service_s:.4g} / ({n}·{cap.c}) "
-            f"= {util:.4g}",
+            (
+                f"ρ = λ·τ / N = {inputs.total_qps:g}·{cap.tau_s:.4g} / {n} = {util:.4g}"
+                if model == "batch"
+                else f"ρ = λ·S / (N·c) = {inputs.total_qps:g}·{cap.service_s:.4g} / ({n}·{cap.c})"
+                f" = {util:.4g}"
+            ),
             util,
             "",
         ),
         Step(
             "headroom",
             "headroom",
-            f"N·c/S − λ = {n}·{cap.c}/{cap.service_s:.4g} − {inputs.total_qps:g} = "
+            f"N·rate − λ = {n}·{rate:.4g} − {inputs.total_qps:g} = "
             f"{headroom:.4g} req/s ({headroom / inputs.total_qps * 100:.3g}% more traffic fits)",
             headroom,
             "req/s",
         ),
+        _tbt_under_load(inputs, cap, lam_r, waits[2].mean_concurrency),
         Step(
             "erlang_c",
             "M/M/c: probability a request waits (Erlang C, per replica)",
@@ -148,10 +160,26 @@ def make_plan(inputs: PlanInputs, model: Model = "batch", envoys: int = 1) -> Pl
         lanes=lanes,
         buckets=bks,
         breakers=brs,
-        table=wait_table(inputs, cap),
+        table=wait_table(inputs, cap, model),
         steps=steps,
-        warnings=_warnings(inputs, cap, n, lanes, bks),
+        warnings=_warnings(inputs, cap, n, lanes, bks, steps),
         envoys=envoys,
+    )
+
+
+def _tbt_under_load(inputs: PlanInputs, cap: Capacity, lam_r: float, conc: float) -> Step:
+    """Mean time between tokens once prefill takes its share: itl(b̄) / (1 − λ·t_p)."""
+    f = lam_r * cap.prefill_s
+    b = min(cap.c, max(1, math.ceil(conc)))
+    itl = inputs.replica.itl_s(b)
+    tbt = itl / (1 - f) if f < 1 else math.inf
+    return Step(
+        "tbt_under_load",
+        "mean TBT at the planned load (prefill steps included)",
+        f"itl(b̄ = {b}) / (1 − λ/N·t_p) = {itl * 1e3:.4g} ms / (1 − {f:.3g}) = {tbt * 1e3:.4g} ms"
+        f" (budget {inputs.tbt_s * 1e3:g} ms)",
+        tbt,
+        "s",
     )
 
 
@@ -161,8 +189,16 @@ def _warnings(
     n: int,
     lanes: tuple[LanePlan, ...],
     bks: tuple[Bucket, ...],
+    steps: tuple[Step, ...],
 ) -> tuple[str, ...]:
     out = []
+    tbt = next(s.value for s in steps if s.key == "tbt_under_load")
+    if tbt > inputs.tbt_s * (1 + 1e-9):
+        out.append(
+            f"mean TBT at the planned load is {tbt * 1e3:.4g} ms, over the {inputs.tbt_s * 1e3:g}"
+            f" ms budget by {(tbt - inputs.tbt_s) * 1e3:.3g} ms: prefill steps stall decoding; "
+            "lower max_running_requests below c, or add replicas"
+        )
     contracted = sum(t.avg_qps for t in inputs.tenants)
     if inputs.tenants and contracted > inputs.total_qps * (1 + 1e-9):
         out.append(

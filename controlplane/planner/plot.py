@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .capacity import MODELS, Capacity, wait_estimate
+from .capacity import MODELS, Capacity, Model, wait_estimate
 from .inputs import PlanInputs
 
 __all__ = ["plot_wait_vs_utilization"]
@@ -17,6 +17,7 @@ def plot_wait_vs_utilization(
     path: Path,
     planned_utilization: float | None = None,
     measured: list[tuple[float, float]] | None = None,
+    axis: Model = "batch",
 ) -> Path:
     """Draw mean and p-quantile wait of one replica for ρ in [0.05, 0.99]; mark the budget.
 
@@ -32,7 +33,7 @@ def plot_wait_vs_utilization(
     ax = fig.add_subplot(1, 1, 1)
     q = f"p{inputs.quantile * 100:g}"
     for model, label in MODELS.items():
-        ests = [wait_estimate(inputs, cap, u * cap.slot_rate, model) for u in us]
+        ests = [wait_estimate(inputs, cap, u * cap.rate(axis), model) for u in us]
         (line,) = ax.plot(us, [_ms(e.quantile_s) for e in ests], label=f"{q} — {label}")
         ax.plot(
             us, [_ms(e.mean_s) for e in ests], linestyle=":", color=line.get_color(), label="mean"
@@ -50,7 +51,9 @@ def plot_wait_vs_utilization(
         )
     ax.set_yscale("log")
     ax.set_ylim(1e-1, max(100 * cap.queue_budget_s * 1e3, 1e4))
-    ax.set_xlabel("utilization ρ = λ·S / c (one replica)")
+    ax.set_xlabel(
+        "utilization ρ = λ·τ (one replica)" if axis == "batch" else "utilization ρ = λ·S / c"
+    )
     ax.set_ylabel("queueing wait (ms, log scale)")
     ax.set_title(f"Queueing wait vs utilization (c = {cap.c}, S = {cap.service_s:.3g} s)")
     ax.grid(True, which="both", alpha=0.3)

@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backends.profiles import get_profile
-from controlplane.planner.capacity import replica_capacity, service_time_s
+from controlplane.planner.capacity import replica_capacity, service_time_s, wait_estimate
 from controlplane.planner.errors import InfeasibleError, PlanInputError
 from controlplane.planner.inputs import PlanInputs, TokenDist, TrafficClass
-from controlplane.planner.plan import make_plan
+from controlplane.planner.plan import explode_utilization, make_plan
 from controlplane.planner.replica import FlatReplica
 
 from .conftest import seed_inputs
@@ -44,10 +44,32 @@ def test_service_time_and_little_and_replicas(seed: PlanInputs) -> None:
     assert cap.service_s == pytest.approx(10.1)
     little = next(s for s in plan.steps if s.key == "little_l")
     assert little.value == pytest.approx(10 * 10.1)  # L = λ·S
-    assert plan.replicas_for_utilization == math.ceil(101 / (40 * 0.65)) == 4
-    assert plan.replicas == 4
-    assert plan.utilization == pytest.approx(101 / 160)
-    assert plan.headroom_qps == pytest.approx(4 * 40 / 10.1 - 10)
+    # batch-aware: τ = t_p + out·itl(c)/c = 0.1 + 500·0.02/40 = 0.35 s of replica per request
+    assert cap.tau_s == pytest.approx(0.35)
+    assert plan.replicas_for_utilization == math.ceil(10 * 0.35 / 0.65) == 6
+    assert plan.replicas == 6
+    assert plan.utilization == pytest.approx(10 * 0.35 / 6)
+    assert plan.headroom_qps == pytest.approx(6 / 0.35 - 10)
+    # the textbook M/M/c view (c independent servers of S each) plans fewer
+    mmc = make_plan(seed, model="mmc")
+    assert mmc.replicas_for_utilization == math.ceil(101 / (40 * 0.65)) == 4
+    assert mmc.utilization == pytest.approx(101 / 160)
+    assert mmc.headroom_qps == pytest.approx(4 * 40 / 10.1 - 10)
+
+
+def test_without_prefill_batch_aware_and_mmc_agree_on_capacity() -> None:
+    inputs = seed_inputs(prompt=TokenDist(0, 0))
+    cap = replica_capacity(inputs)
+    assert cap.rate("batch") == pytest.approx(cap.rate("mmc")) == pytest.approx(4.0)
+
+
+def test_mean_tbt_under_load_counts_prefill_steps(seed: PlanInputs) -> None:
+    plan = make_plan(seed)
+    step = next(s for s in plan.steps if s.key == "tbt_under_load")
+    f = (10 / 6) * 0.1  # λ/N · t_p
+    assert "1 − 0.167" in step.formula
+    assert step.value > plan.inputs.replica.itl_s(1) / (1 - f) - 1e-12
+    assert any("mean TBT at the planned load" in w for w in plan.warnings) == (step.value > 0.020)
 
 
 def test_prefix_cache_hits_shorten_prefill() -> None:
@@ -73,11 +95,17 @@ def test_latency_budget_can_need_more_replicas_than_utilization() -> None:
 
 def test_wait_explodes_past_a_utilization_each_model_reports(seed: PlanInputs) -> None:
     plan = make_plan(seed)
-    explode = dict(plan.explode_utilization)
-    assert 0.5 < explode["mmc"] < explode["batch"] < 1  # type: ignore[operator]
-    # at the reported utilization the M/M/c p95 wait crosses the budget
-    rows = [r for r in plan.table if r.utilization > explode["mmc"]]  # type: ignore[operator]
-    assert rows and rows[-1].by_model[0].quantile_s > plan.capacity.queue_budget_s
+    cap = plan.capacity
+    for model in ("mmc", "batch"):
+        u = explode_utilization(seed, cap, model, axis=model)
+        assert u is not None and 0.3 < u < 1
+        # just below the reported utilization the p95 wait is within budget, just above not
+        rate = cap.rate(model)
+        below = wait_estimate(seed, cap, (u - 0.01) * rate, model).quantile_s
+        above = wait_estimate(seed, cap, (u + 0.01) * rate, model).quantile_s
+        assert below <= cap.queue_budget_s < above
+    # on the batch-aware axis (true replica load) M/M/c never sees the explosion coming
+    assert dict(plan.explode_utilization)["mmc"] is None
 
 
 def test_tbt_budget_below_single_stream_says_by_how_much() -> None:
@@ -98,8 +126,8 @@ def test_ttft_budget_below_prefill_says_by_how_much() -> None:
 def test_max_replicas_shortfall() -> None:
     with pytest.raises(InfeasibleError) as err:
         make_plan(seed_inputs(max_replicas=2))
-    assert err.value.required == 4 and err.value.available == 2
-    assert "short by 2 replicas" in str(err.value)
+    assert err.value.required == 6 and err.value.available == 2
+    assert "short by 4 replicas" in str(err.value)
 
 
 @pytest.mark.parametrize(

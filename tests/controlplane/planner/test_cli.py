@@ -39,14 +39,15 @@ def test_text_plan_shows_formulas_and_result() -> None:
     code, out, _ = _run(SEED_FLAGS)
     assert code == 0
     assert "⌊2000 / 50⌋ = 40" in out
-    assert "**Result: 4 replicas × 40 slots" in out
+    assert "**Result: 6 replicas × 40 slots" in out
+    assert "τ = t_p + output·itl(c)/c = 0.1 + 500·0.02/40 = 0.35 s" in out
     assert "C(c, a) =" in out and "Wait vs utilization" in out
 
 
 def test_json_plan() -> None:
     code, out, _ = _run([*SEED_FLAGS, "--format", "json", "--queue-model", "mmc"])
     data = json.loads(out)
-    assert code == 0 and data["replicas"] == 4 and data["slots_per_replica"] == 40
+    assert code == 0 and data["replicas"] == 4 and data["slots_per_replica"] == 40  # M/M/c
     assert data["waits"]["mmc"]["p_wait"] == pytest.approx(0.004426, abs=1e-5)
 
 
@@ -78,7 +79,7 @@ def test_plot_and_fragment_files(tmp_path: Path) -> None:
     assert code == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     data = yaml.safe_load(frag.read_text())
-    assert data["pools"]["chat"]["circuit_breakers"]["interactive"]["max_requests"] == 168
+    assert data["pools"]["chat"]["circuit_breakers"]["interactive"]["max_requests"] == 246
 
 
 def test_fragment_merged_into_the_example_policy_validates() -> None:
@@ -86,7 +87,7 @@ def test_fragment_merged_into_the_example_policy_validates() -> None:
     base = yaml.safe_load((REPO / "examples" / "mesh.yaml").read_text())
     policy = load_policy_text(yaml.safe_dump(merge(base, fragment(plan))), base_dir=REPO)
     cb = policy.pools["chat"].circuit_breakers
-    assert cb.interactive.max_connections == 160 and cb.interactive.max_pending_requests == 8
+    assert cb.interactive.max_connections == 240 and cb.interactive.max_pending_requests == 6
     assert cb.batch.max_pending_requests == plan.breakers[1].max_pending_requests
     pro = policy.tiers["pro"].quotas.tokens
     assert pro is not None and (pro.burst, pro.refill_per_second) == (84_000, 6000.0)
