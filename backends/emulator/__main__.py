@@ -24,7 +24,10 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--model", default="emulated-model", help="served model name")
+    p.add_argument(
+        "--model", "--model-path", "--served-model-name", default="emulated-model",
+        dest="model", help="served model name",
+    )  # fmt: skip
     p.add_argument("--profile", default="llama-3.1-8b-h100", choices=profile_names())
     p.add_argument(
         "--time-scale", type=float, default=1.0, help="multiply emulated durations (0.01: 100x)"
@@ -32,7 +35,10 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-running-requests", type=int)
     p.add_argument("--max-queued-requests", type=int)
-    p.add_argument("--cache-tokens", type=int, help="KV pool / radix cache size in tokens")
+    p.add_argument(
+        "--cache-tokens", "--max-total-tokens", type=int, dest="cache_tokens",
+        help="KV pool / radix cache size in tokens",
+    )  # fmt: skip
     p.add_argument("--page-size", type=int)
     p.add_argument("--chunked-prefill-size", type=int)
     p.add_argument("--context-length", type=int)
@@ -44,6 +50,14 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
     p.add_argument("--slow", type=float, default=1.0, help="step time multiplier (>= 1)")
     p.add_argument("--slow-start", type=float, default=0.0, help="seconds of 503 after start")
     p.add_argument("--log-level", default="INFO")
+    sg = p.add_argument_group("accepted for command-line compatibility with sglang.launch_server")
+    sg.add_argument("--enable-metrics", action="store_true", help="always on")
+    sg.add_argument(
+        "--enable-cache-report", action="store_true", help="on unless --no-cache-report"
+    )
+    sg.add_argument("--schedule-policy", default="fcfs", help="the emulator schedules FCFS")
+    sg.add_argument("--mem-fraction-static", type=float, help="ignored (use --cache-tokens)")
+    sg.add_argument("--tp-size", type=int, help="ignored")
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     try:

@@ -1,0 +1,92 @@
+"""Capacity hints from a server's ``/get_server_info`` (real SGLang or the emulator).
+
+SGLang reports server arguments at the top level and scheduler facts (``max_total_num_tokens``,
+``max_running_requests``) either at the top level (older versions) or in ``internal_states[0]``
+(newer). ``parse_server_info`` reads both; the control plane can make limits follow the server.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from backends.errors import LauncherError
+from backends.sglang.endpoints import file_lock, write_atomic
+
+__all__ = ["CapacityHints", "fetch_capacity", "parse_server_info", "write_capacity_file"]
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityHints:
+    max_total_tokens: int | None
+    max_running_requests: int | None
+    max_queued_requests: int | None
+    chunked_prefill_size: int | None
+    context_length: int | None
+    page_size: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return int(value)
+
+
+def parse_server_info(info: dict[str, Any]) -> CapacityHints:
+    """Pure: the hints in one ``/get_server_info`` answer (missing values are None)."""
+    states = info.get("internal_states")
+    state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+
+    def pick(*keys: str) -> int | None:
+        for source in (state, info):
+            for key in keys:
+                value = _int(source.get(key))
+                if value is not None:
+                    return value
+        return None
+
+    return CapacityHints(
+        max_total_tokens=pick("max_total_num_tokens", "max_total_tokens"),
+        max_running_requests=pick("max_running_requests"),
+        max_queued_requests=pick("max_queued_requests"),
+        chunked_prefill_size=pick("chunked_prefill_size"),
+        context_length=pick("context_length", "max_model_len"),
+        page_size=pick("page_size"),
+    )
+
+
+async def fetch_capacity(base_url: str, *, timeout_s: float = 10.0) -> CapacityHints:
+    """GET ``/get_server_info`` (then ``/server_info``) and parse it."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    last: Exception | None = None
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        for path in ("/get_server_info", "/server_info"):
+            try:
+                async with http.get(base_url.rstrip("/") + path) as r:
+                    if r.status == 200:
+                        return parse_server_info(await r.json())
+                    last = LauncherError(f"{path}: HTTP {r.status}")
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                last = exc
+    raise LauncherError(f"cannot read server info from {base_url}: {last}") from last
+
+
+def write_capacity_file(path: Path, endpoint: str, hints: CapacityHints | None) -> None:
+    """Record (or with None remove) ``endpoint``'s hints in a JSON map {endpoint: hints}."""
+    with file_lock(path):
+        try:
+            data = json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            data = {}
+        if hints is None:
+            data.pop(endpoint, None)
+        else:
+            data[endpoint] = hints.to_json()
+        write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
