@@ -45,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     b.add_argument("--prefill-tok-s", type=float, help="prefill rate per replica")
     b.add_argument("--max-running-requests", type=int)
     b.add_argument("--max-total-tokens", type=int, help="KV cache tokens per replica")
+    b.add_argument("--min-itl", help="a lone stream's time between tokens, e.g. 5ms")
     t = p.add_argument_group("token distributions (or --samples)")
     for name in ("prompt", "output"):
         t.add_argument(f"--{name}-mean", type=float, help=f"mean {name} tokens")
@@ -118,6 +119,7 @@ def flags_mapping(args: argparse.Namespace) -> dict[str, Any]:
             "prefill_tok_s": args.prefill_tok_s,
             "max_running_requests": args.max_running_requests,
             "max_total_tokens": args.max_total_tokens,
+            "min_itl": args.min_itl,
         }.items()
         if v is not None
     }

@@ -34,7 +34,7 @@ def lane_plans(
     cap: Capacity,
     replicas: int,
     fcfs_mean_wait_s: float,
-    p_wait: float,
+    fcfs_quantile_s: float,
     full_rate: float,
 ) -> tuple[LanePlan, ...]:
     """Max wait and queue bound per lane, and its wait under strict priority.
@@ -43,7 +43,8 @@ def lane_plans(
     within its TTFT budget, so rejecting it at once (with Retry-After) is kinder than a timeout.
     ``full_rate`` is what one replica completes per second (1/τ batch-aware, c/S for M/M/c).
     Interactive drains at that rate per replica; batch only at what interactive leaves.
-    Priority waits (Cobham): W_k = W_fcfs·(1 − ρ) / ((1 − σ_{k−1})(1 − σ_k)).
+    Priority waits (Cobham): W_k = W_fcfs·(1 − ρ) / ((1 − σ_{k−1})(1 − σ_k)); the lane's
+    quantile is the FCFS quantile scaled by the same factor (an approximation).
     """
     rho = inputs.total_qps / (replicas * full_rate)
     out: list[LanePlan] = []
@@ -62,9 +63,8 @@ def lane_plans(
             mean_w = math.inf
         else:
             mean_w = fcfs_mean_wait_s * (1 - rho) / ((1 - sigma_prev) * (1 - sigma))
-        cond_mean = mean_w / p_wait if p_wait > 0 else 0.0
-        tail = 1 - inputs.quantile
-        quant = cond_mean * math.log(p_wait / tail) if p_wait > tail else 0.0
+        scale = mean_w / fcfs_mean_wait_s if fcfs_mean_wait_s > 0 else 1.0
+        quant = fcfs_quantile_s * scale  # the FCFS quantile scaled like the mean
         steps = (
             Step(
                 f"{lane}.max_wait_s",

@@ -5,7 +5,7 @@ Schema (durations as ``250ms``, ``1s`` or bare seconds)::
 
     pool: chat                    models: [llama-3.1-8b]     # fragment target
     backend: {profile: seed-2k}   # or {decode_tok_s, prefill_tok_s, max_running_requests,
-                                  #     max_total_tokens, step_overhead}
+                                  #     max_total_tokens, step_overhead, min_itl}
     prompt_tokens: {mean: 1000, p95: 3000}      output_tokens: {mean: 500, p95: 1200}
     samples: trace.jsonl          # instead of the two above (JSONL or CSV, see load_samples)
     budgets: {ttft: 1s, tbt: 20ms}
@@ -40,7 +40,7 @@ _KEYS = {
 }  # fmt: skip
 _BACKEND_KEYS = {
     "profile", "decode_tok_s", "prefill_tok_s", "max_running_requests", "max_total_tokens",
-    "step_overhead",
+    "step_overhead", "min_itl",
 }  # fmt: skip
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*(us|ms|s|m|h)?\s*$")
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -94,6 +94,7 @@ def _backend(m: Mapping[str, Any]) -> tuple[ReplicaModel, str | None]:
         max_running_requests=int(_number(b, "max_running_requests", "backend", 1_000_000)),
         max_total_tokens=int(_number(b, "max_total_tokens", "backend", 1_000_000_000)),
         step_overhead_s=parse_duration(b.get("step_overhead", 0), "backend.step_overhead"),
+        min_itl_s=parse_duration(b.get("min_itl", 0), "backend.min_itl"),
     )
     return flat, None
 

@@ -96,7 +96,7 @@ def make_plan(inputs: PlanInputs, model: Model = "batch", envoys: int = 1) -> Pl
     headroom = n * rate - inputs.total_qps
     waits = tuple(wait_estimate(inputs, cap, lam_r, m) for m in MODELS)
     chosen = next(w for w in waits if w.model == model)
-    lanes = lane_plans(inputs, cap, n, chosen.mean_s, chosen.p_wait, rate)
+    lanes = lane_plans(inputs, cap, n, chosen.mean_s, chosen.quantile_s, rate)
     bks = buckets(inputs, cap, n, rate)
     brs = breakers(inputs, cap, n, lanes, envoys)
     explode = tuple((m, explode_utilization(inputs, cap, m, model)) for m in MODELS)

@@ -2,7 +2,8 @@
 
 Both satisfy :class:`ReplicaModel`, the only thing the planner reads. A flat replica keeps its
 total decode throughput ``T`` at every batch size, so each of ``b`` streams gets ``T/b`` tok/s and
-the time between tokens is ``itl(b) = b/T`` (the seed's hand model). A backend profile
+the time between tokens is ``itl(b) = b/T`` (the seed's hand model), optionally never below
+``min_itl`` (a lone stream's speed limit). A backend profile
 (``backends.profiles``, shared with the emulator) has a measured ``itl(b)`` that rises with ``b``.
 """
 
@@ -52,6 +53,7 @@ class FlatReplica:
     max_running_requests: int = 1_000_000
     max_total_tokens: int = 1_000_000_000
     step_overhead_s: float = 0.0
+    min_itl_s: float = 0.0  # a lone stream's time between tokens (0: the seed's pure model)
     name: str = "flat"
 
     def __post_init__(self) -> None:
@@ -69,16 +71,20 @@ class FlatReplica:
             raise PlanInputError("backend.max_total_tokens", "must be ≥ 1")
         if self.step_overhead_s < 0:
             raise PlanInputError("backend.step_overhead_s", "must be ≥ 0")
+        if self.min_itl_s < 0 or not math.isfinite(self.min_itl_s):
+            raise PlanInputError("backend.min_itl", f"must be ≥ 0, got {self.min_itl_s}")
 
     def itl_s(self, batch: int) -> float:
-        """Time between tokens of each of ``batch`` streams: b / T (+ step overhead)."""
+        """Time between tokens of each of ``batch`` streams: max(b / T, min_itl) + overhead."""
         if batch < 1:
             raise PlanInputError("batch", f"must be ≥ 1, got {batch}")
-        return self.step_overhead_s + batch / self.decode_tok_s
+        return self.step_overhead_s + max(batch / self.decode_tok_s, self.min_itl_s)
 
     def max_concurrency_for_tbt(self, tbt_s: float) -> int:
         """Largest b with itl(b) ≤ TBT, i.e. ⌊(TBT − overhead)·T⌋, capped at max_running_requests."""
         room = tbt_s - self.step_overhead_s
+        if room + _EPS < self.min_itl_s:
+            return 0
         n = math.floor(room * self.decode_tok_s * (1 + _EPS) + _EPS)
         return max(0, min(n, self.max_running_requests))
 

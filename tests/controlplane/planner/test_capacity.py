@@ -167,3 +167,10 @@ def test_scv_from_mean_and_p95_fits_a_lognormal() -> None:
 def test_service_time_grows_with_batch_on_a_profile() -> None:
     inputs = seed_inputs(replica=get_profile("seed-2k"))
     assert service_time_s(inputs, 1) < service_time_s(inputs, 40)
+
+
+def test_flat_replica_with_a_single_stream_speed_limit() -> None:
+    rep = FlatReplica(decode_tok_s=2000.0, prefill_tok_s=1e4, min_itl_s=0.005)
+    assert rep.itl_s(1) == 0.005 and rep.itl_s(40) == pytest.approx(0.020)
+    assert rep.max_concurrency_for_tbt(0.020) == 40
+    assert rep.max_concurrency_for_tbt(0.004) == 0
