@@ -162,12 +162,16 @@ class RedisStore:
         try:
             pipe = self.client.pipeline(transaction=False)
             for name, keys, args, _ in batch:
-                pipe.evalsha(self._sha[name], len(keys), *keys, *args)
+                # execute_command: redis-py's cluster pipeline refuses .evalsha() but routes
+                # EVALSHA by its keys (one hash tag per call) when sent as a plain command
+                pipe.execute_command("EVALSHA", self._sha[name], len(keys), *keys, *args)
             results = await pipe.execute(raise_on_error=False)
             missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
             if missing:
                 await self._reload(batch, results, missing)
-        except (RedisError, OSError) as exc:
+        except Exception as exc:  # the store boundary: every failure becomes StoreUnavailable
+            if not isinstance(exc, RedisError | OSError):
+                log.error("unexpected error from redis client: %r", exc)
             err = StoreUnavailable(f"redis: {exc.__class__.__name__}: {exc}")
             for *_, fut in batch:
                 if not fut.done():

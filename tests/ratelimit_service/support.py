@@ -3,8 +3,13 @@ that uses the control plane's ratelimit translation, and service processes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +17,7 @@ from google.protobuf.json_format import MessageToDict
 
 from controlplane.policy.model import Route, RouteRateLimit
 from controlplane.translate.ratelimit import ratelimit_http_filter, ratelimit_per_route
-from tests.helpers import ChildProcess, wait_for_port
+from tests.helpers import ChildProcess, free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -190,3 +195,78 @@ def start_envoy(bootstrap_path: Path, admin: int, tmp: Path) -> ChildProcess:
         child.close()
         raise RuntimeError(child.output()) from None
     return child
+
+
+@contextlib.contextmanager
+def redis_cluster(masters: int = 3) -> Iterator[list[int]]:
+    """A real local Redis Cluster (``masters`` primaries, no replicas); yields the ports."""
+    ports: list[int] = []
+    while len(ports) < 2 * masters:  # a client port and a cluster-bus port per master
+        p = free_port()
+        if p not in ports:
+            ports.append(p)
+    buses, ports = ports[masters:], ports[:masters]
+    children: list[ChildProcess] = []
+    with tempfile.TemporaryDirectory(prefix="tw-cluster-") as tmp:
+        try:
+            for p, bus in zip(ports, buses, strict=True):
+                d = Path(tmp) / str(p)
+                d.mkdir()
+                argv = [
+                    "redis-server",
+                    "--port",
+                    str(p),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(d),
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                    "--cluster-port",
+                    str(bus),
+                ]
+                children.append(ChildProcess(argv, log=d / "redis.log"))
+            for p in ports:
+                wait_for_port(p)
+            created = subprocess.run(
+                [
+                    "redis-cli",
+                    "--cluster",
+                    "create",
+                    *(f"127.0.0.1:{p}" for p in ports),
+                    "--cluster-replicas",
+                    "0",
+                    "--cluster-yes",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if created.returncode != 0:
+                raise RuntimeError(
+                    f"redis-cli --cluster create failed: {created.stdout}{created.stderr}"
+                )
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                out = subprocess.run(
+                    ["redis-cli", "-p", str(ports[0]), "cluster", "info"],
+                    capture_output=True,
+                    text=True,
+                ).stdout
+                if "cluster_state:ok" in out:
+                    break
+                time.sleep(0.1)
+            else:
+                raise RuntimeError("redis cluster did not reach cluster_state:ok")
+            yield ports
+        finally:
+            for c in children:
+                c.close()
