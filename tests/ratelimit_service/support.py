@@ -270,3 +270,17 @@ def redis_cluster(masters: int = 3) -> Iterator[list[int]]:
         finally:
             for c in children:
                 c.close()
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus text-format metric's samples whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        if head.split("{")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
