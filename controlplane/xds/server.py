@@ -94,7 +94,12 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     ) -> None:
         try:
             async for request in iterator:
-                _emit(outbox, session.on_request(request))
+                responses = session.on_request(request)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("%s <- %s", session.node.id, _describe(request))
+                    for response in responses:
+                        log.debug("%s -> %s", session.node.id, _describe(response))
+                _emit(outbox, responses)
         finally:
             outbox.put_nowait(None)  # the stream ends with Envoy's side (or with an error)
 
@@ -103,10 +108,34 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             seen = 0
             while True:
                 seen, snapshot = await self._cache.wait_newer(group, seen)
-                _emit(outbox, session.on_snapshot(snapshot))
+                responses = session.on_snapshot(snapshot)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("%s: snapshot %s", session.node.id, snapshot.version)
+                    for response in responses:
+                        log.debug("%s -> %s", session.node.id, _describe(response))
+                _emit(outbox, responses)
         except Exception:
             outbox.put_nowait(None)
             raise
+
+
+def _describe(message: Any) -> str:
+    """One log line for a request or response (type, nonce, names, error), for DEBUG logs."""
+    fields = {f.name for f in message.DESCRIPTOR.fields}
+    parts = [message.type_url.rsplit(".", 1)[-1]]
+    for name in ("nonce", "response_nonce", "version_info", "system_version_info"):
+        if name in fields and getattr(message, name):
+            parts.append(f"{name}={getattr(message, name)}")
+    for name in ("resource_names", "resource_names_subscribe", "resource_names_unsubscribe"):
+        if name in fields and getattr(message, name):
+            parts.append(f"{name}={sorted(getattr(message, name))}")
+    if "resources" in fields:
+        parts.append(f"resources={len(message.resources)}")
+    if "removed_resources" in fields and message.removed_resources:
+        parts.append(f"removed={sorted(message.removed_resources)}")
+    if "error_detail" in fields and message.HasField("error_detail"):
+        parts.append(f"error={message.error_detail.message!r}")
+    return " ".join(parts)
 
 
 def _emit(outbox: asyncio.Queue[Any], responses: list[Any]) -> None:

@@ -6,7 +6,9 @@ A session is a synchronous state machine: feed it requests (``on_request``) and 
 Push rules (make-before-break):
 
 * types are pushed in ``ORDER`` (CDS, EDS, LDS, RDS); a type waits while an earlier type has a
-  response that Envoy has not answered yet, or that Envoy rejected for the current content;
+  response that Envoy has not answered yet (except EDS, which Envoy needs before it ACKs the
+  CDS that added clusters), or that Envoy rejected for the current content; listeners and
+  routes also wait until the endpoints of every accepted EDS cluster were accepted;
 * clusters Envoy holds that the new snapshot drops are *retained* (with their endpoints) until
   Envoy has acknowledged the new listeners and routes, and only then removed;
 * after a NACK the type stays on its last accepted content and the rejected content is not sent
@@ -142,7 +144,9 @@ class Session(ABC, Generic[R]):
     def _earlier_types_settled(self, type_url: str) -> bool:
         for earlier in ORDER[: ORDER.index(type_url)]:
             state = self.types[earlier]
-            if state.pending is not None:
+            # Envoy holds its CDS ACK until new clusters have warmed, i.e. got their endpoints:
+            # EDS must not wait for that ACK. Listeners and routes do.
+            if state.pending is not None and (earlier, type_url) != (CLUSTER, ENDPOINT):
                 return False
             if state.rejected_key is not None and state.rejected_key == key_of(
                 self._desired(earlier, state)
@@ -176,6 +180,12 @@ class Session(ABC, Generic[R]):
             for name, message in snapshot.of_type(type_url).items()
             if state.wants(name)
         }
+        if type_url == ENDPOINT and self.types[CLUSTER].pending is not None:
+            # Until Envoy accepts the new clusters, clusters it already has keep the endpoints
+            # it already has: a rejected CDS must leave the node wholly on its accepted config.
+            for name, message in state.held_messages.items():
+                if name in desired and name in state.held:
+                    desired[name] = Entry(name, state.held[name], message, _fresh_packer(message))
         if type_url in (CLUSTER, ENDPOINT) and not self._routes_follow_target():
             for name, message in self._retained(type_url).items():
                 if state.wants(name) and name not in desired:
@@ -229,11 +239,12 @@ class Session(ABC, Generic[R]):
         state.needs_response = False
         state.force.clear()
         self.recorder.pushed(type_url, self.mode)
+        if type_url == CLUSTER:
+            self._resend_endpoints_of_changed_clusters(state.held, pending.entries)
 
     def _accept(self, type_url: str, state: TypeState) -> None:
         pending = state.pending
         assert pending is not None
-        previous = dict(state.held)
         for name in pending.removed:
             state.held.pop(name, None)
             state.held_messages.pop(name, None)
@@ -246,8 +257,6 @@ class Session(ABC, Generic[R]):
         state.rejected_key = None
         state.accepted_version = pending.version
         self.recorder.acked(type_url, self.mode, max(0.0, self.clock() - pending.sent_at))
-        if type_url == CLUSTER:
-            self._resend_endpoints_of_changed_clusters(previous, pending.entries)
 
     def _reject(self, type_url: str, state: TypeState, message: str) -> None:
         pending = state.pending
@@ -268,7 +277,11 @@ class Session(ABC, Generic[R]):
     def _resend_endpoints_of_changed_clusters(
         self, previous: Mapping[str, str], entries: Mapping[str, Entry]
     ) -> None:
-        """An updated EDS cluster is rebuilt by Envoy and waits for its endpoints again."""
+        """An updated EDS cluster is rebuilt by Envoy and waits for its endpoints again.
+
+        Envoy (Delta) does not ask for them, as it is subscribed already, and holds its CDS ACK
+        until the cluster has warmed: send them right after the CDS response.
+        """
         endpoints = self.types[ENDPOINT]
         for name, entry in entries.items():
             if name in previous and previous[name] != entry.version:

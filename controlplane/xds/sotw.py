@@ -32,12 +32,22 @@ class SotwSession(Session[discovery_pb2.DiscoveryResponse]):
         if nonce != state.last_nonce:
             self.recorder.stale(request.type_url, self.mode)
             return []
-        if state.pending is not None and state.pending.nonce == nonce:
+        answering = state.pending is not None and state.pending.nonce == nonce
+        if answering:
             if request.HasField("error_detail"):
                 self._reject(request.type_url, state, request.error_detail.message)
             else:
                 self._accept(request.type_url, state)
+        before = (state.wildcard, set(state.names))
         if self.subscribe_names(request.type_url, state, names) and (state.wildcard or state.names):
+            state.needs_response = True  # Envoy asks for names it did not have
+        elif (
+            not answering
+            and before == (state.wildcard, state.names)
+            and not request.HasField("error_detail")
+        ):
+            # The same request again after its answer was acknowledged: Envoy rebuilt a
+            # cluster and wants its endpoints again. Answer (unless that content was rejected).
             state.needs_response = True
         return self.pump()
 

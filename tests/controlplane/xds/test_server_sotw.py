@@ -62,11 +62,12 @@ async def sync(stream: FakeStream) -> dict[str, Response]:
     stream.send(sotw_request(CLUSTER, who=node()))
     got[CLUSTER] = await stream.recv()
     stream.send(sotw_request(ENDPOINT, ["pool"]))
-    await stream.silent()  # EDS waits for the CDS ACK (make-before-break)
-    stream.send(sotw_request(CLUSTER, nonce=got[CLUSTER].nonce, version=got[CLUSTER].version_info))
+    # Envoy holds its CDS ACK until new clusters got endpoints, so EDS goes out first.
     got[ENDPOINT] = await stream.recv()
     stream.send(sotw_request(LISTENER))
-    await stream.silent()  # LDS waits for the EDS ACK
+    await stream.silent()  # LDS waits for the CDS ACK
+    stream.send(sotw_request(CLUSTER, nonce=got[CLUSTER].nonce, version=got[CLUSTER].version_info))
+    await stream.silent()  # ... and for the EDS ACK
     stream.send(sotw_request(ENDPOINT, ["pool"], nonce=got[ENDPOINT].nonce, version="1"))
     got[LISTENER] = await stream.recv()
     stream.send(sotw_request(LISTENER, nonce=got[LISTENER].nonce, version="1"))
@@ -177,8 +178,8 @@ async def test_removed_cluster_stays_until_routes_stop_using_it(harness: Harness
     cds = await stream.recv()
     assert sorted(names(cds)) == ["old", "pool"]
     stream.send(sotw_request(ENDPOINT, ["old", "pool"]))
-    stream.send(sotw_request(CLUSTER, nonce=cds.nonce, version="1"))
     eds = await stream.recv()
+    stream.send(sotw_request(CLUSTER, nonce=cds.nonce, version="1"))
     stream.send(sotw_request(ENDPOINT, ["old", "pool"], nonce=eds.nonce, version="1"))
     stream.send(sotw_request(LISTENER))
     lds = await stream.recv()
@@ -212,12 +213,12 @@ async def test_added_cluster_reaches_envoy_before_the_route_using_it(harness: Ha
     cds = await stream.recv()
     assert cds.type_url == CLUSTER and sorted(names(cds)) == ["new", "pool"]
     await stream.silent()  # no route to "new" before Envoy has the cluster
-    stream.send(sotw_request(CLUSTER, nonce=cds.nonce, version="2"))
-    await stream.silent()  # ... nor before Envoy asked for, and got, its endpoints
     stream.send(sotw_request(ENDPOINT, ["new", "pool"], nonce=first[ENDPOINT].nonce, version="1"))
-    eds = await stream.recv()
+    eds = await stream.recv()  # the new cluster warms with these, before Envoy ACKs the CDS
     assert eds.type_url == ENDPOINT and len(eds.resources) == 2
     stream.send(sotw_request(ENDPOINT, ["new", "pool"], nonce=eds.nonce, version="2"))
+    await stream.silent()  # routes wait for the CDS ACK
+    stream.send(sotw_request(CLUSTER, nonce=cds.nonce, version="2"))
     rds = await stream.recv()
     assert rds.type_url == ROUTE
     await stream.close()
