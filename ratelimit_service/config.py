@@ -22,6 +22,7 @@ from ratelimit_service.windows import UNITS
 __all__ = [
     "ATTRIBUTES",
     "Limit",
+    "all_limits",
     "QuotaSpec",
     "SubjectQuotas",
     "effective_quotas",
@@ -223,4 +224,12 @@ def limits_for_service(sq: SubjectQuotas) -> list[Limit]:
     out: list[Limit] = []
     if "requests" in sq.quotas:
         _limits("requests", sq.quotas["requests"], False, out)
+    return out
+
+
+def all_limits(sq: SubjectQuotas) -> list[Limit]:
+    """Every limit of a subject, whatever model or lane a request names (for reports)."""
+    out: list[Limit] = []
+    for quota, spec in sorted(sq.quotas.items()):
+        _limits(quota, spec, quota != "requests", out)
     return out

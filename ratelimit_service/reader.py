@@ -18,7 +18,7 @@ from ratelimit_service.keys import bucket_key, config_key, window_key
 from ratelimit_service.limiter import refill
 from ratelimit_service.windows import UNITS, window
 
-__all__ = ["QuotaReader", "decode_map"]
+__all__ = ["QuotaReader", "decode_map", "limit_remaining"]
 
 
 def _s(value: Any) -> str:
@@ -67,10 +67,11 @@ class QuotaReader:
             state[(q, "bucket")] = results[base]
             for j, unit in enumerate(UNITS):
                 state[(q, unit)] = results[base + 1 + j]
-        return max(0, min(_remaining(x, state[(x.quota, x.unit)], now_us) for x in limits))
+        return max(0, min(limit_remaining(x, state[(x.quota, x.unit)], now_us) for x in limits))
 
 
-def _remaining(lim: Limit, raw: Any, now_us: int) -> int:
+def limit_remaining(lim: Limit, raw: Any, now_us: int) -> int:
+    """What one limit still admits, from its raw Redis state (GET or HMGET tk ts)."""
     if lim.unit != "bucket":
         return lim.limit - (int(_s(raw)) if raw is not None else 0)
     if raw is None or raw[0] is None:
