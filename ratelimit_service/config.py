@@ -22,9 +22,9 @@ from ratelimit_service.windows import UNITS
 __all__ = [
     "ATTRIBUTES",
     "Limit",
-    "all_limits",
     "QuotaSpec",
     "SubjectQuotas",
+    "all_limits",
     "effective_quotas",
     "format_value",
     "limits_for_service",
