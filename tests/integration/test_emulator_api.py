@@ -284,3 +284,8 @@ async def test_info_load_health_and_flush(emu: EmulatorServer, http: aiohttp.Cli
     async with http.post(emu.url + "/flush_cache") as fr:
         assert fr.status == 200
     assert emu.scheduler.cache.total_size == 0
+
+
+async def test_port_in_use_fails_to_start_and_cleans_up(emu: EmulatorServer) -> None:
+    with pytest.raises(OSError):
+        await start_emulator(EmulatorSettings(profile="seed-2k", port=emu.port))

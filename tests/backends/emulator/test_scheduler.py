@@ -213,3 +213,53 @@ async def test_idle_time_is_not_caught_up_later() -> None:
     await _run_all(sched, [r])
     assert r.finished_at == pytest.approx(t0 + p.step_s(3, 0) + 4 * p.itl_s(1))
     await sched.aclose()
+
+
+async def test_paged_cache_matches_whole_pages_only() -> None:
+    clock = FakeClock()
+    sched = Scheduler(_profile(page_size=4, max_total_tokens=500), clock=clock, sleep=clock.sleep)
+    reqs = [_req(clock, [1] * 10 + [i] * 3, 6, rid=str(i)) for i in range(2, 12)]
+    for r in reqs:
+        await _run_all(sched, [r])
+        sched.cache.check_invariants()
+    assert reqs[0].cached_tokens == 0
+    assert all(r.cached_tokens == 8 for r in reqs[1:])  # 10 shared tokens -> 2 whole pages
+    assert sched.cache.allocated == 0 and sched.cache.protected_size == 0
+    await sched.aclose()
+
+
+async def test_many_concurrent_requests_keep_accounting_exact() -> None:
+    clock = FakeClock()
+    sched = Scheduler(
+        _profile(max_total_tokens=3000, max_running_requests=16, chunked_prefill_size=256),
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    rng = random.Random(5)
+    reqs = [
+        _req(
+            clock,
+            [rng.randrange(4) for _ in range(rng.randrange(5, 300))],
+            rng.randrange(1, 60),
+            rid=str(i),
+        )
+        for i in range(60)
+    ]
+    sched.start()
+    for r in reqs:
+        sched.add(r)
+    aborted = 0
+    while not all(r.done for r in reqs):
+        await asyncio.sleep(0)
+        sched.cache.check_invariants()
+        running = [r for r in reqs if not r.done and r.admitted_at is not None]
+        if running and rng.random() < 0.01:
+            sched.abort(running[0])
+            aborted += 1
+    assert aborted > 0
+    assert sched.cache.allocated == 0 and sched.cache.protected_size == 0
+    assert sched.stats().num_used_tokens == 0
+    for r in reqs:
+        if r.finish_reason == "length":
+            assert len(r.output_ids) == r.params.max_new_tokens
+    await sched.aclose()
