@@ -1,7 +1,9 @@
 """Redis health: a circuit that opens on the first error and a probe that closes it again.
 
 While open, decisions skip Redis entirely (answered at once by the fallback), so a dead Redis
-costs no timeouts; the probe pings with back-off until Redis answers.
+costs no timeouts; the probe pings with back-off until Redis answers. An error (connection refused,
+reset) opens it at once; timeouts only when ``timeouts_to_open`` of them fall within a second, so
+one slow moment (or a busy event loop) falls back for the calls it hit and nothing more.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from ratelimit_service.metrics import Metrics
@@ -27,7 +30,12 @@ class RedisHealth:
         min_backoff: float = 0.05,
         max_backoff: float = 1.0,
         ping_timeout: float = 0.5,
+        timeouts_to_open: int = 5,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._timeouts_to_open = timeouts_to_open
+        self._timeouts: list[float] = []
+        self._clock = clock
         self._ping = ping
         self._metrics = metrics
         self._min = min_backoff
@@ -41,6 +49,12 @@ class RedisHealth:
         self._metrics.redis_errors.labels(kind).inc()
         if not self.up:
             return
+        if kind == "timeout":
+            now = self._clock()
+            self._timeouts = [t for t in self._timeouts if now - t < 1.0] + [now]
+            if len(self._timeouts) < self._timeouts_to_open:
+                return
+        self._timeouts.clear()
         self.up = False
         self._metrics.redis_up.set(0)
         log.warning(

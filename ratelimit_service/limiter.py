@@ -80,10 +80,12 @@ class MemoryState:
     records: dict[str, tuple[int, dict[str, list[float]]]] = field(default_factory=dict)
 
     def purge(self, now_us: int) -> None:
-        for table in (self.buckets, self.windows, self.records):
-            dead = [k for k, v in table.items() if 0 <= v[-1] <= now_us]  # type: ignore[index, operator]
-            for k in dead:
-                del table[k]
+        for key in [k for k, v in self.buckets.items() if 0 <= v[2] <= now_us]:
+            del self.buckets[key]
+        for key in [k for k, v in self.windows.items() if v[1] <= now_us]:
+            del self.windows[key]
+        for key in [k for k, v in self.records.items() if v[0] <= now_us]:
+            del self.records[key]
 
     def bucket(self, key: str, cap: int, now_us: int) -> tuple[float, int]:
         st = self.buckets.get(key)
