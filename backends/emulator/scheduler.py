@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,6 +34,8 @@ from backends.errors import QueueFullError, RequestError, ServerClosingError
 from backends.profiles import BackendProfile
 
 __all__ = ["Scheduler", "SchedulerObserver", "SchedulerStats"]
+
+log = logging.getLogger("backends.emulator")
 
 _LATE_SLACK_S = 0.05  # behind schedule by less than this: catch up; more: start afresh
 _THROUGHPUT_WINDOW_S = 5.0
@@ -105,7 +108,8 @@ class Scheduler:
         self._wake.set()
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # a loop that died has logged its exception already (see _run)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
         for req in [*self.waiting, *self.running]:
@@ -172,8 +176,22 @@ class Scheduler:
             cached_tokens_in_tree=self.cache.total_size,
         )
 
+    @property
+    def healthy(self) -> bool:
+        """False once the step loop has died (``/health`` then answers 503)."""
+        return self._task is not None and not self._task.done()
+
     # ---- the step loop ------------------------------------------------------------------
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        except Exception:
+            log.exception("emulator scheduler failed; aborting every request")
+            for req in [*self.waiting, *self.running]:
+                self.abort(req)
+            raise
+
+    async def _loop(self) -> None:
         while not self._closing:
             if not self.waiting and not self.running:
                 self._wake.clear()

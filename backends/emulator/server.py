@@ -169,7 +169,11 @@ class EmulatorServer:
 
     # ---- admission ----------------------------------------------------------------------
     def available(self) -> bool:
-        return not self.closing and self.clock() >= self.faults.unavailable_until
+        return (
+            not self.closing
+            and self.scheduler.healthy
+            and self.clock() >= self.faults.unavailable_until
+        )
 
     def next_id(self) -> str:
         return f"{self.port:x}{next(self._ids):08x}"

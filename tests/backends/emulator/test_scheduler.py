@@ -263,3 +263,19 @@ async def test_many_concurrent_requests_keep_accounting_exact() -> None:
         if r.finish_reason == "length":
             assert len(r.output_ids) == r.params.max_new_tokens
     await sched.aclose()
+
+
+async def test_a_failing_step_aborts_requests_and_marks_unhealthy() -> None:
+    clock = FakeClock()
+
+    async def broken_sleep(dt: float) -> None:
+        raise RuntimeError("boom")
+
+    sched = Scheduler(_profile(), clock=clock, sleep=broken_sleep)
+    sched.start()
+    assert sched.healthy
+    r = sched.add(_req(clock, [1, 2], 5))
+    await asyncio.wait_for(r.wait_done(), 5)
+    assert r.finish_reason == "abort"
+    assert not sched.healthy
+    await sched.aclose()  # does not raise again: the failure was logged
