@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from controlplane.xds.session import Entry, Pending, Session, TypeState, key_of
+from controlplane.xds.session import Desired, Pending, Session, TypeState
 from controlplane.xds.types import WILDCARD_TYPES
 
 __all__ = ["DeltaSession"]
@@ -60,40 +60,43 @@ class DeltaSession(Session[discovery_pb2.DeltaDiscoveryResponse]):
             state.held_messages.pop(name, None)
 
     def _maybe_respond(
-        self, type_url: str, state: TypeState, desired: dict[str, Entry]
+        self, type_url: str, state: TypeState, desired: Desired
     ) -> discovery_pb2.DeltaDiscoveryResponse | None:
+        held, force = state.held, state.force
+        in_sync = desired == held if state.wildcard else desired.items() <= held.items()
+        if in_sync and not force and not state.needs_response:
+            return None  # the common case, decided at C speed
         changed = {
-            name: entry
-            for name, entry in desired.items()
-            if state.held.get(name) != entry.version or name in state.force
+            name: version
+            for name, version in desired.items()
+            if held.get(name) != version or name in force
         }
         # Named subscriptions (EDS, RDS) end with Envoy's unsubscribe once the cluster or
         # listener that used them is gone; only wildcard types get explicit removals.
         removed = (
-            tuple(sorted(name for name in state.held if name not in desired))
-            if state.wildcard
-            else ()
+            tuple(sorted(name for name in held if name not in desired)) if state.wildcard else ()
         )
         if not changed and not removed and not state.needs_response:
-            state.force.clear()
+            force.clear()
             return None
-        key = key_of(desired)
-        if key == state.rejected_key:
+        if desired == state.rejected_key:
             return None
         assert self.target is not None
         nonce = self._next_nonce()
-        self._start(
-            type_url,
-            state,
-            Pending(nonce, self.target.version, changed, removed, key, self.clock()),
+        messages = self._messages(type_url, state, changed)
+        pending = Pending(
+            nonce, self.target.version, changed, messages, removed, desired, self.clock()
         )
+        self._start(type_url, state, pending)
         return discovery_pb2.DeltaDiscoveryResponse(
             system_version_info=self.target.version,
             type_url=type_url,
             nonce=nonce,
             resources=[
                 discovery_pb2.Resource(
-                    name=name, version=changed[name].version, resource=changed[name].packed()
+                    name=name,
+                    version=changed[name],
+                    resource=self._packed(type_url, state, name, changed[name]),
                 )
                 for name in sorted(changed)
             ],

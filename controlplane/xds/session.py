@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -31,7 +31,7 @@ from google.protobuf.message import Message
 from controlplane.xds.snapshot import Snapshot
 from controlplane.xds.types import CLUSTER, ENDPOINT, LISTENER, ORDER, ROUTE, WILDCARD_TYPES
 
-__all__ = ["Entry", "Pending", "Recorder", "Session", "TypeState", "key_of"]
+__all__ = ["Desired", "Pending", "Recorder", "Session", "TypeState"]
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +50,7 @@ class Recorder(Protocol):
     def stale(self, type_url: str, mode: str) -> None: ...
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One resource as it would be sent: its name, content version, message and packed form."""
-
-    name: str
-    version: str
-    message: Message
-    packed: Callable[[], any_pb2.Any]
+Desired = dict[str, str]  # resource name → content version
 
 
 @dataclass
@@ -66,9 +59,10 @@ class Pending:
 
     nonce: str
     version: str
-    entries: dict[str, Entry]
+    versions: Desired  # what this response carries
+    messages: dict[str, Message]
     removed: tuple[str, ...]
-    key: tuple[tuple[str, str], ...]
+    key: Desired  # everything Envoy should hold once it accepts (remembered on a NACK)
     sent_at: float
 
 
@@ -83,7 +77,7 @@ class TypeState:
     held_messages: dict[str, Message] = field(default_factory=dict)
     pending: Pending | None = None
     last_nonce: str = ""
-    rejected_key: tuple[tuple[str, str], ...] | None = None
+    rejected_key: Desired | None = None
     needs_response: bool = False
     force: set[str] = field(default_factory=set)  # names to send again even if unchanged
     accepted_version: str = ""
@@ -122,12 +116,18 @@ class Session(ABC, Generic[R]):
         if self.target is None:
             return []
         out: list[R] = []
+        endpoints_ready: bool | None = None  # computed once per pump, for LDS and RDS
         for type_url in ORDER:
             state = self.types[type_url]
             if not state.asked:
                 continue
             if not self._earlier_types_settled(type_url):
                 break
+            if type_url in (LISTENER, ROUTE):
+                if endpoints_ready is None:
+                    endpoints_ready = self._endpoints_follow_clusters()
+                if not endpoints_ready:
+                    break
             if state.pending is not None:
                 continue
             response = self._maybe_respond(type_url, state, self._desired(type_url, state))
@@ -136,9 +136,7 @@ class Session(ABC, Generic[R]):
         return out
 
     @abstractmethod
-    def _maybe_respond(
-        self, type_url: str, state: TypeState, desired: dict[str, Entry]
-    ) -> R | None:
+    def _maybe_respond(self, type_url: str, state: TypeState, desired: Desired) -> R | None:
         """Build the response that brings Envoy to ``desired``, or None when nothing is due."""
 
     def _earlier_types_settled(self, type_url: str) -> bool:
@@ -148,11 +146,11 @@ class Session(ABC, Generic[R]):
             # EDS must not wait for that ACK. Listeners and routes do.
             if state.pending is not None and (earlier, type_url) != (CLUSTER, ENDPOINT):
                 return False
-            if state.rejected_key is not None and state.rejected_key == key_of(
-                self._desired(earlier, state)
+            if state.rejected_key is not None and state.rejected_key == self._desired(
+                earlier, state
             ):
                 return False
-        return type_url not in (LISTENER, ROUTE) or self._endpoints_follow_clusters()
+        return True
 
     def _endpoints_follow_clusters(self) -> bool:
         """True once every EDS cluster Envoy accepted has its target endpoints accepted too.
@@ -161,36 +159,54 @@ class Session(ABC, Generic[R]):
         after the CDS ACK; routes wait for it so that no route names a cluster still warming.
         """
         assert self.target is not None
-        clusters, endpoints = self.types[CLUSTER], self.types[ENDPOINT]
+        eds = self.target.eds_assignments
         wanted = self.target.versions.get(ENDPOINT, {})
-        for name, message in clusters.held_messages.items():
-            if name not in clusters.held or not _is_eds(message):
-                continue
-            cla = _cla_name(name, message)
-            if cla in wanted and endpoints.held.get(cla) != wanted[cla]:
+        held = self.types[ENDPOINT].held
+        for cluster in self.types[CLUSTER].held:
+            cla = eds.get(cluster)
+            if cla is not None and cla in wanted and held.get(cla) != wanted[cla]:
                 return False
         return True
 
-    def _desired(self, type_url: str, state: TypeState) -> dict[str, Entry]:
+    def _desired(self, type_url: str, state: TypeState) -> Desired:
+        """Name → version of what Envoy should hold now for this type (see the module doc)."""
         assert self.target is not None
-        snapshot = self.target
-        versions = snapshot.versions.get(type_url, {})
-        desired = {
-            name: Entry(name, versions[name], message, _packer(snapshot, type_url, name))
-            for name, message in snapshot.of_type(type_url).items()
-            if state.wants(name)
-        }
+        versions = self.target.versions.get(type_url, {})
+        if state.wildcard:
+            desired = dict(versions)
+        else:
+            desired = {name: versions[name] for name in state.names if name in versions}
         if type_url == ENDPOINT and self.types[CLUSTER].pending is not None:
             # Until Envoy accepts the new clusters, clusters it already has keep the endpoints
             # it already has: a rejected CDS must leave the node wholly on its accepted config.
-            for name, message in state.held_messages.items():
+            for name in state.held_messages:
                 if name in desired and name in state.held:
-                    desired[name] = Entry(name, state.held[name], message, _fresh_packer(message))
+                    desired[name] = state.held[name]
         if type_url in (CLUSTER, ENDPOINT) and not self._routes_follow_target():
-            for name, message in self._retained(type_url).items():
+            for name in self._retained(type_url):
                 if state.wants(name) and name not in desired:
-                    desired[name] = Entry(name, state.held[name], message, _fresh_packer(message))
+                    desired[name] = state.held[name]
         return desired
+
+    def _message(self, type_url: str, state: TypeState, name: str, version: str) -> Message:
+        """The resource of ``name`` at ``version``: the target's, or one Envoy holds."""
+        assert self.target is not None
+        if self.target.versions.get(type_url, {}).get(name) == version:
+            return self.target.of_type(type_url)[name]
+        return state.held_messages[name]
+
+    def _packed(self, type_url: str, state: TypeState, name: str, version: str) -> any_pb2.Any:
+        assert self.target is not None
+        if self.target.versions.get(type_url, {}).get(name) == version:
+            return self.target.packed(type_url, name)
+        packed = any_pb2.Any()
+        packed.Pack(state.held_messages[name])
+        return packed
+
+    def _messages(self, type_url: str, state: TypeState, versions: Desired) -> dict[str, Message]:
+        if type_url not in (CLUSTER, ENDPOINT):
+            return {}  # only clusters and endpoints are ever re-sent from what Envoy holds
+        return {name: self._message(type_url, state, name, v) for name, v in versions.items()}
 
     def _retained(self, type_url: str) -> dict[str, Message]:
         """Resources Envoy holds that the target drops but listeners/routes may still use."""
@@ -240,7 +256,7 @@ class Session(ABC, Generic[R]):
         state.force.clear()
         self.recorder.pushed(type_url, self.mode)
         if type_url == CLUSTER:
-            self._resend_endpoints_of_changed_clusters(state.held, pending.entries)
+            self._resend_endpoints_of_changed_clusters(state.held, pending.versions)
 
     def _accept(self, type_url: str, state: TypeState) -> None:
         pending = state.pending
@@ -248,11 +264,14 @@ class Session(ABC, Generic[R]):
         for name in pending.removed:
             state.held.pop(name, None)
             state.held_messages.pop(name, None)
-        for name, entry in pending.entries.items():
-            if not state.wants(name):
-                continue  # unsubscribed while the response was in flight
-            state.held[name] = entry.version
-            state.held_messages[name] = entry.message
+        if state.wildcard:
+            state.held.update(pending.versions)
+            state.held_messages.update(pending.messages)
+        else:  # skip what was unsubscribed while the response was in flight
+            state.held.update((n, v) for n, v in pending.versions.items() if n in state.names)
+            state.held_messages.update(
+                (n, m) for n, m in pending.messages.items() if n in state.names
+            )
         state.pending = None
         state.rejected_key = None
         state.accepted_version = pending.version
@@ -274,18 +293,18 @@ class Session(ABC, Generic[R]):
             state.accepted_version,
         )
 
-    def _resend_endpoints_of_changed_clusters(
-        self, previous: Mapping[str, str], entries: Mapping[str, Entry]
-    ) -> None:
+    def _resend_endpoints_of_changed_clusters(self, previous: Desired, sent: Desired) -> None:
         """An updated EDS cluster is rebuilt by Envoy and waits for its endpoints again.
 
         Envoy (Delta) does not ask for them, as it is subscribed already, and holds its CDS ACK
         until the cluster has warmed: send them right after the CDS response.
         """
+        assert self.target is not None
+        eds = self.target.eds_assignments
         endpoints = self.types[ENDPOINT]
-        for name, entry in entries.items():
-            if name in previous and previous[name] != entry.version:
-                endpoints.force.add(_cla_name(name, entry.message))
+        for name, version in sent.items():
+            if name in previous and previous[name] != version and name in eds:
+                endpoints.force.add(eds[name])
 
     def subscribe_names(self, type_url: str, state: TypeState, names: list[str]) -> bool:
         """SotW-style full subscription list; True when it asks for something new."""
@@ -300,28 +319,7 @@ class Session(ABC, Generic[R]):
         return added
 
 
-def key_of(desired: Mapping[str, Entry]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((name, entry.version) for name, entry in desired.items()))
-
-
-def _is_eds(message: Message) -> bool:
-    return isinstance(message, cluster_pb2.Cluster) and message.type == cluster_pb2.Cluster.EDS
-
-
 def _cla_name(cluster_name: str, message: Message) -> str:
     if isinstance(message, cluster_pb2.Cluster) and message.eds_cluster_config.service_name:
         return str(message.eds_cluster_config.service_name)
     return cluster_name
-
-
-def _packer(snapshot: Snapshot, type_url: str, name: str) -> Callable[[], any_pb2.Any]:
-    return lambda: snapshot.packed(type_url, name)
-
-
-def _fresh_packer(message: Message) -> Callable[[], any_pb2.Any]:
-    def pack() -> any_pb2.Any:
-        packed = any_pb2.Any()
-        packed.Pack(message)
-        return packed
-
-    return pack

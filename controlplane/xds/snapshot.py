@@ -154,9 +154,14 @@ class Snapshot:
                 )
         return problems
 
-    def cla_name(self, cluster_name: str) -> str | None:
-        """The ClusterLoadAssignment an EDS cluster subscribes to (None for other clusters)."""
-        cluster = self.of_type(CLUSTER).get(cluster_name)
-        if not isinstance(cluster, cluster_pb2.Cluster) or cluster.type != cluster_pb2.Cluster.EDS:
-            return None
-        return str(cluster.eds_cluster_config.service_name or cluster_name)
+    @cached_property
+    def eds_assignments(self) -> Mapping[str, str]:
+        """EDS cluster name → the ClusterLoadAssignment name it subscribes to."""
+        return MappingProxyType(
+            {
+                name: str(cluster.eds_cluster_config.service_name or name)
+                for name, cluster in self.of_type(CLUSTER).items()
+                if isinstance(cluster, cluster_pb2.Cluster)
+                and cluster.type == cluster_pb2.Cluster.EDS
+            }
+        )

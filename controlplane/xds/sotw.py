@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from controlplane.xds.session import Entry, Pending, Session, TypeState, key_of
+from controlplane.xds.session import Desired, Pending, Session, TypeState
 
 __all__ = ["SotwSession"]
 
@@ -52,30 +52,32 @@ class SotwSession(Session[discovery_pb2.DiscoveryResponse]):
         return self.pump()
 
     def _maybe_respond(
-        self, type_url: str, state: TypeState, desired: dict[str, Entry]
+        self, type_url: str, state: TypeState, desired: Desired
     ) -> discovery_pb2.DiscoveryResponse | None:
-        key = key_of(desired)
-        if key == state.rejected_key:
+        if desired == state.rejected_key:
             return None
         if state.wildcard:
-            unchanged = state.held == dict(key)
+            unchanged = state.held == desired
         else:  # a name dropped from EDS/RDS needs no response: Envoy forgets it on its own
-            unchanged = all(state.held.get(name) == version for name, version in key)
+            unchanged = desired.items() <= state.held.items()
         if unchanged and not state.needs_response and not (state.force & desired.keys()):
             state.force.clear()
             return None
         assert self.target is not None
         version = self.target.version
-        if any(name not in self.target.of_type(type_url) for name in desired):
+        of_type = self.target.of_type(type_url)
+        if any(name not in of_type for name in desired):
             version += "+retained"
         nonce = self._next_nonce()
         removed = tuple(name for name in state.held if name not in desired)
-        self._start(
-            type_url, state, Pending(nonce, version, dict(desired), removed, key, self.clock())
-        )
+        messages = self._messages(type_url, state, desired)
+        pending = Pending(nonce, version, desired, messages, removed, desired, self.clock())
+        self._start(type_url, state, pending)
         return discovery_pb2.DiscoveryResponse(
             version_info=version,
             type_url=type_url,
             nonce=nonce,
-            resources=[desired[name].packed() for name in sorted(desired)],
+            resources=[
+                self._packed(type_url, state, name, desired[name]) for name in sorted(desired)
+            ],
         )

@@ -1,0 +1,411 @@
+"""Config change → applied on every Envoy: push latency of our ADS server, SotW vs Delta.
+
+The control plane runs in a child process (``--serve``) so that its CPU time and memory are
+measured alone; this process starts N real Envoys (``--concurrency 1``, only the stats it
+polls kept) and, for each change, polls every Envoy's admin API until the change shows.
+
+A change moves one endpoint of one cluster (alternately adding and removing it), i.e. what an
+endpoint-file rewrite does. "Applied" means the cluster's ``membership_total`` stat on that
+Envoy has the new value. Latency is measured from the moment the child published the snapshot
+(CLOCK_MONOTONIC is shared by all processes) to the first poll that saw it.
+
+Usage:  .venv/bin/python bench/xds_push.py [--envoys 1 10 50] [--changes 20] [--quick]
+Writes: bench/results/xds_push.json and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
+
+GROUP = "bench"
+RESULTS = Path(__file__).parent / "results" / "xds_push.json"
+SIZES = {"small": (10, 10), "large": (1000, 10)}  # clusters, endpoints per cluster
+LISTEN_PORT_ENV = "TW_BENCH_LISTEN_PORT"
+
+
+# ----------------------------------------------------------------------------- control plane
+def _snapshot(version: str, clusters: int, per: int, bumped: dict[int, bool], listen: int) -> Any:
+    from tests.controlplane.xds import resources as r  # hand-built protos shared with tests
+
+    items: list[Any] = []
+    routes = []
+    for i in range(clusters):
+        name = f"c{i:04d}"
+        ports = [20000 + (i * per + j) % 40000 for j in range(per)]
+        if bumped.get(i):
+            ports.append(61000 + i % 4000)
+        items += [r.eds_cluster(name), r.cla(name, ports)]
+        routes.append((f"/{name}/", name))
+    items += [r.listener("in", listen, "rt"), r.route_config("rt", routes)]
+    return r.snapshot(version, *items)
+
+
+async def serve(listen: int) -> None:
+    """Child: an ADS server driven by commands on stdin, one JSON answer per line."""
+    from prometheus_client import CollectorRegistry
+
+    from controlplane.xds.cache import SnapshotCache
+    from controlplane.xds.server import XdsServer
+
+    registry = CollectorRegistry()
+    cache = SnapshotCache()
+    server = XdsServer(cache, registry=registry)
+    port = await server.start()
+    print(json.dumps({"port": port}), flush=True)
+    reader = asyncio.StreamReader()
+    loop = asyncio.get_running_loop()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    clusters = per = 0
+    bumped: dict[int, bool] = {}
+    version = 0
+    while line := (await reader.readline()).decode().strip():
+        command, *args = line.split()
+        answer: dict[str, Any] = {}
+        if command == "size":
+            clusters, per = int(args[0]), int(args[1])
+            bumped = {}
+        elif command == "bump":
+            target = int(args[0]) % clusters
+            bumped[target] = not bumped.get(target, False)
+            answer = {"cluster": f"c{target:04d}", "members": per + int(bumped[target])}
+        elif command == "stats":
+            answer = _process_stats(registry)
+        elif command == "quit":
+            break
+        if command in ("size", "bump"):
+            version += 1
+            snap = _snapshot(str(version), clusters, per, bumped, listen)
+            start = time.monotonic()
+            cache.set_snapshot(GROUP, snap)
+            answer.update(published=start, build_s=time.monotonic() - start)
+        print(json.dumps(answer), flush=True)
+    await server.aclose()
+
+
+def _process_stats(registry: Any) -> dict[str, Any]:
+    ticks = os.sysconf("SC_CLK_TCK")
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    acks = {}
+    for mode in ("sotw", "delta"):
+        count = registry.get_sample_value(
+            "tokenweir_xds_push_ack_seconds_count", {"type": "eds", "mode": mode}
+        )
+        total = registry.get_sample_value(
+            "tokenweir_xds_push_ack_seconds_sum", {"type": "eds", "mode": mode}
+        )
+        if count:
+            acks[mode] = {"count": count, "sum": total}
+    return {
+        "cpu_s": cpu,
+        "rss_mb": int(status["VmRSS"].split()[0]) / 1024,
+        "hwm_mb": int(status["VmHWM"].split()[0]) / 1024,
+        "eds_acks": acks,
+    }
+
+
+# ----------------------------------------------------------------------------- driver
+class Admin:
+    """A tiny keep-alive HTTP/1.1 client for one Envoy admin port (cheaper than aiohttp)."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.host, self.port = host, int(port)
+        self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def get(self, path: str) -> str:
+        if self._conn is None:
+            self._conn = await asyncio.open_connection(self.host, self.port)
+        reader, writer = self._conn
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: admin\r\n\r\n".encode())
+        head = (await reader.readuntil(b"\r\n\r\n")).lower()
+        if b"transfer-encoding: chunked" not in head:
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            return (await reader.readexactly(length)).decode()
+        body = b""
+        while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
+            body += await reader.readexactly(size)
+            await reader.readexactly(2)
+        await reader.readexactly(2)
+        return body.decode()
+
+    async def stat(self, name: str) -> int | None:
+        body = await self.get(f"/stats?filter=^{name.replace('.', '[.]')}$")
+        for line in body.splitlines():
+            key, _, value = line.partition(":")
+            if key == name:
+                return int(value)
+        return None
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            self._conn[1].close()
+            with contextlib.suppress(OSError):
+                await self._conn[1].wait_closed()
+
+
+class ControlPlane:
+    def __init__(self, listen: int) -> None:
+        self.listen = listen
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> int:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            __file__,
+            "--serve",
+            str(self.listen),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        )
+        return int((await self._line())["port"])
+
+    async def ask(self, command: str) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(f"{command}\n".encode())
+        await self.proc.stdin.drain()
+        return await self._line()
+
+    async def _line(self) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), 120)
+        if not line:
+            raise RuntimeError("control plane child exited")
+        return dict(json.loads(line))
+
+    async def aclose(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(Exception):
+                await self.ask("quit")
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+@dataclass
+class Result:
+    mode: str
+    envoys: int
+    size: str
+    clusters: int
+    endpoints: int
+    changes: int
+    every_p50_ms: float
+    every_p99_ms: float
+    every_max_ms: float
+    each_p50_ms: float
+    each_p99_ms: float
+    poll_interval_ms: float
+    cp_cpu_ms_per_change: float
+    cp_rss_mb: float
+    envoy_rss_mb: float
+    ack_mean_ms: float
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+async def wait_value(admin: Admin, stat: str, want: int, since: float, interval: float) -> float:
+    deadline = since + 30
+    while True:
+        if await admin.stat(stat) == want:
+            return time.monotonic() - since
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{stat} never reached {want}")
+        await asyncio.sleep(interval)
+
+
+def envoy_rss_mb(proxies: list[EnvoyProcess]) -> float:
+    sizes = []
+    for proxy in proxies:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{proxy.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    sizes.append(int(line.split()[1]) / 1024)
+    return statistics.mean(sizes) if sizes else 0.0
+
+
+async def converge(plane: ControlPlane, admins: list[Admin], size: str) -> None:
+    clusters, per = SIZES[size]
+    answer = await plane.ask(f"size {clusters} {per}")
+    stat = "cluster_manager.active_clusters"  # ours plus the static xds_cluster
+    await asyncio.gather(
+        *(wait_value(a, stat, clusters + 1, answer["published"], 0.05) for a in admins)
+    )
+    last = f"cluster.c{clusters - 1:04d}.membership_total"
+    await asyncio.gather(*(wait_value(a, last, per, answer["published"], 0.05) for a in admins))
+
+
+async def measure(
+    plane: ControlPlane,
+    admins: list[Admin],
+    proxies: list[EnvoyProcess],
+    mode: str,
+    size: str,
+    changes: int,
+) -> Result:
+    clusters, per = SIZES[size]
+    interval = max(0.002, 0.0004 * len(admins))
+    before = await plane.ask("stats")
+    every: list[float] = []
+    each: list[float] = []
+    for change in range(changes):
+        answer = await plane.ask(f"bump {change * 7}")
+        stat = f"cluster.{answer['cluster']}.membership_total"
+        times = await asyncio.gather(
+            *(wait_value(a, stat, answer["members"], answer["published"], interval) for a in admins)
+        )
+        each.extend(times)
+        every.append(max(times))
+        await asyncio.sleep(0.05)
+    after = await plane.ask("stats")
+    acks_before = before["eds_acks"].get(mode, {"count": 0, "sum": 0.0})
+    acks_after = after["eds_acks"].get(mode, {"count": 0, "sum": 0.0})
+    ack_count = acks_after["count"] - acks_before["count"]
+    ack_mean = (acks_after["sum"] - acks_before["sum"]) / ack_count if ack_count else 0.0
+    ms = 1000.0
+    return Result(
+        mode=mode,
+        envoys=len(admins),
+        size=size,
+        clusters=clusters,
+        endpoints=clusters * per,
+        changes=changes,
+        every_p50_ms=percentile(every, 0.5) * ms,
+        every_p99_ms=percentile(every, 0.99) * ms,
+        every_max_ms=max(every) * ms,
+        each_p50_ms=percentile(each, 0.5) * ms,
+        each_p99_ms=percentile(each, 0.99) * ms,
+        poll_interval_ms=interval * ms,
+        cp_cpu_ms_per_change=(after["cpu_s"] - before["cpu_s"]) / changes * ms,
+        cp_rss_mb=after["rss_mb"],
+        envoy_rss_mb=envoy_rss_mb(proxies),
+        ack_mean_ms=ack_mean * ms,
+    )
+
+
+async def run_mode(
+    mode: str, counts: list[int], changes: int, work: Path, listen: int
+) -> list[Result]:
+    plane = ControlPlane(listen)
+    xds_port = await plane.start()
+    proxies: list[EnvoyProcess] = []
+    admins: list[Admin] = []
+    results: list[Result] = []
+    order = ["small", "large"]
+    try:
+        for count in counts:
+            while len(proxies) < count:
+                index = len(proxies)
+                settings = EnvoySettings(
+                    node_id=f"{mode}-{index}",
+                    node_cluster=GROUP,
+                    xds_port=xds_port,
+                    base_id=(os.getpid() % 1000) * 100 + index + (50 if mode == "delta" else 0),
+                    delta=mode == "delta",
+                    concurrency=1,
+                    log_level="error",
+                    buffer_limit_bytes=32 * 1024,
+                    stats_inclusion=(
+                        r"^cluster_manager\.active_clusters$",
+                        r"^cluster\.[^.]+\.membership_total$",
+                    ),
+                )
+                proxy = EnvoyProcess(settings, work)
+                proxies.append(proxy)
+                await proxy.start(timeout=120, wait_ready=False)
+                admins.append(Admin(proxy.admin_url))
+            for size in order:
+                await converge(plane, admins, size)
+                result = await measure(plane, admins, proxies, mode, size, changes)
+                print(_row(result), flush=True)
+                results.append(result)
+            order.reverse()  # fewer transitions between the small and large configs
+    finally:
+        for admin in admins:
+            await admin.close()
+        await asyncio.gather(*(p.aclose() for p in proxies))
+        await plane.aclose()
+    return results
+
+
+HEADER = (
+    "| mode | Envoys | clusters / endpoints | every Envoy p50 | p99 | max | per Envoy p50 | p99 "
+    "| ACK mean (server) | CP CPU per change | CP RSS | Envoy RSS (each) |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def _row(r: Result) -> str:
+    return (
+        f"| {r.mode} | {r.envoys} | {r.clusters:,} / {r.endpoints:,} | {r.every_p50_ms:.1f} ms "
+        f"| {r.every_p99_ms:.1f} ms | {r.every_max_ms:.1f} ms | {r.each_p50_ms:.1f} ms "
+        f"| {r.each_p99_ms:.1f} ms | {r.ack_mean_ms:.1f} ms | {r.cp_cpu_ms_per_change:.1f} ms "
+        f"| {r.cp_rss_mb:.0f} MB | {r.envoy_rss_mb:.0f} MB |"
+    )
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    from tests.helpers import free_port
+
+    listen = free_port()
+    results: list[Result] = []
+    started = time.monotonic()
+    print(HEADER, flush=True)
+    with tempfile.TemporaryDirectory(prefix="tw-xds-bench-") as tmp:
+        for mode in args.modes:
+            results += await run_mode(mode, args.envoys, args.changes, Path(tmp), listen)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "machine": f"{os.cpu_count()} cores",
+                "wall_s": time.monotonic() - started,
+                "results": [asdict(r) for r in results],
+            },
+            indent=1,
+        )
+    )
+    print(f"\nwrote {RESULTS} in {time.monotonic() - started:.0f}s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--envoys", type=int, nargs="+", default=[1, 10, 50])
+    parser.add_argument("--modes", nargs="+", default=["sotw", "delta"])
+    parser.add_argument("--changes", type=int, default=20)
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.* helpers, as a script
+    if args.serve is not None:
+        asyncio.run(serve(args.serve))
+    else:
+        asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
