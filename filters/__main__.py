@@ -1,12 +1,19 @@
-"""``python -m filters --policy PATH [--redis-url URL]``: run the ext_proc filter server."""
+"""``python -m filters --policy PATH [--redis-url URL]``: run the ext_proc filter server.
+
+Reads its listen address and settings from the policy (``filters:``), serves /metrics on the
+policy's ``metrics_port`` or ``--metrics-port`` (worker i on port + i), reloads the policy when
+the file changes, stops cleanly on SIGTERM/SIGINT. ``--processes N`` (default: the policy's
+``filters.processes``) runs N processes on one port (SO_REUSEPORT); each then advertises a small
+HTTP/2 stream limit so Envoy opens several connections and the kernel spreads them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,11 +28,15 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--listen", help="host:port (default: the policy's filters.address)")
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port")
     p.add_argument("--tokenizer", help="a Hugging Face tokenizer.json for exact token counts")
+    p.add_argument("--processes", type=int, help="processes sharing the port")
+    p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
 
-async def _run(ns: argparse.Namespace) -> None:
+async def _run(
+    ns: argparse.Namespace, processes: int, children: list[subprocess.Popen[bytes]]
+) -> None:
     from filters.app import FilterApp, Settings
 
     settings = Settings(
@@ -34,6 +45,8 @@ async def _run(ns: argparse.Namespace) -> None:
         listen=ns.listen,
         metrics_port=ns.metrics_port,
         tokenizer_file=ns.tokenizer,
+        worker_index=ns.worker_index,
+        max_streams_per_connection=16 if processes > 1 else None,
     )
     app = FilterApp(settings, clock=time.monotonic)
     stop = asyncio.Event()
@@ -44,23 +57,47 @@ async def _run(ns: argparse.Namespace) -> None:
     try:
         await stop.wait()
     finally:
+        for child in children:
+            child.terminate()
         await app.aclose()
+        for child in children:
+            try:
+                await asyncio.to_thread(child.wait, 5.0)
+            except subprocess.TimeoutExpired:
+                child.kill()
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = _args(argv)
     logging.basicConfig(
-        level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=ns.log_level.upper(),
+        format=f"%(asctime)s filters[{ns.worker_index}] %(levelname)s %(name)s: %(message)s",
     )
+    processes = ns.processes
+    if processes is None:
+        from controlplane.policy import PolicyError, load_policy
+
+        try:
+            policy = load_policy(ns.policy)
+        except PolicyError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        processes = policy.filters.processes if policy.filters is not None else 1
+    children: list[subprocess.Popen[bytes]] = []
+    if ns.worker_index == 0 and processes > 1:
+        base = [sys.executable, "-m", "filters", *(argv if argv is not None else sys.argv[1:])]
+        for i in range(1, processes):
+            children.append(
+                subprocess.Popen([*base, "--worker-index", str(i), "--processes", str(processes)])
+            )
     try:
         import uvloop
+
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
     except ImportError:  # pragma: no cover - uvloop is a dependency
-        uvloop = None  # type: ignore[assignment]
-    with contextlib.suppress(KeyboardInterrupt):
-        if uvloop is not None:
-            uvloop.run(_run(ns))
-        else:
-            asyncio.run(_run(ns))
+        runner = asyncio.Runner()
+    with runner:
+        runner.run(_run(ns, processes, children))
     return 0
 
 

@@ -40,6 +40,9 @@ class Settings:
     metrics_port: int | None = None
     tokenizer_file: str | None = None
     key_cache_seconds: float = 1.0
+    budget_cache_seconds: float = 0.25
+    worker_index: int = 0
+    max_streams_per_connection: int | None = None
     reload_interval: float = 1.0
 
 
@@ -80,7 +83,9 @@ class FilterApp:
         )
         budget: Budget = NoBudget()
         if self._redis is not None:
-            budget = quota_reader_budget(self._redis, self.policy)
+            budget = quota_reader_budget(
+                self._redis, self.policy, clock=self._clock, ttl=self.settings.budget_cache_seconds
+            )
         return Services(self.policy, keys, budget, self._estimator, self.metrics, self._clock)
 
     async def start(self) -> None:
@@ -94,13 +99,15 @@ class FilterApp:
             build_routes(self.policy, services), clock=self._clock, metrics=self.metrics
         )
         host, port = self._listen()
-        self.server = FilterServer(servicer, host, port)
+        self.server = FilterServer(
+            servicer, host, port, max_streams=self.settings.max_streams_per_connection
+        )
         await self.server.start()
         mport = self.settings.metrics_port
         if mport is None and self.policy.filters is not None:
             mport = self.policy.filters.metrics_port
         if mport is not None:
-            await self._serve_metrics(host, mport)
+            await self._serve_metrics(host, mport + self.settings.worker_index)
         self._tasks.append(asyncio.create_task(self._watch()))
         _log.info(
             "filter server on %s:%s (routes: %s)", host, self.server.port, len(servicer._routes)
@@ -122,7 +129,7 @@ class FilterApp:
         app.router.add_get("/metrics", handler)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_port=True)
+        site = web.TCPSite(self._runner, host, port)
         await site.start()
         self.metrics_port = port
 

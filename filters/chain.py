@@ -158,36 +158,58 @@ class Chain:
         timed: bool,
     ) -> Outcome:
         out = Outcome()
-        for p in self._by_hook[phase]:
+        plugins = self._by_hook[phase]
+        if not plugins:
+            return out
+        if not timed:
+            await self._each(phase, plugins, call, out, headers, body_state, [])
+            return out
+        running: list[Plugin] = []
+        try:
+            async with asyncio.timeout(self.deadline):
+                await self._each(phase, plugins, call, out, headers, body_state, running)
+        except TimeoutError as exc:  # one deadline for the whole phase, blamed on the plugin in it
+            failed = self._failed(running[-1], phase, exc)
+            if failed is not None:
+                out.reply = failed
+        return out
+
+    async def _each(
+        self,
+        phase: Hook,
+        plugins: tuple[Plugin, ...],
+        call: Callable[[Plugin], Awaitable[Result | None]],
+        out: Outcome,
+        headers: dict[str, str] | None,
+        body_state: dict[str, bytes] | None,
+        running: list[Plugin],
+    ) -> None:
+        for p in plugins:
+            running.append(p)
             try:
-                if timed:
-                    async with asyncio.timeout(self.deadline):
-                        r = await call(p)
-                else:
-                    r = await call(p)
+                r = await call(p)
             except ClientError as exc:
                 if self.events is not None:
                     self.events.rejected(self.route, exc.reason, exc.status)
                 out.reply = error_reply(exc)
-                return out
+                return
             except Exception as exc:
                 failed = self._failed(p, phase, exc)
                 if failed is not None:
                     out.reply = failed
-                    return out
+                    return
                 continue
             if r is None:
                 continue
             out.merge(r)
             if r.reply is not None:
-                return out
+                return
             if headers is not None:
                 for name in r.remove_headers:
                     headers.pop(name, None)
                 headers.update(r.set_headers)
             if body_state is not None and r.body is not None:
                 body_state["body"] = r.body
-        return out
 
     def _failed(self, plugin: Plugin, phase: str, exc: Exception) -> Reply | None:
         name = getattr(plugin, "name", type(plugin).__name__)

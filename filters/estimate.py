@@ -28,51 +28,50 @@ class Estimator(Protocol):
         ...
 
 
-# letter runs (with one leading space, as BPE merges it), digit runs, whitespace, one symbol
-_PIECE = re.compile(r" ?[A-Za-z]+| ?[0-9]+|\s+| ?[^\sA-Za-z0-9]")
+_LONG_WORD = re.compile(r"[A-Za-z]{7,}")
+_DIGITS = re.compile(r"[0-9]+")
+_WORD = re.compile(r"[A-Za-z]+")
+_SYMBOL = re.compile(r"[^\sA-Za-z0-9]")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+_NEWLINES = re.compile(r"\n+")
 
 
 @dataclass(frozen=True, slots=True)
 class HeuristicEstimator:
-    """Piecewise BPE cost model. ``word_chars``: letters a long word spends per token."""
+    """Piecewise BPE cost model, computed with a few regex scans (no per-piece Python loop).
+
+    Each letter run costs one token, plus ``1/word_chars`` per letter beyond ``word_free_chars``;
+    each digit run ``ceil(len / digits_per_token)``; each ASCII symbol one; each non-ASCII
+    character ``non_ascii_tokens``; each run of newlines ``newline_tokens``.
+    ``prefix_chars`` uses a fixed ``chars_per_token`` so a prefix's cut depends on nothing after
+    it (the turns of one conversation must hash alike).
+    """
 
     word_free_chars: int = 6
     word_chars: float = 3.2
     digits_per_token: int = 3
-    newline_run_tokens: float = 1.0
+    symbol_tokens: float = 1.0
     non_ascii_tokens: float = 1.0
-    per_message: int = 3
-
-    def _piece(self, piece: str) -> float:
-        c = piece[-1]
-        if c.isascii():
-            if c.isalpha():
-                n = len(piece) - (piece[0] == " ")
-                extra = n - self.word_free_chars
-                return 1.0 if extra <= 0 else 1.0 + extra / self.word_chars
-            if c.isdigit():
-                n = len(piece) - (piece[0] == " ")
-                return float(-(-n // self.digits_per_token))
-            if c.isspace():
-                return self.newline_run_tokens if "\n" in piece or len(piece) > 1 else 0.0
-            return 1.0
-        if c.isspace():
-            return 0.0
-        return self.non_ascii_tokens
+    newline_tokens: float = 1.0
+    chars_per_token: float = 4.0
 
     def count(self, text: str) -> int:
-        total = 0.0
-        for m in _PIECE.finditer(text):
-            total += self._piece(m.group())
-        return max(1, round(total)) if text else 0
+        if not text:
+            return 0
+        free = self.word_free_chars
+        total = float(len(_WORD.findall(text)))
+        long_extra = sum(len(w) - free for w in _LONG_WORD.findall(text))
+        total += long_extra / self.word_chars
+        d = self.digits_per_token
+        total += sum(-(-len(r) // d) for r in _DIGITS.findall(text))
+        total += len(_SYMBOL.findall(text)) * self.symbol_tokens
+        if not text.isascii():
+            total += len(_NON_ASCII.findall(text)) * (self.non_ascii_tokens - self.symbol_tokens)
+        total += len(_NEWLINES.findall(text)) * self.newline_tokens
+        return max(1, round(total))
 
     def prefix_chars(self, text: str, tokens: int) -> int:
-        total = 0.0
-        for m in _PIECE.finditer(text):
-            total += self._piece(m.group())
-            if total >= tokens:
-                return m.end()
-        return len(text)
+        return min(len(text), int(tokens * self.chars_per_token))
 
 
 class TokenizerEstimator:

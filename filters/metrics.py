@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 __all__ = ["FilterMetrics"]
@@ -54,6 +56,39 @@ class FilterMetrics:
             p + "max_tokens_clamped", "requests whose max_tokens was lowered or set",
             ["tenant", "why"], registry=r,
         )  # fmt: skip
+
+        self._timers: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._streams: dict[str, Any] = {}
+        self._counters: dict[tuple[str, str], tuple[Any, ...]] = {}
+
+    def stream_timers(self, tenant: str | None, model: str | None) -> tuple[Any, Any]:
+        """The (ttft, tbt) histogram children of one tenant and model, looked up once."""
+        key = (tenant or "unknown", model or "unknown")
+        timers = self._timers.get(key)
+        if timers is None:
+            if len(self._timers) > 10_000:
+                self._timers.clear()
+            timers = self._timers[key] = (self.ttft.labels(*key), self.tbt.labels(*key))
+        return timers
+
+    def token_counters(self, tenant: str | None, model: str | None) -> tuple[Any, Any, Any]:
+        """The (prompt, completion, cached) token counter children of one tenant and model."""
+        key = (tenant or "unknown", model or "unknown")
+        c = self._counters.get(key)
+        if c is None:
+            if len(self._counters) > 10_000:
+                self._counters.clear()
+            t = self.tokens
+            c = self._counters[key] = tuple(
+                t.labels(*key, kind) for kind in ("prompt", "completion", "cached")
+            )  # type: ignore[assignment]
+        return c  # type: ignore[return-value]
+
+    def stream_started(self, route: str) -> None:
+        child = self._streams.get(route)
+        if child is None:
+            child = self._streams[route] = self.streams.labels(route)
+        child.inc()
 
     # ChainEvents
     def rejected(self, route: str, reason: str, status: int) -> None:

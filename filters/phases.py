@@ -17,7 +17,7 @@ BUILTIN_HOOKS: dict[str, frozenset[str]] = {
     "lane": frozenset({"request_headers"}),
     "tokens": frozenset({"request_headers", "request_body"}),
     "prefix": frozenset({"request_body"}),
-    "usage": frozenset({"response_headers", "response_chunk", "stream_end"}),
+    "usage": frozenset({"response_chunk", "stream_end"}),
 }
 _ALL = frozenset(
     {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}

@@ -138,7 +138,7 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
     async def _request_headers(
         self, entry: RouteEntry, ctx: Context, msg: pb.HttpHeaders
     ) -> pb.ProcessingResponse:
-        self._metrics.streams.labels(entry.info.name).inc()
+        self._metrics.stream_started(entry.info.name)
         raw = header_map(msg.headers)
         strip = [h for h in raw if h.startswith(_INTERNAL)]
         headers = {k: v for k, v in raw.items() if not k.startswith(_INTERNAL)}
@@ -161,8 +161,10 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
             return CONTINUE_REQUEST_BODY
         out = await entry.chain.request_body(ctx, msg.body)
         if entry.info.rate_limited and out.reply is None:
-            for k, v in _descriptor_headers(ctx).items():
-                out.set_headers.setdefault(k, v)
+            # tenant and lane were set with the headers; the body decides model and reserve
+            d = _descriptor_headers(ctx)
+            out.set_headers.setdefault("x-tokenweir-model", d["x-tokenweir-model"])
+            out.set_headers.setdefault("x-tokenweir-reserve", d["x-tokenweir-reserve"])
             out.clear_route_cache = True
         return body_response("request_body", _finish(out))
 
@@ -184,15 +186,18 @@ def _continue(which: str | None) -> pb.ProcessingResponse:
 class FilterServer:
     """A grpc.aio server hosting :class:`FilterServicer`; ``aclose()`` stops it."""
 
-    def __init__(self, servicer: FilterServicer, host: str, port: int) -> None:
+    def __init__(
+        self, servicer: FilterServicer, host: str, port: int, *, max_streams: int | None = None
+    ) -> None:
         self.servicer = servicer
-        self._server = grpc.aio.server(
-            options=[
-                ("grpc.so_reuseport", 1),
-                ("grpc.max_receive_message_length", 80 * 1024 * 1024),
-                ("grpc.http2.max_pings_without_data", 0),
-            ]
-        )
+        options: list[tuple[str, int]] = [
+            ("grpc.so_reuseport", 1),
+            ("grpc.max_receive_message_length", 80 * 1024 * 1024),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+        if max_streams is not None:
+            options.append(("grpc.max_concurrent_streams", max_streams))
+        self._server = grpc.aio.server(options=options)
         pb_grpc.add_ExternalProcessorServicer_to_server(servicer, self._server)
         self.port = self._server.add_insecure_port(f"{host}:{port}")
         if self.port == 0:

@@ -49,7 +49,7 @@ def route_mode(route: Route) -> processing_mode_pb2.ProcessingMode:
     hooks = route_hooks(names)
     return _mode(
         "request_body" in hooks,
-        "response_headers" in hooks or "response_chunk" in hooks,
+        "response_headers" in hooks,
         "response_chunk" in hooks,
     )
 

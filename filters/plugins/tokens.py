@@ -113,6 +113,8 @@ class TokensPlugin(BasePlugin):
         final, why = await self._clamp(ctx, req, prompt, model)
         ctx.max_tokens = final
         ctx.reserve = prompt + final
+        if ctx.tenant is not None and ctx.route.rate_limited:
+            self.services.budget.note_reserved(ctx.tenant, model, ctx.lane, ctx.reserve)
         rewrite = final != req.max_tokens
         if rewrite:
             _set_max_tokens(req, final)

@@ -48,29 +48,26 @@ class UsagePlugin(BasePlugin):
         self.max_json_bytes = int(settings.get("max_json_bytes", 8 * 1024**2))
         self.services = services
 
-    async def response_headers(self, ctx: Context, headers: Mapping[str, str]) -> Result | None:
-        status = headers.get(":status", "")
-        ctx.status = int(status) if status.isdigit() else None
-        ctype = headers.get("content-type", "")
-        sse = "text/event-stream" in ctype
+    def _start(self, ctx: Context, chunk: bytes) -> _State:
+        sse = ctx.stream or chunk.lstrip().startswith((b"data:", b":", b"event:"))
         kind = getattr(ctx.body, "kind", None)
-        m = self.services.metrics
-        labels = (ctx.tenant or "unknown", ctx.model or "unknown")
-        ctx.scratch["usage"] = _State(
+        ttft, tbt = self.services.metrics.stream_timers(ctx.tenant, ctx.model)
+        st = _State(
             sse=sse,
             drop_usage=sse and ctx.stream and not ctx.client_wants_usage and kind != "generate",
             buf=bytearray(),
-            ttft=m.ttft.labels(*labels),
-            tbt=m.tbt.labels(*labels),
+            ttft=ttft,
+            tbt=tbt,
         )
-        return None
+        ctx.scratch["usage"] = st
+        return st
 
     async def response_chunk(
         self, ctx: Context, chunk: bytes, end_of_stream: bool
     ) -> Result | None:
         st: _State | None = ctx.scratch.get("usage")
-        if st is None or (ctx.status is not None and ctx.status >= 300):
-            return None
+        if st is None:
+            st = self._start(ctx, chunk)
         if chunk:
             now = self.services.clock()
             if st.chunks == 0:
@@ -143,9 +140,10 @@ class UsagePlugin(BasePlugin):
             return
         m = self.services.metrics
         tenant, model = ctx.tenant or "unknown", ctx.model or "unknown"
-        m.tokens.labels(tenant, model, "prompt").inc(u.prompt_tokens)
-        m.tokens.labels(tenant, model, "completion").inc(u.completion_tokens)
-        m.tokens.labels(tenant, model, "cached").inc(u.cached_tokens)
+        prompt, completion, cached = m.token_counters(tenant, model)
+        prompt.inc(u.prompt_tokens)
+        completion.inc(u.completion_tokens)
+        cached.inc(u.cached_tokens)
         st: _State | None = ctx.scratch.get("usage")
         if st is not None and st.chunks > 1 and st.last > st.first and u.completion_tokens > 1:
             m.tokens_per_second.labels(tenant, model).observe(

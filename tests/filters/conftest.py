@@ -28,6 +28,10 @@ class FakeBudget:
     def __init__(self, left: dict[str, int | None]) -> None:
         self.left = left
         self.calls: list[tuple[str, str | None, str | None]] = []
+        self.reserved: list[int] = []
+
+    def note_reserved(self, tenant: str, model: str | None, lane: str | None, tokens: int) -> None:
+        self.reserved.append(tokens)
 
     async def remaining(
         self, tenant: str, model: str | None = None, lane: str | None = None

@@ -34,7 +34,6 @@ def streaming_ctx(wants_usage: bool):  # type: ignore[no-untyped-def]
 
 
 async def run(plugin: UsagePlugin, ctx, chunks: list[bytes], clock: FakeClock):  # type: ignore[no-untyped-def]
-    await plugin.response_headers(ctx, {":status": "200", "content-type": "text/event-stream"})
     out, meta = [], {}
     for i, c in enumerate(chunks):
         clock.now += 0.01
@@ -79,7 +78,6 @@ async def test_usage_event_split_across_chunks(services: Services, clock: FakeCl
 async def test_json_usage_and_metrics(services: Services, clock: FakeClock) -> None:
     ctx = make_ctx(tenant="demo-pro", model="m", prompt_tokens=10)
     plugin = UsagePlugin({}, services)
-    await plugin.response_headers(ctx, {":status": "200", "content-type": "application/json"})
     body = json.dumps(
         {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}
     ).encode()
@@ -117,11 +115,12 @@ async def test_generate_stream_settles_from_last_meta_info(
     assert meta == {"settle_tokens": 5} and body == b"".join(chunks)
 
 
-async def test_error_responses_are_not_parsed(services: Services) -> None:
+async def test_error_bodies_settle_nothing(services: Services) -> None:
     ctx = make_ctx()
     plugin = UsagePlugin({}, services)
-    await plugin.response_headers(ctx, {":status": "500", "content-type": "application/json"})
-    assert await plugin.response_chunk(ctx, b'{"usage":{"completion_tokens":1}}', True) is None
+    body = b'{"error":{"message":"overloaded","type":"server_error","code":503}}'
+    assert await plugin.response_chunk(ctx, body, True) is None
+    assert ctx.usage is None
 
 
 def test_split_events() -> None:
