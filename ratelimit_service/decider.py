@@ -7,12 +7,12 @@ closed: OVER_LIMIT), both within ``deadline`` seconds.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from envoy.service.ratelimit.v3 import rls_pb2
 
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class DeciderSettings:
     domain: str = "tokenweir"
     failure_mode: str = "open"  # Redis down: "open" (local bucket) or "closed" (deny)
-    deadline: float = 0.03  # seconds we wait for Redis before the fallback answers
+    deadline: float = 0.03  # seconds we wait for Redis before the fallback answers (the store's)
     reservation_ttl_ms: int = 600_000
     replicas: int = 1  # the local bucket holds 1/replicas of every limit
 
@@ -111,6 +111,8 @@ class Decider:
         self.metrics = metrics
         self.clock = clock
         self._last_log: dict[str, float] = {}
+        self._counters: dict[tuple[bool, str, str], Any] = {}
+        self._reserved = metrics.tokens.labels("reserved")
 
     def _log_limited(self, key: str, msg: str, *args: object) -> None:
         now = time.monotonic()
@@ -168,10 +170,7 @@ class Decider:
         if self.store is not None and (self.health is None or self.health.up):
             checks = checks_for(subject, limits, call.hits, now_us)
             try:
-                res = await asyncio.wait_for(
-                    self.store.reserve(record, rid is not None, checks, now_us, ttl),
-                    self.settings.deadline,
-                )
+                res = await self.store.reserve(record, rid is not None, checks, now_us, ttl)
             except (StoreUnavailable, TimeoutError) as exc:
                 if self.health is not None:
                     self.health.failed(exc)
@@ -187,12 +186,17 @@ class Decider:
         return v
 
     def _count(self, v: Verdict, call: Call) -> None:
-        quota = f"{v.quota}.{v.unit}" if v.quota else ""
-        self.metrics.decisions.labels("ok" if v.ok else "over_limit", quota).inc()
+        key = (v.ok, v.quota, v.unit)
+        counter = self._counters.get(key)
+        if counter is None:
+            quota = f"{v.quota}.{v.unit}" if v.quota else ""
+            counter = self.metrics.decisions.labels("ok" if v.ok else "over_limit", quota)
+            self._counters[key] = counter
+        counter.inc()
         for q in v.shadow_denied:
             self.metrics.shadow_denials.labels(q).inc()
         if v.ok and call.phase == "reserve":
-            self.metrics.tokens.labels("reserved").inc(call.hits)
+            self._reserved.inc(call.hits)
 
     async def _settle(self, call: Call) -> None:
         if call.request_id is None:
@@ -206,9 +210,7 @@ class Decider:
             result = "local"
         elif self.store is not None and (self.health is None or self.health.up):
             try:
-                res = await asyncio.wait_for(
-                    self.store.settle(record, call.hits, now_us), self.settings.deadline
-                )
+                res = await self.store.settle(record, call.hits, now_us)
             except (StoreUnavailable, TimeoutError) as exc:
                 if self.health is not None:
                     self.health.failed(exc)

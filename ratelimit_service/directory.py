@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from controlplane.policy.model import Policy
@@ -28,13 +28,14 @@ _MAX_ENTRIES = 100_000
 
 
 class QuotaDirectory:
-    """``tenant(name)`` / ``service(name)`` → SubjectQuotas. Without a client (or while Redis is
-    down, see ``available``) the policy defaults plus the last live values seen are used."""
+    """``tenant(name)`` / ``service(name)`` → SubjectQuotas. ``fetch`` reads a live hash (HGETALL);
+    without it (or while Redis is down, see ``available``) the policy defaults plus the last live
+    values seen are used."""
 
     def __init__(
         self,
         policy: Policy,
-        client: Any | None,
+        fetch: Callable[[str], Awaitable[Any]] | None,
         *,
         ttl: float = 0.5,
         fetch_timeout: float = 0.05,
@@ -42,7 +43,7 @@ class QuotaDirectory:
         available: Callable[[], bool] = lambda: True,
     ) -> None:
         self._policy = policy
-        self._client = client
+        self._fetch = fetch
         self._ttl = ttl
         self._timeout = fetch_timeout
         self._clock = clock
@@ -82,11 +83,9 @@ class QuotaDirectory:
     async def _load(self, key: tuple[str, str]) -> SubjectQuotas:
         kind, name = key
         subject = name if kind == "t" else service_subject(name)
-        if self._client is not None and self._available():
+        if self._fetch is not None and self._available():
             try:
-                raw = await asyncio.wait_for(
-                    self._client.hgetall(config_key(subject)), self._timeout
-                )
+                raw = await asyncio.wait_for(self._fetch(config_key(subject)), self._timeout)
                 self._live[key] = decode_map(raw)
             except Exception as exc:  # Redis down or slow: defaults and the last live values seen
                 log.debug("live quotas of %s unavailable: %s", subject, exc)

@@ -109,14 +109,18 @@ class Service:
         url = self.settings.redis_url or rl.redis_url
         if url:
             self.redis = await connect_redis(url)
-            self.store = RedisStore(self.redis, observe=self.metrics.observe_batch)
+            self.store = RedisStore(
+                self.redis,
+                deadline=decider_settings(rl).deadline,
+                observe=self.metrics.observe_batch,
+            )
             self.health = RedisHealth(self.redis.ping, self.metrics)
             with contextlib.suppress(Exception):  # seeded later by the watcher if Redis is down
                 await seed_defaults(self.redis, self.policy)
         health = self.health
         directory = QuotaDirectory(
             self.policy,
-            self.redis,
+            self.store.hgetall if self.store is not None else None,
             ttl=self.settings.quota_cache_ttl,
             available=(lambda: health.up) if health else (lambda: True),
         )
@@ -178,6 +182,8 @@ class Service:
         self.policy = policy
         if self.decider is not None:
             self.decider.settings = replace(decider_settings(self._rl()))
+            if self.store is not None:
+                self.store.deadline = self.decider.settings.deadline
             self.decider.directory.update_policy(policy)
         log.info("policy reloaded at %s", time.strftime("%H:%M:%S"))
 

@@ -91,23 +91,35 @@ class MemoryStore:
         return settle(self.state, record, actual, now_us)
 
 
+_Entry = tuple[tuple[Any, ...], "asyncio.Future[Any]", "asyncio.TimerHandle | None"]
+
+
+def _expire(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
+
+
 class RedisStore:
     """Lua on Redis (or Redis Cluster: every call touches one hash tag), EVALSHA with reload on
-    NOSCRIPT. Calls that arrive while a pipeline is in flight wait for the next one."""
+    NOSCRIPT. Calls that arrive while ``max_inflight`` pipelines are out wait for the next one, so
+    under load one round trip carries many decisions. Each call fails with TimeoutError after
+    ``deadline`` seconds (one timer per call; no task per call)."""
 
     def __init__(
         self,
         client: Any,
         *,
+        deadline: float | None = None,
         max_batch: int = 512,
         max_inflight: int = 2,
         observe: Callable[[float, int], None] | None = None,
     ) -> None:
         self.client = client
+        self.deadline = deadline
         self._observe = observe
         self._scripts = {name: load_script(name) for name in ("reserve", "settle")}
         self._sha = {n: hashlib.sha1(s.encode()).hexdigest() for n, s in self._scripts.items()}
-        self._queue: list[tuple[str, list[str], list[Any], asyncio.Future[Any]]] = []
+        self._queue: list[_Entry] = []
         self._max_batch = max_batch
         self._max_inflight = max_inflight
         self._inflight = 0
@@ -120,16 +132,24 @@ class RedisStore:
         self, record: str, has_record: bool, checks: list[Check], now_us: int, ttl_ms: int
     ) -> ReserveResult:
         keys, args = reserve_args(record, has_record, checks, now_us, ttl_ms)
-        return _reserve_result(await self._call("reserve", keys, args))
+        raw = await self._call(("EVALSHA", "reserve", len(keys), *keys, *args))
+        return _reserve_result(raw)
 
     async def settle(self, record: str, actual: int, now_us: int) -> SettleResult:
-        raw = await self._call("settle", [record], [now_us, actual])
+        raw = await self._call(("EVALSHA", "settle", 1, record, now_us, actual))
         return SettleResult(bool(raw[0]), int(raw[1]))
 
-    def _call(self, name: str, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append((name, keys, args, fut))
-        self._kick()
+    async def hgetall(self, key: str) -> dict[Any, Any]:
+        return dict(await self._call(("HGETALL", key)))
+
+    def _call(self, command: tuple[Any, ...]) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        timer = None if self.deadline is None else loop.call_later(self.deadline, _expire, fut)
+        self._queue.append((command, fut, timer))
+        if not self._scheduled and self._inflight < self._max_inflight:
+            self._scheduled = True
+            loop.call_soon(self._flush)
         return fut
 
     def _kick(self) -> None:
@@ -139,10 +159,11 @@ class RedisStore:
 
     def _flush(self) -> None:
         self._scheduled = False
-        if not self._queue:
-            return
-        batch = self._queue[: self._max_batch]
+        batch = [e for e in self._queue[: self._max_batch] if not e[1].done()]
         del self._queue[: self._max_batch]
+        if not batch:
+            self._kick()
+            return
         self._inflight += 1
         task = asyncio.get_running_loop().create_task(self._run(batch))
         self._tasks.add(task)
@@ -153,18 +174,21 @@ class RedisStore:
         self._inflight -= 1
         self._kick()
 
-    async def _run(
-        self, batch: list[tuple[str, list[str], list[Any], asyncio.Future[Any]]]
-    ) -> None:
+    def _command(self, command: tuple[Any, ...]) -> tuple[Any, ...]:
+        if command[0] == "EVALSHA":
+            return ("EVALSHA", self._sha[command[1]], *command[2:])
+        return command
+
+    async def _run(self, batch: list[_Entry]) -> None:
         self.batches += 1
         self.calls += len(batch)
         started = time.perf_counter()
         try:
             pipe = self.client.pipeline(transaction=False)
-            for name, keys, args, _ in batch:
+            for command, _, _ in batch:
                 # execute_command: redis-py's cluster pipeline refuses .evalsha() but routes
                 # EVALSHA by its keys (one hash tag per call) when sent as a plain command
-                pipe.execute_command("EVALSHA", self._sha[name], len(keys), *keys, *args)
+                pipe.execute_command(*self._command(command))
             results = await pipe.execute(raise_on_error=False)
             missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
             if missing:
@@ -173,13 +197,17 @@ class RedisStore:
             if not isinstance(exc, RedisError | OSError):
                 log.error("unexpected error from redis client: %r", exc)
             err = StoreUnavailable(f"redis: {exc.__class__.__name__}: {exc}")
-            for *_, fut in batch:
+            for _, fut, timer in batch:
+                if timer is not None:
+                    timer.cancel()
                 if not fut.done():
                     fut.set_exception(err)
             return
         if self._observe is not None:
             self._observe(time.perf_counter() - started, len(batch))
-        for (*_, fut), res in zip(batch, results, strict=True):
+        for (_, fut, timer), res in zip(batch, results, strict=True):
+            if timer is not None:
+                timer.cancel()
             if fut.done():
                 continue
             if isinstance(res, Exception):
@@ -187,15 +215,13 @@ class RedisStore:
             else:
                 fut.set_result(res)
 
-    async def _reload(self, batch: list[Any], results: list[Any], missing: list[int]) -> None:
+    async def _reload(self, batch: list[_Entry], results: list[Any], missing: list[int]) -> None:
         log.info("scripts missing in redis (NOSCRIPT): loading them")
-        for name, src in self._scripts.items():
+        for src in self._scripts.values():
             await self.client.script_load(src)
-            self._sha[name] = hashlib.sha1(src.encode()).hexdigest()
         for i in missing:
-            name, keys, args, _ = batch[i]
             try:
-                results[i] = await self.client.evalsha(self._sha[name], len(keys), *keys, *args)
+                results[i] = await self.client.execute_command(*self._command(batch[i][0]))
             except RedisError as exc:
                 results[i] = exc
 
@@ -205,7 +231,9 @@ class RedisStore:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for *_, fut in self._queue:
+        for _, fut, timer in self._queue:
+            if timer is not None:
+                timer.cancel()
             if not fut.done():
                 fut.set_exception(StoreUnavailable("store closed"))
         self._queue.clear()

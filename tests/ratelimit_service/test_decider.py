@@ -187,7 +187,7 @@ class LiveFields:
 async def test_uint32_fields_are_clamped(policy: Policy) -> None:
     d, _ = make(policy)
     live = {"tw:{big}:quota": {"tokens.burst": "10000000000000", "tokens.per_month": "none"}}
-    d.directory = QuotaDirectory(policy, LiveFields(live))
+    d.directory = QuotaDirectory(policy, LiveFields(live).hgetall)
     r = await d.decide(rls.llm("big", 5))
     st = r.statuses[0]
     assert r.overall_code == OK
