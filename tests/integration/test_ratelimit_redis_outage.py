@@ -60,7 +60,11 @@ async def test_redis_killed_mid_run(tmp_path: Path) -> None:
     rport, port, mport = free_port(), free_port(), free_port()
     server = _redis(rport, tmp_path)
     svc = start_service(
-        policy, f"redis://127.0.0.1:{rport}/0", port, tmp_path, extra=["--metrics-port", str(mport)]
+        policy,
+        f"redis://127.0.0.1:{rport}/0",
+        port,
+        tmp_path,
+        extra=["--metrics-port", str(mport), "--processes", "1"],
     )
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
