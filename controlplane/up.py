@@ -195,7 +195,7 @@ class Mesh:
         gw = next(iter(self.policy.gateways.values()), None)
         head = f"tokenweir up: mesh running (logs in {self.run_dir}); Ctrl-C stops everything"
         url = f"\n  gateway: http://{gw.listen}/v1/chat/completions" if gw is not None else ""
-        return head + url + "\n  " + "\n  ".join(self.lines)
+        return head + url + "\n  " + "\n  ".join(self.lines) + "\ntokenweir up: ready"
 
     async def watch_children(self) -> None:
         """Return (ending `up`) if any child dies unexpectedly."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -13,7 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["free_port", "redis_server", "wait_for_port", "ChildProcess"]
+__all__ = ["ChildProcess", "free_port", "free_port_block", "redis_server", "wait_for_port"]
 
 LOOPBACK = "127.0.0.1"
 
@@ -74,16 +75,23 @@ def redis_server(extra_args: list[str] | None = None) -> Iterator[int]:
     """Start a private redis-server on a free loopback port; yield the port; stop it."""
     binary = shutil.which("redis-server")
     if binary is None:
-        raise RuntimeError("redis-server is not installed (scripts/ensure-system-deps.sh installs it)")
+        raise RuntimeError(
+            "redis-server is not installed (scripts/ensure-system-deps.sh installs it)"
+        )
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="tw-redis-") as tmp:
         argv = [
             binary,
-            "--port", str(port),
-            "--bind", LOOPBACK,
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", tmp,
+            "--port",
+            str(port),
+            "--bind",
+            LOOPBACK,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            tmp,
             *(extra_args or []),
         ]
         child = ChildProcess(argv, log=Path(tmp) / "redis.log")
@@ -92,3 +100,27 @@ def redis_server(extra_args: list[str] | None = None) -> Iterator[int]:
             yield port
         finally:
             child.close()
+
+
+def free_port_block(count: int, tries: int = 50) -> int:
+    """The first of ``count`` consecutive free loopback ports (for base_port settings).
+
+    Chosen below the kernel's ephemeral range (32768+), so an outgoing connection's source port
+    cannot take one of them between this check and the server's bind.
+    """
+    rng = random.Random()
+    for _ in range(tries):
+        base = rng.randrange(20000, 32000 - count)
+        socks = []
+        try:
+            for p in range(base, base + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind((LOOPBACK, p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no block of {count} free ports found")

@@ -1,0 +1,151 @@
+"""`tokenweir up` end to end: a real mesh from one policy file; SIGINT stops every child."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import free_port, free_port_block
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKENWEIR = Path(sys.executable).parent / "tokenweir"
+
+
+def _policy(gw: int, base: int) -> str:
+    xds, metrics = free_port(), free_port()
+    return f"""
+version: 1
+control_plane: {{xds: 127.0.0.1:{xds}, metrics: 127.0.0.1:{metrics}}}
+pools:
+  chat:
+    models: [llama-3.1-8b]
+    emulated: {{replicas: 2, profile: llama-3.1-8b-h100, base_port: {base}, time_scale: 0.05}}
+    health_check: {{interval: 1s}}
+gateways:
+  edge:
+    listen: 127.0.0.1:{gw}
+    routes:
+      - {{name: chat, pool: chat, match: {{prefix: /}}}}
+"""
+
+
+def _descendants(pid: int) -> set[int]:
+    out = subprocess.run(
+        ["ps", "-e", "-o", "pid=,ppid=,pgid="], capture_output=True, text=True
+    ).stdout
+    rows = [tuple(int(x) for x in line.split()) for line in out.splitlines() if line.strip()]
+    kids: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        nxt = {p for p, pp, _ in rows if pp in frontier} - kids
+        kids |= nxt
+        frontier = nxt
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split()[2] == "Z")
+
+
+def test_up_serves_through_envoy_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    base = free_port_block(2)
+    gw = free_port()
+    (tmp_path / "mesh.yaml").write_text(_policy(gw, base))
+    proc = subprocess.Popen(
+        [str(TOKENWEIR), "up", "-c", str(tmp_path / "mesh.yaml"), "--run-dir", str(tmp_path / "run")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 90
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "tokenweir up: ready" in line:
+                break
+        banner = "".join(lines)
+        assert "mesh running" in banner and "ready" in banner, banner
+        assert (
+            f"http://127.0.0.1:{gw}" in banner
+            and f"http://127.0.0.1:{base}" in banner
+            and "admin http://" in banner
+        )
+        children = _descendants(proc.pid)
+        assert len(children) >= 3, children  # 2 emulators + envoy
+        body = json.dumps(
+            {
+                "model": "llama-3.1-8b",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4,
+            }
+        )
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{gw}/v1/chat/completions", data=body.encode(),
+            headers={"content-type": "application/json", "x-session-id": "s1"},
+        )  # fmt: skip
+        with urllib.request.urlopen(req, timeout=30) as r:
+            answer = json.loads(r.read())
+        assert answer["choices"][0]["message"]["content"]
+        assert answer["usage"]["completion_tokens"] == 4
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    rest = proc.stdout.read() if proc.stdout else ""
+    if proc.stdout:
+        proc.stdout.close()
+    assert proc.returncode == 0, "".join(lines) + rest
+    time.sleep(0.2)
+    left = [p for p in children if _alive(p)]
+    assert not left, f"processes left running after Ctrl-C: {left}"
+
+
+def test_up_refuses_a_bad_policy_with_its_errors(tmp_path: Path) -> None:
+    bad = ROOT / "tests/controlplane/policy/bad/dangling_pool.yaml"
+    proc = subprocess.run(
+        [str(TOKENWEIR), "up", "-c", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1
+    assert f"{bad}:10: gateways.edge.routes[0].pool: unknown pool 'chatt'" in proc.stderr
+
+
+def test_validate_and_render_cli(tmp_path: Path) -> None:
+    good = ROOT / "tests/controlplane/translate/golden/mesh.yaml"
+    ok = subprocess.run(
+        [str(TOKENWEIR), "validate", str(good)], capture_output=True, text=True, timeout=60
+    )
+    assert ok.returncode == 0 and "OK" in ok.stdout
+    bad = ROOT / "tests/controlplane/policy/bad/unknown_key.yaml"
+    rej = subprocess.run(
+        [str(TOKENWEIR), "validate", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert rej.returncode == 1 and "pools.chat.affinty: unknown key" in rej.stderr
+    out = subprocess.run(
+        [str(TOKENWEIR), "render", str(good), "--node", "edge"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    rendered = json.loads(out.stdout)
+    assert set(rendered) == {"edge"} and "pool_chat" in rendered["edge"]["Cluster"]
