@@ -113,6 +113,7 @@ class Decider:
         self._last_log: dict[str, float] = {}
         self._counters: dict[tuple[bool, str, str], Any] = {}
         self._reserved = metrics.tokens.labels("reserved")
+        self._decision_seconds = metrics.decision_seconds
 
     def _log_limited(self, key: str, msg: str, *args: object) -> None:
         now = time.monotonic()
@@ -121,6 +122,13 @@ class Decider:
             log.warning(msg, *args)
 
     async def decide(self, request: rls_pb2.RateLimitRequest) -> rls_pb2.RateLimitResponse:
+        started = time.perf_counter()
+        try:
+            return await self._decide(request)
+        finally:
+            self._decision_seconds.observe(time.perf_counter() - started)
+
+    async def _decide(self, request: rls_pb2.RateLimitRequest) -> rls_pb2.RateLimitResponse:
         try:
             calls = parse_request(request, self.settings.domain)
             verdicts = [await self._one(call) for call in calls]

@@ -41,6 +41,12 @@ class Metrics:
             buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
             registry=r,
         )
+        self.decision_seconds = Histogram(
+            "tokenweir_ratelimit_decision_seconds",
+            "Time from receiving a request to having its answer (inside the service)",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.5),
+            registry=r,
+        )
         self.redis_batch = Histogram(
             "tokenweir_ratelimit_redis_batch_size",
             "Decisions per Redis pipeline",
