@@ -92,8 +92,8 @@ def build_routes(policy: Any, services: Services) -> dict[str, RouteEntry]:
             for ref in route.filters.plugins:
                 try:
                     plugins.append(load_factory(ref.name)(dict(ref.settings), services))
-                except ConfigError as exc:
-                    raise ConfigError(f"route {route.name!r}: {exc}") from exc
+                except Exception as exc:  # a user's factory may raise anything: report it once
+                    raise ConfigError(f"route {route.name!r}: plugin {ref.name!r}: {exc}") from exc
             info = route_info(policy, route)
             chain = Chain(
                 route.name,

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
+
+from controlplane.policy import load_policy_text
+from controlplane.translate.ext_proc import (
+    EXT_PROC_FILTER,
+    ext_proc_http_filter,
+    ext_proc_per_route,
+)
+
+PM = processing_mode_pb2.ProcessingMode
+
+POLICY = """
+version: 1
+filters: {address: 127.0.0.1:18082, message_timeout: 300ms}
+pools: {chat: {models: [m1], endpoints: [127.0.0.1:9000]}}
+services: {inv: {endpoints: [127.0.0.1:9001]}}
+gateways:
+  edge:
+    routes:
+      - name: full
+        pool: chat
+        match: {prefix: /v1/}
+        filters: {plugins: [identity, tokens, prefix, lane, usage], failure_mode: open}
+      - name: auth-only
+        pool: chat
+        match: {prefix: /a/}
+        filters: {plugins: [identity]}
+      - name: custom
+        pool: chat
+        match: {prefix: /c/}
+        filters: {plugins: ["examples.plugins.redact:RedactPlugin"]}
+      - name: inventory
+        service: inv
+        match: {prefix: /inv/}
+"""
+
+
+def per_route(name: str) -> ext_proc_pb2.ExtProcPerRoute:
+    policy = load_policy_text(POLICY)
+    route = next(r for r in policy.gateways["edge"].routes if r.name == name)
+    cfg = ext_proc_per_route(route)
+    msg = ext_proc_pb2.ExtProcPerRoute()
+    assert cfg[EXT_PROC_FILTER].Unpack(msg)
+    return msg
+
+
+def test_filter_level_config() -> None:
+    f = ext_proc_http_filter(load_policy_text(POLICY))
+    cfg = ext_proc_pb2.ExternalProcessor()
+    assert f.name == EXT_PROC_FILTER and f.typed_config.Unpack(cfg)
+    assert cfg.grpc_service.envoy_grpc.cluster_name == "tokenweir_filters"
+    assert cfg.processing_mode.request_header_mode == PM.SEND
+    assert cfg.processing_mode.request_body_mode == PM.BUFFERED
+    assert cfg.processing_mode.response_body_mode == PM.STREAMED
+    assert list(cfg.metadata_options.receiving_namespaces.untyped) == ["tokenweir"]
+    assert cfg.message_timeout.ToMilliseconds() == 300 and not cfg.failure_mode_allow
+
+
+def test_per_route_modes_route_name_and_failure_mode() -> None:
+    full = per_route("full")
+    o = full.overrides
+    assert [(h.key, h.value) for h in o.grpc_initial_metadata] == [("x-tokenweir-route", "full")]
+    assert o.failure_mode_allow.value is True
+    assert o.processing_mode.request_body_mode == PM.BUFFERED
+    assert o.processing_mode.response_header_mode == PM.SKIP  # usage needs only the body
+    assert o.processing_mode.response_body_mode == PM.STREAMED
+    auth = per_route("auth-only").overrides
+    assert auth.failure_mode_allow.value is False
+    assert auth.processing_mode.request_body_mode == PM.NONE
+    assert auth.processing_mode.response_body_mode == PM.NONE
+    custom = per_route("custom").overrides.processing_mode  # an imported plugin: every phase
+    assert custom.request_body_mode == PM.BUFFERED and custom.response_header_mode == PM.SEND
+    assert per_route("inventory").disabled

@@ -1,0 +1,83 @@
+"""``python -m filters`` as a process: serves gRPC and /metrics, reloads its policy, stops on
+SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from tests.helpers import ChildProcess, free_port, wait_for_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+def policy(fp: int, keys: str) -> str:
+    return f"""
+version: 1
+filters: {{address: 127.0.0.1:{fp}}}
+pools: {{chat: {{models: [m1], endpoints: [127.0.0.1:9]}}}}
+gateways:
+  edge:
+    routes:
+      - name: llm
+        pool: chat
+        filters: {{plugins: [identity, lane]}}
+tiers: {{pro: {{}}}}
+tenants: {{alice: {{tier: pro, api_keys: [{keys}]}}}}
+"""
+
+
+async def status_for(port: int, key: str) -> int:
+    headers = base_pb2.HeaderMap(
+        headers=[
+            base_pb2.HeaderValue(key=":path", raw_value=b"/v1/models"),
+            base_pb2.HeaderValue(key="authorization", raw_value=f"Bearer {key}".encode()),
+        ]
+    )
+    req = pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=headers, end_of_stream=True))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        call = pb_grpc.ExternalProcessorStub(ch).Process(metadata=(("x-tokenweir-route", "llm"),))
+        await call.write(req)
+        resp = await call.read()
+        await call.done_writing()
+        call.cancel()
+    assert isinstance(resp, pb.ProcessingResponse)
+    return resp.immediate_response.status.code if resp.HasField("immediate_response") else 200
+
+
+async def test_serve_reload_and_stop(tmp_path: Path) -> None:
+    fp, mp = free_port(), free_port()
+    path = tmp_path / "mesh.yaml"
+    path.write_text(policy(fp, "old-key-1234"))
+    argv = [sys.executable, "-m", "filters", "--policy", str(path), "--metrics-port", str(mp)]
+    child = ChildProcess(argv, log=tmp_path / "filters.log")
+    try:
+        await asyncio.to_thread(wait_for_port, fp, 20.0)
+        assert await status_for(fp, "old-key-1234") == 200
+        assert await status_for(fp, "new-key-1234") == 401
+        path.write_text(policy(fp, "new-key-1234"))
+        for _ in range(60):
+            if await status_for(fp, "new-key-1234") == 200:
+                break
+            await asyncio.sleep(0.1)
+        assert await status_for(fp, "new-key-1234") == 200, child.output()
+        path.write_text("version: 1\npools: {broken")  # a bad edit keeps the running policy
+        await asyncio.sleep(1.5)
+        assert await status_for(fp, "new-key-1234") == 200
+        text = urllib.request.urlopen(f"http://127.0.0.1:{mp}/metrics", timeout=5).read().decode()
+        line = 'tokenweir_filters_rejections_total{reason="unauthorized",route="llm",status="401"} '
+        assert line in text, text
+        child.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(child.proc.wait, 10) == 0
+        assert "policy reload failed" in child.output()
+    finally:
+        child.close()
