@@ -40,30 +40,34 @@ _NEWLINES = re.compile(r"\n+")
 class HeuristicEstimator:
     """Piecewise BPE cost model, computed with a few regex scans (no per-piece Python loop).
 
-    Each letter run costs one token, plus ``1/word_chars`` per letter beyond ``word_free_chars``;
-    each digit run ``ceil(len / digits_per_token)``; each ASCII symbol one; each non-ASCII
-    character ``non_ascii_tokens``; each run of newlines ``newline_tokens``.
+    Each letter run costs ``word_tokens``, plus ``1/word_chars`` per letter beyond
+    ``word_free_chars``; each digit run ``digit_weight * ceil(len / digits_per_token)``; each
+    ASCII symbol ``symbol_tokens``; each non-ASCII character ``non_ascii_tokens``; each run of
+    newlines ``newline_tokens``. The defaults are a least-squares fit on prose, code and JSON
+    (bench/filters_estimate.py); non-ASCII text was too rare there to fit, so it stays at 1.
     ``prefix_chars`` uses a fixed ``chars_per_token`` so a prefix's cut depends on nothing after
     it (the turns of one conversation must hash alike).
     """
 
+    word_tokens: float = 1.05
     word_free_chars: int = 6
-    word_chars: float = 3.2
+    word_chars: float = 6.4
     digits_per_token: int = 3
-    symbol_tokens: float = 1.0
+    digit_weight: float = 1.5
+    symbol_tokens: float = 0.73
     non_ascii_tokens: float = 1.0
-    newline_tokens: float = 1.0
+    newline_tokens: float = 0.62
     chars_per_token: float = 4.0
 
     def count(self, text: str) -> int:
         if not text:
             return 0
         free = self.word_free_chars
-        total = float(len(_WORD.findall(text)))
+        total = len(_WORD.findall(text)) * self.word_tokens
         long_extra = sum(len(w) - free for w in _LONG_WORD.findall(text))
         total += long_extra / self.word_chars
         d = self.digits_per_token
-        total += sum(-(-len(r) // d) for r in _DIGITS.findall(text))
+        total += sum(-(-len(r) // d) for r in _DIGITS.findall(text)) * self.digit_weight
         total += len(_SYMBOL.findall(text)) * self.symbol_tokens
         if not text.isascii():
             total += len(_NON_ASCII.findall(text)) * (self.non_ascii_tokens - self.symbol_tokens)
