@@ -134,3 +134,46 @@ def test_services_get_their_own_virtual_host_and_timeouts(groups: dict) -> None:
     out = MessageToDict(groups["inventory-sidecar"][ROUTE]["inventory-sidecar_outbound_routes"])
     domains = {v["name"]: v["domains"] for v in out["virtualHosts"]}
     assert "inventory.local:*" in domains["inventory-sidecar_out_inventory"]
+
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "mesh.yaml"
+
+
+@pytest.mark.parametrize("node", ["edge", "inventory-sidecar"])
+def test_example_policy_with_filters_and_ratelimit_is_accepted_by_envoy(node: str) -> None:
+    groups = render(load_policy(EXAMPLE))
+    for snap in snapshots_for(groups).values():
+        snap.check()
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(static_bootstrap(groups[node], node_id=node), f)
+    try:
+        proc = subprocess.run(
+            [str(ENVOY), "--mode", "validate", "-c", f.name, "--base-id", "902", "-l", "error"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.unlink(f.name)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_example_gateway_chain_is_ext_proc_then_ratelimit_then_router() -> None:
+    from envoy.extensions.filters.network.http_connection_manager.v3 import (
+        http_connection_manager_pb2 as hcm_pb2,
+    )
+
+    groups = render(load_policy(EXAMPLE))
+    listener = groups["edge"][LISTENER]["edge_gateway"]
+    hcm = hcm_pb2.HttpConnectionManager()
+    listener.filter_chains[0].filters[0].typed_config.Unpack(hcm)
+    assert [f.name for f in hcm.http_filters] == [
+        "envoy.filters.http.ext_proc",
+        "envoy.filters.http.ratelimit",
+        "envoy.filters.http.router",
+    ]
+    assert {"tokenweir_filters", "tokenweir_ratelimit"} <= set(groups["edge"][CLUSTER])
+    assert "tokenweir_filters" not in groups["inventory-sidecar"][CLUSTER]
+    rc = MessageToDict(groups["edge"][ROUTE]["edge_gateway_routes"])
+    routes = {r["name"]: r for vh in rc["virtualHosts"] for r in vh["routes"]}
+    assert routes["chat-completions/interactive"]["route"]["priority"] == "HIGH"
+    inventory_cfg = routes["inventory"].get("typedPerFilterConfig", {})
+    assert inventory_cfg, "the plain service route must switch the LLM filters off per route"
