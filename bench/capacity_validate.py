@@ -28,6 +28,7 @@ import os
 import random
 import re
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,6 +215,13 @@ def hist_quantile(hist: dict[str, float], q: float) -> float:
     return math.inf
 
 
+def wait_for_quiet(threshold: float, limit_s: float) -> None:
+    """Timings on a shared 2-core machine mean little while others load it: wait a while."""
+    deadline = time.monotonic() + limit_s
+    while os.getloadavg()[0] > threshold and time.monotonic() < deadline:
+        time.sleep(5)
+
+
 def hist_mean(h: tuple[dict[str, float], float, float]) -> float:
     return h[1] / h[2] if h[2] else math.nan
 
@@ -248,6 +256,12 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, help="run this many replicas instead of the plan's")
     ap.add_argument("--tag", default="planned", help="names the docs section, JSON and PNG")
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/capacity.md")
+    ap.add_argument(
+        "--quiet-load",
+        type=float,
+        default=3.0,
+        help="before each level wait (up to 3 min) until the 1-min load average is below this",
+    )
     args = ap.parse_args()
 
     rng = random.Random(args.seed)
@@ -271,6 +285,7 @@ def main() -> int:
 
     logs = REPO / "bench" / "results"
     logs.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.TemporaryDirectory(prefix="tw-capacity-")
     children, urls = [], []
     try:
         for i in range(n):
@@ -278,12 +293,13 @@ def main() -> int:
             argv = [sys.executable, "-m", "backends.emulator", "--port", str(port), "--profile",
                     args.profile, "--max-running-requests", str(cap.c), "--seed", str(i),
                     "--log-level", "WARNING"]  # fmt: skip
-            children.append(ChildProcess(argv, log=logs / f"capacity_emulator_{i}.log"))
+            children.append(ChildProcess(argv, log=Path(tmp.name) / f"emulator_{i}.log"))
             wait_for_port(port, timeout=30)
             urls.append(f"http://127.0.0.1:{port}")
         pids = [c.proc.pid for c in children] + [os.getpid()]
         levels = []
         for m in (float(x) for x in args.multipliers.split(",")):
+            wait_for_quiet(args.quiet_load, 180.0)
             lv = Level(m, m * args.qps)
             asyncio.run(
                 run_level(
@@ -304,6 +320,7 @@ def main() -> int:
     finally:
         for child in children:
             child.close()
+        tmp.cleanup()
 
     rows = []
     for lv in levels:

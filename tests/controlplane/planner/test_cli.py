@@ -123,3 +123,12 @@ def test_merge_into_reports_a_policy_that_does_not_validate(tmp_path: Path) -> N
     bad.write_text("version: 1\npools: {}\n")  # the plan's pool has no models here
     code, _, err = _run([*SEED_FLAGS, "--merge-into", str(bad)])
     assert code == 4 and "models" in err
+
+
+def test_wired_into_the_tokenweir_command(capsys: pytest.CaptureFixture[str]) -> None:
+    from controlplane.cli import main
+
+    assert main([*SEED_FLAGS, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["slots_per_replica"] == 40
+    assert main([*SEED_FLAGS, "--ttft", "100ms"]) == EXIT_INFEASIBLE
+    assert "short by" in capsys.readouterr().err
