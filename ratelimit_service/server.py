@@ -15,6 +15,7 @@ import grpc
 from aiohttp import web
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.asyncio.cluster import RedisCluster
 
 from controlplane.policy import Policy, PolicyError, load_policy
 from controlplane.policy.model import RateLimitServer
@@ -113,6 +114,7 @@ class Service:
                 self.redis,
                 deadline=decider_settings(rl).deadline,
                 observe=self.metrics.observe_batch,
+                fast_url=None if isinstance(self.redis, RedisCluster) else url.partition("?")[0],
             )
             self.health = RedisHealth(self.redis.ping, self.metrics)
             with contextlib.suppress(Exception):  # seeded later by the watcher if Redis is down

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from importlib import resources
 from typing import Any, Protocol
 
+import hiredis
 from redis.exceptions import NoScriptError, RedisError
 
 from ratelimit_service.errors import StoreUnavailable
@@ -25,6 +26,7 @@ from ratelimit_service.limiter import (
     reserve,
     settle,
 )
+from ratelimit_service.resp import RespConnection
 
 __all__ = ["MemoryStore", "QuotaStore", "RedisStore", "load_script", "reserve_args"]
 
@@ -113,8 +115,12 @@ class RedisStore:
         max_batch: int = 512,
         max_inflight: int = 2,
         observe: Callable[[float, int], None] | None = None,
+        fast_url: str | None = None,
     ) -> None:
         self.client = client
+        # standalone Redis: batches go over our own pipelined connections (resp.py)
+        self._fast = [RespConnection(fast_url) for _ in range(max_inflight)] if fast_url else []
+        self._next_fast = 0
         self.deadline = deadline
         self._observe = observe
         self._scripts = {name: load_script(name) for name in ("reserve", "settle")}
@@ -140,7 +146,10 @@ class RedisStore:
         return SettleResult(bool(raw[0]), int(raw[1]))
 
     async def hgetall(self, key: str) -> dict[Any, Any]:
-        return dict(await self._call(("HGETALL", key)))
+        raw = await self._call(("HGETALL", key))
+        if isinstance(raw, list):
+            return dict(zip(raw[::2], raw[1::2], strict=True))
+        return dict(raw)
 
     def _call(self, command: tuple[Any, ...]) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -184,15 +193,18 @@ class RedisStore:
         self.calls += len(batch)
         started = time.perf_counter()
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for command, _, _ in batch:
-                # execute_command: redis-py's cluster pipeline refuses .evalsha() but routes
-                # EVALSHA by its keys (one hash tag per call) when sent as a plain command
-                pipe.execute_command(*self._command(command))
-            results = await pipe.execute(raise_on_error=False)
-            missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
-            if missing:
-                await self._reload(batch, results, missing)
+            if self._fast:
+                results = await self._run_fast(batch)
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                for command, _, _ in batch:
+                    # execute_command: redis-py's cluster pipeline refuses .evalsha() but routes
+                    # EVALSHA by its keys (one hash tag per call) when sent as a plain command
+                    pipe.execute_command(*self._command(command))
+                results = await pipe.execute(raise_on_error=False)
+                missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+                if missing:
+                    await self._reload(batch, results, missing)
         except Exception as exc:  # the store boundary: every failure becomes StoreUnavailable
             if not isinstance(exc, RedisError | OSError):
                 log.error("unexpected error from redis client: %r", exc)
@@ -215,6 +227,24 @@ class RedisStore:
             else:
                 fut.set_result(res)
 
+    async def _run_fast(self, batch: list[_Entry]) -> list[Any]:
+        conn = self._fast[self._next_fast % len(self._fast)]
+        self._next_fast += 1
+        commands = [self._command(c) for c, _, _ in batch]
+        results = await conn.execute(commands)
+        missing = [
+            i
+            for i, r in enumerate(results)
+            if isinstance(r, hiredis.ReplyError) and str(r).startswith("NOSCRIPT")
+        ]
+        if missing:
+            log.info("scripts missing in redis (NOSCRIPT): loading them")
+            loads = [("SCRIPT", "LOAD", src) for src in self._scripts.values()]
+            again = await conn.execute([*loads, *(commands[i] for i in missing)])
+            for i, r in zip(missing, again[len(loads) :], strict=True):
+                results[i] = r
+        return [RedisError(str(r)) if isinstance(r, hiredis.ReplyError) else r for r in results]
+
     async def _reload(self, batch: list[_Entry], results: list[Any], missing: list[int]) -> None:
         log.info("scripts missing in redis (NOSCRIPT): loading them")
         for src in self._scripts.values():
@@ -226,6 +256,8 @@ class RedisStore:
                 results[i] = exc
 
     async def aclose(self) -> None:
+        for conn in self._fast:
+            await conn.close()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
