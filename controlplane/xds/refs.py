@@ -7,6 +7,7 @@ is known to the default descriptor pool. The fields that hold references are lis
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -58,49 +59,80 @@ class Reference:
 
 
 def references(message: Message) -> Iterator[Reference]:
-    """Every cluster and route-configuration name that ``message`` refers to."""
-    yield from _walk(message, "")
-
-
-def _walk(message: Message, path: str) -> Iterator[Reference]:
-    descriptor = message.DESCRIPTOR
-    if descriptor.full_name == _ANY:
-        inner = _unpack(message)
-        if inner is not None:
-            yield from _walk(inner, path)
-        return
-    table = _REFERENCE_FIELDS.get(descriptor.full_name, {})
-    for field, value in message.ListFields():
-        where = f"{path}.{field.name}" if path else field.name
-        kind = table.get(field.name)
-        if kind is not None:
-            names = value if _is_repeated(field) else [value]
-            for name in names:
-                if name:
-                    yield Reference(kind, str(name), where)
+    """Every cluster and route-configuration name that ``message`` refers to, in field order."""
+    stack: list[tuple[Message, str]] = [(message, "")]
+    while stack:
+        current, path = stack.pop()
+        descriptor = current.DESCRIPTOR
+        if descriptor.full_name == _ANY:
+            inner = _unpack(current)
+            if inner is not None:
+                stack.append((inner, path))
             continue
-        if field.type != FieldDescriptor.TYPE_MESSAGE:
-            continue
-        yield from _walk_value(field, value, where)
+        table = _REFERENCE_FIELDS.get(descriptor.full_name, {})
+        holding = _holding_fields(descriptor.full_name)
+        children: list[tuple[Message, str]] = []
+        for field, value in current.ListFields():
+            if field.name not in holding:
+                continue  # nothing below this field can name a cluster or route configuration
+            where = f"{path}.{field.name}" if path else field.name
+            kind = table.get(field.name)
+            if kind is not None:
+                for name in value if field.is_repeated else [value]:
+                    if name:
+                        yield Reference(kind, str(name), where)
+            else:
+                children.extend(_children(field, value, where))
+        stack.extend(reversed(children))
 
 
-def _walk_value(field: FieldDescriptor, value: Any, where: str) -> Iterator[Reference]:
+def _children(field: FieldDescriptor, value: Any, where: str) -> list[tuple[Message, str]]:
     entry = field.message_type
     assert entry is not None
     if entry.GetOptions().map_entry:
-        value_field = entry.fields_by_name["value"]
-        if value_field.type == FieldDescriptor.TYPE_MESSAGE:
-            for key, item in value.items():
-                yield from _walk(item, f"{where}[{key}]")
-    elif _is_repeated(field):
-        for index, item in enumerate(value):
-            yield from _walk(item, f"{where}[{index}]")
-    else:
-        yield from _walk(value, where)
+        if entry.fields_by_name["value"].message_type is None:
+            return []
+        return [(item, f"{where}[{key}]") for key, item in value.items()]
+    if field.is_repeated:
+        return [(item, f"{where}[{index}]") for index, item in enumerate(value)]
+    return [(value, where)]
 
 
-def _is_repeated(field: FieldDescriptor) -> bool:
-    return bool(field.is_repeated)
+@functools.cache
+def _holding_fields(full_name: str) -> frozenset[str]:
+    """Fields of a message type through which a reference (or an ``Any``) can be reached.
+
+    A pure function of the (immutable) descriptor pool, so its answers are cached: checking a
+    snapshot then skips the subtrees that cannot matter, e.g. route matchers and endpoints.
+    """
+    root = descriptor_pool.Default().FindMessageTypeByName(full_name)
+    graph = {root.full_name: root}
+    frontier = [root]
+    while frontier:
+        for field in frontier.pop().fields:
+            child = field.message_type
+            if child is not None and child.full_name not in graph:
+                graph[child.full_name] = child
+                frontier.append(child)
+    holds = {name: name in _REFERENCE_FIELDS or name == _ANY for name in graph}
+    changed = True
+    while changed:
+        changed = False
+        for name, descriptor in graph.items():
+            if not holds[name] and any(
+                f.message_type is not None and holds[f.message_type.full_name]
+                for f in descriptor.fields
+            ):
+                holds[name] = changed = True
+    direct = set(_REFERENCE_FIELDS.get(full_name, {}))
+    return frozenset(
+        direct
+        | {
+            f.name
+            for f in root.fields
+            if f.message_type is not None and holds[f.message_type.full_name]
+        }
+    )
 
 
 def _unpack(packed: Message) -> Message | None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,15 @@ def test_argv_carries_base_id_and_concurrency(tmp_path: Path) -> None:
     assert argv[argv.index("--base-id") + 1] == "4242"
     assert argv[argv.index("--concurrency") + 1] == "1"
     assert Path(argv[0]).name == "envoy"
+
+
+def test_example_bootstrap_in_envoy_folder_is_what_the_launcher_renders() -> None:
+    example = Path(__file__).resolve().parents[2] / "envoy" / "bootstrap.example.json"
+    settings = EnvoySettings(
+        node_id="edge-1", node_cluster="edge", xds_port=18000, base_id=1, admin_port=19000
+    )
+    assert json.loads(example.read_text()) == render_bootstrap(settings), (
+        "envoy/bootstrap.example.json is stale: rewrite it with json.dumps(render_bootstrap("
+        "EnvoySettings(node_id='edge-1', node_cluster='edge', xds_port=18000, base_id=1, "
+        "admin_port=19000)), indent=2)"
+    )

@@ -157,3 +157,44 @@ async def test_reconnect_sends_only_what_envoy_lacks(harness: Harness) -> None:
     cds = await stream.recv()
     assert (sent(cds), list(cds.removed_resources)) == (["b"], ["gone"])
     await stream.close()
+
+
+async def test_rebuilt_cluster_gets_its_endpoints_without_asking(harness: Harness) -> None:
+    """Envoy rebuilds a changed EDS cluster and waits for endpoints it never re-requests."""
+    harness.cache.set_snapshot("edge", TWO)
+    stream = harness.stream()
+    await sync(stream, ["a", "b"])
+    changed = r.eds_cluster("a", connect_timeout_ms=900)
+    harness.cache.set_snapshot(
+        "edge",
+        r.snapshot(
+            "2",
+            changed,
+            r.cla("a", [1]),
+            r.eds_cluster("b"),
+            r.cla("b", [2]),
+            r.listener("in", 10000, "rt"),
+            r.route_config("rt", [("/b", "b"), ("/", "a")]),
+        ),
+    )
+    cds = await stream.recv()
+    eds = await stream.recv()  # no request from Envoy in between
+    assert (cds.type_url, sent(cds)) == (CLUSTER, ["a"])
+    assert (eds.type_url, sent(eds)) == (ENDPOINT, ["a"])
+    await stream.close()
+
+
+async def test_rejected_clusters_hold_back_endpoint_changes(harness: Harness) -> None:
+    """While new clusters are unconfirmed, existing clusters keep the endpoints Envoy has."""
+    harness.cache.set_snapshot("edge", TWO)
+    stream = harness.stream()
+    got = await sync(stream, ["a", "b"])
+    moved = mesh("2", {"a": [9], "b": [2], "c": [3]}, [("/b", "b"), ("/", "a")])
+    harness.cache.set_snapshot("edge", moved)
+    cds = await stream.recv()
+    assert sent(cds) == ["c"]
+    await stream.silent()  # a's new endpoints wait for the CDS verdict
+    stream.send(delta_request(CLUSTER, nonce=cds.nonce, error="no c"))
+    await stream.silent()  # rejected: Envoy stays wholly on version 1
+    assert got[ENDPOINT].system_version_info == "1"
+    await stream.close()

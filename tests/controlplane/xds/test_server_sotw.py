@@ -236,3 +236,25 @@ async def test_several_envoys_each_get_their_group(harness: Harness) -> None:
     assert harness.metric("tokenweir_xds_connected_nodes", group="edge") == 2
     for stream in streams:
         await stream.close()
+
+
+async def test_repeated_request_is_answered_for_a_rebuilt_cluster(harness: Harness) -> None:
+    """SotW Envoy re-sends its EDS request (same nonce) when it rebuilds a changed cluster."""
+    harness.cache.set_snapshot("edge", mesh("1", pools={"pool": [1]}, routes=[("/", "pool")]))
+    stream = harness.stream()
+    got = await sync(stream)
+    changed = mesh("2", pools={"pool": [1]}, routes=[("/", "pool")])
+    slower = r.eds_cluster("pool", connect_timeout_ms=900)
+    harness.cache.set_snapshot(
+        "edge", Snapshot("2", {**changed.resources, CLUSTER: {"pool": slower}})
+    )
+    cds = await stream.recv()
+    assert cds.type_url == CLUSTER
+    first = await stream.recv()  # sent unasked: the rebuilt cluster needs its endpoints
+    assert first.type_url == ENDPOINT
+    stream.send(sotw_request(ENDPOINT, ["pool"], nonce=first.nonce, version="2"))
+    stream.send(sotw_request(ENDPOINT, ["pool"], nonce=first.nonce, version="2"))  # asks again
+    again = await stream.recv()
+    assert again.type_url == ENDPOINT and again.nonce != first.nonce
+    assert got[ENDPOINT].version_info == "1"
+    await stream.close()
