@@ -24,8 +24,8 @@ class MetricsServer:
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         server = site._server
-        if self.port == 0 and server is not None and server.sockets:  # type: ignore[union-attr]
-            self.port = int(server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        if self.port == 0 and server is not None and server.sockets:  # type: ignore[union-attr,attr-defined]
+            self.port = int(server.sockets[0].getsockname()[1])  # type: ignore[union-attr,attr-defined]
         return self.port
 
     async def _metrics(self, _request: web.Request) -> web.Response:

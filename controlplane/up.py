@@ -171,10 +171,10 @@ class Mesh:
     async def _start_envoys(self) -> None:
         assert self.plane is not None
         nodes = [(n, g.listen, "gateway") for n, g in self.policy.gateways.items()]
-        nodes += [
-            (n, s.outbound.listen if s.outbound else s.inbound.listen, "sidecar")
-            for n, s in self.policy.sidecars.items()
-        ]  # type: ignore[union-attr]
+        for n, sc in self.policy.sidecars.items():
+            side = sc.outbound or sc.inbound
+            assert side is not None  # the loader requires one of them
+            nodes.append((n, side.listen, "sidecar"))
         for node, listen, role in nodes:
             settings = EnvoySettings(
                 node_id=f"{node}-0", node_cluster=node, xds_host=self.policy.control_plane.xds.host,

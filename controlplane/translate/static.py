@@ -38,7 +38,7 @@ def static_bootstrap(
                 cluster.load_assignment.CopyFrom(cla)
         clusters.append(MessageToDict(cluster))
     listeners = []
-    for lst in sorted(res[LISTENER].values(), key=lambda x: x.name):
+    for _, lst in sorted(res[LISTENER].items()):
         listener = listener_pb2.Listener()
         listener.CopyFrom(lst)
         for chain in listener.filter_chains:
