@@ -56,24 +56,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=_serve)
 
+    from controlplane.planner.cli import register as register_plan
+    from controlplane.quota_cli import register as register_quota
     from controlplane.up import register as register_up
 
     register_up(sub)
-    for module in ("controlplane.planner.cli", "controlplane.quota_cli"):
-        _register_optional(module, sub)
+    register_plan(sub)
+    register_quota(sub)
     return p
-
-
-def _register_optional(module: str, sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    import importlib
-
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:  # a component not installed in this build
-        if exc.name != module:
-            raise
-        return
-    mod.register(sub)
 
 
 def _validate(args: argparse.Namespace) -> int:
