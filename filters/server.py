@@ -10,7 +10,7 @@ are complete (a missing ``hits_addend`` value would disable the limit in Envoy).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
@@ -86,54 +86,67 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         self._routes = dict(routes)
 
     async def Process(  # gRPC's method name
-        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+        self, request_iterator: Any, context: Any
+    ) -> None:
+        """Read/write style (cheaper than an async generator in grpc.aio)."""
         name = _route_name(context)
         entry = self._routes.get(name) if name else None
         ctx: Context | None = None
+        read, write, eof = context.read, context.write, grpc.aio.EOF  # type: ignore[attr-defined]
         try:
-            async for req in request_iterator:
-                which = req.WhichOneof("request")
-                if which == "request_headers":
-                    if entry is None:
-                        self._metrics.unknown_routes.inc()
-                        yield immediate(
-                            openai_error(
-                                503,
-                                f"the filter server has no route {name!r} (policy reloading?)",
-                                error_type="server_error",
-                                headers={"retry-after": "1"},
-                                details="tokenweir_unknown_route",
-                            )
-                        )
-                        return
-                    ctx = Context(route=entry.info, started=self._clock())
-                    yield await self._request_headers(entry, ctx, req.request_headers)
-                elif entry is None or ctx is None:
-                    yield _continue(which)
-                elif which == "request_body":
-                    yield await self._request_body(entry, ctx, req.request_body)
-                elif which == "response_headers":
-                    if not entry.chain.needs("response_headers"):
-                        yield CONTINUE_RESPONSE_HEADERS
-                        continue
-                    headers = header_map(req.response_headers.headers)
-                    out = await entry.chain.response_headers(ctx, headers)
-                    yield headers_response("response_headers", _finish(out))
-                elif which == "response_body":
-                    if not entry.chain.needs("response_chunk"):
-                        yield CONTINUE_RESPONSE_BODY
-                        continue
-                    b = req.response_body
-                    out = await entry.chain.response_chunk(ctx, b.body, b.end_of_stream)
-                    yield (
-                        CONTINUE_RESPONSE_BODY if out.empty else body_response("response_body", out)
-                    )
-                else:
-                    yield _continue(which)
+            while True:
+                req = await read()
+                if req is eof:
+                    return
+                resp = await self._answer(req, entry, name, ctx)
+                if isinstance(resp, tuple):
+                    ctx, resp = resp
+                await write(resp)
+                if entry is None:
+                    return
         finally:
             if ctx is not None and entry is not None:
                 await entry.chain.stream_end(ctx)
+
+    async def _answer(
+        self,
+        req: pb.ProcessingRequest,
+        entry: RouteEntry | None,
+        name: str | None,
+        ctx: Context | None,
+    ) -> pb.ProcessingResponse | tuple[Context, pb.ProcessingResponse]:
+        which = req.WhichOneof("request")
+        if which == "request_headers":
+            if entry is None:
+                self._metrics.unknown_routes.inc()
+                return immediate(
+                    openai_error(
+                        503,
+                        f"the filter server has no route {name!r} (policy reloading?)",
+                        error_type="server_error",
+                        headers={"retry-after": "1"},
+                        details="tokenweir_unknown_route",
+                    )
+                )
+            ctx = Context(route=entry.info, started=self._clock())
+            return ctx, await self._request_headers(entry, ctx, req.request_headers)
+        if entry is None or ctx is None:
+            return _continue(which)
+        if which == "response_body":
+            if not entry.chain.needs("response_chunk"):
+                return CONTINUE_RESPONSE_BODY
+            b = req.response_body
+            out = await entry.chain.response_chunk(ctx, b.body, b.end_of_stream)
+            return CONTINUE_RESPONSE_BODY if out.empty else body_response("response_body", out)
+        if which == "request_body":
+            return await self._request_body(entry, ctx, req.request_body)
+        if which == "response_headers":
+            if not entry.chain.needs("response_headers"):
+                return CONTINUE_RESPONSE_HEADERS
+            headers = header_map(req.response_headers.headers)
+            out = await entry.chain.response_headers(ctx, headers)
+            return headers_response("response_headers", _finish(out))
+        return _continue(which)
 
     async def _request_headers(
         self, entry: RouteEntry, ctx: Context, msg: pb.HttpHeaders

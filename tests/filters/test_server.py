@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
+import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import json_format
@@ -15,11 +15,21 @@ from tests.filters.conftest import FakeClock
 
 
 class FakeContext:
-    def __init__(self, route: str | None) -> None:
+    """grpc.aio's servicer context, as far as the servicer uses it: metadata, read, write."""
+
+    def __init__(self, route: str | None, msgs: list[pb.ProcessingRequest]) -> None:
         self.md = (("x-tokenweir-route", route),) if route else ()
+        self.incoming = list(msgs)
+        self.sent: list[pb.ProcessingResponse] = []
 
     def invocation_metadata(self):  # type: ignore[no-untyped-def]
         return self.md
+
+    async def read(self):  # type: ignore[no-untyped-def]
+        return self.incoming.pop(0) if self.incoming else grpc.aio.EOF
+
+    async def write(self, msg: pb.ProcessingResponse) -> None:
+        self.sent.append(msg)
 
 
 def headers_msg(headers: dict[str, str], eos: bool = False) -> pb.ProcessingRequest:
@@ -30,11 +40,9 @@ def headers_msg(headers: dict[str, str], eos: bool = False) -> pb.ProcessingRequ
 
 
 async def drive(servicer: FilterServicer, route: str | None, msgs: list[pb.ProcessingRequest]):  # type: ignore[no-untyped-def]
-    async def it() -> AsyncIterator[pb.ProcessingRequest]:
-        for m in msgs:
-            yield m
-
-    return [r async for r in servicer.Process(it(), FakeContext(route))]
+    context = FakeContext(route, msgs)
+    await servicer.Process(None, context)
+    return context.sent
 
 
 def servicer_for(policy: Policy, services: Services) -> FilterServicer:
