@@ -1,0 +1,159 @@
+"""End to end against the SGLang emulator: the official openai client (streaming and not), the
+native /generate API, the clamp, usage settlement and prefix affinity, through real Envoy, the
+rate-limit service, Redis and the filter server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+import redis.asyncio as aioredis
+
+from controlplane.policy import load_policy
+from filters.app import FilterApp, Settings
+from ratelimit_service.reader import QuotaReader
+from tests.helpers import ChildProcess, free_port, wait_for_port
+from tests.integration.mesh_harness import mesh
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+KEY = "erin-key-1234"
+
+
+def policy_text(gw: int, fp: int, rp: int, redis_url: str, replicas: list[int]) -> str:
+    eps = ", ".join(f"127.0.0.1:{p}" for p in replicas)
+    return f"""
+version: 1
+control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
+ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}"}}
+filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
+pools:
+  chat:
+    models: [m1]
+    endpoints: [{eps}]
+    health_check: {{enabled: false}}
+    retries: {{enabled: false}}
+    affinity: {{prefix_tokens: 64}}
+gateways:
+  edge:
+    listen: 127.0.0.1:{gw}
+    routes:
+      - name: llm
+        match: {{prefix: /v1/}}
+        pool: chat
+        rate_limit: {{enabled: true}}
+        filters: {{plugins: [identity, tokens, prefix, lane, usage]}}
+      - name: native
+        match: {{path: /generate}}
+        pool: chat
+        rate_limit: {{enabled: true}}
+        filters: {{plugins: [identity, tokens, prefix, lane, usage]}}
+tiers:
+  mid:
+    max_tokens: 12
+    quotas: {{tokens: {{burst: 100000, refill_per_second: 0.01}}}}
+tenants:
+  erin: {{tier: mid, api_keys: [{KEY}]}}
+"""
+
+
+@contextlib.asynccontextmanager
+async def stack(
+    tmp_path: Path, redis_port: int
+) -> AsyncIterator[tuple[str, FilterApp, QuotaReader]]:
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    r = aioredis.Redis.from_url(redis_url)
+    await r.flushdb()
+    gw, fp, rp = free_port(), free_port(), free_port()
+    replicas = [free_port() for _ in range(2)]
+    children = [
+        ChildProcess(
+            [sys.executable, "-m", "backends.emulator", "--port", str(p), "--model", "m1",
+             "--time-scale", "0.01", "--seed", str(i), "--log-level", "WARNING"],
+            log=tmp_path / f"emulator{i}.log",
+        )
+        for i, p in enumerate(replicas)
+    ]  # fmt: skip
+    app: FilterApp | None = None
+    try:
+        for p in replicas:
+            await asyncio.to_thread(wait_for_port, p, 30.0)
+        async with mesh(tmp_path, policy_text(gw, fp, rp, redis_url, replicas), {"edge": gw}) as m:
+            argv = [sys.executable, "-m", "ratelimit_service", "--policy", str(m.policy_path)]
+            children.append(ChildProcess(argv, log=tmp_path / "ratelimit.log"))
+            await asyncio.to_thread(wait_for_port, rp, 20.0)
+            app = FilterApp(
+                Settings(policy_path=m.policy_path, redis_url=redis_url), clock=time.monotonic
+            )
+            await app.start()
+            yield f"http://127.0.0.1:{gw}", app, QuotaReader(r, load_policy(m.policy_path))
+    finally:
+        if app is not None:
+            await app.aclose()
+        for c in children:
+            c.close()
+        await r.aclose()
+
+
+async def test_openai_client_and_generate_against_the_emulator(
+    tmp_path: Path, redis_port: int
+) -> None:
+    async with stack(tmp_path, redis_port) as (url, app, reader):
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client:
+            r = await client.chat.completions.create(
+                model="m1",
+                messages=[{"role": "user", "content": "Tell me about weirs."}],
+                max_tokens=500,
+            )
+            assert (
+                r.usage is not None and 1 <= r.usage.completion_tokens <= 12
+            )  # clamped to the tier
+            stream = await client.chat.completions.create(
+                model="m1", messages=[{"role": "user", "content": "And rivers?"}], stream=True
+            )
+            chunks = [c async for c in stream]
+            assert chunks and all(c.usage is None for c in chunks)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert text.strip()
+            stream = await client.chat.completions.create(
+                model="m1",
+                messages=[{"role": "user", "content": "And dams?"}],
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            chunks = [c async for c in stream]
+            assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens <= 12
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(
+                url + "/generate",
+                json={"text": "a weir is", "sampling_params": {"max_new_tokens": 999}},
+                headers={"authorization": f"Bearer {KEY}"},
+            ) as resp,
+        ):
+            assert resp.status == 200
+            meta = (await resp.json())["meta_info"]
+            assert meta["completion_tokens"] <= 12
+        # every request settled: the budget shows real usage, not 4 reservations of prompt + 12
+        m = app.metrics.registry
+        used = sum(
+            m.get_sample_value(
+                "tokenweir_filters_tokens_total", {"tenant": "erin", "model": "m1", "kind": k}
+            )
+            or 0
+            for k in ("prompt", "completion")
+        )
+        assert used > 0
+        for _ in range(50):
+            left = await reader.remaining("erin", "m1", "interactive")
+            if left is not None and left >= 100000 - used - 2:
+                break
+            await asyncio.sleep(0.1)
+        assert left is not None and 100000 - used - 2 <= left <= 100000 - used + 2
