@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -216,6 +217,7 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
                 "vus": ns.vus,
                 "seconds": ns.seconds,
                 "filter_procs": ns.filter_procs,
+                "loadavg_before": os.getloadavg(),
             }
             url = f"http://127.0.0.1:{gw}"
             k6(url + "/v1/chat/completions", 2, ns.vus, tmp)  # warm-up
@@ -228,6 +230,7 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
                                ("stream_full_path", "/s/v1/chat/completions")):  # fmt: skip
                 await streams(url + path, 10, ns.streams, ns.chunks)  # warm-up
                 res[name] = await streams(url + path, ns.stream_requests, ns.streams, ns.chunks)
+            res["loadavg_after"] = os.getloadavg()
             if ns.diag:
                 admin = boot["admin"]["address"]["socket_address"]["port_value"]
                 stats = (
@@ -282,6 +285,7 @@ def main() -> None:
     ns.out.write_text(json.dumps(res, indent=2))
     for k, v in summary.items():
         print(f"{k:28s} {v:10.3f}")
+    print("load average before/after:", res["loadavg_before"], res["loadavg_after"])
     for name in ("envoy_alone", "full_path", "filters_only"):
         cpu = {
             k[len("cpu_ms_per_req_") :]: round(v, 3)
