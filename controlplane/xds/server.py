@@ -152,9 +152,10 @@ class XdsServer:
         *,
         registry: CollectorRegistry,
         clock: Clock = time.monotonic,
+        metrics: XdsMetrics | None = None,
     ) -> None:
         self.cache = cache
-        self.metrics = XdsMetrics(registry)
+        self.metrics = metrics or XdsMetrics(registry)
         self.servicer = AdsServicer(cache, self.metrics, clock=clock)
         self._server: grpc.aio.Server | None = None
         self.port = 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
@@ -16,10 +16,12 @@ from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
 from controlplane.xds.errors import InconsistentSnapshotError
-from controlplane.xds.refs import CLUSTER_REF, references
+from controlplane.xds.refs import CLUSTER_REF, Reference, references
 from controlplane.xds.types import CLUSTER, ENDPOINT, LISTENER, ORDER, ROUTE, short_name
 
-__all__ = ["Snapshot", "resource_name", "resource_version", "type_url_of"]
+__all__ = ["RefsOf", "Snapshot", "resource_name", "resource_version", "type_url_of"]
+
+RefsOf = Callable[[str, str, Message], Iterable[Reference]]
 
 _TYPE_OF_MESSAGE = {
     cluster_pb2.Cluster.DESCRIPTOR.full_name: CLUSTER,
@@ -102,16 +104,20 @@ class Snapshot:
     def _packed_cache(self) -> dict[tuple[str, str], any_pb2.Any]:
         return {}
 
-    def check(self, known_clusters: Collection[str] = ()) -> None:
+    def check(self, known_clusters: Collection[str] = (), refs_of: RefsOf | None = None) -> None:
         """Raise :class:`InconsistentSnapshotError` listing every dangling reference.
 
         ``known_clusters`` are clusters Envoy has from elsewhere (its static bootstrap).
+        ``refs_of(type_url, name, resource)`` may memoize :func:`references` (the cache does,
+        by resource version); by default every resource is walked.
         """
-        problems = self.problems(known_clusters)
+        problems = self.problems(known_clusters, refs_of)
         if problems:
             raise InconsistentSnapshotError(self.version, problems)
 
-    def problems(self, known_clusters: Collection[str] = ()) -> list[str]:
+    def problems(
+        self, known_clusters: Collection[str] = (), refs_of: RefsOf | None = None
+    ) -> list[str]:
         """Every dangling reference and misfiled resource, as readable lines."""
         problems: list[str] = []
         for type_url, by_name in self.resources.items():
@@ -129,7 +135,8 @@ class Snapshot:
         problems.extend(self._missing_endpoints())
         for type_url in (CLUSTER, LISTENER, ROUTE):
             for name, res in self.of_type(type_url).items():
-                for ref in references(res):
+                found = refs_of(type_url, name, res) if refs_of else references(res)
+                for ref in found:
                     known = clusters if ref.kind == CLUSTER_REF else routes
                     if ref.name not in known:
                         what = "cluster" if ref.kind == CLUSTER_REF else "route configuration"

@@ -59,3 +59,17 @@ def test_static_clusters_satisfy_references() -> None:
     with pytest.raises(InconsistentSnapshotError):
         SnapshotCache().set_snapshot("g", snap)
     SnapshotCache(static_clusters={"static_proc"}).set_snapshot("g", snap)
+
+
+def test_remembered_references_still_catch_a_removed_cluster() -> None:
+    """References of unchanged resources are reused, and checked against the new names."""
+    cache = SnapshotCache()
+    routes = r.route_config("rt", [("/a", "a"), ("/", "b")])
+    both = r.snapshot(
+        "1", r.eds_cluster("a"), r.cla("a", [1]), r.eds_cluster("b"), r.cla("b", [2]), routes
+    )
+    cache.set_snapshot("g", both)
+    without_b = r.snapshot("2", r.eds_cluster("a"), r.cla("a", [1]), routes)
+    with pytest.raises(InconsistentSnapshotError, match="names cluster 'b'"):
+        cache.set_snapshot("g", without_b)
+    cache.check("g", both)  # and the same content passes again
