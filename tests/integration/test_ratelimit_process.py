@@ -1,0 +1,71 @@
+"""The entry point: reloads the policy file when it changes (live Redis edits still win), serves
+/metrics, and stops cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+import redis
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+
+from ratelimit_service.keys import config_key
+from tests.helpers import free_port
+from tests.ratelimit_service import rls
+from tests.ratelimit_service.support import start_service
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+POLICY = """
+version: 1
+ratelimit: {{address: 127.0.0.1:1, timeout: 500ms}}
+tiers: {{t: {{quotas: {{tokens: {{burst: {burst}, refill_per_second: 0}}}}}}}}
+tenants: {{{tenant}: {{tier: t}}, {tenant}-edited: {{tier: t}}}}
+"""
+OK = rls_pb2.RateLimitResponse.OK
+
+
+async def test_policy_reload_metrics_and_sigterm(tmp_path: Path, redis_port: int) -> None:
+    tenant = f"reload{time.time_ns()}"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.format(burst=100, tenant=tenant))
+    r = redis.Redis(port=redis_port)
+    r.hset(config_key(f"{tenant}-edited"), "tokens.burst", "120")  # a live edit before start
+    port, mport = free_port(), free_port()
+    svc = start_service(
+        policy,
+        f"redis://127.0.0.1:{redis_port}/0",
+        port,
+        tmp_path,
+        extra=["--metrics-port", str(mport)],
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = rls_pb2_grpc.RateLimitServiceStub(ch)
+
+            async def code(t: str, n: int) -> int:
+                return (
+                    await stub.ShouldRateLimit(rls.llm(t, n, rid=str(time.time_ns())), timeout=5)
+                ).overall_code
+
+            assert await code(tenant, 150) != OK
+            policy.write_text(POLICY.format(burst=1000, tenant=tenant))
+            deadline = time.monotonic() + 10
+            while await code(tenant, 150) != OK:
+                assert time.monotonic() < deadline, "the new policy was not picked up"
+                await asyncio.sleep(0.2)
+            assert await code(f"{tenant}-edited", 130) != OK  # the live edit (120) still wins
+            assert r.hget(config_key(tenant), "tokens.burst") == b"1000"
+        async with httpx.AsyncClient() as h:
+            text = (await h.get(f"http://127.0.0.1:{mport}/metrics")).text
+        assert (
+            'tokenweir_ratelimit_decisions_total{quota="tokens.bucket",result="over_limit"}' in text
+        )
+    finally:
+        svc.close()
+        r.close()
+    assert svc.proc.returncode == 0
+    assert "Traceback" not in svc.log.read_text()
