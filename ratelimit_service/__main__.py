@@ -34,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default=None, help="host:port (default: policy ratelimit.address)")
     p.add_argument("--metrics-port", type=int, default=None)
     p.add_argument("--processes", type=int, default=None, help="processes sharing the port")
+    p.add_argument(
+        "--transport",
+        choices=["h2", "grpc"],
+        default="h2",
+        help="h2: the built-in HTTP/2 gRPC server (one method, ~4x less CPU per call); grpc: grpc.aio",
+    )
     p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="INFO")
     return p
@@ -83,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         listen=args.listen,
         metrics_port=args.metrics_port,
         worker_index=args.worker_index,
+        transport=args.transport,
     )
     children: list[subprocess.Popen[bytes]] = []
     if args.worker_index == 0 and processes > 1:

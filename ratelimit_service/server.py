@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 from aiohttp import web
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from google.protobuf.message import DecodeError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio.cluster import RedisCluster
 
@@ -21,6 +22,7 @@ from controlplane.policy import Policy, PolicyError, load_policy
 from controlplane.policy.model import RateLimitServer
 from ratelimit_service.decider import Decider, DeciderSettings
 from ratelimit_service.directory import QuotaDirectory, seed_defaults
+from ratelimit_service.h2server import H2Server
 from ratelimit_service.health import RedisHealth
 from ratelimit_service.metrics import Metrics
 from ratelimit_service.redis_client import connect_redis
@@ -43,6 +45,7 @@ class ServiceSettings:
     worker_index: int = 0
     reload_interval: float = 1.0
     quota_cache_ttl: float = 0.5
+    transport: str = "h2"  # "h2" (h2server.py: one method, ~4x less CPU) or "grpc" (grpc.aio)
 
 
 def decider_settings(rl: RateLimitServer) -> DeciderSettings:
@@ -76,6 +79,17 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
                 "Internal error in the quota service.", "internal_error", "server_error", 1
             )
 
+    async def handle_bytes(self, message: bytes) -> bytes:
+        """The same method for the h2 transport: serialized request in, serialized answer out."""
+        try:
+            request = rls_pb2.RateLimitRequest.FromString(message)
+        except DecodeError:
+            log.warning("undecodable RateLimitRequest (%d bytes)", len(message))
+            self.decider.metrics.bad_requests.labels("undecodable").inc()
+            request = rls_pb2.RateLimitRequest()  # answered as missing descriptors
+        response = await self.ShouldRateLimit(request, None)
+        return response.SerializeToString()
+
 
 class Service:
     """Start with ``start()``, stop with ``aclose()``; ``port`` is the bound gRPC port."""
@@ -89,6 +103,7 @@ class Service:
         self.health: RedisHealth | None = None
         self.decider: Decider | None = None
         self.server: grpc.aio.Server | None = None
+        self.h2: H2Server | None = None
         self.port = 0
         self.metrics_port: int | None = None
         self._runner: web.AppRunner | None = None
@@ -133,12 +148,17 @@ class Service:
             health=self.health,
             metrics=self.metrics,
         )
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
-        rls_pb2_grpc.add_RateLimitServiceServicer_to_server(
-            RateLimitServicer(self.decider), self.server
-        )
-        self.port = self.server.add_insecure_port(self.settings.listen or str(rl.address))
-        await self.server.start()
+        servicer = RateLimitServicer(self.decider)
+        listen = self.settings.listen or str(rl.address)
+        if self.settings.transport == "h2":
+            host, _, port = listen.rpartition(":")
+            self.h2 = H2Server(servicer.handle_bytes)
+            self.port = await self.h2.start(host.strip("[]"), int(port))
+        else:
+            self.server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
+            rls_pb2_grpc.add_RateLimitServiceServicer_to_server(servicer, self.server)
+            self.port = self.server.add_insecure_port(listen)
+            await self.server.start()
         await self._start_metrics(rl)
         self._watch = asyncio.get_running_loop().create_task(self._watch_policy())
         log.info("rate-limit service on port %d (redis: %s)", self.port, url or "none")
@@ -196,6 +216,8 @@ class Service:
                 await self._watch
         if self.server is not None:
             await self.server.stop(grace=1.0)
+        if self.h2 is not None:
+            await self.h2.aclose()
         if self._runner is not None:
             await self._runner.cleanup()
         if self.health is not None:

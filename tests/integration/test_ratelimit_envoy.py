@@ -48,9 +48,9 @@ async def _backend(port: int) -> web.AppRunner:
     return runner
 
 
-@pytest.fixture
+@pytest.fixture(params=["h2", "grpc"])
 async def mesh(
-    tmp_path: Path, redis_port: int
+    request: pytest.FixtureRequest, tmp_path: Path, redis_port: int
 ) -> AsyncIterator[tuple[httpx.AsyncClient, redis.Redis, int]]:
     r = redis.Redis(port=redis_port)
     for k in r.scan_iter("tw:{acme}*"):
@@ -62,7 +62,13 @@ async def mesh(
     policy = load_policy(policy_path)
     rls_port, backend, listen, admin = free_port(), free_port(), free_port(), free_port()
     runner = await _backend(backend)
-    rls = start_service(policy_path, f"redis://127.0.0.1:{redis_port}/0", rls_port, tmp_path)
+    rls = start_service(
+        policy_path,
+        f"redis://127.0.0.1:{redis_port}/0",
+        rls_port,
+        tmp_path,
+        extra=["--transport", request.param],
+    )
     boot = tmp_path / "envoy.json"
     boot.write_text(
         json.dumps(
