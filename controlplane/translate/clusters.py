@@ -187,6 +187,9 @@ def _health(c: cluster_pb2.Cluster, hc: HealthCheck) -> None:
         health_check_pb2.HealthCheck(
             timeout=dur(hc.timeout),
             interval=dur(hc.interval),
+            no_traffic_interval=dur(
+                hc.interval
+            ),  # Envoy's default (60 s) would hide a dead idle replica
             unhealthy_threshold=u32(hc.unhealthy_threshold),
             healthy_threshold=u32(hc.healthy_threshold),
             http_health_check=health_check_pb2.HealthCheck.HttpHealthCheck(path=hc.path),

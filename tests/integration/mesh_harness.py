@@ -30,6 +30,7 @@ class Backend:
     name: str
     port: int = 0
     status: int = 200
+    health_status: int = 200
     delay: float = 0.0
     hits: int = 0
     seen_headers: list[dict[str, str]] = field(default_factory=list)
@@ -45,7 +46,7 @@ class Backend:
 
     async def _handle(self, request: web.Request) -> web.Response:
         if request.path == "/health":
-            return web.Response(text="ok")
+            return web.Response(status=self.health_status, text="ok")
         self.hits += 1
         self.seen_headers.append({k.lower(): v for k, v in request.headers.items()})
         if self.delay:
