@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -37,6 +38,7 @@ class Child:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env={**os.environ, **self.env},
+                preexec_fn=_die_with_parent,
             )
 
     def alive(self) -> bool:
@@ -62,6 +64,13 @@ class Child:
         if proc.poll() is None:
             _killpg(proc, signal.SIGKILL)
             proc.wait(timeout)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if `tokenweir up` dies without cleaning up
+    (SIGKILL, a crash), so no child outlives it (Linux ``PR_SET_PDEATHSIG``)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def _killpg(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:

@@ -149,3 +149,29 @@ def test_validate_and_render_cli(tmp_path: Path) -> None:
     )
     rendered = json.loads(out.stdout)
     assert set(rendered) == {"edge"} and "pool_chat" in rendered["edge"]["Cluster"]
+
+
+def test_children_die_with_a_killed_up(tmp_path: Path) -> None:
+    base = free_port_block(2)
+    (tmp_path / "mesh.yaml").write_text(_policy(free_port(), base))
+    proc = subprocess.Popen(
+        [str(TOKENWEIR), "up", "-c", str(tmp_path / "mesh.yaml"), "--run-dir", str(tmp_path / "run")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line or "tokenweir up: ready" in line:
+                break
+        children = _descendants(proc.pid)
+        assert children
+    finally:
+        proc.kill()  # no chance to clean up
+        proc.wait(30)
+        proc.stdout.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in children):
+        time.sleep(0.1)
+    assert not [p for p in children if _alive(p)], "children outlived a SIGKILLed `tokenweir up`"
