@@ -100,6 +100,13 @@ async def test_envoy_routes_and_follows_endpoint_changes(tmp_path: Path, delta: 
             mode = "delta" if delta else "sotw"
             assert m.metric("tokenweir_xds_nacks_total", type="eds", mode=mode) == 0
             assert m.metric("tokenweir_xds_acks_total", type="eds", mode=mode) >= 3
+            await asyncio.sleep(0.5)
+            pushes = {
+                t: m.metric("tokenweir_xds_pushes_total", type=t, mode=mode)
+                for t in ("cds", "eds", "lds", "rds")
+            }
+            # One initial push per type and one EDS push per change: no loops, no extras.
+            assert pushes == {"cds": 1, "eds": 3, "lds": 1, "rds": 1}, pushes
             assert m.metric("tokenweir_xds_connected_nodes", group=GROUP, mode=mode) == 1
 
 

@@ -258,3 +258,20 @@ async def test_repeated_request_is_answered_for_a_rebuilt_cluster(harness: Harne
     assert again.type_url == ENDPOINT and again.nonce != first.nonce
     assert got[ENDPOINT].version_info == "1"
     await stream.close()
+
+
+def test_published_snapshot_version_is_a_metric() -> None:
+    from controlplane.xds.server import XdsServer
+
+    cache = SnapshotCache()
+    cache.set_snapshot("edge", mesh("v1", pools={"pool": [1]}, routes=[("/", "pool")]))
+    registry = CollectorRegistry()
+    XdsServer(cache, registry=registry)  # not started: no port is opened
+    cache.set_snapshot("side", mesh("s7", pools={"pool": [2]}, routes=[("/", "pool")]))
+    info = "tokenweir_xds_snapshot_info"
+    assert registry.get_sample_value(info, {"group": "edge", "version": "v1"}) == 1
+    assert registry.get_sample_value(info, {"group": "side", "version": "s7"}) == 1
+    resources = registry.get_sample_value(
+        "tokenweir_xds_snapshot_resources", {"group": "side", "type": "cds"}
+    )
+    assert resources == 1
