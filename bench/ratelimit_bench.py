@@ -3,7 +3,8 @@
 * Redis ceiling: redis-benchmark running reserve.lua (EVALSHA, 3 keys) unpipelined and pipelined.
 * gRPC direct: bench/ratelimit_load.py (closed loop, concurrency 1/50/200) against a gRPC floor
   (answers OK, decides nothing), the naive service (bench/ratelimit_naive.py), ours with 1 process
-  and ours with 2 processes sharing the port.
+  ours with grpc.aio (``--transport grpc``), ours with the built-in HTTP/2 transport (default) in
+  1 process and in 2 processes sharing the port.
 * Through Envoy: k6 (closed loop, same concurrencies) → Envoy (1 worker, direct_response route, the
   ratelimit filter from controlplane/translate/ratelimit.py) with the filter off, naive, ours 1 and 2.
 
@@ -52,7 +53,7 @@ export default function () {
 def policy_text(port: int) -> str:
     tenants = "".join(f"  bench-{i}: {{tier: t}}\n" for i in range(100))
     return (
-        f"version: 1\nratelimit: {{address: 127.0.0.1:{port}, timeout: 50ms}}\n"
+        f"version: 1\nratelimit: {{address: 127.0.0.1:{port}, timeout: 100ms}}\n"
         "tiers: {t: {quotas: {tokens: {burst: 900000000, refill_per_second: 1000000, "
         "per_month: 999999999}}}}\ntenants:\n" + tenants
     )
@@ -166,6 +167,8 @@ class Service:
                 kind[-1],
                 "--log-level",
                 "warning",
+                "--transport",
+                "grpc" if "grpc" in kind else "h2",
             ]
         self.child = ChildProcess(argv, log=tmp / f"rls-{kind}.log", env=env)
         wait_for_port(port, timeout=20)
@@ -385,7 +388,7 @@ def main() -> None:
         tmp = Path(tmpd)
         results["redis_ceiling"] = redis_ceiling(rport)
         url = f"redis://127.0.0.1:{rport}/0"
-        for kind in ("floor", "naive", "ours-1", "ours-2"):
+        for kind in ("floor", "naive", "ours-grpc-1", "ours-1", "ours-2"):
             port = free_port()
             policy = tmp / f"policy-{kind}.yaml"
             policy.write_text(policy_text(port))

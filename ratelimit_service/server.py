@@ -161,7 +161,12 @@ class Service:
             await self.server.start()
         await self._start_metrics(rl)
         self._watch = asyncio.get_running_loop().create_task(self._watch_policy())
-        log.info("rate-limit service on port %d (redis: %s)", self.port, url or "none")
+        log.info(
+            "rate-limit service on port %d (transport %s, redis %s)",
+            self.port,
+            self.settings.transport,
+            url or "none",
+        )
 
     async def _start_metrics(self, rl: RateLimitServer) -> None:
         port = self.settings.metrics_port or rl.metrics_port
