@@ -28,6 +28,7 @@ from envoy.config.core.v3 import base_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
+from controlplane.xds.refs import CLUSTER_REF, references
 from controlplane.xds.snapshot import Snapshot
 from controlplane.xds.types import CLUSTER, ENDPOINT, LISTENER, ORDER, ROUTE, WILDCARD_TYPES
 
@@ -101,6 +102,7 @@ class Session(ABC, Generic[R]):
         self.target: Snapshot | None = None
         self.types: dict[str, TypeState] = {t: TypeState() for t in ORDER}
         self._nonce = 0
+        self._refs_memo: dict[tuple[str, str, str], frozenset[str]] = {}
 
     # ----------------------------------------------------------------- inputs
     def on_snapshot(self, snapshot: Snapshot) -> list[R]:
@@ -182,7 +184,7 @@ class Session(ABC, Generic[R]):
             for name in state.held_messages:
                 if name in desired and name in state.held:
                     desired[name] = state.held[name]
-        if type_url in (CLUSTER, ENDPOINT) and not self._routes_follow_target():
+        if type_url in (CLUSTER, ENDPOINT):
             for name in self._retained(type_url):
                 if state.wants(name) and name not in desired:
                     desired[name] = state.held[name]
@@ -204,19 +206,24 @@ class Session(ABC, Generic[R]):
         return packed
 
     def _messages(self, type_url: str, state: TypeState, versions: Desired) -> dict[str, Message]:
-        if type_url not in (CLUSTER, ENDPOINT):
-            return {}  # only clusters and endpoints are ever re-sent from what Envoy holds
         return {name: self._message(type_url, state, name, v) for name, v in versions.items()}
 
     def _retained(self, type_url: str) -> dict[str, Message]:
-        """Resources Envoy holds that the target drops but listeners/routes may still use."""
+        """Clusters (or their endpoints) Envoy holds that the target drops but may still use.
+
+        A dropped cluster stays while Envoy has not accepted the target's listeners and routes,
+        and after that while any route configuration or listener Envoy still holds names it:
+        a listener replaced by LDS drains its open connections with its old route
+        configuration, and Envoy unsubscribes from that only once the draining is over.
+        """
         assert self.target is not None
         clusters = self.types[CLUSTER]
-        kept = {
-            name: message
-            for name, message in clusters.held_messages.items()
-            if name not in self.target.of_type(CLUSTER) and name in clusters.held
-        }
+        dropped = clusters.held.keys() - self.target.of_type(CLUSTER).keys()
+        if not dropped:
+            return {}
+        if self._routes_follow_target():
+            dropped &= self._clusters_in_use()
+        kept = {name: clusters.held_messages[name] for name in dropped}
         if type_url == CLUSTER:
             return kept
         wanted = {_cla_name(name, message) for name, message in kept.items()}
@@ -228,6 +235,23 @@ class Session(ABC, Generic[R]):
             and name in endpoints.held
             and name not in self.target.of_type(ENDPOINT)
         }
+
+    def _clusters_in_use(self) -> set[str]:
+        """Clusters named by the listeners and route configurations Envoy holds now."""
+        used: set[str] = set()
+        for type_url in (LISTENER, ROUTE):
+            state = self.types[type_url]
+            for name, message in state.held_messages.items():
+                version = state.held.get(name)
+                if version is None:
+                    continue
+                key = (type_url, name, version)
+                found = self._refs_memo.get(key)
+                if found is None:
+                    found = frozenset(r.name for r in references(message) if r.kind == CLUSTER_REF)
+                    self._refs_memo[key] = found
+                used |= found
+        return used
 
     def _routes_follow_target(self) -> bool:
         """True once Envoy accepted the target's listeners and routes (or never asked for them)."""

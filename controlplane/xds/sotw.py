@@ -69,7 +69,11 @@ class SotwSession(Session[discovery_pb2.DiscoveryResponse]):
         if any(name not in of_type for name in desired):
             version += "+retained"
         nonce = self._next_nonce()
-        removed = tuple(name for name in state.held if name not in desired)
+        # Only wildcard types (CDS, LDS) delete what a response omits; EDS and RDS keep
+        # resources Envoy still subscribes to (e.g. the route of a draining listener).
+        removed = (
+            tuple(name for name in state.held if name not in desired) if state.wildcard else ()
+        )
         messages = self._messages(type_url, state, desired)
         pending = Pending(nonce, version, desired, messages, removed, desired, self.clock())
         self._start(type_url, state, pending)

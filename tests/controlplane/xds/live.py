@@ -51,7 +51,13 @@ async def backends(*tags: str) -> AsyncIterator[list[Backend]]:
 
 @contextlib.asynccontextmanager
 async def envoy(
-    work_dir: Path, xds_port: int, *, node_id: str, group: str, delta: bool
+    work_dir: Path,
+    xds_port: int,
+    *,
+    node_id: str,
+    group: str,
+    delta: bool,
+    drain_time_s: int = 5,
 ) -> AsyncIterator[EnvoyProcess]:
     settings = EnvoySettings(
         node_id=node_id,
@@ -60,6 +66,7 @@ async def envoy(
         base_id=free_port(),  # unique among live processes, like the ports themselves
         delta=delta,
         log_level="info",
+        drain_time_s=drain_time_s,
     )
     process = EnvoyProcess(settings, work_dir)
     try:

@@ -275,3 +275,52 @@ def test_published_snapshot_version_is_a_metric() -> None:
         "tokenweir_xds_snapshot_resources", {"group": "side", "type": "cds"}
     )
     assert resources == 1
+
+
+async def test_cluster_of_a_still_subscribed_route_is_kept(harness: Harness) -> None:
+    """A draining listener keeps its old route configuration subscribed, and so its cluster."""
+
+    def version(index: int) -> Snapshot:
+        pool, routes = f"pool-{index}", f"rt-{index}"
+        return r.snapshot(
+            str(index),
+            r.eds_cluster(pool),
+            r.cla(pool, [index]),
+            r.listener("in", 10000, routes),
+            r.route_config(routes, [("/", pool)]),
+        )
+
+    harness.cache.set_snapshot("edge", version(0))
+    stream = harness.stream()
+    stream.send(sotw_request(CLUSTER, who=node()))
+    cds = await stream.recv()
+    stream.send(sotw_request(ENDPOINT, ["pool-0"]))
+    eds = await stream.recv()
+    stream.send(sotw_request(CLUSTER, nonce=cds.nonce, version="0"))
+    stream.send(sotw_request(ENDPOINT, ["pool-0"], nonce=eds.nonce, version="0"))
+    stream.send(sotw_request(LISTENER))
+    lds = await stream.recv()
+    stream.send(sotw_request(LISTENER, nonce=lds.nonce, version="0"))
+    stream.send(sotw_request(ROUTE, ["rt-0"]))
+    rds = await stream.recv()
+    stream.send(sotw_request(ROUTE, ["rt-0"], nonce=rds.nonce, version="0"))
+    await stream.silent()
+
+    harness.cache.set_snapshot("edge", version(1))
+    cds = await stream.recv()
+    assert sorted(names(cds)) == ["pool-0", "pool-1"]
+    stream.send(sotw_request(ENDPOINT, ["pool-0", "pool-1"], nonce=eds.nonce, version="0"))
+    eds = await stream.recv()
+    stream.send(sotw_request(CLUSTER, nonce=cds.nonce, version="1"))
+    stream.send(sotw_request(ENDPOINT, ["pool-0", "pool-1"], nonce=eds.nonce, version="1"))
+    lds = await stream.recv()
+    stream.send(sotw_request(ROUTE, ["rt-0", "rt-1"], nonce=rds.nonce, version="0"))
+    stream.send(sotw_request(LISTENER, nonce=lds.nonce, version="1"))
+    rds = await stream.recv()
+    assert names(rds) == ["rt-1"]
+    stream.send(sotw_request(ROUTE, ["rt-0", "rt-1"], nonce=rds.nonce, version="1"))
+    await stream.silent()  # rt-0 (draining listener) still names pool-0: no removal yet
+    stream.send(sotw_request(ROUTE, ["rt-1"], nonce=rds.nonce, version="1"))  # drain over
+    removal = await stream.recv()
+    assert (removal.type_url, names(removal)) == (CLUSTER, ["pool-1"])
+    await stream.close()
