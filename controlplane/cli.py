@@ -11,9 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
-from google.protobuf.json_format import MessageToDict
-
-from controlplane.policy import Address, PolicyError, load_policy
+from controlplane.policy import Address, Policy, PolicyError, load_policy
 
 __all__ = ["main"]
 
@@ -91,13 +89,20 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render(args: argparse.Namespace) -> int:
+def load_or_report(path: Path) -> Policy | None:
+    """The policy at ``path``, or None after printing every problem to stderr."""
     try:
-        policy = load_policy(args.path)
+        return load_policy(path)
     except PolicyError as exc:
         print(exc, file=sys.stderr)
+        return None
+
+
+def _render(args: argparse.Namespace) -> int:
+    policy = load_or_report(args.path)
+    if policy is None:
         return 1
-    from controlplane.translate.render import render
+    from controlplane.translate.render import render, to_json
     from controlplane.translate.static import static_bootstrap
 
     groups = render(policy)
@@ -113,15 +118,7 @@ def _render(args: argparse.Namespace) -> int:
         ((node, res),) = groups.items()
         out: object = static_bootstrap(res, node_id=node)
     else:
-        out = {
-            group: {
-                type_url.rsplit(".", 1)[-1]: {
-                    name: MessageToDict(msg) for name, msg in sorted(by_name.items())
-                }
-                for type_url, by_name in res.items()
-            }
-            for group, res in sorted(groups.items())
-        }
+        out = to_json(groups)
     json.dump(out, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
     return 0
@@ -130,10 +127,8 @@ def _render(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from controlplane.app import ControlPlane, ControlPlaneSettings
 
-    try:
-        policy = load_policy(args.config)
-    except PolicyError as exc:
-        print(exc, file=sys.stderr)
+    policy = load_or_report(args.config)
+    if policy is None:
         return 1
     cp = policy.control_plane
     settings = ControlPlaneSettings(

@@ -22,7 +22,7 @@ from pathlib import Path
 from controlplane.app import ControlPlane, ControlPlaneSettings
 from controlplane.children import Child, ChildError, wait_port
 from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
-from controlplane.policy import Address, Policy, PolicyError, load_policy
+from controlplane.policy import Address, Policy
 
 __all__ = ["Mesh", "register"]
 
@@ -41,10 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        policy = load_policy(args.config)
-    except PolicyError as exc:
-        print(exc, file=sys.stderr)
+    from controlplane.cli import load_or_report
+
+    policy = load_or_report(args.config)
+    if policy is None:
         return 1
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="tokenweir-up-"))
     mesh = Mesh(

@@ -8,7 +8,9 @@ and route configurations.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
+from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from controlplane.policy.model import Policy
@@ -107,5 +109,14 @@ def _servers(policy: Policy, res: Resources, hooks_used: set[str]) -> None:
         )
 
 
-def resource_counts(groups: Mapping[str, Resources]) -> dict[str, int]:
-    return {g: sum(len(v) for v in res.values()) for g, res in groups.items()}
+def to_json(groups: Mapping[str, Resources]) -> dict[str, dict[str, dict[str, Any]]]:
+    """group → resource kind (``Cluster``, …) → name → the resource as JSON (for review/diffs)."""
+    return {
+        group: {
+            type_url.rsplit(".", 1)[-1]: {
+                name: MessageToDict(msg) for name, msg in sorted(by_name.items())
+            }
+            for type_url, by_name in res.items()
+        }
+        for group, res in sorted(groups.items())
+    }

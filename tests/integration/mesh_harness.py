@@ -18,7 +18,7 @@ from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
 from controlplane.policy import Address
 from tests.helpers import free_port
 
-__all__ = ["Backend", "Mesh", "mesh"]
+__all__ = ["Backend", "Mesh", "close_backends", "eventually", "mesh", "start_backends"]
 
 _BASE_IDS = itertools.count(2000 + (id(object()) % 500) * 10)
 
@@ -61,6 +61,30 @@ class Backend:
     async def aclose(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+async def start_backends(n: int, prefix: str = "b") -> list[Backend]:
+    """``n`` started backends named ``{prefix}0`` … ``{prefix}{n-1}``."""
+    backends = [Backend(f"{prefix}{i}") for i in range(n)]
+    for b in backends:
+        await b.start()
+    return backends
+
+
+async def eventually(probe, want, timeout: float = 8.0):  # type: ignore[no-untyped-def]
+    """Call ``probe()`` until it returns ``want`` (health checks run on their own clock)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    got = await probe()
+    while got != want and loop.time() < end:
+        await asyncio.sleep(0.1)
+        got = await probe()
+    return got
+
+
+async def close_backends(backends: list[Backend]) -> None:
+    for b in backends:
+        await b.aclose()
 
 
 @dataclass

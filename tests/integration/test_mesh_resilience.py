@@ -10,32 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import free_port
-from tests.integration.mesh_harness import Backend, mesh
+from tests.integration.mesh_harness import Backend, close_backends, eventually, mesh, start_backends
 
 pytestmark = pytest.mark.integration
-
-
-async def _backends(n: int, prefix: str = "b") -> list[Backend]:
-    bs = [Backend(f"{prefix}{i}") for i in range(n)]
-    for b in bs:
-        await b.start()
-    return bs
-
-
-async def _eventually(probe, want, timeout: float = 8.0):  # type: ignore[no-untyped-def]
-    """Call ``probe()`` until it returns ``want`` (health checks run on their own clock)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    got = await probe()
-    while got != want and loop.time() < end:
-        await asyncio.sleep(0.1)
-        got = await probe()
-    return got
-
-
-async def _close(bs: list[Backend]) -> None:
-    for b in bs:
-        await b.aclose()
 
 
 def _eps(bs: list[Backend]) -> str:
@@ -43,7 +20,7 @@ def _eps(bs: list[Backend]) -> str:
 
 
 async def test_active_health_check_removes_and_restores_a_replica(tmp_path: Path) -> None:
-    bs = await _backends(2)
+    bs = await start_backends(2)
     gw = free_port()
     text = f"""
 version: 1
@@ -68,19 +45,19 @@ gateways:
                     for i in range(40)
                 }
 
-            assert await _eventually(seen, {"b0", "b1"}) == {"b0", "b1"}
+            assert await eventually(seen, {"b0", "b1"}) == {"b0", "b1"}
             bs[0].health_status = 503
-            assert await _eventually(seen, {"b1"}) == {"b1"}, (
+            assert await eventually(seen, {"b1"}) == {"b1"}, (
                 "a replica failing /health gets no traffic"
             )
             bs[0].health_status = 200
-            assert await _eventually(seen, {"b0", "b1"}) == {"b0", "b1"}
+            assert await eventually(seen, {"b0", "b1"}) == {"b0", "b1"}
     finally:
-        await _close(bs)
+        await close_backends(bs)
 
 
 async def test_503_is_retried_on_another_replica(tmp_path: Path) -> None:
-    bs = await _backends(3)
+    bs = await start_backends(3)
     bs[0].status = 503
     gw = free_port()
     text = f"""
@@ -106,13 +83,13 @@ gateways:
             assert bs[0].hits > 0, "some sessions hash to the failing replica first"
             assert "b0" not in {h["x-backend"] for _, h, _ in results}
     finally:
-        await _close(bs)
+        await close_backends(bs)
 
 
 async def test_fallback_pool_takes_over_when_the_pool_has_no_healthy_replica(
     tmp_path: Path,
 ) -> None:
-    main, spare = await _backends(2, "main"), await _backends(1, "spare")
+    main, spare = await start_backends(2, "main"), await start_backends(1, "spare")
     gw = free_port()
     text = f"""
 version: 1
@@ -140,19 +117,19 @@ gateways:
                 assert all(s == 200 for s, _, _ in res), [s for s, _, _ in res]
                 return {h["x-backend"] for _, h, _ in res}
 
-            assert await _eventually(seen, {"main0", "main1"}) == {"main0", "main1"}
+            assert await eventually(seen, {"main0", "main1"}) == {"main0", "main1"}
             for b in main:
                 b.health_status = 503
-            assert await _eventually(seen, {"spare0"}) == {"spare0"}
+            assert await eventually(seen, {"spare0"}) == {"spare0"}
             for b in main:
                 b.health_status = 200
-            assert await _eventually(seen, {"main0", "main1"}) == {"main0", "main1"}
+            assert await eventually(seen, {"main0", "main1"}) == {"main0", "main1"}
     finally:
-        await _close(main + spare)
+        await close_backends(main + spare)
 
 
 async def test_rewritten_endpoints_file_reaches_envoy(tmp_path: Path) -> None:
-    bs = await _backends(2)
+    bs = await start_backends(2)
     gw = free_port()
     eps_file = tmp_path / "chat.endpoints"
     eps_file.write_text(f"# written by a launcher\n127.0.0.1:{bs[0].port}\n")
@@ -199,4 +176,4 @@ gateways:
             }
             assert seen == {"b0", "b1"}
     finally:
-        await _close(bs)
+        await close_backends(bs)

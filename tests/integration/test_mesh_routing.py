@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import free_port
-from tests.integration.mesh_harness import Backend, mesh
+from tests.integration.mesh_harness import Backend, close_backends, mesh, start_backends
 
 pytestmark = pytest.mark.integration
 
@@ -39,20 +39,8 @@ gateways:
 """
 
 
-async def _backends(n: int) -> list[Backend]:
-    bs = [Backend(f"b{i}") for i in range(n)]
-    for b in bs:
-        await b.start()
-    return bs
-
-
-async def _close(bs: list[Backend]) -> None:
-    for b in bs:
-        await b.aclose()
-
-
 async def test_session_and_prefix_affinity(tmp_path: Path) -> None:
-    bs = await _backends(3)
+    bs = await start_backends(3)
     gw = free_port()
     try:
         async with mesh(tmp_path, _pool_policy(gw, bs), {"edge": gw}) as m:
@@ -76,11 +64,11 @@ async def test_session_and_prefix_affinity(tmp_path: Path) -> None:
             assert all(len(v) == 1 for v in by_prefix.values())
             assert len({next(iter(v)) for v in by_prefix.values()}) >= 2
     finally:
-        await _close(bs)
+        await close_backends(bs)
 
 
 async def test_failing_backend_is_ejected_then_comes_back(tmp_path: Path) -> None:
-    bs = await _backends(3)
+    bs = await start_backends(3)
     gw = free_port()
     od = "    outlier_detection: {consecutive_5xx: 3, consecutive_gateway_errors: 3, interval: 100ms, base_ejection_time: 2s, max_ejection_percent: 50}"
     try:
@@ -104,11 +92,11 @@ async def test_failing_backend_is_ejected_then_comes_back(tmp_path: Path) -> Non
             }
             assert "b0" in back, "the replica should return after the ejection time"
     finally:
-        await _close(bs)
+        await close_backends(bs)
 
 
 async def test_slow_backend_times_out_with_504(tmp_path: Path) -> None:
-    bs = await _backends(1)
+    bs = await start_backends(1)
     bs[0].delay = 2.0
     gw = free_port()
     try:
@@ -118,11 +106,11 @@ async def test_slow_backend_times_out_with_504(tmp_path: Path) -> None:
             status, _, body = await m.get(gw, "/x")
             assert status == 504 and "timeout" in body
     finally:
-        await _close(bs)
+        await close_backends(bs)
 
 
 async def test_circuit_breakers_cut_batch_first_and_keep_interactive(tmp_path: Path) -> None:
-    bs = await _backends(1)
+    bs = await start_backends(1)
     bs[0].delay = 1.0
     gw = free_port()
     breakers = (
@@ -147,12 +135,12 @@ async def test_circuit_breakers_cut_batch_first_and_keep_interactive(tmp_path: P
             assert all(h.get("x-envoy-overloaded") == "true" for h in b_shed)
             assert all(s == 200 for s, _ in inter), "interactive keeps its larger thresholds"
     finally:
-        await _close(bs)
+        await close_backends(bs)
 
 
 @pytest.mark.parametrize("delta", [True, False], ids=["delta", "sotw"])
 async def test_endpoint_edits_while_traffic_flows_fail_nothing(tmp_path: Path, delta: bool) -> None:
-    bs = await _backends(3)
+    bs = await start_backends(3)
     gw = free_port()
     try:
         async with mesh(tmp_path, _pool_policy(gw, bs[:2]), {"edge": gw}, delta=delta) as m:
@@ -181,11 +169,11 @@ async def test_endpoint_edits_while_traffic_flows_fail_nothing(tmp_path: Path, d
             assert results and all(s == 200 for s in results), collections.Counter(results)
             assert seen == {"b1", "b2"}
     finally:
-        await _close(bs)
+        await close_backends(bs)
 
 
 async def test_bad_edit_is_rejected_and_last_good_config_serves(tmp_path: Path) -> None:
-    bs = await _backends(2)
+    bs = await start_backends(2)
     gw = free_port()
     try:
         async with mesh(tmp_path, _pool_policy(gw, bs), {"edge": gw}) as m:
@@ -206,11 +194,11 @@ async def test_bad_edit_is_rejected_and_last_good_config_serves(tmp_path: Path) 
             m.write_policy(_pool_policy(gw, bs[:1]))
             await m.wait_applied(lambda: m.plane.cache.get("edge") is not before)
     finally:
-        await _close(bs)
+        await close_backends(bs)
 
 
 async def test_ordinary_service_through_sidecar_outbound_unchanged(tmp_path: Path) -> None:
-    (app,) = await _backends(1)
+    (app,) = await start_backends(1)
     inbound, outbound = free_port(), free_port()
     text = f"""
 version: 1
