@@ -135,7 +135,7 @@ def k6(
     body.write_text(json.dumps(BODY))
     before = cpu_seconds(pids or {})
     subprocess.run(
-        [str(Path(sys.executable).parent / "k6"), "run", "--quiet", "--no-color",
+        [str(Path(sys.executable).parent / "k6"), "run", "--quiet", "--no-color", "--address", f"127.0.0.1:{free_port()}",
          "--vus", str(vus), "--duration", f"{seconds}s", "--summary-trend-stats", "med,p(99)",
          "--summary-export", str(out), "-e", f"URL={url}", "-e", f"KEY={KEY}", "-e", f"BODY_FILE={body}", str(script)],
         check=True, stdout=subprocess.DEVNULL,
@@ -197,6 +197,17 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
         policy.write_text(policy_text(gw, fp, rp, redis_port, canned, sse, ns.filter_procs))
         (tmp / "canned.json").write_text(json.dumps(canned_bootstrap(canned)))
         boot = static_bootstrap(render(load_policy(policy))["edge"], admin_port=free_port())
+        if (
+            ns.filter_procs > 1
+        ):  # several connections to the filter server, so SO_REUSEPORT spreads them
+            for c in boot["static_resources"]["clusters"]:
+                if c["name"] == "tokenweir_filters":
+                    opts = c["typedExtensionProtocolOptions"][
+                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+                    ]
+                    opts["explicitHttpConfig"]["http2ProtocolOptions"]["maxConcurrentStreams"] = (
+                        ns.streams_per_connection
+                    )
         (tmp / "edge.json").write_text(json.dumps(boot))
         envoy = str(envoy_binary())
         base = 7000 + (gw % 500) * 2
@@ -261,6 +272,7 @@ def summarize(res: dict[str, Any]) -> dict[str, float]:
         "added_chunk_p50_ms": sf["chunk_p50_ms"] - sa["chunk_p50_ms"],
         "added_chunk_p99_ms": sf["chunk_p99_ms"] - sa["chunk_p99_ms"],
         "added_ttft_p50_ms": sf["ttft_p50_ms"] - sa["ttft_p50_ms"],
+        "failed_fraction_max": max(r["failed"] for n in ("envoy_alone", "full_path", "filters_only") for r in res[n]),
     }  # fmt: skip
 
 
@@ -272,6 +284,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--vus", type=int, default=16)
     p.add_argument("--filter-procs", type=int, default=1)
+    p.add_argument("--streams-per-connection", type=int, default=4, help="with --filter-procs > 1")
     p.add_argument("--streams", type=int, default=8, help="concurrent streams")
     p.add_argument("--stream-requests", type=int, default=80)
     p.add_argument("--chunks", type=int, default=50)

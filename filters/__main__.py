@@ -3,8 +3,9 @@
 Reads its listen address and settings from the policy (``filters:``), serves /metrics on the
 policy's ``metrics_port`` or ``--metrics-port`` (worker i on port + i), reloads the policy when
 the file changes, stops cleanly on SIGTERM/SIGINT. ``--processes N`` (default: the policy's
-``filters.processes``) runs N processes on one port (SO_REUSEPORT); each then advertises a small
-HTTP/2 stream limit so Envoy opens several connections and the kernel spreads them.
+``filters.processes``) runs N processes on one port (SO_REUSEPORT): the kernel spreads Envoy's
+connections over them, so it pays only with several connections (several Envoy workers or
+Envoys, or a ``max_concurrent_streams`` on the ``tokenweir_filters`` cluster).
 """
 
 from __future__ import annotations
@@ -34,9 +35,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def _run(
-    ns: argparse.Namespace, processes: int, children: list[subprocess.Popen[bytes]]
-) -> None:
+async def _run(ns: argparse.Namespace, children: list[subprocess.Popen[bytes]]) -> None:
     from filters.app import FilterApp, Settings
 
     settings = Settings(
@@ -46,7 +45,6 @@ async def _run(
         metrics_port=ns.metrics_port,
         tokenizer_file=ns.tokenizer,
         worker_index=ns.worker_index,
-        max_streams_per_connection=16 if processes > 1 else None,
     )
     app = FilterApp(settings, clock=time.monotonic)
     stop = asyncio.Event()
@@ -97,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency
         runner = asyncio.Runner()
     with runner:
-        runner.run(_run(ns, processes, children))
+        runner.run(_run(ns, children))
     return 0
 
 

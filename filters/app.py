@@ -42,7 +42,6 @@ class Settings:
     key_cache_seconds: float = 1.0
     budget_cache_seconds: float = 0.25
     worker_index: int = 0
-    max_streams_per_connection: int | None = None
     reload_interval: float = 1.0
 
 
@@ -99,9 +98,7 @@ class FilterApp:
             build_routes(self.policy, services), clock=self._clock, metrics=self.metrics
         )
         host, port = self._listen()
-        self.server = FilterServer(
-            servicer, host, port, max_streams=self.settings.max_streams_per_connection
-        )
+        self.server = FilterServer(servicer, host, port)
         await self.server.start()
         mport = self.settings.metrics_port
         if mport is None and self.policy.filters is not None:

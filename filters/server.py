@@ -199,17 +199,13 @@ def _continue(which: str | None) -> pb.ProcessingResponse:
 class FilterServer:
     """A grpc.aio server hosting :class:`FilterServicer`; ``aclose()`` stops it."""
 
-    def __init__(
-        self, servicer: FilterServicer, host: str, port: int, *, max_streams: int | None = None
-    ) -> None:
+    def __init__(self, servicer: FilterServicer, host: str, port: int) -> None:
         self.servicer = servicer
         options: list[tuple[str, int]] = [
             ("grpc.so_reuseport", 1),
             ("grpc.max_receive_message_length", 80 * 1024 * 1024),
             ("grpc.http2.max_pings_without_data", 0),
         ]
-        if max_streams is not None:
-            options.append(("grpc.max_concurrent_streams", max_streams))
         self._server = grpc.aio.server(options=options)
         pb_grpc.add_ExternalProcessorServicer_to_server(servicer, self._server)
         self.port = self._server.add_insecure_port(f"{host}:{port}")
