@@ -239,6 +239,7 @@ class Session(ABC, Generic[R]):
     def _clusters_in_use(self) -> set[str]:
         """Clusters named by the listeners and route configurations Envoy holds now."""
         used: set[str] = set()
+        memo: dict[tuple[str, str, str], frozenset[str]] = {}
         for type_url in (LISTENER, ROUTE):
             state = self.types[type_url]
             for name, message in state.held_messages.items():
@@ -249,8 +250,9 @@ class Session(ABC, Generic[R]):
                 found = self._refs_memo.get(key)
                 if found is None:
                     found = frozenset(r.name for r in references(message) if r.kind == CLUSTER_REF)
-                    self._refs_memo[key] = found
+                memo[key] = found
                 used |= found
+        self._refs_memo = memo  # only what Envoy holds now: bounded however long the stream
         return used
 
     def _routes_follow_target(self) -> bool:
