@@ -6,7 +6,7 @@ token-aware rate limit, ``/f/v1/...`` runs the plugins without the rate limit. T
 requests/s is an Envoy answering with a canned completion (so the backend is not the bottleneck);
 the streaming backend writes its wall time into every chunk, so the per-chunk delay the path adds
 can be measured. k6 drives the requests/s phases, alternating plain and full; a Python client
-measures streams. Results: JSON in bench/results/filters_bench.json and a table on stdout.
+measures streams. Results: JSON in bench/results/filters_bench_p<N>.json and a table on stdout.
 
 ``.venv/bin/python bench/filters_bench.py [--seconds 10] [--vus 16] [--filter-procs 1]``
 """
@@ -290,8 +290,12 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=50)
     p.add_argument("--gap", type=float, default=0.005, help="seconds between backend chunks")
     p.add_argument("--diag", action="store_true", help="print the gateway's Envoy stats")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "filters_bench.json")
+    p.add_argument(
+        "--out", type=Path, default=None, help="default: bench/results/filters_bench_p<N>.json"
+    )
     ns = p.parse_args()
+    if ns.out is None:
+        ns.out = ROOT / "bench" / "results" / f"filters_bench_p{ns.filter_procs}.json"
     res = asyncio.run(run(ns))
     res["summary"] = summary = summarize(res)
     ns.out.parent.mkdir(parents=True, exist_ok=True)
