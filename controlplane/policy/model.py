@@ -9,19 +9,31 @@ Cross-references (route → pool, fallback → pool, sidecar → service …) ar
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import yaml
 
-from controlplane.policy.decode import MISSING_NODE, Decoder, Duration, Range, Size
+from controlplane.policy.common import (
+    LANES,
+    Address,
+    Count,
+    Lane,
+    Percent,
+    Port,
+    Positive,
+    check_name,
+)
+from controlplane.policy.decode import Decoder, Duration, Range, Size
+from controlplane.policy.servers import ControlPlane, FiltersServer, RateLimitServer
+from controlplane.policy.tenancy import QuotaLimits, Quotas, Tenant, Tier
 
 __all__ = [
     "LANES",
     "Address",
     "Affinity",
     "CircuitBreakers",
+    "ControlPlane",
     "EmulatedPool",
     "FiltersServer",
     "Gateway",
@@ -48,52 +60,6 @@ __all__ = [
     "Tier",
     "Timeouts",
 ]
-
-Lane = Literal["interactive", "batch"]
-LANES: tuple[str, ...] = ("interactive", "batch")
-Port = Annotated[int, Range(1, 65535)]
-Count = Annotated[int, Range(0, 1_000_000_000)]
-Positive = Annotated[int, Range(1, 1_000_000_000)]
-Percent = Annotated[float, Range(0, 100)]
-_HOSTPORT = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9_\-]{0,61}[a-z0-9])?$")
-
-
-@dataclass(frozen=True, order=True)
-class Address:
-    """``host:port``; written as that string in YAML."""
-
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    @classmethod
-    def parse(cls, text: str) -> Address:
-        m = _HOSTPORT.match(text.strip())
-        if m is None or not 1 <= int(m.group("port")) <= 65535:
-            raise ValueError(f"expected host:port with a port in 1..65535, got {text!r}")
-        return cls(m.group("host").strip("[]"), int(m.group("port")))
-
-    @classmethod
-    def __decode__(cls, d: Decoder, node: yaml.Node, path: str) -> Any:
-        if isinstance(node, yaml.ScalarNode):
-            try:
-                return cls.parse(str(node.value))
-            except ValueError as exc:
-                d.error(node, path, str(exc))
-                return MISSING_NODE
-        d.error(node, path, "expected a 'host:port' string")
-        return MISSING_NODE
-
-
-def _name(value: str, what: str) -> None:
-    if not _NAME.match(value):
-        raise ValueError(
-            f"{what} {value!r} is not a valid name (lowercase letters, digits, '-' and '_', "
-            "1-63 characters, starting and ending with a letter or digit)"
-        )
 
 
 # -- LLM pools --------------------------------------------------------------------------------
@@ -307,7 +273,7 @@ class Route:
     timeouts: Timeouts | None = None
 
     def __post_init__(self) -> None:
-        _name(self.name, "route name")
+        check_name(self.name, "route name")
         if (self.pool is None) == (self.service is None):
             raise ValueError(f"route {self.name!r}: give exactly one of pool or service")
 
@@ -341,83 +307,6 @@ class Sidecar:
     service: str
     inbound: SidecarInbound | None = None
     outbound: SidecarOutbound | None = None
-
-
-# -- tenants and quotas -----------------------------------------------------------------------
-@dataclass(frozen=True)
-class QuotaLimits:
-    """A token bucket (burst = C, refill_per_second = r) and long-window budgets."""
-
-    burst: Positive | None = None
-    refill_per_second: Annotated[float, Range(0, 1e9)] | None = None
-    per_minute: Positive | None = None
-    per_hour: Positive | None = None
-    per_day: Positive | None = None
-    per_month: Positive | None = None
-    shadow: bool = False
-
-    def __post_init__(self) -> None:
-        if (self.burst is None) != (self.refill_per_second is None):
-            raise ValueError("a token bucket needs both burst and refill_per_second")
-
-
-@dataclass(frozen=True)
-class Quotas:
-    tokens: QuotaLimits | None = None
-    requests: QuotaLimits | None = None
-    models: dict[str, QuotaLimits] = field(default_factory=dict)
-    lanes: dict[str, QuotaLimits] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        bad = [k for k in self.lanes if k not in LANES]
-        if bad:
-            raise ValueError(f"lanes: unknown lane(s) {bad}; allowed: {list(LANES)}")
-
-
-@dataclass(frozen=True)
-class Tier:
-    lane: Lane = "interactive"
-    allowed_lanes: tuple[Lane, ...] = ("interactive", "batch")
-    max_tokens: Positive = 4096
-    quotas: Quotas = field(default_factory=Quotas)
-
-
-@dataclass(frozen=True)
-class Tenant:
-    tier: str
-    api_keys: tuple[str, ...] = ()
-    quotas: Quotas | None = None
-
-
-# -- servers the mesh talks to ----------------------------------------------------------------
-@dataclass(frozen=True)
-class RateLimitServer:
-    address: Address = field(default_factory=lambda: Address("127.0.0.1", 18081))
-    domain: str = "tokenweir"
-    timeout: Annotated[float, Duration(0.001, 10)] = 0.05
-    failure_mode_deny: bool = False
-    redis_url: str | None = None
-    redis_failure_mode: Literal["open", "closed"] = "open"
-    reservation_ttl: Annotated[float, Duration(1, 86400)] = 600.0
-    replicas: Annotated[int, Range(1, 16)] = 1
-    metrics_port: Port | None = None
-
-
-@dataclass(frozen=True)
-class FiltersServer:
-    address: Address = field(default_factory=lambda: Address("127.0.0.1", 18082))
-    message_timeout: Annotated[float, Duration(0.001, 60)] = 0.2
-    max_body_bytes: Annotated[int, Size(1024, 64 * 1024**2)] = 1024**2
-    processes: Annotated[int, Range(1, 16)] = 1
-    metrics_port: Port | None = None
-
-
-@dataclass(frozen=True)
-class ControlPlane:
-    xds: Address = field(default_factory=lambda: Address("127.0.0.1", 18000))
-    metrics: Address = field(default_factory=lambda: Address("127.0.0.1", 18001))
-    debounce: Annotated[float, Duration(0, 10)] = 0.1
-    delta: bool = True
 
 
 @dataclass(frozen=True)

@@ -5,15 +5,12 @@ Each check yields (key path, message); the loader turns paths into file lines.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
+from controlplane.policy.common import check_name
 from controlplane.policy.model import LANES, Address, Policy
 
 __all__ = ["check_policy"]
-
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9_\-]{0,61}[a-z0-9])?$")
-_NAME_RULE = "lowercase letters, digits, '-' and '_', 1-63 characters"
 
 
 def check_policy(policy: Policy) -> list[tuple[str, str]]:
@@ -31,8 +28,10 @@ def check_policy(policy: Policy) -> list[tuple[str, str]]:
 def _names(policy: Policy) -> Iterator[tuple[str, str]]:
     for section in ("pools", "services", "gateways", "sidecars", "tiers", "tenants"):
         for name in getattr(policy, section):
-            if not _NAME.match(name):
-                yield f"{section}.{name}", f"invalid name ({_NAME_RULE})"
+            try:
+                check_name(name, section[:-1])
+            except ValueError as exc:
+                yield f"{section}.{name}", str(exc)
     clash = set(policy.pools) & set(policy.services)
     for name in sorted(clash):
         yield f"services.{name}", "a pool and a service may not share a name (both become clusters)"

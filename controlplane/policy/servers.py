@@ -1,0 +1,41 @@
+"""Where the servers of the mesh listen: control plane, rate-limit service, filter server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+from controlplane.policy.common import Address, Port
+from controlplane.policy.decode import Duration, Range, Size
+
+__all__ = ["ControlPlane", "FiltersServer", "RateLimitServer"]
+
+
+@dataclass(frozen=True)
+class RateLimitServer:
+    address: Address = field(default_factory=lambda: Address("127.0.0.1", 18081))
+    domain: str = "tokenweir"
+    timeout: Annotated[float, Duration(0.001, 10)] = 0.05
+    failure_mode_deny: bool = False
+    redis_url: str | None = None
+    redis_failure_mode: Literal["open", "closed"] = "open"
+    reservation_ttl: Annotated[float, Duration(1, 86400)] = 600.0
+    replicas: Annotated[int, Range(1, 16)] = 1
+    metrics_port: Port | None = None
+
+
+@dataclass(frozen=True)
+class FiltersServer:
+    address: Address = field(default_factory=lambda: Address("127.0.0.1", 18082))
+    message_timeout: Annotated[float, Duration(0.001, 60)] = 0.2
+    max_body_bytes: Annotated[int, Size(1024, 64 * 1024**2)] = 1024**2
+    processes: Annotated[int, Range(1, 16)] = 1
+    metrics_port: Port | None = None
+
+
+@dataclass(frozen=True)
+class ControlPlane:
+    xds: Address = field(default_factory=lambda: Address("127.0.0.1", 18000))
+    metrics: Address = field(default_factory=lambda: Address("127.0.0.1", 18001))
+    debounce: Annotated[float, Duration(0, 10)] = 0.1
+    delta: bool = True
