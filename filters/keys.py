@@ -2,7 +2,7 @@
 
 Redis layout (editable live; a value there wins over the policy)::
 
-    tw:key:<sha256 hex of the key>   hash: tenant=<name> [tier=<name>] [disabled=1]
+    tw:key:<sha256 hex of the key>   hash: tenant=<name> [tier=<name>] [lane=<lane>] [disabled=1]
 
 Keys are stored hashed, so a Redis dump does not leak them. Lookups are cached for ``ttl``
 seconds (default 1 s), which bounds how long a revoked key keeps working.
@@ -25,6 +25,7 @@ _log = logging.getLogger(__name__)
 class KeyInfo:
     tenant: str
     tier: str | None = None
+    lane: str | None = None  # this key's default lane (the tier's allowed_lanes still apply)
 
 
 class RedisHashes(Protocol):
@@ -46,9 +47,15 @@ def policy_keys(policy: Any) -> dict[str, KeyInfo]:
     return out
 
 
-async def set_key(redis: Any, api_key: str, tenant: str, tier: str | None = None) -> None:
+async def set_key(
+    redis: Any, api_key: str, tenant: str, tier: str | None = None, lane: str | None = None
+) -> None:
     """Give ``api_key`` to ``tenant`` live (admin helper)."""
-    mapping = {"tenant": tenant, **({"tier": tier} if tier else {})}
+    mapping = {
+        "tenant": tenant,
+        **({"tier": tier} if tier else {}),
+        **({"lane": lane} if lane else {}),
+    }
     await redis.delete(key_name(api_key))
     await redis.hset(key_name(api_key), mapping=mapping)
 
@@ -111,5 +118,5 @@ class KeyStore:
                 if tenant:
                     base = self._fallback.get(api_key)
                     tier = fields.get("tier") or (base.tier if base else None)
-                    return KeyInfo(tenant=tenant, tier=tier)
+                    return KeyInfo(tenant=tenant, tier=tier, lane=fields.get("lane") or None)
         return self._fallback.get(api_key)

@@ -1,4 +1,5 @@
-"""identity: ``Authorization: Bearer KEY`` → tenant and tier; strips client ``x-tokenweir-*``.
+"""identity: ``Authorization: Bearer KEY`` → tenant, tier (and a default lane, when the key's
+Redis entry names one); strips client ``x-tokenweir-*``.
 
 Settings: ``require`` (default true: a missing or unknown key gets 401), ``anonymous_tenant``
 and ``anonymous_tier`` (used when ``require`` is false), ``forward_authorization`` (default
@@ -72,6 +73,7 @@ class IdentityPlugin(BasePlugin):
             tenant, tier = self.anonymous_tenant, self.anonymous_tier
         else:
             tenant, tier = info.tenant, info.tier
+            ctx.lane = info.lane  # a default for the lane plugin
         if tier is None:
             t = self.services.policy.tenants.get(tenant)
             tier = t.tier if t is not None else None

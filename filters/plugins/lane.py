@@ -1,5 +1,5 @@
-"""lane: interactive or batch, from the route (forced), a client hint the tier allows, or the
-tier's default. Sets ``x-tokenweir-lane``, which the routes map to circuit-breaker priority.
+"""lane: interactive or batch, from the route (forced), a client hint the tier allows, the API
+key's lane (Redis), or the tier's default. Sets ``x-tokenweir-lane``, which the routes map to circuit-breaker priority.
 
 Settings: ``hint_header`` (default ``x-lane``), ``on_forbidden`` (``ignore`` (default): a hint
 the tier does not allow falls back to the default; ``reject``: 403).
@@ -38,7 +38,7 @@ class LanePlugin(BasePlugin):
         tier = self.services.policy.tiers.get(ctx.tier) if ctx.tier else None
         default = tier.lane if tier is not None else "interactive"
         allowed = tier.allowed_lanes if tier is not None else _LANES
-        lane = default
+        lane: str = ctx.lane if ctx.lane is not None and ctx.lane in allowed else default
         if ctx.route.lane is not None:
             lane = ctx.route.lane
         else:

@@ -70,6 +70,13 @@ async def test_keys_live_in_redis_win_and_revocation_applies_after_ttl(
     assert await services.keys.lookup("tw-demo-free-key") is None  # cached
     clock.now += 1.5
     assert (await services.keys.lookup("tw-demo-free-key")).tenant == "demo-free"  # type: ignore[union-attr]
+    redis.data[key_name("batch-only-key")] = {"tenant": "demo-pro", "lane": "batch"}
+    ctx = make_ctx()
+    await IdentityPlugin({}, services).request_headers(
+        ctx, {"authorization": "Bearer batch-only-key"}, False
+    )
+    await LanePlugin({}, services).request_headers(ctx, {}, False)
+    assert (ctx.tenant, ctx.tier, ctx.lane) == ("demo-pro", "pro", "batch")
     redis.fail = True
     clock.now += 1.5
     assert (await services.keys.lookup("tw-demo-pro-key")).tenant == "demo-pro"  # type: ignore[union-attr]
