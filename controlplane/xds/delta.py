@@ -39,6 +39,7 @@ class DeltaSession(Session[discovery_pb2.DeltaDiscoveryResponse]):
     ) -> None:
         subscribe = set(request.resource_names_subscribe)
         unsubscribe = set(request.resource_names_unsubscribe)
+        state.rev += 1
         if not state.asked:
             state.asked = True
             state.needs_response = True  # Envoy waits for a first answer, even an empty one
@@ -66,11 +67,8 @@ class DeltaSession(Session[discovery_pb2.DeltaDiscoveryResponse]):
         in_sync = desired == held if state.wildcard else desired.items() <= held.items()
         if in_sync and not force and not state.needs_response:
             return None  # the common case, decided at C speed
-        changed = {
-            name: version
-            for name, version in desired.items()
-            if held.get(name) != version or name in force
-        }
+        changed = dict(desired.items() - held.items())
+        changed.update((name, desired[name]) for name in force if name in desired)
         # Named subscriptions (EDS, RDS) end with Envoy's unsubscribe once the cluster or
         # listener that used them is gone; only wildcard types get explicit removals.
         removed = (

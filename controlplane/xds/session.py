@@ -21,7 +21,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2
@@ -37,6 +37,7 @@ __all__ = ["Desired", "Pending", "Recorder", "Session", "TypeState"]
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 class Recorder(Protocol):
@@ -82,6 +83,9 @@ class TypeState:
     needs_response: bool = False
     force: set[str] = field(default_factory=set)  # names to send again even if unchanged
     accepted_version: str = ""
+    # Bumped on every change of subscriptions, held resources or the pending response: what
+    # this type should hold is recomputed only when it or a type it depends on changed.
+    rev: int = 0
 
     def wants(self, name: str) -> bool:
         return self.wildcard or name in self.names
@@ -103,6 +107,7 @@ class Session(ABC, Generic[R]):
         self.types: dict[str, TypeState] = {t: TypeState() for t in ORDER}
         self._nonce = 0
         self._refs_memo: dict[tuple[str, str, str], frozenset[str]] = {}
+        self._memo: dict[str, tuple[Snapshot, tuple[int, ...], Any]] = {}
 
     # ----------------------------------------------------------------- inputs
     def on_snapshot(self, snapshot: Snapshot) -> list[R]:
@@ -154,7 +159,31 @@ class Session(ABC, Generic[R]):
                 return False
         return True
 
+    def _revisions(self, *type_urls: str) -> tuple[int, ...]:
+        return tuple(self.types[t].rev for t in type_urls)
+
+    def _memoized(self, key: str, revs: tuple[int, ...], compute: Callable[[], T]) -> T:
+        """``compute()``, reused while the target and the given revisions stay the same."""
+        assert self.target is not None
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is self.target and hit[1] == revs:
+            return cast(T, hit[2])
+        value = compute()
+        self._memo[key] = (self.target, revs, value)
+        return value
+
     def _endpoints_follow_clusters(self) -> bool:
+        return self._memoized(
+            "endpoints-ready", self._revisions(CLUSTER, ENDPOINT), self._endpoints_ready
+        )
+
+    def _endpoints_ready(self) -> bool:
+        assert self.target is not None
+        if self.target.versions.get(ENDPOINT, {}).items() <= self.types[ENDPOINT].held.items():
+            return True  # Envoy holds every target endpoint set: decided at C speed
+        return self._endpoints_ready_slow()
+
+    def _endpoints_ready_slow(self) -> bool:
         """True once every EDS cluster Envoy accepted has its target endpoints accepted too.
 
         Envoy subscribes to a new cluster's endpoints in a request of its own, which may come
@@ -171,10 +200,22 @@ class Session(ABC, Generic[R]):
         return True
 
     def _desired(self, type_url: str, state: TypeState) -> Desired:
-        """Name → version of what Envoy should hold now for this type (see the module doc)."""
+        """Name → version of what Envoy should hold now for this type (see the module doc).
+
+        The result is shared (memoized): callers must not modify it.
+        """
+        depends = {
+            CLUSTER: (CLUSTER, LISTENER, ROUTE),
+            ENDPOINT: ORDER,
+        }.get(type_url, (type_url,))
+        return self._memoized(
+            type_url, self._revisions(*depends), lambda: self._compute_desired(type_url, state)
+        )
+
+    def _compute_desired(self, type_url: str, state: TypeState) -> Desired:
         assert self.target is not None
         versions = self.target.versions.get(type_url, {})
-        if state.wildcard:
+        if state.wildcard or versions.keys() <= state.names:
             desired = dict(versions)
         else:
             desired = {name: versions[name] for name in state.names if name in versions}
@@ -276,6 +317,7 @@ class Session(ABC, Generic[R]):
         return str(self._nonce)
 
     def _start(self, type_url: str, state: TypeState, pending: Pending) -> None:
+        state.rev += 1
         state.pending = pending
         state.last_nonce = pending.nonce
         state.needs_response = False
@@ -287,6 +329,7 @@ class Session(ABC, Generic[R]):
     def _accept(self, type_url: str, state: TypeState) -> None:
         pending = state.pending
         assert pending is not None
+        state.rev += 1
         for name in pending.removed:
             state.held.pop(name, None)
             state.held_messages.pop(name, None)
@@ -306,6 +349,7 @@ class Session(ABC, Generic[R]):
     def _reject(self, type_url: str, state: TypeState, message: str) -> None:
         pending = state.pending
         assert pending is not None
+        state.rev += 1
         state.pending = None
         state.rejected_key = pending.key
         self.recorder.nacked(type_url, self.mode)
@@ -336,6 +380,7 @@ class Session(ABC, Generic[R]):
         """SotW-style full subscription list; True when it asks for something new."""
         wildcard = (not names and type_url in WILDCARD_TYPES) or "*" in names
         new = set(names) - {"*"}
+        state.rev += 1
         added = (wildcard and not state.wildcard) or bool(new - state.names)
         state.wildcard, state.names = wildcard, new
         if not wildcard:
