@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,18 @@ def policy_text(port: int) -> str:
         "tiers: {t: {quotas: {tokens: {burst: 900000000, refill_per_second: 1000000, "
         "per_month: 999999999}}}}\ntenants:\n" + tenants
     )
+
+
+def service_p99_ms(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """Upper bound of the bucket holding the 99th percentile of the decisions in between."""
+    diff = {le: after.get(le, 0.0) - before.get(le, 0.0) for le in after}
+    total = diff.get(float("inf"), 0.0)
+    if total <= 0:
+        return None
+    for le in sorted(diff):
+        if diff[le] >= 0.99 * total:
+            return le * 1000
+    return None
 
 
 def cpu_seconds(pid: int) -> float:
@@ -170,9 +183,27 @@ class Service:
                 "--transport",
                 "grpc" if "grpc" in kind else "h2",
             ]
+        self.metrics_ports: list[int] = []
+        if kind.startswith("ours"):
+            base = free_port()
+            argv += ["--metrics-port", str(base)]
+            self.metrics_ports = [base + i for i in range(int(kind[-1]))]
         self.child = ChildProcess(argv, log=tmp / f"rls-{kind}.log", env=env)
         wait_for_port(port, timeout=20)
         time.sleep(1.0 if kind == "ours-2" else 0.3)
+
+    def hist(self) -> dict[float, float]:
+        """Cumulative decision-latency buckets inside the service (all workers)."""
+        out: dict[float, float] = {}
+        for mport in self.metrics_ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+            for line in text.splitlines():
+                if line.startswith("tokenweir_ratelimit_decision_seconds_bucket"):
+                    le = line.split('le="')[1].split('"')[0]
+                    key = float("inf") if le == "+Inf" else float(le)
+                    out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
 
     def cpu(self) -> float:
         return cpu_seconds(self.child.proc.pid)
@@ -396,11 +427,13 @@ def main() -> None:
             try:
                 grpc_load(port, 50, 1.0)  # warm up: connections, script cache, quota cache
                 for c in CONCURRENCY:
-                    cpu0 = svc.cpu()
+                    cpu0, h0 = svc.cpu(), svc.hist() if svc.metrics_ports else {}
                     r = grpc_load(port, c, a.seconds)
                     r["cpu_us_per_decision"] = round(
                         (svc.cpu() - cpu0) / max(1, r["calls"]) * 1e6, 1
                     )
+                    if svc.metrics_ports:
+                        r["service_p99_ms_at_most"] = service_p99_ms(h0, svc.hist())
                     results.setdefault("grpc", {}).setdefault(kind, {})[str(c)] = r
                     print("grpc", kind, c, r, flush=True)
                 for limited in (False, True) if kind == "floor" else (True,):
@@ -428,7 +461,7 @@ def main() -> None:
                         name = kind if limited else "no-ratelimit"
                         k6_load(f"http://127.0.0.1:{listen}/v1/chat/completions", 50, 1.0, tmp)
                         for c in CONCURRENCY:
-                            cpu0 = svc.cpu()
+                            cpu0, h0 = svc.cpu(), svc.hist() if svc.metrics_ports else {}
                             r = k6_load(
                                 f"http://127.0.0.1:{listen}/v1/chat/completions", c, a.seconds, tmp
                             )
@@ -436,6 +469,8 @@ def main() -> None:
                                 r["cpu_us_per_decision"] = round(
                                     (svc.cpu() - cpu0) / max(1, r["calls"]) * 1e6, 1
                                 )
+                            if svc.metrics_ports:
+                                r["service_p99_ms_at_most"] = service_p99_ms(h0, svc.hist())
                             results.setdefault("envoy", {}).setdefault(name, {})[str(c)] = r
                             print("envoy", name, c, r, flush=True)
                     finally:
