@@ -81,3 +81,36 @@ async def test_serve_reload_and_stop(tmp_path: Path) -> None:
         assert "policy reload failed" in child.output()
     finally:
         child.close()
+
+
+async def test_worker_processes_share_the_port_and_stop_together(tmp_path: Path) -> None:
+    fp = free_port()
+    path = tmp_path / "mesh.yaml"
+    path.write_text(policy(fp, "old-key-1234"))
+    argv = [sys.executable, "-m", "filters", "--policy", str(path), "--processes", "2"]
+    child = ChildProcess(argv, log=tmp_path / "filters.log")
+    try:
+        await asyncio.to_thread(wait_for_port, fp, 20.0)
+        workers: list[int] = []
+        for _ in range(100):
+            workers = [
+                int(p)
+                for p in Path(f"/proc/{child.proc.pid}/task/{child.proc.pid}/children")
+                .read_text()
+                .split()
+            ]
+            if workers:
+                break
+            await asyncio.sleep(0.1)
+        assert len(workers) == 1, "one extra worker process"
+        results = await asyncio.gather(*(status_for(fp, "old-key-1234") for _ in range(20)))
+        assert results == [200] * 20
+        child.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(child.proc.wait, 15) == 0
+        await asyncio.sleep(0.2)
+        assert (
+            not Path(f"/proc/{workers[0]}").exists()
+            or "zombie" in Path(f"/proc/{workers[0]}/status").read_text()
+        )
+    finally:
+        child.close()
