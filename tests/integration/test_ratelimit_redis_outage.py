@@ -30,7 +30,7 @@ tenants: {{acme: {{tier: t}}}}
 """
 
 
-def _redis(port: int, tmp: Path) -> ChildProcess:
+def _redis(port: int, tmp: Path, *extra: str) -> ChildProcess:
     argv = [
         shutil.which("redis-server") or "redis-server",
         "--port",
@@ -43,6 +43,7 @@ def _redis(port: int, tmp: Path) -> ChildProcess:
         "no",
         "--dir",
         str(tmp),
+        *extra,
     ]
     child = ChildProcess(argv, log=tmp / f"redis-{time.monotonic_ns()}.log")
     wait_for_port(port)
@@ -150,3 +151,50 @@ async def test_fail_closed_denies_quickly(tmp_path: Path) -> None:
                 assert b"quota_unavailable" in resp.raw_body
     finally:
         svc.close()
+
+
+async def test_slow_redis_answers_within_the_deadline(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.format(mode="open"))
+    rport, port, mport = free_port(), free_port(), free_port()
+    server = _redis(rport, tmp_path, "--enable-debug-command", "yes")
+    svc = start_service(
+        policy,
+        f"redis://127.0.0.1:{rport}/0",
+        port,
+        tmp_path,
+        extra=["--metrics-port", str(mport), "--processes", "1"],
+    )
+    r = redis.Redis(port=rport)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = rls_pb2_grpc.RateLimitServiceStub(ch)
+
+            async def ask(rid: str) -> int:
+                resp = await stub.ShouldRateLimit(rls.llm("acme", 10, rid=rid), timeout=5)
+                return resp.overall_code
+
+            assert await ask("warm") == OK
+            sleeper = asyncio.get_running_loop().run_in_executor(
+                None, r.execute_command, "DEBUG", "SLEEP", "0.8"
+            )
+            await asyncio.sleep(0.05)  # Redis is now frozen for 0.8 s
+            t0 = time.perf_counter()
+            codes = await asyncio.gather(*(ask(f"slow-{i}") for i in range(20)))
+            elapsed = time.perf_counter() - t0
+            assert codes == [OK] * 20  # fail-open: answered from the local share
+            assert elapsed < 0.4, f"answers took {elapsed * 1e3:.0f} ms while Redis slept"
+            await sleeper
+            fallbacks = await _metric(mport, "tokenweir_ratelimit_fallback_decisions_total")
+            assert fallbacks >= 20
+            deadline = time.monotonic() + 10
+            while await _metric(mport, "tokenweir_ratelimit_redis_up") != 1:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            assert await ask("after") == OK
+            assert await _metric(mport, "tokenweir_ratelimit_fallback_decisions_total") == fallbacks
+        assert await _metric(mport, "tokenweir_ratelimit_redis_errors_total", kind="timeout") >= 1
+    finally:
+        r.close()
+        svc.close()
+        server.close()
