@@ -111,8 +111,8 @@ class Reloader:
             policy = load_policy(self.path)
             self._remember_files([self.path, *endpoint_files(policy, self.path.parent)])
             snaps = snapshots_for(render(policy))
-            for snap in snaps.values():  # check all before publishing any
-                snap.check()
+            for group, snap in snaps.items():  # check all before publishing any
+                self.cache.check(group, snap)
         except PolicyError as exc:
             return self._reject([str(i) for i in exc.issues])
         except InconsistentSnapshotError as exc:
