@@ -103,6 +103,12 @@ async def test_worker_processes_share_the_port_and_stop_together(tmp_path: Path)
                 break
             await asyncio.sleep(0.1)
         assert len(workers) == 1, "one extra worker process"
+        for _ in range(200):  # requests during a worker's start could reach its half-open socket
+            if "filters[1] INFO filters.app: filter server on" in child.output():
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(child.output())
         results = await asyncio.gather(*(status_for(fp, "old-key-1234") for _ in range(20)))
         assert results == [200] * 20
         child.proc.send_signal(signal.SIGTERM)
