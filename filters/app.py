@@ -107,7 +107,7 @@ class FilterApp:
             await self._serve_metrics(host, mport + self.settings.worker_index)
         self._tasks.append(asyncio.create_task(self._watch()))
         _log.info(
-            "filter server on %s:%s (routes: %s)", host, self.server.port, len(servicer._routes)
+            "filter server on %s:%s (routes: %s)", host, self.server.port, servicer.route_count
         )
 
     def _listen(self) -> tuple[str, int]:

@@ -81,6 +81,10 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         self._clock = clock
         self._metrics = metrics
 
+    @property
+    def route_count(self) -> int:
+        return len(self._routes)
+
     def swap(self, routes: Mapping[str, RouteEntry]) -> None:
         """Use new chains for new streams; streams in flight finish on the old ones."""
         self._routes = dict(routes)
