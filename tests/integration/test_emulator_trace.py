@@ -18,20 +18,13 @@ from backends.emulator.trace import (
 
 pytestmark = pytest.mark.integration
 
-TRACE = (
-    Path(__file__).resolve().parents[3]
-    / "shared"
-    / "workloads"
-    / "mooncake_conversation_trace.jsonl"
-)
+TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake_conversation_first400.jsonl"
 SLICE = 400
 SCALE = 16  # 512-token blocks become 32 tokens; block sharing is unchanged
 
 
 @pytest.fixture(scope="module")
 def records() -> list[TraceRecord]:
-    if not TRACE.exists():
-        pytest.skip(f"trace not found at {TRACE}")
     return load_trace(TRACE, limit=SLICE)
 
 
