@@ -40,9 +40,13 @@ from tests.helpers import ChildProcess, free_port, redis_server, wait_for_port  
 
 BIN = Path(sys.executable).parent
 CONCURRENCY = (1, 50, 200)
+OPEN_RATE = 1000  # requests/s offered in the open-loop run (at most 200 in flight)
 K6_SCRIPT = """
 import http from 'k6/http';
-export const options = { discardResponseBodies: true, summaryTrendStats: ['med', 'p(99)'] };
+const trend = { discardResponseBodies: true, summaryTrendStats: ['med', 'p(99)'] };
+export const options = __ENV.RATE ? Object.assign(trend, { scenarios: { open: {
+  executor: 'constant-arrival-rate', rate: Number(__ENV.RATE), timeUnit: '1s',
+  duration: __ENV.DUR, preAllocatedVUs: 200, maxVUs: 200 } } }) : trend;
 export default function () {
   const t = 'bench-' + (__VU % 100);
   http.post(__ENV.URL, null, { headers: { 'x-tokenweir-tenant': t, 'x-tokenweir-model': 'm',
@@ -371,19 +375,24 @@ def envoy_config(policy: Any, listen: int, admin: int, rls: int, limited: bool) 
     }
 
 
-def k6_load(url: str, vus: int, seconds: float, tmp: Path) -> dict[str, Any]:
+def k6_load(
+    url: str, vus: int, seconds: float, tmp: Path, rate: int | None = None
+) -> dict[str, Any]:
+    """Closed loop with ``vus`` callers, or open loop at ``rate`` requests/s (≤ 200 in flight)."""
     script = tmp / "k6.js"
     script.write_text(K6_SCRIPT)
     summary = tmp / f"k6-{vus}.json"
+    shape = (
+        ["-e", f"RATE={rate}", "-e", f"DUR={seconds}s"]
+        if rate
+        else ["--vus", str(vus), "--duration", f"{seconds}s"]
+    )
     subprocess.run(
         [
             str(BIN / "k6"),
             "run",
             "--quiet",
-            "--vus",
-            str(vus),
-            "--duration",
-            f"{seconds}s",
+            *shape,
             "--summary-export",
             str(summary),
             "-e",
@@ -459,6 +468,7 @@ def main() -> None:
                     try:
                         wait_for_port(listen, timeout=30)
                         name = kind if limited else "no-ratelimit"
+                        url_v1 = f"http://127.0.0.1:{listen}/v1/chat/completions"
                         k6_load(f"http://127.0.0.1:{listen}/v1/chat/completions", 50, 1.0, tmp)
                         for c in CONCURRENCY:
                             cpu0, h0 = svc.cpu(), svc.hist() if svc.metrics_ports else {}
@@ -473,6 +483,9 @@ def main() -> None:
                                 r["service_p99_ms_at_most"] = service_p99_ms(h0, svc.hist())
                             results.setdefault("envoy", {}).setdefault(name, {})[str(c)] = r
                             print("envoy", name, c, r, flush=True)
+                        r = k6_load(url_v1, 0, a.seconds, tmp, rate=OPEN_RATE)
+                        results.setdefault("envoy_open", {})[name] = r
+                        print("envoy open loop", OPEN_RATE, "/s", name, r, flush=True)
                     finally:
                         envoy.close()
             finally:
