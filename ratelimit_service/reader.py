@@ -1,7 +1,7 @@
 """QuotaReader: a read-only peek at how many tokens a tenant could reserve right now.
 
-The filter server uses it to clamp ``max_tokens`` to what the budget still holds. One Redis round
-trip (a pipeline on the tenant's hash slot: its live quota fields plus every counter that could
+The filter server uses it to clamp ``max_tokens`` to what the budget still holds. One Redis call
+(``lua/peek.lua`` on the tenant's hash slot: its live quota fields plus every counter that could
 apply); nothing is written.
 """
 
@@ -16,6 +16,7 @@ from controlplane.policy.model import Policy
 from ratelimit_service.config import Limit, effective_quotas, limits_for_tenant, tenant_defaults
 from ratelimit_service.keys import bucket_key, config_key, window_key
 from ratelimit_service.limiter import refill
+from ratelimit_service.store import RedisStore
 from ratelimit_service.windows import UNITS, window
 
 __all__ = ["QuotaReader", "decode_map", "limit_remaining"]
@@ -31,12 +32,22 @@ def decode_map(raw: Any) -> dict[str, str]:
 
 class QuotaReader:
     """``remaining(tenant, model, lane)``: tokens reservable now across all the tenant's enforced
-    token quotas (the minimum, never below 0), or None when no token quota applies."""
+    token quotas (the minimum, never below 0), or None when no token quota applies. Raises
+    ``TimeoutError`` after ``timeout`` seconds and ``StoreUnavailable`` when Redis fails."""
 
-    def __init__(self, redis: Any, policy: Policy, *, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        redis: Any,
+        policy: Policy,
+        *,
+        clock: Callable[[], float] = time.time,
+        timeout: float | None = 0.05,
+    ):
         self._redis = redis
         self._policy = policy
         self._clock = clock
+        # one EVALSHA per peek; concurrent peeks share one pipeline (no connections of its own)
+        self._store = RedisStore(redis, deadline=timeout)
 
     def update_policy(self, policy: Policy) -> None:
         self._policy = policy
@@ -50,13 +61,12 @@ class QuotaReader:
             quotas.append(f"models.{model}")
         if lane is not None:
             quotas.append(f"lanes.{lane}")
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.hgetall(config_key(tenant))
+        keys = [config_key(tenant)]
         for q in quotas:
-            pipe.hmget(bucket_key(tenant, q), "tk", "ts")
-            for unit in UNITS:
-                pipe.get(window_key(tenant, q, unit, window(unit, now_us)[0]))
-        results = await pipe.execute()
+            keys.append(bucket_key(tenant, q))
+            keys += [window_key(tenant, q, unit, window(unit, now_us)[0]) for unit in UNITS]
+        results = await self._store.peek(keys)
+        results[0] = dict(zip(results[0][::2], results[0][1::2], strict=True))
         sq = effective_quotas(tenant_defaults(self._policy, tenant), decode_map(results[0]))
         limits = [x for x in limits_for_tenant(sq, model, lane) if x.tokens and not x.shadow]
         if not limits:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+import pytest
 import redis.asyncio as aioredis
 
 from controlplane.policy import Policy
@@ -79,3 +81,31 @@ async def test_clock_is_injected(aredis: aioredis.Redis, policy: Policy, tenant:
         assert await later.remaining(tenant) in (400, 401)
     finally:
         await store.aclose()
+
+
+async def test_a_hanging_redis_times_out(policy: Policy, tenant: str) -> None:
+    class Hanging:
+        def pipeline(self, transaction: bool) -> Hanging:
+            return self
+
+        def execute_command(self, *args: object) -> None:
+            pass
+
+        async def execute(self, raise_on_error: bool) -> list[object]:
+            await asyncio.sleep(10)
+            return []
+
+    reader = QuotaReader(Hanging(), policy, timeout=0.05)
+    t0 = time.perf_counter()
+    with pytest.raises(TimeoutError):
+        await reader.remaining(tenant)
+    assert time.perf_counter() - t0 < 1
+
+
+async def test_concurrent_peeks_share_round_trips(
+    aredis: aioredis.Redis, policy: Policy, tenant: str
+) -> None:
+    reader = QuotaReader(aredis, policy)
+    values = await asyncio.gather(*(reader.remaining(tenant) for _ in range(50)))
+    assert values == [1000] * 50
+    assert reader._store.batches < 50
