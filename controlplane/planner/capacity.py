@@ -270,6 +270,32 @@ def wait_estimate(
     return WaitEstimate(model, lam, pw, mean, quant, a + lam * mean)
 
 
+def _replicas_for_wait(inputs: PlanInputs, cap: Capacity, model: Model, lo: int) -> int:
+    """Smallest N ≥ lo whose q-quantile wait fits the queue budget (doubling, then bisection)."""
+
+    def fits(n: int) -> bool:
+        return wait_estimate(inputs, cap, inputs.total_qps / n, model).quantile_s <= (
+            cap.queue_budget_s
+        )
+
+    if fits(lo):
+        return lo
+    hi = lo
+    while not fits(hi):
+        if hi >= _MAX_REPLICAS_SEARCH:
+            raise InfeasibleError(
+                f"p{inputs.quantile * 100:g} queue wait within the TTFT budget at any replica count",
+                required=wait_estimate(inputs, cap, inputs.total_qps / hi, model).quantile_s * 1e3,
+                available=cap.queue_budget_s * 1e3,
+                unit="ms",
+            )
+        lo, hi = hi, min(hi * 2, _MAX_REPLICAS_SEARCH)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
 def replicas_needed(
     inputs: PlanInputs, cap: Capacity, model: Model
 ) -> tuple[int, int, int, tuple[Step, ...]]:
@@ -278,11 +304,7 @@ def replicas_needed(
     rate = cap.rate(model)
     load = lam * s
     n_util = max(1, math.ceil(lam / (rate * u) - 1e-9))
-    n_lat = max(1, math.floor(lam / rate) + 1)
-    while n_lat < _MAX_REPLICAS_SEARCH:
-        if wait_estimate(inputs, cap, lam / n_lat, model).quantile_s <= cap.queue_budget_s:
-            break
-        n_lat += 1
+    n_lat = _replicas_for_wait(inputs, cap, model, max(1, math.floor(lam / rate) + 1))
     n = max(n_util, n_lat)
     if inputs.max_replicas is not None and n > inputs.max_replicas:
         raise InfeasibleError(

@@ -174,3 +174,13 @@ def test_flat_replica_with_a_single_stream_speed_limit() -> None:
     assert rep.itl_s(1) == 0.005 and rep.itl_s(40) == pytest.approx(0.020)
     assert rep.max_concurrency_for_tbt(0.020) == 40
     assert rep.max_concurrency_for_tbt(0.004) == 0
+
+
+def test_a_tight_wait_budget_is_met_by_more_replicas_not_a_long_search() -> None:
+    # 0.5 ms of queue budget: only a nearly idle pool keeps the step residual's p95 below it
+    inputs = seed_inputs(replica=get_profile("seed-2k"), ttft_s=0.3205, target_utilization=0.9)
+    plan = make_plan(inputs)
+    assert plan.replicas_for_latency > plan.replicas_for_utilization
+    assert plan.wait().quantile_s <= plan.capacity.queue_budget_s
+    smaller = wait_estimate(inputs, plan.capacity, 10 / (plan.replicas - 1), "batch")
+    assert smaller.quantile_s > plan.capacity.queue_budget_s
