@@ -58,11 +58,23 @@ def _common(out: Outcome) -> pb.CommonResponse:
     return common
 
 
+def _value(v: Any) -> struct_pb2.Value:
+    if isinstance(v, bool):
+        return struct_pb2.Value(bool_value=v)
+    if isinstance(v, int | float):
+        return struct_pb2.Value(number_value=v)
+    if isinstance(v, str):
+        return struct_pb2.Value(string_value=v)
+    s = struct_pb2.Struct()
+    s.update({"v": v})
+    return s.fields["v"]
+
+
 def _with_metadata(resp: pb.ProcessingResponse, out: Outcome) -> pb.ProcessingResponse:
     if out.metadata:
-        s = struct_pb2.Struct()
-        s.update({METADATA_NAMESPACE: out.metadata})
-        resp.dynamic_metadata.CopyFrom(s)
+        inner = struct_pb2.Struct(fields={k: _value(v) for k, v in out.metadata.items()})
+        ns = resp.dynamic_metadata.fields[METADATA_NAMESPACE]
+        ns.struct_value.CopyFrom(inner)
     return resp
 
 
