@@ -16,7 +16,7 @@ from typing import Any
 
 from envoy.service.ratelimit.v3 import rls_pb2
 
-from ratelimit_service.config import Limit, limits_for_service, limits_for_tenant
+from ratelimit_service.config import Limit, SubjectQuotas, limits_for_service, limits_for_tenant
 from ratelimit_service.descriptors import Call, parse_request
 from ratelimit_service.directory import QuotaDirectory
 from ratelimit_service.errors import BadRequest, StoreUnavailable
@@ -24,7 +24,7 @@ from ratelimit_service.health import RedisHealth
 from ratelimit_service.keys import record_key, service_subject
 from ratelimit_service.limiter import Check, ReserveResult
 from ratelimit_service.metrics import Metrics
-from ratelimit_service.plan import checks_for, scaled
+from ratelimit_service.plan import WindowClock, checks_for, scaled
 from ratelimit_service.responses import Verdict, error_response, response
 from ratelimit_service.store import MemoryStore, QuotaStore
 
@@ -112,6 +112,10 @@ class Decider:
         self.clock = clock
         self._last_log: dict[str, float] = {}
         self._counters: dict[tuple[bool, str, str], Any] = {}
+        self._limits: dict[
+            tuple[str, str | None, str | None], tuple[SubjectQuotas, list[Limit]]
+        ] = {}
+        self._windows = WindowClock()
         self._reserved = metrics.tokens.labels("reserved")
         self._decision_seconds = metrics.decision_seconds
 
@@ -160,7 +164,15 @@ class Decider:
         sq = await self.directory.tenant(tenant)
         if not sq.known:
             raise BadRequest(f"unknown tenant {tenant!r}", "unknown_tenant")
-        limits = limits_for_tenant(sq, call.model, call.lane)
+        key = (tenant, call.model, call.lane)
+        hit = self._limits.get(key)
+        if hit is not None and hit[0] is sq:  # the same effective quotas: the same limits
+            limits = hit[1]
+        else:
+            limits = limits_for_tenant(sq, call.model, call.lane)
+            if len(self._limits) > 100_000:
+                self._limits.clear()
+            self._limits[key] = (sq, limits)
         if call.request_id is None:
             self._log_limited("no_request_id", "reserve without request_id: it cannot be settled")
         return await self._reserve(tenant, limits, call, call.request_id)
@@ -176,7 +188,7 @@ class Decider:
         ttl = self.settings.reservation_ttl_ms
         res: ReserveResult | None = None
         if self.store is not None and (self.health is None or self.health.up):
-            checks = checks_for(subject, limits, call.hits, now_us)
+            checks = checks_for(subject, limits, call.hits, now_us, self._windows)
             try:
                 res = await self.store.reserve(record, rid is not None, checks, now_us, ttl)
             except (StoreUnavailable, TimeoutError) as exc:
@@ -187,7 +199,7 @@ class Decider:
             if self.settings.failure_mode == "closed":
                 raise StoreUnavailable("redis unavailable")
             limits = scaled(limits, self.settings.replicas)
-            checks = checks_for(subject, limits, call.hits, now_us)
+            checks = checks_for(subject, limits, call.hits, now_us, self._windows)
             res = await self.local.reserve(record, rid is not None, checks, now_us, ttl)
         v = verdict(res, limits, checks, call.hits, now_us, subject)
         self._count(v, call)

@@ -2,17 +2,41 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ratelimit_service.config import Limit
 from ratelimit_service.keys import bucket_key, window_key
 from ratelimit_service.limiter import Check
 from ratelimit_service.windows import window
 
-__all__ = ["checks_for", "scaled"]
+__all__ = ["WindowClock", "checks_for", "scaled"]
 
 
-def checks_for(subject: str, limits: Iterable[Limit], tokens: int, now_us: int) -> list[Check]:
+class WindowClock:
+    """``window(unit, now_us)`` remembered until the window ends (no calendar math per call).
+
+    A remembered answer is reused for ``computed_at <= now_us < reset``: every such instant lies in
+    the same window as ``computed_at`` (a clock going backwards just recomputes)."""
+
+    def __init__(self) -> None:
+        self._current: dict[str, tuple[int, int, int]] = {}  # unit → computed_at, reset, index
+
+    def __call__(self, unit: str, now_us: int) -> tuple[int, int]:
+        hit = self._current.get(unit)
+        if hit is not None and hit[0] <= now_us < hit[1]:
+            return hit[2], hit[1]
+        index, reset = window(unit, now_us)
+        self._current[unit] = (now_us, reset, index)
+        return index, reset
+
+
+def checks_for(
+    subject: str,
+    limits: Iterable[Limit],
+    tokens: int,
+    now_us: int,
+    window_of: Callable[[str, int], tuple[int, int]] = window,
+) -> list[Check]:
     """Token limits cost ``tokens``, request-count limits cost 1."""
     out = []
     for lim in limits:
@@ -21,7 +45,7 @@ def checks_for(subject: str, limits: Iterable[Limit], tokens: int, now_us: int) 
             key = bucket_key(subject, lim.quota)
             out.append(Check(key, "b", cost, lim.limit, lim.rate, 0, lim.shadow, lim.tokens))
         else:
-            index, reset_us = window(lim.unit, now_us)
+            index, reset_us = window_of(lim.unit, now_us)
             key = window_key(subject, lim.quota, lim.unit, index)
             out.append(Check(key, "w", cost, lim.limit, 0.0, reset_us, lim.shadow, lim.tokens))
     return out
