@@ -7,7 +7,9 @@ the plan by hand. Pure functions; no I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Literal
 
 from .batch_model import batch_predict
@@ -34,11 +36,13 @@ __all__ = [
 ]
 
 Model = Literal["mmc", "mgc", "batch"]
-MODELS: dict[Model, str] = {
-    "mmc": "M/M/c (Erlang C)",
-    "mgc": "M/G/c (Allen–Cunneen)",
-    "batch": "batch-aware (itl(b) chain + prefill + step residual)",
-}
+MODELS: Mapping[Model, str] = MappingProxyType(
+    {
+        "mmc": "M/M/c (Erlang C)",
+        "mgc": "M/G/c (Allen–Cunneen)",
+        "batch": "batch-aware (itl(b) chain + prefill + step residual)",
+    }
+)
 _MAX_REPLICAS_SEARCH = 100_000
 
 

@@ -23,6 +23,7 @@ import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, cast
 
 import yaml
@@ -33,17 +34,19 @@ from .replica import FlatReplica, ReplicaModel, profile_replica
 
 __all__ = ["inputs_from_mapping", "load_samples", "parse_duration", "read_planner_section"]
 
-_KEYS = {
+_KEYS = frozenset({
     "pool", "models", "backend", "prompt_tokens", "output_tokens", "samples", "budgets",
     "target_utilization", "prefix_cache_hit_rate", "max_replicas", "quantile", "classes",
     "tenants",
-}  # fmt: skip
-_BACKEND_KEYS = {
+})  # fmt: skip
+_BACKEND_KEYS = frozenset({
     "profile", "decode_tok_s", "prefill_tok_s", "max_running_requests", "max_total_tokens",
     "step_overhead", "min_itl",
-}  # fmt: skip
+})  # fmt: skip
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*(us|ms|s|m|h)?\s*$")
-_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_UNITS: Mapping[str | None, float] = MappingProxyType(
+    {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+)
 _PROMPT_FIELDS = ("input_length", "prompt_tokens", "prompt")
 _OUTPUT_FIELDS = ("output_length", "completion_tokens", "output_tokens", "output")
 
@@ -60,7 +63,9 @@ def parse_duration(value: Any, path: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
-def _mapping(value: Any, path: str, allowed: set[str] | None = None) -> Mapping[str, Any]:
+def _mapping(
+    value: Any, path: str, allowed: frozenset[str] | set[str] | None = None
+) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise PlanInputError(path or "planner", f"expected a mapping, got {type(value).__name__}")
     if allowed is not None:
