@@ -64,7 +64,8 @@ def plan_text(plan: Plan) -> str:
         )
         + ".",
         "",
-        f"## Wait vs utilization (one replica, c = {cap.c}, S = {cap.service_s:.4g} s)",
+        f"## Wait vs utilization (one replica, c = {cap.c}, S = {cap.service_s:.4g} s, "
+        + ("ρ = λ·τ)" if plan.model == "batch" else "ρ = λ·S/c)"),
         "| ρ | λ (req/s) | P(wait) M/M/c | "
         + " | ".join(f"mean / {q} {MODELS[m].split(' ')[0]}" for m in MODELS)
         + " |",
