@@ -167,9 +167,15 @@ class Plugin(Protocol):
 
 
 class BasePlugin:
-    """No-op hooks; override the ones you need. ``name`` defaults to the class name."""
+    """No-op hooks; override the ones you need.
+
+    ``bounded``: set it only when every hook is guaranteed to finish quickly (its I/O has its
+    own timeouts, as the built-ins' Redis reads do); the chain then skips the per-phase deadline
+    for phases where all plugins are bounded. Leave it False for your own plugins.
+    """
 
     name: ClassVar[str] = ""
+    bounded: ClassVar[bool] = False
 
     async def request_headers(
         self, ctx: Context, headers: Mapping[str, str], end_of_stream: bool

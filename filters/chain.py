@@ -103,6 +103,9 @@ class Chain:
         self.events = events
         by_hook = {h: tuple(p for p in self.plugins if h in _hooks_of(p)) for h in HOOKS}
         self._by_hook: Mapping[Hook, tuple[Plugin, ...]] = by_hook
+        self._unbounded: frozenset[Hook] = frozenset(
+            h for h, ps in by_hook.items() if any(not getattr(p, "bounded", False) for p in ps)
+        )
         self.hooks: frozenset[Hook] = frozenset(h for h, ps in by_hook.items() if ps)
 
     def needs(self, hook: Hook) -> bool:
@@ -114,7 +117,8 @@ class Chain:
         async def call(p: Plugin) -> Result | None:
             return await p.request_headers(ctx, headers, end_of_stream)
 
-        return await self._run("request_headers", ctx, call, headers=headers, timed=True)
+        timed = "request_headers" in self._unbounded
+        return await self._run("request_headers", ctx, call, headers=headers, timed=timed)
 
     async def request_body(self, ctx: Context, body: bytes) -> Outcome:
         state = {"body": body}
@@ -122,7 +126,8 @@ class Chain:
         async def call(p: Plugin) -> Result | None:
             return await p.request_body(ctx, state["body"])
 
-        return await self._run("request_body", ctx, call, body_state=state, timed=True)
+        timed = "request_body" in self._unbounded
+        return await self._run("request_body", ctx, call, body_state=state, timed=timed)
 
     async def response_headers(self, ctx: Context, headers: dict[str, str]) -> Outcome:
         async def call(p: Plugin) -> Result | None:

@@ -5,11 +5,13 @@ Redis layout (editable live; a value there wins over the policy)::
     tw:key:<sha256 hex of the key>   hash: tenant=<name> [tier=<name>] [lane=<lane>] [disabled=1]
 
 Keys are stored hashed, so a Redis dump does not leak them. Lookups are cached for ``ttl``
-seconds (default 1 s), which bounds how long a revoked key keeps working.
+seconds (default 1 s), which bounds how long a revoked key keeps working. A Redis read that takes
+longer than ``io_timeout`` (50 ms) counts as a Redis error: the policy file answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Callable, Mapping
@@ -81,6 +83,7 @@ class KeyStore:
         ttl: float = 1.0,
         max_entries: int = 100_000,
         on_redis_error: Callable[[], None] | None = None,
+        io_timeout: float = 0.05,
     ) -> None:
         self._fallback = dict(fallback)
         self._redis = redis
@@ -89,6 +92,7 @@ class KeyStore:
         self._max = max_entries
         self._cache: dict[str, tuple[float, KeyInfo | None]] = {}
         self._on_redis_error = on_redis_error
+        self._io_timeout = io_timeout
 
     async def lookup(self, api_key: str) -> KeyInfo | None:
         now = self._clock()
@@ -104,8 +108,9 @@ class KeyStore:
     async def _resolve(self, api_key: str) -> KeyInfo | None:
         if self._redis is not None:
             try:
-                raw = await self._redis.hgetall(key_name(api_key))
-            except Exception as exc:  # Redis down: the policy file still answers
+                async with asyncio.timeout(self._io_timeout):
+                    raw = await self._redis.hgetall(key_name(api_key))
+            except Exception as exc:  # Redis down or slow: the policy file still answers
                 _log.warning("API key lookup in Redis failed (%s); using the policy file", exc)
                 if self._on_redis_error is not None:
                     self._on_redis_error()

@@ -41,6 +41,7 @@ def _unauthorized(message: str) -> ClientError:
 
 class IdentityPlugin(BasePlugin):
     name = "identity"
+    bounded = True  # Redis reads have their own timeouts
 
     def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
         unknown = set(settings) - {

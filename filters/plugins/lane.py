@@ -21,6 +21,7 @@ _LANES = ("interactive", "batch")
 
 class LanePlugin(BasePlugin):
     name = "lane"
+    bounded = True
 
     def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
         unknown = set(settings) - {"hint_header", "on_forbidden"}

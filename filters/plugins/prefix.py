@@ -36,6 +36,7 @@ def prefix_hash(req: LlmRequest, tokens: int, services: Services, model: str) ->
 
 class PrefixPlugin(BasePlugin):
     name = "prefix"
+    bounded = True
 
     def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
         unknown = set(settings) - {"tokens", "header"}

@@ -8,11 +8,13 @@ streamed chat/completions get ``stream_options.include_usage`` so the usage plug
 
 Settings: ``extra_fields`` (body fields to accept besides the known ones), ``reject_unknown``
 (default true), ``default_max_tokens`` (cap when the tenant has no tier; default 4096),
-``max_body_bytes`` (default: the route's).
+``max_body_bytes`` (default: the route's), ``budget_timeout`` (default 50 ms: a slower budget
+read is skipped and the tier cap alone applies).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -57,6 +59,7 @@ def _set_max_tokens(req: LlmRequest, value: int) -> None:
 
 class TokensPlugin(BasePlugin):
     name = "tokens"
+    bounded = True  # Redis reads have their own timeouts
 
     def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
         unknown = set(settings) - {
@@ -64,6 +67,7 @@ class TokensPlugin(BasePlugin):
             "reject_unknown",
             "default_max_tokens",
             "max_body_bytes",
+            "budget_timeout",
         }
         if unknown:
             raise ConfigError(f"tokens: unknown setting(s) {sorted(unknown)}")
@@ -71,6 +75,7 @@ class TokensPlugin(BasePlugin):
         self.reject_unknown = bool(settings.get("reject_unknown", True))
         self.default_max_tokens = int(settings.get("default_max_tokens", 4096))
         self.max_body_bytes: int | None = settings.get("max_body_bytes")
+        self.budget_timeout = float(settings.get("budget_timeout", 0.05))
         self.services = services
 
     def _limit(self, ctx: Context) -> int:
@@ -139,8 +144,9 @@ class TokensPlugin(BasePlugin):
         why = "tier"
         if ctx.tenant is not None and ctx.route.rate_limited:
             try:
-                left = await self.services.budget.remaining(ctx.tenant, model, ctx.lane)
-            except Exception as exc:  # the rate-limit service still decides; clamp to the tier
+                async with asyncio.timeout(self.budget_timeout):
+                    left = await self.services.budget.remaining(ctx.tenant, model, ctx.lane)
+            except Exception as exc:  # slow or down: the rate-limit service still decides
                 _log.warning("budget lookup failed for %s: %s", ctx.tenant, exc)
                 self.services.metrics.redis_errors.inc()
                 left = None

@@ -40,6 +40,7 @@ class _State:
 
 class UsagePlugin(BasePlugin):
     name = "usage"
+    bounded = True
 
     def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
         unknown = set(settings) - {"max_json_bytes"}

@@ -31,9 +31,10 @@ class Boom(BasePlugin):
 
 class Slow(BasePlugin):
     name = "slow"
+    delay = 10.0
 
     async def request_body(self, ctx: Context, body: bytes) -> Result | None:
-        await asyncio.sleep(10)
+        await asyncio.sleep(self.delay)
         return None
 
 
@@ -94,3 +95,17 @@ async def test_body_replacements_chain_and_client_errors_stop() -> None:
         )
         == 1
     )
+
+
+class SlowBounded(Slow):
+    name = "slow-bounded"
+    bounded = True
+
+
+async def test_phases_of_bounded_plugins_skip_the_deadline() -> None:
+    chain = Chain("r", [SlowBounded()], failure_mode="closed", deadline=0.01)
+    assert chain._unbounded == frozenset()
+    SlowBounded.delay = 0.05
+    out = await chain.request_body(make_ctx(), b"{}")
+    assert out.reply is None  # not cut: bounded plugins promise their own timeouts
+    assert Chain("r", [SlowBounded(), Slow()])._unbounded == {"request_body"}

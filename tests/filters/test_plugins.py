@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -47,10 +48,13 @@ class DictRedis:
     def __init__(self) -> None:
         self.data: dict[str, dict[str, str]] = {}
         self.fail = False
+        self.delay = 0.0
 
     async def hgetall(self, name: str) -> dict[str, str]:
         if self.fail:
             raise ConnectionError("redis down")
+        if self.delay:
+            await asyncio.sleep(self.delay)
         return self.data.get(name, {})
 
 
@@ -80,6 +84,27 @@ async def test_keys_live_in_redis_win_and_revocation_applies_after_ttl(
     redis.fail = True
     clock.now += 1.5
     assert (await services.keys.lookup("tw-demo-pro-key")).tenant == "demo-pro"  # type: ignore[union-attr]
+    redis.fail, redis.delay = False, 1.0  # a slow Redis: the policy file answers after 50 ms
+    redis.data[key_name("tw-demo-pro-key")] = {"disabled": "1"}
+    clock.now += 1.5
+    assert (await services.keys.lookup("tw-demo-pro-key")).tenant == "demo-pro"  # type: ignore[union-attr]
+
+
+class SlowBudget(FakeBudget):
+    async def remaining(
+        self, tenant: str, model: str | None = None, lane: str | None = None
+    ) -> int | None:
+        await asyncio.sleep(1.0)
+        return 1
+
+
+async def test_tokens_skips_a_slow_budget_read(policy, clock: FakeClock) -> None:
+    services = make_services(policy, clock, budget=SlowBudget({}))
+    ctx = make_ctx(tenant="demo-free", tier="free")
+    r = await TokensPlugin({"budget_timeout": 0.02}, services).request_body(
+        ctx, _chat(max_tokens=999)
+    )
+    assert r is not None and r.body is not None and json.loads(r.body)["max_tokens"] == 256
 
 
 async def test_lane_from_tier_hint_and_route(services: Services) -> None:
