@@ -16,7 +16,7 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from ratelimit_service.keys import config_key
 from tests.helpers import free_port
 from tests.ratelimit_service import rls
-from tests.ratelimit_service.support import start_service
+from tests.ratelimit_service.support import metric_sum, start_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 POLICY = """
@@ -69,3 +69,43 @@ async def test_policy_reload_metrics_and_sigterm(tmp_path: Path, redis_port: int
         r.close()
     assert svc.proc.returncode == 0
     assert "Traceback" not in svc.log.read_text()
+
+
+async def test_processes_share_the_port(tmp_path: Path, redis_port: int) -> None:
+    tenant = f"procs{time.time_ns()}"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.format(burst=10**6, tenant=tenant))
+    port, mport = free_port(), free_port()
+    while mport + 1 == port:
+        mport = free_port()
+    svc = start_service(
+        policy,
+        f"redis://127.0.0.1:{redis_port}/0",
+        port,
+        tmp_path,
+        extra=["--metrics-port", str(mport), "--processes", "2"],
+    )
+    try:
+        await asyncio.sleep(1.0)  # the second worker binds the same port (SO_REUSEPORT)
+        opts = [("grpc.use_local_subchannel_pool", 1)]  # one connection per channel
+        channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=opts) for _ in range(12)]
+        stubs = [rls_pb2_grpc.RateLimitServiceStub(c) for c in channels]
+        codes = await asyncio.gather(
+            *(
+                s.ShouldRateLimit(rls.llm(tenant, 1, rid=f"{i}-{j}"), timeout=5)
+                for i, s in enumerate(stubs)
+                for j in range(5)
+            )
+        )
+        assert all(c.overall_code == OK for c in codes)
+        for c in channels:
+            await c.close()
+        served = []
+        async with httpx.AsyncClient() as h:
+            for m in (mport, mport + 1):
+                text = (await h.get(f"http://127.0.0.1:{m}/metrics")).text
+                served.append(metric_sum(text, "tokenweir_ratelimit_decisions_total"))
+        assert sum(served) == 60 and all(n > 0 for n in served), served
+    finally:
+        svc.close()
+    assert svc.proc.returncode == 0
