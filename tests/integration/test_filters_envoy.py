@@ -3,6 +3,7 @@ usage chunk handling, bad input, prefix affinity, and the official openai client
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import json
@@ -146,9 +147,12 @@ async def test_openai_client_identity_clamp_and_usage(tmp_path: Path) -> None:
                 )
 
         m = st.app.metrics.registry
-        assert m.get_sample_value(
-            "tokenweir_filters_tokens_total", {"tenant": "alice", "model": "m1", "kind": "completion"}
-        ) == 15  # fmt: skip
+        labels = {"tenant": "alice", "model": "m1", "kind": "completion"}
+        for _ in range(50):  # counted when each gRPC stream closes, a moment after the answer
+            if m.get_sample_value("tokenweir_filters_tokens_total", labels) == 15:
+                break
+            await asyncio.sleep(0.05)
+        assert m.get_sample_value("tokenweir_filters_tokens_total", labels) == 15
 
 
 async def test_spoofed_internal_headers_are_ignored(tmp_path: Path) -> None:
