@@ -63,6 +63,18 @@ def trailers(status: int, message: str = "") -> bytes:
 OK_TRAILERS = trailers(0)
 
 
+def size_update(value: int) -> bytes:
+    """HPACK dynamic table size update (RFC 7541 §6.3): owed after the peer lowers its table."""
+    if value < 31:
+        return bytes((0x20 | value,))
+    out, value = [0x3F], value - 31
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 class _Conn(asyncio.Protocol):
     def __init__(self, server: H2Server) -> None:
         self.server = server
@@ -79,6 +91,7 @@ class _Conn(asyncio.Protocol):
         self.blocked: list[tuple[int, bytes]] = []  # (stream, message) waiting for window
         self.consumed = 0
         self.closed = False
+        self.table_update: bytes = b""  # prefixed to our next header block
 
     # -- connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -160,6 +173,8 @@ class _Conn(asyncio.Protocol):
             if not flags & ACK:
                 for i in range(0, len(payload) - 5, 6):
                     ident, value = struct.unpack_from(">HI", payload, i)
+                    if ident == 1 and value < 4096:
+                        self.table_update = size_update(value)
                     if ident == 4:
                         delta = value - self.peer_initial
                         self.peer_initial = value
@@ -213,7 +228,7 @@ class _Conn(asyncio.Protocol):
 
     def _trailers_only(self, stream: int, block: bytes) -> None:
         self.stream_windows.pop(stream, None)
-        self.out.append(_frame(HEADERS, END_HEADERS, stream, RESPONSE_HEADERS))
+        self.out.append(_frame(HEADERS, END_HEADERS, stream, self._headers()))
         self.out.append(_frame(HEADERS, END_HEADERS | END_STREAM, stream, block))
         self._schedule()
 
@@ -228,10 +243,14 @@ class _Conn(asyncio.Protocol):
             return
         self.send_window -= n
         del self.stream_windows[stream]
-        self.out.append(_frame(HEADERS, END_HEADERS, stream, RESPONSE_HEADERS))
+        self.out.append(_frame(HEADERS, END_HEADERS, stream, self._headers()))
         self.out.append(_frame(DATA, 0, stream, message))
         self.out.append(_frame(HEADERS, END_HEADERS | END_STREAM, stream, OK_TRAILERS))
         self._schedule()
+
+    def _headers(self) -> bytes:
+        block, self.table_update = self.table_update + RESPONSE_HEADERS, b""
+        return block
 
     def _retry_blocked(self) -> None:
         blocked, self.blocked = self.blocked, []

@@ -23,6 +23,7 @@ from ratelimit_service.h2server import (
     H2Server,
     _Conn,
     _frame,
+    size_update,
 )
 
 
@@ -182,3 +183,18 @@ async def test_real_server_answers_grpc_clients(n: int) -> None:
             assert replies == [(b"ab%d" % i)[::-1] for i in range(n)]
     finally:
         await server.aclose()
+
+
+async def test_lowered_header_table_gets_a_size_update() -> None:
+    conn, t = await connect()
+    conn.data_received(_frame(SETTINGS, 0, 0, struct.pack(">HI", 1, 0)))
+    t.sent.clear()
+    for sid in (1, 3):
+        conn.data_received(
+            _frame(HEADERS, END_HEADERS, sid, b"\x82")
+            + _frame(DATA, END_STREAM, sid, grpc_msg(b"q"))
+        )
+    await settle_io()
+    blocks = [p for k, fl, s, p in frames(t.sent) if k == HEADERS and not fl & END_STREAM]
+    assert blocks[0][:1] == b"\x20" and blocks[1][:1] == b"\x88"  # once, first block only
+    assert size_update(4000) == b"\x3f\x81\x1f"
