@@ -67,9 +67,19 @@ def service_cluster(name: str, svc: HttpService) -> cluster_pb2.Cluster:
 
 
 def static_cluster(
-    name: str, address: Address, *, http2: bool, connect_timeout: float = 1.0
+    name: str,
+    address: Address,
+    *,
+    http2: bool,
+    connect_timeout: float = 1.0,
+    processes: int = 1,
 ) -> cluster_pb2.Cluster:
-    """A cluster with one fixed address (local app, rate-limit server, filter server)."""
+    """A cluster with one fixed address (local app, rate-limit server, filter server).
+
+    ``processes`` > 1: the server runs several processes on one port (SO_REUSEPORT spreads
+    *connections*), so Envoy is made to open several HTTP/2 connections by capping the streams
+    per connection; with one connection only one process would get work.
+    """
     c = cluster_pb2.Cluster(
         name=name,
         type=cluster_pb2.Cluster.STATIC,
@@ -95,7 +105,8 @@ def static_cluster(
                 http2_protocol_options=protocol_pb2.Http2ProtocolOptions(
                     connection_keepalive=protocol_pb2.KeepaliveSettings(
                         interval=dur(30), timeout=dur(5)
-                    )
+                    ),
+                    max_concurrent_streams=u32(16) if processes > 1 else None,
                 )
             )
         )

@@ -99,13 +99,23 @@ def _servers(policy: Policy, res: Resources, hooks_used: set[str]) -> None:
         _add(
             res,
             CLUSTER,
-            clusters.static_cluster(names.FILTERS_CLUSTER, policy.filters.address, http2=True),
+            clusters.static_cluster(
+                names.FILTERS_CLUSTER,
+                policy.filters.address,
+                http2=True,
+                processes=policy.filters.processes,
+            ),
         )
     if policy.ratelimit is not None and "envoy.filters.http.ratelimit" in hooks_used:
         _add(
             res,
             CLUSTER,
-            clusters.static_cluster(names.RATELIMIT_CLUSTER, policy.ratelimit.address, http2=True),
+            clusters.static_cluster(
+                names.RATELIMIT_CLUSTER,
+                policy.ratelimit.address,
+                http2=True,
+                processes=policy.ratelimit.replicas,
+            ),
         )
 
 
