@@ -149,3 +149,16 @@ def test_example_gateway_chain_is_ext_proc_then_ratelimit_then_router() -> None:
     assert routes["chat-completions/interactive"]["route"]["priority"] == "HIGH"
     inventory_cfg = routes["inventory"].get("typedPerFilterConfig", {})
     assert inventory_cfg, "the plain service route must switch the LLM filters off per route"
+
+
+def test_multi_process_servers_get_several_http2_connections() -> None:
+    text = EXAMPLE.read_text().replace("  domain: tokenweir", "  domain: tokenweir\n  replicas: 2")
+    from controlplane.policy import load_policy_text
+
+    clusters = render(load_policy_text(text))["edge"][CLUSTER]
+    opts = MessageToDict(clusters["tokenweir_ratelimit"])["typedExtensionProtocolOptions"]
+    (http,) = opts.values()
+    assert http["explicitHttpConfig"]["http2ProtocolOptions"]["maxConcurrentStreams"] == 16
+    single = MessageToDict(clusters["tokenweir_filters"])["typedExtensionProtocolOptions"]
+    (http,) = single.values()
+    assert "maxConcurrentStreams" not in http["explicitHttpConfig"]["http2ProtocolOptions"]
