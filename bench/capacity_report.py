@@ -109,3 +109,23 @@ def update_docs(doc: Path, md: str, tag: str) -> None:
     if not pattern.search(text):
         raise SystemExit(f"{doc}: markers {BEGIN} … {END} not found")
     doc.write_text(pattern.sub(lambda _m: f"{BEGIN}\n{md}{END}", text), encoding="utf-8")
+
+
+def main(argv: list[str]) -> int:
+    """Re-render a saved run: capacity_report.py RESULTS.json TAG (rewrites docs and PNG)."""
+    import json
+
+    repo = Path(__file__).resolve().parents[1]
+    result = json.loads(Path(argv[0]).read_text())
+    tag = argv[1]
+    md = render_markdown(result)
+    render_plot(result, repo / "docs" / "img" / f"capacity_validation_{tag}.png")
+    update_docs(repo / "docs" / "capacity.md", md, tag)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
