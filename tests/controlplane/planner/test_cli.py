@@ -83,7 +83,7 @@ def test_plot_and_fragment_files(tmp_path: Path) -> None:
 
 
 def test_fragment_merged_into_the_example_policy_validates() -> None:
-    plan = make_plan(seed_inputs(tenants=seed_inputs().tenants))
+    plan = make_plan(seed_inputs())
     base = yaml.safe_load((REPO / "examples" / "mesh.yaml").read_text())
     policy = load_policy_text(yaml.safe_dump(merge(base, fragment(plan))), base_dir=REPO)
     cb = policy.pools["chat"].circuit_breakers
@@ -91,9 +91,25 @@ def test_fragment_merged_into_the_example_policy_validates() -> None:
     assert cb.batch.max_pending_requests == plan.breakers[1].max_pending_requests
     pro = policy.tiers["pro"].quotas.tokens
     assert pro is not None and (pro.burst, pro.refill_per_second) == (84_000, 6000.0)
-    assert pro.per_month == 500_000_000  # keys the plan does not set are kept
+
+
+def test_merge_keeps_what_the_plan_does_not_set() -> None:
+    plan = make_plan(seed_inputs())
+    base = {
+        "version": 1,
+        "pools": {"chat": {"models": ["m"], "endpoints": ["127.0.0.1:30001"]}},
+        "tiers": {
+            "pro": {"max_tokens": 2048, "quotas": {"tokens": {"per_month": 500_000_000}}},
+            "free": {"lane": "batch", "allowed_lanes": ["batch"]},
+        },
+    }
+    policy = load_policy_text(yaml.safe_dump(merge(base, fragment(plan))))
+    pro = policy.tiers["pro"]
+    assert pro.max_tokens == 2048 and pro.quotas.tokens is not None
+    assert pro.quotas.tokens.per_month == 500_000_000 and pro.quotas.tokens.burst == 84_000
     free = policy.tiers["free"].quotas.requests
     assert free is not None and (free.burst, free.refill_per_second) == (10, 1.0)
+    assert policy.pools["chat"].models == ("m",)
 
 
 def test_fragment_sizes_an_emulated_pool() -> None:
