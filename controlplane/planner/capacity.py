@@ -98,9 +98,8 @@ def service_time_s(inputs: PlanInputs, batch: int) -> float:
     output costs ``out`` steps in all.
     """
     rep = inputs.replica
-    return _uncached(
-        inputs, inputs.prompt.mean
-    ) / rep.prefill_tok_s + inputs.output.mean * rep.itl_s(batch)
+    prefill = _uncached(inputs, inputs.prompt.mean) / rep.prefill_tok_s
+    return prefill + inputs.output.mean * rep.itl_s(batch)
 
 
 def _tbt_step(inputs: PlanInputs, c_tbt: int) -> Step:
@@ -236,10 +235,9 @@ def _service_scv(inputs: PlanInputs, s: float, c: int) -> float:
     rep = inputs.replica
     out, pr = inputs.output, inputs.prompt
     k = (1.0 - inputs.prefix_hit_rate) / rep.prefill_tok_s
-    var = (rep.itl_s(c) * out.mean) ** 2 * out.scv_estimate() + (
-        k * pr.mean
-    ) ** 2 * pr.scv_estimate()
-    return var / (s * s)
+    decode_var = (rep.itl_s(c) * out.mean) ** 2 * out.scv_estimate()
+    prefill_var = (k * pr.mean) ** 2 * pr.scv_estimate()
+    return (decode_var + prefill_var) / (s * s)
 
 
 @dataclass(frozen=True)
