@@ -178,14 +178,10 @@ def build_plan(args: argparse.Namespace) -> Plan:
 
 
 def _merged_policy(plan: Plan, policy_path: Path) -> str:
-    import dataclasses
-
-    from controlplane.policy import Policy, load_policy_text
+    from controlplane.policy import load_policy_text
 
     text = policy_path.read_text(encoding="utf-8")
     base = yaml.safe_load(text) or {}
-    if "planner" not in {f.name for f in dataclasses.fields(Policy)}:
-        base.pop("planner", None)  # inputs kept beside the policy; this schema has no such key
     merged = yaml.safe_dump(merge(base, fragment(plan)), sort_keys=False)
     load_policy_text(merged, filename=f"{policy_path} + plan", base_dir=policy_path.parent)
     return merged

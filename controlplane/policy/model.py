@@ -323,3 +323,6 @@ class Policy:
     tenants: dict[str, Tenant] = field(default_factory=dict)
     ratelimit: RateLimitServer | None = None
     filters: FiltersServer | None = None
+    planner: dict[str, Any] = field(
+        default_factory=dict
+    )  # `tokenweir plan` inputs (docs/capacity.md)
