@@ -94,8 +94,9 @@ class UsagePlugin(BasePlugin):
         if not st.drop_usage:
             if ctx.body is not None and getattr(ctx.body, "kind", None) == "generate":
                 return self._generate(ctx, st, chunk, eos)
-            if b'"usage"' not in chunk and b'"usage"' not in st.tail:
-                st.tail = _tail_after_events(st.tail + chunk)
+            data = st.tail + chunk if st.tail else chunk
+            if b'"usage"' not in data:  # the word may straddle two chunks: look at both
+                st.tail = _tail_after_events(data)
                 return None
         events, tail = split_events(st.tail + chunk)
         if eos and tail:

@@ -2,12 +2,16 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controlplane.policy import load_policy
 from filters.api import Usage
 from filters.bodies import parse_request
 from filters.plugins.usage import UsagePlugin
 from filters.services import Services
 from filters.sse import split_events
-from tests.filters.conftest import FakeClock, make_ctx
+from tests.filters.conftest import ROOT, FakeClock, make_ctx, make_services
 
 
 def ev(obj: object) -> bytes:
@@ -126,3 +130,30 @@ async def test_error_bodies_settle_nothing(services: Services) -> None:
 def test_split_events() -> None:
     events, tail = split_events(b"data: a\n\ndata: b\r\n\r\ndata: c")
     assert events == [b"data: a\n\n", b"data: b\n\n"] and tail == b"data: c"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    cuts=st.lists(st.integers(min_value=1, max_value=len(b"".join(CHUNKS)) - 1), max_size=12),
+    wants=st.booleans(),
+)
+async def test_any_chunking_gives_the_same_stream_and_usage(cuts: list[int], wants: bool) -> None:
+    stream = b"".join(CHUNKS)
+    points = sorted(set(cuts))
+    pieces = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+    services = make_services(load_policy(ROOT / "examples" / "mesh.yaml"), FakeClock())
+    ctx = streaming_ctx(wants)
+    body, meta = await run(UsagePlugin({}, services), ctx, pieces, FakeClock())
+    assert meta == {"settle_tokens": 13}
+    assert body == (stream if wants else b"".join(c for i, c in enumerate(CHUNKS) if i != 3))
+
+
+@settings(max_examples=200, deadline=None)
+@given(chunks=st.lists(st.binary(max_size=80), min_size=1, max_size=6), sse=st.booleans())
+async def test_garbage_responses_never_crash(chunks: list[bytes], sse: bool) -> None:
+    services = make_services(load_policy(ROOT / "examples" / "mesh.yaml"), FakeClock())
+    ctx = streaming_ctx(False) if sse else make_ctx()
+    plugin = UsagePlugin({}, services)
+    for i, c in enumerate(chunks):
+        await plugin.response_chunk(ctx, c, i == len(chunks) - 1)
+    await plugin.stream_end(ctx)
