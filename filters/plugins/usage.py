@@ -22,6 +22,8 @@ from filters.sse import event_json, is_usage_only_event, split_events, usage_fro
 
 __all__ = ["UsagePlugin"]
 
+_MAX_TAIL = 65536  # bytes of an incomplete SSE event kept between chunks
+
 
 @dataclass(slots=True)
 class _State:
@@ -99,7 +101,7 @@ class UsagePlugin(BasePlugin):
                 st.tail = _tail_after_events(data)
                 return None
         events, tail = split_events(st.tail + chunk)
-        if eos and tail:
+        if (eos or len(tail) > _MAX_TAIL) and tail:  # never hold back more than one big event
             events.append(tail)
             tail = b""
         st.tail = tail
@@ -159,4 +161,4 @@ def _tail_after_events(data: bytes) -> bytes:
     """The incomplete event at the end of ``data`` (kept only so a split usage event is seen)."""
     end = data.replace(b"\r\n", b"\n").rfind(b"\n\n")
     tail = data if end < 0 else data.replace(b"\r\n", b"\n")[end + 2 :]
-    return tail[-65536:]
+    return tail[-_MAX_TAIL:]

@@ -157,3 +157,15 @@ async def test_garbage_responses_never_crash(chunks: list[bytes], sse: bool) -> 
     for i, c in enumerate(chunks):
         await plugin.response_chunk(ctx, c, i == len(chunks) - 1)
     await plugin.stream_end(ctx)
+
+
+async def test_a_stream_without_event_ends_is_not_held_back(
+    services: Services, clock: FakeClock
+) -> None:
+    ctx = streaming_ctx(False)
+    plugin = UsagePlugin({}, services)
+    sent = b""
+    for _ in range(3):
+        r = await plugin.response_chunk(ctx, b"x" * 40_000, False)
+        sent += b"x" * 40_000 if r is None or r.body is None else r.body
+    assert len(sent) >= 80_000  # at most one chunk's worth is waiting
