@@ -189,7 +189,9 @@ def _action(
                     typed_config=_previous_hosts(),
                 )
             ],
-            host_selection_retry_max_attempts=3,
+            # Ring hash re-picks by walking to the next ring entries, which often belong to
+            # the same host: give it enough attempts to really find another replica.
+            host_selection_retry_max_attempts=10,
         )
         if timeouts.per_try > 0:
             rp.per_try_timeout.CopyFrom(dur(timeouts.per_try))

@@ -112,18 +112,23 @@ gateways:
     try:
         async with mesh(tmp_path, text, {"edge": gw}) as m:
 
-            async def seen() -> set[str]:
+            async def seen() -> tuple[frozenset[str], bool]:
                 res = [await m.get(gw, "/x", {"x-session-id": f"s{i}"}) for i in range(20)]
-                assert all(s == 200 for s, _, _ in res), [s for s, _, _ in res]
-                return {h["x-backend"] for _, h, _ in res}
+                return frozenset(h.get("x-backend", "") for _, h, _ in res), all(
+                    s == 200 for s, _, _ in res
+                )
 
-            assert await eventually(seen, {"main0", "main1"}) == {"main0", "main1"}
+            # Steady states are asserted; the moments of a health flip may see a few 503s
+            # ("no healthy upstream") while the aggregate cluster catches up.
+            main_ok = (frozenset({"main0", "main1"}), True)
+            assert await eventually(seen, main_ok) == main_ok
             for b in main:
                 b.health_status = 503
-            assert await eventually(seen, {"spare0"}) == {"spare0"}
+            spare_ok = (frozenset({"spare0"}), True)
+            assert await eventually(seen, spare_ok) == spare_ok
             for b in main:
                 b.health_status = 200
-            assert await eventually(seen, {"main0", "main1"}) == {"main0", "main1"}
+            assert await eventually(seen, main_ok) == main_ok
     finally:
         await close_backends(main + spare)
 
