@@ -14,7 +14,7 @@ import redis
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
 from ratelimit_service.keys import config_key
-from tests.helpers import free_port
+from tests.helpers import free_port, free_port_block, wait_for_port
 from tests.ratelimit_service import rls
 from tests.ratelimit_service.support import metric_sum, start_service
 
@@ -75,9 +75,7 @@ async def test_processes_share_the_port(tmp_path: Path, redis_port: int) -> None
     tenant = f"procs{time.time_ns()}"
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY.format(burst=10**6, tenant=tenant))
-    port, mport = free_port(), free_port()
-    while mport + 1 == port:
-        mport = free_port()
+    port, mport = free_port(), free_port_block(2)
     svc = start_service(
         policy,
         f"redis://127.0.0.1:{redis_port}/0",
@@ -86,7 +84,8 @@ async def test_processes_share_the_port(tmp_path: Path, redis_port: int) -> None
         extra=["--metrics-port", str(mport), "--processes", "2"],
     )
     try:
-        await asyncio.sleep(1.0)  # the second worker binds the same port (SO_REUSEPORT)
+        for m in (mport, mport + 1):  # both workers up (the second binds the same port)
+            await asyncio.to_thread(wait_for_port, m, 30.0)
         opts = [("grpc.use_local_subchannel_pool", 1)]  # one connection per channel
         channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=opts) for _ in range(12)]
         stubs = [rls_pb2_grpc.RateLimitServiceStub(c) for c in channels]
