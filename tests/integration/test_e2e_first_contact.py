@@ -1,0 +1,115 @@
+"""The README's first-contact calls against `tokenweir up` on examples/mesh.yaml (ports moved to
+free ones, emulators sped up): the demo keys work, an unknown key gets 401, a spoofed tenant header
+is ignored, the free tenant hits its quota with a 429 and Retry-After, the openai client streams."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.helpers import free_port, free_port_block
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKENWEIR = Path(sys.executable).parent / "tokenweir"
+
+
+def example_policy() -> tuple[str, int]:
+    text = (ROOT / "examples" / "mesh.yaml").read_text()
+    base = free_port_block(3)
+    text = re.sub(r"base_port: 30001\b", f"base_port: {base}\n      time_scale: 0.02", text)
+    gw = free_port()
+    text = text.replace("listen: 127.0.0.1:10000", f"listen: 127.0.0.1:{gw}")
+    for port in ("18000", "18001", "18081", "18082", "18090", "15006", "15001"):
+        text = text.replace(f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}")
+    return text, gw
+
+
+def call(url: str, key: str, body: dict[str, object], extra: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(),
+        headers={"authorization": f"Bearer {key}", "content-type": "application/json", **(extra or {})},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, dict(r.headers), json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.loads(exc.read())
+
+
+def test_readme_first_contact(tmp_path: Path) -> None:
+    text, gw = example_policy()
+    (tmp_path / "mesh.yaml").write_text(text)
+    proc = subprocess.Popen(
+        [str(TOKENWEIR), "up", "-c", str(tmp_path / "mesh.yaml"), "--run-dir", str(tmp_path / "run")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 90
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "tokenweir up: ready" in line:
+                break
+        assert any("ready" in ln for ln in lines), "".join(lines)
+        url = f"http://127.0.0.1:{gw}/v1/chat/completions"
+        hello = {
+            "model": "llama-3.1-8b",
+            "messages": [{"role": "user", "content": "Hello!"}],
+            "max_tokens": 32,
+        }
+        status, _, answer = call(url, "tw-demo-pro-key", hello)
+        assert status == 200 and answer["choices"][0]["message"]["content"], answer
+
+        status, _, err = call(url, "not-a-real-key", hello)
+        assert status == 401 and err["error"]["code"] == "invalid_api_key"
+
+        spoof = {**hello, "max_tokens": 4000}
+        status, _, answer = call(url, "tw-demo-free-key", spoof, {"x-tokenweir-tenant": "demo-pro"})
+        assert status == 200 and answer["usage"]["completion_tokens"] <= 256  # the free tier's cap
+
+        with openai.OpenAI(
+            base_url=f"http://127.0.0.1:{gw}/v1", api_key="tw-demo-pro-key", max_retries=0
+        ) as client:
+            stream = client.chat.completions.create(
+                model="llama-3.1-8b", messages=[{"role": "user", "content": "Tell me about weirs."}],
+                max_tokens=16, stream=True, extra_headers={"x-session-id": "conversation-1"},
+            )  # fmt: skip
+            text_out = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            assert text_out.strip()
+
+        story = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "Write a long story."}],
+                 "max_tokens": 256}  # fmt: skip
+        seen = []
+        for _ in range(15):
+            status, headers, body = call(url, "tw-demo-free-key", story)
+            seen.append(status)
+            if status == 429:
+                assert {k.lower() for k in headers} >= {"retry-after"}
+                assert body["error"]["message"]
+                break
+        assert 429 in seen, seen
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        if proc.stdout:
+            proc.stdout.close()
