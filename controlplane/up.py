@@ -98,10 +98,12 @@ class Mesh:
         await self._start_emulators()
         if p.ratelimit is not None:
             await self._start_module(
-                "ratelimit", "ratelimit_service", p.ratelimit.address, self._redis_args()
+                "ratelimit", "ratelimit_service", p.ratelimit.address, p.ratelimit.metrics_port
             )
         if p.filters is not None:
-            await self._start_module("filters", "filters", p.filters.address, self._redis_args())
+            await self._start_module(
+                "filters", "filters", p.filters.address, p.filters.metrics_port
+            )
         cp = p.control_plane
         self.plane = ControlPlane(
             ControlPlaneSettings(self.config, cp.xds, cp.metrics, cp.debounce)
@@ -158,10 +160,13 @@ class Mesh:
                     f"emulator        {name}#{i} http://{addr} (metrics http://{addr}/metrics)"
                 )
 
-    async def _start_module(self, label: str, module: str, addr: Address, extra: list[str]) -> None:
-        argv = [sys.executable, "-m", module, "--policy", str(self.config), *extra]
+    async def _start_module(
+        self, label: str, module: str, addr: Address, metrics_port: int | None
+    ) -> None:
+        argv = [sys.executable, "-m", module, "--policy", str(self.config), *self._redis_args()]
         await self._spawn(Child(label, argv, self.run_dir / f"{label}.log"), addr)
-        self.lines.append(f"{label:<15} grpc://{addr}")
+        metrics = f"  metrics http://127.0.0.1:{metrics_port}/metrics" if metrics_port else ""
+        self.lines.append(f"{label:<15} grpc://{addr}{metrics}")
 
     async def _spawn(self, child: Child, addr: Address) -> None:
         child.start()

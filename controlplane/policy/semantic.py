@@ -167,9 +167,17 @@ def _ports(policy: Policy) -> Iterator[tuple[str, str]]:
     yield from claim(cp.xds.port, "control_plane.xds")
     yield from claim(cp.metrics.port, "control_plane.metrics")
     if policy.ratelimit is not None:
-        yield from claim(policy.ratelimit.address.port, "ratelimit.address")
+        rl = policy.ratelimit
+        yield from claim(rl.address.port, "ratelimit.address")
+        if rl.metrics_port is not None:  # one /metrics port per process
+            for i in range(rl.replicas):
+                yield from claim(rl.metrics_port + i, "ratelimit.metrics_port")
     if policy.filters is not None:
-        yield from claim(policy.filters.address.port, "filters.address")
+        fs = policy.filters
+        yield from claim(fs.address.port, "filters.address")
+        if fs.metrics_port is not None:
+            for i in range(fs.processes):
+                yield from claim(fs.metrics_port + i, "filters.metrics_port")
     for gname, gw in policy.gateways.items():
         yield from claim(gw.listen.port, f"gateways.{gname}.listen")
     for sname, sc in policy.sidecars.items():
