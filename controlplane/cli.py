@@ -17,6 +17,9 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["keys"]:  # its own parser, options included
+        return _keys(argparse.Namespace(rest=argv[1:]))
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -61,7 +64,20 @@ def _parser() -> argparse.ArgumentParser:
     register_up(sub)
     register_plan(sub)
     register_quota(sub)
+    k = sub.add_parser(
+        "keys",
+        help="give, revoke and show API keys live in Redis (see `tokenweir keys --help`)",
+        add_help=False,
+    )
+    k.add_argument("rest", nargs=argparse.REMAINDER)
+    k.set_defaults(func=_keys)
     return p
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from filters.keys_admin import main as keys_main
+
+    return keys_main(args.rest)
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -92,6 +92,13 @@ def _gateways(policy: Policy) -> Iterator[tuple[str, str]]:
                     f"{path}.rate_limit",
                     "needs a top-level 'ratelimit:' section (where the service listens)",
                 )
+            filters_on = route.filters is not None and route.filters.enabled
+            if route.pool is not None and rl_on and not filters_on:
+                yield (
+                    f"{path}.rate_limit",
+                    "token limits on a pool route need its filters enabled: the filter chain "
+                    "sets the x-tokenweir-* headers the limits read (without it clients would set them)",
+                )
             if route.filters is not None and route.filters.enabled and policy.filters is None:
                 yield (
                     f"{path}.filters",
