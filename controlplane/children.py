@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Child", "ChildError", "wait_port"]
+__all__ = ["Child", "ChildError", "die_with_parent", "wait_port"]
 
 
 class ChildError(RuntimeError):
@@ -38,7 +38,7 @@ class Child:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env={**os.environ, **self.env},
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
 
     def alive(self) -> bool:
@@ -66,7 +66,7 @@ class Child:
             proc.wait(timeout)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: get SIGTERM if `tokenweir up` dies without cleaning up
     (SIGKILL, a crash), so no child outlives it (Linux ``PR_SET_PDEATHSIG``)."""
     with contextlib.suppress(OSError, AttributeError):

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from controlplane.children import die_with_parent
+
 __all__ = ["main"]
 
 
@@ -86,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         base = [sys.executable, "-m", "filters", *(argv if argv is not None else sys.argv[1:])]
         for i in range(1, processes):
             children.append(
-                subprocess.Popen([*base, "--worker-index", str(i), "--processes", str(processes)])
+                subprocess.Popen(
+                    [*base, "--worker-index", str(i), "--processes", str(processes)],
+                    preexec_fn=die_with_parent,  # no worker outlives a killed parent
+                )
             )
     try:
         import uvloop

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from controlplane.children import die_with_parent
 from controlplane.policy import PolicyError, load_policy
 from ratelimit_service.server import Service, ServiceSettings
 
@@ -100,7 +101,12 @@ def main(argv: list[str] | None = None) -> int:
             *(argv if argv is not None else sys.argv[1:]),
         ]
         for i in range(1, processes):
-            children.append(subprocess.Popen([*base, "--worker-index", str(i), "--processes", "1"]))
+            children.append(
+                subprocess.Popen(
+                    [*base, "--worker-index", str(i), "--processes", "1"],
+                    preexec_fn=die_with_parent,  # no worker outlives a killed parent
+                )
+            )
     try:
         import uvloop
 

@@ -103,8 +103,9 @@ async def test_worker_processes_share_the_port_and_stop_together(tmp_path: Path)
                 break
             await asyncio.sleep(0.1)
         assert len(workers) == 1, "one extra worker process"
-        for _ in range(200):  # requests during a worker's start could reach its half-open socket
-            if "filters[1] INFO filters.app: filter server on" in child.output():
+        for _ in range(400):  # requests during a worker's start could reach its half-open socket
+            out = child.output()
+            if all(f"filters[{i}] INFO filters.app: filter server on" in out for i in (0, 1)):
                 break
             await asyncio.sleep(0.05)
         else:
