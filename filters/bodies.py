@@ -277,7 +277,7 @@ def parse_request(
         ids = None
     field_name = "max_tokens"
     max_tokens = None
-    for key in ("max_completion_tokens", "max_tokens"):
+    for key in ("max_tokens", "max_completion_tokens"):  # backends prefer the latter: so do we
         if data.get(key) is not None:
             max_tokens = _int_field(data[key], key, low=1, high=MAX_TOKENS_LIMIT)
             field_name = key

@@ -55,6 +55,15 @@ def _set_max_tokens(req: LlmRequest, value: int) -> None:
         params["max_new_tokens"] = value
     else:
         req.data[req.max_tokens_field] = value
+        other = _other_field(req)
+        if req.data.get(other) is not None:  # both given: clamp both
+            req.data[other] = value
+
+
+def _other_field(req: LlmRequest) -> str:
+    return (
+        "max_tokens" if req.max_tokens_field == "max_completion_tokens" else "max_completion_tokens"
+    )
 
 
 class TokensPlugin(BasePlugin):
@@ -120,7 +129,9 @@ class TokensPlugin(BasePlugin):
         ctx.reserve = prompt + final
         if ctx.tenant is not None and ctx.route.rate_limited:
             self.services.budget.note_reserved(ctx.tenant, model, ctx.lane, ctx.reserve)
-        rewrite = final != req.max_tokens
+        rewrite = final != req.max_tokens or (
+            kind != "generate" and req.data.get(_other_field(req)) not in (None, final)
+        )
         if rewrite:
             _set_max_tokens(req, final)
             if ctx.tenant is not None:
