@@ -119,6 +119,14 @@ class TokensPlugin(BasePlugin):
         )
         ctx.body = req
         model = req.model or (ctx.route.models[0] if ctx.route.models else "unknown")
+        if not self._model_served(ctx, model):
+            raise ClientError(
+                404,
+                f"The model {model!r} does not exist or you do not have access to it.",
+                reason="model_not_found",
+                param="model",
+                code="model_not_found",
+            )
         ctx.model = model
         ctx.stream = req.stream
         ctx.client_wants_usage = req.include_usage
@@ -146,6 +154,16 @@ class TokensPlugin(BasePlugin):
         new = dump_body(req.data)
         headers["content-length"] = str(len(new))
         return Result(set_headers=headers, body=new)
+
+    def _model_served(self, ctx: Context, model: str) -> bool:
+        """The route's pool serves it, or a route matches on it (Envoy re-routes by model).
+
+        Else the request would be served by this pool under a model name no quota or metric
+        knows: ``models.<name>`` quotas would not apply, and every new name is a new label."""
+        if not ctx.route.models or model in ctx.route.models:
+            return True
+        gateways = getattr(self.services.policy, "gateways", {})
+        return any(r.match.model == model for g in gateways.values() for r in g.routes)
 
     async def _clamp(
         self, ctx: Context, req: LlmRequest, prompt: int, model: str

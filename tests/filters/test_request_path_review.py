@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
+import pytest
+
+from controlplane.policy import Policy
+from controlplane.policy.model import RouteMatch
+from filters.errors import ClientError
 from filters.plugins.tokens import TokensPlugin
 from filters.services import Services
-from tests.filters.conftest import make_ctx
+from tests.filters.conftest import FakeClock, make_ctx, make_services
 
 
 def _chat(**kw: object) -> bytes:
@@ -35,3 +41,38 @@ async def test_both_max_token_fields_are_clamped(services: Services) -> None:
         assert ctx.reserve is not None and ctx.prompt_tokens is not None
         assert ctx.reserve - ctx.prompt_tokens >= used, (kw, sent)
         assert all(sent[k] <= 256 for k in ("max_tokens", "max_completion_tokens")), sent
+
+
+async def test_a_model_the_route_does_not_serve_is_refused(services: Services) -> None:
+    # the model name keys the models.<name> quota: an invented one would skip it
+    ctx = make_ctx(tenant="demo-free", tier="free")
+    with pytest.raises(ClientError) as info:
+        await TokensPlugin({}, services).request_body(ctx, _chat(model="llama-3.1-8b-x"))
+    assert (info.value.status, info.value.code, info.value.param) == (
+        404,
+        "model_not_found",
+        "model",
+    )
+    ok = make_ctx(tenant="demo-free", tier="free")
+    r = await TokensPlugin({}, services).request_body(ok, _chat(max_tokens=8))
+    assert r is not None and ok.model == "llama-3.1-8b"
+    gen = make_ctx(path="/generate", tenant="demo-free", tier="free")
+    await TokensPlugin({}, services).request_body(gen, b'{"text":"hi"}')  # no model: the pool's
+    assert gen.model == "llama-3.1-8b"
+
+
+def _routed_by_model(policy: Policy) -> Policy:
+    gw = policy.gateways["edge"]
+    extra = replace(gw.routes[0], name="by-model", match=RouteMatch(prefix="/v1/", model="m2"))
+    return replace(
+        policy, gateways={**policy.gateways, "edge": replace(gw, routes=(extra, *gw.routes))}
+    )
+
+
+async def test_a_model_another_route_matches_on_is_accepted(
+    policy: Policy, clock: FakeClock
+) -> None:
+    services = make_services(_routed_by_model(policy), clock)
+    ctx = make_ctx(tenant="demo-free", tier="free")
+    r = await TokensPlugin({}, services).request_body(ctx, _chat(model="m2", max_tokens=8))
+    assert r is not None and ctx.model == "m2"
