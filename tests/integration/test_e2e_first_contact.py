@@ -29,11 +29,13 @@ def example_policy() -> tuple[str, int]:
     text = (ROOT / "examples" / "mesh.yaml").read_text()
     base = free_port_block(3)
     text = re.sub(r"base_port: 30001\b", f"base_port: {base}\n      time_scale: 0.02", text)
-    gw = free_port()
-    text = text.replace("listen: 127.0.0.1:10000", f"listen: 127.0.0.1:{gw}")
-    for port in ("18000", "18001", "18081", "18082", "18090", "15006", "15001"):
-        text = text.replace(f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}")
-    return text, gw
+    moved: dict[str, int] = {}  # every fixed port of the example, metrics ports included
+
+    def move(m: re.Match[str]) -> str:
+        return f"{m.group(1)}{moved.setdefault(m.group(2), free_port())}"
+
+    text = re.sub(r"(127\.0\.0\.1:|metrics_port: )(\d+)", move, text)
+    return text, moved["10000"]
 
 
 def call(url: str, key: str, body: dict[str, object], extra: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
