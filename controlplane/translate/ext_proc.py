@@ -5,7 +5,8 @@ otherwise), request body BUFFERED, response headers SEND, response body STREAMED
 pass one by one, never held), trailers SKIP; namespace ``tokenweir`` received as dynamic
 metadata (the usage plugin's ``settle_tokens``). Per route: the route's name travels as gRPC
 initial metadata ``x-tokenweir-route`` (set here, so clients cannot forge it), the phases its
-plugins do not need are skipped, and its failure mode decides ``failure_mode_allow``.
+plugins do not need are skipped, and its failure mode decides ``failure_mode_allow`` (never
+open on a metered pool route).
 """
 
 from __future__ import annotations
@@ -72,6 +73,15 @@ def ext_proc_http_filter(policy: Policy) -> hcm_pb2.HttpFilter:
     return hcm_pb2.HttpFilter(name=EXT_PROC_FILTER, typed_config=any_of(cfg))
 
 
+def _fails_open(route: Route) -> bool:
+    """``failure_mode: open``, except on a metered pool route: with the server unreachable nobody
+    strips the client's ``x-tokenweir-*`` headers, and the rate-limit descriptors read them (any
+    tenant's budget could be spent, or a zero reservation claimed)."""
+    assert route.filters is not None
+    metered = route.pool is not None and route.rate_limit is not None and route.rate_limit.enabled
+    return route.filters.failure_mode == "open" and not metered
+
+
 def ext_proc_per_route(route: Route) -> dict[str, Any]:
     """typed_per_filter_config entries: disabled without filters, else mode, route name, failure."""
     if route.filters is None or not route.filters.enabled:
@@ -79,6 +89,6 @@ def ext_proc_per_route(route: Route) -> dict[str, Any]:
     overrides = ext_proc_pb2.ExtProcOverrides(
         processing_mode=route_mode(route),
         grpc_initial_metadata=[base_pb2.HeaderValue(key=ROUTE_HEADER, value=route.name)],
-        failure_mode_allow=wrappers_pb2.BoolValue(value=route.filters.failure_mode == "open"),
+        failure_mode_allow=wrappers_pb2.BoolValue(value=_fails_open(route)),
     )
     return {EXT_PROC_FILTER: any_of(ext_proc_pb2.ExtProcPerRoute(overrides=overrides))}

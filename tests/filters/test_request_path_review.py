@@ -6,9 +6,11 @@ import json
 from dataclasses import replace
 
 import pytest
+from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 
 from controlplane.policy import Policy
-from controlplane.policy.model import RouteMatch
+from controlplane.policy.model import PluginRef, Route, RouteFilters, RouteMatch, RouteRateLimit
+from controlplane.translate.ext_proc import EXT_PROC_FILTER, ext_proc_per_route
 from filters.errors import ClientError
 from filters.plugins.tokens import TokensPlugin
 from filters.services import Services
@@ -76,3 +78,21 @@ async def test_a_model_another_route_matches_on_is_accepted(
     ctx = make_ctx(tenant="demo-free", tier="free")
     r = await TokensPlugin({}, services).request_body(ctx, _chat(model="m2", max_tokens=8))
     assert r is not None and ctx.model == "m2"
+
+
+def test_a_metered_pool_route_never_fails_open() -> None:
+    # with the filter server unreachable, Envoy would pass the client's own x-tokenweir-* headers
+    # to the rate-limit descriptors (tests/integration/test_request_path_review.py shows it)
+    open_chain = RouteFilters(plugins=(PluginRef("identity"),), failure_mode="open")
+    metered = Route(name="llm", pool="chat", rate_limit=RouteRateLimit(), filters=open_chain)
+    unmetered = replace(metered, rate_limit=None)
+    service = Route(name="svc", service="inv", rate_limit=RouteRateLimit(), filters=open_chain)
+
+    def allow(route: Route) -> bool:
+        cfg = ext_proc_pb2.ExtProcPerRoute()
+        ext_proc_per_route(route)[EXT_PROC_FILTER].Unpack(cfg)
+        return cfg.overrides.failure_mode_allow.value
+
+    assert (allow(metered), allow(unmetered), allow(service)) == (False, True, True)
+    closed = replace(metered, filters=replace(open_chain, failure_mode="closed"))
+    assert allow(replace(closed, rate_limit=None)) is False

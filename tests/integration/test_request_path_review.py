@@ -1,0 +1,97 @@
+"""Regression test from a review of the request path: a metered route whose filter chain is
+``failure_mode: open`` must not let clients through with their own ``x-tokenweir-*`` headers
+while the filter server is unreachable (nobody strips them then, and the rate-limit descriptors
+read them: any tenant's budget could be spent or skipped)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from controlplane.policy import load_policy
+from ratelimit_service.reader import QuotaReader
+from tests.filters.fake_openai import FakeOpenAI
+from tests.helpers import ChildProcess, free_port, wait_for_port
+from tests.integration.mesh_harness import mesh
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def policy_text(gw: int, fp: int, rp: int, redis_url: str, backend: FakeOpenAI) -> str:
+    return f"""
+version: 1
+control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
+ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}", reservation_ttl: 60s}}
+filters: {{address: 127.0.0.1:{fp}, message_timeout: 500ms}}
+pools:
+  chat:
+    models: [m1]
+    endpoints: [127.0.0.1:{backend.port}]
+    health_check: {{enabled: false}}
+    retries: {{enabled: false}}
+gateways:
+  edge:
+    listen: 127.0.0.1:{gw}
+    routes:
+      - name: llm
+        match: {{prefix: /v1/}}
+        pool: chat
+        rate_limit: {{enabled: true}}
+        filters: {{plugins: [identity, tokens, prefix, lane, usage], failure_mode: open}}
+tiers:
+  small:
+    max_tokens: 100
+    quotas: {{tokens: {{burst: 1000, refill_per_second: 0.01}}}}
+tenants:
+  dave: {{tier: small, api_keys: [dave-key-1234]}}
+"""
+
+
+async def test_spoofed_headers_do_not_pass_while_the_filter_server_is_down(
+    tmp_path: Path, redis_port: int
+) -> None:
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    r = aioredis.Redis.from_url(redis_url)
+    await r.flushdb()
+    backend = FakeOpenAI(name="b0", gap=0.002)
+    await backend.start()
+    gw, fp, rp = free_port(), free_port(), free_port()  # nothing listens on fp
+    rls: ChildProcess | None = None
+    try:
+        async with mesh(tmp_path, policy_text(gw, fp, rp, redis_url, backend), {"edge": gw}) as m:
+            argv = [sys.executable, "-m", "ratelimit_service", "--policy", str(m.policy_path),
+                    "--redis-url", redis_url]  # fmt: skip
+            rls = ChildProcess(argv, log=tmp_path / "ratelimit_service.log")
+            await asyncio.to_thread(wait_for_port, rp, 20.0)
+            reader = QuotaReader(r, load_policy(m.policy_path))
+            body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 100}  # fmt: skip
+            spoofed = {
+                "content-type": "application/json",
+                "x-tokenweir-tenant": "dave",
+                "x-tokenweir-model": "m1",
+                "x-tokenweir-lane": "interactive",
+                "x-tokenweir-reserve": "900",
+            }
+            async with aiohttp.ClientSession() as s:
+                url = f"http://127.0.0.1:{gw}/v1/chat/completions"
+                async with s.post(url, data=json.dumps(body), headers=spoofed) as resp:
+                    status = resp.status
+                    await resp.read()
+            left = await reader.remaining("dave", "m1", "interactive")
+            assert not backend.seen, f"an unauthenticated request reached the backend ({status})"
+            assert status >= 500
+            assert left is not None and left >= 999, (
+                f"dave's budget was spent by a stranger: {left}"
+            )
+    finally:
+        if rls is not None:
+            rls.close()
+        await backend.aclose()
+        await r.aclose()
