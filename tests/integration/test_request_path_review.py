@@ -95,3 +95,33 @@ async def test_spoofed_headers_do_not_pass_while_the_filter_server_is_down(
             rls.close()
         await backend.aclose()
         await r.aclose()
+
+
+async def test_a_client_cannot_choose_the_reservation_id(tmp_path: Path, redis_port: int) -> None:
+    # two requests sharing a reservation record would let the first settle refund both
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    backend = FakeOpenAI(name="b0", gap=0.002)
+    await backend.start()
+    gw, fp, rp = free_port(), free_port(), free_port()
+    try:
+        text = policy_text(gw, fp, rp, redis_url, backend).replace("failure_mode: open", "")
+        async with mesh(tmp_path, text, {"edge": gw}) as m:
+            argv = [sys.executable, "-m", "filters", "--policy", str(m.policy_path),
+                    "--redis-url", redis_url]  # fmt: skip
+            filters = ChildProcess(argv, log=tmp_path / "filters.log")
+            try:
+                await asyncio.to_thread(wait_for_port, fp, 20.0)
+                body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": 5, "stream": False}  # fmt: skip
+                headers = {"content-type": "application/json", "x-request-id": "chosen-id",
+                           "authorization": "Bearer dave-key-1234"}  # fmt: skip
+                async with aiohttp.ClientSession() as s:
+                    url = f"http://127.0.0.1:{gw}/v1/chat/completions"
+                    async with s.post(url, data=json.dumps(body), headers=headers) as resp:
+                        await resp.read()
+            finally:
+                filters.close()
+        assert backend.seen, "the request did not reach the backend"
+        assert backend.seen[0][0].get("x-request-id") != "chosen-id"
+    finally:
+        await backend.aclose()
