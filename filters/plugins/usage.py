@@ -133,7 +133,9 @@ class UsagePlugin(BasePlugin):
         return None
 
     def _settle(self, ctx: Context, usage: Usage | None) -> Result | None:
-        if usage is None or ctx.usage is not None:
+        # a running usage on every chunk (stream_options.continuous_usage_stats) grows: the
+        # largest is the real cost, and a later metadata value replaces an earlier one in Envoy
+        if usage is None or (ctx.usage is not None and usage.total <= ctx.usage.total):
             return None
         ctx.usage = usage
         return Result(metadata={"settle_tokens": usage.total})

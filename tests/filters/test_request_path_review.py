@@ -11,8 +11,10 @@ from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 from controlplane.policy import Policy
 from controlplane.policy.model import PluginRef, Route, RouteFilters, RouteMatch, RouteRateLimit
 from controlplane.translate.ext_proc import EXT_PROC_FILTER, ext_proc_per_route
+from filters.bodies import parse_request
 from filters.errors import ClientError
 from filters.plugins.tokens import TokensPlugin
+from filters.plugins.usage import UsagePlugin
 from filters.services import Services
 from tests.filters.conftest import FakeClock, make_ctx, make_services
 
@@ -96,3 +98,38 @@ def test_a_metered_pool_route_never_fails_open() -> None:
     assert (allow(metered), allow(unmetered), allow(service)) == (False, True, True)
     closed = replace(metered, filters=replace(open_chain, failure_mode="closed"))
     assert allow(replace(closed, rate_limit=None)) is False
+
+
+def _ev(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+async def test_per_chunk_usage_settles_the_final_count(services: Services) -> None:
+    # stream_options.continuous_usage_stats (SGLang, vLLM) puts a running usage on every chunk:
+    # the first one (1 completion token) must not be what the request is charged
+    chunks = [
+        _ev({"choices": [{"delta": {"content": "a"}}], "usage": _u(1)}),
+        _ev({"choices": [{"delta": {"content": "b"}}], "usage": _u(2)}),
+        _ev({"choices": [{"delta": {}, "finish_reason": "length"}], "usage": _u(50)}),
+        _ev({"choices": [], "usage": _u(50)}),
+        b"data: [DONE]\n\n",
+    ]
+    for wants_usage in (True, False):
+        opts = {"include_usage": True} if wants_usage else {}
+        body = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "x"}],
+                "stream": True, "stream_options": {**opts, "continuous_usage_stats": True}}  # fmt: skip
+        ctx = make_ctx(tenant="demo-pro", model="llama-3.1-8b")
+        ctx.body = parse_request("chat", json.dumps(body).encode())
+        ctx.stream, ctx.client_wants_usage = True, wants_usage
+        plugin, meta = UsagePlugin({}, services), {}
+        for i, c in enumerate(chunks):
+            r = await plugin.response_chunk(ctx, c, i == len(chunks) - 1)
+            if r is not None:
+                meta.update(r.metadata)  # Envoy keeps the last value of a metadata key
+        await plugin.stream_end(ctx)
+        assert meta == {"settle_tokens": 60}, wants_usage
+        assert ctx.usage is not None and ctx.usage.completion_tokens == 50
+
+
+def _u(completion: int) -> dict[str, int]:
+    return {"prompt_tokens": 10, "completion_tokens": completion, "total_tokens": 10 + completion}
