@@ -121,7 +121,8 @@ async def test_per_chunk_usage_settles_the_final_count(services: Services) -> No
         ctx = make_ctx(tenant="demo-pro", model="llama-3.1-8b")
         ctx.body = parse_request("chat", json.dumps(body).encode())
         ctx.stream, ctx.client_wants_usage = True, wants_usage
-        plugin, meta = UsagePlugin({}, services), {}
+        plugin = UsagePlugin({}, services)
+        meta: dict[str, object] = {}
         for i, c in enumerate(chunks):
             r = await plugin.response_chunk(ctx, c, i == len(chunks) - 1)
             if r is not None:
