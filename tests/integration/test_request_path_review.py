@@ -125,3 +125,94 @@ async def test_a_client_cannot_choose_the_reservation_id(tmp_path: Path, redis_p
         assert backend.seen[0][0].get("x-request-id") != "chosen-id"
     finally:
         await backend.aclose()
+
+
+def two_pool_policy(
+    gw: int, fp: int, rp: int, redis_url: str, b1: FakeOpenAI, b2: FakeOpenAI
+) -> str:
+    return f"""
+version: 1
+control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
+ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}", reservation_ttl: 60s}}
+filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
+pools:
+  small:
+    models: [m1]
+    endpoints: [127.0.0.1:{b1.port}]
+    health_check: {{enabled: false}}
+    retries: {{enabled: false}}
+  big:
+    models: [m2]
+    endpoints: [127.0.0.1:{b2.port}]
+    health_check: {{enabled: false}}
+    retries: {{enabled: false}}
+gateways:
+  edge:
+    listen: 127.0.0.1:{gw}
+    routes:
+      - name: big
+        match: {{prefix: /v1/, model: m2}}
+        pool: big
+        rate_limit: {{enabled: true}}
+        filters: {{plugins: [identity, tokens, prefix, lane, usage]}}
+      - name: small
+        match: {{prefix: /v1/}}
+        pool: small
+        filters: {{plugins: [tokens, lane, usage]}}
+tiers:
+  small:
+    max_tokens: 100
+    quotas: {{tokens: {{burst: 1000, refill_per_second: 0.01}}}}
+tenants:
+  dave: {{tier: small, api_keys: [dave-key-1234]}}
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="OPEN BUG (observed: no RLS call at all): Envoy apparently builds a stream's filter chain from the FIRST route match (no model "
+    "header yet: the unmetered catch-all, ratelimit FilterConfig.disabled), so after ext_proc sets "
+    "x-tokenweir-model and clears the route cache the request reaches the metered pool with no "
+    "rate-limit filter at all and no identity check",
+)
+async def test_a_request_rerouted_to_a_metered_route_is_metered(
+    tmp_path: Path, redis_port: int
+) -> None:
+    # the filter chain runs for the route matched before the model header exists (here the
+    # open catch-all); after the route cache is cleared the request lands on the metered route
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    r = aioredis.Redis.from_url(redis_url)
+    await r.flushdb()
+    b1, b2 = FakeOpenAI(name="b1", gap=0.002), FakeOpenAI(name="b2", gap=0.002)
+    await b1.start()
+    await b2.start()
+    gw, fp, rp = free_port(), free_port(), free_port()
+    children: list[ChildProcess] = []
+    try:
+        text = two_pool_policy(gw, fp, rp, redis_url, b1, b2)
+        async with mesh(tmp_path, text, {"edge": gw}) as m:
+            for mod, port in (("ratelimit_service", rp), ("filters", fp)):
+                argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
+                        "--redis-url", redis_url]  # fmt: skip
+                children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
+                await asyncio.to_thread(wait_for_port, port, 20.0)
+            url = f"http://127.0.0.1:{gw}/v1/chat/completions"
+            statuses = []
+            async with aiohttp.ClientSession() as s:
+                for model in ("m1", "m2"):
+                    body = {"model": model, "messages": [{"role": "user", "content": "hi"}],
+                            "max_tokens": 100}  # fmt: skip
+                    headers = {"content-type": "application/json"}
+                    async with s.post(url, data=json.dumps(body), headers=headers) as resp:
+                        statuses.append(resp.status)
+                        await resp.read()
+        assert statuses[0] == 200 and len(b1.seen) == 1  # the open route still works
+        assert not b2.seen, (
+            f"an unauthenticated request reached the metered pool {statuses} {b2.seen[0][0] if b2.seen else None}"
+        )
+    finally:
+        for c in children:
+            c.close()
+        await b1.aclose()
+        await b2.aclose()
+        await r.aclose()
