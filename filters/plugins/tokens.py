@@ -156,14 +156,19 @@ class TokensPlugin(BasePlugin):
         return Result(set_headers=headers, body=new)
 
     def _model_served(self, ctx: Context, model: str) -> bool:
-        """The route's pool serves it, or a route matches on it (Envoy re-routes by model).
+        """The route's pool serves it, or a route matches on it (Envoy re-routes by model; to a
+        metered route only from a metered one).
 
         Else the request would be served by this pool under a model name no quota or metric
         knows: ``models.<name>`` quotas would not apply, and every new name is a new label."""
         if not ctx.route.models or model in ctx.route.models:
             return True
         gateways = getattr(self.services.policy, "gateways", {})
-        return any(r.match.model == model for g in gateways.values() for r in g.routes)
+        routes = [r for g in gateways.values() for r in g.routes if r.match.model == model]
+        # Envoy keeps the filters of the first route match: an unmetered route has no rate-limit
+        # filter, so it must not hand a request on to a metered one
+        metered = any(r.rate_limit is not None and r.rate_limit.enabled for r in routes)
+        return bool(routes) and (ctx.route.rate_limited or not metered)
 
     async def _clamp(
         self, ctx: Context, req: LlmRequest, prompt: int, model: str

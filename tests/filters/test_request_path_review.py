@@ -16,7 +16,7 @@ from filters.errors import ClientError
 from filters.plugins.tokens import TokensPlugin
 from filters.plugins.usage import UsagePlugin
 from filters.services import Services
-from tests.filters.conftest import FakeClock, make_ctx, make_services
+from tests.filters.conftest import ROUTE, FakeClock, make_ctx, make_services
 
 
 def _chat(**kw: object) -> bytes:
@@ -80,6 +80,13 @@ async def test_a_model_another_route_matches_on_is_accepted(
     ctx = make_ctx(tenant="demo-free", tier="free")
     r = await TokensPlugin({}, services).request_body(ctx, _chat(model="m2", max_tokens=8))
     assert r is not None and ctx.model == "m2"
+    # but not from an unmetered route: Envoy keeps the first match's filters, so the metered
+    # route's rate limit would not run (tests/integration/test_request_path_review.py)
+    assert services.policy.gateways["edge"].routes[0].rate_limit is not None
+    unmetered = make_ctx(route=replace(ROUTE, rate_limited=False), tenant="demo-free", tier="free")
+    with pytest.raises(ClientError) as info:
+        await TokensPlugin({}, services).request_body(unmetered, _chat(model="m2", max_tokens=8))
+    assert info.value.status == 404
 
 
 def test_a_metered_pool_route_never_fails_open() -> None:
