@@ -130,6 +130,12 @@ def _policy_route(policy: Policy, route: Route, per_route: list[PerRoute]) -> li
         out.append(_route(f"{route.name}/interactive", route, hi, configs, lane="interactive"))
     prio = base_pb2.HIGH if route.lane == "interactive" else base_pb2.DEFAULT
     out.append(_route(route.name, route, _pool_action(cluster, pool, timeouts, prio), configs))
+    if route.filters is not None and route.filters.enabled:
+        # ext_proc buffers the body: without this Envoy's connection buffer (1 MiB) caps it
+        # and answers a larger body allowed by the policy with a plain-text 413
+        server_limit = policy.filters.max_body_bytes if policy.filters is not None else 1024**2
+        for r in out:
+            r.request_body_buffer_limit.value = min(server_limit, pool.max_body_bytes)
     return out
 
 

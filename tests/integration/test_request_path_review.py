@@ -6,6 +6,7 @@ read them: any tenant's budget could be spent or skipped)."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import sys
 from pathlib import Path
@@ -212,3 +213,60 @@ async def test_a_request_rerouted_to_a_metered_route_is_metered(
         await b1.aclose()
         await b2.aclose()
         await r.aclose()
+
+
+def big_body_policy(gw: int, fp: int, backend: FakeOpenAI) -> str:
+    return f"""
+version: 1
+control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
+filters: {{address: 127.0.0.1:{fp}, message_timeout: 5s, max_body_bytes: 4MiB}}
+pools:
+  chat:
+    models: [m1]
+    endpoints: [127.0.0.1:{backend.port}]
+    health_check: {{enabled: false}}
+    retries: {{enabled: false}}
+    max_body_bytes: 4MiB
+gateways:
+  edge:
+    listen: 127.0.0.1:{gw}
+    routes:
+      - name: llm
+        match: {{prefix: /v1/}}
+        pool: chat
+        filters: {{plugins: [identity, tokens, usage]}}
+tiers:
+  small: {{max_tokens: 100}}
+tenants:
+  dave: {{tier: small, api_keys: [dave-key-1234]}}
+"""
+
+
+async def test_a_body_within_the_policy_limit_is_accepted(tmp_path: Path) -> None:
+    # Envoy's connection buffer (1 MiB) used to cap what ext_proc buffers: a plain-text 413
+    backend = FakeOpenAI(name="b0", gap=0.002)
+    await backend.start()
+    gw, fp = free_port(), free_port()
+    try:
+        async with mesh(tmp_path, big_body_policy(gw, fp, backend), {"edge": gw}) as m:
+            argv = [sys.executable, "-m", "filters", "--policy", str(m.policy_path)]
+            filters = ChildProcess(argv, log=tmp_path / "filters.log")
+            try:
+                await asyncio.to_thread(wait_for_port, fp, 20.0)
+                text = "weir " * (400 * 1024)  # 2 MiB: over Envoy's default buffers
+                body = {"model": "m1", "messages": [{"role": "user", "content": text}],
+                        "max_tokens": 5}  # fmt: skip
+                headers = {"content-type": "application/json",
+                           "authorization": "Bearer dave-key-1234"}  # fmt: skip
+                async with aiohttp.ClientSession() as s:
+                    url = f"http://127.0.0.1:{gw}/v1/chat/completions"
+                    data = io.BytesIO(json.dumps(body).encode())
+                    async with s.post(url, data=data, headers=headers) as resp:
+                        status, got = resp.status, await resp.read()
+                        upstream = "x-envoy-upstream-service-time" in resp.headers
+            finally:
+                filters.close()
+        # it passed Envoy and the filter server (the fake backend itself takes at most 1 MiB)
+        assert upstream, (status, got[:200])
+    finally:
+        await backend.aclose()
