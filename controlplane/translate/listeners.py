@@ -16,6 +16,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 
 from controlplane.policy.model import Address, Gateway, Policy, Route
 from controlplane.translate import names
+from controlplane.translate.edge import openai_local_replies, strip_internal_headers
 from controlplane.translate.protos import ads_source, any_of, dur, socket_address
 from controlplane.translate.routes import PerRoute
 
@@ -89,6 +90,9 @@ def _listener(
         max_request_headers_kb=_u32(max_headers_kb),
         common_http_protocol_options=_common(),
     )
+    if edge:
+        hcm.early_header_mutation_extensions.append(strip_internal_headers())
+        hcm.local_reply_config.CopyFrom(openai_local_replies())
     chain = listener_components_pb2.FilterChain(
         filters=[
             listener_components_pb2.Filter(
