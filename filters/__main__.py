@@ -32,6 +32,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port")
     p.add_argument("--tokenizer", help="a Hugging Face tokenizer.json for exact token counts")
     p.add_argument("--processes", type=int, help="processes sharing the port")
+    p.add_argument(
+        "--transport",
+        choices=("h2", "grpc"),
+        default="grpc",
+        help="h2: the built-in HTTP/2 server (less CPU per stream); grpc: grpc.aio",
+    )
     p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
@@ -47,6 +53,7 @@ async def _run(ns: argparse.Namespace, children: list[subprocess.Popen[bytes]]) 
         metrics_port=ns.metrics_port,
         tokenizer_file=ns.tokenizer,
         worker_index=ns.worker_index,
+        transport=ns.transport,
     )
     app = FilterApp(settings, clock=time.monotonic)
     stop = asyncio.Event()

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from controlplane.policy import Policy, PolicyError, load_policy
 from filters.budget import Budget, NoBudget, quota_reader_budget
 from filters.estimate import Estimator, load_estimator
+from filters.h2server import H2FilterServer
 from filters.keys import KeyStore, policy_keys
 from filters.metrics import FilterMetrics
 from filters.registry import build_routes
@@ -43,6 +44,7 @@ class Settings:
     budget_cache_seconds: float = 0.25
     worker_index: int = 0
     reload_interval: float = 1.0
+    transport: str = "grpc"  # "h2": filters.h2server (no grpc.aio); "grpc": grpc.aio
 
 
 class FilterApp:
@@ -57,7 +59,7 @@ class FilterApp:
         self._mtime = self._stat()
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
-        self.server: FilterServer | None = None
+        self.server: FilterServer | H2FilterServer | None = None
         self.metrics_port: int | None = None
 
     def _stat(self) -> float:
@@ -98,7 +100,10 @@ class FilterApp:
             build_routes(self.policy, services), clock=self._clock, metrics=self.metrics
         )
         host, port = self._listen()
-        self.server = FilterServer(servicer, host, port)
+        if self.settings.transport == "h2":
+            self.server = H2FilterServer(servicer, host, port)
+        else:
+            self.server = FilterServer(servicer, host, port)
         await self.server.start()
         mport = self.settings.metrics_port
         if mport is None and self.policy.filters is not None:
@@ -107,7 +112,11 @@ class FilterApp:
             await self._serve_metrics(host, mport + self.settings.worker_index)
         self._tasks.append(asyncio.create_task(self._watch()))
         _log.info(
-            "filter server on %s:%s (routes: %s)", host, self.server.port, servicer.route_count
+            "filter server on %s:%s (routes: %s, transport: %s)",
+            host,
+            self.server.port,
+            servicer.route_count,
+            self.settings.transport,
         )
 
     def _listen(self) -> tuple[str, int]:

@@ -89,8 +89,14 @@ class E2E:
         return left
 
 
+@pytest.fixture(params=["grpc", "h2"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """The filter server's transport (``--transport``): every test runs on both."""
+    return str(request.param)
+
+
 @contextlib.asynccontextmanager
-async def e2e(tmp_path: Path, redis_port: int) -> AsyncIterator[E2E]:
+async def e2e(tmp_path: Path, redis_port: int, transport: str) -> AsyncIterator[E2E]:
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     r = aioredis.Redis.from_url(redis_url)
     await r.flushdb()
@@ -103,6 +109,8 @@ async def e2e(tmp_path: Path, redis_port: int) -> AsyncIterator[E2E]:
             for mod, port in (("ratelimit_service", rp), ("filters", fp)):
                 argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
                         "--redis-url", redis_url]  # fmt: skip
+                if mod == "filters":
+                    argv += ["--transport", transport]
                 children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
                 await asyncio.to_thread(wait_for_port, port, 20.0)
             reader = QuotaReader(r, load_policy(m.policy_path))
@@ -115,8 +123,10 @@ async def e2e(tmp_path: Path, redis_port: int) -> AsyncIterator[E2E]:
         await r.aclose()
 
 
-async def test_budget_reserve_settle_and_parallel_burst(tmp_path: Path, redis_port: int) -> None:
-    async with e2e(tmp_path, redis_port) as t:
+async def test_budget_reserve_settle_and_parallel_burst(
+    tmp_path: Path, redis_port: int, transport: str
+) -> None:
+    async with e2e(tmp_path, redis_port, transport) as t:
         # one request: reserved prompt + 100, settled to the real 5 completion tokens + prompt
         status, _, body = await t.chat("carol-key-123")
         assert status == 200, body

@@ -64,9 +64,15 @@ tenants:
 """
 
 
+@pytest.fixture(params=["grpc", "h2"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """The filter server's transport (``--transport``): every test runs on both."""
+    return str(request.param)
+
+
 @contextlib.asynccontextmanager
 async def stack(
-    tmp_path: Path, redis_port: int
+    tmp_path: Path, redis_port: int, transport: str
 ) -> AsyncIterator[tuple[str, FilterApp, QuotaReader]]:
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     r = aioredis.Redis.from_url(redis_url)
@@ -90,7 +96,8 @@ async def stack(
             children.append(ChildProcess(argv, log=tmp_path / "ratelimit.log"))
             await asyncio.to_thread(wait_for_port, rp, 20.0)
             app = FilterApp(
-                Settings(policy_path=m.policy_path, redis_url=redis_url), clock=time.monotonic
+                Settings(policy_path=m.policy_path, redis_url=redis_url, transport=transport),
+                clock=time.monotonic,
             )
             await app.start()
             yield f"http://127.0.0.1:{gw}", app, QuotaReader(r, load_policy(m.policy_path))
@@ -103,9 +110,9 @@ async def stack(
 
 
 async def test_openai_client_and_generate_against_the_emulator(
-    tmp_path: Path, redis_port: int
+    tmp_path: Path, redis_port: int, transport: str
 ) -> None:
-    async with stack(tmp_path, redis_port) as (url, app, reader):
+    async with stack(tmp_path, redis_port, transport) as (url, app, reader):
         async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client:
             r = await client.chat.completions.create(
                 model="m1",

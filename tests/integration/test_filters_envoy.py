@@ -76,8 +76,14 @@ class Stack:
         return [s for b in self.backends for s in b.seen]
 
 
+@pytest.fixture(params=["grpc", "h2"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """The filter server's transport (``--transport``): every test runs on both."""
+    return str(request.param)
+
+
 @contextlib.asynccontextmanager
-async def stack(tmp_path: Path, replicas: int = 1) -> AsyncIterator[Stack]:
+async def stack(tmp_path: Path, transport: str, replicas: int = 1) -> AsyncIterator[Stack]:
     backends = [FakeOpenAI(name=f"b{i}") for i in range(replicas)]
     for b in backends:
         await b.start()
@@ -85,7 +91,9 @@ async def stack(tmp_path: Path, replicas: int = 1) -> AsyncIterator[Stack]:
     app: FilterApp | None = None
     try:
         async with mesh(tmp_path, policy_text(gw, fp, backends), {"edge": gw}) as m:
-            app = FilterApp(Settings(policy_path=m.policy_path), clock=time.monotonic)
+            app = FilterApp(
+                Settings(policy_path=m.policy_path, transport=transport), clock=time.monotonic
+            )
             await app.start()
             yield Stack(m, app, backends, gw)
     finally:
@@ -108,8 +116,8 @@ def chat(content: str = "hello", **kw: object) -> bytes:
     ).encode()
 
 
-async def test_openai_client_identity_clamp_and_usage(tmp_path: Path) -> None:
-    async with stack(tmp_path) as st:
+async def test_openai_client_identity_clamp_and_usage(tmp_path: Path, transport: str) -> None:
+    async with stack(tmp_path, transport) as st:
         async with openai.AsyncOpenAI(base_url=st.url + "/v1", api_key=ALICE) as client:
             r = await client.chat.completions.create(
                 model="m1", messages=[{"role": "user", "content": "hi"}], max_tokens=1000
@@ -155,8 +163,8 @@ async def test_openai_client_identity_clamp_and_usage(tmp_path: Path) -> None:
         assert m.get_sample_value("tokenweir_filters_tokens_total", labels) == 15
 
 
-async def test_spoofed_internal_headers_are_ignored(tmp_path: Path) -> None:
-    async with stack(tmp_path) as st, aiohttp.ClientSession() as s:
+async def test_spoofed_internal_headers_are_ignored(tmp_path: Path, transport: str) -> None:
+    async with stack(tmp_path, transport) as st, aiohttp.ClientSession() as s:
         spoof = {
             "authorization": f"Bearer {BOB}",
             "content-type": "application/json",
@@ -174,8 +182,10 @@ async def test_spoofed_internal_headers_are_ignored(tmp_path: Path) -> None:
         assert int(headers["x-tokenweir-reserve"]) > 8
 
 
-async def test_bad_input_gets_openai_errors_and_next_request_works(tmp_path: Path) -> None:
-    async with stack(tmp_path) as st, aiohttp.ClientSession() as s:
+async def test_bad_input_gets_openai_errors_and_next_request_works(
+    tmp_path: Path, transport: str
+) -> None:
+    async with stack(tmp_path, transport) as st, aiohttp.ClientSession() as s:
         url = st.url + "/v1/chat/completions"
         auth = {"authorization": f"Bearer {ALICE}", "content-type": "application/json"}
         cases = [
@@ -203,8 +213,10 @@ async def test_bad_input_gets_openai_errors_and_next_request_works(tmp_path: Pat
         assert rejected == 1
 
 
-async def test_conversations_and_shared_prefixes_stay_on_one_replica(tmp_path: Path) -> None:
-    async with stack(tmp_path, replicas=3) as st, aiohttp.ClientSession() as s:
+async def test_conversations_and_shared_prefixes_stay_on_one_replica(
+    tmp_path: Path, transport: str
+) -> None:
+    async with stack(tmp_path, transport, replicas=3) as st, aiohttp.ClientSession() as s:
         url = st.url + "/v1/chat/completions"
         auth = {"authorization": f"Bearer {ALICE}", "content-type": "application/json"}
         system = {"role": "system", "content": "You are a helpful assistant."}
