@@ -8,7 +8,10 @@ the streaming backend writes its wall time into every chunk, so the per-chunk de
 can be measured. k6 drives the requests/s phases, alternating plain and full; a Python client
 measures streams. Results: JSON in bench/results/filters_bench_p<N>.json and a table on stdout.
 
-``.venv/bin/python bench/filters_bench.py [--seconds 10] [--vus 16] [--filter-procs 1]``
+``.venv/bin/python bench/filters_bench.py [--seconds 10] [--vus 16] [--filter-procs 1]
+[--transport grpc|h2|both]``: with ``both`` every round runs the three paths once per transport of
+the filter server (the process is restarted on the same port between them), so both transports
+are measured side by side against the same Envoy-alone runs.
 """
 
 from __future__ import annotations
@@ -216,31 +219,55 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
             "edge": [envoy, "-c", str(tmp / "edge.json"), "--base-id", str(base + 1), "--concurrency", "1", "-l", "error"],
             "sse": [py, str(ROOT / "bench" / "filters_sse_backend.py"), "--port", str(sse), "--gap", str(ns.gap)],
             "ratelimit": [py, "-m", "ratelimit_service", "--policy", str(policy)],
-            "filters": [py, "-m", "filters", "--policy", str(policy), "--log-level", "WARNING"],
         }  # fmt: skip
+        filters_argv = [py, "-m", "filters", "--policy", str(policy), "--log-level", "WARNING"]
+        transports = ["grpc", "h2"] if ns.transport == "both" else [ns.transport]
         children = [ChildProcess(a, log=tmp / f"{k}.log") for k, a in argvs.items()]
+        filters: list[ChildProcess] = []
+
+        def start_filters(transport: str) -> None:
+            for c in filters:
+                c.close()
+            filters[:] = [ChildProcess([*filters_argv, "--transport", transport],
+                                       log=tmp / f"filters-{transport}.log")]  # fmt: skip
+            wait_for_port(fp, 30)
+            pids["filters"] = filters[0].proc.pid
+
         try:
-            for port in (canned, gw, sse, rp, fp):
+            for port in (canned, gw, sse, rp):
                 wait_for_port(port, 30)
             pids = {k: c.proc.pid for k, c in zip(argvs, children, strict=True) if k != "sse"}
+            start_filters(transports[0])
             await asyncio.sleep(1.0)
             res: dict[str, Any] = {
                 "vus": ns.vus,
                 "seconds": ns.seconds,
                 "filter_procs": ns.filter_procs,
+                "transports": transports,
                 "loadavg_before": os.getloadavg(),
             }
             url = f"http://127.0.0.1:{gw}"
             k6(url + "/v1/chat/completions", 2, ns.vus, tmp)  # warm-up
             for _ in range(ns.rounds):
-                for name, path in (("envoy_alone", "/plain/v1/chat/completions"),
-                                   ("full_path", "/v1/chat/completions"),
-                                   ("filters_only", "/f/v1/chat/completions")):  # fmt: skip
-                    res.setdefault(name, []).append(k6(url + path, ns.seconds, ns.vus, tmp, pids))
-            for name, path in (("stream_envoy_alone", "/ps/v1/chat/completions"),
-                               ("stream_full_path", "/s/v1/chat/completions")):  # fmt: skip
-                await streams(url + path, 10, ns.streams, ns.chunks)  # warm-up
-                res[name] = await streams(url + path, ns.stream_requests, ns.streams, ns.chunks)
+                for tr in transports:
+                    if len(transports) > 1:
+                        start_filters(tr)
+                        k6(url + "/v1/chat/completions", 1, ns.vus, tmp)  # warm-up
+                    for name, path in (("envoy_alone", "/plain/v1/chat/completions"),
+                                       ("full_path", "/v1/chat/completions"),
+                                       ("filters_only", "/f/v1/chat/completions")):  # fmt: skip
+                        key = name if len(transports) == 1 else f"{name}@{tr}"
+                        res.setdefault(key, []).append(
+                            k6(url + path, ns.seconds, ns.vus, tmp, pids)
+                        )
+            for tr in transports:
+                if len(transports) > 1:
+                    start_filters(tr)
+                for name, path in (("stream_envoy_alone", "/ps/v1/chat/completions"),
+                                   ("stream_full_path", "/s/v1/chat/completions")):  # fmt: skip
+                    key = name if len(transports) == 1 else f"{name}@{tr}"
+                    await streams(url + path, 10, ns.streams, ns.chunks)  # warm-up
+                    res[key] = await streams(url + path, ns.stream_requests, ns.streams, ns.chunks)
             res["loadavg_after"] = os.getloadavg()
             if ns.diag:
                 admin = boot["admin"]["address"]["socket_address"]["port_value"]
@@ -254,17 +281,22 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
                 print(stats)
             return res
         finally:
-            for c in children:
+            for c in [*filters, *children]:
                 c.close()
 
 
-def summarize(res: dict[str, Any]) -> dict[str, float]:
+def summarize(res: dict[str, Any], suffix: str = "") -> dict[str, float]:
     def mean(name: str, key: str) -> float:
-        return statistics.mean(r[key] for r in res[name])
+        return statistics.mean(r[key] for r in res[name + suffix])
+
+    def cpu(name: str) -> float:
+        return statistics.mean(r.get("cpu_ms_per_req_filters", 0.0) for r in res[name + suffix])
 
     a, f, fo = (mean(n, "rps") for n in ("envoy_alone", "full_path", "filters_only"))
-    sa, sf = res["stream_envoy_alone"], res["stream_full_path"]
+    sa, sf = res["stream_envoy_alone" + suffix], res["stream_full_path" + suffix]
     return {
+        "filters_cpu_ms_per_req_full": cpu("full_path"),
+        "filters_cpu_ms_per_req_filters_only": cpu("filters_only"),
         "envoy_alone_rps": a, "full_path_rps": f, "filters_only_rps": fo,
         "full_over_alone": f / a, "filters_only_over_alone": fo / a,
         "added_p50_ms": mean("full_path", "p50_ms") - mean("envoy_alone", "p50_ms"),
@@ -272,7 +304,7 @@ def summarize(res: dict[str, Any]) -> dict[str, float]:
         "added_chunk_p50_ms": sf["chunk_p50_ms"] - sa["chunk_p50_ms"],
         "added_chunk_p99_ms": sf["chunk_p99_ms"] - sa["chunk_p99_ms"],
         "added_ttft_p50_ms": sf["ttft_p50_ms"] - sa["ttft_p50_ms"],
-        "failed_fraction_max": max(r["failed"] for n in ("envoy_alone", "full_path", "filters_only") for r in res[n]),
+        "failed_fraction_max": max(r["failed"] for n in ("envoy_alone", "full_path", "filters_only") for r in res[n + suffix]),
     }  # fmt: skip
 
 
@@ -290,26 +322,33 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=50)
     p.add_argument("--gap", type=float, default=0.005, help="seconds between backend chunks")
     p.add_argument("--diag", action="store_true", help="print the gateway's Envoy stats")
+    p.add_argument("--transport", choices=("grpc", "h2", "both"), default="grpc",
+                   help="the filter server's transport; both: side by side")  # fmt: skip
     p.add_argument(
         "--out", type=Path, default=None, help="default: bench/results/filters_bench_p<N>.json"
     )
     ns = p.parse_args()
     if ns.out is None:
-        ns.out = ROOT / "bench" / "results" / f"filters_bench_p{ns.filter_procs}.json"
+        tr = "" if ns.transport == "grpc" else f"_{ns.transport}"
+        ns.out = ROOT / "bench" / "results" / f"filters_bench_p{ns.filter_procs}{tr}.json"
     res = asyncio.run(run(ns))
-    res["summary"] = summary = summarize(res)
+    suffixes = [""] if len(res["transports"]) == 1 else [f"@{t}" for t in res["transports"]]
+    res["summary"] = {s or ns.transport: summarize(res, s) for s in suffixes}
     ns.out.parent.mkdir(parents=True, exist_ok=True)
     ns.out.write_text(json.dumps(res, indent=2))
-    for k, v in summary.items():
-        print(f"{k:28s} {v:10.3f}")
+    names = list(res["summary"])
+    print(f"{'':36s}" + "".join(f"{n:>12s}" for n in names))
+    for k in res["summary"][names[0]]:
+        print(f"{k:36s}" + "".join(f"{res['summary'][n][k]:12.3f}" for n in names))
     print("load average before/after:", res["loadavg_before"], res["loadavg_after"])
-    for name in ("envoy_alone", "full_path", "filters_only"):
-        cpu = {
-            k[len("cpu_ms_per_req_") :]: round(v, 3)
-            for k, v in res[name][-1].items()
-            if k.startswith("cpu_ms")
-        }
-        print(f"cpu ms/request {name:14s} {cpu}")
+    for sfx in suffixes:
+        for name in ("envoy_alone", "full_path", "filters_only"):
+            cpu = {
+                k[len("cpu_ms_per_req_") :]: round(v, 3)
+                for k, v in res[name + sfx][-1].items()
+                if k.startswith("cpu_ms")
+            }
+            print(f"cpu ms/request {name + sfx:20s} {cpu}")
 
 
 if __name__ == "__main__":

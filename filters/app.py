@@ -44,7 +44,7 @@ class Settings:
     budget_cache_seconds: float = 0.25
     worker_index: int = 0
     reload_interval: float = 1.0
-    transport: str = "grpc"  # "h2": filters.h2server (no grpc.aio); "grpc": grpc.aio
+    transport: str = "h2"  # "h2": filters.h2server (no grpc.aio); "grpc": grpc.aio
 
 
 class FilterApp:
