@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,11 +14,9 @@ import openai
 import pytest
 
 from tests.helpers import free_port, free_port_block
+from tests.integration.up_process import ROOT, start_up, stop_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-
-ROOT = Path(__file__).resolve().parents[2]
-TOKENWEIR = Path(sys.executable).parent / "tokenweir"
 
 
 def example_policy() -> tuple[str, int]:
@@ -53,22 +47,9 @@ def call(url: str, key: str, body: dict[str, object], extra: dict[str, str] | No
 def test_readme_first_contact(tmp_path: Path) -> None:
     text, gw = example_policy()
     (tmp_path / "mesh.yaml").write_text(text)
-    proc = subprocess.Popen(
-        [str(TOKENWEIR), "up", "-c", str(tmp_path / "mesh.yaml"), "--run-dir", str(tmp_path / "run")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-    )  # fmt: skip
-    lines: list[str] = []
+    proc, banner = start_up(tmp_path / "mesh.yaml", tmp_path / "run")
     try:
-        deadline = time.monotonic() + 90
-        assert proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "tokenweir up: ready" in line:
-                break
-        assert any("ready" in ln for ln in lines), "".join(lines)
+        assert "tokenweir up: ready" in banner, banner
         url = f"http://127.0.0.1:{gw}/v1/chat/completions"
         hello = {
             "model": "llama-3.1-8b",
@@ -107,11 +88,4 @@ def test_readme_first_contact(tmp_path: Path) -> None:
                 break
         assert 429 in seen, seen
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-        if proc.stdout:
-            proc.stdout.close()
+        stop_up(proc)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -14,11 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import free_port, free_port_block
+from tests.integration.up_process import ROOT, TOKENWEIR, start_up, stop_up
 
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parents[2]
-TOKENWEIR = Path(sys.executable).parent / "tokenweir"
 
 
 def _policy(gw: int, base: int) -> str:
@@ -66,22 +62,8 @@ def test_up_serves_through_envoy_and_ctrl_c_stops_everything(tmp_path: Path) -> 
     base = free_port_block(2)
     gw = free_port()
     (tmp_path / "mesh.yaml").write_text(_policy(gw, base))
-    proc = subprocess.Popen(
-        [str(TOKENWEIR), "up", "-c", str(tmp_path / "mesh.yaml"), "--run-dir", str(tmp_path / "run")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-    )  # fmt: skip
-    lines: list[str] = []
+    proc, banner = start_up(tmp_path / "mesh.yaml", tmp_path / "run")
     try:
-        deadline = time.monotonic() + 90
-        assert proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "tokenweir up: ready" in line:
-                break
-        banner = "".join(lines)
         assert "mesh running" in banner and "ready" in banner, banner
         assert (
             f"http://127.0.0.1:{gw}" in banner
@@ -106,16 +88,8 @@ def test_up_serves_through_envoy_and_ctrl_c_stops_everything(tmp_path: Path) -> 
         assert answer["choices"][0]["message"]["content"]
         assert answer["usage"]["completion_tokens"] == 4
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    rest = proc.stdout.read() if proc.stdout else ""
-    if proc.stdout:
-        proc.stdout.close()
-    assert proc.returncode == 0, "".join(lines) + rest
+        rest = stop_up(proc)
+    assert proc.returncode == 0, banner + rest
     time.sleep(0.2)
     left = [p for p in children if _alive(p)]
     assert not left, f"processes left running after Ctrl-C: {left}"
@@ -154,23 +128,13 @@ def test_validate_and_render_cli(tmp_path: Path) -> None:
 def test_children_die_with_a_killed_up(tmp_path: Path) -> None:
     base = free_port_block(2)
     (tmp_path / "mesh.yaml").write_text(_policy(free_port(), base))
-    proc = subprocess.Popen(
-        [str(TOKENWEIR), "up", "-c", str(tmp_path / "mesh.yaml"), "--run-dir", str(tmp_path / "run")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-    )  # fmt: skip
-    assert proc.stdout is not None
+    proc, banner = start_up(tmp_path / "mesh.yaml", tmp_path / "run")
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line or "tokenweir up: ready" in line:
-                break
+        assert "tokenweir up: ready" in banner, banner
         children = _descendants(proc.pid)
         assert children
     finally:
-        proc.kill()  # no chance to clean up
-        proc.wait(30)
-        proc.stdout.close()
+        stop_up(proc, kill=True)  # no chance to clean up
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(_alive(p) for p in children):
         time.sleep(0.1)

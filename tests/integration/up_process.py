@@ -1,0 +1,57 @@
+"""`tokenweir up` as a child process for integration tests: start it, read its banner up to
+the ready line, stop it (SIGINT, or SIGKILL to test what a crash leaves behind)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["ROOT", "TOKENWEIR", "start_up", "stop_up"]
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKENWEIR = Path(sys.executable).parent / "tokenweir"
+
+
+def start_up(
+    policy: Path, run_dir: Path, timeout: float = 90.0
+) -> tuple[subprocess.Popen[str], str]:
+    """Start ``tokenweir up -c policy``; return it and its output up to ``tokenweir up: ready``
+    (or up to its exit or the timeout: the caller asserts on the banner)."""
+    proc = subprocess.Popen(
+        [str(TOKENWEIR), "up", "-c", str(policy), "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "tokenweir up: ready" in line:
+            break
+    return proc, "".join(lines)
+
+
+def stop_up(proc: subprocess.Popen[str], *, kill: bool = False, timeout: float = 30.0) -> str:
+    """Ctrl-C (or SIGKILL) ``up`` and wait for it; return the rest of its output."""
+    if kill:
+        proc.kill()
+    else:
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
+        raise
+    finally:
+        rest = ""
+        if proc.stdout is not None:
+            rest = proc.stdout.read()
+            proc.stdout.close()
+    return rest
