@@ -65,6 +65,14 @@ OK_TRAILERS = trailers(0)
 EOF = grpc.aio.EOF  # type: ignore[attr-defined]
 
 
+_HCACHE_MAX = 64  # distinct stream-opening header blocks remembered per connection
+
+
+def _same_table(a: tuple[int, Any, int], b: tuple[int, Any, int]) -> bool:
+    """The same dynamic table: an insert always puts a new tuple first (identity, not equality)."""
+    return a[0] == b[0] and a[1] is b[1] and a[2] == b[2]
+
+
 class StreamContext:
     """One ext_proc stream: the grpc.aio-context subset ``FilterServicer.Process`` uses."""
 
@@ -125,6 +133,8 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.goaway = False
         self.table_update = b""  # prefixed to our next header block
+        self.hcache: dict[bytes, tuple[tuple[tuple[str, str], ...], str]] = {}
+        self.hstate: tuple[int, Any, int] = (-1, None, -1)  # the table state hcache is valid for
 
     # -- connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -246,7 +256,7 @@ class _Conn(asyncio.Protocol):
         stream, flags, block = self.block
         self.block = None
         try:  # every block is decoded, even ignored ones: the dynamic table must stay in sync
-            headers = self.decoder.decode(bytes(block))
+            metadata, path = self._decode(bytes(block))
         except HPACKError as exc:
             return self._error(f"HPACK: {exc}")
         s = self.streams.get(stream)
@@ -256,17 +266,43 @@ class _Conn(asyncio.Protocol):
                 s.wake()
             return
         self.last_stream = stream
-        metadata = [(str(k), str(v)) for k, v in headers if not str(k).startswith(":")]
-        s = StreamContext(self, stream, metadata)
+        s = StreamContext(self, stream, list(metadata))
         s.remote_closed = bool(flags & END_STREAM)
         self.streams[stream] = s
-        path = next((str(v) for k, v in headers if k == ":path"), "")
         if path != PROCESS_PATH or self.goaway:
             return self._finish(s, trailers(12, f"unknown method {path}"[:100]))
         task = self.loop.create_task(self.server.servicer.Process(None, s))
         s.task = task
         self.server.tasks.add(task)
         task.add_done_callback(lambda t: self._task_done(s, t))
+
+    def _decode(self, block: bytes) -> tuple[tuple[tuple[str, str], ...], str]:
+        """A header block's non-pseudo headers and ``:path``, through :attr:`hcache`.
+
+        Envoy opens every ext_proc stream of a route with the same bytes (indexed fields and a
+        non-indexed ``:path``), whose decoding (Huffman) is the costliest step per stream. A
+        block that left the dynamic table as it was is cached; the cache holds only while the
+        table stays in that state (same first entry object, length and size), so a hit decodes
+        exactly as the decoder would."""
+        table = self.decoder.header_table
+        entries = table.dynamic_entries
+        state = (len(entries), entries[0] if entries else None, table.maxsize)
+        if not _same_table(state, self.hstate):
+            self.hcache.clear()
+            self.hstate = state
+        hit = self.hcache.get(block)
+        if hit is not None:
+            return hit
+        headers = self.decoder.decode(block)
+        metadata = tuple((str(k), str(v)) for k, v in headers if not str(k).startswith(":"))
+        result = metadata, next((str(v) for k, v in headers if k == ":path"), "")
+        after = (len(entries), entries[0] if entries else None, table.maxsize)
+        if not _same_table(after, state):
+            self.hcache.clear()
+            self.hstate = after
+        elif len(self.hcache) < _HCACHE_MAX:
+            self.hcache[block] = result
+        return result
 
     def _on_data(self, flags: int, stream: int, payload: bytes) -> None:
         self.consumed += len(payload)

@@ -31,31 +31,33 @@ _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 def header_map(headers: Any) -> dict[str, str]:
     """An Envoy HeaderMap as a dict (lower-case names; the last of repeated names wins)."""
-    out: dict[str, str] = {}
-    for h in headers.headers:
-        out[h.key] = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
-    return out
+    return {
+        h.key: (raw.decode("utf-8", "replace") if (raw := h.raw_value) else h.value)
+        for h in headers.headers
+    }
 
 
-def _mutation(set_headers: Mapping[str, str], remove: list[str]) -> pb.HeaderMutation:
-    return pb.HeaderMutation(
-        set_headers=[
-            base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
-            )
-            for k, v in set_headers.items()
-        ],
-        remove_headers=remove,
-    )
+def _fill_mutation(m: pb.HeaderMutation, set_headers: Mapping[str, str], remove: list[str]) -> None:
+    """Fill ``m`` in place (cheaper than building messages and copying them in)."""
+    add = m.set_headers.add
+    for k, v in set_headers.items():
+        h = add(append_action=_OVERWRITE).header
+        h.key = k
+        h.raw_value = v.encode()
+    if remove:
+        m.remove_headers.extend(remove)
 
 
-def _common(out: Outcome) -> pb.CommonResponse:
-    common = pb.CommonResponse(clear_route_cache=out.clear_route_cache)
+def _fill_common(common: pb.CommonResponse, out: Outcome) -> None:
+    common.SetInParent()
+    if out.clear_route_cache:
+        common.clear_route_cache = True
     if out.set_headers or out.remove_headers:
-        common.header_mutation.CopyFrom(_mutation(out.set_headers, out.remove_headers))
+        m = common.header_mutation
+        m.SetInParent()
+        _fill_mutation(m, out.set_headers, out.remove_headers)
     if out.body is not None:
         common.body_mutation.body = out.body
-    return common
 
 
 def _value(v: Any) -> struct_pb2.Value:
@@ -82,7 +84,8 @@ def headers_response(phase: str, out: Outcome) -> pb.ProcessingResponse:
     """Answer to ``request_headers`` or ``response_headers``."""
     if out.reply is not None:
         return immediate(out.reply)
-    resp = pb.ProcessingResponse(**{phase: pb.HeadersResponse(response=_common(out))})
+    resp = pb.ProcessingResponse()
+    _fill_common(getattr(resp, phase).response, out)
     return _with_metadata(resp, out)
 
 
@@ -90,7 +93,8 @@ def body_response(phase: str, out: Outcome) -> pb.ProcessingResponse:
     """Answer to ``request_body`` or ``response_body``."""
     if out.reply is not None:
         return immediate(out.reply)
-    resp = pb.ProcessingResponse(**{phase: pb.BodyResponse(response=_common(out))})
+    resp = pb.ProcessingResponse()
+    _fill_common(getattr(resp, phase).response, out)
     return _with_metadata(resp, out)
 
 
@@ -99,14 +103,17 @@ def trailers_response(phase: str) -> pb.ProcessingResponse:
 
 
 def immediate(reply: Reply) -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(
+    resp = pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=reply.status),  # type: ignore[arg-type]
-            headers=_mutation(reply.headers, []),
             body=reply.body,
             details=reply.details,
         )
     )
+    headers = resp.immediate_response.headers
+    headers.SetInParent()
+    _fill_mutation(headers, reply.headers, [])
+    return resp
 
 
 CONTINUE_REQUEST_BODY = pb.ProcessingResponse(request_body=pb.BodyResponse())

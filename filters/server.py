@@ -156,9 +156,10 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         self, entry: RouteEntry, ctx: Context, msg: pb.HttpHeaders
     ) -> pb.ProcessingResponse:
         self._metrics.stream_started(entry.info.name)
-        raw = header_map(msg.headers)
-        strip = [h for h in raw if h.startswith(_INTERNAL)]
-        headers = {k: v for k, v in raw.items() if not k.startswith(_INTERNAL)}
+        headers = header_map(msg.headers)
+        strip = [h for h in headers if h.startswith(_INTERNAL)]
+        for h in strip:
+            del headers[h]
         ctx.request_headers = headers
         ctx.request_id = headers.get("x-request-id", "")
         ctx.method = headers.get(":method", "")
