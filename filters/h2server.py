@@ -41,13 +41,14 @@ from ratelimit_service.h2server import (
     HEADERS,
     PADDED,
     PING,
-    PREFACE,
     PRIO,
     PUSH_PROMISE,
+    RECV_WINDOW,
     RESPONSE_HEADERS,
     RST_STREAM,
     SETTINGS,
     WINDOW_UPDATE,
+    read_frames,
     size_update,
     trailers,
 )
@@ -58,7 +59,6 @@ __all__ = ["PROCESS_PATH", "H2FilterServer", "StreamContext"]
 _log = logging.getLogger(__name__)
 
 PROCESS_PATH = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
-RECV_WINDOW = 1 << 30
 MAX_FRAME = 16384
 MAX_STREAMS = 100_000
 OK_TRAILERS = trailers(0)
@@ -165,30 +165,7 @@ class _Conn(asyncio.Protocol):
 
     # -- reading ---------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        if not self.preface:
-            if len(buf) < len(PREFACE):
-                return
-            if bytes(buf[: len(PREFACE)]) != PREFACE:
-                return self._error("bad connection preface")
-            del buf[: len(PREFACE)]
-            self.preface = True
-        pos, end = 0, len(buf)
-        while end - pos >= 9 and not self.closed:
-            length = buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
-            if end - pos < 9 + length:
-                break
-            kind, flags = buf[pos + 3], buf[pos + 4]
-            stream = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-            payload = bytes(buf[pos + 9 : pos + 9 + length])
-            pos += 9 + length
-            self._on_frame(kind, flags, stream, payload)
-        del buf[:pos]
-        if self.consumed > RECV_WINDOW // 4:
-            self.out.append(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.consumed)))
-            self.consumed = 0
-            self._schedule()
+        read_frames(self, data, RECV_WINDOW)
 
     def _on_frame(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
         if self.block is not None and (kind != CONT or stream != self.block[0]):

@@ -20,9 +20,9 @@ import asyncio
 import logging
 import struct
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
-__all__ = ["H2Server"]
+__all__ = ["FrameReader", "H2Server", "read_frames"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,50 @@ def size_update(value: int) -> bytes:
     return bytes(out)
 
 
+class FrameReader(Protocol):
+    """What :func:`read_frames` needs from a connection (both HTTP/2 servers have it)."""
+
+    buf: bytearray
+    preface: bool
+    closed: bool
+    consumed: int
+    out: list[bytes]
+
+    def _error(self, why: str) -> None: ...
+    def _on_frame(self, kind: int, flags: int, stream: int, payload: bytes) -> None: ...
+    def _schedule(self) -> None: ...
+
+
+def read_frames(conn: FrameReader, data: bytes, window: int = RECV_WINDOW) -> None:
+    """The reading half shared by the HTTP/2 servers (this one and the filter server's): buffer
+    ``data``, check the client preface once, hand every whole frame to ``conn._on_frame``, then
+    top up the connection's receive ``window`` once a quarter of it is used."""
+    buf = conn.buf
+    buf += data
+    if not conn.preface:
+        if len(buf) < len(PREFACE):
+            return
+        if bytes(buf[: len(PREFACE)]) != PREFACE:
+            return conn._error("bad connection preface")
+        del buf[: len(PREFACE)]
+        conn.preface = True
+    pos, end = 0, len(buf)
+    while end - pos >= 9 and not conn.closed:
+        length = buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
+        if end - pos < 9 + length:
+            break
+        kind, flags = buf[pos + 3], buf[pos + 4]
+        stream = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+        payload = bytes(buf[pos + 9 : pos + 9 + length])
+        pos += 9 + length
+        conn._on_frame(kind, flags, stream, payload)
+    del buf[:pos]
+    if conn.consumed > window // 4:
+        conn.out.append(_frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", conn.consumed)))
+        conn.consumed = 0
+        conn._schedule()
+
+
 class _Conn(asyncio.Protocol):
     def __init__(self, server: H2Server) -> None:
         self.server = server
@@ -116,31 +160,7 @@ class _Conn(asyncio.Protocol):
 
     # -- reading ---------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        if not self.preface:
-            if len(buf) < len(PREFACE):
-                return
-            if bytes(buf[: len(PREFACE)]) != PREFACE:
-                return self._error("bad connection preface")
-            del buf[: len(PREFACE)]
-            self.preface = True
-        pos = 0
-        end = len(buf)
-        while end - pos >= 9 and not self.closed:
-            length = buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
-            if end - pos < 9 + length:
-                break
-            kind, flags = buf[pos + 3], buf[pos + 4]
-            stream = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-            payload = bytes(buf[pos + 9 : pos + 9 + length])
-            pos += 9 + length
-            self._on_frame(kind, flags, stream, payload)
-        del buf[:pos]
-        if self.consumed > RECV_WINDOW // 4:
-            self.out.append(_frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.consumed)))
-            self.consumed = 0
-            self._schedule()
+        read_frames(self, data)
 
     def _on_frame(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
         if self.cont_stream and kind != CONT:
