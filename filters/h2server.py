@@ -22,14 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections import deque
 from typing import Any, cast
 
-import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
+from filters.h2stream import EOF, StreamContext
 from filters.server import FilterServicer
 from ratelimit_service.h2server import (
     ACK,
@@ -54,7 +53,7 @@ from ratelimit_service.h2server import (
 )
 from ratelimit_service.h2server import _frame as frame
 
-__all__ = ["PROCESS_PATH", "H2FilterServer", "StreamContext"]
+__all__ = ["EOF", "PROCESS_PATH", "H2FilterServer", "StreamContext"]
 
 _log = logging.getLogger(__name__)
 
@@ -62,7 +61,6 @@ PROCESS_PATH = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 MAX_FRAME = 16384
 MAX_STREAMS = 100_000
 OK_TRAILERS = trailers(0)
-EOF = grpc.aio.EOF  # type: ignore[attr-defined]
 
 
 _HCACHE_MAX = 64  # distinct stream-opening header blocks remembered per connection
@@ -71,46 +69,6 @@ _HCACHE_MAX = 64  # distinct stream-opening header blocks remembered per connect
 def _same_table(a: tuple[int, Any, int], b: tuple[int, Any, int]) -> bool:
     """The same dynamic table: an insert always puts a new tuple first (identity, not equality)."""
     return a[0] == b[0] and a[1] is b[1] and a[2] == b[2]
-
-
-class StreamContext:
-    """One ext_proc stream: the grpc.aio-context subset ``FilterServicer.Process`` uses."""
-
-    def __init__(self, conn: _Conn, sid: int, metadata: list[tuple[str, str]]) -> None:
-        self.conn = conn
-        self.id = sid
-        self.metadata = metadata
-        self.buf = bytearray()
-        self.inbox: deque[pb.ProcessingRequest] = deque()
-        self.waiter: asyncio.Future[None] | None = None
-        self.send_window = conn.peer_initial
-        self.consumed = 0
-        self.headers_sent = False
-        self.remote_closed = False
-        self.reset = False
-        self.task: asyncio.Task[None] | None = None
-
-    def invocation_metadata(self) -> list[tuple[str, str]]:
-        return self.metadata
-
-    async def read(self) -> Any:
-        while not self.inbox:
-            if self.remote_closed:
-                return EOF
-            self.waiter = self.conn.loop.create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
-        return self.inbox.popleft()
-
-    async def write(self, message: pb.ProcessingResponse) -> None:
-        data = message.SerializeToString()
-        await self.conn.send(self, b"\x00" + len(data).to_bytes(4, "big") + data)
-
-    def wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
 
 
 class _Conn(asyncio.Protocol):
