@@ -25,6 +25,7 @@ from controlplane.policy.common import (
     check_name,
 )
 from controlplane.policy.decode import Decoder, Duration, Range, Size
+from controlplane.policy.saturation import PoolCapacity, PoolStateScrape, SaturationPolicy
 from controlplane.policy.servers import ControlPlane, FiltersServer, RateLimitServer
 from controlplane.policy.tenancy import QuotaLimits, Quotas, Tenant, Tier
 
@@ -44,6 +45,8 @@ __all__ = [
     "OutlierDetection",
     "PluginRef",
     "Policy",
+    "PoolCapacity",
+    "PoolStateScrape",
     "QuotaLimits",
     "Quotas",
     "RateLimitServer",
@@ -52,6 +55,7 @@ __all__ = [
     "RouteFilters",
     "RouteMatch",
     "RouteRateLimit",
+    "SaturationPolicy",
     "Sidecar",
     "SidecarInbound",
     "SidecarOutbound",
@@ -191,6 +195,8 @@ class LlmPool:
     retries: Retries = field(default_factory=Retries)
     fallback: str | None = None
     max_body_bytes: Annotated[int, Size(1024, 64 * 1024**2)] = 1024**2
+    capacity: PoolCapacity = field(default_factory=PoolCapacity)
+    saturation: SaturationPolicy = field(default_factory=SaturationPolicy)
 
 
 # -- ordinary HTTP services -------------------------------------------------------------------

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from controlplane.policy.common import Address, Port
 from controlplane.policy.decode import Duration, Range, Size
+from controlplane.policy.saturation import PoolStateScrape
 
 __all__ = ["ControlPlane", "FiltersServer", "RateLimitServer"]
 
@@ -39,3 +40,4 @@ class ControlPlane:
     metrics: Address = field(default_factory=lambda: Address("127.0.0.1", 18001))
     debounce: Annotated[float, Duration(0, 10)] = 0.1
     delta: bool = True
+    pool_state: PoolStateScrape = field(default_factory=PoolStateScrape)

@@ -1,0 +1,34 @@
+"""The pool state: saturation of every pool replica, computed from SGLang's ``/metrics``.
+
+Pure parts (parse, saturation, the immutable versioned value and its JSON) and the reader
+client services run (:mod:`runtime.poolstate.reader`). The control plane scrapes and
+publishes (``controlplane/poolwatch``); docs/operations.md, "Saturation signal".
+"""
+
+from runtime.poolstate.errors import MetricsTextError, PoolStateDecodeError, PoolStateError
+from runtime.poolstate.metrics_text import ReplicaSample, parse_metrics_text
+from runtime.poolstate.saturation import (
+    Capacity,
+    Hysteresis,
+    replica_saturation,
+    replica_state,
+    summarize_pool,
+)
+from runtime.poolstate.state import SATURATED, PoolState, PoolSummary, ReplicaState
+
+__all__ = [
+    "SATURATED",
+    "Capacity",
+    "Hysteresis",
+    "MetricsTextError",
+    "PoolState",
+    "PoolStateDecodeError",
+    "PoolStateError",
+    "PoolSummary",
+    "ReplicaSample",
+    "ReplicaState",
+    "parse_metrics_text",
+    "replica_saturation",
+    "replica_state",
+    "summarize_pool",
+]
