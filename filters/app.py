@@ -19,11 +19,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controlplane.policy import Policy, PolicyError, load_policy
-from filters.budget import Budget, NoBudget, quota_reader_budget
+from filters.budget import Budget, CachedBudget, NoBudget, quota_reader_budget
 from filters.estimate import Estimator, load_estimator
 from filters.h2server import H2FilterServer
 from filters.keys import KeyStore, policy_keys
 from filters.metrics import FilterMetrics
+from filters.redis_pool import redis_client
 from filters.registry import build_routes
 from filters.server import FilterServer, FilterServicer
 from filters.services import Services
@@ -55,6 +56,7 @@ class FilterApp:
         self.policy: Policy = load_policy(settings.policy_path)
         self._estimator: Estimator = load_estimator(settings.tokenizer_file)
         self._redis: Any = None
+        self._keys: KeyStore | None = None
         self._budget_reader: Budget = NoBudget()
         self._mtime = self._stat()
         self._tasks: list[asyncio.Task[None]] = []
@@ -74,27 +76,46 @@ class FilterApp:
         rl = self.policy.ratelimit
         return rl.redis_url if rl is not None else None
 
+    def _key_store(self) -> KeyStore:
+        """One store for the life of the server (its answers survive policy reloads)."""
+        if self._keys is None:
+            self._keys = KeyStore(
+                policy_keys(self.policy),
+                self._redis,
+                clock=self._clock,
+                ttl=self.settings.key_cache_seconds,
+                negative_ttl=self.settings.key_cache_seconds,
+                io_timeout=self._redis_timeout(),
+                on_redis_error=self.metrics.redis_errors.inc,
+                on_fallback=lambda answer: self.metrics.key_fallbacks.labels(answer).inc(),
+            )
+        else:
+            self._keys.update_fallback(policy_keys(self.policy))
+        return self._keys
+
+    def _redis_timeout(self) -> float:
+        """Half the ext_proc message timeout (at most 1 s): a Redis read never outlives it."""
+        mt = self.policy.filters.message_timeout if self.policy.filters is not None else 0.2
+        return min(1.0, mt / 2)
+
     def _services(self) -> Services:
-        keys = KeyStore(
-            policy_keys(self.policy),
-            self._redis,
-            clock=self._clock,
-            ttl=self.settings.key_cache_seconds,
-            on_redis_error=self.metrics.redis_errors.inc,
-        )
+        keys = self._key_store()
         budget: Budget = NoBudget()
         if self._redis is not None:
             budget = quota_reader_budget(
-                self._redis, self.policy, clock=self._clock, ttl=self.settings.budget_cache_seconds
+                self._redis,
+                self.policy,
+                clock=self._clock,
+                ttl=self.settings.budget_cache_seconds,
+                on_error=self.metrics.redis_errors.inc,
             )
+            self._budget_reader = budget
         return Services(self.policy, keys, budget, self._estimator, self.metrics, self._clock)
 
     async def start(self) -> None:
         url = self._redis_url()
         if url:
-            import redis.asyncio as aioredis
-
-            self._redis = aioredis.Redis.from_url(url)
+            self._redis = redis_client(url, timeout=self._redis_timeout())
         services = self._services()
         servicer = FilterServicer(
             build_routes(self.policy, services), clock=self._clock, metrics=self.metrics
@@ -180,6 +201,11 @@ class FilterApp:
         if self.server is not None:
             await self.server.aclose()
             self.server = None
+        if isinstance(self._budget_reader, CachedBudget):
+            await self._budget_reader.aclose()
+        if self._keys is not None:
+            await self._keys.aclose()
+            self._keys = None
         if self._redis is not None:
             await self._redis.aclose()
             self._redis = None

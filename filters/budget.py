@@ -6,13 +6,24 @@ and lowered by every reservation this process makes meanwhile, so the clamp neve
 the TTL (it can only be stale towards "less", until the next read). ``None`` means "unknown or
 unlimited": the clamp then uses the tier cap alone. The clamp is advice; the rate-limit service
 decides.
+
+Concurrent misses of one (tenant, model, lane) share one read (single flight: a burst of 300
+requests of one tenant is one Redis call), run in a task of the cache so a caller that gives up
+does not cancel it for the others. A failed read answers the last value read (or ``None``), is
+counted by ``on_error`` and logged at most once per ``log_interval``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from redis.exceptions import RedisError
+
+from filters.keys import ThrottledLog
 
 __all__ = ["Budget", "CachedBudget", "NoBudget", "quota_reader_budget"]
 
@@ -45,6 +56,24 @@ class _Reader(Protocol):
     ) -> int | None: ...
 
 
+_Key = tuple[str, str | None, str | None]
+
+
+def _left(hit: list[Any]) -> int | None:
+    return None if hit[1] is None else max(0, int(hit[1]))
+
+
+def _failures() -> tuple[type[BaseException], ...]:
+    try:
+        from ratelimit_service.errors import StoreUnavailable
+    except ImportError:
+        return (RedisError, OSError, TimeoutError)
+    return (RedisError, OSError, TimeoutError, StoreUnavailable)
+
+
+_FAILURES = _failures()
+
+
 class CachedBudget:
     """A reader behind a ``ttl``-second cache with local debits (``ttl=0``: no cache)."""
 
@@ -55,27 +84,55 @@ class CachedBudget:
         clock: Callable[[], float],
         ttl: float = 0.25,
         max_entries: int = 100_000,
+        on_error: Callable[[], None] | None = None,
+        log_interval: float = 10.0,
     ) -> None:
         self._reader = reader
         self._clock = clock
         self._ttl = ttl
         self._max = max_entries
-        self._cache: dict[tuple[str, str | None, str | None], list[Any]] = {}
+        self._cache: dict[_Key, list[Any]] = {}
+        self._pending: dict[_Key, asyncio.Task[int | None]] = {}
+        self._on_error = on_error
+        self._warn = ThrottledLog(clock, log_interval, _log)
 
     async def remaining(
         self, tenant: str, model: str | None = None, lane: str | None = None
     ) -> int | None:
         key = (tenant, model, lane)
-        now = self._clock()
         hit = self._cache.get(key)
-        if hit is not None and hit[0] > now:
-            return None if hit[1] is None else max(0, int(hit[1]))
-        value = await self._reader.remaining(tenant, model, lane)
+        if hit is not None and hit[0] > self._clock():
+            return _left(hit)
+        task = self._pending.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._read(key))
+            self._pending[key] = task
+            task.add_done_callback(lambda _: self._pending.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def _read(self, key: _Key) -> int | None:
+        now = self._clock()
+        try:
+            value = await self._reader.remaining(*key)
+        except _FAILURES as exc:
+            if self._on_error is not None:
+                self._on_error()
+            self._warn.warning(
+                "budget read failed (%s: %s); using the last value read", type(exc).__name__, exc
+            )
+            hit = self._cache.get(key)
+            return None if hit is None else _left(hit)
         if self._ttl > 0:
             if len(self._cache) >= self._max:
                 self._cache.clear()
             self._cache[key] = [now + self._ttl, value]
         return value
+
+    async def aclose(self) -> None:
+        for task in list(self._pending.values()):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def note_reserved(self, tenant: str, model: str | None, lane: str | None, tokens: int) -> None:
         hit = self._cache.get((tenant, model, lane))
@@ -84,7 +141,12 @@ class CachedBudget:
 
 
 def quota_reader_budget(
-    redis: Any, policy: Any, *, clock: Callable[[], float], ttl: float = 0.25
+    redis: Any,
+    policy: Any,
+    *,
+    clock: Callable[[], float],
+    ttl: float = 0.25,
+    on_error: Callable[[], None] | None = None,
 ) -> Budget:
     """The rate-limit service's reader over ``redis`` (cached), or :class:`NoBudget`."""
     try:
@@ -92,4 +154,4 @@ def quota_reader_budget(
     except ImportError:
         _log.warning("ratelimit_service.reader is not available: max_tokens uses tier caps only")
         return NoBudget()
-    return CachedBudget(QuotaReader(redis, policy), clock=clock, ttl=ttl)
+    return CachedBudget(QuotaReader(redis, policy), clock=clock, ttl=ttl, on_error=on_error)

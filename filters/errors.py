@@ -5,6 +5,7 @@
     FiltersError
     ├── ConfigError          a plugin name or its settings are wrong (found when a chain is built)
     ├── ClientError          the request is bad: answered with an OpenAI-style 4xx, never retried
+    ├── KeyServiceUnavailable  Redis failed and nothing else knows the API key (503, retry)
     └── PluginError          a plugin failed; the route's failure mode decides what happens
 
 Errors are mapped to HTTP answers in one place: :func:`filters.chain.error_reply`.
@@ -12,7 +13,7 @@ Errors are mapped to HTTP answers in one place: :func:`filters.chain.error_reply
 
 from __future__ import annotations
 
-__all__ = ["ClientError", "ConfigError", "FiltersError", "PluginError"]
+__all__ = ["ClientError", "ConfigError", "FiltersError", "KeyServiceUnavailable", "PluginError"]
 
 
 class FiltersError(Exception):
@@ -55,3 +56,7 @@ class PluginError(FiltersError):
         self.plugin = plugin
         self.phase = phase
         self.cause = cause
+
+
+class KeyServiceUnavailable(FiltersError):
+    """Redis (the key store) failed and nothing else knows the key: answered 503, never 401."""

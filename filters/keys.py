@@ -3,24 +3,61 @@
 Redis layout (editable live; a value there wins over the policy)::
 
     tw:key:<sha256 hex of the key>   hash: tenant=<name> [tier=<name>] [lane=<lane>] [disabled=1]
+    tw:keys:revoked                  set: the sha256 hex of every revoked key (the tombstones)
 
-Keys are stored hashed, so a Redis dump does not leak them. Lookups are cached for ``ttl``
-seconds (default 1 s), which bounds how long a revoked key keeps working. A Redis read that takes
-longer than ``io_timeout`` (50 ms) counts as a Redis error: the policy file answers.
+Keys are stored hashed, so a Redis dump does not leak them. **Redis is the authority for every
+key it has a hash for**: ``disabled=1`` is a tombstone that beats the policy file. A key without
+a hash falls back to the policy file.
+
+How answers are kept (``KeyStore``):
+
+* a positive answer is cached ``ttl`` seconds (default 1 s: how long a revocation takes to
+  reach every filter server), a negative one ``negative_ttl`` seconds;
+* concurrent lookups of one key share one Redis read (single flight: 300 parallel requests with
+  the same key are one ``HGETALL``); the read runs in a task of the store, so a client that
+  goes away does not cancel it for the others;
+* when Redis fails (error, refused connection, or no answer within ``io_timeout``), Redis is
+  left alone for ``retry_after`` seconds and the **last answer Redis gave for that key** is
+  used, however old; a tombstone (the revoked set, re-read every ``tombstone_sync`` seconds)
+  newer than that answer refuses the key, also one this process never read; then the policy
+  file answers; a key neither knows raises :class:`KeyServiceUnavailable` (the
+  identity plugin answers 503 + ``retry-after``, never 401). A Redis error therefore never turns
+  a revoked key valid or a valid key into 401;
+* failures are logged once per ``log_interval`` with the count since the last line, and counted
+  by the ``on_redis_error`` and ``on_fallback(answer)`` hooks (metrics).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["KeyInfo", "KeyStore", "RedisHashes", "key_name", "policy_keys", "revoke_key", "set_key"]
+from redis.exceptions import RedisError
+
+from filters.errors import KeyServiceUnavailable
+
+__all__ = [
+    "REVOKED_SET",
+    "KeyInfo",
+    "KeyStore",
+    "RedisHashes",
+    "ThrottledLog",
+    "key_digest",
+    "key_name",
+    "policy_keys",
+    "revoke_key",
+    "set_key",
+]
 
 _log = logging.getLogger(__name__)
+
+REVOKED_SET = "tw:keys:revoked"
+_FAILURES = (RedisError, OSError, TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +72,15 @@ class RedisHashes(Protocol):
 
     async def hgetall(self, name: str) -> Mapping[Any, Any]: ...
 
+    async def smembers(self, name: str) -> Any: ...
+
+
+def key_digest(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
 
 def key_name(api_key: str) -> str:
-    return "tw:key:" + hashlib.sha256(api_key.encode()).hexdigest()
+    return "tw:key:" + key_digest(api_key)
 
 
 def policy_keys(policy: Any) -> dict[str, KeyInfo]:
@@ -52,27 +95,62 @@ def policy_keys(policy: Any) -> dict[str, KeyInfo]:
 async def set_key(
     redis: Any, api_key: str, tenant: str, tier: str | None = None, lane: str | None = None
 ) -> None:
-    """Give ``api_key`` to ``tenant`` live (admin helper)."""
+    """Give ``api_key`` to ``tenant`` live (admin helper; lifts a revocation)."""
     mapping = {
         "tenant": tenant,
         **({"tier": tier} if tier else {}),
         **({"lane": lane} if lane else {}),
     }
-    await redis.delete(key_name(api_key))
-    await redis.hset(key_name(api_key), mapping=mapping)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.delete(key_name(api_key))
+        pipe.hset(key_name(api_key), mapping=mapping)
+        pipe.srem(REVOKED_SET, key_digest(api_key))
+        await pipe.execute()
 
 
 async def revoke_key(redis: Any, api_key: str) -> None:
-    """Disable ``api_key`` live, even when the policy file lists it."""
-    await redis.hset(key_name(api_key), mapping={"disabled": "1"})
+    """Disable ``api_key`` live, even when the policy file lists it (a tombstone: kept)."""
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hset(key_name(api_key), mapping={"disabled": "1"})
+        pipe.sadd(REVOKED_SET, key_digest(api_key))
+        await pipe.execute()
 
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+class ThrottledLog:
+    """A warning at most once per ``interval`` seconds, saying how many were held back."""
+
+    def __init__(self, clock: Callable[[], float], interval: float, logger: logging.Logger):
+        self._clock = clock
+        self._interval = interval
+        self._logger = logger
+        self._next = float("-inf")
+        self._held = 0
+
+    def warning(self, msg: str, *args: Any) -> None:
+        now = self._clock()
+        if now < self._next:
+            self._held += 1
+            return
+        more = f" ({self._held} more like it in the last {self._interval:g}s)" if self._held else ""
+        self._logger.warning(msg + more, *args)
+        self._held = 0
+        self._next = now + self._interval
+
+
+@dataclass(slots=True)
+class _Entry:
+    at: float  # when Redis gave this answer
+    expires: float
+    info: KeyInfo | None
+
+
 class KeyStore:
-    """Resolve API keys; Redis first, then the policy, with a short cache in front."""
+    """Resolve API keys: Redis first (single flight, cached), last known answers while Redis
+    fails, then tombstones, then the policy file. ``aclose()`` stops its reads."""
 
     def __init__(
         self,
@@ -81,47 +159,163 @@ class KeyStore:
         *,
         clock: Callable[[], float],
         ttl: float = 1.0,
+        negative_ttl: float = 1.0,
         max_entries: int = 100_000,
         on_redis_error: Callable[[], None] | None = None,
-        io_timeout: float = 0.05,
+        on_fallback: Callable[[str], None] | None = None,
+        io_timeout: float = 0.5,
+        tombstone_sync: float = 5.0,
+        retry_after: float = 1.0,
+        log_interval: float = 10.0,
     ) -> None:
         self._fallback = dict(fallback)
         self._redis = redis
         self._clock = clock
         self._ttl = ttl
+        self._negative_ttl = negative_ttl
         self._max = max_entries
-        self._cache: dict[str, tuple[float, KeyInfo | None]] = {}
+        self._cache: dict[str, _Entry] = {}  # Redis's answers; expired ones = last known
+        self._pending: dict[str, asyncio.Future[KeyInfo | None]] = {}
+        self._tasks: set[asyncio.Future[Any]] = set()
         self._on_redis_error = on_redis_error
+        self._on_fallback = on_fallback
         self._io_timeout = io_timeout
+        self._tombstones: frozenset[str] = frozenset()
+        self._tombstones_at = float("-inf")
+        self._retry_after = retry_after
+        self._down_until = float("-inf")
+        self._tombstone_sync = tombstone_sync
+        self._next_sync = float("-inf")
+        self._syncing = False
+        self._warn = ThrottledLog(clock, log_interval, _log)
+        self.redis_reads = 0
+
+    def update_fallback(self, fallback: Mapping[str, KeyInfo]) -> None:
+        """A new policy file: its keys answer from now on (Redis's answers stay)."""
+        self._fallback = dict(fallback)
 
     async def lookup(self, api_key: str) -> KeyInfo | None:
-        now = self._clock()
+        """The key's owner, or None (unknown or revoked). Raises :class:`KeyServiceUnavailable`
+        when Redis fails and nothing else knows the key."""
         hit = self._cache.get(api_key)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        info = await self._resolve(api_key)
-        if len(self._cache) >= self._max:
-            self._cache.clear()
-        self._cache[api_key] = (now + self._ttl, info)
+        now = self._clock()
+        if hit is not None and hit.expires > now:
+            return hit.info
+        if self._redis is None:
+            return self._fallback.get(api_key)
+        if now < self._down_until:  # Redis just failed: no read until it is retried
+            return self._outage_answer(api_key)
+        if now >= self._next_sync and not self._syncing:
+            self._spawn(self.sync_tombstones())
+        pending = self._pending.get(api_key)
+        if pending is None:
+            pending = self._spawn(self._read(api_key))
+            self._pending[api_key] = pending
+            pending.add_done_callback(lambda _: self._pending.pop(api_key, None))
+        return await asyncio.shield(pending)
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_retrieve)
+        return task
+
+    async def _read(self, api_key: str) -> KeyInfo | None:
+        assert self._redis is not None
+        self.redis_reads += 1
+        try:
+            async with asyncio.timeout(self._io_timeout):
+                raw = await self._redis.hgetall(key_name(api_key))
+        except _FAILURES as exc:
+            self._failed("API key lookup", exc)
+            self._down_until = self._clock() + self._retry_after
+            return self._outage_answer(api_key)
+        info = self._from_redis(api_key, raw)
+        ttl = self._ttl if info is not None else self._negative_ttl
+        now = self._clock()
+        self._down_until = float("-inf")
+        self._remember(api_key, _Entry(now, now + ttl, info))
         return info
 
-    async def _resolve(self, api_key: str) -> KeyInfo | None:
-        if self._redis is not None:
-            try:
-                async with asyncio.timeout(self._io_timeout):
-                    raw = await self._redis.hgetall(key_name(api_key))
-            except Exception as exc:  # Redis down or slow: the policy file still answers
-                _log.warning("API key lookup in Redis failed (%s); using the policy file", exc)
-                if self._on_redis_error is not None:
-                    self._on_redis_error()
-                raw = {}
-            if raw:
-                fields = {_text(k): _text(v) for k, v in raw.items()}
-                if fields.get("disabled", "0") not in ("", "0"):
-                    return None
-                tenant = fields.get("tenant")
-                if tenant:
-                    base = self._fallback.get(api_key)
-                    tier = fields.get("tier") or (base.tier if base else None)
-                    return KeyInfo(tenant=tenant, tier=tier, lane=fields.get("lane") or None)
-        return self._fallback.get(api_key)
+    def _from_redis(self, api_key: str, raw: Mapping[Any, Any]) -> KeyInfo | None:
+        base = self._fallback.get(api_key)
+        if not raw:
+            return base  # Redis does not know the key: the policy file answers
+        fields = {_text(k): _text(v) for k, v in raw.items()}
+        if fields.get("disabled", "0") not in ("", "0"):
+            return None  # a tombstone, also for a key the policy file lists
+        tenant = fields.get("tenant")
+        if not tenant:
+            return base
+        tier = fields.get("tier") or (base.tier if base is not None else None)
+        return KeyInfo(tenant=tenant, tier=tier, lane=fields.get("lane") or None)
+
+    def _remember(self, api_key: str, entry: _Entry) -> None:
+        self._cache.pop(api_key, None)  # re-inserted at the end: the oldest go first
+        if len(self._cache) >= self._max:
+            self._cache.pop(next(iter(self._cache)))
+        self._cache[api_key] = entry
+
+    def _outage_answer(self, api_key: str) -> KeyInfo | None:
+        last = self._cache.get(api_key)
+        if key_digest(api_key) in self._tombstones and (
+            last is None or last.at < self._tombstones_at
+        ):
+            self._fell_back("tombstone")
+            return None
+        if last is not None:
+            self._fell_back("last_known")
+            return last.info
+        base = self._fallback.get(api_key)
+        if base is not None:
+            self._fell_back("policy")
+            return base
+        self._fell_back("unavailable")
+        raise KeyServiceUnavailable("the API key store (Redis) is unavailable; retry shortly")
+
+    def _fell_back(self, answer: str) -> None:
+        if self._on_fallback is not None:
+            self._on_fallback(answer)
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        if self._on_redis_error is not None:
+            self._on_redis_error()
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        self._warn.warning(
+            "%s in Redis failed (%s); answering from last known answers, tombstones and the "
+            "policy file",
+            what,
+            reason,
+        )
+
+    async def sync_tombstones(self) -> None:
+        """Re-read the revoked set (so a revoked policy key stays revoked during an outage even
+        in a process that never looked it up); on failure the previous set stays."""
+        if self._redis is None:
+            return
+        self._syncing = True
+        self._next_sync = self._clock() + self._tombstone_sync
+        try:
+            async with asyncio.timeout(max(self._io_timeout, 1.0)):
+                members = await self._redis.smembers(REVOKED_SET)
+            self._tombstones = frozenset(_text(m) for m in members)
+            self._tombstones_at = self._clock()
+        except _FAILURES as exc:
+            self._failed("reading the revoked keys", exc)
+        finally:
+            self._syncing = False
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, *_FAILURES, KeyServiceUnavailable):
+                await task
+        self._tasks.clear()
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """Mark a read's outcome as seen (no 'exception was never retrieved' when nobody waits)."""
+    if not fut.cancelled():
+        fut.exception()

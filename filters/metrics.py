@@ -30,6 +30,10 @@ class FilterMetrics:
             p + "plugin_errors", "plugin failures", ["route", "plugin", "phase"], registry=r
         )
         self.redis_errors = Counter(p + "redis_errors", "Redis lookups that failed", registry=r)
+        self.key_fallbacks = Counter(
+            p + "key_fallbacks", "API key answers given without Redis (Redis failed), by source",
+            ["answer"], registry=r,
+        )  # fmt: skip
         self.unknown_routes = Counter(
             p + "unknown_route", "streams naming a route the policy lacks", registry=r
         )

@@ -1,6 +1,9 @@
 """identity: ``Authorization: Bearer KEY`` → tenant, tier (and a default lane, when the key's
 Redis entry names one); strips client ``x-tokenweir-*``.
 
+When Redis fails and nothing else knows a key (see :mod:`filters.keys`), the answer is 503 with
+``retry-after: 1``, never 401.
+
 Settings: ``require`` (default true: a missing or unknown key gets 401), ``anonymous_tenant``
 and ``anonymous_tier`` (used when ``require`` is false), ``forward_authorization`` (default
 false: the client's key is not sent to the backend).
@@ -12,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from filters.api import BasePlugin, Context, Result
-from filters.errors import ClientError, ConfigError
+from filters.errors import ClientError, ConfigError, KeyServiceUnavailable
 from filters.services import Services
 
 __all__ = ["INTERNAL_PREFIX", "IdentityPlugin", "bearer_key"]
@@ -63,7 +66,17 @@ class IdentityPlugin(BasePlugin):
     ) -> Result | None:
         remove = [h for h in headers if h.startswith(INTERNAL_PREFIX)]
         key = bearer_key(headers)
-        info = await self.services.keys.lookup(key) if key else None
+        try:
+            info = await self.services.keys.lookup(key) if key else None
+        except KeyServiceUnavailable as exc:  # not the client's fault: never a 401
+            raise ClientError(
+                503,
+                f"{exc}. Your API key was not checked; retry shortly.",
+                reason="key_store_unavailable",
+                error_type="service_unavailable",
+                code="key_store_unavailable",
+                headers=(("retry-after", "1"),),
+            ) from exc
         if info is None:
             if self.require:
                 if key is None:

@@ -22,6 +22,7 @@ from typing import Any
 from filters.api import BasePlugin, Context, Result
 from filters.bodies import Kind, LlmRequest, dump_body, kind_for_path, parse_request
 from filters.errors import ClientError, ConfigError
+from filters.keys import ThrottledLog
 from filters.services import Services
 
 __all__ = ["TokensPlugin", "estimate_prompt"]
@@ -86,6 +87,7 @@ class TokensPlugin(BasePlugin):
         self.max_body_bytes: int | None = settings.get("max_body_bytes")
         self.budget_timeout = float(settings.get("budget_timeout", 0.05))
         self.services = services
+        self._budget_warn = ThrottledLog(services.clock, 10.0, _log)  # not one line per request
 
     def _limit(self, ctx: Context) -> int:
         return self.max_body_bytes or ctx.route.max_body_bytes
@@ -181,7 +183,9 @@ class TokensPlugin(BasePlugin):
                 async with asyncio.timeout(self.budget_timeout):
                     left = await self.services.budget.remaining(ctx.tenant, model, ctx.lane)
             except Exception as exc:  # slow or down: the rate-limit service still decides
-                _log.warning("budget lookup failed for %s: %s", ctx.tenant, exc)
+                self._budget_warn.warning(
+                    "budget lookup failed for %s (%s); using the tier cap", ctx.tenant, repr(exc)
+                )
                 self.services.metrics.redis_errors.inc()
                 left = None
             if left is not None and left - prompt < cap:

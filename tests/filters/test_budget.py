@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+import asyncio
+import logging
+
+import pytest
+
 from filters.budget import CachedBudget
+from ratelimit_service.errors import StoreUnavailable
 from tests.filters.conftest import FakeBudget, FakeClock
 
 
@@ -28,3 +34,51 @@ async def test_ttl_zero_reads_every_time() -> None:
     for _ in range(3):
         assert await budget.remaining("t") == 5
     assert len(reader.calls) == 3
+
+
+class GatedReader(FakeBudget):
+    """Reads wait for ``gate``; ``fail`` makes them raise."""
+
+    def __init__(self, left: dict[str, int | None]) -> None:
+        super().__init__(left)
+        self.gate = asyncio.Event()
+        self.fail: BaseException | None = None
+
+    async def remaining(
+        self, tenant: str, model: str | None = None, lane: str | None = None
+    ) -> int | None:
+        self.calls.append((tenant, model, lane))
+        await self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        return self.left.get(tenant)
+
+
+async def test_300_concurrent_misses_of_one_tenant_are_one_read() -> None:
+    reader = GatedReader({"t": 1000})
+    budget = CachedBudget(reader, clock=FakeClock(), ttl=0.25)
+    waiting = [asyncio.ensure_future(budget.remaining("t", "m", "batch")) for _ in range(300)]
+    await asyncio.sleep(0)
+    waiting[0].cancel()  # a caller that gives up does not cancel the read for the others
+    reader.gate.set()
+    results = await asyncio.gather(*waiting[1:])
+    assert results == [1000] * 299 and len(reader.calls) == 1
+    await budget.aclose()
+
+
+async def test_a_failed_read_answers_the_last_value_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reader, clock, errors = GatedReader({"t": 1000}), FakeClock(), []
+    reader.gate.set()
+    budget = CachedBudget(reader, clock=clock, ttl=0.25, on_error=lambda: errors.append(1))
+    assert await budget.remaining("t") == 1000
+    budget.note_reserved("t", None, None, 100)
+    reader.fail = StoreUnavailable("redis: ConnectionError")
+    with caplog.at_level(logging.WARNING, logger="filters.budget"):
+        for _ in range(20):
+            clock.now += 0.3
+            assert await budget.remaining("t") == 900
+        assert await budget.remaining("other") is None
+    assert len(errors) == 21
+    assert len(caplog.records) == 1 and "ConnectionError" in caplog.records[0].getMessage()

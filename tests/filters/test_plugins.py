@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import pytest
 
@@ -231,3 +232,19 @@ async def test_unknown_plugin_settings_are_config_errors(services: Services) -> 
         with pytest.raises(ConfigError):
             cls({"bogus": 1}, services)
     assert ROUTE.rate_limited
+
+
+async def test_slow_budget_reads_are_logged_once_per_interval_not_per_request(
+    policy, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    services = make_services(policy, clock, budget=SlowBudget({}))
+    plugin = TokensPlugin({"budget_timeout": 0.001}, services)
+    with caplog.at_level(logging.WARNING, logger="filters.plugins.tokens"):
+        await asyncio.gather(
+            *(
+                plugin.request_body(make_ctx(tenant="demo-free", tier="free"), _chat())
+                for _ in range(20)
+            )
+        )
+    assert len([r for r in caplog.records if "budget" in r.getMessage()]) == 1
+    assert services.metrics.redis_errors._value.get() == 20

@@ -28,6 +28,7 @@ async def test_set_show_revoke_seen_by_a_key_store(
             r,
             clock=time.monotonic,
             ttl=0.0,
+            negative_ttl=0.0,
         )
         assert await store.lookup("fresh-key-12345") is None
         await _cli(["--redis-url", url, "set", "fresh-key-12345", "demo-pro", "--lane", "batch"])
