@@ -1,19 +1,31 @@
-"""The control plane process: snapshot cache + ADS server + policy reloader + /metrics."""
+"""The control plane process: snapshot cache + ADS server + policy reloader + /metrics.
+
+The gRPC server also answers ``grpc.health.v1.Health`` (and ``/healthz`` on the metrics port).
+``drain`` reports NOT_SERVING and stops reloading; it does not wait for xDS streams, which never
+end on their own: an Envoy keeps its last config when its stream closes and reconnects.
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from controlplane.metrics_http import MetricsServer
 from controlplane.policy import Address
 from controlplane.reloader import Reloader, ReloadResult
 from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.server import XdsServer
+from runtime.grpc_health import AioHealth
+from runtime.health import HealthState
+from runtime.metrics_http import MetricsServer
 
-__all__ = ["ControlPlane", "ControlPlaneSettings"]
+__all__ = ["ADS_SERVICE", "ControlPlane", "ControlPlaneSettings"]
+
+log = logging.getLogger("tokenweir.controlplane")
+
+ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 
 
 @dataclass(frozen=True)
@@ -31,16 +43,21 @@ class ControlPlane:
         self.settings = settings
         self.registry = CollectorRegistry()
         self.cache = SnapshotCache()
-        self.xds = XdsServer(self.cache, registry=self.registry)
+        self.health = HealthState([ADS_SERVICE])
+        self._aio_health = AioHealth(self.health)
+        self.xds = XdsServer(self.cache, registry=self.registry, services=[self._aio_health.add_to])
         self.reloader = Reloader(
             settings.policy_path, self.cache, registry=self.registry, debounce=settings.debounce
         )
-        self.metrics = MetricsServer(self.registry, settings.metrics.host, settings.metrics.port)
+        self.metrics = MetricsServer(
+            self.registry, settings.metrics.host, settings.metrics.port, health=self.health
+        )
 
     async def start(self) -> ReloadResult:
         """Load the policy (a rejected file is reported, not fatal: the server waits for a good
         one), then serve xDS and metrics."""
         result = await self.reloader.start()
+        await self._aio_health.sync()
         await self.xds.start(self.settings.xds.host, self.settings.xds.port)
         await self.metrics.start()
         return result
@@ -49,7 +66,14 @@ class ControlPlane:
     def xds_port(self) -> int:
         return self.xds.port
 
-    async def aclose(self) -> None:
+    async def drain(self, timeout: float = 0.0) -> None:
+        """NOT_SERVING on every health endpoint; no more reloads. xDS keeps serving until
+        ``aclose`` (``timeout`` is accepted for the common drain signature)."""
+        self.health.shutdown()
+        await self._aio_health.sync()
         await self.reloader.aclose()
+
+    async def aclose(self) -> None:
+        await self.drain()
         await self.xds.aclose()
         await self.metrics.aclose()

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import logging
-import signal
 import sys
 from pathlib import Path
 
@@ -54,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--xds", type=Address.parse, help="override control_plane.xds (host:port)")
     s.add_argument(
         "--metrics", type=Address.parse, help="override control_plane.metrics (host:port)"
+    )
+    s.add_argument(
+        "--drain-timeout", type=float, help="override control_plane.drain_timeout (seconds)"
     )
     s.set_defaults(func=_serve)
 
@@ -151,24 +151,15 @@ def _serve(args: argparse.Namespace) -> int:
         args.config, args.xds or cp.xds, args.metrics or cp.metrics, cp.debounce
     )
 
-    async def run() -> None:
-        plane = ControlPlane(settings)
-        await plane.start()
-        print(
-            f"control plane: xDS {settings.xds.host}:{plane.xds_port}, metrics http://{settings.metrics}/metrics",
-            flush=True,
+    from runtime.process import run, serve
+
+    plane = ControlPlane(settings)
+    drain = args.drain_timeout if args.drain_timeout is not None else cp.drain_timeout
+
+    def ready() -> str:
+        return (
+            f"control plane: xDS {settings.xds.host}:{plane.xds_port}, "
+            f"metrics http://{settings.metrics}/metrics"
         )
-        await _until_signal()
-        await plane.aclose()
 
-    asyncio.run(run())
-    return 0
-
-
-async def _until_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return run(serve(plane, drain_timeout=drain, ready=ready), fast_loop=False)

@@ -232,6 +232,40 @@ class EnvoyProcess:
         """GET an admin path; (status, body); status 0 when nothing answered."""
         return await asyncio.to_thread(_http_get, self.admin_url + path, timeout)
 
+    async def admin_post(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
+        """POST an admin path; (status, body); status 0 when nothing answered."""
+        return await asyncio.to_thread(_http_get, self.admin_url + path, timeout, b"")
+
+    async def active_requests(self) -> int | None:
+        """Downstream requests in flight on every HTTP listener (the admin's own excluded);
+        None when the admin does not answer."""
+        status, body = await self.admin_get("/stats?filter=downstream_rq_active$")
+        if status != 200:
+            return None
+        total = 0
+        for line in body.splitlines():
+            name, _, value = line.partition(": ")
+            if name.startswith("http.") and not name.startswith("http.admin."):
+                total += int(value) if value.strip().isdigit() else 0
+        return total
+
+    async def drain(self, timeout: float, *, poll: float = 0.1) -> int | None:
+        """Fail health checks, drain listeners gracefully (no new connections after Envoy's
+        ``--drain-time-s``; HTTP/1 answers carry ``connection: close``, HTTP/2 gets GOAWAY),
+        then wait until no downstream request is active or ``timeout`` passed. Returns the
+        requests still active (None: the admin stopped answering)."""
+        if not self.alive() or not self.admin_url:
+            return 0
+        await self.admin_post("/healthcheck/fail")
+        await self.admin_post("/drain_listeners?graceful")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            active = await self.active_requests()
+            if not active or loop.time() >= deadline:
+                return active
+            await asyncio.sleep(poll)
+
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
@@ -269,9 +303,10 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         os.killpg(proc.pid, sig)
 
 
-def _http_get(url: str, timeout: float) -> tuple[int, str]:
+def _http_get(url: str, timeout: float, data: bytes | None = None) -> tuple[int, str]:
+    """GET ``url`` (POST when ``data`` is given); (status, body), 0 when nothing answered."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(url, data=data, timeout=timeout) as response:
             return int(response.status), response.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
         return int(exc.code), exc.read().decode(errors="replace")

@@ -9,7 +9,6 @@ reload.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import time
@@ -24,6 +23,7 @@ from controlplane.translate.render import Resources, render
 from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.errors import InconsistentSnapshotError
 from controlplane.xds.snapshot import Snapshot
+from runtime.tasks import stop_task
 
 __all__ = ["ReloadResult", "Reloader", "snapshots_for"]
 
@@ -173,8 +173,5 @@ class Reloader:
             self.reload()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await stop_task(task, log=log)  # a watcher that had crashed: one line, no traceback

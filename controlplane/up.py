@@ -3,7 +3,13 @@
 Starts, in order: a private redis-server (when the policy has a rate-limit section and names no
 Redis), the SGLang emulator replicas of pools marked ``emulated``, the rate-limit service, the
 filter server, the control plane (in this process), and one Envoy per gateway and sidecar fed
-over ADS. Prints every URL. Ctrl-C (or SIGTERM) stops all of it, children first.
+over ADS. Prints every URL.
+
+Ctrl-C (or SIGTERM) drains, in this order (``docs/operations.md``): the control plane reports
+NOT_SERVING; every Envoy fails its health check, drains its listeners and gets up to
+``control_plane.drain_timeout`` (``--drain-timeout``) for the requests in flight; then the
+filter server, the rate-limit service (each drains on SIGTERM) and the control plane stop;
+the emulators and Redis last. A second Ctrl-C cuts the waiting short.
 """
 
 from __future__ import annotations
@@ -17,12 +23,15 @@ import socket
 import sys
 import tempfile
 import zlib
+from collections.abc import Awaitable
 from pathlib import Path
 
 from controlplane.app import ControlPlane, ControlPlaneSettings
-from controlplane.children import Child, ChildError, wait_port
 from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
 from controlplane.policy import Address, Policy
+from runtime.children import Child, ChildError, wait_child_port
+from runtime.ports import free_port
+from runtime.process import Signals
 
 __all__ = ["Mesh", "register"]
 
@@ -36,6 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--redis-url", help="use this Redis instead of starting one")
     p.add_argument(
         "--sotw", action="store_true", help="Envoys use State-of-the-World xDS (default: policy)"
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        help="seconds requests in flight may finish on Ctrl-C (default: control_plane.drain_timeout)",
     )
     p.set_defaults(func=_run)
 
@@ -55,7 +69,12 @@ def _run(args: argparse.Namespace) -> int:
         delta=policy.control_plane.delta and not args.sotw,
     )
 
+    drain = args.drain_timeout
+    if drain is None:
+        drain = policy.control_plane.drain_timeout
+
     async def main() -> int:
+        signals = Signals()
         try:
             await mesh.start()
         except (ChildError, OSError, RuntimeError) as exc:
@@ -63,15 +82,14 @@ def _run(args: argparse.Namespace) -> int:
             await mesh.aclose()
             return 1
         print(mesh.summary(), flush=True)
-        from controlplane.cli import _until_signal
-
-        waiter = asyncio.create_task(_until_signal())
+        waiter = asyncio.create_task(signals.first.wait())
         watcher = asyncio.create_task(mesh.watch_children())
         done, _ = await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
         for task in (waiter, watcher):
             task.cancel()
-        print("tokenweir up: stopping ...", flush=True)
-        await mesh.aclose()
+        print(f"tokenweir up: draining (up to {drain:g}s) ...", flush=True)
+        await mesh.aclose(drain, force=signals.second)
+        print("tokenweir up: stopped", flush=True)
         return 1 if watcher in done else 0
 
     return asyncio.run(main())
@@ -86,7 +104,8 @@ class Mesh:
         self.run_dir = run_dir
         self.redis_url = redis_url or (policy.ratelimit.redis_url if policy.ratelimit else None)
         self.delta = delta
-        self.children: list[Child] = []
+        self.children: list[Child] = []  # emulators and Redis: stopped last
+        self.services: list[Child] = []  # rate-limit service, filter server: drain on SIGTERM
         self.envoys: dict[str, EnvoyProcess] = {}
         self.plane: ControlPlane | None = None
         self.lines: list[str] = []
@@ -125,7 +144,7 @@ class Mesh:
             raise RuntimeError(
                 "the policy uses rate limits but redis-server is not installed and no --redis-url was given"
             )
-        port = _free_port()
+        port = free_port()
         data = self.run_dir / "redis"
         data.mkdir(parents=True, exist_ok=True)
         child = Child(
@@ -164,14 +183,14 @@ class Mesh:
         self, label: str, module: str, addr: Address, metrics_port: int | None
     ) -> None:
         argv = [sys.executable, "-m", module, "--policy", str(self.config), *self._redis_args()]
-        await self._spawn(Child(label, argv, self.run_dir / f"{label}.log"), addr)
+        await self._spawn(Child(label, argv, self.run_dir / f"{label}.log"), addr, service=True)
         metrics = f"  metrics http://127.0.0.1:{metrics_port}/metrics" if metrics_port else ""
         self.lines.append(f"{label:<15} grpc://{addr}{metrics}")
 
-    async def _spawn(self, child: Child, addr: Address) -> None:
+    async def _spawn(self, child: Child, addr: Address, *, service: bool = False) -> None:
         child.start()
-        self.children.append(child)
-        await wait_port(addr.host, addr.port, child)
+        (self.services if service else self.children).append(child)
+        await wait_child_port(addr.host, addr.port, child)
 
     async def _start_envoys(self) -> None:
         assert self.plane is not None
@@ -206,7 +225,7 @@ class Mesh:
         """Return (ending `up`) if any child dies unexpectedly."""
         while True:
             await asyncio.sleep(0.5)
-            for child in self.children:
+            for child in (*self.children, *self.services):
                 if not child.alive():
                     print(
                         f"tokenweir up: {child.name} exited with {child.returncode}:\n{child.log_tail()}",
@@ -220,16 +239,33 @@ class Mesh:
                     )
                     return
 
-    async def aclose(self) -> None:
-        for envoy in self.envoys.values():
-            await envoy.aclose()
+    async def aclose(
+        self, drain_timeout: float = 0.0, *, force: asyncio.Event | None = None
+    ) -> None:
+        """Stop everything, Envoys first (after draining them for up to ``drain_timeout`` s),
+        then the services (each drains on SIGTERM), the control plane, emulators and Redis.
+        Setting ``force`` (a second Ctrl-C) cuts every wait short."""
+        if self.plane is not None:
+            await self.plane.drain()  # NOT_SERVING before anything else
+        await _unless(force, self._drain_envoys(drain_timeout))
+        await asyncio.gather(*(e.aclose() for e in self.envoys.values()))
         self.envoys.clear()
+        grace = 0.0 if force is not None and force.is_set() else drain_timeout + 5.0
+        await _unless(force, asyncio.gather(*(c.aclose(grace) for c in self.services)))
+        await asyncio.gather(*(c.aclose(0.0) for c in self.services))  # whatever is left
+        self.services.clear()
         if self.plane is not None:
             await self.plane.aclose()
             self.plane = None
         for child in reversed(self.children):
             await child.aclose()
         self.children.clear()
+
+    async def _drain_envoys(self, timeout: float) -> None:
+        left = await asyncio.gather(*(e.drain(timeout) for e in self.envoys.values()))
+        for node, active in zip(self.envoys, left, strict=True):
+            if active:
+                log.warning("envoy %s: drain timeout, %s request(s) still active", node, active)
 
 
 async def _wait_listening(addr: Address, envoy: EnvoyProcess, timeout: float = 20.0) -> None:
@@ -247,10 +283,19 @@ async def _wait_listening(addr: Address, envoy: EnvoyProcess, timeout: float = 2
     raise ChildError(f"envoy did not open {addr} within {timeout}s:\n{envoy.log_tail()}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+async def _unless(force: asyncio.Event | None, work: Awaitable[object]) -> None:
+    """Await ``work`` unless ``force`` gets set first (then ``work`` is cancelled)."""
+    task = asyncio.ensure_future(work)
+    if force is None:
+        await task
+        return
+    stop = asyncio.create_task(force.wait())
+    await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    for t in (task, stop):
+        t.cancel()
+    for outcome in await asyncio.gather(task, stop, return_exceptions=True):
+        if isinstance(outcome, Exception):
+            log.error("while stopping: %s: %s", type(outcome).__name__, str(outcome)[:300])
 
 
 def _base_id(run_dir: Path, node: str) -> int:

@@ -2,24 +2,24 @@
 
 Reads its listen address and settings from the policy (``filters:``), serves /metrics on the
 policy's ``metrics_port`` or ``--metrics-port`` (worker i on port + i), reloads the policy when
-the file changes, stops cleanly on SIGTERM/SIGINT. ``--processes N`` (default: the policy's
-``filters.processes``) runs N processes on one port (SO_REUSEPORT): the kernel spreads Envoy's
-connections over them, so it pays only with several connections (several Envoy workers or
-Envoys, or a ``max_concurrent_streams`` on the ``tokenweir_filters`` cluster).
+the file changes. ``--processes N`` (default: the policy's ``filters.processes``) runs N
+processes on one port (SO_REUSEPORT) under :class:`runtime.supervisor.WorkerSupervisor`: the
+kernel spreads Envoy's connections over them, so it pays only with several connections.
+SIGTERM or Ctrl-C drains (NOT_SERVING, no new streams, streams in flight finish within
+``--drain-timeout``, default the policy's ``filters.drain_timeout``) and exits.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from controlplane.children import die_with_parent
+from controlplane.policy import PolicyError, load_policy
+from runtime.process import run, serve
+from runtime.supervisor import WorkerSupervisor
 
 __all__ = ["main"]
 
@@ -33,6 +33,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tokenizer", help="a Hugging Face tokenizer.json for exact token counts")
     p.add_argument("--processes", type=int, help="processes sharing the port")
     p.add_argument(
+        "--drain-timeout", type=float, help="seconds streams in flight may finish on shutdown"
+    )
+    p.add_argument(
         "--transport",
         choices=("h2", "grpc"),
         default="h2",
@@ -43,7 +46,29 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def _run(ns: argparse.Namespace, children: list[subprocess.Popen[bytes]]) -> None:
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    ns = _args(args)
+    logging.basicConfig(
+        level=ns.log_level.upper(),
+        format=f"%(asctime)s filters[{ns.worker_index}] %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        policy = load_policy(ns.policy)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    section = policy.filters
+    processes = ns.processes or (section.processes if section is not None else 1)
+    drain = ns.drain_timeout
+    if drain is None:
+        drain = section.drain_timeout if section is not None else 30.0
+    workers = None
+    if ns.worker_index == 0 and processes > 1:
+        base = [sys.executable, "-m", "filters", *args]
+        workers = WorkerSupervisor(
+            "filters", lambda i: [*base, "--worker-index", str(i), "--processes", "1"], processes
+        )
     from filters.app import FilterApp, Settings
 
     settings = Settings(
@@ -56,59 +81,7 @@ async def _run(ns: argparse.Namespace, children: list[subprocess.Popen[bytes]]) 
         transport=ns.transport,
     )
     app = FilterApp(settings, clock=time.monotonic)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await app.start()
-    try:
-        await stop.wait()
-    finally:
-        for child in children:
-            child.terminate()
-        await app.aclose()
-        for child in children:
-            try:
-                await asyncio.to_thread(child.wait, 5.0)
-            except subprocess.TimeoutExpired:
-                child.kill()
-
-
-def main(argv: list[str] | None = None) -> int:
-    ns = _args(argv)
-    logging.basicConfig(
-        level=ns.log_level.upper(),
-        format=f"%(asctime)s filters[{ns.worker_index}] %(levelname)s %(name)s: %(message)s",
-    )
-    processes = ns.processes
-    if processes is None:
-        from controlplane.policy import PolicyError, load_policy
-
-        try:
-            policy = load_policy(ns.policy)
-        except PolicyError as exc:
-            print(exc, file=sys.stderr)
-            return 2
-        processes = policy.filters.processes if policy.filters is not None else 1
-    children: list[subprocess.Popen[bytes]] = []
-    if ns.worker_index == 0 and processes > 1:
-        base = [sys.executable, "-m", "filters", *(argv if argv is not None else sys.argv[1:])]
-        for i in range(1, processes):
-            children.append(
-                subprocess.Popen(
-                    [*base, "--worker-index", str(i), "--processes", str(processes)],
-                    preexec_fn=die_with_parent,  # no worker outlives a killed parent
-                )
-            )
-    try:
-        import uvloop
-
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        runner = asyncio.Runner()
-    with runner:
-        runner.run(_run(ns, children))
-    return 0
+    return run(serve(app, drain_timeout=drain, workers=workers))
 
 
 if __name__ == "__main__":

@@ -1,22 +1,20 @@
 """The running filter server: policy → services → gRPC server, /metrics, live policy reload.
 
-Everything here belongs to :class:`FilterApp`; ``aclose()`` stops the watcher, the metrics
-endpoint, the gRPC server and the Redis connection, in that order.
+Everything here belongs to :class:`FilterApp`. ``drain(timeout)`` reports NOT_SERVING on
+``grpc.health.v1.Health`` and ``/healthz``, refuses new ext_proc streams and lets those in
+flight finish; ``aclose()`` then stops the watcher, the metrics endpoint, the gRPC server and
+the Redis connection, in that order.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controlplane.policy import Policy, PolicyError, load_policy
 from filters.budget import Budget, CachedBudget, NoBudget, quota_reader_budget
@@ -28,6 +26,9 @@ from filters.redis_pool import redis_client
 from filters.registry import build_routes
 from filters.server import FilterServer, FilterServicer
 from filters.services import Services
+from runtime.health import HealthState
+from runtime.metrics_http import MetricsServer
+from runtime.tasks import stop_task
 
 __all__ = ["FilterApp", "Settings"]
 
@@ -60,7 +61,8 @@ class FilterApp:
         self._budget_reader: Budget = NoBudget()
         self._mtime = self._stat()
         self._tasks: list[asyncio.Task[None]] = []
-        self._runner: web.AppRunner | None = None
+        self.health = HealthState(["envoy.service.ext_proc.v3.ExternalProcessor"])
+        self._metrics_server: MetricsServer | None = None
         self.server: FilterServer | H2FilterServer | None = None
         self.metrics_port: int | None = None
 
@@ -124,7 +126,7 @@ class FilterApp:
         if self.settings.transport == "h2":
             self.server = H2FilterServer(servicer, host, port)
         else:
-            self.server = FilterServer(servicer, host, port)
+            self.server = FilterServer(servicer, host, port, health=self.health)
         await self.server.start()
         mport = self.settings.metrics_port
         if mport is None and self.policy.filters is not None:
@@ -148,17 +150,9 @@ class FilterApp:
         return (addr.host, addr.port) if addr is not None else ("127.0.0.1", 18082)
 
     async def _serve_metrics(self, host: str, port: int) -> None:
-        async def handler(_: web.Request) -> web.Response:
-            body = generate_latest(self.metrics.registry)
-            return web.Response(body=body, headers={"content-type": CONTENT_TYPE_LATEST})
-
-        app = web.Application()
-        app.router.add_get("/metrics", handler)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        self.metrics_port = port
+        server = MetricsServer(self.metrics.registry, host, port, health=self.health)
+        self.metrics_port = await server.start()
+        self._metrics_server = server
 
     def reload(self) -> bool:
         """Load the policy file again; keep the running chains when it is invalid."""
@@ -188,16 +182,28 @@ class FilterApp:
                 self._mtime = mtime
                 self.reload()
 
+    async def drain(self, timeout: float) -> None:
+        """NOT_SERVING first; new streams refused; those in flight get up to ``timeout`` s."""
+        self.health.shutdown()
+        server = self.server
+        if isinstance(server, FilterServer):
+            left = await server.drain(timeout)
+        elif server is not None:
+            await server.aclose(timeout)  # GOAWAY, then the streams in flight finish
+            self.server = None
+            left = 0
+        else:
+            left = 0
+        if left:
+            _log.warning("drain timeout (%.0fs): %d stream(s) still open are cut", timeout, left)
+
     async def aclose(self) -> None:
         for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+            await stop_task(t, log=_log)
         self._tasks.clear()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._metrics_server is not None:
+            await self._metrics_server.aclose()
+            self._metrics_server = None
         if self.server is not None:
             await self.server.aclose()
             self.server = None

@@ -17,10 +17,10 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from controlplane.policy.phases import ROUTE_HEADER
 from filters.api import Context, openai_error
 from filters.chain import Outcome
 from filters.metrics import FilterMetrics
-from filters.phases import ROUTE_HEADER
 from filters.protocol import (
     CONTINUE_REQUEST_BODY,
     CONTINUE_RESPONSE_BODY,
@@ -32,6 +32,9 @@ from filters.protocol import (
     trailers_response,
 )
 from filters.registry import RouteEntry
+from runtime.drain import Inflight
+from runtime.grpc_health import AioHealth
+from runtime.health import HealthState
 
 __all__ = ["FilterServer", "FilterServicer"]
 
@@ -76,10 +79,12 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         *,
         clock: Callable[[], float],
         metrics: FilterMetrics,
+        inflight: Inflight | None = None,
     ) -> None:
         self._routes = dict(routes)
         self._clock = clock
         self._metrics = metrics
+        self.inflight = inflight if inflight is not None else Inflight()
 
     @property
     def route_count(self) -> int:
@@ -92,7 +97,18 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
     async def Process(  # gRPC's method name
         self, request_iterator: Any, context: Any
     ) -> None:
-        """Read/write style (cheaper than an async generator in grpc.aio)."""
+        """Read/write style (cheaper than an async generator in grpc.aio).
+
+        While the process drains, a new stream is refused (UNAVAILABLE); streams in flight
+        run to their end."""
+        if not self.inflight.enter():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the filter server is draining")
+        try:
+            await self._process(context)
+        finally:
+            self.inflight.leave()
+
+    async def _process(self, context: Any) -> None:
         name = _route_name(context)
         entry = self._routes.get(name) if name else None
         ctx: Context | None = None
@@ -202,10 +218,16 @@ def _continue(which: str | None) -> pb.ProcessingResponse:
 
 
 class FilterServer:
-    """A grpc.aio server hosting :class:`FilterServicer`; ``aclose()`` stops it."""
+    """A grpc.aio server hosting :class:`FilterServicer` and ``grpc.health.v1.Health``.
 
-    def __init__(self, servicer: FilterServicer, host: str, port: int) -> None:
+    ``drain(timeout)`` reports NOT_SERVING, refuses new streams and waits for those in flight
+    (health checks keep being answered meanwhile); ``aclose()`` stops the server."""
+
+    def __init__(
+        self, servicer: FilterServicer, host: str, port: int, *, health: HealthState | None = None
+    ) -> None:
         self.servicer = servicer
+        self.health = AioHealth(health if health is not None else HealthState())
         options: list[tuple[str, int]] = [
             ("grpc.so_reuseport", 1),
             ("grpc.max_receive_message_length", 80 * 1024 * 1024),
@@ -213,12 +235,20 @@ class FilterServer:
         ]
         self._server = grpc.aio.server(options=options)
         pb_grpc.add_ExternalProcessorServicer_to_server(servicer, self._server)
+        self.health.add_to(self._server)
         self.port = self._server.add_insecure_port(f"{host}:{port}")
         if self.port == 0:
             raise OSError(f"cannot listen on {host}:{port}")
 
     async def start(self) -> None:
+        await self.health.sync()
         await self._server.start()
+
+    async def drain(self, timeout: float) -> int:
+        """NOT_SERVING, then wait for the streams in flight; returns how many were left."""
+        self.health.state.shutdown()
+        await self.health.sync()
+        return await self.servicer.inflight.drain(timeout)
 
     async def aclose(self, grace: float = 1.0) -> None:
         await self._server.stop(grace)

@@ -1,29 +1,26 @@
 """``python -m ratelimit_service --policy PATH --redis-url URL``: the entry point.
 
 Reads the listen address and settings from the policy (``ratelimit:``), serves /metrics on the
-policy's ``metrics_port`` (or ``--metrics-port``; worker i uses port + i), reloads the policy when
-the file changes and stops cleanly on SIGTERM/SIGINT. ``--processes N`` (default: the policy's
-``ratelimit.replicas``) runs N processes sharing the gRPC port (SO_REUSEPORT).
+policy's ``metrics_port`` (or ``--metrics-port``; worker i uses port + i) and reloads the policy
+when the file changes. ``--processes N`` (default: the policy's ``ratelimit.replicas``) runs N
+processes sharing the gRPC port (SO_REUSEPORT) under :class:`runtime.supervisor.WorkerSupervisor`.
+SIGTERM or Ctrl-C drains (NOT_SERVING, no new calls, calls in flight finish within
+``--drain-timeout``, default the policy's ``ratelimit.drain_timeout``) and exits.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
-from controlplane.children import die_with_parent
 from controlplane.policy import PolicyError, load_policy
 from ratelimit_service.server import Service, ServiceSettings
+from runtime.process import run, serve
+from runtime.supervisor import WorkerSupervisor
 
 __all__ = ["main"]
-
-log = logging.getLogger("ratelimit_service")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=None)
     p.add_argument("--processes", type=int, default=None, help="processes sharing the port")
     p.add_argument(
+        "--drain-timeout", type=float, help="seconds calls in flight may finish on shutdown"
+    )
+    p.add_argument(
         "--transport",
         choices=["h2", "grpc"],
         default="h2",
@@ -46,33 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _serve(settings: ServiceSettings, children: list[subprocess.Popen[bytes]]) -> None:
-    policy = load_policy(settings.policy_path)
-    service = Service(settings, policy)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await service.start()
-    print(
-        f"ratelimit_service worker {settings.worker_index} listening on port {service.port}",
-        flush=True,
-    )
-    try:
-        await stop.wait()
-    finally:
-        for child in children:
-            with contextlib.suppress(ProcessLookupError):
-                child.terminate()
-        await service.aclose()
-        for child in children:
-            try:
-                await asyncio.to_thread(child.wait, 5.0)
-            except subprocess.TimeoutExpired:
-                child.kill()
-
-
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -83,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 2
-    processes = args.processes or (policy.ratelimit.replicas if policy.ratelimit else 1)
+    rl = policy.ratelimit
+    processes = args.processes or (rl.replicas if rl else 1)
+    drain = args.drain_timeout
+    if drain is None:
+        drain = rl.drain_timeout if rl is not None else 30.0
     settings = ServiceSettings(
         policy_path=args.policy,
         redis_url=args.redis_url,
@@ -92,30 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         worker_index=args.worker_index,
         transport=args.transport,
     )
-    children: list[subprocess.Popen[bytes]] = []
+    workers = None
     if args.worker_index == 0 and processes > 1:
-        base = [
-            sys.executable,
-            "-m",
-            "ratelimit_service",
-            *(argv if argv is not None else sys.argv[1:]),
-        ]
-        for i in range(1, processes):
-            children.append(
-                subprocess.Popen(
-                    [*base, "--worker-index", str(i), "--processes", "1"],
-                    preexec_fn=die_with_parent,  # no worker outlives a killed parent
-                )
-            )
-    try:
-        import uvloop
-
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:
-        runner = asyncio.Runner()
-    with runner:
-        runner.run(_serve(settings, children))
-    return 0
+        base = [sys.executable, "-m", "ratelimit_service", *argv]
+        workers = WorkerSupervisor(
+            "ratelimit",
+            lambda i: [*base, "--worker-index", str(i), "--processes", "1"],
+            processes,
+        )
+    service = Service(settings, policy)
+    return run(serve(service, drain_timeout=drain, workers=workers))
 
 
 if __name__ == "__main__":

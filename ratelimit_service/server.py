@@ -1,4 +1,8 @@
-"""One service process: the gRPC RateLimitService, /metrics, and the policy file watcher."""
+"""One service process: the gRPC RateLimitService, /metrics, and the policy file watcher.
+
+``drain(timeout)`` reports NOT_SERVING (``grpc.health.v1.Health``, ``/healthz``) and stops the
+gRPC server: no new calls, calls in flight finish within ``timeout``.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from aiohttp import web
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from google.protobuf.message import DecodeError
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio.cluster import RedisCluster
 
 from controlplane.policy import Policy, PolicyError, load_policy
@@ -28,6 +30,10 @@ from ratelimit_service.metrics import Metrics
 from ratelimit_service.redis_client import connect_redis
 from ratelimit_service.responses import error_response, ok_response
 from ratelimit_service.store import RedisStore
+from runtime.grpc_health import AioHealth
+from runtime.health import HealthState
+from runtime.metrics_http import MetricsServer
+from runtime.tasks import stop_task
 
 __all__ = ["RateLimitServicer", "Service", "ServiceSettings", "decider_settings"]
 
@@ -106,7 +112,8 @@ class Service:
         self.h2: H2Server | None = None
         self.port = 0
         self.metrics_port: int | None = None
-        self._runner: web.AppRunner | None = None
+        self.serving = HealthState(["envoy.service.ratelimit.v3.RateLimitService"])
+        self._metrics_server: MetricsServer | None = None
         self._watch: asyncio.Task[None] | None = None
         self._mtime = self._stamp()
 
@@ -157,6 +164,9 @@ class Service:
         else:
             self.server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
             rls_pb2_grpc.add_RateLimitServiceServicer_to_server(servicer, self.server)
+            aio_health = AioHealth(self.serving)
+            aio_health.add_to(self.server)
+            await aio_health.sync()
             self.port = self.server.add_insecure_port(listen)
             await self.server.start()
         await self._start_metrics(rl)
@@ -172,17 +182,14 @@ class Service:
         port = self.settings.metrics_port or rl.metrics_port
         if port is None:
             return
-        app = web.Application()
-        app.router.add_get("/metrics", self._serve_metrics)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, rl.address.host, port + self.settings.worker_index)
-        await site.start()
-        self.metrics_port = port + self.settings.worker_index
-
-    async def _serve_metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        server = MetricsServer(
+            self.metrics.registry,
+            rl.address.host,
+            port + self.settings.worker_index,
+            health=self.serving,
+        )
+        self.metrics_port = await server.start()
+        self._metrics_server = server
 
     async def _watch_policy(self) -> None:
         seeded = True
@@ -214,17 +221,22 @@ class Service:
             self.decider.directory.update_policy(policy)
         log.info("policy reloaded at %s", time.strftime("%H:%M:%S"))
 
+    async def drain(self, timeout: float) -> None:
+        """NOT_SERVING first, then no new calls; calls in flight get up to ``timeout`` s."""
+        self.serving.shutdown()
+        server, self.server = self.server, None
+        if server is not None:
+            await server.stop(grace=timeout)
+        h2, self.h2 = self.h2, None
+        if h2 is not None:
+            await h2.aclose(timeout)
+
     async def aclose(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
-        if self.server is not None:
-            await self.server.stop(grace=1.0)
-        if self.h2 is not None:
-            await self.h2.aclose()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await stop_task(self._watch, log=log)
+        self._watch = None
+        await self.drain(1.0)
+        if self._metrics_server is not None:
+            await self._metrics_server.aclose()
         if self.health is not None:
             await self.health.aclose()
         if self.store is not None:

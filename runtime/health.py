@@ -58,6 +58,10 @@ class HealthState:
         except KeyError:
             raise UnknownService(service) from None
 
+    def statuses(self) -> dict[str, int]:
+        """Every registered service name and its status (a copy)."""
+        return dict(self._status)
+
     def shutdown(self) -> None:
         """Every service NOT_SERVING from now on (the first step of a drain)."""
         for name in self._status:

@@ -1,4 +1,8 @@
-"""Where the servers of the mesh listen: control plane, rate-limit service, filter server."""
+"""Where the servers of the mesh listen: control plane, rate-limit service, filter server.
+
+``drain_timeout`` (each server): on SIGTERM or Ctrl-C, how long work in flight may run on
+after the server reports NOT_SERVING and stops taking new work (``docs/operations.md``).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ class RateLimitServer:
     reservation_ttl: Annotated[float, Duration(1, 86400)] = 600.0
     replicas: Annotated[int, Range(1, 16)] = 1
     metrics_port: Port | None = None
+    drain_timeout: Annotated[float, Duration(0, 3600)] = 30.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,7 @@ class FiltersServer:
     max_body_bytes: Annotated[int, Size(1024, 64 * 1024**2)] = 1024**2
     processes: Annotated[int, Range(1, 16)] = 1
     metrics_port: Port | None = None
+    drain_timeout: Annotated[float, Duration(0, 3600)] = 30.0
 
 
 @dataclass(frozen=True)
@@ -41,3 +47,4 @@ class ControlPlane:
     debounce: Annotated[float, Duration(0, 10)] = 0.1
     delta: bool = True
     pool_state: PoolStateScrape = field(default_factory=PoolStateScrape)
+    drain_timeout: Annotated[float, Duration(0, 3600)] = 30.0  # `up`: Envoys drain this long

@@ -21,9 +21,9 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from google.protobuf import wrappers_pb2
 
 from controlplane.policy.model import FiltersServer, Policy, Route
+from controlplane.policy.phases import ROUTE_HEADER, route_hooks
 from controlplane.translate.names import FILTERS_CLUSTER
 from controlplane.translate.protos import any_of, dur
-from filters.phases import ROUTE_HEADER, route_hooks
 
 __all__ = ["EXT_PROC_FILTER", "ext_proc_http_filter", "ext_proc_per_route", "route_mode"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -153,8 +153,12 @@ class XdsServer:
         registry: CollectorRegistry,
         clock: Clock = time.monotonic,
         metrics: XdsMetrics | None = None,
+        services: Sequence[Callable[[grpc.aio.Server], None]] = (),
     ) -> None:
+        """``services``: more gRPC services to host on the same server (the caller adds
+        ``grpc.health.v1.Health`` this way; the xDS core imports no runtime)."""
         self.cache = cache
+        self._services = tuple(services)
         self.metrics = metrics or XdsMetrics(registry)
         self.servicer = AdsServicer(cache, self.metrics, clock=clock)
         self._server: grpc.aio.Server | None = None
@@ -175,6 +179,8 @@ class XdsServer:
             ]
         )
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.servicer, server)
+        for add in self._services:
+            add(server)
         try:
             bound = server.add_insecure_port(f"{host}:{port}")
         except RuntimeError as exc:

@@ -1,7 +1,9 @@
 """Which ext_proc phases a route needs, from its plugin names alone (no imports of plugins).
 
 The control plane (controlplane/translate/ext_proc.py) asks Envoy only for these phases; the
-server relies on the same answer. A plugin given by import path may use any hook: all phases.
+filter server relies on the same answer. It lives in the policy model because both read it and
+neither may import the other.
+A plugin given by import path may use any hook: all phases.
 """
 
 from __future__ import annotations

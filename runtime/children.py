@@ -1,0 +1,118 @@
+"""Child processes: each in its own process group, logged to a file, stopped by ``aclose``.
+
+``aclose(timeout)`` sends SIGTERM (the child drains: see ``docs/operations.md``), waits up to
+``timeout`` seconds, then SIGKILLs the whole group; nothing is left running. Every child gets
+:func:`die_with_parent`, so none outlives a parent that was killed without cleaning up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runtime.errors import ChildError, PortTimeout
+from runtime.ports import wait_port
+
+__all__ = ["Child", "ChildError", "die_with_parent", "wait_child_port"]
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Path | None  # None: share the parent's stdout and stderr
+    env: dict[str, str] = field(default_factory=dict)
+    _proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, **self.env}
+        if self.log_path is None:
+            self._proc = subprocess.Popen(
+                self.argv, start_new_session=True, env=env, preexec_fn=die_with_parent
+            )
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+                preexec_fn=die_with_parent,
+            )
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    def log_tail(self, lines: int = 30) -> str:
+        if self.log_path is None:
+            return ""
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def signal(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        """Send ``sig`` to the child's process group (no-op once it has exited)."""
+        if self._proc is not None and self._proc.poll() is None:
+            _killpg(self._proc.pid, sig)
+
+    async def wait(self, timeout: float) -> bool:
+        """Whether the child exited within ``timeout`` seconds."""
+        proc = self._proc
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while proc is not None and proc.poll() is None and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        return proc is None or proc.poll() is not None
+
+    async def aclose(self, timeout: float = 5.0) -> None:
+        """SIGTERM, up to ``timeout`` seconds to drain and exit, then SIGKILL."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            _killpg(proc.pid, signal.SIGTERM)
+            if not await self.wait(timeout):
+                _killpg(proc.pid, signal.SIGKILL)
+                await asyncio.to_thread(proc.wait, timeout)
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if the parent dies without cleaning up
+    (SIGKILL, a crash), so no child outlives it (Linux ``PR_SET_PDEATHSIG``)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def _killpg(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def wait_child_port(host: str, port: int, child: Child, timeout: float = 30.0) -> None:
+    """Wait until ``host:port`` accepts connections; fail early (with its log) if ``child`` exits."""
+    try:
+        await wait_port(host, port, timeout=timeout, alive=child.alive)
+    except PortTimeout:
+        raise ChildError(
+            f"{child.name} did not listen on {host}:{port} within {timeout}s:\n{child.log_tail()}"
+        ) from None
+    except ChildError:
+        raise ChildError(
+            f"{child.name} exited with {child.returncode}:\n{child.log_tail()}"
+        ) from None

@@ -1,0 +1,125 @@
+"""The life of a long-running process: start, serve until a signal, drain, stop, no traceback.
+
+:func:`serve` is the one main loop of ``python -m filters``, ``python -m ratelimit_service`` and
+``tokenweir serve``. The first SIGTERM or SIGINT (Ctrl-C) starts the drain: workers of the
+supervisor get SIGTERM, the service reports NOT_SERVING on ``grpc.health.v1.Health`` and stops
+taking new work, and work in flight gets up to ``drain_timeout`` seconds to finish. A second
+signal cuts the drain short. Whatever fails while stopping is logged as one line; the exit
+status says it (0: clean, 1: something failed while stopping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from runtime.supervisor import WorkerSupervisor
+
+__all__ = ["Drainable", "Signals", "run", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+class Drainable(Protocol):
+    async def start(self) -> object: ...
+
+    async def drain(self, timeout: float) -> None:
+        """Report NOT_SERVING, refuse new work, wait for work in flight (up to ``timeout``)."""
+
+    async def aclose(self) -> None: ...
+
+
+class Signals:
+    """Counts SIGTERM/SIGINT: ``first`` is set by the first, ``second`` by the next one."""
+
+    def __init__(self, sigs: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
+        self.first = asyncio.Event()
+        self.second = asyncio.Event()
+        self._sigs = sigs
+        loop = asyncio.get_running_loop()
+        for sig in sigs:
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, self._received, sig)
+
+    def _received(self, sig: signal.Signals) -> None:
+        if self.first.is_set():
+            log.warning("%s again: stopping without waiting for work in flight", sig.name)
+            self.second.set()
+        else:
+            log.info("%s: draining", sig.name)
+            self.first.set()
+
+    def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self._sigs:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+
+async def serve(
+    service: Drainable,
+    *,
+    drain_timeout: float,
+    workers: WorkerSupervisor | None = None,
+    ready: Callable[[], str] | None = None,
+) -> int:
+    """Run ``service`` until a signal, then drain and stop it (and the workers). Exit status."""
+    signals = Signals()
+    try:
+        await service.start()
+        if workers is not None:
+            workers.start()
+        if ready is not None:
+            print(ready(), flush=True)
+        await signals.first.wait()
+        return await _stop(service, signals, drain_timeout, workers)
+    finally:
+        signals.close()
+
+
+async def _stop(
+    service: Drainable, signals: Signals, timeout: float, workers: WorkerSupervisor | None
+) -> int:
+    started = time.monotonic()
+    if workers is not None:
+        workers.terminate()
+    status = 0
+    drain = asyncio.create_task(service.drain(timeout), name="drain")
+    forced = asyncio.create_task(signals.second.wait(), name="second-signal")
+    await asyncio.wait({drain, forced}, return_when=asyncio.FIRST_COMPLETED)
+    forced.cancel()
+    if not drain.done():
+        drain.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        try:
+            await drain
+        except Exception as exc:  # report, then stop anyway
+            log.error("drain failed: %s: %s", type(exc).__name__, str(exc)[:300])
+            status = 1
+    try:
+        await service.aclose()
+    except Exception as exc:  # one line, never a traceback
+        log.error("stopping failed: %s: %s", type(exc).__name__, str(exc)[:300])
+        status = 1
+    if workers is not None:
+        left = 0.0 if signals.second.is_set() else timeout - (time.monotonic() - started)
+        await workers.aclose(max(1.0, left + 1.0))
+    log.info("stopped after %.1fs", time.monotonic() - started)
+    return status
+
+
+def run(main: Coroutine[Any, Any, int], *, fast_loop: bool = True) -> int:
+    """Run ``main`` to its exit status on a fresh event loop (uvloop when ``fast_loop``)."""
+    factory = None
+    if fast_loop:
+        with contextlib.suppress(ImportError):
+            import uvloop
+
+            factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
