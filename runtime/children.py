@@ -89,7 +89,7 @@ class Child:
             _killpg(proc.pid, signal.SIGTERM)
             if not await self.wait(timeout):
                 _killpg(proc.pid, signal.SIGKILL)
-                await asyncio.to_thread(proc.wait, timeout)
+                await self.wait(5.0)
 
 
 def die_with_parent() -> None:
