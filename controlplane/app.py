@@ -1,4 +1,5 @@
-"""The control plane process: snapshot cache + ADS server + policy reloader + /metrics.
+"""The control plane process: snapshot cache + ADS server + policy reloader + pool scraper +
+/metrics and the pool-state API (``GET /api/v1/pools``, docs/operations.md).
 
 The gRPC server also answers ``grpc.health.v1.Health`` (and ``/healthz`` on the metrics port).
 ``drain`` reports NOT_SERVING and stops reloading; it does not wait for xDS streams, which never
@@ -8,13 +9,18 @@ end on their own: an Envoy keeps its last config when its stream closes and reco
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from controlplane.policy import Address
+from controlplane.policy import Address, Policy
 from controlplane.reloader import Reloader, ReloadResult
+from controlplane.saturation.api import pool_routes
+from controlplane.saturation.fetch import HttpFetcher
+from controlplane.saturation.scraper import PoolScraper
+from controlplane.saturation.targets import targets_from_policy
 from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.server import XdsServer
 from runtime.grpc_health import AioHealth
@@ -46,12 +52,26 @@ class ControlPlane:
         self.health = HealthState([ADS_SERVICE])
         self._aio_health = AioHealth(self.health)
         self.xds = XdsServer(self.cache, registry=self.registry, services=[self._aio_health.add_to])
+        self.scraper = PoolScraper(
+            HttpFetcher(), clock=time.monotonic, wall_clock=time.time, registry=self.registry
+        )
         self.reloader = Reloader(
-            settings.policy_path, self.cache, registry=self.registry, debounce=settings.debounce
+            settings.policy_path,
+            self.cache,
+            registry=self.registry,
+            debounce=settings.debounce,
+            on_policy=self._on_policy,
         )
         self.metrics = MetricsServer(
-            self.registry, settings.metrics.host, settings.metrics.port, health=self.health
+            self.registry,
+            settings.metrics.host,
+            settings.metrics.port,
+            health=self.health,
+            routes=pool_routes(self.scraper),
         )
+
+    def _on_policy(self, policy: Policy) -> None:
+        self.scraper.configure(*targets_from_policy(policy))
 
     async def start(self) -> ReloadResult:
         """Load the policy (a rejected file is reported, not fatal: the server waits for a good
@@ -60,6 +80,7 @@ class ControlPlane:
         await self._aio_health.sync()
         await self.xds.start(self.settings.xds.host, self.settings.xds.port)
         await self.metrics.start()
+        self.scraper.start()
         return result
 
     @property
@@ -75,5 +96,6 @@ class ControlPlane:
 
     async def aclose(self) -> None:
         await self.drain()
+        await self.scraper.aclose()
         await self.xds.aclose()
         await self.metrics.aclose()

@@ -7,6 +7,8 @@ NOT_SERVING (a plain-HTTP twin of ``grpc.health.v1.Health``, for probes that spe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -25,17 +27,20 @@ class MetricsServer:
         port: int = 0,
         *,
         health: HealthState | None = None,
+        routes: Sequence[web.RouteDef] = (),
     ) -> None:
         self.registry = registry
         self.host = host
         self.port = port
         self.health = health
+        self.routes = list(routes)  # more endpoints on this port (the control plane's pool state)
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> int:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
+        app.add_routes(self.routes)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)

@@ -1,12 +1,15 @@
 """Read the load gauges out of an SGLang server's ``/metrics`` text (Prometheus exposition).
 
-The text is parsed with ``prometheus_client``'s parser. SGLang labels every gauge with
+The text is parsed with ``prometheus_client``'s parser, after a line filter that keeps only the
+load gauges' sample lines (the parser costs ~45 µs a line and a server's page has ~150 lines of
+histograms the signal does not read: 6.5 ms → about 0.3 ms per scrape, docs/operations.md). SGLang labels every gauge with
 ``model_name`` (and with data parallelism one series per rank): counts are summed over the
 series, ``token_usage`` is the largest, ``cache_hit_rate`` the mean.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,6 +26,9 @@ GAUGES = (
     "sglang:gen_throughput",
     "sglang:cache_hit_rate",
     "sglang:max_total_num_tokens",
+)
+_GAUGE_LINE = re.compile(
+    "^(?:" + "|".join(re.escape(g) for g in GAUGES) + r")(?:\{[^\n]*\})?[ \t][^\n]*$", re.M
 )
 
 
@@ -44,11 +50,16 @@ class ReplicaSample:
         return self.running is not None and self.queued is not None
 
 
+def _gauge_lines(text: str) -> str:
+    """The sample lines of ``text`` that belong to :data:`GAUGES` (one regex pass)."""
+    return "\n".join(_GAUGE_LINE.findall(text)) + "\n"
+
+
 def parse_metrics_text(text: str) -> ReplicaSample:
     """Pure: the SGLang load gauges in ``text``; MetricsTextError when it is not exposition."""
     values: dict[str, list[float]] = {}
     try:
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families(_gauge_lines(text)):
             if family.name not in GAUGES:
                 continue
             for sample in family.samples:

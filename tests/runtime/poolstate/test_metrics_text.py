@@ -78,11 +78,17 @@ def test_a_text_without_the_gauges_is_incomplete() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ['sglang:num_queue_reqs{model_name="m"} lots\n', "{{{ not metrics\n"]
+    "text",
+    ['sglang:num_queue_reqs{model_name="m"} lots\n', 'sglang:num_running_reqs{model_name=="m} 1\n'],
 )
-def test_garbage_raises_a_metrics_text_error(text: str) -> None:
+def test_a_broken_gauge_line_raises_a_metrics_text_error(text: str) -> None:
     with pytest.raises(MetricsTextError):
         parse_metrics_text(text)
+
+
+def test_lines_the_signal_does_not_read_are_not_parsed() -> None:
+    s = parse_metrics_text("{{{ not metrics\n" + SGLANG_TEXT + "other_metric{ 1 2 3\n")
+    assert (s.running, s.queued) == (12, 3)
 
 
 @given(st.text(max_size=200))

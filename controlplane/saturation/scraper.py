@@ -1,0 +1,232 @@
+"""The control plane's scrape loop: every pool replica's ``/metrics``, concurrently, each
+``interval``; the result is one versioned :class:`PoolState` (the only pool-state channel).
+
+The version grows only when something a reader acts on changed (saturation, counts, flags;
+not the ages), so long-polling readers wake on change. Capacity is the policy's, completed
+once per replica from ``/get_server_info``. A replica that does not answer keeps its last good
+sample until ``stale_after``; then it is published stale and saturated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from backends.sglang.capacity import parse_server_info
+from controlplane.saturation.errors import ScrapeError
+from controlplane.saturation.fetch import Fetcher
+from controlplane.saturation.targets import PoolTargets, ScrapeSettings
+from runtime.poolstate import (
+    Capacity,
+    MetricsTextError,
+    PoolState,
+    ReplicaSample,
+    ReplicaState,
+    parse_metrics_text,
+    replica_state,
+    summarize_pool,
+)
+
+__all__ = ["PoolScraper"]
+
+log = logging.getLogger("tokenweir.saturation")
+_INFO_RETRY_S = 10.0
+
+
+@dataclass(slots=True)
+class _Replica:
+    sample: ReplicaSample | None = None
+    sample_at: float = 0.0
+    answered: bool = False
+    info: Capacity | None = None
+    info_next_try: float = 0.0
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.scrapes = Counter(
+            "tokenweir_pool_scrapes", "Replica /metrics scrapes by result", ["result"],
+            registry=registry,
+        )  # fmt: skip
+        self.pool = Gauge(
+            "tokenweir_pool_saturation", "Mean replica saturation per pool", ["pool"],
+            registry=registry,
+        )  # fmt: skip
+        self.replica = Gauge(
+            "tokenweir_replica_saturation", "Replica saturation (2 = queue full or stale)",
+            ["pool", "endpoint"], registry=registry,
+        )  # fmt: skip
+        self.version = Gauge(
+            "tokenweir_pool_state_version", "Version of the published pool state",
+            registry=registry,
+        )  # fmt: skip
+
+
+class PoolScraper:
+    """Owns the scrape task; ``aclose`` stops it and closes the fetcher."""
+
+    def __init__(
+        self,
+        fetcher: Fetcher,
+        *,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        registry: CollectorRegistry | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._fetcher = fetcher
+        self._clock = clock
+        self._wall = wall_clock
+        self._sleep = sleep
+        self._metrics = _Metrics(registry) if registry is not None else None
+        self.settings = ScrapeSettings()
+        self.targets: dict[str, PoolTargets] = {}
+        self._replicas: dict[str, _Replica] = {}
+        self.state = PoolState()
+        self._signature: Any = None
+        self._changed = asyncio.Event()
+        self._listeners: list[Callable[[PoolState], None]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    # ---- configuration ----------------------------------------------------------------------
+    def configure(self, settings: ScrapeSettings, targets: dict[str, PoolTargets]) -> None:
+        """New policy: replicas no pool names any more are forgotten."""
+        self.settings, self.targets = settings, dict(targets)
+        wanted = {ep for t in targets.values() for ep in t.endpoints}
+        self._replicas = {ep: self._replicas.get(ep, _Replica()) for ep in sorted(wanted)}
+
+    def subscribe(self, listener: Callable[[PoolState], None]) -> None:
+        """Called with every newly published state (the EDS publisher is one)."""
+        self._listeners.append(listener)
+
+    # ---- one round ---------------------------------------------------------------------------
+    async def scrape_once(self) -> PoolState:
+        """Read every replica concurrently, then publish if anything changed."""
+        started = self._wall()  # the state's ts: when the round began (readers measure from it)
+        eps = list(self._replicas)
+        await asyncio.gather(*(self._scrape(ep, self._replicas[ep]) for ep in eps))
+        return self._publish(self._build(), started)
+
+    async def _scrape(self, ep: str, rep: _Replica) -> None:
+        now = self._clock()
+        timeout = self.settings.timeout_s
+        if rep.info is None and now >= rep.info_next_try:
+            rep.info_next_try = now + _INFO_RETRY_S
+            try:
+                hints = parse_server_info(await self._fetcher.server_info(ep, timeout))
+                rep.info = Capacity(
+                    hints.max_running_requests, hints.max_queued_requests, hints.max_total_tokens
+                )
+            except ScrapeError as exc:
+                log.debug("no server info yet: %s", exc)
+        try:
+            sample = parse_metrics_text(await self._fetcher.metrics(ep, timeout))
+        except (ScrapeError, MetricsTextError) as exc:
+            rep.answered = False
+            self._count("error")
+            log.debug("scrape failed: %s", exc)
+            return
+        rep.answered = sample.complete
+        self._count("ok" if sample.complete else "incomplete")
+        if sample.complete:
+            rep.sample, rep.sample_at = sample, self._clock()
+
+    def _count(self, result: str) -> None:
+        if self._metrics is not None:
+            self._metrics.scrapes.labels(result).inc()
+
+    def _build(self) -> dict[str, dict[str, ReplicaState]]:
+        now = self._clock()
+        out: dict[str, dict[str, ReplicaState]] = {}
+        for pool, t in self.targets.items():
+            prev = self.state.pools.get(pool)
+            reps: dict[str, ReplicaState] = {}
+            for ep in t.endpoints:
+                rep = self._replicas[ep]
+                was = prev.endpoints[ep].degraded if prev and ep in prev.endpoints else False
+                rs = replica_state(
+                    rep.sample,
+                    self._capacity(t, rep),
+                    age_s=now - rep.sample_at if rep.sample is not None else 0.0,
+                    stale_after_s=self.settings.stale_after_s,
+                    answered=rep.answered,
+                )
+                deg = t.hysteresis.next(was, rs.saturation) if t.hysteresis else False
+                reps[ep] = replace(rs, degraded=deg)
+            out[pool] = reps
+        return out
+
+    @staticmethod
+    def _capacity(t: PoolTargets, rep: _Replica) -> Capacity:
+        return t.capacity.merged(rep.info) if rep.info is not None else t.capacity
+
+    def _publish(self, pools: dict[str, dict[str, ReplicaState]], ts: float) -> PoolState:
+        sig = {
+            p: {ep: replace(r, age_s=0.0) for ep, r in reps.items()} for p, reps in pools.items()
+        }
+        if sig == self._signature:
+            return self.state
+        self._signature = sig
+        summaries = {
+            p: summarize_pool(
+                reps, {ep: self._capacity(self.targets[p], self._replicas[ep]) for ep in reps}
+            )
+            for p, reps in pools.items()
+        }
+        self.state = PoolState(self.state.version + 1, ts, summaries)
+        self._changed.set()
+        self._changed = asyncio.Event()
+        self._export()
+        for listener in self._listeners:
+            listener(self.state)
+        return self.state
+
+    def _export(self) -> None:
+        if self._metrics is None:
+            return
+        self._metrics.version.set(self.state.version)
+        for pool, summary in self.state.pools.items():
+            self._metrics.pool.labels(pool).set(summary.saturation)
+            for ep, r in summary.endpoints.items():
+                self._metrics.replica.labels(pool, ep).set(r.saturation)
+
+    # ---- readers -----------------------------------------------------------------------------
+    async def wait_newer(self, after_version: int, timeout_s: float) -> PoolState:
+        """The state as soon as its version exceeds ``after_version``, or the current one after
+        ``timeout_s``."""
+        if self.state.version > after_version:
+            return self.state
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self.state.version <= after_version:
+                    await self._changed.wait()
+        return self.state
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="tokenweir-pool-scraper")
+
+    async def _run(self) -> None:
+        while True:
+            started = self._clock()
+            try:
+                await self.scrape_once()
+            except Exception:  # a bug in one round must not end the signal; logged, next round
+                log.exception("pool scrape round failed")
+            spent = self._clock() - started
+            await self._sleep(max(self.settings.interval_s - spent, 0.0))
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._fetcher.aclose()

@@ -1,0 +1,207 @@
+"""The scrape loop on a fake fetcher and a fake clock: versions, staleness, capacity, marks."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from controlplane.policy import load_policy_text
+from controlplane.saturation.errors import ScrapeError
+from controlplane.saturation.scraper import PoolScraper
+from controlplane.saturation.targets import PoolTargets, ScrapeSettings, targets_from_policy
+from runtime.poolstate import SATURATED, Capacity, Hysteresis, PoolState
+
+
+def gauges(running: int, queued: int, used: int = 0) -> str:
+    return (
+        f'sglang:num_running_reqs{{model_name="m"}} {running}\n'
+        f'sglang:num_queue_reqs{{model_name="m"}} {queued}\n'
+        f'sglang:num_used_tokens{{model_name="m"}} {used}\n'
+        'sglang:max_total_num_tokens{model_name="m"} 1000\n'
+    )
+
+
+class FakeFetcher:
+    def __init__(self) -> None:
+        self.texts: dict[str, str | None] = {}
+        self.infos: dict[str, dict[str, Any]] = {}
+        self.info_calls: list[str] = []
+        self.closed = False
+
+    async def metrics(self, endpoint: str, timeout_s: float) -> str:
+        text = self.texts.get(endpoint)
+        if text is None:
+            raise ScrapeError(f"{endpoint}: connection refused")
+        return text
+
+    async def server_info(self, endpoint: str, timeout_s: float) -> dict[str, Any]:
+        self.info_calls.append(endpoint)
+        if endpoint not in self.infos:
+            raise ScrapeError("404")
+        return self.infos[endpoint]
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+A, B = "127.0.0.1:1", "127.0.0.1:2"
+
+
+CAP = Capacity(max_running_requests=10, max_queued_requests=10)
+
+
+def make(cap: Capacity = CAP) -> tuple[PoolScraper, FakeFetcher, Clock]:
+    fetcher, clock = FakeFetcher(), Clock()
+    s = PoolScraper(fetcher, clock=clock, wall_clock=clock, registry=CollectorRegistry())
+    s.configure(
+        ScrapeSettings(interval_s=0.25, timeout_s=0.2, stale_after_s=1.0),
+        {"chat": PoolTargets((A, B), cap, Hysteresis(1.0, 0.8))},
+    )
+    return s, fetcher, clock
+
+
+async def test_a_round_publishes_each_replica_and_the_pool() -> None:
+    s, f, _ = make()
+    f.texts = {A: gauges(5, 0), B: gauges(10, 5)}
+    state = await s.scrape_once()
+    chat = state.pools["chat"]
+    assert state.version == 1
+    assert chat.endpoints[A].saturation == 0.5 and not chat.endpoints[A].degraded
+    assert chat.endpoints[B].saturation == 1.5 and chat.endpoints[B].degraded
+    assert (chat.running, chat.queued, chat.capacity_running) == (15, 5, 20)
+
+
+async def test_the_version_grows_only_when_something_changed() -> None:
+    s, f, clock = make()
+    f.texts = {A: gauges(1, 0), B: gauges(1, 0)}
+    assert (await s.scrape_once()).version == 1
+    clock.t += 0.25
+    assert (await s.scrape_once()).version == 1  # same numbers, only older
+    f.texts[A] = gauges(2, 0)
+    assert (await s.scrape_once()).version == 2
+
+
+async def test_a_silent_replica_keeps_its_last_sample_until_stale_then_reads_saturated() -> None:
+    s, f, clock = make()
+    f.texts = {A: gauges(1, 0), B: gauges(1, 0)}
+    await s.scrape_once()
+    f.texts[B] = None
+    clock.t += 0.5
+    b = (await s.scrape_once()).pools["chat"].endpoints[B]
+    assert (b.saturation, b.stale, b.healthy) == (0.1, False, False)
+    clock.t += 0.6
+    b = (await s.scrape_once()).pools["chat"].endpoints[B]
+    assert (b.saturation, b.stale, b.degraded) == (SATURATED, True, True)
+    f.texts[B] = "{{{ garbage"
+    clock.t += 0.25
+    assert (await s.scrape_once()).pools["chat"].endpoints[B].stale
+
+
+async def test_capacity_comes_from_server_info_once_where_the_policy_is_silent() -> None:
+    s, f, clock = make(Capacity())
+    f.texts = {A: gauges(4, 0), B: gauges(4, 0)}
+    f.infos = {A: {"internal_states": [{"max_running_requests": 8}], "max_queued_requests": 4}}
+    state = await s.scrape_once()
+    assert state.pools["chat"].endpoints[A].saturation == 0.5  # 4 of 8 running
+    assert state.pools["chat"].endpoints[B].saturation == 0.0  # no capacity known: KV 0/1000
+    clock.t += 0.25
+    await s.scrape_once()
+    assert f.info_calls.count(A) == 1 and f.info_calls.count(B) == 1  # B retried later
+    clock.t += 11
+    await s.scrape_once()
+    assert f.info_calls.count(B) == 2
+
+
+async def test_marks_follow_hysteresis_across_rounds() -> None:
+    s, f, clock = make()
+    marks = []
+    for running, queued in [(5, 0), (10, 1), (9, 0), (10, 0), (8, 0), (9, 0)]:
+        f.texts = {A: gauges(running, queued), B: gauges(0, 0)}
+        clock.t += 0.25
+        marks.append((await s.scrape_once()).pools["chat"].endpoints[A].degraded)
+    assert marks == [False, True, True, True, False, False]
+
+
+async def test_long_poll_returns_at_once_when_newer_and_wakes_on_publish() -> None:
+    s, f, _ = make()
+    f.texts = {A: gauges(1, 0), B: gauges(1, 0)}
+    await s.scrape_once()
+    assert (await s.wait_newer(0, 5)).version == 1
+    waiter = asyncio.create_task(s.wait_newer(1, 30))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    f.texts[A] = gauges(3, 0)
+    await s.scrape_once()
+    assert (await asyncio.wait_for(waiter, 1)).version == 2
+    assert (await s.wait_newer(2, 0)).version == 2  # timeout: the current state
+
+
+async def test_listeners_see_every_published_state_and_aclose_closes_the_fetcher() -> None:
+    s, f, _ = make()
+    seen: list[PoolState] = []
+    s.subscribe(seen.append)
+    f.texts = {A: gauges(1, 0), B: gauges(1, 0)}
+    await s.scrape_once()
+    await s.scrape_once()
+    assert [st.version for st in seen] == [1]
+    s.start()
+    await s.aclose()
+    assert f.closed
+
+
+def test_targets_from_policy_reads_capacity_hysteresis_and_timing() -> None:
+    policy = load_policy_text(
+        "version: 1\ncontrol_plane: {pool_state: {interval: 100ms, stale_after: 2s}}\n"
+        "pools:\n  chat:\n    models: [m]\n    endpoints: ['127.0.0.1:1']\n"
+        "    capacity: {max_running_requests: 8}\n"
+        "    saturation: {degrade_at: 1.5, recover_at: 1.0}\n"
+        "  small: {models: [s], saturation: {enabled: false}}\n",
+        "m.yaml",
+    )
+    settings, pools = targets_from_policy(policy)
+    assert (settings.interval_s, settings.stale_after_s) == (0.1, 2.0)
+    assert pools["chat"].endpoints == ("127.0.0.1:1",)
+    assert pools["chat"].capacity == Capacity(max_running_requests=8)
+    assert pools["chat"].hysteresis == Hysteresis(1.5, 1.0)
+    assert pools["small"].hysteresis is None
+
+
+@pytest.mark.parametrize("bad", ["after_version=x", "timeout=-1", "timeout=100"])
+async def test_the_api_rejects_bad_queries_with_400(bad: str) -> None:
+    from aiohttp.test_utils import make_mocked_request
+
+    from controlplane.saturation.api import pool_routes
+
+    s, _, _ = make()
+    handler = pool_routes(s)[0].handler
+    resp = await handler(make_mocked_request("GET", f"/api/v1/pools?{bad}"))
+    assert resp.status == 400
+
+
+async def test_the_api_long_polls_and_answers_the_documented_json() -> None:
+    import json
+
+    from aiohttp.test_utils import make_mocked_request
+
+    from controlplane.saturation.api import pool_routes
+
+    s, f, _ = make()
+    f.texts = {A: gauges(1, 0), B: gauges(1, 0)}
+    await s.scrape_once()
+    handler = pool_routes(s)[0].handler
+    resp = await handler(make_mocked_request("GET", "/api/v1/pools?after_version=1&timeout=0"))
+    doc = json.loads(resp.text)
+    assert resp.status == 200 and doc["version"] == 1
+    assert doc["pools"]["chat"]["endpoints"][A]["s"] == 0.1
+    assert PoolState.from_json(doc).pools["chat"].endpoints[A].running == 1
