@@ -23,6 +23,9 @@ __all__ = ["Backend", "Mesh", "close_backends", "eventually", "mesh", "start_bac
 _BASE_IDS = itertools.count(2000 + (id(object()) % 500) * 10)
 
 
+_PROBES = frozenset({"/metrics", "/get_server_info", "/server_info"})
+
+
 @dataclass
 class Backend:
     """An HTTP backend that answers with its name; ``status``/``delay`` change its behaviour."""
@@ -47,6 +50,8 @@ class Backend:
     async def _handle(self, request: web.Request) -> web.Response:
         if request.path == "/health":
             return web.Response(status=self.health_status, text="ok")
+        if request.path in _PROBES:  # the control plane's pool-state scraper, not traffic
+            return web.Response(status=404)
         self.hits += 1
         self.seen_headers.append({k.lower(): v for k, v in request.headers.items()})
         if self.delay:
