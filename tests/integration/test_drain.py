@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -173,3 +174,28 @@ def _worker_pid(parent: int) -> int:
 def _zombie(pid: int) -> bool:
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().split()[2] == "Z"
+
+
+def test_control_plane_serve_answers_health_and_stops_cleanly(tmp_path: Path) -> None:
+    xds, metrics = free_port(), free_port()
+    (tmp_path / "mesh.yaml").write_text(
+        _policy(free_port(), free_port())
+        + f"control_plane: {{xds: 127.0.0.1:{xds}, metrics: 127.0.0.1:{metrics}}}\n"
+    )
+    tokenweir = Path(sys.executable).parent / "tokenweir"
+    argv = [str(tokenweir), "serve", "-c", str(tmp_path / "mesh.yaml")]
+    child = ChildProcess(argv, log=tmp_path / "serve.log")
+    try:
+        wait_for_port(xds)
+        ads = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+        assert asyncio.run(health(xds, ads)) == SERVING
+        wait_for_port(metrics)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/healthz", timeout=5) as r:
+            assert r.status == 200
+        child.proc.send_signal(signal.SIGTERM)
+        assert _wait_exit(child) == 0
+    finally:
+        child.close()
+    out = child.log.read_text()
+    _no_traceback(out)
+    assert "SIGTERM: draining" in out and "stopped after" in out
