@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import shutil
-import socket
 import sys
 import tempfile
 import zlib
@@ -30,7 +28,8 @@ from controlplane.app import ControlPlane, ControlPlaneSettings
 from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
 from controlplane.policy import Address, Policy
 from runtime.children import Child, ChildError, wait_child_port
-from runtime.ports import free_port
+from runtime.errors import PortTimeout
+from runtime.ports import free_port, wait_port
 from runtime.process import Signals
 
 __all__ = ["Mesh", "register"]
@@ -269,18 +268,14 @@ class Mesh:
 
 
 async def _wait_listening(addr: Address, envoy: EnvoyProcess, timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if not envoy.alive():
-            raise ChildError(f"envoy exited:\n{envoy.log_tail()}")
-        with (
-            contextlib.suppress(OSError),
-            socket.create_connection((addr.host, addr.port), timeout=0.2),
-        ):
-            return
-        await asyncio.sleep(0.05)
-    raise ChildError(f"envoy did not open {addr} within {timeout}s:\n{envoy.log_tail()}")
+    try:
+        await wait_port(addr.host, addr.port, timeout=timeout, alive=envoy.alive)
+    except PortTimeout:
+        raise ChildError(
+            f"envoy did not open {addr} within {timeout}s:\n{envoy.log_tail()}"
+        ) from None
+    except ChildError:
+        raise ChildError(f"envoy exited:\n{envoy.log_tail()}") from None
 
 
 async def _unless(force: asyncio.Event | None, work: Awaitable[object]) -> None:

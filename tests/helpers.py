@@ -14,6 +14,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from runtime.ports import free_port as _free_port
+from runtime.ports import port_open
+
 __all__ = ["ChildProcess", "free_port", "free_port_block", "redis_server", "wait_for_port"]
 
 LOOPBACK = "127.0.0.1"
@@ -21,15 +24,13 @@ LOOPBACK = "127.0.0.1"
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
+    return _free_port(LOOPBACK)
 
 
 def wait_for_port(port: int, timeout: float = 15.0, host: str = LOOPBACK) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
+        if port_open(host, port):
             return
         time.sleep(0.05)
     raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
