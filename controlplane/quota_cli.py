@@ -1,7 +1,10 @@
 """``tokenweir quota get|set|list|reset``: live quota administration in Redis (docs/quotas.md).
 
 The same keys an operator can edit with plain ``redis-cli`` (``HSET tw:{TENANT}:quota FIELD
-VALUE``); the rate-limit service picks any change up within one second.
+VALUE``); the rate-limit service picks any change up within one second. The Redis is found by
+itself (``runtime.statedir.find_redis``): ``--redis-url``, else the running ``tokenweir up`` of
+the policy's state directory, else the policy's ``ratelimit.redis_url``; a connection error
+names the URL tried and the flag that changes it.
 """
 
 from __future__ import annotations
@@ -28,16 +31,18 @@ from ratelimit_service.keys import bucket_key, config_key, seed_key, window_key
 from ratelimit_service.reader import decode_map, limit_remaining
 from ratelimit_service.store import load_script
 from ratelimit_service.windows import window
+from runtime.statedir import RedisTarget, default_state_dir, find_redis, unreachable
 
 __all__ = ["register"]
-
-DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     q = subparsers.add_parser("quota", help="show and edit tenant quotas live in Redis")
     q.add_argument("-c", "--config", type=Path, default=Path("examples/mesh.yaml"), help="policy")
-    q.add_argument("--redis-url", default=None, help=f"default: the policy's, else {DEFAULT_REDIS}")
+    q.add_argument(
+        "--redis-url", default=None, help="default: the running mesh's, else the policy's"
+    )
+    q.add_argument("--state-dir", type=Path, help="of `tokenweir up` (default: next to the policy)")
     q.add_argument("--json", action="store_true", help="machine-readable output")
     qs = q.add_subparsers(metavar="ACTION", required=True)
     g = qs.add_parser("get", help="effective quotas of a tenant and what each still admits")
@@ -58,36 +63,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     r.set_defaults(func=_reset)
 
 
-def _connect(args: argparse.Namespace) -> tuple[Policy, Any]:
-    policy = load_policy(args.config)
-    url = (
-        args.redis_url
-        or (policy.ratelimit.redis_url if policy.ratelimit else None)
-        or DEFAULT_REDIS
-    )
-    url, _, query = url.partition("?")
+def _target(args: argparse.Namespace, policy: Policy) -> RedisTarget:
+    state = args.state_dir or default_state_dir(args.config)
+    policy_url = policy.ratelimit.redis_url if policy.ratelimit else None
+    return find_redis(args.redis_url, state, policy_url)
+
+
+def _connect(policy: Policy, target: RedisTarget) -> Any:
+    url, _, query = target.url.partition("?")
     if "cluster=1" in query or "cluster=true" in query:
-        return policy, RedisCluster.from_url(url)
+        return RedisCluster.from_url(url)
     client = redis.Redis.from_url(url, socket_connect_timeout=2)
     if int(client.info("cluster").get("cluster_enabled", 0)):
         client.close()
-        return policy, RedisCluster.from_url(url)
-    return policy, client
+        return RedisCluster.from_url(url)
+    return client
+
+
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 
 def _run(args: argparse.Namespace, action: Any) -> int:
     try:
-        policy, client = _connect(args)
+        policy = load_policy(args.config)
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 2
+    target = _target(args, policy)
+    try:
+        client = _connect(policy, target)
+    except _UNREACHABLE as exc:
+        print(unreachable(target, exc), file=sys.stderr)
+        return 1
     except redis.RedisError as exc:
-        print(f"redis: {exc}", file=sys.stderr)
+        print(f"redis at {target.url}: {exc}", file=sys.stderr)
         return 1
     try:
         return int(action(args, policy, client))
+    except _UNREACHABLE as exc:
+        print(unreachable(target, exc), file=sys.stderr)
+        return 1
     except redis.RedisError as exc:
-        print(f"redis: {exc}", file=sys.stderr)
+        print(f"redis at {target.url}: {exc}", file=sys.stderr)
         return 1
     finally:
         client.close()

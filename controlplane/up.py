@@ -10,6 +10,12 @@ NOT_SERVING; every Envoy fails its health check, drains its listeners and gets u
 ``control_plane.drain_timeout`` (``--drain-timeout``) for the requests in flight; then the
 filter server, the rate-limit service (each drains on SIGTERM) and the control plane stop;
 the emulators and Redis last. A second Ctrl-C cuts the waiting short.
+
+What operators change live (quota edits, API keys, revocations) lives in the private Redis,
+which keeps an append-only file (``appendfsync everysec``) in a state directory reused by the
+next run: ``.tokenweir/state`` next to the policy, ``--state-dir`` elsewhere, ``--fresh`` to
+start empty (``runtime.statedir``). While the mesh runs, ``<state>/mesh.json`` names its Redis
+for ``tokenweir quota`` and ``tokenweir keys``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -31,6 +38,14 @@ from runtime.children import Child, ChildError, wait_child_port
 from runtime.errors import PortTimeout
 from runtime.ports import free_port, wait_port
 from runtime.process import Signals
+from runtime.statedir import (
+    MeshInfo,
+    StateDirBusy,
+    StateLock,
+    default_state_dir,
+    remove_mesh_info,
+    write_mesh_info,
+)
 
 __all__ = ["Mesh", "register"]
 
@@ -42,6 +57,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("-c", "--config", type=Path, required=True)
     p.add_argument("--run-dir", type=Path, help="logs and bootstraps (default: a temporary folder)")
     p.add_argument("--redis-url", help="use this Redis instead of starting one")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help="Redis data kept across runs (default: .tokenweir/state next to the policy)",
+    )
+    p.add_argument(
+        "--fresh", action="store_true", help="start with an empty state (drops live edits)"
+    )
     p.add_argument(
         "--sotw", action="store_true", help="Envoys use State-of-the-World xDS (default: policy)"
     )
@@ -60,12 +83,22 @@ def _run(args: argparse.Namespace) -> int:
     if policy is None:
         return 1
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="tokenweir-up-"))
+    state_dir = (args.state_dir or default_state_dir(args.config)).resolve()
+    lock = StateLock(state_dir)
+    try:
+        lock.acquire()
+    except (StateDirBusy, OSError) as exc:
+        print(f"tokenweir up: {exc}", file=sys.stderr)
+        return 1
+    if args.fresh:
+        shutil.rmtree(state_dir / "redis", ignore_errors=True)
     mesh = Mesh(
         args.config,
         policy,
         run_dir,
         redis_url=args.redis_url,
         delta=policy.control_plane.delta and not args.sotw,
+        state_dir=state_dir,
     )
 
     drain = args.drain_timeout
@@ -91,16 +124,28 @@ def _run(args: argparse.Namespace) -> int:
         print("tokenweir up: stopped", flush=True)
         return 1 if watcher in done else 0
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    finally:
+        remove_mesh_info(state_dir)
+        lock.release()
 
 
 class Mesh:
     def __init__(
-        self, config: Path, policy: Policy, run_dir: Path, *, redis_url: str | None, delta: bool
+        self,
+        config: Path,
+        policy: Policy,
+        run_dir: Path,
+        *,
+        redis_url: str | None,
+        delta: bool,
+        state_dir: Path | None = None,
     ) -> None:
         self.config = config.resolve()
         self.policy = policy
         self.run_dir = run_dir
+        self.state_dir = state_dir  # None: Redis data in the run folder, nothing kept
         self.redis_url = redis_url or (policy.ratelimit.redis_url if policy.ratelimit else None)
         self.delta = delta
         self.children: list[Child] = []  # emulators and Redis: stopped last
@@ -113,6 +158,9 @@ class Mesh:
         p = self.policy
         if p.ratelimit is not None and self.redis_url is None:
             await self._start_redis()
+        if self.state_dir is not None:
+            info = MeshInfo(pid=os.getpid(), redis_url=self.redis_url, policy=str(self.config))
+            write_mesh_info(self.state_dir, info)
         await self._start_emulators()
         if p.ratelimit is not None:
             await self._start_module(
@@ -144,16 +192,27 @@ class Mesh:
                 "the policy uses rate limits but redis-server is not installed and no --redis-url was given"
             )
         port = free_port()
-        data = self.run_dir / "redis"
+        data = (self.state_dir or self.run_dir) / "redis"
         data.mkdir(parents=True, exist_ok=True)
-        child = Child(
-            "redis",
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(data)],
-            self.run_dir / "redis.log",
+        argv = [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            str(data),
+        ]
+        if self.state_dir is not None:  # live edits survive a restart (at most 1 s lost on a crash)
+            argv += ["--appendonly", "yes", "--appendfsync", "everysec"]
+        await self._spawn(
+            Child("redis", argv, self.run_dir / "redis.log"), Address("127.0.0.1", port)
         )
-        await self._spawn(child, Address("127.0.0.1", port))
         self.redis_url = f"redis://127.0.0.1:{port}/0"
-        self.lines.append(f"redis           {self.redis_url}")
+        kept = f"  (data kept in {data})" if self.state_dir is not None else ""
+        self.lines.append(f"redis           {self.redis_url}{kept}")
 
     async def _start_emulators(self) -> None:
         for name, pool in self.policy.pools.items():

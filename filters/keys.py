@@ -206,6 +206,7 @@ class KeyStore:
         if now < self._down_until:  # Redis just failed: no read until it is retried
             return self._outage_answer(api_key)
         if now >= self._next_sync and not self._syncing:
+            self._syncing = True  # before the task runs: one sync, however many lookups
             self._spawn(self.sync_tombstones())
         pending = self._pending.get(api_key)
         if pending is None:

@@ -30,6 +30,7 @@ class FakeRedis:
         self.fail: BaseException | None = None
         self.gate: asyncio.Event | None = None
         self.reads = 0
+        self.syncs = 0
 
     async def hgetall(self, name: str) -> dict[str, str]:
         self.reads += 1
@@ -41,6 +42,7 @@ class FakeRedis:
 
     async def smembers(self, name: str) -> set[bytes]:
         assert name == REVOKED_SET
+        self.syncs += 1
         if self.fail is not None:
             raise self.fail
         return {d.encode() for d in self.revoked}
@@ -79,7 +81,7 @@ async def test_300_concurrent_lookups_of_one_key_are_one_redis_read() -> None:
     redis.gate.set()
     answers = await asyncio.gather(*waiting)
     assert answers == [KeyInfo("acme")] * 300
-    assert redis.reads == 1
+    assert redis.reads == 1 and redis.syncs == 1
     await ks.aclose()
 
 

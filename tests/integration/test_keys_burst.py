@@ -116,8 +116,12 @@ async def test_300_parallel_redis_issued_keys_no_wrong_401_no_revoked_admitted(
             async def call(key: str) -> int:
                 hdrs = {"authorization": f"Bearer {key}", "content-type": "application/json"}
                 async with s.post(gateway, data=body, headers=hdrs) as resp:
-                    await resp.read()
+                    answer = await resp.read()
+                    if resp.status != 200 and key != REVOKED:
+                        odd.append(f"{resp.status} {answer[:300]!r}")
                     return resp.status
+
+            odd: list[str] = []
 
             # the revoked key is mixed into the burst: one request in ten
             order = [k for i, k in enumerate(keys) for k in ([k, REVOKED] if i % 10 == 0 else [k])]
@@ -126,4 +130,4 @@ async def test_300_parallel_redis_issued_keys_no_wrong_401_no_revoked_admitted(
         revoked = [st for k, st in zip(order, statuses, strict=True) if k == REVOKED]
         assert valid.count(401) == 0, f"{valid.count(401)} valid keys refused"
         assert revoked and revoked.count(401) == len(revoked), f"revoked key let in: {revoked}"
-        assert valid.count(200) == len(valid), sorted(set(valid))
+        assert valid.count(200) == len(valid), odd[:5]

@@ -16,12 +16,12 @@ TOKENWEIR = Path(sys.executable).parent / "tokenweir"
 
 
 def start_up(
-    policy: Path, run_dir: Path, timeout: float = 90.0
+    policy: Path, run_dir: Path, timeout: float = 90.0, extra_args: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen[str], str]:
     """Start ``tokenweir up -c policy``; return it and its output up to ``tokenweir up: ready``
     (or up to its exit or the timeout: the caller asserts on the banner)."""
     proc = subprocess.Popen(
-        [str(TOKENWEIR), "up", "-c", str(policy), "--run-dir", str(run_dir)],
+        [str(TOKENWEIR), "up", "-c", str(policy), "--run-dir", str(run_dir), *extra_args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
     )  # fmt: skip
     assert proc.stdout is not None
