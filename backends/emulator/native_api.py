@@ -4,6 +4,7 @@ the emulator's own fault endpoint ``/_emulator/faults``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from backends.emulator.protocol import (
 )
 from backends.emulator.request import EmuRequest, GenerationParams
 from backends.emulator.tokenizer import encode
-from backends.errors import RequestError, ServerClosingError
+from backends.errors import QueueFullError, RequestError, ServerClosingError
 
 if TYPE_CHECKING:
     from backends.emulator.server import EmulatorServer
@@ -105,12 +106,35 @@ class _NativeApi:
             },
         }
 
+    async def _rejected_stream(
+        self, request: web.Request, rid: str, params: GenerationParams, message: str
+    ) -> web.StreamResponse:
+        """SGLang's streamed /generate ends a request the queue cannot hold with an abort
+        result (``finish_reason.status_code`` 503) inside a 200 event stream."""
+        reason = {"type": "abort", "message": message, "status_code": 503}
+        meta = {"id": rid, "finish_reason": reason, "prompt_tokens": len(params.prompt_ids),
+                "completion_tokens": 0, "cached_tokens": 0}  # fmt: skip
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionResetError):
+            body = {"text": "", "output_ids": [], "meta_info": meta}
+            await resp.write(sse(json.dumps(body)) + DONE)
+            await resp.write_eof()
+        return resp
+
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = parse_json_object(await request.read())
         params = self._params(body)
         rid = body.get("rid")
         rid = rid if isinstance(rid, str) and rid else self.server.next_id()
-        req = await self.server.open_request(params, rid)
+        try:
+            req = await self.server.open_request(params, rid)
+        except QueueFullError as exc:
+            if not parse_bool(body, "stream"):
+                raise
+            return await self._rejected_stream(request, rid, params, str(exc))
         if not parse_bool(body, "stream"):
             await self.server.run_to_end(req)
             return web.json_response(self._result(req))

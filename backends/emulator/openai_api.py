@@ -23,11 +23,12 @@ from backends.emulator.protocol import (
     parse_max_tokens,
     parse_stop,
     sse,
+    stream_error_event,
     usage_json,
 )
 from backends.emulator.request import EmuRequest, GenerationParams
 from backends.emulator.tokenizer import encode, render_chat
-from backends.errors import RequestError
+from backends.errors import QueueFullError, RequestError
 
 if TYPE_CHECKING:
     from backends.emulator.server import EmulatorServer
@@ -92,7 +93,12 @@ class _OpenAIApi:
         body = parse_json_object(await request.read())
         params = self._params(body, encode(render_chat(body.get("messages"))))
         stream, include_usage = self._stream_flags(body)
-        req = await self.server.open_request(params, "chatcmpl-" + self.server.next_id())
+        try:
+            req = await self.server.open_request(params, "chatcmpl-" + self.server.next_id())
+        except QueueFullError as exc:
+            if not stream:
+                raise
+            return await _rejected_stream(request, str(exc))
         model = body.get("model") or self.server.settings.model
         if stream:
             return await self._stream(request, req, model, include_usage, chat=True)
@@ -115,7 +121,12 @@ class _OpenAIApi:
         body = parse_json_object(await request.read())
         params = self._params(body, _prompt_ids(body.get("prompt")))
         stream, include_usage = self._stream_flags(body)
-        req = await self.server.open_request(params, "cmpl-" + self.server.next_id())
+        try:
+            req = await self.server.open_request(params, "cmpl-" + self.server.next_id())
+        except QueueFullError as exc:
+            if not stream:
+                raise
+            return await _rejected_stream(request, str(exc))
         model = body.get("model") or self.server.settings.model
         if stream:
             return await self._stream(request, req, model, include_usage, chat=False)
@@ -222,3 +233,13 @@ class _OpenAIApi:
         tail.append(DONE)
         await resp.write(b"".join(tail))
         await resp.write_eof()
+
+
+async def _rejected_stream(request: web.Request, message: str) -> web.StreamResponse:
+    """SGLang rejects a streamed request its queue cannot hold inside a 200 event stream."""
+    resp = web.StreamResponse(headers=_SSE_HEADERS)
+    await resp.prepare(request)
+    with contextlib.suppress(ConnectionResetError):
+        await resp.write(stream_error_event(503, message))
+        await resp.write_eof()
+    return resp

@@ -23,12 +23,22 @@ __all__ = [
     "parse_max_tokens",
     "parse_stop",
     "sse",
+    "stream_error_event",
     "usage_json",
 ]
 
 DONE = b"data: [DONE]\n\n"
 
 _STATUS_TYPES = {400: "Bad Request", 500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def stream_error_event(status: int, message: str) -> bytes:
+    """What SGLang streams when the scheduler aborts a request it accepted (the queue is full):
+    one SSE event with its error object, typed by the HTTP status name, then ``[DONE]``; the
+    HTTP status stays 200 (the stream had begun)."""
+    names = {503: "SERVICE_UNAVAILABLE", 500: "INTERNAL_SERVER_ERROR", 400: "BAD_REQUEST"}
+    body = {**error_body(status, message), "type": names.get(status, "ERROR")}
+    return sse(json.dumps(body)) + DONE
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:

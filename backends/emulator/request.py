@@ -38,6 +38,7 @@ class EmuRequest:
     prefilled: int = 0  # prompt tokens computed or matched so far
     node: CacheNode | None = None  # locked cache node of the matched or inserted prompt
     reserved: int = 0  # tokens allocated outside the tree and not yet committed
+    recomputed: int = 0  # output tokens prefilled again after a retraction (part of the fill)
     output_ids: list[int] = field(default_factory=list)
     output_words: list[str] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "abort"
@@ -55,8 +56,27 @@ class EmuRequest:
         return self.finish_reason is not None
 
     @property
+    def fill_ids(self) -> tuple[int, ...]:
+        """What prefill computes: the prompt, and after a retraction the output so far."""
+        if not self.recomputed:
+            return self.params.prompt_ids
+        return (*self.params.prompt_ids, *self.output_ids[: self.recomputed])
+
+    @property
+    def fill_len(self) -> int:
+        return len(self.params.prompt_ids) + self.recomputed
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.params.max_new_tokens
+
+    @property
+    def output_len(self) -> int:
+        return len(self.output_ids)
+
+    @property
     def prefill_done(self) -> bool:
-        return self.prefilled >= self.prompt_len
+        return self.prefilled >= self.fill_len
 
     def take_new_words(self) -> list[str]:
         """Words produced since the last call (and clear the wake-up event)."""

@@ -2,19 +2,24 @@
 
 Each step (one forward pass of the emulated GPU):
 
-1. admit waiting requests in FCFS order while fewer than ``max_running_requests`` run, the
-   step's prefill budget (``chunked_prefill_size`` uncached tokens) is not spent, and the KV pool
-   can hold the request (uncached prompt + ``max_new_tokens``, evicting LRU cache leaves);
-   the matched prefix is locked so it cannot be evicted while the request runs;
+1. every request whose prefill finished in an earlier step gets one KV slot for its next token;
+   when the pool has none, requests are *retracted* as SGLang does (``kv_budget``): they free
+   their KV, go back to the waiting queue, and later prefill prompt + output again;
 2. give the step's prefill budget to requests still in prefill, oldest first (chunked prefill);
-3. every request whose prefill finished in an earlier step decodes one token;
+3. admit waiting requests in FCFS order while fewer than ``max_running_requests`` run, the
+   step's prefill budget (``chunked_prefill_size`` uncached tokens) is not spent, and SGLang's
+   optimistic KV budget holds (uncached prompt + ``max_new_tokens`` against free + evictable
+   tokens minus ``new_token_ratio`` of what running requests may still produce); the uncached
+   prompt and one output slot are allocated (evicting LRU cache leaves) and the matched prefix
+   is locked so it cannot be evicted while the request runs;
 4. sleep ``profile.step_s(prefill tokens, decode batch) * time_scale * slow``, then publish
    the tokens. A request whose prefill completes in this step gets its first token now; its prompt
    is inserted into the radix cache (so concurrent requests with the same prefix hit), and on
    finish prompt + output are inserted and the lock released.
 
-Prefill and decode share a step (mixed chunked prefill); the waiting queue is bounded
-(``QueueFullError`` → 503). With no work the task waits on an event: no busy loop.
+Prefill and decode share a step (mixed chunked prefill); the waiting queue is bounded as
+SGLang's ``--max-queued-requests`` (``QueueFullError``, "The request queue is full." → 503;
+retracted requests re-enter without that check). With no work the task waits on an event.
 """
 
 from __future__ import annotations
@@ -27,6 +32,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from backends.emulator.kv_budget import (
+    CLIP_MAX_NEW_TOKENS,
+    NewTokenRatio,
+    admits,
+    decode_room,
+    retraction_order,
+    running_expectation,
+)
 from backends.emulator.radix_cache import RadixCache
 from backends.emulator.request import EmuRequest
 from backends.emulator.tokenizer import OutputWords
@@ -96,6 +109,8 @@ class Scheduler:
         self._tp: collections.deque[tuple[float, int]] = collections.deque()
         self.prompt_tokens_total = 0
         self.cached_tokens_total = 0
+        self.new_token_ratio = NewTokenRatio()
+        self.retracted_total = 0
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -129,9 +144,7 @@ class Scheduler:
                 f"exceed the KV cache ({self.profile.max_total_tokens} tokens)"
             )
         if len(self.waiting) >= self.profile.max_queued_requests:
-            raise QueueFullError(
-                f"The request queue is full ({self.profile.max_queued_requests} waiting)"
-            )
+            raise QueueFullError("The request queue is full.")  # SGLang's words
         self.waiting.append(req)
         self._wake.set()
         return req
@@ -194,6 +207,7 @@ class Scheduler:
     async def _loop(self) -> None:
         while not self._closing:
             if not self.waiting and not self.running:
+                self.new_token_ratio.reset()
                 self._wake.clear()
                 await self._wake.wait()
                 self._target = self._clock()  # idle time is not a debt to catch up on
@@ -216,46 +230,86 @@ class Scheduler:
         await self._sleep(max(self._target - now, 0.0))
 
     def _form_batch(self) -> tuple[list[tuple[EmuRequest, int]], list[EmuRequest]]:
-        decode = [r for r in self.running if r.prefill_done]
+        decode = self._reserve_decode([r for r in self.running if r.prefill_done])
         budget = self.profile.chunked_prefill_size
         prefill: list[tuple[EmuRequest, int]] = []
         for req in self.running:
             if budget <= 0:
                 break
             if not req.prefill_done:
-                n = min(req.prompt_len - req.prefilled, budget)
+                n = min(req.fill_len - req.prefilled, budget)
                 prefill.append((req, n))
                 budget -= n
+        reserved = running_expectation(self.running, self.new_token_ratio.value)
         while self.waiting and budget > 0 and len(self.running) < self.profile.max_running_requests:
             req = self.waiting[0]
-            if not self._admit(req):
+            taken = self._admit(req, reserved)
+            if taken is None:
                 break
+            reserved += taken
             self.waiting.popleft()
             self.running.append(req)
-            n = min(req.prompt_len - req.prefilled, budget)
+            n = min(req.fill_len - req.prefilled, budget)
             prefill.append((req, n))
             budget -= n
         return prefill, decode
 
-    def _admit(self, req: EmuRequest) -> bool:
-        prompt = req.params.prompt_ids
-        match = self.cache.match_prefix(prompt[: len(prompt) - 1])
+    def _reserve_decode(self, decode: list[EmuRequest]) -> list[EmuRequest]:
+        """One KV slot per decoding request; retract requests (SGLang's order) when none is left."""
+        if not decode:
+            return decode
+        if not self.cache.allocate(len(decode)):
+            order = retraction_order(decode)
+            first = True
+            while len(order) > 1 and (
+                first or not decode_room(self.cache.available, len(order), self.cache.page_size)
+            ):
+                self._retract(decode[order.pop()])
+                first = False
+            while order and not self.cache.allocate(len(order)):
+                self._retract(decode[order.pop()])
+            decode = [decode[i] for i in sorted(order)]
+            self.new_token_ratio.after_retract(decode)
+        else:
+            self.new_token_ratio.decay()
+        for req in decode:
+            req.reserved += 1
+        return decode
+
+    def _retract(self, req: EmuRequest) -> None:
+        """Free what ``req`` holds (nothing inserted) and queue it to prefill prompt + output."""
+        self.running.remove(req)
+        self._release(req, commit=False)
+        req.recomputed = len(req.output_ids)
+        req.prefilled = 0
+        self.waiting.append(req)
+        self.retracted_total += 1
+        log.debug("retracted %s after %d output tokens", req.rid, len(req.output_ids))
+
+    def _admit(self, req: EmuRequest, reserved: float) -> int | None:
+        """Admit ``req`` if SGLang's budget allows; the tokens it takes from this step's budget."""
+        fill = req.fill_ids
+        match = self.cache.match_prefix(fill[: len(fill) - 1])
         self.cache.lock(match.node)
-        need = req.prompt_len - match.length + req.params.max_new_tokens
-        if not self.cache.allocate(need):
+        uncached = len(fill) - match.length
+        remaining = req.params.max_new_tokens - len(req.output_ids)
+        if not admits(uncached, remaining, self.cache.available, reserved) or not (
+            self.cache.allocate(uncached + 1)
+        ):
             self.cache.unlock(match.node)
-            return False
+            return None
         now = self._clock()
         req.node = match.node
-        req.reserved = need
+        req.reserved = uncached + 1  # the uncached fill and the slot of the next token
         req.cached_tokens = match.length
         req.prefilled = match.length
-        req.admitted_at = now
-        self.prompt_tokens_total += req.prompt_len
-        self.cached_tokens_total += match.length
-        if self._observer is not None:
-            self._observer.on_admit(req, now - req.arrival)
-        return True
+        if req.admitted_at is None:
+            req.admitted_at = now
+            self.prompt_tokens_total += req.prompt_len
+            self.cached_tokens_total += match.length
+            if self._observer is not None:
+                self._observer.on_admit(req, now - req.arrival)
+        return uncached + min(max(remaining, 0), CLIP_MAX_NEW_TOKENS)
 
     def _apply(self, prefill: list[tuple[EmuRequest, int]], decode: list[EmuRequest]) -> None:
         now = self._clock()
@@ -275,9 +329,10 @@ class Scheduler:
             self._uncommitted += n
             if req.prefill_done:
                 self._commit_prompt(req)
-                req.first_token_at = now
-                if self._observer is not None:
-                    self._observer.on_first_token(req, now - req.arrival)
+                if req.first_token_at is None:
+                    req.first_token_at = now
+                    if self._observer is not None:
+                        self._observer.on_first_token(req, now - req.arrival)
                 if req.params.max_new_tokens == 0:
                     req.finish_reason = "length"
                     continue
@@ -315,12 +370,12 @@ class Scheduler:
         req.event.set()
 
     def _commit_prompt(self, req: EmuRequest) -> None:
-        """Prefill done: move the prompt into the tree and lock it there instead."""
-        uncached = req.prompt_len - req.cached_tokens
+        """Prefill done: move the fill (prompt, output so far) into the tree and lock it there."""
+        uncached = req.fill_len - req.cached_tokens
         self.cache.release(uncached)
         req.reserved -= uncached
         self._uncommitted -= uncached
-        inserted = self.cache.insert(req.params.prompt_ids)
+        inserted = self.cache.insert(req.fill_ids)
         self.cache.lock(inserted.node)
         if req.node is not None:
             self.cache.unlock(req.node)
@@ -330,7 +385,8 @@ class Scheduler:
         """Free the request's reservation; with ``commit`` insert prompt + output first."""
         self.cache.release(req.reserved)
         computed = req.prefilled - req.cached_tokens if not req.prefill_done else 0
-        self._uncommitted -= computed + len(req.output_ids) + (req.matched_stop is not None)
+        outputs = len(req.output_ids) - req.recomputed  # recomputed ones went into the tree
+        self._uncommitted -= computed + outputs + (req.matched_stop is not None)
         req.reserved = 0
         if commit and req.prefill_done:
             self.cache.insert([*req.params.prompt_ids, *req.output_ids])
