@@ -9,6 +9,7 @@ offending node, so one run reports every problem in a file.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -130,8 +131,7 @@ class Decoder:
         if not isinstance(node, yaml.MappingNode):
             self.error(node, path, f"expected a mapping with keys {_keys(cls)}, got {_kind(node)}")
             return MISSING_NODE
-        hints = get_type_hints(cls, include_extras=True)
-        fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+        hints, fields = _schema(cls)
         values: dict[str, Any] = {}
         failed = False
         seen: set[str] = set()
@@ -304,6 +304,14 @@ _SCALARS: dict[Any, Callable[[Decoder, Node, str], Any]] = {
 
 
 # -- small helpers ----------------------------------------------------------------------------
+@functools.cache
+def _schema(cls: Any) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
+    """Type hints and init fields of a dataclass, resolved once per class (``get_type_hints``
+    evaluates every annotation string again on each call: most of a 10k-tenant load)."""
+    hints = get_type_hints(cls, include_extras=True)
+    return hints, {f.name: f for f in dataclasses.fields(cls) if f.init}
+
+
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from controlplane.policy.bounded import DEFAULT_LIMITS, Limits, compose_bounded
 from controlplane.policy.decode import MISSING_NODE, Decoder
 from controlplane.policy.endpoints import parse_endpoints_text
 from controlplane.policy.errors import Issue, PolicyError
@@ -20,25 +21,41 @@ from controlplane.policy.semantic import check_policy
 __all__ = ["endpoint_files", "load_policy", "load_policy_text"]
 
 
-def load_policy(path: str | Path) -> Policy:
-    """Read and check the policy at ``path``; raise :class:`PolicyError` listing every problem."""
+def load_policy(path: str | Path, limits: Limits = DEFAULT_LIMITS) -> Policy:
+    """Read and check the policy at ``path``; raise :class:`PolicyError` listing every problem.
+
+    Never raises anything else for any file content: size, depth and alias expansion are
+    bounded before a node is built (:mod:`controlplane.policy.bounded`)."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as fh:
+            data = fh.read(limits.max_bytes + 1)
+        if len(data) > limits.max_bytes:
+            raise PolicyError(
+                [
+                    Issue(
+                        str(p),
+                        0,
+                        "",
+                        f"the file is larger than {limits.max_bytes} bytes; "
+                        f"at most {limits.max_bytes} allowed",
+                    )
+                ]
+            )
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PolicyError([Issue(str(p), 0, "", f"cannot read policy file: {exc}")]) from exc
-    return load_policy_text(text, filename=str(p), base_dir=p.parent)
+    return load_policy_text(text, filename=str(p), base_dir=p.parent, limits=limits)
 
 
-def load_policy_text(text: str, filename: str = "<string>", base_dir: Path | None = None) -> Policy:
+def load_policy_text(
+    text: str,
+    filename: str = "<string>",
+    base_dir: Path | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> Policy:
     """Parse policy YAML text; endpoint files are resolved relative to ``base_dir``."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 0
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise PolicyError([Issue(filename, line, "", f"invalid YAML: {problem}")]) from exc
+    root = compose_bounded(text, filename, limits)
     if root is None:
         raise PolicyError(
             [Issue(filename, 1, "", "the policy is empty; expected a mapping with 'version: 1'")]
@@ -47,10 +64,8 @@ def load_policy_text(text: str, filename: str = "<string>", base_dir: Path | Non
     policy = decoder.decode(root, Policy, "")
     if policy is MISSING_NODE:
         raise PolicyError(decoder.issues)
-    lines = _line_index(root)
-    issues = [
-        Issue(filename, _line_of(lines, path), path, msg) for path, msg in check_policy(policy)
-    ]
+    lines = _Lines(root)
+    issues = [Issue(filename, lines.of(path), path, msg) for path, msg in check_policy(policy)]
     resolved, file_issues = _resolve_endpoints(policy, base_dir or Path.cwd(), lines, filename)
     issues += file_issues
     if issues:
@@ -66,7 +81,7 @@ def endpoint_files(policy: Policy, base_dir: Path) -> list[Path]:
 
 
 def _resolve_endpoints(
-    policy: Policy, base_dir: Path, lines: dict[str, int], filename: str
+    policy: Policy, base_dir: Path, lines: _Lines, filename: str
 ) -> tuple[Policy, list[Issue]]:
     issues: list[Issue] = []
 
@@ -79,7 +94,7 @@ def _resolve_endpoints(
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            line = _line_of(lines, f"{section}.{name}.endpoints_file")
+            line = lines.of(f"{section}.{name}.endpoints_file")
             issues.append(
                 Issue(
                     filename, line, f"{section}.{name}.endpoints_file", f"cannot read {path}: {exc}"
@@ -116,23 +131,40 @@ def _emulated_endpoints(pool: LlmPool) -> tuple[Address, ...]:
     return tuple(Address("127.0.0.1", em.base_port + i) for i in range(em.replicas))
 
 
-def _line_index(root: yaml.Node) -> dict[str, int]:
-    """Map every key path (``pools.chat.fallback``, ``gateways.edge.routes[0]``) to its line."""
-    index: dict[str, int] = {}
+class _Lines:
+    """Line of a key path, indexed on first use (a valid policy never pays for the index)."""
 
-    def walk(node: yaml.Node, path: str) -> None:
+    def __init__(self, root: yaml.Node) -> None:
+        self._root = root
+        self._index: dict[str, int] | None = None
+
+    def of(self, path: str) -> int:
+        if self._index is None:
+            self._index = _line_index(self._root)
+        return _line_of(self._index, path)
+
+
+def _line_index(root: yaml.Node) -> dict[str, int]:
+    """Map every key path (``pools.chat.fallback``, ``gateways.edge.routes[0]``) to its line.
+
+    Iterative, and each node is visited once (an alias is not walked again)."""
+    index: dict[str, int] = {}
+    seen: set[int] = set()
+    todo: list[tuple[yaml.Node, str]] = [(root, "")]
+    while todo:
+        node, path = todo.pop()
         index.setdefault(path, node.start_mark.line + 1)
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
                 sub = f"{path}.{k.value}" if path else str(k.value)
                 index[sub] = k.start_mark.line + 1
-                walk(v, sub)
-                index[sub] = k.start_mark.line + 1
+                todo.append((v, sub))
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
-                walk(item, f"{path}[{i}]")
-
-    walk(root, "")
+                todo.append((item, f"{path}[{i}]"))
     return index
 
 
