@@ -16,7 +16,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from controlplane.policy import Address, Policy
-from controlplane.reloader import Reloader, ReloadResult
+from controlplane.reloader import PolicyCheck, Reloader, ReloadResult
 from controlplane.saturation.api import pool_routes
 from controlplane.saturation.fetch import HttpFetcher
 from controlplane.saturation.scraper import PoolScraper
@@ -45,7 +45,7 @@ class ControlPlaneSettings:
 class ControlPlane:
     """Owns every task it starts; ``aclose`` stops them all."""
 
-    def __init__(self, settings: ControlPlaneSettings) -> None:
+    def __init__(self, settings: ControlPlaneSettings, *, check: PolicyCheck | None = None) -> None:
         self.settings = settings
         self.registry = CollectorRegistry()
         self.cache = SnapshotCache()
@@ -61,6 +61,7 @@ class ControlPlane:
             registry=self.registry,
             debounce=settings.debounce,
             on_policy=self._on_policy,
+            check=check,  # the services' builders (controlplane.check), given by the CLI
         )
         self.metrics = MetricsServer(
             self.registry,

@@ -81,21 +81,14 @@ def _keys(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    try:
-        policy = load_policy(args.path)
-    except PolicyError as exc:
-        print(exc, file=sys.stderr)
-        print(f"{args.path}: {len(exc.issues)} problem(s); policy rejected", file=sys.stderr)
-        return 1
-    from controlplane.reloader import snapshots_for
-    from controlplane.translate.render import render
-    from controlplane.xds.errors import InconsistentSnapshotError
+    """Load the policy and build everything every service builds from it (controlplane.check)."""
+    from controlplane.check import check_file
 
-    try:
-        for snap in snapshots_for(render(policy)).values():
-            snap.check()
-    except InconsistentSnapshotError as exc:
-        print(f"{args.path}: rendered config is inconsistent: {exc}", file=sys.stderr)
+    policy, issues = check_file(args.path)
+    if issues or policy is None:
+        for issue in sorted(issues):
+            print(issue, file=sys.stderr)
+        print(f"{args.path}: {len(issues)} problem(s); policy rejected", file=sys.stderr)
         return 1
     groups = len(policy.gateways) + len(policy.sidecars)
     print(
@@ -151,9 +144,10 @@ def _serve(args: argparse.Namespace) -> int:
         args.config, args.xds or cp.xds, args.metrics or cp.metrics, cp.debounce
     )
 
+    from controlplane.check import service_issues
     from runtime.process import run, serve
 
-    plane = ControlPlane(settings)
+    plane = ControlPlane(settings, check=service_issues)
     drain = args.drain_timeout if args.drain_timeout is not None else cp.drain_timeout
 
     def ready() -> str:

@@ -1,14 +1,14 @@
 """Watch the policy file (and the endpoint files it names); publish snapshots on change.
 
-A bad edit is rejected with every problem logged as ``file:line: key.path: message``, counted
-in ``tokenweir_config_reloads_total{result="error"}``, and the last good snapshots keep serving.
-Changes are debounced: a burst of writes (an editor's save, a launcher's rewrite) becomes one
-reload.
+Runs on the shared :class:`runtime.watcher.PolicyWatcher`: loading, the services' build check
+(injected: the core imports no service), rendering and the consistency check of every snapshot
+run in a worker thread; publishing into the cache is the only step on the event loop. A bad
+edit is rejected with every problem logged as ``file:line: key.path: message``, counted in
+``tokenweir_config_reloads_total{result="error"}``, and the last good snapshots keep serving.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import time
@@ -16,18 +16,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
-from controlplane.policy import Policy, PolicyError, endpoint_files, load_policy
+from controlplane.policy import Issue, Policy, PolicyError, endpoint_files, load_policy
 from controlplane.translate.render import Resources, render
 from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.errors import InconsistentSnapshotError
 from controlplane.xds.snapshot import Snapshot
-from runtime.tasks import stop_task
+from runtime.watcher import Loaded, PolicyWatcher, ReloadMetrics
 
-__all__ = ["ReloadResult", "Reloader", "snapshots_for"]
+__all__ = ["PolicyCheck", "ReloadResult", "Reloader", "snapshots_for"]
 
 log = logging.getLogger("tokenweir.reloader")
+
+PolicyCheck = Callable[[Policy, Path], list[Issue]]
 
 
 @dataclass(frozen=True)
@@ -51,36 +53,19 @@ def snapshots_for(groups: dict[str, Resources]) -> dict[str, Snapshot]:
     return out
 
 
-class _Metrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.reloads = Counter(
-            "tokenweir_config_reloads",
-            "Policy reloads by result (ok, error, unchanged)",
-            ["result"],
-            registry=registry,
-        )
-        self.last_ok = Gauge(
-            "tokenweir_config_last_reload_success_timestamp_seconds",
-            "Unix time of the last policy reload that was applied",
-            registry=registry,
-        )
-        self.last_error = Gauge(
-            "tokenweir_config_last_reload_error",
-            "1 while the file on disk is rejected (last good config serves)",
-            registry=registry,
-        )
-
-
-def _fingerprint(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
+@dataclass(frozen=True)
+class _Built:
+    policy: Policy
+    snapshots: dict[str, Snapshot]
 
 
 class Reloader:
-    """Loads the policy, renders it, and publishes consistent snapshots into ``cache``."""
+    """Loads the policy, renders it, and publishes consistent snapshots into ``cache``.
+
+    ``check(policy, path)`` (optional) lists problems the services' builders find: the CLI
+    passes :func:`controlplane.check.service_issues`, so a policy the filter server or the
+    rate-limit service would refuse is refused here too.
+    """
 
     def __init__(
         self,
@@ -91,32 +76,44 @@ class Reloader:
         debounce: float = 0.1,
         poll_interval: float = 0.1,
         on_policy: Callable[[Policy], None] | None = None,
+        check: PolicyCheck | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = path.resolve()
         self.cache = cache
-        self.debounce = debounce
-        self.poll_interval = poll_interval
         self.on_policy = on_policy
+        self.check = check
         self.policy: Policy | None = None
-        self._clock = clock
-        self._metrics = _Metrics(registry)
-        self._watched: dict[Path, tuple[int, int, int] | None] = {}
-        self._task: asyncio.Task[None] | None = None
+        self.watcher: PolicyWatcher[_Built] = PolicyWatcher(
+            self.path,
+            load=self._build,
+            apply=self._publish,
+            metrics=ReloadMetrics(registry),
+            log=log,
+            poll_interval=poll_interval,
+            debounce=debounce,
+            clock=clock,
+        )
 
-    def reload(self) -> ReloadResult:
-        """Load and publish now. Keeps serving the last good snapshots on any error."""
-        self._remember_files([self.path])
+    def _build(self, path: Path) -> Loaded[_Built]:
+        """Everything but publishing (runs in a worker thread)."""
+        policy = load_policy(path)
+        if self.check is not None:
+            issues = self.check(policy, path)
+            if issues:
+                raise PolicyError(issues)
+        snaps = snapshots_for(render(policy))
         try:
-            policy = load_policy(self.path)
-            self._remember_files([self.path, *endpoint_files(policy, self.path.parent)])
-            snaps = snapshots_for(render(policy))
             for group, snap in snaps.items():  # check all before publishing any
                 self.cache.check(group, snap)
-        except PolicyError as exc:
-            return self._reject([str(i) for i in exc.issues])
         except InconsistentSnapshotError as exc:
-            return self._reject([f"{self.path}: rendered config is inconsistent: {exc}"])
+            raise PolicyError(
+                [Issue(str(path), 0, "", f"rendered config is inconsistent: {exc}")]
+            ) from exc
+        return Loaded(_Built(policy, snaps), tuple(endpoint_files(policy, path.parent)))
+
+    def _publish(self, built: _Built) -> bool:
+        snaps = built.snapshots
         changed = [
             g
             for g, s in snaps.items()
@@ -124,10 +121,7 @@ class Reloader:
         ]
         for group in changed:
             self.cache.set_snapshot(group, snaps[group])
-        self.policy = policy
-        self._metrics.reloads.labels("ok" if changed else "unchanged").inc()
-        self._metrics.last_ok.set(self._clock())
-        self._metrics.last_error.set(0)
+        self.policy = built.policy
         if changed:
             log.info(
                 "policy %s applied: %s",
@@ -135,43 +129,29 @@ class Reloader:
                 ", ".join(f"{g}@{snaps[g].version}" for g in changed),
             )
         if self.on_policy is not None:
-            self.on_policy(policy)
-        return ReloadResult(True, (), tuple((g, s.version) for g, s in sorted(snaps.items())))
+            self.on_policy(built.policy)
+        return bool(changed)
 
-    def _reject(self, problems: list[str]) -> ReloadResult:
-        self._metrics.reloads.labels("error").inc()
-        self._metrics.last_error.set(1)
-        for line in problems:
-            log.error("policy rejected, last good config keeps serving: %s", line)
-        return ReloadResult(False, tuple(problems))
+    def _result(self, ok: bool, problems: tuple[str, ...]) -> ReloadResult:
+        versions = tuple((g, s.version) for g, s in sorted(self.cache.groups().items()))
+        return ReloadResult(ok, problems, versions if ok else ())
 
-    def _remember_files(self, files: list[Path]) -> None:
-        self._watched = {f: _fingerprint(f) for f in files}
+    def reload(self) -> ReloadResult:
+        """Load and publish now, in this thread. Keeps serving the last good snapshots on any
+        error."""
+        out = self.watcher.reload_now()
+        return self._result(out.ok, out.problems)
 
-    def _changed(self) -> bool:
-        return any(_fingerprint(f) != fp for f, fp in self._watched.items())
+    async def reload_async(self) -> ReloadResult:
+        """The same, with loading and rendering in a worker thread."""
+        out = await self.watcher.reload()
+        return self._result(out.ok, out.problems)
 
     async def start(self) -> ReloadResult:
         """Load once (the result says whether it worked), then watch in the background."""
-        result = self.reload()
-        self._task = asyncio.create_task(self._watch(), name="tokenweir-reloader")
+        result = await self.reload_async()
+        self.watcher.start()
         return result
 
-    async def _watch(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_interval)
-            if not self._changed():
-                continue
-            # Debounce: wait until the files stop changing for `debounce` seconds.
-            snapshot = {f: _fingerprint(f) for f in self._watched}
-            while True:
-                await asyncio.sleep(self.debounce)
-                now = {f: _fingerprint(f) for f in self._watched}
-                if now == snapshot:
-                    break
-                snapshot = now
-            self.reload()
-
     async def aclose(self) -> None:
-        task, self._task = self._task, None
-        await stop_task(task, log=log)  # a watcher that had crashed: one line, no traceback
+        await self.watcher.aclose()

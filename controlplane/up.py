@@ -32,6 +32,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 
 from controlplane.app import ControlPlane, ControlPlaneSettings
+from controlplane.check import service_issues
 from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
 from controlplane.policy import Address, Policy
 from runtime.children import Child, ChildError, wait_child_port
@@ -172,7 +173,8 @@ class Mesh:
             )
         cp = p.control_plane
         self.plane = ControlPlane(
-            ControlPlaneSettings(self.config, cp.xds, cp.metrics, cp.debounce)
+            ControlPlaneSettings(self.config, cp.xds, cp.metrics, cp.debounce),
+            check=service_issues,
         )
         result = await self.plane.start()
         if not result.ok:

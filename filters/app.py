@@ -10,25 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controlplane.policy import Policy, PolicyError, load_policy
+from controlplane.policy import Policy, load_policy
 from filters.budget import Budget, CachedBudget, NoBudget, quota_reader_budget
 from filters.estimate import Estimator, load_estimator
 from filters.h2server import H2FilterServer
-from filters.keys import KeyStore, policy_keys
+from filters.keys import KeyInfo, KeyStore, policy_keys
 from filters.metrics import FilterMetrics
 from filters.redis_pool import redis_client
-from filters.registry import build_routes
+from filters.registry import RouteEntry, build_routes
 from filters.server import FilterServer, FilterServicer
 from filters.services import Services
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
 from runtime.tasks import stop_task
+from runtime.watcher import Loaded, PolicyWatcher, ReloadMetrics, ReloadOutcome
 
 __all__ = ["FilterApp", "Settings"]
 
@@ -49,6 +49,14 @@ class Settings:
     transport: str = "h2"  # "h2": filters.h2server (no grpc.aio); "grpc": grpc.aio
 
 
+@dataclass(frozen=True)
+class _Built:
+    policy: Policy
+    routes: dict[str, RouteEntry]
+    services: Services
+    keys: dict[str, KeyInfo]
+
+
 class FilterApp:
     def __init__(self, settings: Settings, *, clock: Callable[[], float]) -> None:
         self.settings = settings
@@ -59,18 +67,20 @@ class FilterApp:
         self._redis: Any = None
         self._keys: KeyStore | None = None
         self._budget_reader: Budget = NoBudget()
-        self._mtime = self._stat()
+        self.watcher = PolicyWatcher(
+            settings.policy_path,
+            load=self._build,
+            apply=self._swap,
+            metrics=ReloadMetrics(self.metrics.registry),
+            log=_log,
+            poll_interval=settings.reload_interval,
+            clock=clock,
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self.health = HealthState(["envoy.service.ext_proc.v3.ExternalProcessor"])
         self._metrics_server: MetricsServer | None = None
         self.server: FilterServer | H2FilterServer | None = None
         self.metrics_port: int | None = None
-
-    def _stat(self) -> float:
-        try:
-            return os.stat(self.settings.policy_path).st_mtime
-        except OSError:
-            return 0.0
 
     def _redis_url(self) -> str | None:
         if self.settings.redis_url:
@@ -91,8 +101,6 @@ class FilterApp:
                 on_redis_error=self.metrics.redis_errors.inc,
                 on_fallback=lambda answer: self.metrics.key_fallbacks.labels(answer).inc(),
             )
-        else:
-            self._keys.update_fallback(policy_keys(self.policy))
         return self._keys
 
     def _redis_timeout(self) -> float:
@@ -100,25 +108,28 @@ class FilterApp:
         mt = self.policy.filters.message_timeout if self.policy.filters is not None else 0.2
         return mt / 2
 
-    def _services(self) -> Services:
+    def _services(self, policy: Policy | None = None) -> Services:
+        """The plugins' services for ``policy`` (the key store is shared across reloads; its
+        policy keys are swapped with the chains, in ``_swap``)."""
+        policy = policy or self.policy
         keys = self._key_store()
         budget: Budget = NoBudget()
         if self._redis is not None:
             budget = quota_reader_budget(
                 self._redis,
-                self.policy,
+                policy,
                 clock=self._clock,
                 ttl=self.settings.budget_cache_seconds,
                 on_error=self.metrics.redis_errors.inc,
             )
-            self._budget_reader = budget
-        return Services(self.policy, keys, budget, self._estimator, self.metrics, self._clock)
+        return Services(policy, keys, budget, self._estimator, self.metrics, self._clock)
 
     async def start(self) -> None:
         url = self._redis_url()
         if url:
             self._redis = redis_client(url, timeout=self._redis_timeout())
         services = self._services()
+        self._budget_reader = services.budget
         servicer = FilterServicer(
             build_routes(self.policy, services), clock=self._clock, metrics=self.metrics
         )
@@ -133,7 +144,7 @@ class FilterApp:
             mport = self.policy.filters.metrics_port
         if mport is not None:
             await self._serve_metrics(host, mport + self.settings.worker_index)
-        self._tasks.append(asyncio.create_task(self._watch()))
+        self.watcher.start()
         _log.info(
             "filter server on %s:%s (routes: %s, transport: %s)",
             host,
@@ -154,33 +165,25 @@ class FilterApp:
         self.metrics_port = await server.start()
         self._metrics_server = server
 
-    def reload(self) -> bool:
-        """Load the policy file again; keep the running chains when it is invalid."""
-        try:
-            policy = load_policy(self.settings.policy_path)
-        except (PolicyError, OSError) as exc:
-            _log.error("policy reload failed, keeping the running policy: %s", exc)
-            return False
-        old = self.policy
-        self.policy = policy
-        try:
-            routes = build_routes(policy, self._services())
-        except Exception as exc:
-            self.policy = old
-            _log.error("policy reload failed (plugins), keeping the running policy: %s", exc)
-            return False
-        if self.server is not None:
-            self.server.servicer.swap(routes)
-        _log.info("policy reloaded: %d filtered routes", len(routes))
-        return True
+    def _build(self, path: Path) -> Loaded[_Built]:
+        """Load the policy and build every chain (in the watcher's worker thread)."""
+        policy = load_policy(path)
+        services = self._services(policy)
+        return Loaded(_Built(policy, build_routes(policy, services), services, policy_keys(policy)))
 
-    async def _watch(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.reload_interval)
-            mtime = self._stat()
-            if mtime != self._mtime:
-                self._mtime = mtime
-                self.reload()
+    def _swap(self, built: _Built) -> None:
+        """On the loop: new streams get the new chains; open streams keep the ones they have."""
+        self.policy = built.policy
+        if self._keys is not None:
+            self._keys.update_fallback(built.keys)
+        self._budget_reader = built.services.budget
+        if self.server is not None:
+            self.server.servicer.swap(built.routes)
+        _log.info("policy reloaded: %d filtered routes", len(built.routes))
+
+    async def reload(self) -> ReloadOutcome:
+        """Load the policy file again (off the loop); keep the running chains when it is bad."""
+        return await self.watcher.reload()
 
     async def drain(self, timeout: float) -> None:
         """NOT_SERVING first; new streams refused; those in flight get up to ``timeout`` s."""
@@ -198,6 +201,7 @@ class FilterApp:
             _log.warning("drain timeout (%.0fs): %d stream(s) still open are cut", timeout, left)
 
     async def aclose(self) -> None:
+        await self.watcher.aclose()
         for t in self._tasks:
             await stop_task(t, log=_log)
         self._tasks.clear()

@@ -7,11 +7,8 @@ gRPC server: no new calls, calls in flight finish within ``timeout``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +17,7 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from google.protobuf.message import DecodeError
 from redis.asyncio.cluster import RedisCluster
 
-from controlplane.policy import Policy, PolicyError, load_policy
+from controlplane.policy import Policy, load_policy
 from controlplane.policy.model import RateLimitServer
 from ratelimit_service.decider import Decider, DeciderSettings
 from ratelimit_service.directory import QuotaDirectory, seed_defaults
@@ -34,6 +31,7 @@ from runtime.grpc_health import AioHealth
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
 from runtime.tasks import stop_task
+from runtime.watcher import Loaded, PolicyWatcher, ReloadMetrics
 
 __all__ = ["RateLimitServicer", "Service", "ServiceSettings", "decider_settings"]
 
@@ -114,18 +112,19 @@ class Service:
         self.metrics_port: int | None = None
         self.serving = HealthState(["envoy.service.ratelimit.v3.RateLimitService"])
         self._metrics_server: MetricsServer | None = None
-        self._watch: asyncio.Task[None] | None = None
-        self._mtime = self._stamp()
+        self.watcher = PolicyWatcher(
+            settings.policy_path,
+            load=self._build,
+            apply=self._swap,
+            metrics=ReloadMetrics(self.metrics.registry),
+            log=log,
+            poll_interval=settings.reload_interval,
+        )
+        self._seed_wanted = asyncio.Event()
+        self._seeder: asyncio.Task[None] | None = None
 
     def _rl(self) -> RateLimitServer:
         return self.policy.ratelimit or RateLimitServer()
-
-    def _stamp(self) -> tuple[float, int] | None:
-        try:
-            st = os.stat(self.settings.policy_path)
-        except OSError:
-            return None
-        return st.st_mtime, st.st_size
 
     async def start(self) -> None:
         rl = self._rl()
@@ -139,8 +138,11 @@ class Service:
                 fast_url=None if isinstance(self.redis, RedisCluster) else url.partition("?")[0],
             )
             self.health = RedisHealth(self.redis.ping, self.metrics)
-            with contextlib.suppress(Exception):  # seeded later by the watcher if Redis is down
+            try:
                 await seed_defaults(self.redis, self.policy)
+            except Exception as exc:  # Redis down: the seeder retries in the background
+                log.warning("seeding quota defaults deferred: %s", exc)
+                self._seed_wanted.set()
         health = self.health
         directory = QuotaDirectory(
             self.policy,
@@ -170,7 +172,8 @@ class Service:
             self.port = self.server.add_insecure_port(listen)
             await self.server.start()
         await self._start_metrics(rl)
-        self._watch = asyncio.get_running_loop().create_task(self._watch_policy())
+        self.watcher.start()
+        self._seeder = asyncio.get_running_loop().create_task(self._seed_loop())
         log.info(
             "rate-limit service on port %d (transport %s, redis %s)",
             self.port,
@@ -191,35 +194,38 @@ class Service:
         self.metrics_port = await server.start()
         self._metrics_server = server
 
-    async def _watch_policy(self) -> None:
-        seeded = True
+    def _build(self, path: Path) -> Loaded[tuple[Policy, DeciderSettings]]:
+        """Load the policy and the decider's settings (in the watcher's worker thread)."""
+        policy = load_policy(path)
+        return Loaded((policy, decider_settings(policy.ratelimit or RateLimitServer())))
+
+    def _swap(self, built: tuple[Policy, DeciderSettings]) -> None:
+        """On the loop: later decisions use the new quotas; Redis is seeded in the background."""
+        self.policy, settings = built
+        if self.decider is not None:
+            self.decider.settings = settings
+            if self.store is not None:
+                self.store.deadline = settings.deadline
+            self.decider.directory.update_policy(self.policy)
+        self._seed_wanted.set()
+        log.info("policy reloaded: %d tenants", len(self.policy.tenants))
+
+    async def _seed_loop(self) -> None:
+        """Copy the policy's quota defaults into Redis after each reload (retried while Redis
+        is down; live edits are never overwritten)."""
         while True:
-            await asyncio.sleep(self.settings.reload_interval)
-            stamp = self._stamp()
-            if stamp != self._mtime:
-                self._mtime = stamp
-                self._reload()
-                seeded = False
-            if not seeded and self.redis is not None and (self.health is None or self.health.up):
+            await self._seed_wanted.wait()
+            if self.redis is None:
+                self._seed_wanted.clear()
+                continue
+            if self.health is None or self.health.up:
                 try:
                     await seed_defaults(self.redis, self.policy)
-                    seeded = True
-                except Exception as exc:  # Redis down: retried on the next tick
+                    self._seed_wanted.clear()
+                    continue
+                except Exception as exc:  # Redis down: retried after a pause
                     log.debug("seeding deferred: %s", exc)
-
-    def _reload(self) -> None:
-        try:
-            policy = load_policy(self.settings.policy_path)
-        except (PolicyError, OSError) as exc:
-            log.error("policy reload failed, keeping the previous policy:\n%s", exc)
-            return
-        self.policy = policy
-        if self.decider is not None:
-            self.decider.settings = replace(decider_settings(self._rl()))
-            if self.store is not None:
-                self.store.deadline = self.decider.settings.deadline
-            self.decider.directory.update_policy(policy)
-        log.info("policy reloaded at %s", time.strftime("%H:%M:%S"))
+            await asyncio.sleep(self.settings.reload_interval)
 
     async def drain(self, timeout: float) -> None:
         """NOT_SERVING first, then no new calls; calls in flight get up to ``timeout`` s."""
@@ -232,8 +238,9 @@ class Service:
             await h2.aclose(timeout)
 
     async def aclose(self) -> None:
-        await stop_task(self._watch, log=log)
-        self._watch = None
+        await self.watcher.aclose()
+        await stop_task(self._seeder, log=log)
+        self._seeder = None
         await self.drain(1.0)
         if self._metrics_server is not None:
             await self._metrics_server.aclose()

@@ -1,7 +1,7 @@
 """The mesh policy: typed model, YAML loader with precise errors, cross-reference checks."""
 
 from controlplane.policy.errors import Issue, PolicyError
-from controlplane.policy.loader import endpoint_files, load_policy, load_policy_text
+from controlplane.policy.loader import endpoint_files, key_lines, load_policy, load_policy_text
 from controlplane.policy.model import Address, Policy
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "Policy",
     "PolicyError",
     "endpoint_files",
+    "key_lines",
     "load_policy",
     "load_policy_text",
 ]

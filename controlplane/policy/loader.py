@@ -7,6 +7,7 @@ policy that validates is exactly a policy the server accepts.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -18,7 +19,7 @@ from controlplane.policy.errors import Issue, PolicyError
 from controlplane.policy.model import Address, LlmPool, Policy
 from controlplane.policy.semantic import check_policy
 
-__all__ = ["endpoint_files", "load_policy", "load_policy_text"]
+__all__ = ["endpoint_files", "key_lines", "load_policy", "load_policy_text"]
 
 
 def load_policy(path: str | Path, limits: Limits = DEFAULT_LIMITS) -> Policy:
@@ -71,6 +72,18 @@ def load_policy_text(
     if issues:
         raise PolicyError(issues)
     return resolved
+
+
+def key_lines(path: str | Path) -> Callable[[str], int]:
+    """``line(key.path)`` for the policy file at ``path`` (0 when it cannot be read again): for
+    problems found after loading, e.g. by a service's builder."""
+    try:
+        root = compose_bounded(Path(path).read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError, PolicyError):
+        root = None
+    if root is None:
+        return lambda _key: 0
+    return _Lines(root).of
 
 
 def endpoint_files(policy: Policy, base_dir: Path) -> list[Path]:

@@ -48,7 +48,10 @@ class UsagePlugin(BasePlugin):
         unknown = set(settings) - {"max_json_bytes"}
         if unknown:
             raise ConfigError(f"usage: unknown setting(s) {sorted(unknown)}")
-        self.max_json_bytes = int(settings.get("max_json_bytes", 8 * 1024**2))
+        limit = settings.get("max_json_bytes", 8 * 1024**2)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError(f"usage: max_json_bytes must be a positive integer, got {limit!r}")
+        self.max_json_bytes = limit
         self.services = services
 
     def _start(self, ctx: Context, chunk: bytes) -> _State:

@@ -87,3 +87,47 @@ async def test_unchanged_content_is_not_republished(tmp_path: Path) -> None:
     assert reloader.reload().ok
     assert cache.generation("edge") == gen
     assert _count(registry, "unchanged") == 1
+
+
+async def test_a_hostile_edit_then_a_fix_is_picked_up(tmp_path: Path) -> None:
+    path = tmp_path / "mesh.yaml"
+    _write(path, "127.0.0.1:9001")
+    cache, registry = SnapshotCache(), CollectorRegistry()
+    reloader = Reloader(path, cache, registry=registry, debounce=0.02, poll_interval=0.01)
+    assert (await reloader.start()).ok
+    try:
+        first = cache.get("edge")
+        path.write_text("version: 1\nplanner: " + "[" * 3000 + "]" * 3000 + "\n")
+        await _until(lambda: _count(registry, "error") == 1)
+        assert cache.get("edge") is first
+        _write(path, "127.0.0.1:9005")
+        await _until(lambda: "9005" in str(cache.get("edge").resources))  # type: ignore[union-attr]
+        assert registry.get_sample_value("tokenweir_config_last_reload_error") == 0
+    finally:
+        await reloader.aclose()
+
+
+def test_the_injected_service_check_refuses_and_keeps_the_last_good(tmp_path: Path) -> None:
+    from controlplane.check import service_issues
+
+    path = tmp_path / "mesh.yaml"
+    policy = (
+        "version: 1\nfilters: {{address: 127.0.0.1:18082}}\n"
+        "pools:\n  chat: {{models: [m], endpoints: [127.0.0.1:9001]}}\n"
+        "gateways:\n  edge:\n    listen: 127.0.0.1:10000\n    routes:\n"
+        "      - {{name: r, pool: chat, filters: {{plugins: [{plugin}]}}}}\n"
+    )
+    path.write_text(policy.format(plugin="usage"))
+    cache, registry = SnapshotCache(), CollectorRegistry()
+    reloader = Reloader(path, cache, registry=registry, check=service_issues)
+    assert reloader.reload().ok
+    good = cache.get("edge")
+    path.write_text(policy.format(plugin="{name: usage, settings: {max_json_bytes: lots}}"))
+    result = reloader.reload()
+    assert not result.ok and cache.get("edge") is good
+    assert result.problems == (
+        f"{path}:9: gateways.edge.routes[0].filters.plugins[0]: the filter server refuses plugin "
+        "'usage': usage: max_json_bytes must be a positive integer, got 'lots'",
+    )
+    unchecked = Reloader(path, SnapshotCache(), registry=CollectorRegistry())
+    assert unchecked.reload().ok  # what the control plane accepted before the check

@@ -76,9 +76,23 @@ async def test_serve_reload_and_stop(tmp_path: Path) -> None:
         text = urllib.request.urlopen(f"http://127.0.0.1:{mp}/metrics", timeout=5).read().decode()
         line = 'tokenweir_filters_rejections_total{reason="unauthorized",route="llm",status="401"} '
         assert line in text, text
+        assert "tokenweir_config_last_reload_error 1.0" in text
+        # a hostile edit (600 levels deep), then a fix: the watcher survives and applies the fix
+        path.write_text("version: 1\nplanner: " + "[" * 600 + "]" * 600 + "\n")
+        await asyncio.sleep(1.5)
+        path.write_text(policy(fp, "third-key-1234"))
+        for _ in range(60):
+            if await status_for(fp, "third-key-1234") == 200:
+                break
+            await asyncio.sleep(0.1)
+        assert await status_for(fp, "third-key-1234") == 200, child.output()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{mp}/metrics", timeout=5).read().decode()
+        assert "tokenweir_config_last_reload_error 0.0" in text
+        assert 'tokenweir_config_reloads_total{result="error"} 2.0' in text
         child.proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(child.proc.wait, 10) == 0
-        assert "policy reload failed" in child.output()
+        assert "policy rejected, last good config keeps serving" in child.output()
+        assert "Traceback" not in child.output()
     finally:
         child.close()
 

@@ -59,6 +59,20 @@ async def test_policy_reload_metrics_and_sigterm(tmp_path: Path, redis_port: int
                 await asyncio.sleep(0.2)
             assert await code(f"{tenant}-edited", 130) != OK  # the live edit (120) still wins
             assert r.hget(config_key(tenant), "tokens.burst") == b"1000"
+            # a hostile edit (500+ levels) is refused, counted, and the next fix is picked up
+            policy.write_text("version: 1\nplanner: " + "{a: " * 600 + "1" + "}" * 600 + "\n")
+            async with httpx.AsyncClient() as h:
+                while (
+                    "tokenweir_config_last_reload_error 1.0"
+                    not in (await h.get(f"http://127.0.0.1:{mport}/metrics")).text
+                ):
+                    assert time.monotonic() < deadline + 10, "the hostile edit was not seen"
+                    await asyncio.sleep(0.2)
+            assert await code(tenant, 150) == OK  # the last good policy (burst 1000) serves
+            policy.write_text(POLICY.format(burst=100, tenant=tenant))
+            while await code(tenant, 150) == OK:
+                assert time.monotonic() < deadline + 20, "the fix after a bad edit was ignored"
+                await asyncio.sleep(0.2)
         async with httpx.AsyncClient() as h:
             text = (await h.get(f"http://127.0.0.1:{mport}/metrics")).text
         assert (

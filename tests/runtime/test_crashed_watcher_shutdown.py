@@ -53,7 +53,7 @@ def _one_line_error(caplog: pytest.LogCaptureFixture) -> None:
 
 async def test_control_plane_reloader(policy_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     reloader = Reloader(policy_path, SnapshotCache(), registry=CollectorRegistry())
-    reloader._task = await _crashed()
+    reloader.watcher._task = await _crashed()
     with caplog.at_level(logging.ERROR):
         await reloader.aclose()
     _one_line_error(caplog)
@@ -61,7 +61,7 @@ async def test_control_plane_reloader(policy_path: Path, caplog: pytest.LogCaptu
 
 async def test_filter_server(policy_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     app = FilterApp(Settings(policy_path=policy_path), clock=time.monotonic)
-    app._tasks.append(await _crashed())
+    app.watcher._task = await _crashed()
     with caplog.at_level(logging.ERROR):
         await app.aclose()
     _one_line_error(caplog)
@@ -69,7 +69,7 @@ async def test_filter_server(policy_path: Path, caplog: pytest.LogCaptureFixture
 
 async def test_rate_limit_service(policy_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     svc = Service(ServiceSettings(policy_path=policy_path), load_policy(policy_path))
-    svc._watch = await _crashed()
+    svc.watcher._task = await _crashed()
     with caplog.at_level(logging.ERROR):
         await svc.aclose()
     _one_line_error(caplog)
