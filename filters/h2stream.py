@@ -1,18 +1,16 @@
 """One ext_proc stream of the HTTP/2 transport (:mod:`filters.h2server`): the subset of a
 grpc.aio servicer context that ``FilterServicer.Process`` uses — ``read``, ``write`` and
-``invocation_metadata`` — backed by the connection's frame handling."""
+``invocation_metadata`` — over a call of the shared HTTP/2 layer (:class:`runtime.h2.Stream`)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf.message import DecodeError
 
-if TYPE_CHECKING:
-    from filters.h2server import _Conn
+from runtime.h2 import GrpcError, Status, Stream
 
 __all__ = ["EOF", "StreamContext"]
 
@@ -22,38 +20,22 @@ EOF = grpc.aio.EOF  # type: ignore[attr-defined]
 class StreamContext:
     """One ext_proc stream: the grpc.aio-context subset ``FilterServicer.Process`` uses."""
 
-    def __init__(self, conn: _Conn, sid: int, metadata: list[tuple[str, str]]) -> None:
-        self.conn = conn
-        self.id = sid
-        self.metadata = metadata
-        self.buf = bytearray()
-        self.inbox: deque[pb.ProcessingRequest] = deque()
-        self.waiter: asyncio.Future[None] | None = None
-        self.send_window = conn.peer_initial
-        self.consumed = 0
-        self.headers_sent = False
-        self.remote_closed = False
-        self.reset = False
-        self.task: asyncio.Task[None] | None = None
+    __slots__ = ("stream",)
 
-    def invocation_metadata(self) -> list[tuple[str, str]]:
-        return self.metadata
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.stream.metadata
 
     async def read(self) -> Any:
-        while not self.inbox:
-            if self.remote_closed:
-                return EOF
-            self.waiter = self.conn.loop.create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
-        return self.inbox.popleft()
+        data = await self.stream.read()
+        if data is None:
+            return EOF
+        try:
+            return pb.ProcessingRequest.FromString(data)
+        except DecodeError as exc:
+            raise GrpcError(Status.INTERNAL, "cannot parse ProcessingRequest") from exc
 
     async def write(self, message: pb.ProcessingResponse) -> None:
-        data = message.SerializeToString()
-        await self.conn.send(self, b"\x00" + len(data).to_bytes(4, "big") + data)
-
-    def wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
+        await self.stream.write(message.SerializeToString())

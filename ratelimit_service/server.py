@@ -28,6 +28,7 @@ from ratelimit_service.redis_client import connect_redis
 from ratelimit_service.responses import error_response, ok_response
 from ratelimit_service.store import RedisStore
 from runtime.grpc_health import AioHealth
+from runtime.h2 import is_loopback
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
 from runtime.tasks import stop_task
@@ -159,9 +160,13 @@ class Service:
         )
         servicer = RateLimitServicer(self.decider)
         listen = self.settings.listen or str(rl.address)
-        if self.settings.transport == "h2":
-            host, _, port = listen.rpartition(":")
-            self.h2 = H2Server(servicer.handle_bytes)
+        host, _, port = listen.rpartition(":")
+        transport = self.settings.transport
+        if transport == "h2" and not is_loopback(host):
+            log.warning("%s is not a loopback address: serving with grpc.aio", host)
+            transport = "grpc"
+        if transport == "h2":
+            self.h2 = H2Server(servicer.handle_bytes, health=self.serving)
             self.port = await self.h2.start(host.strip("[]"), int(port))
         else:
             self.server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
@@ -177,7 +182,7 @@ class Service:
         log.info(
             "rate-limit service on port %d (transport %s, redis %s)",
             self.port,
-            self.settings.transport,
+            transport,
             url or "none",
         )
 

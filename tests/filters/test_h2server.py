@@ -10,9 +10,10 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hpack import Decoder, Encoder
 
-from filters import h2server
-from filters.h2server import EOF, PROCESS_PATH, H2FilterServer, _Conn
-from ratelimit_service.h2server import (
+from filters.h2server import EOF, PROCESS_PATH, H2FilterServer
+from runtime.h2 import Limits
+from runtime.h2.connection import H2Connection
+from runtime.h2.frames import (
     CONT,
     DATA,
     END_HEADERS,
@@ -20,28 +21,12 @@ from ratelimit_service.h2server import (
     GOAWAY,
     HEADERS,
     PADDED,
-    PREFACE,
     PRIO,
     RST_STREAM,
-    SETTINGS,
     WINDOW_UPDATE,
+    frame,
 )
-from ratelimit_service.h2server import _frame as frame
-
-
-class FakeTransport:
-    def __init__(self) -> None:
-        self.sent = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.sent += data
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
+from tests.runtime.h2.wire import FakeTransport, frames, open_conn, settle
 
 
 class EchoServicer:
@@ -67,17 +52,6 @@ class EchoServicer:
             raise
 
 
-def frames(data: bytes | bytearray) -> list[tuple[int, int, int, bytes]]:
-    out, pos = [], 0
-    while pos < len(data):
-        n = int.from_bytes(data[pos : pos + 3], "big")
-        kind, flags = data[pos + 3], data[pos + 4]
-        stream = int.from_bytes(data[pos + 5 : pos + 9], "big")
-        out.append((kind, flags, stream, bytes(data[pos + 9 : pos + 9 + n])))
-        pos += 9 + n
-    return out
-
-
 def request(n: int) -> bytes:
     msg = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"b" * n)).SerializeToString()
     return b"\x00" + len(msg).to_bytes(4, "big") + msg
@@ -90,23 +64,12 @@ def headers(enc: Encoder, route: str, path: str = PROCESS_PATH) -> bytes:
 
 
 async def connect(
-    servicer: Any = None, window: int = 1 << 20
-) -> tuple[_Conn, FakeTransport, EchoServicer]:
+    servicer: Any = None, window: int = 1 << 20, limits: Limits | None = None
+) -> tuple[H2Connection, FakeTransport, EchoServicer]:
     svc = servicer or EchoServicer()
-    server = H2FilterServer(svc, "127.0.0.1", 0)  # type: ignore[arg-type]
-    server.loop = asyncio.get_running_loop()
-    conn = _Conn(server)
-    t = FakeTransport()
-    conn.connection_made(t)  # type: ignore[arg-type]
-    conn.data_received(PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", 4, window)))
-    await settle()
-    t.sent.clear()
+    server = H2FilterServer(svc, "127.0.0.1", 0, limits=limits)  # type: ignore[arg-type]
+    conn, t = await open_conn(server.grpc, window)
     return conn, t, svc
-
-
-async def settle() -> None:
-    for _ in range(10):
-        await asyncio.sleep(0)
 
 
 def replies(sent: bytes | bytearray, stream: int) -> tuple[list[int], list[Any], bool]:
@@ -154,7 +117,7 @@ async def test_huffman_dynamic_table_continuation_padding_and_priority() -> None
     assert dict(blocks[0])[":status"] == "200"
     _, blocks3, ended3 = replies(t.sent, 3)
     assert ended3 and status(blocks3) == "0" and len(blocks3) == 1  # trailers-only
-    assert conn.streams == {} and not conn.server.tasks
+    assert conn.streams == {} and not conn.host.tasks
 
 
 async def test_messages_span_frames_and_share_frames_both_ways() -> None:
@@ -177,7 +140,10 @@ async def test_messages_span_frames_and_share_frames_both_ways() -> None:
 async def test_send_waits_for_stream_and_connection_windows() -> None:
     conn, t, _ = await connect(window=1000)
     conn.data_received(frame(HEADERS, END_HEADERS, 1, headers(Encoder(), "chat")))
-    conn.data_received(frame(DATA, END_STREAM, 1, request(200_000)))  # answer: ~100 KB
+    body = request(200_000)  # answer: ~100 KB
+    chunks = [body[i : i + 16384] for i in range(0, len(body), 16384)]
+    conn.data_received(b"".join(frame(DATA, 0, 1, c) for c in chunks[:-1]))
+    conn.data_received(frame(DATA, END_STREAM, 1, chunks[-1]))
     await settle()
     sent = sum(len(p) for k, _, _, p in frames(t.sent) if k == DATA)
     assert sent == 1000 and 1 in conn.streams
@@ -191,9 +157,9 @@ async def test_send_waits_for_stream_and_connection_windows() -> None:
     assert sizes and ended and status(blocks) == "0" and conn.streams == {}
 
 
-async def test_receive_windows_are_replenished(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(h2server, "RECV_WINDOW", 100_000)
-    conn, t, _ = await connect()
+async def test_receive_windows_are_replenished() -> None:
+    limits = Limits(stream_window=100_000, connection_window=100_000)
+    conn, t, _ = await connect(limits=limits)
     conn.data_received(frame(HEADERS, END_HEADERS, 1, headers(Encoder(), "chat")))
     conn.data_received(frame(DATA, 0, 1, request(15000)) + frame(DATA, 0, 1, request(15000)))
     await settle()
@@ -208,11 +174,11 @@ async def test_reset_stream_cancels_and_frees_it() -> None:
     conn.data_received(frame(HEADERS, END_HEADERS, 1, headers(Encoder(), "chat")))
     conn.data_received(frame(DATA, 0, 1, request(4)))
     await settle()
-    assert 1 in conn.streams and conn.server.tasks
+    assert 1 in conn.streams and conn.host.tasks
     t.sent.clear()
     conn.data_received(frame(RST_STREAM, 0, 1, struct.pack(">I", 8)))
     await settle()
-    assert svc.cancelled == 1 and conn.streams == {} and not conn.server.tasks
+    assert svc.cancelled == 1 and conn.streams == {} and not conn.host.tasks
     conn.data_received(frame(DATA, END_STREAM, 1, request(4)))  # late data: dropped
     await settle()
     assert t.sent == b""
@@ -231,7 +197,7 @@ async def test_errors_unknown_method_and_compression_end_with_grpc_status() -> N
     assert codes == {1: "13", 3: "12", 5: "12"}
     rst = {s for k, _, s, _ in frames(t.sent) if k == RST_STREAM}
     assert rst == {1, 3, 5}  # the client had not finished: RST_STREAM(NO_ERROR) after trailers
-    assert conn.streams == {} and not conn.server.tasks
+    assert conn.streams == {} and not conn.host.tasks
 
 
 async def test_protocol_errors_go_away() -> None:
@@ -248,6 +214,6 @@ async def test_aclose_goes_away_and_cancels_streams_left() -> None:
     conn, t, svc = await connect()
     conn.data_received(frame(HEADERS, END_HEADERS, 1, headers(Encoder(), "chat")))
     await settle()
-    await conn.server.aclose(grace=0.05)
+    await conn.host.aclose(grace=0.05)
     assert frames(t.sent)[0][0] == GOAWAY and t.closed
-    assert svc.cancelled == 1 and not conn.server.tasks
+    assert svc.cancelled == 1 and not conn.host.tasks

@@ -1,0 +1,160 @@
+"""A gRPC server on :mod:`runtime.h2.connection` for the methods a service hands it.
+
+Each call is routed by ``:path`` (an unknown method is answered UNIMPLEMENTED, grpc-status 12),
+its ``grpc-timeout`` is honoured (DEADLINE_EXCEEDED, the method is cancelled), and
+``/grpc.health.v1.Health/Check`` is answered from a :class:`runtime.health.HealthState`.
+A unary method is started once its request has fully arrived; a streaming method at once.
+``aclose(grace)`` stops accepting, sends GOAWAY with the last stream processed, lets calls in
+flight finish for up to ``grace`` seconds, then closes.
+
+Only loopback addresses are served: anything reachable from another host (or needing TLS)
+belongs on grpc.aio (``docs/operations.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from runtime.h2 import frames as f
+from runtime.h2.connection import H2Connection
+from runtime.h2.errors import GrpcError, Status
+from runtime.h2.stream import Stream
+from runtime.health import CHECK_PATH, HealthState, UnknownService
+
+__all__ = ["GrpcH2Server", "Method", "is_loopback"]
+
+log = logging.getLogger(__name__)
+
+Unary = Callable[[bytes], Awaitable[bytes]]
+Streaming = Callable[[Stream], Coroutine[Any, Any, None]]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A unary method (request bytes → reply bytes) or a streaming one (given the call)."""
+
+    unary: Unary | None = None
+    streaming: Streaming | None = None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class GrpcH2Server:
+    """``port = await start(host, port)`` … ``await aclose(grace)``."""
+
+    def __init__(
+        self,
+        methods: Mapping[str, Method],
+        *,
+        health: HealthState | None = None,
+        limits: f.Limits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.health = health if health is not None else HealthState()
+        self.methods = {**methods, CHECK_PATH: Method(unary=self._check)}
+        self.limits = limits or f.Limits()
+        self.clock = clock
+        self.conns: set[H2Connection] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.loop = asyncio.get_event_loop()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        if not is_loopback(host):
+            raise ValueError(
+                f"the built-in HTTP/2 transport serves loopback only, not {host!r}: "
+                "use --transport grpc (grpc.aio) for other addresses"
+            )
+        self.loop = asyncio.get_running_loop()
+        self._server = await self.loop.create_server(
+            lambda: H2Connection(self), host.strip("[]"), port, reuse_port=True
+        )
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def aclose(self, grace: float = 1.0) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.conns):
+            conn.drain()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=grace)
+        for conn in list(self.conns):
+            conn._flush()
+            conn.close()
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=1.0)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    # -- calls (the connection's host interface) --------------------------------------------
+    def open(self, conn: H2Connection, s: Stream) -> None:
+        method = self.methods.get(s.path)
+        if method is None:
+            return conn.finish(s, f.trailers(Status.UNIMPLEMENTED, f"unknown method {s.path}"))
+        if s.timeout is not None:
+            s.timer = self.loop.call_later(s.timeout, self._expire, conn, s)
+        s.method = method
+        if method.streaming is not None or s.remote_closed:
+            self.ready(conn, s)
+
+    def ready(self, conn: H2Connection, s: Stream) -> None:
+        method: Method = s.method
+        if method.streaming is not None:
+            coro: Coroutine[Any, Any, None] = method.streaming(s)
+        else:
+            assert method.unary is not None
+            coro = self._unary(s, method.unary)
+        task: asyncio.Task[None] = self.loop.create_task(coro)
+        s.task = task
+        self.tasks.add(task)
+        task.add_done_callback(lambda t: self._done(conn, s, t))
+
+    @staticmethod
+    async def _unary(s: Stream, handler: Unary) -> None:
+        if len(s.inbox) != 1:
+            raise GrpcError(Status.INTERNAL, f"expected one request message, got {len(s.inbox)}")
+        reply = await handler(s.take())
+        await s.write(reply)
+
+    def _done(self, conn: H2Connection, s: Stream, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if s.closed or conn.closed or task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            return conn.finish(s, f.OK_TRAILERS)
+        if isinstance(exc, GrpcError):
+            return conn.finish(s, f.trailers(exc.status, exc.message))
+        log.error("gRPC method %s failed", s.path, exc_info=exc)
+        conn.finish(s, f.trailers(Status.INTERNAL, "internal error"))
+
+    def _expire(self, conn: H2Connection, s: Stream) -> None:
+        s.timer = None
+        conn.finish(s, f.trailers(Status.DEADLINE_EXCEEDED, "deadline exceeded"))
+
+    async def _check(self, request: bytes) -> bytes:
+        try:
+            return self.health.check_bytes(request)
+        except UnknownService as exc:
+            raise GrpcError(Status.NOT_FOUND, f"unknown service {exc}") from exc
+        except DecodeError as exc:
+            raise GrpcError(Status.INVALID_ARGUMENT, "bad HealthCheckRequest") from exc
