@@ -98,9 +98,8 @@ class H2Connection(asyncio.Protocol):
             return
         log.warning("http/2 connection error %s: %s", code.name, why)
         self.out.append(f.goaway(self.last_stream, code, why.encode()[:64]))
-        self._flush()
         self.closed = True
-        self.close()
+        self._linger()
         for s in list(self.streams.values()):
             self.drop(s)
 
@@ -111,7 +110,21 @@ class H2Connection(asyncio.Protocol):
             self.out.append(f.goaway(self.last_stream, E.NO_ERROR))
             self._flush()
             if not self.streams:
-                self.close()
+                self._linger()
+
+    def _linger(self) -> None:
+        """Flush, half-close, close a second later: a peer still sending gets what we wrote
+        (our GOAWAY, the last trailers), not a TCP reset that would discard it."""
+        self._flush()
+        t = self.transport
+        if t is not None and not t.is_closing() and t.can_write_eof():
+            try:
+                t.write_eof()
+            except OSError:  # the peer is already gone
+                return self.close()
+            self.loop.call_later(1.0, self.close)
+        else:
+            self.close()
 
     def close(self) -> None:
         if self.transport is not None:
@@ -136,6 +149,8 @@ class H2Connection(asyncio.Protocol):
 
     # -- reading ---------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return  # after our GOAWAY: discarded until the lingering close ends
         try:
             self._read(data)
         except H2ConnectionError as exc:
@@ -214,7 +229,7 @@ class H2Connection(asyncio.Protocol):
                 raise H2ConnectionError(E.FRAME_SIZE_ERROR, "GOAWAY too short")
             self.draining = True
             if not self.streams:
-                self.close()
+                self._linger()
         elif kind == f.PUSH_PROMISE:
             raise H2ConnectionError(E.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
         # unknown frame types are ignored (RFC 9113 §5.5)
@@ -491,8 +506,8 @@ class H2Connection(asyncio.Protocol):
         self.out.append(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, s.id, block))
         if not s.remote_closed:
             self.out.append(f.rst_stream(s.id, E.NO_ERROR))
-        self.drop(s)
         self._schedule()
+        self.drop(s)
 
     def reset(self, stream: int, code: ErrorCode, why: str) -> None:
         log.debug("http/2 stream %d error %s: %s", stream, code.name, why)
@@ -515,7 +530,7 @@ class H2Connection(asyncio.Protocol):
             s.task.cancel()
         s.wake()
         if self.draining and not self.streams:
-            self.loop.call_soon(self.close)
+            self.loop.call_soon(self._linger)
 
     def _headers(self) -> bytes:
         block, self.table_update = self.table_update + f.RESPONSE_HEADERS, b""
