@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
-from hpack import Decoder
 from hpack.exceptions import HPACKError, OversizedHeaderListError
 
+from runtime.h2 import control
 from runtime.h2 import frames as f
 from runtime.h2.errors import ErrorCode, H2ConnectionError, H2StreamError
+from runtime.h2.headers import HeaderDecoder
 from runtime.h2.stream import Stream
 
 __all__ = ["H2Connection", "Host"]
@@ -31,9 +31,7 @@ __all__ = ["H2Connection", "Host"]
 log = logging.getLogger(__name__)
 
 E = ErrorCode
-_HCACHE_MAX = 64  # distinct stream-opening header blocks remembered per connection
 _MAX_CONT = 64  # CONTINUATION frames per header block
-Decoded = tuple[tuple[tuple[str, str], ...], str, float | None]
 
 
 class Host(Protocol):
@@ -56,8 +54,7 @@ class H2Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.preface = self.got_settings = False
-        self.decoder = Decoder()
-        self.decoder.max_header_list_size = lim.max_header_list_size
+        self.headers = HeaderDecoder(lim.max_header_list_size)
         self.streams: dict[int, Stream] = {}
         self.last_stream = 0  # the highest stream id the peer opened
         self.block: tuple[int, int, bytearray] | None = None  # header block being received
@@ -73,8 +70,6 @@ class H2Connection(asyncio.Protocol):
         self.buffered = 0
         self.paused: set[str] = set()
         self.resets, self.reset_at = float(lim.reset_burst), host.clock()
-        self.hcache: dict[bytes, Decoded] = {}
-        self.hstate: tuple[int, Any, int] = (-1, None, -1)
 
     # -- connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -83,14 +78,14 @@ class H2Connection(asyncio.Protocol):
         self.out.append(f.frame(f.SETTINGS, 0, 0, self.limits.settings()))
         if self.recv_window > 65535:
             self.out.append(self._window_update(0, self.recv_window - 65535))
-        self._schedule()
+        self.schedule()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.host.conns.discard(self)
         for s in list(self.streams.values()):
             self.drop(s)
-        self._wake_writers()
+        self.wake_writers()
 
     def fail(self, code: ErrorCode, why: str) -> None:
         """A connection error: GOAWAY(last stream processed, code), then close."""
@@ -99,7 +94,7 @@ class H2Connection(asyncio.Protocol):
         log.warning("http/2 connection error %s: %s", code.name, why)
         self.out.append(f.goaway(self.last_stream, code, why.encode()[:64]))
         self.closed = True
-        self._linger()
+        self.linger()
         for s in list(self.streams.values()):
             self.drop(s)
 
@@ -110,9 +105,9 @@ class H2Connection(asyncio.Protocol):
             self.out.append(f.goaway(self.last_stream, E.NO_ERROR))
             self._flush()
             if not self.streams:
-                self._linger()
+                self.linger()
 
-    def _linger(self) -> None:
+    def linger(self) -> None:
         """Flush, half-close, close a second later: a peer still sending gets what we wrote
         (our GOAWAY, the last trailers), not a TCP reset that would discard it."""
         self._flush()
@@ -204,32 +199,17 @@ class H2Connection(asyncio.Protocol):
         elif kind == f.CONT:
             self._on_continuation(flags, stream, payload)
         elif kind == f.WINDOW_UPDATE:
-            self._on_window_update(stream, payload)
+            control.on_window_update(self, stream, payload)
         elif kind == f.RST_STREAM:
-            self._on_rst_stream(stream, payload)
+            control.on_rst_stream(self, stream, payload)
         elif kind == f.SETTINGS:
-            self._on_settings(flags, stream, payload)
+            control.on_settings(self, flags, stream, payload)
         elif kind == f.PING:
-            if len(payload) != 8:
-                raise H2ConnectionError(E.FRAME_SIZE_ERROR, "PING of the wrong size")
-            if stream:
-                raise H2ConnectionError(E.PROTOCOL_ERROR, "PING on a stream")
-            if not flags & f.ACK:
-                self.out.append(f.frame(f.PING, f.ACK, 0, payload))
-                self._schedule()
+            control.on_ping(self, flags, stream, payload)
         elif kind == f.PRIORITY:
-            if not stream:
-                raise H2ConnectionError(E.PROTOCOL_ERROR, "PRIORITY on stream 0")
-            if len(payload) != 5:
-                raise H2StreamError(stream, E.FRAME_SIZE_ERROR, "PRIORITY of the wrong size")
+            control.on_priority(stream, payload)
         elif kind == f.GOAWAY:
-            if stream:
-                raise H2ConnectionError(E.PROTOCOL_ERROR, "GOAWAY on a stream")
-            if len(payload) < 8:
-                raise H2ConnectionError(E.FRAME_SIZE_ERROR, "GOAWAY too short")
-            self.draining = True
-            if not self.streams:
-                self._linger()
+            control.on_goaway(self, stream, payload)
         elif kind == f.PUSH_PROMISE:
             raise H2ConnectionError(E.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
         # unknown frame types are ignored (RFC 9113 §5.5)
@@ -254,7 +234,7 @@ class H2Connection(asyncio.Protocol):
             self.out.append(self._window_update(0, self.credit))
             self.recv_window += self.credit
             self.credit = 0
-            self._schedule()
+            self.schedule()
         data = self._unpad(flags, payload)
         s = self.streams.get(stream)
         if s is None:
@@ -310,7 +290,7 @@ class H2Connection(asyncio.Protocol):
         if not s.remote_closed:
             self.out.append(self._window_update(s.id, s.credit))
             s.recv_window += s.credit
-            self._schedule()
+            self.schedule()
         s.credit = 0
 
     def _on_headers(self, flags: int, stream: int, payload: bytes) -> None:
@@ -346,7 +326,7 @@ class H2Connection(asyncio.Protocol):
         stream, flags, block = self.block
         self.block = None
         try:  # every block is decoded, even refused ones: the HPACK table must stay in sync
-            metadata, path, timeout = self._decode(bytes(block))
+            metadata, path, timeout = self.headers.decode(bytes(block))
         except OversizedHeaderListError as exc:
             raise H2ConnectionError(E.ENHANCE_YOUR_CALM, f"header list too large: {exc}") from exc
         except HPACKError as exc:
@@ -374,103 +354,6 @@ class H2Connection(asyncio.Protocol):
         self.streams[stream] = s
         self.host.open(self, s)
 
-    def _decode(self, block: bytes) -> Decoded:
-        """A header block's non-pseudo headers, ``:path`` and ``grpc-timeout``, through
-        :attr:`hcache`: Envoy opens every stream of a route with the same bytes, whose decoding
-        (Huffman) is the costliest step per stream. A block that left the dynamic table as it
-        was is cached while the table stays in that state (same first entry object, length and
-        size), so a hit decodes exactly as the decoder would."""
-        table = self.decoder.header_table
-        entries = table.dynamic_entries
-        state = (len(entries), entries[0] if entries else None, table.maxsize)
-        if (
-            state[0] != self.hstate[0]
-            or state[1] is not self.hstate[1]
-            or state[2] != self.hstate[2]
-        ):
-            self.hcache.clear()
-            self.hstate = state
-        hit = self.hcache.get(block)
-        if hit is not None:
-            return hit
-        headers = self.decoder.decode(block)
-        meta = tuple((str(k), str(v)) for k, v in headers if not str(k).startswith(":"))
-        path = next((str(v) for k, v in headers if k == ":path"), "")
-        timeout = next((f.parse_timeout(v) for k, v in meta if k == "grpc-timeout"), None)
-        result = meta, path, timeout
-        after = (len(entries), entries[0] if entries else None, table.maxsize)
-        if after[0] != state[0] or after[1] is not state[1] or after[2] != state[2]:
-            self.hcache.clear()
-            self.hstate = after
-        elif len(self.hcache) < _HCACHE_MAX:
-            self.hcache[block] = result
-        return result
-
-    def _on_window_update(self, stream: int, payload: bytes) -> None:
-        if len(payload) != 4:
-            raise H2ConnectionError(E.FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size")
-        inc = int.from_bytes(payload, "big") & 0x7FFFFFFF
-        if not stream:
-            if not inc:
-                raise H2ConnectionError(E.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
-            self.send_window += inc
-            if self.send_window > f.MAX_WINDOW:
-                raise H2ConnectionError(E.FLOW_CONTROL_ERROR, "connection window overflow")
-        elif (s := self.streams.get(stream)) is not None:
-            if not inc:
-                raise H2StreamError(stream, E.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
-            s.send_window += inc
-            if s.send_window > f.MAX_WINDOW:
-                raise H2StreamError(stream, E.FLOW_CONTROL_ERROR, "stream window overflow")
-        elif stream > self.last_stream:
-            raise H2ConnectionError(E.PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
-        self._wake_writers()
-
-    def _on_rst_stream(self, stream: int, payload: bytes) -> None:
-        if len(payload) != 4:
-            raise H2ConnectionError(E.FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
-        if not stream or stream > self.last_stream:
-            raise H2ConnectionError(E.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
-        now, lim = self.host.clock(), self.limits
-        self.resets = min(lim.reset_burst, self.resets + (now - self.reset_at) * lim.reset_rate)
-        self.reset_at = now
-        self.resets -= 1
-        if self.resets < 0:
-            raise H2ConnectionError(E.ENHANCE_YOUR_CALM, "too many stream resets")
-        if (s := self.streams.get(stream)) is not None:
-            self.drop(s)
-
-    def _on_settings(self, flags: int, stream: int, payload: bytes) -> None:
-        if stream:
-            raise H2ConnectionError(E.PROTOCOL_ERROR, "SETTINGS on a stream")
-        if flags & f.ACK:
-            if payload:
-                raise H2ConnectionError(E.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
-            return
-        if len(payload) % 6:
-            raise H2ConnectionError(E.FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
-        for i in range(0, len(payload), 6):
-            ident, value = struct.unpack_from(">HI", payload, i)
-            if ident == 1 and value < 4096:
-                self.table_update = f.size_update(value)
-            elif ident == 2 and value > 1:
-                raise H2ConnectionError(E.PROTOCOL_ERROR, "ENABLE_PUSH must be 0 or 1")
-            elif ident == 4:
-                if value > f.MAX_WINDOW:
-                    raise H2ConnectionError(E.FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE too large")
-                delta, self.peer_initial = value - self.peer_initial, value
-                for s in self.streams.values():
-                    s.send_window += delta
-                    if s.send_window > f.MAX_WINDOW:
-                        raise H2ConnectionError(E.FLOW_CONTROL_ERROR, "stream window overflow")
-                self._wake_writers()
-            elif ident == 5:
-                if not 16384 <= value <= (1 << 24) - 1:
-                    raise H2ConnectionError(E.PROTOCOL_ERROR, "MAX_FRAME_SIZE out of range")
-                self.peer_max_frame = value
-        self.out.append(f.frame(f.SETTINGS, f.ACK, 0))
-        self._schedule()
-
     # -- writing ---------------------------------------------------------------------------
     def host_finish(self, s: Stream, status: int, message: str = "") -> None:
         self.finish(s, f.trailers(status, message))
@@ -486,7 +369,7 @@ class H2Connection(asyncio.Protocol):
                 raise ConnectionResetError("the stream was reset")
             n = min(size - pos, self.peer_max_frame, self.send_window, s.send_window)
             if n <= 0:
-                self._schedule()
+                self.schedule()
                 fut = self.loop.create_future()
                 self.window_waiters.append(fut)
                 await fut
@@ -495,7 +378,7 @@ class H2Connection(asyncio.Protocol):
             s.send_window -= n
             self.out.append(f.frame(f.DATA, 0, s.id, bytes(view[pos : pos + n])))
             pos += n
-        self._schedule()
+        self.schedule()
 
     def finish(self, s: Stream, block: bytes) -> None:
         """Trailers with END_STREAM; RST_STREAM(NO_ERROR) if the peer has not finished."""
@@ -506,13 +389,13 @@ class H2Connection(asyncio.Protocol):
         self.out.append(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, s.id, block))
         if not s.remote_closed:
             self.out.append(f.rst_stream(s.id, E.NO_ERROR))
-        self._schedule()
+        self.schedule()
         self.drop(s)
 
     def reset(self, stream: int, code: ErrorCode, why: str) -> None:
         log.debug("http/2 stream %d error %s: %s", stream, code.name, why)
         self.out.append(f.rst_stream(stream, code))
-        self._schedule()
+        self.schedule()
         if (s := self.streams.get(stream)) is not None:
             self.drop(s)
 
@@ -530,7 +413,7 @@ class H2Connection(asyncio.Protocol):
             s.task.cancel()
         s.wake()
         if self.draining and not self.streams:
-            self.loop.call_soon(self._linger)
+            self.loop.call_soon(self.linger)
 
     def _headers(self) -> bytes:
         block, self.table_update = self.table_update + f.RESPONSE_HEADERS, b""
@@ -540,13 +423,13 @@ class H2Connection(asyncio.Protocol):
     def _window_update(stream: int, n: int) -> bytes:
         return f.frame(f.WINDOW_UPDATE, 0, stream, n.to_bytes(4, "big"))
 
-    def _wake_writers(self) -> None:
+    def wake_writers(self) -> None:
         waiters, self.window_waiters = self.window_waiters, []
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
 
-    def _schedule(self) -> None:
+    def schedule(self) -> None:
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self._flush)

@@ -146,7 +146,7 @@ def _bounded(live: Live) -> None:
 def test_random_frame_sequences(live: Live, data: st.DataObject) -> None:
     chunks = data.draw(_scenario(live.path))
     out = _exchange(live, chunks)
-    for kind, _, sid, payload in out:
+    for kind, _, _sid, payload in out:
         if kind == 7:
             last, code = struct.unpack(">II", payload[:8])
             assert code in (1, 3, 5, 6, 9, 11), code  # never INTERNAL_ERROR
