@@ -1,20 +1,25 @@
 """A minimal pipelined RESP connection for standalone Redis: the hot path's round trips.
 
 redis-py spends more CPU packing a 30-argument EVALSHA than Redis spends running it; this packs
-a whole batch into one bytes buffer and parses the replies with hiredis. Redis Cluster keeps using
-redis-py's cluster pipeline (slot routing, MOVED handling).
+a whole batch into one bytes buffer and parses the replies with hiredis. Only plain ``redis://``
+over TCP takes this path (:func:`fast_path_url`): ``rediss://`` (TLS), ``unix://`` and Redis
+Cluster keep using redis-py. A round trip that gets no answer within ``read_timeout`` closes the
+connection (the next call reconnects), and TCP keepalive finds a dead peer on an idle one, so a
+stalled Redis costs the documented Redis-down behaviour, never a pinned pipeline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from typing import Any
+from urllib.parse import urlsplit
 
 import hiredis
 from redis.asyncio.connection import parse_url
 
-__all__ = ["RespConnection", "pack"]
+__all__ = ["RespConnection", "fast_path_url", "pack"]
 
 
 def _arg(a: Any) -> bytes:
@@ -37,23 +42,51 @@ def pack(commands: list[tuple[Any, ...]]) -> bytes:
     return b"".join(out)
 
 
+def fast_path_url(url: str | None) -> str | None:
+    """``url`` (without its query) when the fast path may serve it: plain ``redis://`` over TCP
+    only; None for ``rediss://`` (TLS: redis-py does the handshake), ``unix://`` and the rest."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme != "redis" or not parts.hostname:
+        return None
+    return url.partition("?")[0]
+
+
+_KEEPALIVE = (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3))
+
+
 class RespConnection:
     """One connection; ``execute`` sends a batch and returns its replies in order (error replies
-    as ``hiredis.ReplyError`` values). Any I/O failure closes it; the next call reconnects."""
+    as ``hiredis.ReplyError`` values). Any I/O failure or a round trip longer than
+    ``read_timeout`` closes it; the next call reconnects."""
 
-    def __init__(self, url: str, *, connect_timeout: float = 0.5) -> None:
+    def __init__(
+        self, url: str, *, connect_timeout: float = 0.5, read_timeout: float = 1.0
+    ) -> None:
+        if fast_path_url(url) is None:
+            raise ValueError(f"the RESP fast path serves plain redis:// over TCP only, not {url}")
         self._opts = parse_url(url)
         self._timeout = connect_timeout
+        self._read_timeout = read_timeout
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._lock = asyncio.Lock()
+        self._stalled = False
 
     async def _connect(self) -> None:
         host = self._opts.get("host", "127.0.0.1")
         port = int(self._opts.get("port", 6379))
-        self._reader, self._writer = await asyncio.wait_for(
+        self._reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port), self._timeout
         )
+        self._writer = writer
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for name, value in _KEEPALIVE:
+                if hasattr(socket, name):
+                    sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
         setup: list[tuple[Any, ...]] = []
         if self._opts.get("password"):
             user = self._opts.get("username")
@@ -68,20 +101,33 @@ class RespConnection:
                     raise ConnectionError(f"redis setup failed: {reply}")
 
     async def _roundtrip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        assert self._reader is not None and self._writer is not None
-        self._writer.write(pack(commands))
+        reader, writer = self._reader, self._writer
+        assert reader is not None and writer is not None
+        writer.write(pack(commands))
         parser = hiredis.Reader()
         replies: list[Any] = []
-        while len(replies) < len(commands):
-            data = await self._reader.read(1 << 16)
-            if not data:
-                raise ConnectionError("connection closed by redis")
-            parser.feed(data)
-            reply = parser.gets()
-            while reply is not False:
-                replies.append(reply)
+        self._stalled = False
+        timer = asyncio.get_running_loop().call_later(self._read_timeout, self._stall, writer)
+        try:
+            while len(replies) < len(commands):
+                data = await reader.read(1 << 16)
+                if not data:
+                    if self._stalled:
+                        raise TimeoutError(f"redis did not answer within {self._read_timeout}s")
+                    raise ConnectionError("connection closed by redis")
+                parser.feed(data)
                 reply = parser.gets()
+                while reply is not False:
+                    replies.append(reply)
+                    reply = parser.gets()
+        finally:
+            timer.cancel()
         return replies
+
+    def _stall(self, writer: asyncio.StreamWriter) -> None:
+        """No answer in time: drop the connection (a pending read ends with EOF)."""
+        self._stalled = True
+        writer.transport.abort()
 
     async def execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         async with self._lock:

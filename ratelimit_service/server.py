@@ -25,6 +25,7 @@ from ratelimit_service.h2server import H2Server
 from ratelimit_service.health import RedisHealth
 from ratelimit_service.metrics import Metrics
 from ratelimit_service.redis_client import connect_redis
+from ratelimit_service.resp import fast_path_url
 from ratelimit_service.responses import error_response, ok_response
 from ratelimit_service.store import RedisStore
 from runtime.grpc_health import AioHealth
@@ -136,7 +137,7 @@ class Service:
                 self.redis,
                 deadline=decider_settings(rl).deadline,
                 observe=self.metrics.observe_batch,
-                fast_url=None if isinstance(self.redis, RedisCluster) else url.partition("?")[0],
+                fast_url=None if isinstance(self.redis, RedisCluster) else fast_path_url(url),
             )
             self.health = RedisHealth(self.redis.ping, self.metrics)
             try:

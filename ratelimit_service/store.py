@@ -26,7 +26,7 @@ from ratelimit_service.limiter import (
     reserve,
     settle,
 )
-from ratelimit_service.resp import RespConnection
+from ratelimit_service.resp import RespConnection, fast_path_url
 
 __all__ = ["MemoryStore", "QuotaStore", "RedisStore", "load_script", "reserve_args"]
 
@@ -118,8 +118,12 @@ class RedisStore:
         fast_url: str | None = None,
     ) -> None:
         self.client = client
-        # standalone Redis: batches go over our own pipelined connections (resp.py)
-        self._fast = [RespConnection(fast_url) for _ in range(max_inflight)] if fast_url else []
+        # standalone Redis on plain redis:// (no TLS, no unix socket): batches go over our own
+        # pipelined connections (resp.py); a stalled one is dropped after twice the deadline
+        self._fast: list[RespConnection] = []
+        if (url := fast_path_url(fast_url)) is not None:
+            timeout = max(0.1, 2 * deadline) if deadline else 1.0
+            self._fast = [RespConnection(url, read_timeout=timeout) for _ in range(max_inflight)]
         self._next_fast = 0
         self.deadline = deadline
         self._observe = observe

@@ -72,7 +72,7 @@ async def test_unary_call_with_continuation_and_padding() -> None:
     out = frames(t.sent)
     assert [(k, s) for k, _, s, _ in out] == [(HEADERS, 1), (DATA, 1), (HEADERS, 1)]
     assert out[1][3] == grpc_msg(b"re:hello")
-    msgs, blocks, ended = replies(t.sent, 1)
+    _, blocks, ended = replies(t.sent, 1)
     assert ended and blocks[-1]["grpc-status"] == "0"
 
 
