@@ -6,7 +6,6 @@ import asyncio
 import struct
 from typing import Any
 
-import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hpack import Decoder, Encoder
 
