@@ -218,23 +218,36 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
             "canned": [envoy, "-c", str(tmp / "canned.json"), "--base-id", str(base), "--concurrency", "1", "-l", "error"],
             "edge": [envoy, "-c", str(tmp / "edge.json"), "--base-id", str(base + 1), "--concurrency", "1", "-l", "error"],
             "sse": [py, str(ROOT / "bench" / "filters_sse_backend.py"), "--port", str(sse), "--gap", str(ns.gap)],
-            "ratelimit": [py, "-m", "ratelimit_service", "--policy", str(policy)],
         }  # fmt: skip
-        filters_argv = [py, "-m", "filters", "--policy", str(policy), "--log-level", "WARNING"]
+        rls_argv = ["ratelimit_service", "--policy", str(policy)]
+        filters_argv = ["filters", "--policy", str(policy), "--log-level", "WARNING"]
         transports = ["grpc", "h2"] if ns.transport == "both" else [ns.transport]
+        trees = {t: ROOT for t in transports}
+        if ns.baseline is not None:  # old code vs this tree, both services, h2 transport
+            transports, trees = ["old", "new"], {"old": ns.baseline.resolve(), "new": ROOT}
         children = [ChildProcess(a, log=tmp / f"{k}.log") for k, a in argvs.items()]
         filters: list[ChildProcess] = []
 
-        def start_filters(transport: str) -> None:
+        def from_tree(tree: Path, argv: list[str]) -> list[str]:
+            """``python -m argv[0] …`` with ``tree`` first on sys.path (old vs new code)."""
+            boot = f"import sys,runpy; sys.path.insert(0, {str(tree)!r}); sys.argv[1:] = {argv[1:]!r}; runpy.run_module({argv[0]!r}, run_name='__main__', alter_sys=True)"  # fmt: skip
+            return [py, "-c", boot]
+
+        def start_filters(label: str) -> None:
             for c in filters:
                 c.close()
-            filters[:] = [ChildProcess([*filters_argv, "--transport", transport],
-                                       log=tmp / f"filters-{transport}.log")]  # fmt: skip
+            transport = "h2" if label in ("old", "new") else label
+            tr_args = ["--transport", transport]
+            filters[:] = [
+                ChildProcess(from_tree(trees[label], rls_argv), log=tmp / f"rls-{label}.log"),
+                ChildProcess(from_tree(trees[label], [*filters_argv, *tr_args]), log=tmp / f"filters-{label}.log"),
+            ]  # fmt: skip
             wait_for_port(fp, 30)
-            pids["filters"] = filters[0].proc.pid
+            wait_for_port(rp, 30)
+            pids["ratelimit"], pids["filters"] = (c.proc.pid for c in filters)
 
         try:
-            for port in (canned, gw, sse, rp):
+            for port in (canned, gw, sse):
                 wait_for_port(port, 30)
             pids = {k: c.proc.pid for k, c in zip(argvs, children, strict=True) if k != "sse"}
             start_filters(transports[0])
@@ -292,6 +305,10 @@ def summarize(res: dict[str, Any], suffix: str = "") -> dict[str, float]:
     def cpu(name: str) -> float:
         return statistics.mean(r.get("cpu_ms_per_req_filters", 0.0) for r in res[name + suffix])
 
+    def median_ratio(name: str) -> float:  # per round, against that round's Envoy alone
+        pairs = zip(res[name + suffix], res["envoy_alone" + suffix], strict=True)
+        return statistics.median(r["rps"] / e["rps"] for r, e in pairs)
+
     a, f, fo = (mean(n, "rps") for n in ("envoy_alone", "full_path", "filters_only"))
     sa, sf = res["stream_envoy_alone" + suffix], res["stream_full_path" + suffix]
     return {
@@ -299,6 +316,10 @@ def summarize(res: dict[str, Any], suffix: str = "") -> dict[str, float]:
         "filters_cpu_ms_per_req_filters_only": cpu("filters_only"),
         "envoy_alone_rps": a, "full_path_rps": f, "filters_only_rps": fo,
         "full_over_alone": f / a, "filters_only_over_alone": fo / a,
+        "full_over_alone_median": median_ratio("full_path"),
+        "filters_only_over_alone_median": median_ratio("filters_only"),
+        "filters_cpu_ms_per_req_full_median": statistics.median(r.get("cpu_ms_per_req_filters", 0.0) for r in res["full_path" + suffix]),
+        "ratelimit_cpu_ms_per_req_full_median": statistics.median(r.get("cpu_ms_per_req_ratelimit", 0.0) for r in res["full_path" + suffix]),
         "added_p50_ms": mean("full_path", "p50_ms") - mean("envoy_alone", "p50_ms"),
         "added_p99_ms": mean("full_path", "p99_ms") - mean("envoy_alone", "p99_ms"),
         "added_chunk_p50_ms": sf["chunk_p50_ms"] - sa["chunk_p50_ms"],
@@ -327,9 +348,11 @@ def main() -> None:
     p.add_argument(
         "--out", type=Path, default=None, help="default: bench/results/filters_bench_p<N>.json"
     )
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="a source tree of the old code: old vs new (h2), interleaved per round")  # fmt: skip
     ns = p.parse_args()
     if ns.out is None:
-        tr = "" if ns.transport == "grpc" else f"_{ns.transport}"
+        tr = "_old_new" if ns.baseline else "" if ns.transport == "grpc" else f"_{ns.transport}"
         ns.out = ROOT / "bench" / "results" / f"filters_bench_p{ns.filter_procs}{tr}.json"
     res = asyncio.run(run(ns))
     suffixes = [""] if len(res["transports"]) == 1 else [f"@{t}" for t in res["transports"]]

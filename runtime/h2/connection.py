@@ -251,7 +251,7 @@ class H2Connection(asyncio.Protocol):
             self._messages(s, data)
         if flags & f.END_STREAM and not s.closed:
             s.remote_closed = True
-            if s.task is None and s.method is not None:
+            if s.method is not None:  # a unary call waiting for its request
                 self.host.ready(self, s)
         s.wake()
         if not s.inbox and s.credit >= self.limits.stream_window >> 2 and not s.closed:
@@ -338,7 +338,7 @@ class H2Connection(asyncio.Protocol):
             if s.remote_closed:
                 raise H2StreamError(stream, E.STREAM_CLOSED, "HEADERS after END_STREAM")
             s.remote_closed = True
-            if s.task is None and s.method is not None:
+            if s.method is not None:  # a unary call waiting for its request
                 self.host.ready(self, s)
             s.wake()
             return
@@ -380,6 +380,21 @@ class H2Connection(asyncio.Protocol):
             pos += n
         self.schedule()
 
+    def reply(self, s: Stream, message: bytes) -> bool:
+        """A unary answer in one go (headers, message, trailers) when it fits the peer's windows
+        and frame size; False (nothing sent) otherwise."""
+        n = len(message) + 5
+        if s.closed or self.closed:
+            return True
+        if s.headers_sent or n > self.peer_max_frame or n > self.send_window or n > s.send_window:
+            return False
+        self.send_window -= n
+        s.headers_sent = True
+        self.out.append(f.frame(f.HEADERS, f.END_HEADERS, s.id, self._headers()))
+        self.out.append(f.frame(f.DATA, 0, s.id, b"\x00" + (n - 5).to_bytes(4, "big") + message))
+        self.finish(s, f.OK_TRAILERS)
+        return True
+
     def finish(self, s: Stream, block: bytes) -> None:
         """Trailers with END_STREAM; RST_STREAM(NO_ERROR) if the peer has not finished."""
         if s.closed or self.closed:
@@ -409,7 +424,7 @@ class H2Connection(asyncio.Protocol):
             s.inbox_bytes = 0
         if s.timer is not None:
             s.timer.cancel()
-        if s.task is not None and not s.task.done() and s.task is not asyncio.current_task():
+        if s.task is not None and not s.task.done():
             s.task.cancel()
         s.wake()
         if self.draining and not self.streams:

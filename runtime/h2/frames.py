@@ -86,13 +86,11 @@ class Limits:
         )
 
 
+_HEAD = struct.Struct(">IBI")  # (24-bit length, type) in one word, flags, stream id
+
+
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    n = len(payload)
-    return (
-        bytes((n >> 16 & 0xFF, n >> 8 & 0xFF, n & 0xFF, kind, flags))
-        + struct.pack(">I", stream)
-        + payload
-    )
+    return _HEAD.pack(len(payload) << 8 | kind, flags, stream) + payload
 
 
 def goaway(last_stream: int, code: int, debug: bytes = b"") -> bytes:

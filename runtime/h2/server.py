@@ -117,35 +117,38 @@ class GrpcH2Server:
             self.ready(conn, s)
 
     def ready(self, conn: H2Connection, s: Stream) -> None:
-        method: Method = s.method
-        if method.streaming is not None:
-            coro: Coroutine[Any, Any, None] = method.streaming(s)
-        else:
-            assert method.unary is not None
-            coro = self._unary(s, method.unary)
-        task: asyncio.Task[None] = self.loop.create_task(coro)
+        method, s.method = s.method, None  # started: END_STREAM does not start it again
+        task: asyncio.Task[None] = self.loop.create_task(self._call(conn, s, method))
         s.task = task
         self.tasks.add(task)
-        task.add_done_callback(lambda t: self._done(conn, s, t))
+        task.add_done_callback(self.tasks.discard)
 
     @staticmethod
-    async def _unary(s: Stream, handler: Unary) -> None:
-        if len(s.inbox) != 1:
-            raise GrpcError(Status.INTERNAL, f"expected one request message, got {len(s.inbox)}")
-        reply = await handler(s.take())
-        await s.write(reply)
-
-    def _done(self, conn: H2Connection, s: Stream, task: asyncio.Task[None]) -> None:
-        self.tasks.discard(task)
-        if s.closed or conn.closed or task.cancelled():
-            return
-        exc = task.exception()
-        if exc is None:
-            return conn.finish(s, f.OK_TRAILERS)
-        if isinstance(exc, GrpcError):
-            return conn.finish(s, f.trailers(exc.status, exc.message))
-        log.error("gRPC method %s failed", s.path, exc_info=exc)
-        conn.finish(s, f.trailers(Status.INTERNAL, "internal error"))
+    async def _call(conn: H2Connection, s: Stream, method: Method) -> None:
+        """Run the method; end the call with its grpc-status (13 for an unexpected error)."""
+        try:
+            if method.streaming is not None:
+                await method.streaming(s)
+            else:
+                assert method.unary is not None
+                if len(s.inbox) != 1:
+                    n = len(s.inbox)
+                    raise GrpcError(Status.INTERNAL, f"expected one request message, got {n}")
+                reply = await method.unary(s.take())
+                s.task = None  # ending the stream below must not cancel this very task
+                if conn.reply(s, reply):  # the common case: headers, message, trailers at once
+                    return
+                await s.write(reply)
+            block = f.OK_TRAILERS
+        except GrpcError as exc:
+            block = f.trailers(exc.status, exc.message)
+        except Exception:  # the method's bug: answered INTERNAL, logged once per call
+            if s.closed or conn.closed:
+                return  # reset by the peer or closing: nobody to answer
+            log.exception("gRPC method %s failed", s.path)
+            block = f.trailers(Status.INTERNAL, "internal error")
+        s.task = None
+        conn.finish(s, block)
 
     def _expire(self, conn: H2Connection, s: Stream) -> None:
         s.timer = None
