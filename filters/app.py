@@ -25,7 +25,7 @@ from filters.redis_pool import redis_client
 from filters.registry import RouteEntry, build_routes
 from filters.server import FilterServer, FilterServicer
 from filters.services import Services
-from runtime.h2 import Limits, is_loopback
+from runtime.h2 import Limits, transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
 from runtime.tasks import stop_task
@@ -135,10 +135,7 @@ class FilterApp:
             build_routes(self.policy, services), clock=self._clock, metrics=self.metrics
         )
         host, port = self._listen()
-        transport = self.settings.transport
-        if transport == "h2" and not is_loopback(host):
-            _log.warning("%s is not a loopback address: serving ext_proc with grpc.aio", host)
-            transport = "grpc"
+        transport = transport_for(self.settings.transport, host)
         if transport == "h2":
             body = self.policy.filters.max_body_bytes if self.policy.filters else 1024**2
             limits = Limits(max_message=max(4 * 1024**2, body + 64 * 1024))

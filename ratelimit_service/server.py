@@ -29,7 +29,7 @@ from ratelimit_service.resp import fast_path_url
 from ratelimit_service.responses import error_response, ok_response
 from ratelimit_service.store import RedisStore
 from runtime.grpc_health import AioHealth
-from runtime.h2 import is_loopback
+from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
 from runtime.tasks import stop_task
@@ -162,10 +162,7 @@ class Service:
         servicer = RateLimitServicer(self.decider)
         listen = self.settings.listen or str(rl.address)
         host, _, port = listen.rpartition(":")
-        transport = self.settings.transport
-        if transport == "h2" and not is_loopback(host):
-            log.warning("%s is not a loopback address: serving with grpc.aio", host)
-            transport = "grpc"
+        transport = transport_for(self.settings.transport, host)
         if transport == "h2":
             self.h2 = H2Server(servicer.handle_bytes, health=self.serving)
             self.port = await self.h2.start(host.strip("[]"), int(port))

@@ -15,7 +15,7 @@ from runtime.h2.errors import (
     Status,
 )
 from runtime.h2.frames import Limits
-from runtime.h2.server import GrpcH2Server, Method, is_loopback
+from runtime.h2.server import GrpcH2Server, Method, is_loopback, transport_for
 from runtime.h2.stream import Stream
 
 __all__ = [
@@ -30,4 +30,5 @@ __all__ = [
     "Status",
     "Stream",
     "is_loopback",
+    "transport_for",
 ]

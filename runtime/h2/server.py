@@ -29,7 +29,7 @@ from runtime.h2.errors import GrpcError, Status
 from runtime.h2.stream import Stream
 from runtime.health import CHECK_PATH, HealthState, UnknownService
 
-__all__ = ["GrpcH2Server", "Method", "is_loopback"]
+__all__ = ["GrpcH2Server", "Method", "is_loopback", "transport_for"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,17 @@ class Method:
 
     unary: Unary | None = None
     streaming: Streaming | None = None
+
+
+def transport_for(requested: str, host: str) -> str:
+    """The transport a service serves on ``host``: the built-in ``h2`` only on loopback, else
+    ``grpc`` (grpc.aio; logged), so no service exposes the built-in transport to the network."""
+    if requested == "h2" and not is_loopback(host):
+        log.warning(
+            "%s is not a loopback address: serving with grpc.aio, not the built-in h2", host
+        )
+        return "grpc"
+    return requested
 
 
 def is_loopback(host: str) -> bool:

@@ -261,3 +261,12 @@ async def test_stream_api_reads_messages_in_order() -> None:
             assert reply == b"5" and got == [b"m%d" % i for i in range(5)]
     finally:
         await server.aclose(0.1)
+
+
+def test_services_switch_to_grpc_aio_off_loopback() -> None:
+    from runtime.h2 import transport_for
+
+    assert transport_for("h2", "127.0.0.1") == "h2" and transport_for("h2", "::1") == "h2"
+    assert transport_for("h2", "localhost") == "h2"
+    assert transport_for("h2", "0.0.0.0") == "grpc" and transport_for("h2", "10.0.0.5") == "grpc"
+    assert transport_for("grpc", "127.0.0.1") == "grpc"
