@@ -34,9 +34,6 @@ PENDING = {
         "(keys, windows, quota resolution, peek.lua) is to move to a neutral package"
     ),
     ("filters.budget", "ratelimit_service.errors"): "the reader's StoreUnavailable (same move)",
-    ("filters.h2server", "ratelimit_service.h2server"): (
-        "the shared HTTP/2 frame layer moves to runtime.h2 (branch h2)"
-    ),
 }
 
 
