@@ -68,7 +68,7 @@ async def exchange(
     data: bytes,
     until: Callable[[Frames], bool] = lambda fs: False,
     *,
-    wait: float = 3.0,
+    wait: float = 15.0,
     preface: bool = True,
 ) -> Answer:
     """Send ``data`` (after the preface and an empty SETTINGS), read until ``until(frames)``,

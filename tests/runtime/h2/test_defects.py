@@ -115,7 +115,7 @@ async def test_concurrent_stream_limit_is_advertised_and_enforced(server: Server
 
 
 async def test_receive_windows_are_bounded(server: Server) -> None:
-    answer = await exchange(server.port, b"", lambda fs: len(fs) >= 2, wait=1.0)
+    answer = await exchange(server.port, b"", lambda fs: len(fs) >= 3)
     initial = settings_of(answer).get(4, 65535)
     granted = sum(int.from_bytes(p, "big") for k, _, s, p in answer.frames if k == 8 and s == 0)
     assert initial <= 16 * 1024**2 and 65535 + granted <= 16 * 1024**2
