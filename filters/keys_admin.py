@@ -28,13 +28,15 @@ from controlplane.policy import PolicyError, load_policy
 from filters.keys import key_name, revoke_key, set_key
 from runtime.statedir import RedisTarget, default_state_dir, find_redis, unreachable
 
-__all__ = ["main", "run"]
+__all__ = ["main", "run", "target"]
+
+_DEFAULT_POLICY = Path("examples/mesh.yaml")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokenweir keys", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("-c", "--config", type=Path, default=Path("examples/mesh.yaml"), help="policy")
+    p.add_argument("-c", "--config", type=Path, help="policy (default: examples/mesh.yaml)")
     p.add_argument("--state-dir", type=Path, help="of `tokenweir up` (default: next to the policy)")
     p.add_argument("--redis-url", help="default: the running mesh's, else the policy's")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -66,11 +68,12 @@ def target(ns: argparse.Namespace) -> RedisTarget:
     """Which Redis to use; raises PolicyError for a policy that does not load."""
     if ns.redis_url:
         return find_redis(ns.redis_url, None, None)
+    config = ns.config or _DEFAULT_POLICY
     policy_url = None
-    if ns.config.exists():
-        rl = load_policy(ns.config).ratelimit
+    if ns.config is not None or config.exists():  # a policy named explicitly must load
+        rl = load_policy(config).ratelimit
         policy_url = rl.redis_url if rl is not None else None
-    state = ns.state_dir or default_state_dir(ns.config)
+    state = ns.state_dir or default_state_dir(config)
     return find_redis(None, state, policy_url)
 
 
