@@ -146,6 +146,7 @@ class _Entry:
     at: float  # when Redis gave this answer
     expires: float
     info: KeyInfo | None
+    knows: bool  # False: Redis has no entry, the policy file (as it is now) answers
 
 
 class KeyStore:
@@ -200,7 +201,7 @@ class KeyStore:
         hit = self._cache.get(api_key)
         now = self._clock()
         if hit is not None and hit.expires > now:
-            return hit.info
+            return hit.info if hit.knows else self._fallback.get(api_key)
         if self._redis is None:
             return self._fallback.get(api_key)
         if now < self._down_until:  # Redis just failed: no read until it is retried
@@ -232,25 +233,26 @@ class KeyStore:
             self._failed("API key lookup", exc)
             self._down_until = self._clock() + self._retry_after
             return self._outage_answer(api_key)
-        info = self._from_redis(api_key, raw)
+        info, knows = self._from_redis(api_key, raw)
         ttl = self._ttl if info is not None else self._negative_ttl
         now = self._clock()
         self._down_until = float("-inf")
-        self._remember(api_key, _Entry(now, now + ttl, info))
+        self._remember(api_key, _Entry(now, now + ttl, info, knows))
         return info
 
-    def _from_redis(self, api_key: str, raw: Mapping[Any, Any]) -> KeyInfo | None:
+    def _from_redis(self, api_key: str, raw: Mapping[Any, Any]) -> tuple[KeyInfo | None, bool]:
+        """Redis's answer, and whether Redis knows the key at all."""
         base = self._fallback.get(api_key)
         if not raw:
-            return base  # Redis does not know the key: the policy file answers
+            return base, False  # Redis does not know the key: the policy file answers
         fields = {_text(k): _text(v) for k, v in raw.items()}
         if fields.get("disabled", "0") not in ("", "0"):
-            return None  # a tombstone, also for a key the policy file lists
+            return None, True  # a tombstone, also for a key the policy file lists
         tenant = fields.get("tenant")
         if not tenant:
-            return base
+            return base, False
         tier = fields.get("tier") or (base.tier if base is not None else None)
-        return KeyInfo(tenant=tenant, tier=tier, lane=fields.get("lane") or None)
+        return KeyInfo(tenant=tenant, tier=tier, lane=fields.get("lane") or None), True
 
     def _remember(self, api_key: str, entry: _Entry) -> None:
         self._cache.pop(api_key, None)  # re-inserted at the end: the oldest go first
@@ -267,7 +269,7 @@ class KeyStore:
             return None
         if last is not None:
             self._fell_back("last_known")
-            return last.info
+            return last.info if last.knows else self._fallback.get(api_key)
         base = self._fallback.get(api_key)
         if base is not None:
             self._fell_back("policy")

@@ -271,3 +271,19 @@ async def test_the_cache_is_bounded_oldest_first() -> None:
     with pytest.raises(KeyServiceUnavailable):
         await ks.lookup("a")  # evicted: nothing known about it
     await ks.aclose()
+
+
+async def test_a_key_redis_does_not_know_follows_the_current_policy_file() -> None:
+    """Redis had no entry for a policy key: after a reload that drops the key it is refused,
+    also from the cache and during an outage (the old policy's answer is not 'last known')."""
+    redis, clock = FakeRedis(), FakeClock()
+    ks = store(redis, clock)
+    assert await ks.lookup(POLICY_KEY) == KeyInfo("acme", "pro")
+    ks.update_fallback({})
+    assert await ks.lookup(POLICY_KEY) is None  # cached entry, current policy
+    redis.fail = RedisConnectionError("refused")
+    clock.now += 5.0
+    assert await ks.lookup(POLICY_KEY) is None
+    ks.update_fallback(POLICY)
+    assert await ks.lookup(POLICY_KEY) == KeyInfo("acme", "pro")
+    await ks.aclose()
