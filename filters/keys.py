@@ -20,7 +20,8 @@ How answers are kept (``KeyStore``):
   left alone for ``retry_after`` seconds and the **last answer Redis gave for that key** is
   used, however old; a tombstone (the revoked set, re-read every ``tombstone_sync`` seconds)
   newer than that answer refuses the key, also one this process never read; then the policy
-  file answers; a key neither knows raises :class:`KeyServiceUnavailable` (the
+  file answers, once this process has read the revoked set at least once (before that it
+  cannot know whether a policy key was revoked); a key neither knows raises :class:`KeyServiceUnavailable` (the
   identity plugin answers 503 + ``retry-after``, never 401). A Redis error therefore never turns
   a revoked key valid or a valid key into 401;
 * failures are logged once per ``log_interval`` with the count since the last line, and counted
@@ -271,8 +272,8 @@ class KeyStore:
             self._fell_back("last_known")
             return last.info if last.knows else self._fallback.get(api_key)
         base = self._fallback.get(api_key)
-        if base is not None:
-            self._fell_back("policy")
+        if base is not None and self._tombstones_at > float("-inf"):
+            self._fell_back("policy")  # not revoked as of the last tombstone read
             return base
         self._fell_back("unavailable")
         raise KeyServiceUnavailable("the API key store (Redis) is unavailable; retry shortly")

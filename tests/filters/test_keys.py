@@ -4,6 +4,7 @@ fails, throttled logs (fake clock, dict-backed fake Redis; no network)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -169,10 +170,26 @@ async def test_redis_is_retried_after_retry_after_and_answers_again() -> None:
 
 async def test_a_timeout_counts_as_a_failure() -> None:
     redis, clock, counts = FakeRedis(), FakeClock(), Counts()
-    redis.gate = asyncio.Event()  # never set: Redis hangs
     ks = store(redis, clock, counts, io_timeout=0.01)
+    await ks.sync_tombstones()
+    redis.gate = asyncio.Event()  # never set: Redis hangs
     assert await ks.lookup(POLICY_KEY) == KeyInfo("acme", "pro")
     assert counts.errors == 1 and counts.fallbacks == ["policy"]
+    await ks.aclose()
+
+
+async def test_before_the_first_tombstone_read_a_policy_key_is_not_vouched_for() -> None:
+    """Redis fails from the start: this process cannot know whether the policy key was
+    revoked, so it answers 503 (retry), not the policy file."""
+    redis, clock, counts = FakeRedis(), FakeClock(), Counts()
+    redis.revoke(POLICY_KEY)
+    redis.fail = RedisConnectionError("refused")
+    ks = store(redis, clock, counts)
+    with pytest.raises(KeyServiceUnavailable):
+        await ks.lookup(POLICY_KEY)
+    redis.fail = None
+    clock.now += 2.0
+    assert await ks.lookup(POLICY_KEY) is None
     await ks.aclose()
 
 
@@ -234,10 +251,12 @@ async def test_failures_are_logged_once_per_interval_with_a_count(caplog: Any) -
     ks = store(redis, clock, retry_after=0.0, log_interval=10.0)
     with caplog.at_level(logging.WARNING, logger="filters.keys"):
         for _ in range(200):
-            await ks.lookup(POLICY_KEY)
+            with contextlib.suppress(KeyServiceUnavailable):
+                await ks.lookup(POLICY_KEY)
             clock.now += 0.01
         clock.now += 10.0
-        await ks.lookup(POLICY_KEY)
+        with contextlib.suppress(KeyServiceUnavailable):
+            await ks.lookup(POLICY_KEY)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2, lines
     assert "refused" in lines[0] and "more like it in the last 10s" in lines[1]

@@ -58,6 +58,11 @@ class DictRedis:
             await asyncio.sleep(self.delay)
         return self.data.get(name, {})
 
+    async def smembers(self, name: str) -> set[str]:
+        if self.fail:
+            raise ConnectionError("redis down")
+        return set()
+
 
 async def test_keys_live_in_redis_win_and_revocation_applies_after_ttl(
     policy, clock: FakeClock
