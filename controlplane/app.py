@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from controlplane.policy import Address, Policy
 from controlplane.reloader import PolicyCheck, Reloader, ReloadResult
 from controlplane.saturation.api import pool_routes
+from controlplane.saturation.eds import EdsMarks
 from controlplane.saturation.fetch import HttpFetcher
 from controlplane.saturation.scraper import PoolScraper
 from controlplane.saturation.targets import targets_from_policy
@@ -55,6 +56,8 @@ class ControlPlane:
         self.scraper = PoolScraper(
             HttpFetcher(), clock=time.monotonic, wall_clock=time.time, registry=self.registry
         )
+        self.eds = EdsMarks(self.cache, registry=self.registry)
+        self.scraper.subscribe(self.eds.on_state)
         self.reloader = Reloader(
             settings.policy_path,
             self.cache,
@@ -62,6 +65,7 @@ class ControlPlane:
             debounce=settings.debounce,
             on_policy=self._on_policy,
             check=check,  # the services' builders (controlplane.check), given by the CLI
+            transform=self.eds.transform,
         )
         self.metrics = MetricsServer(
             self.registry,
@@ -72,7 +76,9 @@ class ControlPlane:
         )
 
     def _on_policy(self, policy: Policy) -> None:
-        self.scraper.configure(*targets_from_policy(policy))
+        settings, targets = targets_from_policy(policy)
+        self.scraper.configure(settings, targets)
+        self.eds.set_weights({pool: t.degraded_weight for pool, t in targets.items()})
 
     async def start(self) -> ReloadResult:
         """Load the policy (a rejected file is reported, not fatal: the server waits for a good

@@ -77,12 +77,14 @@ class Reloader:
         poll_interval: float = 0.1,
         on_policy: Callable[[Policy], None] | None = None,
         check: PolicyCheck | None = None,
+        transform: Callable[[str, Snapshot], Snapshot] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = path.resolve()
         self.cache = cache
         self.on_policy = on_policy
         self.check = check
+        self.transform = transform  # applied to each group's snapshot (saturation marks in EDS)
         self.policy: Policy | None = None
         self.watcher: PolicyWatcher[_Built] = PolicyWatcher(
             self.path,
@@ -114,6 +116,8 @@ class Reloader:
 
     def _publish(self, built: _Built) -> bool:
         snaps = built.snapshots
+        if self.transform is not None:  # on the event loop thread, where the marks change
+            snaps = {g: self.transform(g, snap) for g, snap in snaps.items()}
         changed = [
             g
             for g, s in snaps.items()

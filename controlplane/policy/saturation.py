@@ -26,13 +26,15 @@ class SaturationPolicy:
     """When a replica counts as saturated for EDS, with hysteresis.
 
     A replica is marked at ``degrade_at`` and unmarked only once it is back at or below
-    ``recover_at``; a marked replica keeps ``degraded_weight`` percent of its ring weight.
+    ``recover_at``. A marked replica is sent to Envoy as ``DEGRADED`` (``degraded_weight: 0``,
+    the default: it leaves the hash ring, new sessions spill past it) or keeps
+    ``degraded_weight`` percent of its ring weight (docs/operations.md has the measurements).
     """
 
     enabled: bool = True
     degrade_at: Annotated[float, Range(0.05, 2.0)] = 1.0
     recover_at: Annotated[float, Range(0.0, 2.0)] = 0.8
-    degraded_weight: Annotated[int, Range(1, 100)] = 1
+    degraded_weight: Annotated[int, Range(0, 100)] = 0
 
     def __post_init__(self) -> None:
         if self.recover_at >= self.degrade_at:

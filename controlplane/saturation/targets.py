@@ -24,7 +24,7 @@ class PoolTargets:
     endpoints: tuple[str, ...]
     capacity: Capacity = field(default_factory=Capacity)
     hysteresis: Hysteresis | None = field(default_factory=Hysteresis)
-    degraded_weight: int = 1  # percent of the ring weight a marked replica keeps
+    degraded_weight: int = 0  # percent of the ring weight a marked replica keeps; 0: DEGRADED
 
 
 def targets_from_policy(policy: Policy) -> tuple[ScrapeSettings, dict[str, PoolTargets]]:

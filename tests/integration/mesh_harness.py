@@ -36,6 +36,7 @@ class Backend:
     health_status: int = 200
     delay: float = 0.0
     hits: int = 0
+    metrics: str | None = None  # served on /metrics when set (the pool-state scraper reads it)
     seen_headers: list[dict[str, str]] = field(default_factory=list)
     _runner: web.AppRunner | None = None
 
@@ -51,6 +52,8 @@ class Backend:
         if request.path == "/health":
             return web.Response(status=self.health_status, text="ok")
         if request.path in _PROBES:  # the control plane's pool-state scraper, not traffic
+            if request.path == "/metrics" and self.metrics is not None:
+                return web.Response(text=self.metrics)
             return web.Response(status=404)
         self.hits += 1
         self.seen_headers.append({k.lower(): v for k, v in request.headers.items()})
