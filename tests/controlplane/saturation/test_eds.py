@@ -111,3 +111,20 @@ def test_marks_are_published_on_change_only_and_survive_a_policy_reload() -> Non
     eds.on_state(state({}))  # recovered: the policy's own assignment again
     back = cache.get("edge")
     assert back is not None and back.version == first.version
+
+
+def test_the_reloader_publishes_its_snapshots_through_the_transform(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from prometheus_client import CollectorRegistry
+
+    from controlplane.reloader import Reloader
+
+    path = tmp_path / "mesh.yaml"
+    path.write_text(POLICY)
+    cache = SnapshotCache()
+    eds = EdsMarks(cache)
+    eds.marks = {"chat": frozenset({"127.0.0.1:1"})}
+    reloader = Reloader(path, cache, registry=CollectorRegistry(), transform=eds.transform)
+    assert reloader.reload().ok
+    published = cache.get("edge")
+    assert published is not None
+    assert weights(published, "pool_chat")[1] == (0, health_check_pb2.DEGRADED)
