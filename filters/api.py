@@ -13,7 +13,7 @@ metadata for the next Envoy filters (namespace ``tokenweir``), or an immediate :
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
@@ -141,6 +141,9 @@ class Context:
     status: int | None = None
     usage: Usage | None = None
     scratch: dict[str, Any] = field(default_factory=dict)
+    # set by the server: ask Envoy to wait up to this many more seconds for the current phase's
+    # answer (ext_proc override_message_timeout); a plugin that queues calls it before waiting
+    hold: Callable[[float], Awaitable[None]] | None = None
 
 
 @runtime_checkable

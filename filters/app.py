@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from controlplane.policy import Policy, load_policy
+from filters.admission.gate import Gates
+from filters.admission.signal import pool_state_reader, saturation_source
 from filters.budget import Budget, CachedBudget, NoBudget, quota_reader_budget
 from filters.estimate import Estimator, load_estimator
 from filters.h2server import H2FilterServer
@@ -59,11 +62,21 @@ class _Built:
 
 
 class FilterApp:
-    def __init__(self, settings: Settings, *, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Callable[[], float],
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.settings = settings
         self._clock = clock
         self.metrics = FilterMetrics()
         self.policy: Policy = load_policy(settings.policy_path)
+        # admission state outlives policy reloads (requests in flight keep their slots)
+        self.gates = Gates(clock=clock, wall=wall, registry=self.metrics.registry)
+        self.gates.configure(self.policy)
+        self._pool_state = pool_state_reader(self.policy, clock)  # admission's saturation
         self._estimator: Estimator = load_estimator(settings.tokenizer_file)
         self._redis: Any = None
         self._keys: KeyStore | None = None
@@ -123,7 +136,9 @@ class FilterApp:
                 ttl=self.settings.budget_cache_seconds,
                 on_error=self.metrics.redis_errors.inc,
             )
-        return Services(policy, keys, budget, self._estimator, self.metrics, self._clock)
+        return Services(
+            policy, keys, budget, self._estimator, self.metrics, self._clock, self.gates
+        )
 
     async def start(self) -> None:
         url = self._redis_url()
@@ -131,8 +146,12 @@ class FilterApp:
             self._redis = redis_client(url, timeout=self._redis_timeout())
         services = self._services()
         self._budget_reader = services.budget
+        timeout = self.policy.filters.message_timeout if self.policy.filters is not None else 0.2
         servicer = FilterServicer(
-            build_routes(self.policy, services), clock=self._clock, metrics=self.metrics
+            build_routes(self.policy, services),
+            clock=self._clock,
+            metrics=self.metrics,
+            message_timeout=timeout,
         )
         host, port = self._listen()
         transport = transport_for(self.settings.transport, host)
@@ -149,6 +168,9 @@ class FilterApp:
         if mport is not None:
             await self._serve_metrics(host, mport + self.settings.worker_index)
         self.watcher.start()
+        if self._pool_state is not None:
+            self._pool_state.start()
+            self.gates.saturation = saturation_source(self._pool_state)
         _log.info(
             "filter server on %s:%s (routes: %s, transport: %s)",
             host,
@@ -181,6 +203,7 @@ class FilterApp:
         if self._keys is not None:
             self._keys.update_fallback(built.keys)
         self._budget_reader = built.services.budget
+        self.gates.configure(built.policy)
         if self.server is not None:
             self.server.servicer.swap(built.routes)
         _log.info("policy reloaded: %d filtered routes", len(built.routes))
@@ -209,6 +232,8 @@ class FilterApp:
         for t in self._tasks:
             await stop_task(t, log=_log)
         self._tasks.clear()
+        if self._pool_state is not None:
+            await self._pool_state.aclose()
         if self._metrics_server is not None:
             await self._metrics_server.aclose()
             self._metrics_server = None

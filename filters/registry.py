@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from filters.admission.plugin import AdmissionPlugin
 from filters.api import Plugin, RouteInfo
 from filters.chain import Chain
 from filters.errors import ConfigError
@@ -31,6 +32,7 @@ BUILTINS: Mapping[str, Factory] = {
     "prefix": PrefixPlugin,
     "lane": LanePlugin,
     "usage": UsagePlugin,
+    "admission": AdmissionPlugin,
 }
 
 

@@ -10,7 +10,7 @@ are complete (a missing ``hits_addend`` value would disable the limit in Envoy).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -80,11 +80,13 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         clock: Callable[[], float],
         metrics: FilterMetrics,
         inflight: Inflight | None = None,
+        message_timeout: float = 0.2,
     ) -> None:
         self._routes = dict(routes)
         self._clock = clock
         self._metrics = metrics
         self.inflight = inflight if inflight is not None else Inflight()
+        self._message_timeout = message_timeout
 
     @property
     def route_count(self) -> int:
@@ -118,7 +120,7 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
                 req = await read()
                 if req is eof:
                     return
-                resp = await self._answer(req, entry, name, ctx)
+                resp = await self._answer(req, entry, name, ctx, write)
                 if isinstance(resp, tuple):
                     ctx, resp = resp
                 await write(resp)
@@ -134,6 +136,7 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         entry: RouteEntry | None,
         name: str | None,
         ctx: Context | None,
+        write: Callable[[pb.ProcessingResponse], Awaitable[None]] | None = None,
     ) -> pb.ProcessingResponse | tuple[Context, pb.ProcessingResponse]:
         which = req.WhichOneof("request")
         if which == "request_headers":
@@ -149,7 +152,13 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
                     )
                 )
             ctx = Context(route=entry.info, started=self._clock())
-            return ctx, await self._request_headers(entry, ctx, req.request_headers)
+            if write is not None:
+                ctx.hold = _holder(write, self._message_timeout)
+            try:
+                return ctx, await self._request_headers(entry, ctx, req.request_headers)
+            except BaseException:  # cancelled (Envoy reset the stream): plugins free what they hold
+                await entry.chain.stream_end(ctx)
+                raise
         if entry is None or ctx is None:
             return _continue(which)
         if which == "response_body":
@@ -201,6 +210,20 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
             out.set_headers.setdefault("x-tokenweir-reserve", d["x-tokenweir-reserve"])
             out.clear_route_cache = True
         return body_response("request_body", _finish(out))
+
+
+def _holder(
+    write: Callable[[pb.ProcessingResponse], Awaitable[None]], margin: float
+) -> Callable[[float], Awaitable[None]]:
+    """``ctx.hold``: tell Envoy to wait ``seconds`` (plus the usual message timeout) for the
+    answer to the current phase; Envoy caps it at the filter's ``max_message_timeout``."""
+
+    async def hold(seconds: float) -> None:
+        resp = pb.ProcessingResponse()
+        resp.override_message_timeout.FromNanoseconds(int((seconds + margin) * 1e9))
+        await write(resp)
+
+    return hold
 
 
 def _continue(which: str | None) -> pb.ProcessingResponse:

@@ -24,6 +24,7 @@ class Services:
     estimator: Estimator
     metrics: FilterMetrics
     clock: Callable[[], float]
+    gates: Any = None  # filters.admission.gate.Gates: admission state kept across reloads
 
 
 def default_services(policy: Any, clock: Callable[[], float]) -> Services:

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 
+from controlplane.policy.admission import AdmissionPolicy, LaneAdmission
 from controlplane.policy.common import (
     LANES,
     Address,
@@ -32,6 +33,7 @@ from controlplane.policy.tenancy import QuotaLimits, Quotas, Tenant, Tier
 __all__ = [
     "LANES",
     "Address",
+    "AdmissionPolicy",
     "Affinity",
     "CircuitBreakers",
     "ControlPlane",
@@ -41,6 +43,7 @@ __all__ = [
     "HealthCheck",
     "HttpService",
     "Lane",
+    "LaneAdmission",
     "LlmPool",
     "OutlierDetection",
     "PluginRef",
@@ -329,6 +332,7 @@ class Policy:
     tenants: dict[str, Tenant] = field(default_factory=dict)
     ratelimit: RateLimitServer | None = None
     filters: FiltersServer | None = None
+    admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     planner: dict[str, Any] = field(
         default_factory=dict
     )  # `tokenweir plan` inputs (docs/capacity.md)

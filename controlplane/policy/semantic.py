@@ -141,6 +141,12 @@ def _tenants(policy: Policy) -> Iterator[tuple[str, str]]:
         for model in tier.quotas.models:
             if model not in served:
                 yield f"tiers.{tname}.quotas.models.{model}", f"no pool serves model {model!r}"
+    for tname in policy.admission.tier_weights:
+        if tname not in policy.tiers:
+            yield (
+                f"admission.tier_weights.{tname}",
+                f"unknown tier {tname!r}; defined tiers: {sorted(policy.tiers)}",
+            )
     keys: dict[str, str] = {}
     for tname, tenant in policy.tenants.items():
         path = f"tenants.{tname}"

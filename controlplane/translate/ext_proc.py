@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from envoy.config.common.mutation_rules.v3 import mutation_rules_pb2
 from envoy.config.core.v3 import base_pb2, grpc_service_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
@@ -64,6 +65,13 @@ def ext_proc_http_filter(policy: Policy) -> hcm_pb2.HttpFilter:
         failure_mode_allow=False,
         processing_mode=_mode(True, True, True),
         message_timeout=dur(server.message_timeout),
+        max_message_timeout=_max_message_timeout(policy),
+        # admission sets x-envoy-upstream-rq-timeout-ms (a client deadline's remaining budget)
+        mutation_rules=(
+            mutation_rules_pb2.HeaderMutationRules(allow_envoy=wrappers_pb2.BoolValue(value=True))
+            if _uses_admission(policy)
+            else None
+        ),
         metadata_options=ext_proc_pb2.MetadataOptions(
             receiving_namespaces=ext_proc_pb2.MetadataOptions.MetadataNamespaces(
                 untyped=["tokenweir"]
@@ -71,6 +79,27 @@ def ext_proc_http_filter(policy: Policy) -> hcm_pb2.HttpFilter:
         ),
     )
     return hcm_pb2.HttpFilter(name=EXT_PROC_FILTER, typed_config=any_of(cfg))
+
+
+def _uses_admission(policy: Policy) -> bool:
+    return any(
+        p.name == "admission"
+        for g in policy.gateways.values()
+        for r in g.routes
+        if r.filters is not None and r.filters.enabled
+        for p in r.filters.plugins
+    )
+
+
+def _max_message_timeout(policy: Policy) -> Any:
+    """With the admission plugin on some route, how long its queue may hold the request
+    headers (the longest lane wait plus the message timeout): the filter server asks for it
+    per request with ``override_message_timeout``. None (unset) without admission."""
+    if not _uses_admission(policy):
+        return None
+    server = policy.filters if policy.filters is not None else FiltersServer()
+    a = policy.admission
+    return dur(max(a.interactive.wait, a.batch.wait) + server.message_timeout)
 
 
 def _fails_open(route: Route) -> bool:

@@ -1,0 +1,79 @@
+"""Policy of priority admission at the gateway (filters/admission, docs/policy.md).
+
+Each lane has a bounded queue in every filter process; requests wait there (holding Envoy's
+request headers) until the pool has room, strict priority between lanes, weighted fairness
+between tenants inside a lane. A lane's longest wait comes from its TTFT budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from controlplane.policy.common import Positive
+from controlplane.policy.decode import Duration, Range
+
+__all__ = ["AdmissionPolicy", "LaneAdmission"]
+
+Weight = Annotated[int, Range(1, 1000)]
+
+
+@dataclass(frozen=True)
+class LaneAdmission:
+    """One lane's queue: its bound, its longest wait and the share of the pool it may hold.
+
+    ``max_wait`` defaults to half of ``ttft_budget`` (the rest is left for the prefill);
+    ``max_queue_per_tenant`` defaults to half of ``max_queue`` (one tenant cannot fill a lane);
+    ``max_share`` is the fraction of the pool's running slots this lane may hold at once.
+    """
+
+    ttft_budget: Annotated[float, Duration(0.001, 3600)] = 1.0
+    max_wait: Annotated[float, Duration(0, 3600)] | None = None
+    max_queue: Annotated[int, Range(0, 1_000_000)] = 256
+    max_queue_per_tenant: Positive | None = None
+    max_share: Annotated[float, Range(0.01, 1.0)] = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_wait is not None and self.max_wait > self.ttft_budget:
+            raise ValueError("max_wait must not exceed ttft_budget (the wait is part of the TTFT)")
+        if self.max_queue_per_tenant is not None and self.max_queue_per_tenant > self.max_queue:
+            raise ValueError("max_queue_per_tenant must not exceed max_queue")
+
+    @property
+    def wait(self) -> float:
+        """The longest time a request may wait in this lane's queue."""
+        return self.max_wait if self.max_wait is not None else self.ttft_budget / 2
+
+    @property
+    def tenant_queue(self) -> int:
+        """How many requests one tenant may have queued in this lane."""
+        if self.max_queue_per_tenant is not None:
+            return self.max_queue_per_tenant
+        return max(1, self.max_queue // 2) if self.max_queue else 0
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """``gateways``: how many gateway replicas (each with ``filters.processes`` filter
+    processes) admit to the same pools; each process admits ``capacity / (gateways ×
+    processes)`` (the split rule, docs/operations.md). ``tier_weights``: a tier's share of its
+    lane against other tiers' tenants (default ``default_weight``). ``pool_state``: read the
+    control plane's published saturation and admit fewer while a pool is saturated."""
+
+    enabled: bool = True
+    gateways: Annotated[int, Range(1, 64)] = 1
+    interactive: LaneAdmission = field(
+        default_factory=lambda: LaneAdmission(ttft_budget=1.0, max_queue=256)
+    )
+    batch: LaneAdmission = field(
+        default_factory=lambda: LaneAdmission(ttft_budget=30.0, max_queue=1024, max_share=0.9)
+    )
+    tier_weights: dict[str, Weight] = field(default_factory=dict)
+    default_weight: Weight = 1
+    pool_state: bool = True
+
+    def lane(self, name: str) -> LaneAdmission:
+        return self.batch if name == "batch" else self.interactive
+
+    def weight(self, tier: str | None) -> int:
+        return self.tier_weights.get(tier, self.default_weight) if tier else self.default_weight

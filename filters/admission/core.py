@@ -1,0 +1,229 @@
+"""Priority admission for one pool, pure: bounded lane queues released as capacity frees.
+
+* Lanes are in strict priority order (interactive before batch): a freed slot goes to the
+  highest lane with a waiting ticket that fits; a lower lane never overtakes a higher one.
+* Inside a lane, tenants share by weight (:class:`~filters.admission.queues.LaneQueue`).
+* Capacity: in-flight requests (and, when declared, in-flight tokens) against the pool's
+  limit; each lane may hold at most ``max_share`` of the running slots.
+* Each lane's queue has a bound, a per-tenant bound and a longest wait. A ticket that cannot
+  start in time is shed at once: queue full, or the wait predicted from the lane's measured
+  drain rate is longer than it may wait. ``Retry-After`` comes from that drain rate.
+
+Every method takes ``now`` (the caller's clock); nothing here sleeps or does I/O.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from filters.admission.drain import DrainMeter
+from filters.admission.queues import LaneQueue, Ticket
+
+__all__ = ["Admission", "LaneConfig", "Shed"]
+
+MAX_RETRY_AFTER = 300.0  # seconds; Envoy's rate_limited_retry_back_off reads at most this
+
+
+@dataclass(frozen=True, slots=True)
+class LaneConfig:
+    name: str
+    max_queue: int
+    max_queue_per_tenant: int
+    max_wait: float
+    max_share: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Shed:
+    """A request answered at once instead of queued: 503 (capacity) or 504 (deadline)."""
+
+    status: int
+    reason: str  # queue_full | tenant_queue_full | wait_too_long | timed_out | deadline
+    retry_after: float  # seconds, from the lane's measured drain rate
+
+    @property
+    def retry_after_s(self) -> int:
+        """Whole seconds for the ``Retry-After`` header (at least 1)."""
+        return max(1, math.ceil(self.retry_after))
+
+
+class Admission:
+    """Lanes (highest priority first) in front of one pool's capacity."""
+
+    def __init__(
+        self,
+        lanes: Sequence[LaneConfig],
+        *,
+        max_requests: int | None,
+        max_tokens: int | None = None,
+        window: float = 10.0,
+    ) -> None:
+        if not lanes:
+            raise ValueError("at least one lane")
+        self.lanes = {c.name: c for c in lanes}
+        self.order = tuple(c.name for c in lanes)
+        self.queues = {
+            c.name: LaneQueue(c.name, c.max_queue, c.max_queue_per_tenant) for c in lanes
+        }
+        self.max_requests = max_requests
+        self.max_tokens = max_tokens
+        self.in_flight = 0
+        self.in_flight_tokens = 0
+        self.lane_in_flight = dict.fromkeys(self.order, 0)
+        self.granted = {c.name: DrainMeter(window) for c in lanes}
+        self.completed = DrainMeter(window)
+        self._seq = itertools.count()
+
+    # -- the four events -------------------------------------------------------------------
+    def offer(
+        self,
+        now: float,
+        lane: str,
+        tenant: str,
+        *,
+        weight: float = 1.0,
+        tokens: int = 0,
+        deadline: float | None = None,
+    ) -> Ticket | Shed:
+        """A new request: admitted (``state == "admitted"``), queued, or shed at once."""
+        cfg = self.lanes[lane]
+        if deadline is not None and deadline <= now:
+            return Shed(504, "deadline", self.retry_after(now, lane))
+        start_by = now + cfg.max_wait
+        if deadline is not None:
+            start_by = min(start_by, deadline)
+        t = Ticket(next(self._seq), lane, tenant, weight, tokens, now, start_by, deadline)
+        if not self._waiting_at_or_above(lane) and self._fits(t):
+            self._grant(now, t)
+            return t
+        q = self.queues[lane]
+        why = q.refusal(tenant)
+        if why is not None:
+            return Shed(503, why, self.retry_after(now, lane, extra=len(q)))
+        predicted = self.predicted_wait(now, lane, tenant, weight)
+        if predicted is not None and predicted > start_by - now:
+            late_for_client = deadline is not None and deadline == start_by
+            return Shed(
+                504 if late_for_client else 503,
+                "deadline" if late_for_client else "wait_too_long",
+                predicted,
+            )
+        q.push(t)
+        return t
+
+    def release(self, now: float, ticket: Ticket) -> list[Ticket]:
+        """An admitted request ended (or was aborted); returns the tickets now admitted."""
+        if ticket.state == "queued":  # a new head may fit where the old one did not
+            self.queues[ticket.lane].remove(ticket)
+            ticket.state = "dropped"
+            return self.pump(now)
+        if ticket.state != "admitted":
+            return []
+        ticket.state = "done"
+        self.in_flight -= 1
+        self.in_flight_tokens -= ticket.tokens
+        self.lane_in_flight[ticket.lane] -= 1
+        self.completed.record(now)
+        return self.pump(now)
+
+    def drop(self, now: float, ticket: Ticket) -> tuple[Shed | None, list[Ticket]]:
+        """A queued ticket gives up (its wait or deadline ran out): the answer it gets, and
+        the tickets its leaving admits. An admitted ticket is released instead (no answer)."""
+        if ticket.state != "queued":
+            return None, self.release(now, ticket)
+        if ticket.deadline is not None and ticket.deadline <= now:
+            shed = Shed(504, "deadline", self.retry_after(now, ticket.lane))
+        else:
+            shed = Shed(503, "timed_out", self.retry_after(now, ticket.lane))
+        return shed, self.release(now, ticket)
+
+    def set_capacity(
+        self, now: float, max_requests: int | None, max_tokens: int | None
+    ) -> list[Ticket]:
+        """New limits (pool state, policy reload); returns the tickets now admitted."""
+        self.max_requests, self.max_tokens = max_requests, max_tokens
+        return self.pump(now)
+
+    # -- inside ----------------------------------------------------------------------------
+    def pump(self, now: float) -> list[Ticket]:
+        """Admit waiting tickets, highest lane first, while they fit."""
+        out: list[Ticket] = []
+        for lane in self.order:
+            q = self.queues[lane]
+            while len(q):
+                head = q.peek()
+                assert head is not None
+                if not self._fits(head):
+                    break
+                q.pop()
+                self._grant(now, head)
+                out.append(head)
+            if len(q):
+                break  # strict priority: a lower lane waits while a higher one waits
+        return out
+
+    def _grant(self, now: float, t: Ticket) -> None:
+        t.state = "admitted"
+        self.in_flight += 1
+        self.in_flight_tokens += t.tokens
+        self.lane_in_flight[t.lane] += 1
+        self.granted[t.lane].record(now)
+
+    def _fits(self, t: Ticket) -> bool:
+        if self.max_requests is not None:
+            if self.in_flight >= self.max_requests:
+                return False
+            share = max(1, math.floor(self.max_requests * self.lanes[t.lane].max_share))
+            if self.lane_in_flight[t.lane] >= share:
+                return False
+        if self.max_tokens is not None and self.in_flight > 0:
+            # a request larger than the whole budget still runs, alone
+            return self.in_flight_tokens + t.tokens <= self.max_tokens
+        return True
+
+    def _waiting_at_or_above(self, lane: str) -> bool:
+        for name in self.order:
+            if len(self.queues[name]):
+                return True
+            if name == lane:
+                return False
+        return False
+
+    # -- predictions -----------------------------------------------------------------------
+    def _ahead(self, lane: str, tenant: str, weight: float) -> int:
+        ahead = 0
+        for name in self.order:
+            if name == lane:
+                return ahead + self.queues[name].ahead_of_new(tenant, weight)
+            ahead += len(self.queues[name])
+        return ahead
+
+    def drain_rate(self, now: float, lane: str) -> float | None:
+        """Requests per second this lane's queue is measured to drain (grants to the lane;
+        the pool's completions when the lane has none in the window)."""
+        rate = self.granted[lane].rate(now)
+        return rate if rate is not None else self.completed.rate(now)
+
+    def predicted_wait(self, now: float, lane: str, tenant: str, weight: float) -> float | None:
+        """Seconds until a new ticket would start, from the measured drain rate (None: no
+        measurement yet; the ticket may queue and its wait bound decides)."""
+        rate = self.drain_rate(now, lane)
+        if rate is None or rate <= 0:
+            return None
+        return (self._ahead(lane, tenant, weight) + 1) / rate
+
+    def retry_after(self, now: float, lane: str, *, extra: int = 0) -> float:
+        """When to come back: the time the lane's queue (and the ones above it) takes to drain
+        at the measured rate; the lane's longest wait when nothing was measured yet."""
+        rate = self.drain_rate(now, lane)
+        if rate is None or rate <= 0:
+            return min(MAX_RETRY_AFTER, max(self.lanes[lane].max_wait, 1.0))
+        queued = 0
+        for name in self.order:
+            queued += len(self.queues[name])
+            if name == lane:
+                break
+        return min(MAX_RETRY_AFTER, (max(extra, queued) + 1) / rate)

@@ -1,0 +1,190 @@
+"""The waiting side of admission: one :class:`PoolGate` per pool turns the pure core's tickets
+into awaitable slots; :class:`Gates` holds them across policy reloads (in-flight requests keep
+their slots when the policy changes).
+
+A waiter is woken by a release (no timer task per waiter runs except its own bounded wait); a
+waiter cancelled (client abort: Envoy resets the ext_proc stream) leaves the queue or frees
+the slot it was just given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from filters.admission.core import Admission, LaneConfig, Shed
+from filters.admission.limits import lane_configs, pool_limits, saturated_limit
+from filters.admission.queues import LaneQueue, Ticket
+
+__all__ = ["AdmissionMetrics", "Gates", "PoolGate", "SaturationSource"]
+
+SaturationSource = Callable[[str], float | None]  # pool name → saturation (None: unknown)
+_WAIT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class AdmissionMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        p = "tokenweir_admission_"
+        r = registry
+        self.queued = Gauge(p + "queued", "requests waiting", ["pool", "lane"], registry=r)
+        self.in_flight = Gauge(p + "in_flight", "admitted requests running", ["pool"], registry=r)
+        self.limit = Gauge(p + "limit", "requests this process may admit", ["pool"], registry=r)
+        self.admitted = Counter(
+            p + "admitted", "requests admitted", ["pool", "lane", "how"], registry=r
+        )
+        self.shed = Counter(
+            p + "shed", "requests answered at once", ["pool", "lane", "reason"], registry=r
+        )
+        self.wait = Histogram(
+            p + "wait_seconds", "time admitted requests waited", ["pool", "lane"],
+            buckets=_WAIT, registry=r,
+        )  # fmt: skip
+
+
+class PoolGate:
+    """One pool's admission in this process."""
+
+    def __init__(
+        self,
+        name: str,
+        core: Admission,
+        *,
+        clock: Callable[[], float],
+        metrics: AdmissionMetrics,
+    ) -> None:
+        self.name = name
+        self.core = core
+        self.clock = clock
+        self.metrics = metrics
+        self.base_limit = core.max_requests
+        self.base_tokens = core.max_tokens
+        self._waiters: dict[Ticket, asyncio.Future[None]] = {}
+
+    async def acquire(
+        self,
+        lane: str,
+        tenant: str,
+        *,
+        weight: float = 1.0,
+        tokens: int = 0,
+        deadline: float | None = None,
+        on_wait: Callable[[float], Any] | None = None,
+    ) -> Ticket | Shed:
+        """A running slot, after waiting if need be, or the answer to send instead.
+        ``on_wait(seconds)`` is awaited before waiting (to extend Envoy's message timeout)."""
+        now = self.clock()
+        r = self.core.offer(now, lane, tenant, weight=weight, tokens=tokens, deadline=deadline)
+        if isinstance(r, Shed):
+            self._shed(lane, r)
+            return r
+        if r.state == "admitted":
+            self._admitted(r, "at_once", now)
+            return r
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[r] = fut
+        self._gauges()
+        try:
+            if on_wait is not None:
+                await on_wait(r.start_by - now)
+            async with asyncio.timeout(max(0.0, r.start_by - self.clock())):
+                await fut
+        except TimeoutError:
+            if r.state == "admitted":  # woken at the very end: keep it
+                self._admitted(r, "queued", self.clock())
+                return r
+            shed, started = self.core.drop(self.clock(), r)
+            self._wake(started)
+            assert shed is not None
+            self._shed(lane, shed)
+            return shed
+        except BaseException:  # cancelled (client gone): leave the queue or free the slot
+            self.release(r)
+            raise
+        finally:
+            self._waiters.pop(r, None)
+            self._gauges()
+        self._admitted(r, "queued", self.clock())
+        return r
+
+    def release(self, ticket: Ticket) -> None:
+        """The request ended (or never started): its slot goes to the next waiter."""
+        self._wake(self.core.release(self.clock(), ticket))
+
+    def set_limits(self, max_requests: int | None, max_tokens: int | None) -> None:
+        self.base_limit, self.base_tokens = max_requests, max_tokens
+        self._wake(self.core.set_capacity(self.clock(), max_requests, max_tokens))
+
+    def observe(self, saturation: float | None) -> None:
+        """Admit fewer while the pool is saturated (pool state), the policy's limit again after."""
+        limit = saturated_limit(self.base_limit, saturation)
+        if limit != self.core.max_requests:
+            self._wake(self.core.set_capacity(self.clock(), limit, self.base_tokens))
+
+    def set_lanes(self, lanes: list[LaneConfig]) -> None:
+        for cfg in lanes:
+            self.core.lanes[cfg.name] = cfg
+            q: LaneQueue = self.core.queues[cfg.name]
+            q.bound, q.tenant_bound = cfg.max_queue, cfg.max_queue_per_tenant
+
+    def _wake(self, started: list[Ticket]) -> None:
+        for t in started:
+            fut = self._waiters.get(t)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+        self._gauges()
+
+    def _admitted(self, t: Ticket, how: str, now: float) -> None:
+        self.metrics.admitted.labels(self.name, t.lane, how).inc()
+        self.metrics.wait.labels(self.name, t.lane).observe(now - t.arrived)
+        self._gauges()
+
+    def _shed(self, lane: str, shed: Shed) -> None:
+        self.metrics.shed.labels(self.name, lane, shed.reason).inc()
+
+    def _gauges(self) -> None:
+        m = self.metrics
+        for lane, q in self.core.queues.items():
+            m.queued.labels(self.name, lane).set(len(q))
+        m.in_flight.labels(self.name).set(self.core.in_flight)
+        m.limit.labels(self.name).set(self.core.max_requests or 0)
+
+
+class Gates:
+    """Every pool's gate in this filter process; ``configure`` follows policy reloads."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        wall: Callable[[], float],
+        registry: CollectorRegistry | None = None,
+        saturation: SaturationSource | None = None,
+    ) -> None:
+        self.clock = clock
+        self.wall = wall
+        self.saturation = saturation
+        self.metrics = AdmissionMetrics(registry if registry is not None else CollectorRegistry())
+        self._gates: dict[str, PoolGate] = {}
+
+    def configure(self, policy: Any) -> None:
+        lanes = lane_configs(policy)
+        for name in policy.pools:
+            limit, tokens = pool_limits(policy, name)
+            gate = self._gates.get(name)
+            if gate is None:
+                core = Admission(lanes, max_requests=limit, max_tokens=tokens)
+                gate = PoolGate(name, core, clock=self.clock, metrics=self.metrics)
+                self._gates[name] = gate
+                gate.metrics.limit.labels(name).set(limit or 0)
+            else:
+                gate.set_lanes(lanes)
+                gate.set_limits(limit, tokens)
+
+    def gate(self, pool: str) -> PoolGate | None:
+        g = self._gates.get(pool)
+        if g is not None and self.saturation is not None:
+            g.observe(self.saturation(pool))
+        return g

@@ -1,0 +1,55 @@
+"""What one filter process may admit to a pool: the policy's capacity, split by rule, and
+lowered while the pool state says the pool is saturated. Pure."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from filters.admission.core import LaneConfig
+
+__all__ = ["lane_configs", "pool_limits", "saturated_limit"]
+
+
+def _replicas(pool: Any) -> int:
+    if pool.endpoints:
+        return len(pool.endpoints)
+    if pool.emulated is not None:
+        return int(pool.emulated.replicas)
+    return 1
+
+
+def pool_limits(policy: Any, pool_name: str) -> tuple[int | None, int | None]:
+    """(in-flight requests, in-flight tokens) for one filter process, or None where the policy
+    declares no capacity. The split rule: each of ``admission.gateways`` gateways runs
+    ``filters.processes`` filter processes, and each admits its equal share (at least 1)."""
+    pool = policy.pools[pool_name]
+    cap = pool.capacity
+    processes = policy.filters.processes if policy.filters is not None else 1
+    split = policy.admission.gateways * processes
+    replicas = _replicas(pool)
+
+    def share(per_replica: int | None) -> int | None:
+        if per_replica is None:
+            return None
+        return max(1, (per_replica * replicas) // split)
+
+    return share(cap.max_running_requests), share(cap.max_total_tokens)
+
+
+def saturated_limit(limit: int | None, saturation: float | None) -> int | None:
+    """Fewer admitted requests while the pool is past saturation 1 (its own queues are
+    filling): ``limit × (2 − saturation)``, at least 1; unchanged below 1 or without data."""
+    if limit is None or saturation is None or saturation <= 1.0:
+        return limit
+    factor = max(0.0, 2.0 - min(saturation, 2.0))
+    return max(1, math.floor(limit * factor))
+
+
+def lane_configs(policy: Any) -> list[LaneConfig]:
+    """Both lanes, highest priority first."""
+    out = []
+    for name in ("interactive", "batch"):
+        lane = policy.admission.lane(name)
+        out.append(LaneConfig(name, lane.max_queue, lane.tenant_queue, lane.wait, lane.max_share))
+    return out

@@ -1,0 +1,126 @@
+"""admission: priority admission at the request headers (after identity and lane).
+
+The request waits here, holding Envoy's request headers, until its pool has a free slot;
+interactive before batch, tenants weighted by tier inside a lane. A full queue or a wait it
+cannot afford is answered at once: 503 with ``Retry-After`` from the lane's measured drain rate
+and an OpenAI-style body naming the reason; a client deadline that passes is answered 504. The
+slot is freed at the end of the stream (or when the client goes away).
+
+The lane is the one the lane plugin chose from the tenant's tier (a client header cannot raise
+it); a client deadline only shortens the wait, it never moves a request forward.
+
+Settings: ``tokens_from_length`` (default true: with ``capacity.max_total_tokens`` declared, a
+request counts ``content-length / 4`` tokens against it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from filters.admission.core import Shed
+from filters.admission.deadline import DEADLINE_HEADER, TIMEOUT_HEADER, remaining_seconds
+from filters.admission.gate import Gates, PoolGate
+from filters.admission.queues import Ticket
+from filters.api import BasePlugin, Context, Reply, Result, openai_error
+from filters.errors import ConfigError
+from filters.services import Services
+
+__all__ = ["AdmissionPlugin", "shed_reply"]
+
+UPSTREAM_TIMEOUT = "x-envoy-upstream-rq-timeout-ms"  # Envoy's router ends the request then
+_SCRATCH = "admission"
+_MESSAGES = {
+    "queue_full": "the {lane} queue of this model is full",
+    "tenant_queue_full": "you have too many {lane} requests waiting for this model",
+    "wait_too_long": "this model cannot start a {lane} request within its wait budget",
+    "timed_out": "this model had no free slot for your {lane} request within its wait budget",
+    "deadline": "the request deadline passed before this model could start it",
+}
+
+
+def shed_reply(shed: Shed, lane: str) -> Reply:
+    """The one place a :class:`Shed` becomes an HTTP answer."""
+    message = _MESSAGES.get(shed.reason, "overloaded").format(lane=lane)
+    headers = {"retry-after": str(shed.retry_after_s)}
+    headers["retry-after-ms"] = str(max(1, round(shed.retry_after * 1000)))
+    if shed.status == 504:
+        return openai_error(
+            504,
+            message + "; it was not sent to a backend",
+            error_type="timeout_error",
+            code="deadline_exceeded",
+            headers=headers,
+            details="tokenweir_deadline",
+        )
+    return openai_error(
+        503,
+        message + f"; retry after {shed.retry_after_s}s",
+        error_type="server_error",
+        code=shed.reason,
+        headers=headers,
+        details=f"tokenweir_shed_{shed.reason}",
+    )
+
+
+class AdmissionPlugin(BasePlugin):
+    name = "admission"
+    bounded = True  # its wait is bounded by the lane's max_wait (and the client's deadline)
+
+    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+        unknown = set(settings) - {"tokens_from_length"}
+        if unknown:
+            raise ConfigError(f"admission: unknown setting(s) {sorted(unknown)}")
+        self.tokens_from_length = bool(settings.get("tokens_from_length", True))
+        self.services = services
+        gates = getattr(services, "gates", None)
+        if gates is None:  # no shared gates (a bare Services): this plugin's own
+            gates = Gates(clock=services.clock, wall=services.clock)
+            gates.configure(services.policy)
+        self.gates: Gates = gates
+        self.policy = services.policy.admission
+
+    async def request_headers(
+        self, ctx: Context, headers: Mapping[str, str], end_of_stream: bool
+    ) -> Result | None:
+        pool = ctx.route.pool
+        gate = self.gates.gate(pool) if pool is not None and self.policy.enabled else None
+        if gate is None:
+            return None
+        lane = ctx.lane or ctx.route.lane or "interactive"
+        remaining = remaining_seconds(headers, self.gates.wall())
+        now = self.gates.clock()
+        deadline = now + remaining if remaining is not None else None
+        result = await gate.acquire(
+            lane,
+            ctx.tenant or "anonymous",
+            weight=self.policy.weight(ctx.tier),
+            tokens=self._tokens(gate, headers),
+            deadline=deadline,
+            on_wait=getattr(ctx, "hold", None),
+        )
+        if isinstance(result, Shed):
+            self.services.metrics.rejected(ctx.route.name, result.reason, result.status)
+            return Result(reply=shed_reply(result, lane))
+        ctx.scratch[_SCRATCH] = (gate, result)
+        if deadline is None:
+            return None
+        left_ms = str(max(1, int((deadline - self.gates.clock()) * 1000)))
+        return Result(
+            set_headers={TIMEOUT_HEADER: left_ms, UPSTREAM_TIMEOUT: left_ms},
+            remove_headers=(DEADLINE_HEADER,),
+        )
+
+    def _tokens(self, gate: PoolGate, headers: Mapping[str, str]) -> int:
+        if not self.tokens_from_length or gate.core.max_tokens is None:
+            return 0
+        try:
+            return max(0, int(headers.get("content-length", "0"))) // 4
+        except ValueError:
+            return 0
+
+    async def stream_end(self, ctx: Context) -> None:
+        held: tuple[PoolGate, Ticket] | None = ctx.scratch.pop(_SCRATCH, None)
+        if held is not None:
+            gate, ticket = held
+            gate.release(ticket)
