@@ -305,3 +305,48 @@ async def test_two_gateways_never_admit_more_than_the_pool_holds(tmp_path: Path)
         b.release(100)
         assert {r[0] for r in await asyncio.gather(*tasks)} == {200}
         assert b.peak == 4
+
+
+async def test_expired_deadlines_never_reach_an_emulated_sglang(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from backends.emulator import EmulatorSettings, start_emulator
+
+    emu = await start_emulator(EmulatorSettings(model="m1", profile="seed-2k", time_scale=1.0))
+    fake = HoldBackend(port=emu.port)  # only its port: the policy points at the emulator
+    try:
+        async with gateway(tmp_path, fake, cap=1) as g, aiohttp.ClientSession() as s:
+
+            async def finished() -> float:
+                async with s.get(emu.url + "/metrics") as r:
+                    text = await r.text()
+                return sum(
+                    x.value
+                    for f in text_string_to_metric_families(text)
+                    for x in f.samples
+                    if x.name == "sglang:num_requests_total"
+                )
+
+            def chat(max_tokens: int) -> bytes:
+                msg = {"role": "user", "content": "hello"}
+                return json.dumps(
+                    {"model": "m1", "messages": [msg], "max_tokens": max_tokens}
+                ).encode()
+
+            async def post(body: bytes, headers: dict[str, str]) -> Response:
+                h = {"authorization": f"Bearer {KEYS['alice']}", "content-type": "application/json"}
+                async with s.post(
+                    f"{g.url}/v1/chat/completions", data=body, headers=h | headers
+                ) as r:
+                    return r.status, {k.lower(): v for k, v in r.headers.items()}, await r.text()
+
+            before = await finished()
+            long = asyncio.create_task(post(chat(400), {}))  # holds the pool's only slot
+            await until(lambda: g.gate.core.in_flight == 1)
+            late = [post(chat(5), {"x-request-timeout-ms": "150"}) for _ in range(2)]
+            for resp in await asyncio.gather(*late):
+                assert_shed(resp, 504, "deadline_exceeded")
+            assert (await long)[0] == 200
+            assert await finished() == before + 1  # only the long one reached the emulator
+    finally:
+        await emu.aclose()
