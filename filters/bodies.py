@@ -7,6 +7,7 @@ message, a ``param`` and a short metric ``reason``; nothing else escapes :func:`
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,7 +18,9 @@ __all__ = [
     "MAX_TOKENS_LIMIT",
     "Kind",
     "LlmRequest",
+    "decode_json",
     "dump_body",
+    "empty_body",
     "kind_for_path",
     "parse_request",
 ]
@@ -120,8 +123,15 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def empty_body() -> ClientError:
+    return _bad("the request body is empty; send a JSON object", "empty_body")
+
+
 def decode_json(body: bytes) -> dict[str, Any]:
-    """The body as a JSON object; 400 on invalid UTF-8, malformed or non-object JSON."""
+    """The body as a JSON object; 400 on an empty body, invalid UTF-8 (lone surrogates written
+    as ``\\ud800`` escapes included: no backend can encode them), malformed or non-object JSON."""
+    if not body.strip():
+        raise empty_body()
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -134,7 +144,25 @@ def decode_json(body: bytes) -> dict[str, Any]:
         raise _bad(f"the request body is not valid JSON: {exc}", "bad_json") from exc
     if not isinstance(data, dict):
         raise _bad("the request body must be a JSON object", "bad_json")
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        _check_surrogates(data)
     return data
+
+
+# a \uD800-\uDFFF escape; only then can the decoded strings hold a surrogate (a pair decodes to
+# one astral character, a lone one stays a surrogate that UTF-8 cannot encode)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _check_surrogates(data: dict[str, Any]) -> None:
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _bad(
+            "the request body holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff"
+            " escape): it is not valid Unicode text",
+            "bad_utf8",
+        ) from exc
 
 
 def dump_body(data: dict[str, Any]) -> bytes:

@@ -7,6 +7,7 @@ answers with (error objects, usage blocks, SSE framing).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,7 +65,15 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise RequestError(f"the body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw) is not None:
+        try:  # a lone \ud800 escape decodes to a string no tokenizer can encode
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise RequestError(f"the body is not valid Unicode text: {exc.reason}") from exc
     return body
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
 def parse_max_tokens(body: dict[str, Any], keys: Sequence[str]) -> int | None:

@@ -1,8 +1,10 @@
 """The ext_proc HTTP filter (filter server, filters/) and its per-route configuration. Pure.
 
-Filter level: request headers SEND (Envoy drops header mutations made with a BUFFERED body
-otherwise), request body BUFFERED, response headers SEND, response body STREAMED (SSE chunks
-pass one by one, never held), trailers SKIP; namespace ``tokenweir`` received as dynamic
+Filter level: every phase skipped (a local reply made before a route is known, such as a
+malformed request's 400, must not wait on the filter server). Per route: request headers SEND
+(Envoy drops header mutations made with a BUFFERED body otherwise), request body BUFFERED,
+response headers SEND, response body STREAMED (SSE chunks pass one by one, never held), trailers
+SKIP, each only when a plugin of the route needs it; namespace ``tokenweir`` received as dynamic
 metadata (the usage plugin's ``settle_tokens``). Per route: the route's name travels as gRPC
 initial metadata ``x-tokenweir-route`` (set here, so clients cannot forge it), the phases its
 plugins do not need are skipped, and its failure mode decides ``failure_mode_allow`` (never
@@ -63,7 +65,15 @@ def ext_proc_http_filter(policy: Policy) -> hcm_pb2.HttpFilter:
             envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=FILTERS_CLUSTER)
         ),
         failure_mode_allow=False,
-        processing_mode=_mode(True, True, True),
+        # nothing by default: every route with filters sets its own mode (per-route override);
+        # a reply Envoy makes before a route is known (a malformed request's 400) must not wait
+        # on the filter server, or the connection closes before the 400 is written
+        processing_mode=_PM(
+            request_header_mode=_PM.SKIP,
+            response_header_mode=_PM.SKIP,
+            request_trailer_mode=_PM.SKIP,
+            response_trailer_mode=_PM.SKIP,
+        ),
         message_timeout=dur(server.message_timeout),
         max_message_timeout=_max_message_timeout(policy),
         # admission sets x-envoy-upstream-rq-timeout-ms (a client deadline's remaining budget)

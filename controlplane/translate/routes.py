@@ -19,6 +19,7 @@ from google.protobuf import wrappers_pb2
 
 from controlplane.policy.model import Gateway, LlmPool, Policy, Retries, Route, Sidecar, Timeouts
 from controlplane.translate import names
+from controlplane.translate.edge import too_large_route
 from controlplane.translate.protos import dur, u32
 
 __all__ = [
@@ -134,8 +135,10 @@ def _policy_route(policy: Policy, route: Route, per_route: list[PerRoute]) -> li
         # ext_proc buffers the body: without this Envoy's connection buffer (1 MiB) caps it
         # and answers a larger body allowed by the policy with a plain-text 413
         server_limit = policy.filters.max_body_bytes if policy.filters is not None else 1024**2
+        limit = min(server_limit, pool.max_body_bytes)
         for r in out:
-            r.request_body_buffer_limit.value = min(server_limit, pool.max_body_bytes)
+            r.request_body_buffer_limit.value = limit
+        out.insert(0, too_large_route(route.name, out[-1].match, limit, list(configs)))
     return out
 
 

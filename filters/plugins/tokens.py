@@ -20,7 +20,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from filters.api import BasePlugin, Context, Result
-from filters.bodies import Kind, LlmRequest, dump_body, kind_for_path, parse_request
+from filters.bodies import (
+    Kind,
+    LlmRequest,
+    dump_body,
+    empty_body,
+    kind_for_path,
+    parse_request,
+)
 from filters.errors import ClientError, ConfigError
 from filters.keys import ThrottledLog
 from filters.services import Services
@@ -96,8 +103,10 @@ class TokensPlugin(BasePlugin):
         self, ctx: Context, headers: Mapping[str, str], end_of_stream: bool
     ) -> Result | None:
         kind = kind_for_path(ctx.path)
-        if kind is None or end_of_stream or ctx.method not in ("POST", "PUT"):
+        if kind is None or ctx.method not in ("POST", "PUT"):
             return None
+        if end_of_stream:  # no body at all: Envoy would skip the body phase
+            raise empty_body()
         ctype = headers.get("content-type", "application/json").split(";", 1)[0].strip().lower()
         if ctype != "application/json":
             raise ClientError(

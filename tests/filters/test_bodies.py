@@ -108,10 +108,29 @@ def test_unknown_fields_can_be_allowed() -> None:
     assert parse_request("chat", chat(other=1), reject_unknown=False).data["other"] == 1
 
 
-def test_dump_body_survives_lone_surrogates() -> None:
-    req = parse_request("chat", b'{"model":"m","messages":[{"role":"user","content":"\\ud800"}]}')
-    out = dump_body(req.data)
-    assert json.loads(out)["messages"][0]["content"] == "\ud800"
+@pytest.mark.parametrize(
+    "content", [b'"\\ud800"', b'"a\\udfffb"', b'"x\\uDBFF"', b'"\\udc00\\ud800"']
+)
+def test_lone_surrogates_are_rejected(content: bytes) -> None:
+    # a backend cannot encode them: SGLang's tokenizer fails with a 500 that ejects the replica
+    body = b'{"model":"m","messages":[{"role":"user","content":' + content + b"}]}"
+    with pytest.raises(ClientError, match="lone UTF-16 surrogate") as info:
+        parse_request("chat", body)
+    assert info.value.status == 400 and info.value.reason == "bad_utf8"
+
+
+def test_surrogate_pairs_and_escaped_backslashes_pass() -> None:
+    body = b'{"model":"m","messages":[{"role":"user","content":"\\ud83d\\ude00 \\\\ud800"}]}'
+    req = parse_request("chat", body)
+    assert req.data["messages"][0]["content"] == "\U0001f600 \\ud800"
+    assert json.loads(dump_body(req.data)) == req.data
+
+
+@pytest.mark.parametrize("body", [b"", b"  \r\n"])
+def test_an_empty_body_is_a_400_that_says_so(body: bytes) -> None:
+    with pytest.raises(ClientError, match="the request body is empty") as info:
+        parse_request("chat", body)
+    assert info.value.status == 400
 
 
 json_values = st.recursive(

@@ -204,6 +204,17 @@ async def test_tokens_rejects_content_type_and_size(services: Services) -> None:
     assert info.value.status == 413
 
 
+async def test_tokens_answers_a_post_without_body_itself(services: Services) -> None:
+    # Envoy skips the body phase when there is no body: the request would reach the backend
+    plugin = TokensPlugin({}, services)
+    with pytest.raises(ClientError, match="empty") as info:
+        await plugin.request_headers(make_ctx(), {"content-length": "0"}, True)
+    assert info.value.status == 400
+    get = make_ctx(path="/v1/models")
+    get.method = "GET"
+    assert await plugin.request_headers(get, {}, True) is None
+
+
 async def test_prefix_hash_shared_system_prompt_does_not_collapse(services: Services) -> None:
     plugin = PrefixPlugin({}, services)
     system = {"role": "system", "content": "You are a helpful assistant."}

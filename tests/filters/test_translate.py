@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
 
 from controlplane.policy import load_policy_text
@@ -51,9 +53,12 @@ def test_filter_level_config() -> None:
     cfg = ext_proc_pb2.ExternalProcessor()
     assert f.name == EXT_PROC_FILTER and f.typed_config.Unpack(cfg)
     assert cfg.grpc_service.envoy_grpc.cluster_name == "tokenweir_filters"
-    assert cfg.processing_mode.request_header_mode == PM.SEND
-    assert cfg.processing_mode.request_body_mode == PM.BUFFERED
-    assert cfg.processing_mode.response_body_mode == PM.STREAMED
+    # nothing at filter level: a reply Envoy makes before any route is known (a malformed
+    # request's 400) must not wait on the filter server; each route sets its own mode
+    assert cfg.processing_mode.request_header_mode == PM.SKIP
+    assert cfg.processing_mode.response_header_mode == PM.SKIP
+    assert cfg.processing_mode.request_body_mode == PM.NONE
+    assert cfg.processing_mode.response_body_mode == PM.NONE
     assert list(cfg.metadata_options.receiving_namespaces.untyped) == ["tokenweir"]
     assert cfg.message_timeout.ToMilliseconds() == 300 and not cfg.failure_mode_allow
 
@@ -73,3 +78,29 @@ def test_per_route_modes_route_name_and_failure_mode() -> None:
     custom = per_route("custom").overrides.processing_mode  # an imported plugin: every phase
     assert custom.request_body_mode == PM.BUFFERED and custom.response_header_mode == PM.SEND
     assert per_route("inventory").disabled
+
+
+def test_a_body_over_the_limit_has_its_own_413_route_before_any_filter() -> None:
+    from envoy.config.route.v3 import route_components_pb2 as rc
+
+    from controlplane.envoy_launcher import validate
+    from controlplane.translate.render import ROUTE, render
+    from controlplane.translate.static import static_bootstrap
+
+    groups = render(load_policy_text(POLICY))
+    vh = groups["edge"][ROUTE]["edge_gateway_routes"].virtual_hosts[0]
+    names = [r.name for r in vh.routes]
+    assert names[:3] == ["full/too_large", "full/interactive", "full"]
+    assert "inventory/too_large" not in names  # an ordinary service's body is not read
+    big = vh.routes[0]
+    assert big.match.prefix == "/v1/"
+    (cl,) = big.match.headers
+    limit = vh.routes[1].request_body_buffer_limit.value
+    assert cl.name == "content-length" and cl.range_match.start == limit + 1
+    assert big.direct_response.status == 413
+    assert json.loads(big.direct_response.body.inline_string)["error"]["code"] == 413
+    for cfg in big.typed_per_filter_config.values():
+        off = rc.FilterConfig()
+        assert cfg.Unpack(off) and off.disabled
+    ok, message = validate(static_bootstrap(groups["edge"], node_id="edge"))
+    assert ok, message

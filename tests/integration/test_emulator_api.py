@@ -175,6 +175,17 @@ async def test_generate_native_stream_is_cumulative(
         ("/v1/completions", json.dumps({"prompt": "x", "max_tokens": 40000}).encode()),
         ("/v1/completions", json.dumps({"prompt": 5}).encode()),
         ("/generate", json.dumps({"sampling_params": {}}).encode()),
+        # bad text: a lone surrogate escape, invalid UTF-8, no body at all (never a 500, which
+        # counts toward ejecting a healthy replica)
+        (
+            "/v1/chat/completions",
+            json.dumps({"messages": [{"role": "user", "content": "\ud800"}]}).encode(),
+        ),
+        ("/v1/completions", json.dumps({"prompt": "a \udfff b"}).encode()),
+        ("/generate", json.dumps({"text": "\ud800"}).encode()),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\xff"}]}'),
+        ("/v1/chat/completions", b""),
+        ("/generate", b""),
     ],
 )
 async def test_bad_input_is_400_with_sglang_error_body(
