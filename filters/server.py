@@ -32,6 +32,7 @@ from filters.protocol import (
     trailers_response,
 )
 from filters.registry import RouteEntry
+from filters.sse import SETTLE_KEY
 from runtime.drain import Inflight
 from runtime.grpc_health import AioHealth
 from runtime.health import HealthState
@@ -195,6 +196,11 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
             for k, v in _descriptor_headers(ctx).items():
                 out.set_headers.setdefault(k, v)
             out.clear_route_cache = True
+            # the stream-done settlement always has a value: nothing produced until the usage
+            # plugin sees output (an upstream error, or a client gone before any, settles 0);
+            # without one Envoy skips the call, logs "Invalid hits_addend" and the whole
+            # reservation stays charged
+            out.metadata.setdefault(SETTLE_KEY, 0)
         return headers_response("request_headers", _finish(out))
 
     async def _request_body(
@@ -209,6 +215,8 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
             out.set_headers.setdefault("x-tokenweir-model", d["x-tokenweir-model"])
             out.set_headers.setdefault("x-tokenweir-reserve", d["x-tokenweir-reserve"])
             out.clear_route_cache = True
+            if not _meters_usage(entry):  # nobody will count: the worst case stays charged
+                out.metadata.setdefault(SETTLE_KEY, ctx.reserve or 0)
         return body_response("request_body", _finish(out))
 
 
@@ -224,6 +232,10 @@ def _holder(
         await write(resp)
 
     return hold
+
+
+def _meters_usage(entry: RouteEntry) -> bool:
+    return any(getattr(p, "name", "") == "usage" for p in entry.chain.plugins)
 
 
 def _continue(which: str | None) -> pb.ProcessingResponse:

@@ -11,7 +11,24 @@ from typing import Any
 
 from filters.api import Usage
 
-__all__ = ["event_json", "is_usage_only_event", "split_events", "usage_from_json", "usage_of"]
+__all__ = [
+    "SETTLE_KEY",
+    "count_events",
+    "event_json",
+    "is_usage_only_event",
+    "split_events",
+    "usage_from_json",
+    "usage_of",
+]
+
+
+SETTLE_KEY = "settle_tokens"  # dynamic metadata (namespace tokenweir) the settle descriptor reads
+
+
+def count_events(chunk: bytes) -> int:
+    """How many ``data:`` events (``[DONE]`` aside) a chunk of an SSE stream carries."""
+    n = chunk.count(b"data:")
+    return n - chunk.count(b"[DONE]") if n else 0
 
 
 def split_events(data: bytes) -> tuple[list[bytes], bytes]:

@@ -1,6 +1,11 @@
 """usage: real token counts from responses → ``tokenweir.settle_tokens`` and metrics.
 
-JSON answers are read at their end; SSE streams are read as they pass. Chunks are never held
+JSON answers are read at their end; SSE streams are read as they pass. Settlement is truthful:
+the filter server sets ``settle_tokens`` to 0 at the request (so an upstream error, or a client
+gone before any output, settles 0); while a stream runs, each chunk updates it to what has been
+produced so far (the prompt plus one token per event, at most ``max_tokens``), so a stream the
+client abandons, or that breaks, settles that; the usage the backend reports replaces the
+estimate. A JSON answer without usage keeps the worst case (its cost is unknown). Chunks are never held
 back: each is answered at once. When the client did not ask for ``include_usage`` (the tokens
 plugin forced it upstream), the usage-only event is cut out of the chunk that carries it; to cut
 cleanly the chunk is answered with its complete events and an incomplete trailing event (bytes
@@ -18,7 +23,15 @@ from typing import Any
 from filters.api import BasePlugin, Context, Result, Usage
 from filters.errors import ConfigError
 from filters.services import Services
-from filters.sse import event_json, is_usage_only_event, split_events, usage_from_json, usage_of
+from filters.sse import (
+    SETTLE_KEY,
+    count_events,
+    event_json,
+    is_usage_only_event,
+    split_events,
+    usage_from_json,
+    usage_of,
+)
 
 __all__ = ["UsagePlugin"]
 
@@ -35,6 +48,7 @@ class _State:
     first: float = 0.0
     last: float = 0.0
     chunks: int = 0
+    events: int = 0
     too_big: bool = False
     ttft: Any = None
     tbt: Any = None
@@ -84,14 +98,34 @@ class UsagePlugin(BasePlugin):
             st.last = now
             st.chunks += 1
         if st.sse:
-            return self._sse(ctx, st, chunk, end_of_stream)
+            result = self._sse(ctx, st, chunk, end_of_stream)
+            return self._produced(ctx, st, chunk, result) if ctx.usage is None else result
         if not st.too_big:
             st.buf += chunk
             if len(st.buf) > self.max_json_bytes:
                 st.too_big, st.buf = True, bytearray()
-        if end_of_stream and not st.too_big:
-            return self._settle(ctx, usage_from_json(bytes(st.buf)))
-        return None
+        if not end_of_stream:
+            return None
+        found = None if st.too_big else self._settle(ctx, usage_from_json(bytes(st.buf)))
+        if found is None and ctx.usage is None and not _is_error(st):
+            # an answer without usage (or too large to read): its cost is unknown, so the
+            # worst case stays charged; an error answer keeps the 0 set at the request
+            return Result(metadata={SETTLE_KEY: ctx.reserve or 0})
+        return found
+
+    def _produced(
+        self, ctx: Context, st: _State, chunk: bytes, result: Result | None
+    ) -> Result | None:
+        """What a stream cut short has cost so far: the prompt once output began, plus one token
+        per event seen (SGLang sends one decode step per event), at most ``max_tokens``."""
+        st.events += count_events(chunk)
+        if st.events == 0:
+            return result
+        out = min(st.events, ctx.max_tokens) if ctx.max_tokens else st.events
+        metadata = {SETTLE_KEY: (ctx.prompt_tokens or 0) + out}
+        if result is None:
+            return Result(metadata=metadata)
+        return Result(body=result.body, metadata={**metadata, **result.metadata})
 
     def _sse(self, ctx: Context, st: _State, chunk: bytes, eos: bool) -> Result | None:
         if st.drop_usage and not st.tail and chunk.endswith(b"\n\n") and b'"usage"' not in chunk:
@@ -141,7 +175,7 @@ class UsagePlugin(BasePlugin):
         if usage is None or (ctx.usage is not None and usage.total <= ctx.usage.total):
             return None
         ctx.usage = usage
-        return Result(metadata={"settle_tokens": usage.total})
+        return Result(metadata={SETTLE_KEY: usage.total})
 
     async def stream_end(self, ctx: Context) -> None:
         u = ctx.usage
@@ -160,6 +194,12 @@ class UsagePlugin(BasePlugin):
             )
         if ctx.prompt_tokens and u.prompt_tokens:
             m.estimate_ratio.labels(model).observe(ctx.prompt_tokens / u.prompt_tokens)
+
+
+def _is_error(st: _State) -> bool:
+    """An error answer (OpenAI's or SGLang's JSON error, or not JSON at all): nothing produced."""
+    head = bytes(st.buf[:4096]).lstrip()
+    return not st.too_big and (not head.startswith((b"{", b"[")) or b'"error"' in head)
 
 
 def _tail_after_events(data: bytes) -> bytes:

@@ -25,6 +25,7 @@ class FakeOpenAI:
     seen: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
     spans: list[tuple[float, float, dict[str, str], int]] = field(default_factory=list)
     record: bool = True
+    fail_status: int = 0  # answer every chat request with this error status (0: don't)
     _runner: web.AppRunner | None = None
 
     async def start(self) -> None:
@@ -66,6 +67,10 @@ class FakeOpenAI:
         raw = await request.read()
         body = json.loads(raw)
         self._note(request, body)
+        if self.fail_status:
+            err = {"object": "error", "message": "injected failure", "type": "Internal Server Error",
+                   "param": None, "code": self.fail_status}  # fmt: skip
+            return web.json_response(err, status=self.fail_status)
         n = min(self.words, int(body.get("max_tokens") or body.get("max_completion_tokens") or 16))
         msgs = body.get("messages") or [{"content": body.get("prompt", "")}]
         prompt = sum(len(str(m.get("content", "")).split()) + 3 for m in msgs)

@@ -127,6 +127,33 @@ async def test_error_bodies_settle_nothing(services: Services) -> None:
     assert ctx.usage is None
 
 
+async def test_a_stream_cut_short_settles_what_it_produced(
+    services: Services, clock: FakeClock
+) -> None:
+    ctx = streaming_ctx(False)
+    ctx.prompt_tokens, ctx.max_tokens, ctx.reserve = 11, 3, 14
+    plugin = UsagePlugin({}, services)
+    words = [ev({"choices": [{"delta": {"content": f"w{i}"}}]}) for i in range(5)]
+    seen = []
+    for chunk in (words[0], words[1] + words[2], words[3] + words[4]):
+        r = await plugin.response_chunk(ctx, chunk, False)
+        assert r is not None and r.body is None  # nothing held back or rewritten
+        seen.append(r.metadata["settle_tokens"])
+    assert seen == [12, 14, 14]  # the prompt, then a token per event, capped at max_tokens
+    assert ctx.usage is None  # an estimate, never taken for the reported usage
+
+
+async def test_json_without_usage_keeps_the_worst_case(services: Services) -> None:
+    ctx = make_ctx()
+    ctx.reserve = 300
+    plugin = UsagePlugin({}, services)
+    r = await plugin.response_chunk(ctx, b'{"choices":[{"text":"hi"}]}', True)
+    assert r is not None and r.metadata == {"settle_tokens": 300}
+    other = make_ctx()
+    other.reserve = 300
+    assert await plugin.response_chunk(other, b"Internal Server Error", True) is None
+
+
 def test_split_events() -> None:
     events, tail = split_events(b"data: a\n\ndata: b\r\n\r\ndata: c")
     assert events == [b"data: a\n\n", b"data: b\n\n"] and tail == b"data: c"
