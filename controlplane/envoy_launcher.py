@@ -34,6 +34,9 @@ __all__ = [
 
 XDS_CLUSTER = "xds_cluster"
 _HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+_DOWNSTREAM_CONNECTIONS = (
+    "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
+)
 
 
 class EnvoyStartError(Exception):
@@ -59,6 +62,9 @@ class EnvoySettings:
     xds_retry_max_s: float = 1.0
     initial_fetch_timeout_s: float = 15.0
     buffer_limit_bytes: int = 1024 * 1024
+    # all client connections of the process (the overload manager's global cap; each listener
+    # has its own, lower, limit from the policy): past it Envoy accepts nothing more
+    max_downstream_connections: int = 50_000
     # When set, Envoy keeps only the stats whose names match one of these regexes (saves
     # memory with thousands of clusters: benchmarks run 50 Envoys on one small machine).
     stats_inclusion: tuple[str, ...] = ()
@@ -92,7 +98,22 @@ def render_bootstrap(settings: EnvoySettings) -> dict[str, Any]:
     }
     bootstrap: dict[str, Any] = {
         "node": {"id": settings.node_id, "cluster": settings.node_cluster},
-        "admin": {"address": _socket(settings.admin_host, settings.admin_port)},
+        # the admin port stays reachable when clients hold every connection the cap allows
+        "admin": {
+            "address": _socket(settings.admin_host, settings.admin_port),
+            "ignore_global_conn_limit": True,
+        },
+        "overload_manager": {
+            "resource_monitors": [
+                {
+                    "name": "envoy.resource_monitors.global_downstream_max_connections",
+                    "typed_config": {
+                        "@type": f"type.googleapis.com/{_DOWNSTREAM_CONNECTIONS}",
+                        "max_active_downstream_connections": settings.max_downstream_connections,
+                    },
+                }
+            ]
+        },
         "dynamic_resources": {
             "ads_config": {
                 "api_type": "DELTA_GRPC" if settings.delta else "GRPC",

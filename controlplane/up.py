@@ -263,6 +263,7 @@ class Mesh:
             settings = EnvoySettings(
                 node_id=f"{node}-0", node_cluster=node, xds_host=self.policy.control_plane.xds.host,
                 xds_port=self.plane.xds_port, base_id=_base_id(self.run_dir, node), delta=self.delta,
+                max_downstream_connections=_connection_cap(self.policy, node),
             )  # fmt: skip
             envoy = EnvoyProcess(settings, self.run_dir)
             await envoy.start()
@@ -357,3 +358,13 @@ async def _unless(force: asyncio.Event | None, work: Awaitable[object]) -> None:
 def _base_id(run_dir: Path, node: str) -> int:
     """Distinct per node and per run folder, so several meshes and tests can share a machine."""
     return 1000 + zlib.crc32(f"{run_dir}:{node}".encode()) % 60000
+
+
+def _connection_cap(policy: Policy, node: str) -> int:
+    """The process-wide client connection cap of one Envoy: what its listeners allow together."""
+    gw = policy.gateways.get(node)
+    if gw is not None:
+        return gw.downstream.max_connections
+    sc = policy.sidecars[node]
+    listeners = (sc.inbound is not None) + (sc.outbound is not None)
+    return sc.downstream.max_connections * max(1, listeners)

@@ -37,6 +37,7 @@ __all__ = [
     "Affinity",
     "CircuitBreakers",
     "ControlPlane",
+    "Downstream",
     "EmulatedPool",
     "FiltersServer",
     "Gateway",
@@ -289,12 +290,25 @@ class Route:
 
 # -- nodes ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Downstream:
+    """Bounds on client connections, per listener: slow and idle clients cannot hold them."""
+
+    # the whole request head must arrive within this (a client trickling headers is cut off)
+    request_headers_timeout: Annotated[float, Duration(0.1, 3600)] = 10.0
+    # a connection with no request in flight is closed after this
+    idle_timeout: Annotated[float, Duration(1, 86400)] = 300.0
+    # open connections this listener keeps; more are closed at once
+    max_connections: Annotated[int, Range(1, 1_000_000)] = 10_000
+
+
+@dataclass(frozen=True)
 class Gateway:
     """An edge Envoy; every instance with node cluster == this name gets these resources."""
 
     listen: Address = field(default_factory=lambda: Address("127.0.0.1", 10000))
     routes: tuple[Route, ...] = ()
     max_request_headers_kb: Annotated[int, Range(1, 8192)] = 60
+    downstream: Downstream = field(default_factory=Downstream)
 
 
 @dataclass(frozen=True)
@@ -316,6 +330,7 @@ class Sidecar:
     service: str
     inbound: SidecarInbound | None = None
     outbound: SidecarOutbound | None = None
+    downstream: Downstream = field(default_factory=Downstream)  # for each of its listeners
 
 
 @dataclass(frozen=True)

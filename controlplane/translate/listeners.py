@@ -4,17 +4,24 @@ Routes come over RDS (ADS). The HTTP filter chain is ext_proc (filter server) â†
 router; the first two are present only when some route of the listener uses them, and are
 switched off per route through ``typed_per_filter_config`` (an LDS change would not reach open
 keep-alive connections; an RDS change does).
+
+Every listener bounds its clients (policy ``downstream``): the request head must arrive within
+``request_headers_timeout``, a connection without a request in flight closes after
+``idle_timeout``, and a connection-limit network filter closes connections past
+``max_connections`` at once (the bootstrap's overload manager caps the whole process).
 """
 
 from __future__ import annotations
 
+from envoy.config.core.v3 import protocol_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.network.connection_limit.v3 import connection_limit_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
 
-from controlplane.policy.model import Address, Gateway, Policy, Route
+from controlplane.policy.model import Address, Downstream, Gateway, Policy, Route
 from controlplane.translate import names
 from controlplane.translate.edge import openai_local_replies, strip_internal_headers
 from controlplane.translate.protos import ads_source, any_of, dur, socket_address
@@ -58,12 +65,20 @@ def gateway_listener(
         extra_filters,
         edge=True,
         max_headers_kb=gw.max_request_headers_kb,
+        downstream=gw.downstream,
     )
 
 
-def sidecar_listener(node: str, kind: str, listen: Address) -> listener_pb2.Listener:
+def sidecar_listener(
+    node: str, kind: str, listen: Address, downstream: Downstream
+) -> listener_pb2.Listener:
     return _listener(
-        names.listener_name(node, kind), listen, names.route_config_name(node, kind), [], edge=False
+        names.listener_name(node, kind),
+        listen,
+        names.route_config_name(node, kind),
+        [],
+        edge=False,
+        downstream=downstream,
     )
 
 
@@ -74,6 +89,7 @@ def _listener(
     extra_filters: list[hcm_pb2.HttpFilter],
     *,
     edge: bool,
+    downstream: Downstream,
     max_headers_kb: int = 60,
 ) -> listener_pb2.Listener:
     router = hcm_pb2.HttpFilter(
@@ -87,17 +103,26 @@ def _listener(
         use_remote_address=_bool(edge),
         stream_idle_timeout=dur(300),
         request_timeout=dur(0),
+        request_headers_timeout=dur(downstream.request_headers_timeout),
         max_request_headers_kb=_u32(max_headers_kb),
-        common_http_protocol_options=_common(),
+        common_http_protocol_options=protocol_pb2.HttpProtocolOptions(
+            idle_timeout=dur(downstream.idle_timeout)
+        ),
     )
     if edge:
         hcm.early_header_mutation_extensions.append(strip_internal_headers())
         hcm.local_reply_config.CopyFrom(openai_local_replies())
+    limit = connection_limit_pb2.ConnectionLimit(
+        stat_prefix=name, max_connections=_u64(downstream.max_connections)
+    )
     chain = listener_components_pb2.FilterChain(
         filters=[
             listener_components_pb2.Filter(
+                name="envoy.filters.network.connection_limit", typed_config=any_of(limit)
+            ),
+            listener_components_pb2.Filter(
                 name="envoy.filters.network.http_connection_manager", typed_config=any_of(hcm)
-            )
+            ),
         ]
     )
     return listener_pb2.Listener(
@@ -108,10 +133,10 @@ def _listener(
     )
 
 
-def _common():  # type: ignore[no-untyped-def]
-    from envoy.config.core.v3 import protocol_pb2
+def _u64(v: int):  # type: ignore[no-untyped-def]
+    from google.protobuf import wrappers_pb2
 
-    return protocol_pb2.HttpProtocolOptions(idle_timeout=dur(3600))
+    return wrappers_pb2.UInt64Value(value=v)
 
 
 def _u32(v: int):  # type: ignore[no-untyped-def]

@@ -54,10 +54,12 @@ def render(policy: Policy) -> dict[str, Resources]:
                 CLUSTER,
                 clusters.static_cluster(names.local_cluster(node), sc.inbound.local, http2=False),
             )
-            _add(res, LISTENER, sidecar_listener(node, "inbound", sc.inbound.listen))
+            _add(res, LISTENER, sidecar_listener(node, "inbound", sc.inbound.listen, sc.downstream))
             _add(res, ROUTE, sidecar_inbound_routes(node, sc))
         if sc.outbound is not None:
-            _add(res, LISTENER, sidecar_listener(node, "outbound", sc.outbound.listen))
+            _add(
+                res, LISTENER, sidecar_listener(node, "outbound", sc.outbound.listen, sc.downstream)
+            )
             _add(res, ROUTE, sidecar_outbound_routes(policy, node, sc))
             for up in sc.outbound.upstreams:
                 if up in policy.services:

@@ -77,3 +77,15 @@ def test_example_bootstrap_in_envoy_folder_is_what_the_launcher_renders() -> Non
         "EnvoySettings(node_id='edge-1', node_cluster='edge', xds_port=18000, base_id=1, "
         "admin_port=19000)), indent=2)"
     )
+
+
+def test_bootstrap_caps_client_connections_but_not_the_admin_port() -> None:
+    b = render_bootstrap(
+        EnvoySettings(
+            node_id="n", node_cluster="c", xds_port=1, base_id=1, max_downstream_connections=777
+        )
+    )
+    (monitor,) = b["overload_manager"]["resource_monitors"]
+    assert monitor["name"] == "envoy.resource_monitors.global_downstream_max_connections"
+    assert monitor["typed_config"]["max_active_downstream_connections"] == 777
+    assert b["admin"]["ignore_global_conn_limit"] is True

@@ -136,7 +136,15 @@ def test_example_gateway_chain_is_ext_proc_then_ratelimit_then_router() -> None:
     groups = render(load_policy(EXAMPLE))
     listener = groups["edge"][LISTENER]["edge_gateway"]
     hcm = hcm_pb2.HttpConnectionManager()
-    listener.filter_chains[0].filters[0].typed_config.Unpack(hcm)
+    chain = listener.filter_chains[0].filters
+    # the connection limit comes first: excess connections never reach HTTP parsing
+    assert [f.name for f in chain] == [
+        "envoy.filters.network.connection_limit",
+        "envoy.filters.network.http_connection_manager",
+    ]
+    chain[1].typed_config.Unpack(hcm)
+    assert hcm.request_headers_timeout.seconds == 10
+    assert hcm.common_http_protocol_options.idle_timeout.seconds == 300
     assert [f.name for f in hcm.http_filters] == [
         "envoy.filters.http.ext_proc",
         "envoy.filters.http.ratelimit",
