@@ -17,10 +17,11 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from controlplane.policy.phases import ROUTE_HEADER
+from controlplane.policy.phases import OVERSIZE_ROUTE_PREFIX, ROUTE_HEADER
 from filters.api import Context, openai_error
 from filters.chain import Outcome
 from filters.metrics import FilterMetrics
+from filters.oversize import answer_oversized, oversize_limit
 from filters.protocol import (
     CONTINUE_REQUEST_BODY,
     CONTINUE_RESPONSE_BODY,
@@ -116,6 +117,12 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         entry = self._routes.get(name) if name else None
         ctx: Context | None = None
         read, write, eof = context.read, context.write, grpc.aio.EOF  # type: ignore[attr-defined]
+        if entry is None and name is not None:
+            limit = oversize_limit(name, OVERSIZE_ROUTE_PREFIX)
+            if limit is not None:
+                await answer_oversized(read, write, eof, limit)
+                self._metrics.rejected("oversize", "too_large", 413)
+                return
         try:
             while True:
                 req = await read()

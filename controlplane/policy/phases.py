@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["BUILTIN_HOOKS", "ROUTE_HEADER", "route_hooks"]
+__all__ = ["BUILTIN_HOOKS", "OVERSIZE_ROUTE_PREFIX", "ROUTE_HEADER", "route_hooks"]
 
 ROUTE_HEADER = "x-tokenweir-route"  # gRPC initial metadata naming the route (set per route)
+# the route name of a body over its route's limit, followed by the limit in bytes: the filter
+# server reads such a body to its end (discarding it) and answers 413, so the client can read it
+OVERSIZE_ROUTE_PREFIX = "tokenweir.oversize:"
 
 BUILTIN_HOOKS: dict[str, frozenset[str]] = {
     "identity": frozenset({"request_headers"}),

@@ -31,6 +31,7 @@ from envoy.type.matcher.v3 import string_pb2
 from envoy.type.v3 import range_pb2
 from google.protobuf import struct_pb2
 
+from controlplane.translate.ext_proc import EXT_PROC_FILTER, ext_proc_oversize_per_route
 from controlplane.translate.protos import any_of
 
 __all__ = [
@@ -124,8 +125,10 @@ def _mapper(
 
 
 def too_large_route(name: str, match: rc.RouteMatch, limit: int, filters: list[str]) -> rc.Route:
-    """A route for requests whose ``content-length`` exceeds ``limit``: a direct 413 with an
-    OpenAI-style body, the route's filters (``filters``: their names) switched off."""
+    """A route for requests whose ``content-length`` exceeds ``limit``: 413 with an OpenAI-style
+    body, the route's filters (``filters``: their names) switched off but the filter server's,
+    which reads the body to its end first (see ``ext_proc_oversize_per_route``); the route's
+    direct 413 answers when there is no filter server."""
     m = rc.RouteMatch()
     m.CopyFrom(match)
     m.headers.append(
@@ -157,6 +160,8 @@ def too_large_route(name: str, match: rc.RouteMatch, limit: int, filters: list[s
     )
     for f in filters:
         r.typed_per_filter_config[f].CopyFrom(_disabled())
+    if EXT_PROC_FILTER in filters:
+        r.typed_per_filter_config[EXT_PROC_FILTER].CopyFrom(ext_proc_oversize_per_route(limit))
     return r
 
 

@@ -24,11 +24,17 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from google.protobuf import wrappers_pb2
 
 from controlplane.policy.model import FiltersServer, Policy, Route
-from controlplane.policy.phases import ROUTE_HEADER, route_hooks
+from controlplane.policy.phases import OVERSIZE_ROUTE_PREFIX, ROUTE_HEADER, route_hooks
 from controlplane.translate.names import FILTERS_CLUSTER
 from controlplane.translate.protos import any_of, dur
 
-__all__ = ["EXT_PROC_FILTER", "ext_proc_http_filter", "ext_proc_per_route", "route_mode"]
+__all__ = [
+    "EXT_PROC_FILTER",
+    "ext_proc_http_filter",
+    "ext_proc_oversize_per_route",
+    "ext_proc_per_route",
+    "route_mode",
+]
 
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 _PM = processing_mode_pb2.ProcessingMode
@@ -131,3 +137,25 @@ def ext_proc_per_route(route: Route) -> dict[str, Any]:
         failure_mode_allow=wrappers_pb2.BoolValue(value=_fails_open(route)),
     )
     return {EXT_PROC_FILTER: any_of(ext_proc_pb2.ExtProcPerRoute(overrides=overrides))}
+
+
+def ext_proc_oversize_per_route(limit: int) -> Any:
+    """A body over ``limit``: streamed to the filter server (full duplex: Envoy buffers nothing
+    and keeps reading), which discards it and answers 413 once it has all arrived. Answering
+    before would make Envoy close a connection the client is still writing to: a reset instead
+    of the answer. Fails open: without the filter server the route's own direct 413 answers."""
+    mode = _PM(
+        request_header_mode=_PM.SEND,
+        request_body_mode=_PM.FULL_DUPLEX_STREAMED,
+        request_trailer_mode=_PM.SEND,
+        response_header_mode=_PM.SKIP,
+        response_trailer_mode=_PM.SKIP,
+    )
+    overrides = ext_proc_pb2.ExtProcOverrides(
+        processing_mode=mode,
+        grpc_initial_metadata=[
+            base_pb2.HeaderValue(key=ROUTE_HEADER, value=f"{OVERSIZE_ROUTE_PREFIX}{limit}")
+        ],
+        failure_mode_allow=wrappers_pb2.BoolValue(value=True),
+    )
+    return any_of(ext_proc_pb2.ExtProcPerRoute(overrides=overrides))

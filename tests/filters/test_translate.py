@@ -81,8 +81,6 @@ def test_per_route_modes_route_name_and_failure_mode() -> None:
 
 
 def test_a_body_over_the_limit_has_its_own_413_route_before_any_filter() -> None:
-    from envoy.config.route.v3 import route_components_pb2 as rc
-
     from controlplane.envoy_launcher import validate
     from controlplane.translate.render import ROUTE, render
     from controlplane.translate.static import static_bootstrap
@@ -99,8 +97,15 @@ def test_a_body_over_the_limit_has_its_own_413_route_before_any_filter() -> None
     assert cl.name == "content-length" and cl.range_match.start == limit + 1
     assert big.direct_response.status == 413
     assert json.loads(big.direct_response.body.inline_string)["error"]["code"] == 413
-    for cfg in big.typed_per_filter_config.values():
-        off = rc.FilterConfig()
-        assert cfg.Unpack(off) and off.disabled
+    assert set(big.typed_per_filter_config) == {EXT_PROC_FILTER}  # no rate-limit filter here
+    # the filter server reads the body to its end (full duplex: Envoy buffers nothing), then 413
+    oversize = ext_proc_pb2.ExtProcPerRoute()
+    assert big.typed_per_filter_config[EXT_PROC_FILTER].Unpack(oversize)
+    mode = oversize.overrides.processing_mode
+    assert mode.request_body_mode == PM.FULL_DUPLEX_STREAMED
+    assert mode.request_trailer_mode == PM.SEND and mode.response_header_mode == PM.SKIP
+    (md,) = oversize.overrides.grpc_initial_metadata
+    assert md.value == f"tokenweir.oversize:{limit}"
+    assert oversize.overrides.failure_mode_allow.value  # no filter server: the direct 413
     ok, message = validate(static_bootstrap(groups["edge"], node_id="edge"))
     assert ok, message

@@ -68,6 +68,7 @@ class Edge:
     gw: int
     backend: FakeOpenAI
     slow: Backend
+    app: FilterApp
 
     @property
     def url(self) -> str:
@@ -85,7 +86,7 @@ async def edge(tmp_path: Path) -> AsyncIterator[Edge]:
         async with mesh(tmp_path, policy_text(gw, fp, backend, slow), {"edge": gw}) as m:
             app = FilterApp(Settings(policy_path=m.policy_path), clock=time.monotonic)
             await app.start()
-            yield Edge(gw, backend, slow)
+            yield Edge(gw, backend, slow, app)
     finally:
         if app is not None:
             await app.aclose()
@@ -130,7 +131,7 @@ def assert_openai_error(status: int, headers: dict[str, str], body: dict, want: 
 
 async def test_a_too_large_body_is_answered_413_for_the_openai_client(tmp_path: Path) -> None:
     async with edge(tmp_path) as e:
-        big = "x " * 500_000  # 1 MB, 16x the route's limit
+        big = "x " * 2_000_000  # 4 MB, 64x the route's limit
         client = openai.AsyncOpenAI(base_url=e.url + "/v1", api_key=KEY, max_retries=0)
         with pytest.raises(openai.APIStatusError) as info:
             await client.chat.completions.create(
@@ -138,6 +139,12 @@ async def test_a_too_large_body_is_answered_413_for_the_openai_client(tmp_path: 
             )
         assert info.value.status_code == 413
         assert "this route accepts" in info.value.message
+        # the filter server read the body to its end before answering (else: a reset)
+        drained = e.app.metrics.registry.get_sample_value(
+            "tokenweir_filters_rejections_total",
+            {"route": "oversize", "reason": "too_large", "status": "413"},
+        )
+        assert drained == 1
 
         def sync_call() -> openai.APIStatusError:
             c = openai.OpenAI(base_url=e.url + "/v1", api_key=KEY, max_retries=0)
