@@ -76,7 +76,7 @@ class Edge:
 
 
 @contextlib.asynccontextmanager
-async def edge(tmp_path: Path) -> AsyncIterator[Edge]:
+async def edge(tmp_path: Path, transport: str = "h2") -> AsyncIterator[Edge]:
     backend, slow = FakeOpenAI(name="b0"), Backend("slow", delay=1.0)
     await backend.start()
     await slow.start()
@@ -84,7 +84,8 @@ async def edge(tmp_path: Path) -> AsyncIterator[Edge]:
     app: FilterApp | None = None
     try:
         async with mesh(tmp_path, policy_text(gw, fp, backend, slow), {"edge": gw}) as m:
-            app = FilterApp(Settings(policy_path=m.policy_path), clock=time.monotonic)
+            settings = Settings(policy_path=m.policy_path, transport=transport)
+            app = FilterApp(settings, clock=time.monotonic)
             await app.start()
             yield Edge(gw, backend, slow, app)
     finally:
@@ -129,8 +130,11 @@ def assert_openai_error(status: int, headers: dict[str, str], body: dict, want: 
     assert body["error"]["message"] and body["error"]["type"], body
 
 
-async def test_a_too_large_body_is_answered_413_for_the_openai_client(tmp_path: Path) -> None:
-    async with edge(tmp_path) as e:
+@pytest.mark.parametrize("transport", ["h2", "grpc"])
+async def test_a_too_large_body_is_answered_413_for_the_openai_client(
+    tmp_path: Path, transport: str
+) -> None:
+    async with edge(tmp_path, transport) as e:
         big = "x " * 2_000_000  # 4 MB, 64x the route's limit
         client = openai.AsyncOpenAI(base_url=e.url + "/v1", api_key=KEY, max_retries=0)
         with pytest.raises(openai.APIStatusError) as info:
