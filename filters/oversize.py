@@ -16,7 +16,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from filters.api import openai_error
 from filters.protocol import immediate
 
-__all__ = ["MAX_DRAIN_BYTES", "answer_oversized", "oversize_limit"]
+__all__ = ["MAX_DRAIN_BYTES", "drain_body", "oversize_limit", "oversize_reply"]
 
 MAX_DRAIN_BYTES = 256 * 1024**2  # beyond this a client gets the 413 and a closed connection
 
@@ -29,20 +29,16 @@ def oversize_limit(route_name: str, prefix: str) -> int | None:
     return int(digits) if digits.isdigit() else 0
 
 
-async def answer_oversized(
-    read: Callable[[], Awaitable[Any]],
-    write: Callable[[pb.ProcessingResponse], Awaitable[None]],
-    eof: Any,
-    limit: int,
-    *,
-    max_bytes: int = MAX_DRAIN_BYTES,
-) -> int:
-    """Read the request to its end, then answer 413; the number of body bytes discarded."""
+async def drain_body(
+    read: Callable[[], Awaitable[Any]], eof: Any, *, max_bytes: int = MAX_DRAIN_BYTES
+) -> int | None:
+    """Read the request to its end (or past ``max_bytes``): the body bytes discarded, or None
+    when Envoy gave up on the stream first (the client left: nobody to answer)."""
     seen = 0
     while seen <= max_bytes:
         req = await read()
         if req is eof:
-            return seen  # Envoy gave up on the stream (the client left): nobody to answer
+            return None
         which = req.WhichOneof("request")
         if which == "request_body":
             seen += len(req.request_body.body)
@@ -52,10 +48,14 @@ async def answer_oversized(
             which == "request_headers" and req.request_headers.end_of_stream
         ):
             break
-    reply = openai_error(
-        413,
-        f"the request body is larger than this route accepts ({limit} bytes)",
-        details="tokenweir_too_large",
-    )
-    await write(immediate(reply))
     return seen
+
+
+def oversize_reply(limit: int) -> pb.ProcessingResponse:
+    return immediate(
+        openai_error(
+            413,
+            f"the request body is larger than this route accepts ({limit} bytes)",
+            details="tokenweir_too_large",
+        )
+    )

@@ -21,7 +21,7 @@ from controlplane.policy.phases import OVERSIZE_ROUTE_PREFIX, ROUTE_HEADER
 from filters.api import Context, openai_error
 from filters.chain import Outcome
 from filters.metrics import FilterMetrics
-from filters.oversize import answer_oversized, oversize_limit
+from filters.oversize import drain_body, oversize_limit, oversize_reply
 from filters.protocol import (
     CONTINUE_REQUEST_BODY,
     CONTINUE_RESPONSE_BODY,
@@ -120,8 +120,9 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         if entry is None and name is not None:
             limit = oversize_limit(name, OVERSIZE_ROUTE_PREFIX)
             if limit is not None:
-                await answer_oversized(read, write, eof, limit)
-                self._metrics.rejected("oversize", "too_large", 413)
+                if await drain_body(read, eof) is not None:
+                    self._metrics.rejected("oversize", "too_large", 413)
+                    await write(oversize_reply(limit))
                 return
         try:
             while True:

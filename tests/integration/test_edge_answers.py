@@ -136,11 +136,11 @@ async def test_a_too_large_body_is_answered_413_for_the_openai_client(
 ) -> None:
     async with edge(tmp_path, transport) as e:
         big = "x " * 2_000_000  # 4 MB, 64x the route's limit
-        client = openai.AsyncOpenAI(base_url=e.url + "/v1", api_key=KEY, max_retries=0)
-        with pytest.raises(openai.APIStatusError) as info:
-            await client.chat.completions.create(
-                model="m1", messages=[{"role": "user", "content": big}]
-            )
+        async with openai.AsyncOpenAI(base_url=e.url + "/v1", api_key=KEY, max_retries=0) as c:
+            with pytest.raises(openai.APIStatusError) as info:
+                await c.chat.completions.create(
+                    model="m1", messages=[{"role": "user", "content": big}]
+                )
         assert info.value.status_code == 413
         assert "this route accepts" in info.value.message
         # the filter server read the body to its end before answering (else: a reset)
@@ -151,15 +151,16 @@ async def test_a_too_large_body_is_answered_413_for_the_openai_client(
         assert drained == 1
 
         def sync_call() -> openai.APIStatusError:
-            c = openai.OpenAI(base_url=e.url + "/v1", api_key=KEY, max_retries=0)
-            with pytest.raises(openai.APIStatusError) as info:
-                huge = [{"role": "user", "content": "x " * 4_000_000}]  # 8 MB
+            huge = [{"role": "user", "content": "x " * 4_000_000}]  # 8 MB
+            with (
+                openai.OpenAI(base_url=e.url + "/v1", api_key=KEY, max_retries=0) as c,
+                pytest.raises(openai.APIStatusError) as info,
+            ):
                 c.chat.completions.create(model="m1", messages=huge)
             return info.value
 
         err = await asyncio.to_thread(sync_call)
         assert err.status_code == 413 and "larger than this route accepts" in err.message
-        await client.close()
         # without a content-length Envoy's own buffer limit answers: JSON too
         answer = await asyncio.to_thread(
             raw_exchange,
@@ -189,12 +190,11 @@ async def test_bad_text_and_empty_bodies_get_400_and_never_reach_a_backend(
                 got = await r.json(content_type=None)
                 assert_openai_error(r.status, _lower(r.headers), got, want=400)
                 assert got["error"]["type"] == "invalid_request_error", got
-        client = openai.AsyncOpenAI(base_url=e.url + "/v1", api_key=KEY, max_retries=0)
-        ok = await client.chat.completions.create(
-            model="m1", messages=[{"role": "user", "content": "hi \U0001f600"}]
-        )
+        async with openai.AsyncOpenAI(base_url=e.url + "/v1", api_key=KEY, max_retries=0) as c:
+            ok = await c.chat.completions.create(
+                model="m1", messages=[{"role": "user", "content": "hi \U0001f600"}]
+            )
         assert ok.choices[0].message.content
-        await client.close()
         assert len(e.backend.seen) == 1, "bad input reached the backend"
 
 
