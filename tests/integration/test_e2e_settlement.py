@@ -71,7 +71,7 @@ async def stack(tmp_path: Path, redis_port: int) -> AsyncIterator[Stack]:
                 argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
                         "--redis-url", redis_url]  # fmt: skip
                 children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
-                await asyncio.to_thread(wait_for_port, port, 20.0)
+                await asyncio.to_thread(wait_for_port, port, 40.0)  # a busy machine
             yield Stack(
                 f"http://127.0.0.1:{gw}", m, backend, QuotaReader(r, load_policy(m.policy_path))
             )
