@@ -5,7 +5,9 @@ Token costs travel in the filter's **own** ``rate_limits`` (Envoy honours ``hits
 
 * request time: tenant, model, lane, request_id, ``phase=reserve``; cost ``%REQ(x-tokenweir-reserve)%``
 * stream done: the same with ``phase=settle``; cost ``%DYNAMIC_METADATA(tokenweir:settle_tokens)%``
-  (no metadata → no call → the reservation expires by itself)
+  (the filter server sets it to 0 with the request headers and the usage plugin raises it as
+  output passes, so it is always there: without it Envoy would log "Invalid hits_addend", make no
+  call, and the whole reservation would stay charged until it expires)
 
 The request headers exist only on LLM routes (the filter server sets them), so these descriptors
 are produced nowhere else. A route to an ordinary service with ``rate_limit`` enabled counts
