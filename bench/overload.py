@@ -1,0 +1,363 @@
+"""Overload benchmark (issue 10): plain Envoy, sglang-router and tokenweir side by side in one run,
+each on its own fresh pool of emulated SGLang replicas, at 0.25x (the unloaded reference), 1x,
+2x and 3x the pool's capacity, 30% interactive / 70% batch, Mooncake token lengths, streaming;
+then a retry storm (a spike, with clients that honour Retry-After and clients that retry at once).
+
+    .venv/bin/python bench/overload.py            # the full run (about 8 minutes here)
+    .venv/bin/python bench/overload.py --smoke    # seconds: CI runs it (tests/bench)
+    .venv/bin/python bench/overload.py --scale 4  # 4x the replicas' slots and the durations
+
+Writes ``bench/results/overload.json``, ``bench/results/overload.md`` and PNG plots in
+``docs/img/`` (``--out-dir`` / ``--img-dir`` move them). docs/benchmarks.md ("Overload") explains
+the setup, every column and the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+
+from overload_arms import ARMS, MODEL, Arm, EmulatorPool, PoolSpec, make_arm, scrape  # noqa: E402
+from overload_client import Behaviour, Client  # noqa: E402
+from overload_report import write_outputs  # noqa: E402
+from overload_stats import summarize, targets, timeline  # noqa: E402
+from overload_workload import (  # noqa: E402
+    Arrival,
+    Phase,
+    load_sample,
+    mean_lengths,
+    pool_capacity_rps,
+    scaled_lengths,
+    schedule,
+    spike_phases,
+)
+
+from backends.emulator.trace import prompt_text  # noqa: E402
+from backends.profiles import get_profile  # noqa: E402
+
+_T0 = time.monotonic()
+KEYS = {
+    "interactive": [f"tw-bench-interactive-{i}" for i in range(4)],
+    "batch": [f"tw-bench-batch-{i}" for i in range(4)],
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    levels: tuple[float, ...]
+    duration: float
+    warmup: float
+    replicas: int
+    running: int
+    time_scale: float
+    length_scale: int
+    interactive_share: float
+    patience: dict[str, float]
+    max_attempts: int
+    storm_arms: tuple[str, ...]
+    storm: tuple[float, float, float, float, float]  # base, spike, before, during, after
+    storm_patience: float
+    storm_max_attempts: int
+    arms: tuple[str, ...]
+    seed: int
+    sample_every: float
+    calibration: tuple[float, float]  # seconds measured, seconds of warm-up
+
+
+def config(a: argparse.Namespace) -> Config:
+    if a.smoke:
+        return Config(
+            levels=(0.25, 1.0, 3.0), duration=1.5, warmup=0.3, replicas=1, running=4,
+            time_scale=1.0, length_scale=32, interactive_share=0.3,
+            patience={"interactive": 2.0, "batch": 2.0}, max_attempts=3,
+            storm_arms=("envoy", "tokenweir"), storm=(0.5, 3.0, 0.5, 1.0, 1.0),
+            storm_patience=1.0, storm_max_attempts=5, arms=tuple(a.arms), seed=a.seed,
+            sample_every=0.25, calibration=(2.0, 0.5),
+        )  # fmt: skip
+    k = a.scale
+    return Config(
+        levels=tuple(a.levels), duration=12.0 * k, warmup=3.0, replicas=a.replicas,
+        running=a.running * int(k) if k >= 1 else a.running, time_scale=a.time_scale,
+        length_scale=a.length_scale, interactive_share=0.3,
+        patience={"interactive": 10.0, "batch": 30.0}, max_attempts=4,
+        storm_arms=tuple(a.storm_arms), storm=(0.5, 3.0, 5.0, 5.0 * k, 15.0),
+        storm_patience=5.0, storm_max_attempts=50, arms=tuple(a.arms), seed=a.seed,
+        sample_every=0.25, calibration=(12.0 * k, 3.0),
+    )  # fmt: skip
+
+
+async def drive(
+    arm: Arm,
+    arrivals: list[Arrival],
+    behaviour: Behaviour,
+    patience: dict[str, float],
+    seed: int,
+    sample_every: float,
+) -> dict[str, Any]:
+    """Send ``arrivals`` to ``arm``; return every attempt and the queue samples."""
+    loop = asyncio.get_running_loop()
+    conn = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
+    async with (
+        aiohttp.ClientSession(connector=conn, timeout=timeout) as http,
+        aiohttp.ClientSession() as probe,
+    ):
+        client = Client(
+            http, arm.url, model=MODEL, keys=KEYS, patience=patience, behaviour=behaviour,
+            clock=loop.time, rng=random.Random(seed),
+        )  # fmt: skip
+        client.start()
+        samples: list[dict[str, float]] = []
+        stop = asyncio.Event()
+
+        async def sampler() -> None:
+            while not stop.is_set():
+                t = client.now()
+                row = {
+                    "t": round(t, 3),
+                    **{f"waiting_{k}": float(v) for k, v in client.waiting().items()},
+                }
+                row.update(await scrape(probe, arm))
+                samples.append(row)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), sample_every)
+
+        task = asyncio.create_task(sampler())
+        try:
+            await asyncio.gather(*(client.run(i, a) for i, a in enumerate(arrivals)))
+        finally:
+            stop.set()
+            await task
+    return {"attempts": client.attempts, "samples": samples, "end": client.now()}
+
+
+async def wait_idle(arm: Arm, timeout: float = 90.0) -> bool:
+    """Until the pool and the gateway hold nothing, then empty the pool's prefix caches: every
+    run starts on an idle pool with cold caches."""
+    async with aiohttp.ClientSession() as probe:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            q = await scrape(probe, arm)
+            if sum(q.values()) == 0 and await arm.pool.flush(probe):
+                return True
+            await asyncio.sleep(0.25)
+    return False
+
+
+async def calibrate(
+    spec: PoolSpec, records: list[Any], cfg: Config, run_dir: Path, seconds: float, warm: float
+) -> float:
+    """The pool's capacity in requests/s, measured: a closed loop holding every slot of a fresh
+    pool busy (``replicas x running`` streams, straight to the replicas), completions per second
+    after ``warm`` seconds."""
+    pool = EmulatorPool(spec, run_dir)
+    await pool.start("calibrate")
+    rng = random.Random(f"{cfg.seed}:calibrate")
+    order = [records[i] for i in rng.sample(range(len(records)), len(records))]
+    done: list[float] = []
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    counter = iter(range(10**9))
+
+    async def worker(http: aiohttp.ClientSession, url: str) -> None:
+        while loop.time() - t0 < warm + seconds:
+            rec = order[next(counter) % len(order)]
+            _, out = scaled_lengths(rec, cfg.length_scale)
+            body = {
+                "model": MODEL, "messages": [{"role": "user", "content": prompt_text(rec, cfg.length_scale)}],
+                "max_tokens": out, "ignore_eos": True, "stream": True,
+            }  # fmt: skip
+            async with http.post(url + "/v1/chat/completions", json=body) as r:
+                async for _ in r.content:
+                    pass
+            done.append(loop.time() - t0)
+
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            await asyncio.gather(
+                *(
+                    worker(http, pool.urls[i % spec.replicas])
+                    for i in range(spec.replicas * spec.running)
+                )
+            )
+    finally:
+        await pool.aclose()
+    return sum(1 for t in done if warm <= t < warm + seconds) / seconds
+
+
+def _level_key(m: float) -> str:
+    return f"{m:g}x"
+
+
+async def run(cfg: Config, out_dir: Path, img_dir: Path) -> dict[str, Any]:
+    profile = get_profile("llama-3.1-8b-h100")
+    records = load_sample()
+    mean_p, mean_o = mean_lengths(records, cfg.length_scale)
+    model_cap = pool_capacity_rps(
+        profile, replicas=cfg.replicas, running=cfg.running, mean_prompt=mean_p,
+        mean_output=mean_o, time_scale=cfg.time_scale,
+    )  # fmt: skip
+    print(
+        f"pool: {cfg.replicas} x {profile.name} (time_scale {cfg.time_scale:g}, "
+        f"{cfg.running} running each); mean prompt {mean_p:.0f} / output {mean_o:.1f} tokens "
+        f"(lengths / {cfg.length_scale}); capacity by the profile {model_cap:.2f} req/s",
+        flush=True,
+    )
+    spec0 = PoolSpec(cfg.replicas, cfg.running, profile.name, cfg.time_scale, model_cap, 10.0)
+    with tempfile.TemporaryDirectory(prefix="tw-overload-cal-") as tmp:
+        cap = await calibrate(spec0, records, cfg, Path(tmp), *cfg.calibration)
+    print(
+        f"[{time.monotonic() - _T0:6.1f}s] capacity measured (closed loop, every slot busy): "
+        f"{cap:.2f} req/s",
+        flush=True,
+    )
+    spec = PoolSpec(cfg.replicas, cfg.running, profile.name, cfg.time_scale, cap, 10.0)
+    result: dict[str, Any] = {
+        "config": asdict(cfg),
+        "capacity_rps": round(cap, 3),
+        "capacity_rps_by_profile": round(model_cap, 3),
+        "mean_prompt_tokens": round(mean_p, 1),
+        "mean_output_tokens": round(mean_o, 2),
+        "load_average_start": os.getloadavg(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "levels": {},
+        "storm": {},
+        "samples": {},
+        "timelines": {},
+    }
+    honour = Behaviour("honour", max_attempts=cfg.max_attempts)
+    with tempfile.TemporaryDirectory(prefix="tw-overload-") as tmp:
+        arms: dict[str, Arm] = {}
+        try:
+            for name in cfg.arms:
+                run_dir = Path(tmp) / name
+                run_dir.mkdir()
+                arms[name] = make_arm(name, EmulatorPool(spec, run_dir), run_dir)
+            await asyncio.gather(*(_start(arm) for arm in arms.values()))
+            print(f"[{time.monotonic() - _T0:6.1f}s] arms started", flush=True)
+            for m in cfg.levels:
+                rng = random.Random(f"{cfg.seed}:{m}")
+                arrivals = schedule(
+                    records, [Phase(cfg.duration, m)], capacity_rps=cap,
+                    interactive_share=cfg.interactive_share, tenants_per_lane=4,
+                    length_scale=cfg.length_scale, rng=rng,
+                )  # fmt: skip
+                for name, arm in arms.items():  # side by side: every arm at this level
+                    await wait_idle(arm)
+                    got = await drive(
+                        arm, arrivals, honour, cfg.patience, cfg.seed, cfg.sample_every
+                    )
+                    key = _level_key(m)
+                    summary = summarize(got["attempts"], window=(cfg.warmup, cfg.duration))
+                    result["levels"].setdefault(name, {})[key] = summary
+                    result["samples"].setdefault(name, {})[key] = got["samples"]
+                    _print_row(name, key, len(arrivals), summary)
+            await _storms(cfg, arms, records, cap, result)
+        finally:
+            await asyncio.gather(*(arm.aclose() for arm in arms.values()))
+    result["load_average_end"] = os.getloadavg()
+    result["targets"] = {n: targets(levels) for n, levels in result["levels"].items()}
+    write_outputs(result, out_dir, img_dir)
+    return result
+
+
+async def _start(arm: Arm) -> None:
+    await arm.pool.start(arm.name)
+    await arm.start()
+
+
+async def _storms(
+    cfg: Config, arms: dict[str, Arm], records: Any, cap: float, result: dict[str, Any]
+) -> None:
+    base, spike, before, during, after = cfg.storm
+    rng = random.Random(f"{cfg.seed}:storm")
+    arrivals = schedule(
+        records, spike_phases(base, spike, before, during, after), capacity_rps=cap,
+        interactive_share=cfg.interactive_share, tenants_per_lane=4,
+        length_scale=cfg.length_scale, rng=rng,
+    )  # fmt: skip
+    patience = {"interactive": cfg.storm_patience, "batch": cfg.storm_patience}
+    behaviours = (
+        Behaviour("honour", max_attempts=cfg.storm_max_attempts, retry_untold=True),
+        Behaviour("immediate", max_attempts=cfg.storm_max_attempts),
+    )
+    total = before + during + after
+    for name in cfg.storm_arms:
+        arm = arms.get(name)
+        if arm is None:
+            continue
+        for b in behaviours:
+            await wait_idle(arm)
+            got = await drive(arm, arrivals, b, patience, cfg.seed, cfg.sample_every)
+            summary = summarize(got["attempts"], window=(0.0, total))
+            tl = timeline(got["attempts"], bucket=0.5, end=max(got["end"], total))
+            result["storm"].setdefault(name, {})[b.name] = {
+                "summary": summary["all"],
+                "base_rps": round(base * cap, 3),
+                "spike": [before, before + during],
+                "arrivals": len(arrivals),
+            }
+            result["timelines"].setdefault(name, {})[b.name] = tl
+            s = summary["all"]
+            print(
+                f"[{time.monotonic() - _T0:6.1f}s] storm {name:13s} {b.name:9s} attempts/success {s['attempts_per_success']} "
+                f"success {s['success_rate']} attempts {s['attempts']} for {s['requests']} requests",
+                flush=True,
+            )
+
+
+def _print_row(arm: str, level: str, n: int, s: dict[str, dict[str, Any]]) -> None:
+    i, b, a = s["interactive"], s["batch"], s["all"]
+    print(
+        f"[{time.monotonic() - _T0:6.1f}s] {arm:13s} {level:>5s} n={n:4d} goodput {a['goodput_tok_s']} tok/s | interactive "
+        f"TTFT p95 {i['ttft_ms']['p95']} ms success {i['success_rate']} | batch TTFT p95 "
+        f"{b['ttft_ms']['p95']} ms success {b['success_rate']} | rejections {a['rejections']} "
+        f"p99 {a['rejection_ms_p99']} ms",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="a seconds-long run (CI)")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply slots and durations")
+    ap.add_argument("--levels", type=float, nargs="+", default=[0.25, 1.0, 2.0, 3.0])
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--storm-arms", nargs="*", default=["envoy", "tokenweir"], choices=ARMS)
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--running", type=int, default=16, help="max running requests per replica")
+    ap.add_argument("--time-scale", type=float, default=5.0, help="emulated durations x this")
+    ap.add_argument("--length-scale", type=int, default=16, help="trace lengths / this")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out-dir", type=Path, default=HERE / "results")
+    ap.add_argument("--img-dir", type=Path, default=HERE.parent / "docs" / "img")
+    a = ap.parse_args(argv)
+    cfg = config(a)
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        runner = asyncio.run
+    result = runner(run(cfg, a.out_dir, a.img_dir))
+    print(json.dumps(result["targets"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""The arms of the overload benchmark, each on its own fresh pool of SGLang emulators.
+
+- ``envoy``: plain Envoy, round robin, no governance (a static bootstrap written here: one
+  listener, one route with no timeout, one round-robin cluster, breakers out of the way).
+- ``sglang-router``: PyPI ``sglang-router`` (bench-only) with its own admission:
+  ``--max-concurrent-requests`` = the pool's running slots, ``--queue-size``,
+  ``--queue-timeout-secs``, ``--rate-limit-tokens-per-second`` = the pool's capacity in req/s.
+- ``tokenweir``: ``tokenweir up`` on ``bench/overload_policy.yaml`` with this run's ports and
+  endpoints (lanes, tiers, quotas in Redis, admission, pool state: whatever main has).
+
+Every process is a ``runtime.children.Child`` (own process group, dies with the benchmark) and
+is stopped by ``aclose``. ``server_queues`` reads the backends' ``sglang:num_queue_reqs`` /
+``num_running_reqs`` and, for tokenweir, the admission queues from the filter server's metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from controlplane.envoy_launcher import envoy_binary
+from runtime.children import Child, wait_child_port
+from runtime.ports import free_port
+
+__all__ = ["ARMS", "Arm", "EmulatorPool", "PoolSpec", "make_arm", "scrape"]
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICY = Path(__file__).resolve().parent / "overload_policy.yaml"
+ARMS = ("envoy", "sglang-router", "tokenweir")
+MODEL = "llama-3.1-8b"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    replicas: int
+    running: int  # --max-running-requests of each replica (the pool's capacity per replica)
+    profile: str
+    time_scale: float
+    capacity_rps: float  # requests/s the pool completes (overload_workload.pool_capacity_rps)
+    queue_wait_s: float  # longest a queued request may wait (sglang-router, tokenweir batch)
+
+
+@dataclass
+class EmulatorPool:
+    spec: PoolSpec
+    run_dir: Path
+    ports: list[int] = field(default_factory=list)
+    children: list[Child] = field(default_factory=list)
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.ports]
+
+    async def start(self, label: str) -> None:
+        s = self.spec
+        for i in range(s.replicas):
+            port = free_port()
+            argv = [
+                sys.executable, "-m", "backends.emulator", "--host", "127.0.0.1",
+                "--port", str(port), "--model", MODEL, "--profile", s.profile,
+                "--time-scale", str(s.time_scale), "--max-running-requests", str(s.running),
+                "--seed", str(i), "--log-level", "WARNING",
+            ]  # fmt: skip
+            child = Child(f"emulator {label}#{i}", argv, self.run_dir / f"emu-{label}-{i}.log")
+            child.start()
+            self.children.append(child)
+            self.ports.append(port)
+        for port, child in zip(self.ports, self.children, strict=True):
+            await wait_child_port("127.0.0.1", port, child)
+
+    async def flush(self, http: aiohttp.ClientSession) -> bool:
+        """Empty every replica's prefix cache (SGLang's ``/flush_cache``; 400 while busy)."""
+        ok = True
+        for url in self.urls:
+            async with http.post(url + "/flush_cache") as r:
+                ok = ok and r.status == 200
+        return ok
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(c.aclose() for c in self.children))
+
+
+class Arm:
+    """One gateway in front of its own emulator pool."""
+
+    name = ""
+
+    def __init__(self, pool: EmulatorPool, run_dir: Path) -> None:
+        self.pool = pool
+        self.run_dir = run_dir
+        self.port = free_port()
+        self.children: list[Child] = []
+        self.queue_metrics_url: str | None = None  # a /metrics page with gateway queues
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/chat/completions"
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        for child in reversed(self.children):
+            await child.aclose(2.0)
+        await self.pool.aclose()
+
+    def _spawn(self, name: str, argv: list[str]) -> Child:
+        child = Child(name, argv, self.run_dir / f"{name}.log")
+        child.start()
+        self.children.append(child)
+        return child
+
+
+class PlainEnvoy(Arm):
+    name = "envoy"
+
+    async def start(self) -> None:
+        path = self.run_dir / "envoy-plain.json"
+        path.write_text(json.dumps(plain_envoy_bootstrap(self.port, self.pool.ports), indent=1))
+        base_id = 1000 + zlib.crc32(str(path).encode()) % 60000
+        child = self._spawn(
+            "envoy-plain",
+            [str(envoy_binary()), "-c", str(path), "--base-id", str(base_id),
+             "--concurrency", "1", "--log-level", "warning"],
+        )  # fmt: skip
+        await wait_child_port("127.0.0.1", self.port, child)
+
+
+class SglangRouter(Arm):
+    name = "sglang-router"
+
+    async def start(self) -> None:
+        s = self.pool.spec
+        slots = s.replicas * s.running
+        argv = [
+            sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+            "--port", str(self.port), "--worker-urls", *self.pool.urls,
+            "--policy", "round_robin",
+            "--max-concurrent-requests", str(slots), "--queue-size", str(2 * slots),
+            "--queue-timeout-secs", str(max(1, round(s.queue_wait_s))),
+            "--rate-limit-tokens-per-second", str(max(1, round(s.capacity_rps))),
+            "--prometheus-port", str(free_port()), "--prometheus-host", "127.0.0.1",
+            "--log-level", "error",
+        ]  # fmt: skip
+        child = self._spawn("sglang-router", argv)
+        await wait_child_port("127.0.0.1", self.port, child, timeout=60)
+
+
+class Tokenweir(Arm):
+    name = "tokenweir"
+
+    async def start(self) -> None:
+        policy = bench_policy(self.pool, self.port, self.pool.spec)
+        path = self.run_dir / "tokenweir-policy.yaml"
+        path.write_text(yaml.safe_dump(policy, sort_keys=False))
+        metrics_port = policy["filters"]["metrics_port"]
+        self.queue_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        argv = [
+            str(Path(sys.executable).parent / "tokenweir"), "--log-level", "warning", "up",
+            "-c", str(path), "--run-dir", str(self.run_dir / "tokenweir-up"),
+            "--drain-timeout", "1",
+        ]  # fmt: skip
+        child = self._spawn("tokenweir-up", argv)
+        await wait_child_port("127.0.0.1", self.port, child, timeout=90)
+        await _wait_for_line(self.run_dir / "tokenweir-up.log", "tokenweir up: ready", child)
+
+
+async def _wait_for_line(log: Path, text: str, child: Child, timeout: float = 60.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end:
+        if text in log.read_text(errors="replace"):
+            return
+        if not child.alive():
+            break
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{child.name} did not get ready:\n{child.log_tail()}")
+
+
+def bench_policy(pool: EmulatorPool, gateway_port: int, spec: PoolSpec) -> dict[str, Any]:
+    """``bench/overload_policy.yaml`` with this run's ports, endpoints and pool capacity."""
+    policy: dict[str, Any] = yaml.safe_load(POLICY.read_text())
+    cp = policy.setdefault("control_plane", {})
+    cp["xds"] = f"127.0.0.1:{free_port()}"
+    cp["metrics"] = f"127.0.0.1:{free_port()}"
+    policy["ratelimit"].update(address=f"127.0.0.1:{free_port()}", metrics_port=free_port())
+    policy["filters"].update(address=f"127.0.0.1:{free_port()}", metrics_port=free_port())
+    chat = policy["pools"]["chat"]
+    chat["endpoints"] = [f"127.0.0.1:{p}" for p in pool.ports]
+    chat.setdefault("capacity", {})["max_running_requests"] = spec.running
+    policy["gateways"]["edge"]["listen"] = f"127.0.0.1:{gateway_port}"
+    return policy
+
+
+def plain_envoy_bootstrap(listen_port: int, backend_ports: list[int]) -> dict[str, Any]:
+    """One listener → one route (no timeout) → one round-robin cluster; no governance."""
+    high = {"max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000}
+    endpoints = [
+        {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
+        for p in backend_ports
+    ]
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "plain",
+        "route_config": {
+            "virtual_hosts": [
+                {
+                    "name": "all",
+                    "domains": ["*"],
+                    "routes": [
+                        {"match": {"prefix": "/"}, "route": {"cluster": "pool", "timeout": "0s"}}
+                    ],
+                }
+            ]
+        },
+        "http_filters": [
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+                },
+            }
+        ],
+    }
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "plain",
+                    "address": {
+                        "socket_address": {"address": "127.0.0.1", "port_value": listen_port}
+                    },
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": hcm,
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": [
+                {
+                    "name": "pool",
+                    "type": "STATIC",
+                    "lb_policy": "ROUND_ROBIN",
+                    "connect_timeout": "1s",
+                    "circuit_breakers": {"thresholds": [high]},
+                    "load_assignment": {
+                        "cluster_name": "pool",
+                        "endpoints": [{"lb_endpoints": endpoints}],
+                    },
+                }
+            ],
+        },
+    }
+
+
+def make_arm(name: str, pool: EmulatorPool, run_dir: Path) -> Arm:
+    kinds: dict[str, type[Arm]] = {
+        "envoy": PlainEnvoy,
+        "sglang-router": SglangRouter,
+        "tokenweir": Tokenweir,
+    }
+    return kinds[name](pool, run_dir)
+
+
+async def scrape(http: aiohttp.ClientSession, arm: Arm) -> dict[str, float]:
+    """Server-side queues now: backend waiting/running (summed) and the gateway's lane queues."""
+    out = {"backend_queued": 0.0, "backend_running": 0.0}
+    pages = await asyncio.gather(
+        *(_get(http, u + "/metrics") for u in arm.pool.urls),
+        *([_get(http, arm.queue_metrics_url)] if arm.queue_metrics_url else []),
+        return_exceptions=True,
+    )
+    for i, page in enumerate(pages):
+        if not isinstance(page, str):
+            continue
+        for fam in text_string_to_metric_families(page):
+            for s in fam.samples:
+                if i < len(arm.pool.urls):
+                    if s.name == "sglang:num_queue_reqs":
+                        out["backend_queued"] += s.value
+                    elif s.name == "sglang:num_running_reqs":
+                        out["backend_running"] += s.value
+                elif s.name == "tokenweir_admission_queued":
+                    key = f"gateway_queued_{s.labels.get('lane', 'all')}"
+                    out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+async def _get(http: aiohttp.ClientSession, url: str) -> str:
+    async with http.get(url, timeout=aiohttp.ClientTimeout(total=1.0)) as r:
+        return await r.text()

@@ -1,0 +1,177 @@
+"""Pure summaries of the overload benchmark's attempt records: per-lane results, time series,
+and the issue's targets at 3x.
+
+Definitions (docs/benchmarks.md, "Overload"):
+
+- *success*: a logical request whose last attempt streamed to its finish and ``[DONE]``;
+  *first-try success*: its first attempt did.
+- *TTFT*: from the logical request's first send to the first token of its successful attempt
+  (what the user waited, retries included); *TBT*: gaps between a stream's tokens.
+- *goodput*: tokens of successful attempts received inside the window (the offered-load window
+  minus a warm-up), per second.
+- *rejection*: an attempt answered with an error status before any token; its latency is send
+  to status line. *Retry-After accuracy*: of the attempts sent after waiting as a Retry-After
+  said, the share that got in (an answer with status 200).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from overload_client import Attempt
+
+__all__ = ["percentile", "summarize", "targets", "timeline"]
+
+LANES = ("interactive", "batch")
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1) by nearest rank; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(1000.0 * v, 2)
+
+
+def _share(num: int, den: int) -> float | None:
+    return None if den == 0 else round(num / den, 4)
+
+
+def summarize(
+    attempts: Iterable[Attempt], *, window: tuple[float, float]
+) -> dict[str, dict[str, Any]]:
+    """Per lane (and ``all``): the benchmark's columns for one arm at one load level."""
+    by_req: dict[int, list[Attempt]] = defaultdict(list)
+    for a in attempts:
+        by_req[a.request].append(a)
+    lo, hi = window
+    out: dict[str, dict[str, Any]] = {}
+    for lane in (*LANES, "all"):
+        reqs = [sorted(v, key=lambda a: a.number) for v in by_req.values()]
+        if lane != "all":
+            reqs = [r for r in reqs if r[0].lane == lane]
+        flat = [a for r in reqs for a in r]
+        ok = [r for r in reqs if r[-1].ok]
+        ttft = [r[-1].first_token - r[0].sent for r in ok if r[-1].first_token is not None]
+        gaps = [
+            t2 - t1
+            for r in ok
+            for t1, t2 in zip(r[-1].token_times, r[-1].token_times[1:], strict=False)
+        ]
+        tokens = sum(1 for r in ok for t in r[-1].token_times if lo <= t < hi)
+        rejected = [a for a in flat if a.rejected]
+        told = [a for a in flat if a.told_to_wait is not None]
+        out[lane] = {
+            "requests": len(reqs),
+            "attempts": len(flat),
+            "success_rate": _share(len(ok), len(reqs)),
+            "first_try_success": _share(sum(1 for r in reqs if r[0].ok), len(reqs)),
+            "abandoned": sum(1 for a in flat if a.error == "abandoned"),
+            "stream_errors": sum(1 for a in flat if a.error == "stream"),
+            "goodput_tok_s": round(tokens / (hi - lo), 2) if hi > lo else None,
+            "ttft_ms": {f"p{q}": _ms(percentile(ttft, q / 100)) for q in (50, 95, 99)},
+            "tbt_ms": {f"p{q}": _ms(percentile(gaps, q / 100)) for q in (50, 95, 99)},
+            "rejections": len(rejected),
+            "rejection_statuses": _count(str(a.status) for a in rejected),
+            "rejection_ms_p99": _ms(
+                percentile([a.answered - a.sent for a in rejected if a.answered is not None], 0.99)
+            ),
+            "rejections_with_retry_after": _share(
+                sum(1 for a in rejected if a.retry_after is not None), len(rejected)
+            ),
+            "retry_after_accuracy": _share(sum(1 for a in told if a.admitted), len(told)),
+            "retries_after_retry_after": len(told),
+            "attempts_per_success": round(len(flat) / len(ok), 3) if ok else None,
+        }
+    return out
+
+
+def _count(items: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for i in items:
+        out[i] += 1
+    return dict(sorted(out.items()))
+
+
+def timeline(attempts: Iterable[Attempt], *, bucket: float, end: float) -> dict[str, list[float]]:
+    """Per-second rates in buckets of ``bucket`` s: attempts sent (offered), streams started
+    (first token: admitted to the GPU), rejections; per lane and in all."""
+    n = max(1, math.ceil(end / bucket))
+    series: dict[str, list[float]] = {
+        f"{kind}_{lane}": [0.0] * n
+        for kind in ("offered", "started", "rejected")
+        for lane in (*LANES, "all")
+    }
+
+    def add(kind: str, lane: str, t: float | None) -> None:
+        if t is None or not 0 <= t < n * bucket:
+            return
+        i = int(t / bucket)
+        series[f"{kind}_{lane}"][i] += 1.0 / bucket
+        series[f"{kind}_all"][i] += 1.0 / bucket
+
+    for a in attempts:
+        add("offered", a.lane, a.sent)
+        add("started", a.lane, a.first_token)
+        if a.rejected:
+            add("rejected", a.lane, a.answered)
+    series["t"] = [round((i + 0.5) * bucket, 3) for i in range(n)]
+    return series
+
+
+def targets(levels: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The issue's targets at 3x for one arm, from its per-level summaries (keyed by ``"0.25x"``,
+    ``"1x"``, ``"3x"`` …; the lowest level is the unloaded reference). Each row: name, target,
+    measured, met (None when it could not be measured)."""
+    keys = sorted(levels, key=lambda k: float(k.rstrip("x")))
+    idle, top = levels[keys[0]], levels.get("3x")
+    one = levels.get("1x")
+    if top is None:
+        return []
+    ti, tb = top["interactive"], top["all"]
+    base = idle["interactive"]["ttft_ms"]["p95"]
+    p95 = ti["ttft_ms"]["p95"]
+    ratio = None if base in (None, 0) or p95 is None else round(p95 / base, 2)
+    g1 = one["all"]["goodput_tok_s"] if one else None
+    g3 = tb["goodput_tok_s"]
+    gr = None if not g1 or g3 is None else round(g3 / g1, 3)
+
+    def row(name: str, target: str, measured: Any, ok: bool | None) -> dict[str, Any]:
+        return {"name": name, "target": target, "measured": measured, "met": ok}
+
+    rej_p99 = tb["rejection_ms_p99"]
+    ra_share = tb["rejections_with_retry_after"]
+    acc = tb["retry_after_accuracy"]
+    return [
+        row(
+            "interactive p95 TTFT vs unloaded",
+            "<= 2x",
+            ratio,
+            None if ratio is None else ratio <= 2.0,
+        ),
+        row(
+            "interactive success",
+            ">= 99%",
+            ti["success_rate"],
+            None if ti["success_rate"] is None else ti["success_rate"] >= 0.99,
+        ),
+        row(
+            "rejection latency p99", "< 10 ms", rej_p99, None if rej_p99 is None else rej_p99 < 10.0
+        ),
+        row(
+            "rejections with Retry-After",
+            "100%",
+            ra_share,
+            None if ra_share is None else ra_share >= 1.0,
+        ),
+        row("Retry-After accuracy", ">= 90%", acc, None if acc is None else acc >= 0.9),
+        row("pool goodput vs 1x", ">= 95%", gr, None if gr is None else gr >= 0.95),
+    ]
