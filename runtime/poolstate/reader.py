@@ -52,11 +52,15 @@ class PoolStateReader:
         url: str,
         *,
         clock: Callable[[], float],
-        stale_after_s: float = 2.0,
-        poll_timeout_s: float = 10.0,
+        stale_after_s: float = 3.0,
+        poll_timeout_s: float = 1.0,
         retry_s: float = 0.25,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        if not stale_after_s > poll_timeout_s:
+            # an idle pool publishes nothing new: the answer to a long poll comes only after
+            # poll_timeout_s, and that silence must not read as an unreachable control plane
+            raise ValueError("stale_after_s must exceed poll_timeout_s")
         self.url = url.rstrip("/")
         self._clock = clock
         self.stale_after_s = stale_after_s

@@ -38,6 +38,15 @@ def test_keeps_the_last_state_and_marks_it_stale_when_the_control_plane_goes_sil
     assert r.stale and rep.stale and rep.saturation == SATURATED and r.state.version == 4
 
 
+def test_a_reader_cannot_be_built_to_call_a_quiet_long_poll_stale() -> None:
+    import pytest
+
+    with pytest.raises(ValueError):
+        PoolStateReader("http://x/api/v1/pools", clock=Clock(), stale_after_s=1, poll_timeout_s=1)
+    r = PoolStateReader("http://x/api/v1/pools", clock=Clock())
+    assert r.stale_after_s > r.poll_timeout_s
+
+
 def test_a_malformed_answer_is_rejected_and_the_last_state_serves() -> None:
     clock = Clock()
     r = PoolStateReader("http://x/api/v1/pools", clock=clock)
