@@ -20,17 +20,17 @@ import redis
 from redis.cluster import RedisCluster
 
 from controlplane.policy import Policy, PolicyError, load_policy
-from ratelimit_service.config import (
+from ratelimit_service.store import load_script
+from runtime.quota.config import (
     all_limits,
     effective_quotas,
     limits_for_tenant,
     parse_quota_fields,
     tenant_defaults,
 )
-from ratelimit_service.keys import bucket_key, config_key, seed_key, window_key
-from ratelimit_service.reader import decode_map, limit_remaining
-from ratelimit_service.store import load_script
-from ratelimit_service.windows import window
+from runtime.quota.keys import bucket_key, config_key, seed_key, window_key
+from runtime.quota.reader import decode_map, limit_remaining
+from runtime.quota.windows import window
 from runtime.statedir import RedisTarget, default_state_dir, find_redis, unreachable
 
 __all__ = ["register"]

@@ -1,7 +1,7 @@
 """What a tenant's token budget still holds, for the max_tokens clamp.
 
-The rate-limit service owns the numbers (``ratelimit_service.reader.QuotaReader``); this module
-adapts it and puts a short cache in front: a value read from Redis is reused for ``ttl`` seconds
+The numbers live in Redis in the shared quota layout (``runtime.quota.reader.QuotaReader``,
+the rate-limit service writes them); this module adapts the reader and puts a short cache in front: a value read from Redis is reused for ``ttl`` seconds
 and lowered by every reservation this process makes meanwhile, so the clamp never loosens within
 the TTL (it can only be stale towards "less", until the next read). ``None`` means "unknown or
 unlimited": the clamp then uses the tier cap alone. The clamp is advice; the rate-limit service
@@ -24,6 +24,8 @@ from typing import Any, Protocol
 from redis.exceptions import RedisError
 
 from filters.keys import ThrottledLog
+from runtime.quota.errors import QuotaUnavailable
+from runtime.quota.reader import QuotaReader
 
 __all__ = ["Budget", "CachedBudget", "NoBudget", "quota_reader_budget"]
 
@@ -63,15 +65,7 @@ def _left(hit: list[Any]) -> int | None:
     return None if hit[1] is None else max(0, int(hit[1]))
 
 
-def _failures() -> tuple[type[BaseException], ...]:
-    try:
-        from ratelimit_service.errors import StoreUnavailable
-    except ImportError:
-        return (RedisError, OSError, TimeoutError)
-    return (RedisError, OSError, TimeoutError, StoreUnavailable)
-
-
-_FAILURES = _failures()
+_FAILURES = (RedisError, OSError, TimeoutError, QuotaUnavailable)
 
 
 class CachedBudget:
@@ -148,10 +142,5 @@ def quota_reader_budget(
     ttl: float = 0.25,
     on_error: Callable[[], None] | None = None,
 ) -> Budget:
-    """The rate-limit service's reader over ``redis`` (cached), or :class:`NoBudget`."""
-    try:
-        from ratelimit_service.reader import QuotaReader
-    except ImportError:
-        _log.warning("ratelimit_service.reader is not available: max_tokens uses tier caps only")
-        return NoBudget()
+    """The shared quota reader over ``redis``, behind a cache."""
     return CachedBudget(QuotaReader(redis, policy), clock=clock, ttl=ttl, on_error=on_error)

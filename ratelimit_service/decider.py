@@ -16,17 +16,17 @@ from typing import Any
 
 from envoy.service.ratelimit.v3 import rls_pb2
 
-from ratelimit_service.config import Limit, SubjectQuotas, limits_for_service, limits_for_tenant
 from ratelimit_service.descriptors import Call, parse_request
 from ratelimit_service.directory import QuotaDirectory
 from ratelimit_service.errors import BadRequest, StoreUnavailable
 from ratelimit_service.health import RedisHealth
-from ratelimit_service.keys import record_key, service_subject
 from ratelimit_service.limiter import Check, ReserveResult
 from ratelimit_service.metrics import Metrics
 from ratelimit_service.plan import WindowClock, checks_for, scaled
 from ratelimit_service.responses import Verdict, error_response, response
 from ratelimit_service.store import MemoryStore, QuotaStore
+from runtime.quota.config import Limit, SubjectQuotas, limits_for_service, limits_for_tenant
+from runtime.quota.keys import record_key, service_subject
 
 __all__ = ["Decider", "DeciderSettings", "verdict"]
 

@@ -11,15 +11,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from controlplane.policy.model import Policy
-from ratelimit_service.config import (
+from ratelimit_service.store import load_script
+from runtime.quota.config import (
     SubjectQuotas,
     effective_quotas,
     service_defaults,
     tenant_defaults,
 )
-from ratelimit_service.keys import config_key, seed_key, service_subject
-from ratelimit_service.reader import decode_map
-from ratelimit_service.store import load_script
+from runtime.quota.keys import config_key, seed_key, service_subject
+from runtime.quota.reader import decode_map
 
 __all__ = ["QuotaDirectory", "seed_defaults"]
 

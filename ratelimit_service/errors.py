@@ -4,16 +4,18 @@
     ├── BadRequest           a RateLimitRequest we cannot judge (unknown domain, bad descriptors,
     │                        absurd hits_addend); answered with a defined OVER_LIMIT, never raised
     │                        out of the servicer
-    ├── StoreUnavailable     Redis is down, slow past the deadline or answered an error; the
-    │                        servicer falls back to the policy's redis_failure_mode
-    └── QuotaConfigError     a live quota field in Redis that cannot be parsed (logged, ignored)
+    └── StoreUnavailable     Redis is down, slow past the deadline or answered an error; the
+                             servicer falls back to the policy's redis_failure_mode
+
+QuotaConfigError (a live quota field that cannot be parsed) belongs to the shared quota layout:
+:mod:`runtime.quota.errors`.
 
 Third-party errors (redis-py, grpc) are converted once, at the store boundary (``raise … from``).
 """
 
 from __future__ import annotations
 
-__all__ = ["BadRequest", "QuotaConfigError", "RateLimitError", "StoreUnavailable"]
+__all__ = ["BadRequest", "RateLimitError", "StoreUnavailable"]
 
 
 class RateLimitError(Exception):
@@ -30,7 +32,3 @@ class BadRequest(RateLimitError):
 
 class StoreUnavailable(RateLimitError):
     """The quota store (Redis) could not answer in time."""
-
-
-class QuotaConfigError(RateLimitError):
-    """A quota field (policy default or live Redis value) that cannot be used."""

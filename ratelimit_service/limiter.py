@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from runtime.quota.buckets import refill
+
 __all__ = [
     "Check",
     "MemoryState",
@@ -102,15 +104,6 @@ class MemoryState:
         if st is None or st[1] <= now_us:
             return None
         return st[0]
-
-
-def refill(tk: float, ts: int, now_us: int, cap: int, rate: float) -> tuple[float, int]:
-    if now_us > ts:
-        tk = tk + (now_us - ts) * rate / 1000000
-        ts = now_us
-    if tk > cap:
-        tk = float(cap)
-    return tk, ts
 
 
 def bucket_ttl_ms(tk: float, cap: int, rate: float) -> int:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ratelimit_service.config import Limit
-from ratelimit_service.keys import bucket_key, window_key
 from ratelimit_service.limiter import Check
-from ratelimit_service.windows import window
+from runtime.quota.config import Limit
+from runtime.quota.keys import bucket_key, window_key
+from runtime.quota.windows import window
 
 __all__ = ["WindowClock", "checks_for", "scaled"]
 

@@ -127,7 +127,7 @@ class RedisStore:
         self._next_fast = 0
         self.deadline = deadline
         self._observe = observe
-        self._scripts = {name: load_script(name) for name in ("reserve", "settle", "peek")}
+        self._scripts = {name: load_script(name) for name in ("reserve", "settle")}
         self._sha = {n: hashlib.sha1(s.encode()).hexdigest() for n, s in self._scripts.items()}
         self._queue: list[_Entry] = []
         self._max_batch = max_batch
@@ -148,10 +148,6 @@ class RedisStore:
     async def settle(self, record: str, actual: int, now_us: int) -> SettleResult:
         raw = await self._call(("EVALSHA", "settle", 1, record, now_us, actual))
         return SettleResult(bool(raw[0]), int(raw[1]))
-
-    async def peek(self, keys: list[str]) -> list[Any]:
-        """peek.lua (read-only): a tenant's live fields and counter states."""
-        return list(await self._call(("EVALSHA", "peek", len(keys), *keys)))
 
     async def hgetall(self, key: str) -> dict[Any, Any]:
         raw = await self._call(("HGETALL", key))

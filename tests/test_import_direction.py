@@ -26,17 +26,6 @@ def _within(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-# Edges that break the rules today, each with its reason; the test fails once one is gone, so
-# the list only shrinks. Nothing may be added here.
-PENDING = {
-    ("filters.budget", "ratelimit_service.reader"): (
-        "the filter server peeks at quotas in the rate-limit service's Redis layout; that layout "
-        "(keys, windows, quota resolution, peek.lua) is to move to a neutral package"
-    ),
-    ("filters.budget", "ratelimit_service.errors"): "the reader's StoreUnavailable (same move)",
-}
-
-
 def _module(path: Path, root: Path = ROOT) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -87,23 +76,8 @@ def edges(root: Path = ROOT) -> list[tuple[str, str, str]]:
 
 
 def test_imports_point_one_way() -> None:
-    bad = [
-        f"{where}: {a} imports {b}"
-        for where, a, b in edges()
-        if not allowed(a, b) and (a, _top_module(b)) not in PENDING
-    ]
+    bad = [f"{where}: {a} imports {b}" for where, a, b in edges() if not allowed(a, b)]
     assert bad == []
-
-
-def test_pending_exceptions_still_exist() -> None:
-    seen = {(a, _top_module(b)) for _, a, b in edges()}
-    assert [edge for edge in PENDING if edge not in seen] == [], "fixed: remove it from PENDING"
-
-
-def _top_module(name: str) -> str:
-    """``ratelimit_service.h2server._frame`` and the like, as the module PENDING names."""
-    parts = name.split(".")
-    return ".".join(parts[:2])
 
 
 @pytest.mark.parametrize(
@@ -117,6 +91,7 @@ def _top_module(name: str) -> str:
         ("runtime.metrics_http", "controlplane.policy.model", True),
         ("filters.h2server", "ratelimit_service.h2server", False),
         ("filters.budget", "ratelimit_service.reader", False),
+        ("filters.budget", "runtime.quota.reader", True),
         ("ratelimit_service.server", "filters.keys", False),
         ("backends.emulator.app", "runtime.ports", True),
         ("controlplane.up", "filters.app", True),  # the CLI starts services: allowed

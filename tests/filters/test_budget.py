@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from filters.budget import CachedBudget
-from ratelimit_service.errors import StoreUnavailable
+from runtime.quota.errors import QuotaUnavailable
 from tests.filters.conftest import FakeBudget, FakeClock
 
 
@@ -74,7 +74,7 @@ async def test_a_failed_read_answers_the_last_value_counted_and_logged_once(
     budget = CachedBudget(reader, clock=clock, ttl=0.25, on_error=lambda: errors.append(1))
     assert await budget.remaining("t") == 1000
     budget.note_reserved("t", None, None, 100)
-    reader.fail = StoreUnavailable("redis: ConnectionError")
+    reader.fail = QuotaUnavailable("redis: ConnectionError")
     with caplog.at_level(logging.WARNING, logger="filters.budget"):
         for _ in range(20):
             clock.now += 0.3

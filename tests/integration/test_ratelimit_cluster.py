@@ -14,8 +14,8 @@ from redis.asyncio.cluster import RedisCluster
 
 from controlplane.policy import load_policy_text
 from ratelimit_service.directory import seed_defaults
-from ratelimit_service.keys import config_key
-from ratelimit_service.reader import QuotaReader
+from runtime.quota.keys import config_key
+from runtime.quota.reader import QuotaReader
 from tests.helpers import free_port
 from tests.ratelimit_service import rls
 from tests.ratelimit_service.support import redis_cluster, start_service

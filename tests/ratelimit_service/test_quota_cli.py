@@ -13,7 +13,7 @@ import redis
 from controlplane.policy import load_policy
 from controlplane.quota_cli import register
 from ratelimit_service.directory import seed_defaults
-from ratelimit_service.keys import bucket_key, config_key
+from runtime.quota.keys import bucket_key, config_key
 
 
 def run(argv: list[str]) -> int:

@@ -9,11 +9,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from controlplane.policy import Policy
-from ratelimit_service.config import effective_quotas, limits_for_tenant, tenant_defaults
-from ratelimit_service.keys import config_key
 from ratelimit_service.plan import checks_for
-from ratelimit_service.reader import QuotaReader
 from ratelimit_service.store import RedisStore
+from runtime.quota.config import effective_quotas, limits_for_tenant, tenant_defaults
+from runtime.quota.errors import QuotaUnavailable
+from runtime.quota.keys import config_key
+from runtime.quota.reader import QuotaReader
 
 
 async def _reserve(store: RedisStore, policy: Policy, tenant: str, tokens: int, **kw: str) -> bool:
@@ -100,6 +101,7 @@ async def test_a_hanging_redis_times_out(policy: Policy, tenant: str) -> None:
     with pytest.raises(TimeoutError):
         await reader.remaining(tenant)
     assert time.perf_counter() - t0 < 1
+    await reader.aclose()
 
 
 async def test_concurrent_peeks_share_round_trips(
@@ -108,4 +110,27 @@ async def test_concurrent_peeks_share_round_trips(
     reader = QuotaReader(aredis, policy)
     values = await asyncio.gather(*(reader.remaining(tenant) for _ in range(50)))
     assert values == [1000] * 50
-    assert reader._store.batches < 50
+    assert reader.batches < 50
+
+
+async def test_scripts_flushed_from_redis_are_loaded_again(
+    aredis: aioredis.Redis, policy: Policy, tenant: str
+) -> None:
+    reader = QuotaReader(aredis, policy)
+    await aredis.script_flush()
+    assert await reader.remaining(tenant) == 1000
+
+
+async def test_a_redis_error_is_quota_unavailable(policy: Policy, tenant: str) -> None:
+    class Broken:
+        def pipeline(self, transaction: bool) -> Broken:
+            return self
+
+        def execute_command(self, *args: object) -> None:
+            pass
+
+        async def execute(self, raise_on_error: bool) -> list[object]:
+            raise ConnectionError("connection refused")
+
+    with pytest.raises(QuotaUnavailable, match="connection refused"):
+        await QuotaReader(Broken(), policy).remaining(tenant)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from ratelimit_service.plan import WindowClock
-from ratelimit_service.windows import window
+from runtime.quota.windows import window
 
 S = 1_000_000
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.policy.model import Policy, QuotaLimits, Quotas
-from ratelimit_service.errors import QuotaConfigError
-from ratelimit_service.windows import UNITS
+from runtime.quota.errors import QuotaConfigError
+from runtime.quota.windows import UNITS
 
 __all__ = [
     "ATTRIBUTES",
