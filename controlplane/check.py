@@ -84,8 +84,8 @@ def _filter_problems(policy: Policy) -> list[tuple[str, str]]:
 
 
 def _ratelimit_problems(policy: Policy) -> list[tuple[str, str]]:
-    from ratelimit_service.config import effective_quotas, service_defaults, tenant_defaults
     from ratelimit_service.server import decider_settings
+    from runtime.quota.config import effective_quotas, service_defaults, tenant_defaults
 
     out: list[tuple[str, str]] = []
     if policy.ratelimit is not None:
