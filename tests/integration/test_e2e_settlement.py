@@ -18,7 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from controlplane.policy import load_policy
-from ratelimit_service.reader import QuotaReader
+from runtime.quota.reader import QuotaReader
 from tests.filters.fake_openai import FakeOpenAI
 from tests.helpers import ChildProcess, free_port, wait_for_port
 from tests.integration.mesh_harness import Mesh, mesh

@@ -11,8 +11,8 @@ import redis.asyncio as aioredis
 
 from controlplane.policy import load_policy
 from filters.redis_pool import redis_client
-from ratelimit_service.reader import QuotaReader
 from ratelimit_service.store import RedisStore
+from runtime.quota.reader import QuotaReader
 from tests.filters.conftest import ROOT
 
 pytestmark = pytest.mark.integration
