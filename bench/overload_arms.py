@@ -157,9 +157,10 @@ class SglangRouter(Arm):
 
 class Tokenweir(Arm):
     name = "tokenweir"
+    overrides: dict[str, Any] = {}  # noqa: RUF012 - replaced per instance, never mutated
 
     async def start(self) -> None:
-        policy = bench_policy(self.pool, self.port, self.pool.spec)
+        policy = _merge(bench_policy(self.pool, self.port, self.pool.spec), self.overrides)
         path = self.run_dir / "tokenweir-policy.yaml"
         path.write_text(yaml.safe_dump(policy, sort_keys=False))
         metrics_port = policy["filters"]["metrics_port"]
@@ -199,6 +200,17 @@ def bench_policy(pool: EmulatorPool, gateway_port: int, spec: PoolSpec) -> dict[
     chat.setdefault("capacity", {})["max_running_requests"] = spec.running
     policy["gateways"]["edge"]["listen"] = f"127.0.0.1:{gateway_port}"
     return policy
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra``'s keys set, mappings merged key by key."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def plain_envoy_bootstrap(listen_port: int, backend_ports: list[int]) -> dict[str, Any]:
