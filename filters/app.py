@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +21,14 @@ from filters.admission.gate import Gates
 from filters.admission.signal import pool_state_reader, saturation_source
 from filters.budget import Budget, CachedBudget, NoBudget, quota_reader_budget
 from filters.estimate import Estimator, load_estimator
-from filters.h2server import H2FilterServer
+from filters.h2server import LIMITS, H2FilterServer
 from filters.keys import KeyInfo, KeyStore, policy_keys
 from filters.metrics import FilterMetrics
 from filters.redis_pool import redis_client
 from filters.registry import RouteEntry, build_routes
 from filters.server import FilterServer, FilterServicer
 from filters.services import Services
-from runtime.h2 import Limits, transport_for
+from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
 from runtime.tasks import stop_task
@@ -157,7 +157,7 @@ class FilterApp:
         transport = transport_for(self.settings.transport, host)
         if transport == "h2":
             body = self.policy.filters.max_body_bytes if self.policy.filters else 1024**2
-            limits = Limits(max_message=max(4 * 1024**2, body + 64 * 1024))
+            limits = replace(LIMITS, max_message=max(4 * 1024**2, body + 64 * 1024))
             self.server = H2FilterServer(servicer, host, port, health=self.health, limits=limits)
         else:
             self.server = FilterServer(servicer, host, port, health=self.health)

@@ -15,9 +15,11 @@ from filters.server import FilterServicer
 from runtime.h2 import GrpcH2Server, Limits, Method, Stream
 from runtime.health import HealthState
 
-__all__ = ["EOF", "PROCESS_PATH", "H2FilterServer", "StreamContext"]
+__all__ = ["EOF", "LIMITS", "PROCESS_PATH", "H2FilterServer", "StreamContext"]
 
 PROCESS_PATH = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+# an ext_proc stream lives as long as its HTTP request (a whole generation): more of them at once
+LIMITS = Limits(max_concurrent_streams=10_000)
 
 
 class H2FilterServer:
@@ -36,7 +38,9 @@ class H2FilterServer:
         self.host = host
         self.port = port
         self.grpc = GrpcH2Server(
-            {PROCESS_PATH: Method(streaming=self._process)}, health=health, limits=limits
+            {PROCESS_PATH: Method(streaming=self._process)},
+            health=health,
+            limits=limits or LIMITS,
         )
 
     async def start(self) -> None:
