@@ -11,7 +11,9 @@ measures streams. Results: JSON in bench/results/filters_bench_p<N>.json and a t
 ``.venv/bin/python bench/filters_bench.py [--seconds 10] [--vus 16] [--filter-procs 1]
 [--transport grpc|h2|both]``: with ``both`` every round runs the three paths once per transport of
 the filter server (the process is restarted on the same port between them), so both transports
-are measured side by side against the same Envoy-alone runs.
+are measured side by side against the same Envoy-alone runs. ``--baseline DIR`` (a source tree of
+older code, e.g. ``git archive <commit>``) instead runs both services once from DIR ("old") and
+once from this tree ("new") in every round, on the h2 transport: old vs new in one run.
 """
 
 from __future__ import annotations
