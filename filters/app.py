@@ -218,10 +218,8 @@ class FilterApp:
         server = self.server
         if isinstance(server, FilterServer):
             left = await server.drain(timeout)
-        elif server is not None:
-            await server.aclose(timeout)  # GOAWAY, then the streams in flight finish
-            self.server = None
-            left = 0
+        elif server is not None:  # h2: health keeps answering; new streams get UNAVAILABLE
+            left = await server.servicer.inflight.drain(timeout)
         else:
             left = 0
         if left:

@@ -4,7 +4,7 @@ grpc.aio servicer context that ``FilterServicer.Process`` uses — ``read``, ``w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -39,3 +39,11 @@ class StreamContext:
 
     async def write(self, message: pb.ProcessingResponse) -> None:
         await self.stream.write(message.SerializeToString())
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
+        """End the call with ``code`` (as grpc.aio's ``context.abort`` does)."""
+        try:
+            status = Status(code.value[0])
+        except ValueError:
+            status = Status.INTERNAL
+        raise GrpcError(status, details)

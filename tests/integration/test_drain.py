@@ -1,6 +1,6 @@
 """Drain on SIGTERM with real processes (issue 9, item 11).
 
-- ``python -m filters`` (grpc.aio transport): ``grpc.health.v1.Health/Check`` answers SERVING,
+- ``python -m filters`` (grpc.aio and h2 transports): ``grpc.health.v1.Health/Check`` answers SERVING,
   then NOT_SERVING once SIGTERM arrives; an ext_proc stream opened before keeps being answered
   to its end while a new one is refused (UNAVAILABLE); then the process exits 0, no traceback.
 - ``--processes 2``: the supervisor's worker gets the signal too; all exit 0, no traceback.
@@ -84,12 +84,13 @@ def _wait_exit(child: ChildProcess, timeout: float = 20.0) -> int:
         pytest.fail(f"still running {timeout}s after SIGTERM:\n{child.output()[-3000:]}")
 
 
+@pytest.mark.parametrize("transport", ["grpc", "h2"])
 async def test_filter_server_drains_streams_in_flight_and_reports_not_serving(
-    tmp_path: Path,
+    tmp_path: Path, transport: str
 ) -> None:
     fp = free_port()
     (tmp_path / "mesh.yaml").write_text(_policy(fp, free_port()))
-    child = _start("filters", tmp_path, "--transport", "grpc", "--drain-timeout", "60")
+    child = _start("filters", tmp_path, "--transport", transport, "--drain-timeout", "60")
     try:
         wait_for_port(fp)
         assert await health(fp) == SERVING
