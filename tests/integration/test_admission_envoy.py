@@ -24,7 +24,7 @@ from tests.integration.mesh_harness import mesh
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 KEYS = {"alice": "alice-key-123", "bob": "bob-key-1234", "carol": "carol-key-123"}
-KEYS |= {"dave": "dave-key-1234"}
+KEYS |= {"dave": "dave-key-1234", "erin": "erin-key-1234"}
 
 
 @dataclass
@@ -103,6 +103,7 @@ tenants:
   bob: {{tier: free, api_keys: [{KEYS["bob"]}]}}
   carol: {{tier: free, api_keys: [{KEYS["carol"]}]}}
   dave: {{tier: free, api_keys: [{KEYS["dave"]}]}}
+  erin: {{tier: pro, api_keys: [{KEYS["erin"]}]}}
 """
 
 
@@ -220,6 +221,24 @@ async def test_bound_priority_fairness_spoofing_and_retry_after(tmp_path: Path) 
         b.release(10)
         results = await asyncio.gather(*tasks)
         assert all(r[0] == 200 for r in results)
+
+
+async def test_a_deadline_header_does_not_move_a_request_forward(tmp_path: Path) -> None:
+    async with started_backend() as b, gateway(tmp_path, b) as g, aiohttp.ClientSession() as s:
+        held = [asyncio.create_task(call(s, g.url, "dave")) for _ in range(2)]
+        await until(lambda: b.running == 2)
+        first = asyncio.create_task(call(s, g.url, "alice"))
+        await until(lambda: queued(g, "interactive") == 1)
+        urgent = {"x-request-timeout-ms": "20000", "x-lane": "interactive", "priority": "0"}
+        urgent["x-request-deadline-ms"] = str(int((time.time() + 15) * 1000))
+        second = asyncio.create_task(call(s, g.url, "erin", urgent))
+        await until(lambda: queued(g, "interactive") == 2)
+        b.release()
+        await until(lambda: len(b.arrivals) == 3)
+        assert b.arrivals[-1]["x-tokenweir-tenant"] == "alice"  # arrival order, not deadline
+        b.hold = False
+        b.release(10)
+        assert {r[0] for r in await asyncio.gather(*held, first, second)} == {200}
 
 
 async def test_a_client_that_waits_as_told_gets_in(tmp_path: Path) -> None:
