@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from backends.emulator.server import start_emulator
 from backends.emulator.settings import EmulatorSettings
 from backends.profiles import profile_names
+from runtime.prefixindex.errors import KvEventsConfigError
+from runtime.prefixindex.wire import KvEventsConfig
 
 __all__ = ["main", "parse_args"]
 
@@ -50,6 +52,11 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
     p.add_argument("--slow", type=float, default=1.0, help="step time multiplier (>= 1)")
     p.add_argument("--slow-start", type=float, default=0.0, help="seconds of 503 after start")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--kv-events-config",
+        help='SGLang\'s KV-event publisher as JSON, e.g. \'{"publisher": "zmq", "endpoint": '
+        '"tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\' (docs/emulator.md)',
+    )
     sg = p.add_argument_group("accepted for command-line compatibility with sglang.launch_server")
     sg.add_argument("--enable-metrics", action="store_true", help="always on")
     sg.add_argument(
@@ -60,6 +67,10 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
     sg.add_argument("--tp-size", type=int, help="ignored")
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        kv_events = KvEventsConfig.from_json(a.kv_events_config) if a.kv_events_config else None
+    except KvEventsConfigError as exc:
+        p.error(f"--kv-events-config: {exc}")
     try:
         return EmulatorSettings(
             model=a.model,
@@ -82,6 +93,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
             slow_factor=a.slow,
             slow_start_s=a.slow_start,
             exit_on_crash=True,
+            kv_events=kv_events,
         )
     except ValueError as exc:
         p.error(str(exc))

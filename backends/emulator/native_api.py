@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -196,6 +197,7 @@ class _NativeApi:
             "enable_metrics": True,
             "enable_cache_report": s.enable_cache_report,
             "random_seed": s.seed,
+            "kv_events_config": self._kv_events_config(),
             "version": "tokenweir-emulator",
             "emulator": {"profile": p.name, "time_scale": s.time_scale, "source": p.source},
             "internal_states": [
@@ -206,6 +208,18 @@ class _NativeApi:
                 }
             ],
         }
+
+    def _kv_events_config(self) -> str | None:
+        """SGLang's server argument, with the ports the emulator actually bound."""
+        publisher = self.server.kv_events
+        if publisher is None:
+            return None
+        cfg = dataclasses.replace(
+            publisher.config,
+            endpoint=publisher.endpoint or publisher.config.endpoint,
+            replay_endpoint=publisher.replay_endpoint,
+        )
+        return cfg.to_json()
 
     async def server_info(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(self._info())

@@ -11,6 +11,11 @@ running requests hold outside the tree, so ``total_size + allocated <= capacity`
   node is *protected*, an unlocked one *evictable*; both sizes are kept as invariants.
 - ``evict`` pops unlocked leaves by least-recent use and cascades to parents that become leaves.
 - With ``page_size`` > 1 every match and insertion is cut to whole pages.
+- With ``record_events`` the cache records SGLang's KV-cache events as its tree changes (as
+  SGLang's ``_record_store_event`` / ``_record_remove_event``): a new node → one ``BlockStored``
+  with the block hashes of its pages (chained from its parent's last page), an evicted leaf → one
+  ``BlockRemoved`` with its pages' hashes, ``reset`` (and construction) → ``AllBlocksCleared``.
+  A split keeps every page's hash and records nothing. ``take_events`` hands them over.
 """
 
 from __future__ import annotations
@@ -19,6 +24,15 @@ import heapq
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+
+from runtime.prefixindex.hashing import block_id, chain_digests
+from runtime.prefixindex.wire import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+)
 
 __all__ = ["CacheNode", "InsertResult", "MatchResult", "RadixCache"]
 
@@ -35,6 +49,7 @@ class CacheNode:
     lock_ref: int = 0
     last_access: int = 0
     serial: int = 0
+    digests: list[bytes] | None = None  # one per page, only when events are recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +79,9 @@ def _common_prefix(a: Tokens, b: Sequence[int], start: int, end: int) -> int:
 class RadixCache:
     """Prefix cache of token ids with LRU eviction of unlocked leaves."""
 
-    def __init__(self, capacity_tokens: int, page_size: int = 1) -> None:
+    def __init__(
+        self, capacity_tokens: int, page_size: int = 1, *, record_events: bool = False
+    ) -> None:
         if capacity_tokens <= 0 or page_size <= 0:
             raise ValueError("capacity_tokens and page_size must be > 0")
         self.capacity = capacity_tokens
@@ -75,6 +92,10 @@ class RadixCache:
         self.evictable_size = 0
         self.protected_size = 0
         self.allocated = 0
+        self.record_events = record_events
+        self._events: list[KvEvent] = []
+        if record_events:
+            self._events.append(AllBlocksCleared())
 
     # ---- sizes ---------------------------------------------------------------------------
     @property
@@ -117,6 +138,9 @@ class RadixCache:
         parent.children[self._page_key(head.key, 0)] = head
         node.key = node.key[at:]
         node.parent = head
+        if node.digests is not None:
+            pages = at // self.page_size
+            head.digests, node.digests = node.digests[:pages], node.digests[pages:]
         head.children[self._page_key(node.key, 0)] = node
         return head
 
@@ -153,6 +177,8 @@ class RadixCache:
                 new = CacheNode(key=tuple(tokens[i:limit]), parent=node, serial=next(self._serials))
                 node.children[self._page_key(new.key, 0)] = new
                 self._touch(new)
+                if self.record_events:
+                    self._record_store(new)
                 self.evictable_size += len(new.key)
                 return InsertResult(node=new, prefix_length=i, added=limit - i)
             common = self._aligned(_common_prefix(child.key, tokens, i, limit))
@@ -206,6 +232,9 @@ class RadixCache:
             parent = leaf.parent
             assert parent is not None
             del parent.children[self._page_key(leaf.key, 0)]
+            if leaf.digests is not None:
+                hashes = [block_id(d) for d in leaf.digests]
+                self._events.append(BlockRemoved(block_hashes=hashes, medium=MEDIUM_GPU))
             self.evictable_size -= len(leaf.key)
             evicted += len(leaf.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
@@ -235,6 +264,29 @@ class RadixCache:
             raise RuntimeError("cannot flush a cache with locked nodes")
         self.root.children.clear()
         self.evictable_size = 0
+        if self.record_events:
+            self._events.append(AllBlocksCleared())
+
+    # ---- KV events -----------------------------------------------------------------------
+    def _record_store(self, node: CacheNode) -> None:
+        parent = node.parent
+        prior = parent.digests[-1] if parent is not None and parent.digests else None
+        node.digests = list(chain_digests(node.key, self.page_size, prior))
+        self._events.append(
+            BlockStored(
+                block_hashes=[block_id(d) for d in node.digests],
+                parent_block_hash=block_id(prior) if prior is not None else None,
+                token_ids=list(node.key),
+                block_size=self.page_size,
+                lora_id=None,
+                medium=MEDIUM_GPU,
+            )
+        )
+
+    def take_events(self) -> list[KvEvent]:
+        """The events recorded since the last call (empty unless ``record_events``)."""
+        events, self._events = self._events, []
+        return events
 
     # ---- inspection ----------------------------------------------------------------------
     def sequences(self) -> list[Tokens]:

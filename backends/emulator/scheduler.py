@@ -45,6 +45,7 @@ from backends.emulator.request import EmuRequest
 from backends.emulator.tokenizer import OutputWords
 from backends.errors import QueueFullError, RequestError, ServerClosingError
 from backends.profiles import BackendProfile
+from runtime.prefixindex.wire import KvEvent
 
 __all__ = ["Scheduler", "SchedulerObserver", "SchedulerStats"]
 
@@ -88,13 +89,17 @@ class Scheduler:
         observer: SchedulerObserver | None = None,
         clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        kv_sink: Callable[[list[KvEvent]], None] | None = None,
     ) -> None:
         self.profile = profile
         self.time_scale = time_scale
         self.slow_factor = 1.0
         self.server_seed = server_seed
         self.stop_prob = stop_prob
-        self.cache = RadixCache(profile.max_total_tokens, profile.page_size)
+        self.cache = RadixCache(
+            profile.max_total_tokens, profile.page_size, record_events=kv_sink is not None
+        )
+        self._kv_sink = kv_sink
         self.words = OutputWords.build()
         self._observer = observer
         self._clock = clock
@@ -115,6 +120,7 @@ class Scheduler:
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
         if self._task is None:
+            self.publish_kv_events()  # the AllBlocksCleared of a fresh cache, as SGLang's first batch
             self._task = asyncio.create_task(self._run(), name="emulator-scheduler")
 
     async def aclose(self) -> None:
@@ -169,7 +175,15 @@ class Scheduler:
         if self.running or self.waiting:
             return False
         self.cache.reset()
+        self.publish_kv_events()
         return True
+
+    def publish_kv_events(self) -> None:
+        """Hand the radix cache's events since the last call to the sink (one batch per step)."""
+        if self._kv_sink is not None:
+            events = self.cache.take_events()
+            if events:
+                self._kv_sink(events)
 
     def stats(self) -> SchedulerStats:
         cap = self.profile.max_total_tokens
@@ -223,6 +237,7 @@ class Scheduler:
             dt = self.profile.step_s(prefill_tokens, len(decode))
             await self._sleep_step(dt * self.time_scale * self.slow_factor)
             self._apply(prefill, decode)
+            self.publish_kv_events()
 
     async def _sleep_step(self, dt: float) -> None:
         now = self._clock()

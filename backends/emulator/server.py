@@ -21,6 +21,7 @@ from aiohttp import web
 
 from backends.emulator import native_api, openai_api
 from backends.emulator.faults import FaultConfig, decide
+from backends.emulator.kv_events import KvEventPublisher
 from backends.emulator.metrics import EmulatorMetrics
 from backends.emulator.protocol import error_body
 from backends.emulator.request import EmuRequest, GenerationParams
@@ -66,6 +67,10 @@ class EmulatorServer:
         self.clock = clock
         self.wall_clock = wall_clock
         self.metrics = EmulatorMetrics(settings.model)
+        kv = settings.kv_events
+        self.kv_events = (
+            KvEventPublisher(kv, wall_clock=wall_clock) if kv is not None and kv.enabled else None
+        )
         self.scheduler = Scheduler(
             self.profile,
             time_scale=settings.time_scale,
@@ -73,6 +78,7 @@ class EmulatorServer:
             stop_prob=settings.stop_prob,
             observer=self.metrics,
             clock=clock,
+            kv_sink=self.kv_events.publish if self.kv_events is not None else None,
         )
         self.metrics.bind(self.scheduler.stats)
         self.faults = FaultConfig(
@@ -114,6 +120,8 @@ class EmulatorServer:
         return app
 
     async def start(self) -> None:
+        if self.kv_events is not None:
+            await self.kv_events.start()
         self.scheduler.start()
         self._runner = web.AppRunner(
             self.build_app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
@@ -133,6 +141,8 @@ class EmulatorServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.kv_events is not None:
+            await self.kv_events.aclose()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from backends.profiles import BackendProfile, get_profile
+from runtime.prefixindex.wire import KvEventsConfig
 
 __all__ = ["EmulatorSettings"]
 
@@ -34,6 +35,7 @@ class EmulatorSettings:
     slow_factor: float = 1.0
     slow_start_s: float = 0.0
     exit_on_crash: bool = False  # the process exits on a crash fault (set by __main__)
+    kv_events: KvEventsConfig | None = None  # --kv-events-config (publisher "zmq" turns it on)
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0:

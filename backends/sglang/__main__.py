@@ -44,6 +44,11 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchConfig:
     p.add_argument("--max-total-tokens", type=int)
     p.add_argument("--page-size", type=int)
     p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument(
+        "--kv-events-port", type=int,
+        help="publish KV-cache events (ZMQ PUB on tcp://*:PORT; docs/emulator.md)",
+    )  # fmt: skip
+    p.add_argument("--kv-events-replay-port", type=int, help="serve event replays on this port")
     p.add_argument("--server-module", default="sglang.launch_server")
     p.add_argument("--health-timeout", type=float, default=900.0)
     p.add_argument("--drain-timeout", type=float, default=60.0)
@@ -65,6 +70,8 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchConfig:
         max_total_tokens=a.max_total_tokens,
         page_size=a.page_size,
         tp_size=a.tp_size,
+        kv_events_port=a.kv_events_port,
+        kv_events_replay_port=a.kv_events_replay_port,
         extra_args=tuple(a.extra),
         server_module=a.server_module,
         health_timeout_s=a.health_timeout,

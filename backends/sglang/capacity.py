@@ -28,9 +28,14 @@ class CapacityHints:
     chunked_prefill_size: int | None
     context_length: int | None
     page_size: int | None
+    # where the server publishes its KV-cache events: {"endpoint": .., "replay_endpoint": ..}
+    kv_events: dict[str, str | None] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.kv_events is None:
+            out.pop("kv_events")
+        return out
 
 
 def _int(value: Any) -> int | None:

@@ -3,9 +3,12 @@
 Lifecycle of ``SGLangLauncher``:
 
 1. ``start()``: run ``python -m sglang.launch_server`` with the flags a governed pool needs
-   (``build_command``), in its own process group; poll ``/health`` until 200 (the server answers
+   (``build_command``; with ``kv_events_port`` also ``--kv-events-config`` so the server
+   publishes its KV-cache events on ``tcp://*:PORT``, replay on ``kv_events_replay_port``), in
+   its own process group; poll ``/health`` until 200 (the server answers
    503 while loading); read capacity hints from ``/get_server_info``; add ``host:port`` to the
-   pool's endpoint file and the hints to ``<pool file>.capacity.json``.
+   pool's endpoint file and the hints (with the KV-event addresses a subscriber connects to) to
+   ``<pool file>.capacity.json``.
 2. ``aclose()``: drain first: remove the endpoint (the control plane stops routing to it), wait
    until ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs`` reach 0 (or the drain timeout),
    then SIGTERM the process group, and SIGKILL after ``stop_timeout_s``.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import signal
@@ -30,6 +34,7 @@ import aiohttp
 from backends.errors import LauncherError, LaunchTimeoutError
 from backends.sglang.capacity import CapacityHints, fetch_capacity, write_capacity_file
 from backends.sglang.endpoints import add_endpoint, remove_endpoint
+from runtime.prefixindex.wire import KvEventsConfig
 
 __all__ = ["LaunchConfig", "SGLangLauncher", "build_command"]
 
@@ -50,6 +55,8 @@ class LaunchConfig:
     max_total_tokens: int | None = None
     page_size: int | None = None
     tp_size: int = 1
+    kv_events_port: int | None = None  # publish KV-cache events (SGLang's --kv-events-config)
+    kv_events_replay_port: int | None = None  # and serve replays (needs kv_events_port)
     extra_args: tuple[str, ...] = ()
     python: str = field(default_factory=lambda: sys.executable)
     server_module: str = "sglang.launch_server"
@@ -65,6 +72,29 @@ class LaunchConfig:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def kv_events_config(self) -> KvEventsConfig | None:
+        """The publisher config passed to the server (SGLang binds because of the ``*``)."""
+        if self.kv_events_port is None:
+            return None
+        replay = self.kv_events_replay_port
+        return KvEventsConfig(
+            publisher="zmq",
+            endpoint=f"tcp://*:{self.kv_events_port}",
+            replay_endpoint=f"tcp://*:{replay}" if replay is not None else None,
+        )
+
+    def kv_events_addresses(self) -> dict[str, str | None] | None:
+        """Where a subscriber connects: the advertised host with the publisher's ports."""
+        cfg = self.kv_events_config()
+        if cfg is None:
+            return None
+        host = self.advertise_host or self.host
+        replay = cfg.replay_endpoint
+        return {
+            "endpoint": cfg.endpoint.replace("*", host),
+            "replay_endpoint": replay.replace("*", host) if replay is not None else None,
+        }
 
     @property
     def capacity_file(self) -> Path:
@@ -95,6 +125,9 @@ def build_command(cfg: LaunchConfig) -> list[str]:
     for flag, value in optional:
         if value is not None:
             argv += [flag, str(value)]
+    kv = cfg.kv_events_config()
+    if kv is not None:
+        argv += ["--kv-events-config", kv.to_json()]
     return argv + list(cfg.extra_args)
 
 
@@ -143,7 +176,8 @@ class SGLangLauncher:
         )
         try:
             await self._wait_healthy()
-            self.capacity = await fetch_capacity(self.cfg.url)
+            hints = await fetch_capacity(self.cfg.url)
+            self.capacity = dataclasses.replace(hints, kv_events=self.cfg.kv_events_addresses())
             write_capacity_file(self.cfg.capacity_file, self.cfg.endpoint, self.capacity)
             add_endpoint(self.cfg.pool_file, self.cfg.endpoint)
             self.registered = True

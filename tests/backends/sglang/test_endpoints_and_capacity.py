@@ -101,3 +101,32 @@ def test_importing_the_launcher_does_not_import_sglang() -> None:
     code = "import sys, backends.sglang, backends.sglang.__main__; print('sglang' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_kv_events_flag_and_addresses_in_the_capacity_output(tmp_path: Path) -> None:
+    from runtime.prefixindex.wire import KvEventsConfig
+
+    base = {"model_path": "m", "port": 30001, "pool_file": tmp_path / "p"}
+    assert "--kv-events-config" not in build_command(LaunchConfig(**base))  # type: ignore[arg-type]
+    cfg = LaunchConfig(
+        **base,  # type: ignore[arg-type]
+        advertise_host="10.0.0.7",
+        kv_events_port=5557,
+        kv_events_replay_port=5558,
+    )
+    argv = build_command(cfg)
+    flag = KvEventsConfig.from_json(argv[argv.index("--kv-events-config") + 1])
+    assert flag.enabled
+    assert (flag.endpoint, flag.replay_endpoint) == ("tcp://*:5557", "tcp://*:5558")
+    addresses = cfg.kv_events_addresses()
+    assert addresses == {
+        "endpoint": "tcp://10.0.0.7:5557",
+        "replay_endpoint": "tcp://10.0.0.7:5558",
+    }
+    f = tmp_path / "p.capacity.json"
+    hints = parse_server_info({"max_total_num_tokens": 10})
+    import dataclasses
+    import json
+
+    write_capacity_file(f, cfg.endpoint, dataclasses.replace(hints, kv_events=addresses))
+    assert json.loads(f.read_text())[cfg.endpoint]["kv_events"] == addresses

@@ -1,0 +1,107 @@
+"""SGLang's KV-event wire format and block hashing, checked against hand-built SGLang shapes."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runtime.prefixindex.errors import KvEventDecodeError, KvEventsConfigError
+from runtime.prefixindex.hashing import prefix_block_ids
+from runtime.prefixindex.wire import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    KvEventsConfig,
+    decode_batch,
+    decode_frame,
+    encode_frame,
+    should_bind,
+)
+
+
+def _sglang_ids(tokens: list[int], page: int) -> list[int]:
+    """SGLang's get_hash_str + hash_str_to_int64, written out independently (hex strings)."""
+    out, prior = [], None
+    for start in range(0, len(tokens) - len(tokens) % page, page):
+        h = hashlib.sha256()
+        if prior:
+            h.update(bytes.fromhex(prior))
+        for t in tokens[start : start + page]:
+            h.update(struct.pack("<I", t))
+        prior = h.hexdigest()
+        value = int(prior[:16], 16)
+        out.append(value - 2**64 if value >= 2**63 else value)
+    return out
+
+
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=40), st.integers(1, 5))
+def test_block_ids_match_sglangs_hex_chain(tokens: list[int], page: int) -> None:
+    assert prefix_block_ids(tokens, page) == _sglang_ids(tokens, page)
+
+
+def test_block_ids_chain_and_ignore_the_partial_page() -> None:
+    ids = prefix_block_ids([1, 2, 3, 4, 5], 2)
+    assert len(ids) == 2
+    assert prefix_block_ids([1, 2, 3, 4], 2) == ids
+    assert prefix_block_ids([9, 2, 3, 4], 2)[1] != ids[1]  # the parent is part of the hash
+
+
+def test_decodes_sglang_batches_old_and_new_shapes() -> None:
+    old = msgspec.msgpack.encode(
+        [1.5, [["BlockStored", [7], None, [1, 2], 2, None], ["BlockRemoved", [7]]]]
+    )
+    new = msgspec.msgpack.encode(
+        [2.0, [["BlockStored", [8], 7, [3], 1, None, "GPU"], ["AllBlocksCleared"]]]
+    )
+    assert decode_batch(old) == KVEventBatch(
+        ts=1.5,
+        events=[BlockStored([7], None, [1, 2], 2, None), BlockRemoved([7])],
+    )
+    assert decode_batch(new).events == [
+        BlockStored([8], 7, [3], 1, None, "GPU"),
+        AllBlocksCleared(),
+    ]
+
+
+def test_frame_round_trip_and_wire_layout() -> None:
+    batch = KVEventBatch(ts=3.0, events=[BlockRemoved([-5], "GPU")])
+    parts = encode_frame("kv", 258, batch)
+    assert parts[0] == b"kv" and parts[1] == (258).to_bytes(8, "big")
+    assert msgspec.msgpack.decode(parts[2]) == [3.0, [["BlockRemoved", [-5], "GPU"]]]
+    assert decode_frame(parts) == ("kv", 258, batch)
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [[b"t", b"\x00" * 8], [b"t", b"\x00" * 7, b"\x90"], [b"t", b"\x00" * 8, b"not msgpack"]],
+)
+def test_bad_frames_are_decode_errors(parts: list[bytes]) -> None:
+    with pytest.raises(KvEventDecodeError):
+        decode_frame(parts)
+
+
+def test_config_keys_defaults_and_errors() -> None:
+    cfg = KvEventsConfig.from_json('{"publisher": "zmq", "replay_endpoint": "tcp://*:5558"}')
+    assert cfg.enabled and cfg.endpoint == "tcp://*:5557" and cfg.buffer_steps == 10_000
+    assert not KvEventsConfig.from_json("{}").enabled
+    for bad, words in [
+        ('{"publisher": "kafka"}', "allowed: null, zmq"),
+        ('{"endpont": "tcp://*:1"}', "unknown key 'endpont'"),
+        ('{"hwm": 0}', "hwm: must be an integer >= 1"),
+        ('{"endpoint": "http://x"}', "must start with tcp://"),
+        ("[1]", "must be a JSON object"),
+        ("{", "not JSON"),
+    ]:
+        with pytest.raises(KvEventsConfigError, match=words.replace("(", r"\(")):
+            KvEventsConfig.from_json(bad)
+
+
+def test_bind_rule_is_sglangs() -> None:
+    assert should_bind("tcp://*:5557") and should_bind("ipc:///tmp/x")
+    assert not should_bind("tcp://10.0.0.1:5557")
