@@ -61,7 +61,8 @@ def markdown(result: dict[str, Any]) -> str:
                     f"| {_f(g['p50'])} / {_f(g['p95'])} / {_f(g['p99'])} "
                     f"| {_pct(s['success_rate'])} ({_pct(s['first_try_success'])}) "
                     f"| {s['rejections']} {_statuses(s['rejection_statuses'])}"
-                    f"| {_f(s['rejection_ms_p99'], 1)} | {_pct(s['rejections_with_retry_after'])} "
+                    f"| {_f(s['rejection_ms_p99'], 1)}{_by_reason(s)} "
+                    f"| {_pct(s['rejections_with_retry_after'])} "
                     f"| {_pct(s['retry_after_accuracy'])} ({s['retries_after_retry_after']}) |"
                 )
     lines += [
@@ -96,6 +97,13 @@ def markdown(result: dict[str, Any]) -> str:
                     f"| {_f(tail, 1)} | {_f(row['base_rps'], 1)} |"
                 )
     return "\n".join(lines) + "\n"
+
+
+def _by_reason(s: dict[str, Any]) -> str:
+    by = s.get("rejection_ms_p99_by_reason") or {}
+    if len(by) < 2:
+        return ""
+    return " (" + ", ".join(f"{k}: {_f(v, 1)}" for k, v in by.items()) + ")"
 
 
 def _statuses(counts: dict[str, int]) -> str:

@@ -84,6 +84,10 @@ def summarize(
             "rejection_ms_p99": _ms(
                 percentile([a.answered - a.sent for a in rejected if a.answered is not None], 0.99)
             ),
+            "rejection_ms_p99_by_reason": {
+                code: _ms(percentile([a.answered - a.sent for a in group if a.answered], 0.99))
+                for code, group in _group(rejected).items()
+            },
             "rejections_with_retry_after": _share(
                 sum(1 for a in rejected if a.retry_after is not None), len(rejected)
             ),
@@ -92,6 +96,14 @@ def summarize(
             "attempts_per_success": round(len(flat) / len(ok), 3) if ok else None,
         }
     return out
+
+
+def _group(attempts: Iterable[Attempt]) -> dict[str, list[Attempt]]:
+    """Rejected attempts by their answer's error code (``queue_full``, ``timed_out``, …)."""
+    out: dict[str, list[Attempt]] = defaultdict(list)
+    for a in attempts:
+        out[a.error or "http"].append(a)
+    return dict(sorted(out.items()))
 
 
 def _count(items: Iterable[str]) -> dict[str, int]:
