@@ -20,7 +20,7 @@ from redis.asyncio.cluster import RedisCluster
 from controlplane.policy import Policy, load_policy
 from controlplane.policy.model import RateLimitServer
 from ratelimit_service.decider import Decider, DeciderSettings
-from ratelimit_service.directory import QuotaDirectory, seed_defaults
+from ratelimit_service.directory import QuotaDirectory, SeedPlan, seed_defaults, seed_plan
 from ratelimit_service.h2server import H2Server
 from ratelimit_service.health import RedisHealth
 from ratelimit_service.metrics import Metrics
@@ -62,6 +62,13 @@ def decider_settings(rl: RateLimitServer) -> DeciderSettings:
         reservation_ttl_ms=int(rl.reservation_ttl * 1000),
         replicas=rl.replicas,
     )
+
+
+@dataclass(frozen=True)
+class _Built:
+    policy: Policy
+    settings: DeciderSettings
+    seed: SeedPlan | None
 
 
 class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
@@ -123,6 +130,7 @@ class Service:
             poll_interval=settings.reload_interval,
         )
         self._seed_wanted = asyncio.Event()
+        self._seed: SeedPlan | None = None  # computed off the loop with the policy
         self._seeder: asyncio.Task[None] | None = None
 
     def _rl(self) -> RateLimitServer:
@@ -140,7 +148,7 @@ class Service:
                 fast_url=None if isinstance(self.redis, RedisCluster) else fast_path_url(url),
             )
             self.health = RedisHealth(self.redis.ping, self.metrics)
-            try:
+            try:  # pipelined: 10k tenants take well under a second
                 await seed_defaults(self.redis, self.policy)
             except Exception as exc:  # Redis down: the seeder retries in the background
                 log.warning("seeding quota defaults deferred: %s", exc)
@@ -197,37 +205,40 @@ class Service:
         self.metrics_port = await server.start()
         self._metrics_server = server
 
-    def _build(self, path: Path) -> Loaded[tuple[Policy, DeciderSettings]]:
-        """Load the policy and the decider's settings (in the watcher's worker thread)."""
+    def _build(self, path: Path) -> Loaded[_Built]:
+        """Load the policy, the decider's settings and the Redis seeding plan (in the watcher's
+        worker thread)."""
         policy = load_policy(path)
-        return Loaded((policy, decider_settings(policy.ratelimit or RateLimitServer())))
+        settings = decider_settings(policy.ratelimit or RateLimitServer())
+        return Loaded(_Built(policy, settings, seed_plan(policy) if self.redis else None))
 
-    def _swap(self, built: tuple[Policy, DeciderSettings]) -> None:
+    def _swap(self, built: _Built) -> None:
         """On the loop: later decisions use the new quotas; Redis is seeded in the background."""
-        self.policy, settings = built
+        self.policy = built.policy
         if self.decider is not None:
-            self.decider.settings = settings
+            self.decider.settings = built.settings
             if self.store is not None:
-                self.store.deadline = settings.deadline
+                self.store.deadline = built.settings.deadline
             self.decider.directory.update_policy(self.policy)
+        self._seed = built.seed
         self._seed_wanted.set()
         log.info("policy reloaded: %d tenants", len(self.policy.tenants))
 
     async def _seed_loop(self) -> None:
         """Copy the policy's quota defaults into Redis after each reload (retried while Redis
-        is down; live edits are never overwritten)."""
+        is down; live edits are never overwritten; a reload during seeding seeds again)."""
         while True:
             await self._seed_wanted.wait()
+            self._seed_wanted.clear()
             if self.redis is None:
-                self._seed_wanted.clear()
                 continue
             if self.health is None or self.health.up:
                 try:
-                    await seed_defaults(self.redis, self.policy)
-                    self._seed_wanted.clear()
+                    await seed_defaults(self.redis, self.policy, plan=self._seed)
                     continue
                 except Exception as exc:  # Redis down: retried after a pause
                     log.debug("seeding deferred: %s", exc)
+            self._seed_wanted.set()
             await asyncio.sleep(self.settings.reload_interval)
 
     async def drain(self, timeout: float) -> None:

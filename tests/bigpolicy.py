@@ -11,13 +11,22 @@ def big_policy_text(
     routes: int,
     ports: dict[str, int],
     backend: tuple[str, int] = ("127.0.0.1", 30001),
+    emulated: bool = False,
+    rl_timeout: str = "50ms",
+    message_timeout: str = "200ms",
     redis_url: str | None = None,
     generation: int = 0,
 ) -> str:
     """Policy YAML with ``tenants`` tenants (one API key each: ``tw-key-<i:07d>``) and ``routes`` routes
-    on one gateway. ``ports`` names ``xds``, ``cp_metrics``, ``listen``, ``ratelimit``,
+    on one gateway (route ``r<i>`` matches header ``x-route: r<i>``, the last one any ``/v1/``). ``ports`` names ``xds``, ``cp_metrics``, ``listen``, ``ratelimit``,
     ``rl_metrics``, ``filters``, ``filters_metrics``. ``generation`` changes every tenant's quota
-    (a reload that touches everything)."""
+    (a reload that touches everything). ``emulated``: ``tokenweir up`` runs one SGLang emulator
+    on ``backend``'s port."""
+    pool = (
+        f"    emulated: {{replicas: 1, base_port: {backend[1]}, time_scale: 0.01}}"
+        if emulated
+        else f"    endpoints: [{backend[0]}:{backend[1]}]"
+    )
     redis = f"  redis_url: {redis_url}\n" if redis_url else ""
     out = [
         "version: 1",
@@ -28,17 +37,16 @@ def big_policy_text(
         "ratelimit:",
         f"  address: 127.0.0.1:{ports['ratelimit']}",
         f"  metrics_port: {ports['rl_metrics']}",
-        "  timeout: 500ms",
-        "  failure_mode_deny: true",
+        f"  timeout: {rl_timeout}",
         redis.rstrip("\n"),
         "filters:",
         f"  address: 127.0.0.1:{ports['filters']}",
         f"  metrics_port: {ports['filters_metrics']}",
-        "  message_timeout: 2s",
+        f"  message_timeout: {message_timeout}",
         "pools:",
         "  chat:",
-        "    models: [m]",
-        f"    endpoints: [{backend[0]}:{backend[1]}]",
+        "    models: [llama-3.1-8b]",
+        pool,
         "    timeouts: {connect: 1s, request: 30s}",
         "gateways:",
         "  edge:",
@@ -48,7 +56,7 @@ def big_policy_text(
     for r in range(routes - 1):
         out += [
             f"      - name: r{r}",
-            f"        match: {{path: /r{r}/v1/chat/completions}}",
+            f"        match: {{prefix: /v1/, headers: {{x-route: r{r}}}}}",
             "        pool: chat",
             "        rate_limit: {enabled: true}",
             "        filters: {plugins: [identity, tokens, usage]}",

@@ -79,6 +79,7 @@ class _Composer:
         self.limits = limits
         self.parser = _Parser(text) if _Parser is not None else yaml.SafeLoader(text)
         self.resolver = Resolver()
+        self.tags: dict[tuple[str, tuple[bool, bool]], str] = {}
         self.anchors: dict[str, tuple[yaml.Node, int]] = {}
         self.stack: list[_Frame] = []
         self.written = 0
@@ -124,7 +125,12 @@ class _Composer:
     def _scalar(self, ev: yaml.ScalarEvent) -> None:
         tag = ev.tag
         if tag is None or tag == "!":
-            tag = self.resolver.resolve(yaml.ScalarNode, ev.value, ev.implicit)
+            key = (ev.value, ev.implicit)
+            tag = self.tags.get(key)
+            if tag is None:
+                tag = self.resolver.resolve(yaml.ScalarNode, ev.value, ev.implicit)
+                if len(self.tags) < 4096:  # repeated values (tiers, limits) resolve once
+                    self.tags[key] = tag
         elif tag not in _ALLOWED_TAGS:
             self._bad_tag(ev, tag)
         node = yaml.ScalarNode(tag, ev.value, _mark(ev.start_mark), _mark(ev.end_mark), ev.style)

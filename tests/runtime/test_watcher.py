@@ -197,3 +197,31 @@ async def test_an_unchanged_bad_file_is_not_reported_again(tmp_path: Path) -> No
         assert _value(registry, "tokenweir_config_reloads_total", result="error") == 1
     finally:
         await watcher.aclose()
+
+
+async def test_the_collector_pauses_while_building_and_is_restored(tmp_path: Path) -> None:
+    """A full collection during a 10k-tenant build held the GIL for seconds (ext_proc 504s)."""
+    import gc
+    import sys
+
+    path = tmp_path / "mesh.yaml"
+    _write(path, GOOD.format(n=1))
+    seen: list[tuple[bool, float]] = []
+
+    def load(p: Path) -> Loaded[Policy]:
+        seen.append((gc.isenabled(), sys.getswitchinterval()))
+        return Loaded(load_policy(p))
+
+    watcher = PolicyWatcher(
+        path,
+        load=load,
+        apply=lambda _p: None,
+        metrics=ReloadMetrics(CollectorRegistry()),
+        log=logging.getLogger("test.watcher"),
+    )
+    interval = sys.getswitchinterval()
+    assert gc.isenabled()
+    assert (await watcher.reload()).ok
+    assert seen[0][0] is False and seen[0][1] < interval
+    assert gc.isenabled() and sys.getswitchinterval() == interval
+    gc.unfreeze()

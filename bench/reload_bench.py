@@ -1,0 +1,127 @@
+"""Policy reload time at 10k and 100k tenants: load + build per process, and edit → applied.
+
+For each size, a policy with that many tenants (one API key and own quotas each) and 100
+routes (identity, tokens, usage on each) is written, then measured in this process:
+
+- ``load``: :func:`controlplane.policy.load_policy` alone (bounded compose + decode + checks);
+- ``filters``: what the filter server's watcher runs off its loop (load + every plugin chain);
+- ``ratelimit``: what the rate-limit service's watcher runs (load + decider settings);
+- ``controlplane``: what the control plane's reloader runs (load + the services' check +
+  render + snapshot consistency);
+- ``edit→applied``: a real :class:`runtime.watcher.PolicyWatcher` (the control plane's reloader,
+  poll 50 ms, debounce 50 ms) from the file's replace to the snapshot being published.
+
+Medians of ``--repeat`` runs. Usage: ``.venv/bin/python bench/reload_bench.py [--sizes 10000
+100000] [--repeat 3]``. Writes bench/results/reload_bench.json and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from prometheus_client import CollectorRegistry
+
+from controlplane.check import service_issues
+from controlplane.policy import load_policy
+from controlplane.reloader import Reloader
+from controlplane.xds.cache import SnapshotCache
+from filters.app import FilterApp, Settings
+from ratelimit_service.server import Service, ServiceSettings
+from tests.bigpolicy import big_policy_text
+
+RESULTS = Path(__file__).parent / "results" / "reload_bench.json"
+PORTS = dict(
+    xds=18000, cp_metrics=18001, listen=10000, ratelimit=18081, rl_metrics=18091,
+    filters=18082, filters_metrics=18096,
+)  # fmt: skip
+
+
+def _median(fn: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+async def _edit_to_applied(path: Path, tenants: int, repeat: int) -> float:
+    cache = SnapshotCache()
+    reloader = Reloader(
+        path, cache, registry=CollectorRegistry(), debounce=0.05, poll_interval=0.05,
+        check=service_issues,
+    )  # fmt: skip
+    await reloader.start()
+    times = []
+    try:
+        for gen in range(1, repeat + 1):
+            routes = 100 + gen  # a route more: every node group gets a new snapshot
+            text = big_policy_text(tenants=tenants, routes=routes, ports=PORTS, generation=gen)
+            generation = cache.generation("edge")
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            start = time.perf_counter()
+            tmp.replace(path)
+            while cache.generation("edge") == generation:
+                await asyncio.sleep(0.005)
+            times.append(time.perf_counter() - start)
+    finally:
+        await reloader.aclose()
+    return statistics.median(times)
+
+
+def measure(tenants: int, repeat: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "mesh.yaml"
+        text = big_policy_text(tenants=tenants, routes=100, ports=PORTS)
+        path.write_text(text)
+        app = FilterApp(Settings(path), clock=time.monotonic)
+        svc = Service(ServiceSettings(path), app.policy)
+        cp = Reloader(path, SnapshotCache(), registry=CollectorRegistry(), check=service_issues)
+        out = {
+            "tenants": tenants,
+            "routes": 100,
+            "bytes": len(text),
+            "load_s": _median(lambda: load_policy(path), repeat),
+            "filters_s": _median(lambda: app._build(path), repeat),
+            "ratelimit_s": _median(lambda: svc._build(path), repeat),
+            "controlplane_s": _median(lambda: cp._build(path), repeat),
+        }
+        out["edit_to_applied_s"] = asyncio.run(_edit_to_applied(path, tenants, repeat))
+        return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    rows = [measure(n, args.repeat) for n in args.sizes]
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
+    print(
+        "| tenants | file | load | filters build | rate-limit build | control plane build | edit → applied |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['tenants']:,} | {r['bytes'] / 1e6:.1f} MB | {r['load_s']:.2f} s "
+            f"| {r['filters_s']:.2f} s | {r['ratelimit_s']:.2f} s | {r['controlplane_s']:.2f} s "
+            f"| {r['edit_to_applied_s']:.2f} s |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
