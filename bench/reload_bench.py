@@ -107,18 +107,22 @@ def main() -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    rows = [measure(n, args.repeat) for n in args.sizes]
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
-    print(
-        "| tenants | file | load | filters build | rate-limit build | control plane build | edit → applied |"
+    header = (
+        "| tenants | file | load | filters build | rate-limit build | control plane build "
+        "| edit → applied |\n|---:|---:|---:|---:|---:|---:|---:|"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
+    print(header, flush=True)
+    rows = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+    for n in args.sizes:
+        r = measure(n, args.repeat)
+        rows = [row for row in rows if row["tenants"] != n] + [r]
+        RESULTS.parent.mkdir(exist_ok=True)
+        RESULTS.write_text(json.dumps(rows, indent=2) + "\n")  # each size kept as it finishes
         print(
             f"| {r['tenants']:,} | {r['bytes'] / 1e6:.1f} MB | {r['load_s']:.2f} s "
             f"| {r['filters_s']:.2f} s | {r['ratelimit_s']:.2f} s | {r['controlplane_s']:.2f} s "
-            f"| {r['edit_to_applied_s']:.2f} s |"
+            f"| {r['edit_to_applied_s']:.2f} s |",
+            flush=True,
         )
     return 0
 
