@@ -6,3 +6,5 @@ it live. None of them owns it, so it lives here: key names (:mod:`.keys`), windo
 (:mod:`.windows`), quota resolution from the policy and live fields (:mod:`.config`), the token
 bucket refill (:mod:`.buckets`) and the read-only peek (:mod:`.reader`, ``peek.lua``).
 """
+
+__all__: list[str] = []
