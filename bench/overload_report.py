@@ -84,7 +84,7 @@ def markdown(result: dict[str, Any]) -> str:
             "Retry storm (spike of 3x between the marks):",
             "",
             "| arm | clients | requests | attempts | attempts per success | success "
-            "| offered req/s, last 5 s | base req/s |",
+            "| offered req/s, 5–10 s after the spike | base req/s |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for arm, by_b in result["storm"].items():
