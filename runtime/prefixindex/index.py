@@ -1,0 +1,252 @@
+"""The prefix index: block-hash chains → the replicas that hold them (pure: no I/O, no clock).
+
+Fed by each replica's KV-event stream (``apply``), asked for a prompt (``query``): per replica,
+how many leading tokens of the prompt it has cached, or ``None`` (unknown). Guarantees:
+
+- **Exact when nothing is lost**: a replica's block set is the set of page hashes in its radix
+  tree, so the answer is the tree's longest cached prefix (whole pages). A block hash names the
+  whole prefix up to its page (hashes chain), so a walk over the prompt's hashes is a tree walk.
+- **Unknown, never wrong**: a replica is *known* only while its events form one unbroken
+  sequence from a baseline (an ``AllBlocksCleared``: a fresh cache, a flush) up to the highest
+  sequence number seen on its live stream, and it was heard from within ``stale_after_s``. A gap
+  (seq jump), a restart (seq going back on the live stream) or silence makes it unknown; a replay
+  that fills the gap, or a new ``AllBlocksCleared``, makes it known again.
+- **Bounded memory**: at most ``max_blocks`` distinct block hashes; past that the least recently
+  stored or queried ones are dropped for every replica. Dropping only ever *lowers* an answer
+  (the walk stops at a missing block), it never raises one.
+
+Block hashing must match the backend's: ``page_size`` and the token ids of the pool's tokenizer
+(``runtime.prefixindex.hashing``).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from runtime.prefixindex.hashing import prefix_block_ids
+from runtime.prefixindex.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+__all__ = ["Applied", "PrefixIndex", "ReplicaView"]
+
+
+class Applied(Enum):
+    """What ``apply`` did with one batch."""
+
+    APPLIED = "applied"  # in sequence (or a baseline): the replica's blocks follow it
+    DUPLICATE = "duplicate"  # already applied (a replay overlapping what came live)
+    NEEDS_RESYNC = "needs_resync"  # not applied: ask the replay socket from ``resync_from``
+
+
+@dataclass(slots=True)
+class _Replica:
+    bit: int
+    blocks: set[int] = field(default_factory=set)
+    last_seq: int | None = None  # last batch applied in sequence since a baseline
+    highest_seen: int = -1  # highest seq seen on the live stream
+    last_heard: float | None = None
+    last_ts: float | None = None  # the publisher's timestamp of the last batch applied
+    reason: str = "no baseline yet"  # why unknown (when it is)
+    restarts: int = 0
+    gaps: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """One replica's state, for metrics and debugging."""
+
+    name: str
+    known: bool
+    reason: str  # "" when known
+    blocks: int
+    last_seq: int | None
+    highest_seen: int
+    last_ts: float | None
+    restarts: int
+    gaps: int
+
+
+class PrefixIndex:
+    """Which replicas hold which block-hash chains; see the module docstring for guarantees."""
+
+    def __init__(
+        self, page_size: int, *, max_blocks: int = 1_000_000, stale_after_s: float = 30.0
+    ) -> None:
+        if page_size <= 0 or max_blocks <= 0 or stale_after_s <= 0:
+            raise ValueError("page_size, max_blocks and stale_after_s must be > 0")
+        self.page_size = page_size
+        self.max_blocks = max_blocks
+        self.stale_after_s = stale_after_s
+        self._replicas: dict[str, _Replica] = {}
+        self._holders: collections.OrderedDict[int, int] = collections.OrderedDict()  # hash→bits
+        self.evicted_blocks = 0
+
+    # ---- replicas ----------------------------------------------------------------------------
+    def add_replica(self, name: str) -> None:
+        if name in self._replicas:
+            return
+        used = {r.bit for r in self._replicas.values()}
+        bit = next(1 << i for i in range(len(used) + 1) if 1 << i not in used)
+        self._replicas[name] = _Replica(bit=bit)
+
+    def remove_replica(self, name: str) -> None:
+        replica = self._replicas.pop(name, None)
+        if replica is not None:
+            self._clear(replica)
+
+    def replicas(self) -> list[str]:
+        return list(self._replicas)
+
+    def forget(self, name: str, reason: str) -> None:
+        """Drop what is known of ``name`` (its process restarted, its stream cannot be trusted)."""
+        replica = self._replicas[name]
+        self._clear(replica)
+        replica.last_seq = None
+        replica.highest_seen = -1
+        replica.reason = reason
+
+    def heard(self, name: str, now: float) -> None:
+        """``name`` answered (a batch, a replay): its stream is not stale at ``now``."""
+        self._replicas[name].last_heard = now
+
+    def resync_from(self, name: str) -> int:
+        """The sequence number to ask ``name``'s replay socket for."""
+        last = self._replicas[name].last_seq
+        return 0 if last is None else last + 1
+
+    # ---- events ------------------------------------------------------------------------------
+    def apply(self, name: str, seq: int, batch: KVEventBatch, *, live: bool = True) -> Applied:
+        """Apply one batch of ``name``'s events, received live (PUB) or from a replay."""
+        r = self._replicas[name]
+        if live:
+            if r.last_seq is not None and seq <= r.last_seq:
+                r.restarts += 1  # a live stream never repeats: the publisher started again
+                self.forget(name, "publisher restarted")
+            r.highest_seen = max(r.highest_seen, seq) if r.last_seq is not None else seq
+        clear_at = max(
+            (i for i, e in enumerate(batch.events) if isinstance(e, AllBlocksCleared)), default=-1
+        )
+        if r.last_seq is not None and seq <= r.last_seq:
+            return Applied.DUPLICATE
+        if clear_at >= 0:
+            self._clear(r)  # a baseline: whatever came before no longer matters
+            events = batch.events[clear_at + 1 :]
+        elif r.last_seq is not None and seq == r.last_seq + 1:
+            events = batch.events
+        else:
+            if r.last_seq is not None:
+                r.gaps += 1
+                r.reason = f"gap after seq {r.last_seq} (got {seq})"
+            return Applied.NEEDS_RESYNC
+        for event in events:
+            if isinstance(event, BlockStored):
+                self._store(r, event.block_hashes)
+            elif isinstance(event, BlockRemoved):
+                self._remove(r, event.block_hashes)
+        r.last_seq, r.last_ts = seq, batch.ts
+        r.highest_seen = max(r.highest_seen, seq)
+        r.reason = ""
+        return Applied.APPLIED
+
+    def _store(self, r: _Replica, hashes: Iterable[int]) -> None:
+        holders = self._holders
+        for h in hashes:
+            holders[h] = holders.get(h, 0) | r.bit
+            holders.move_to_end(h)
+            r.blocks.add(h)
+        while len(holders) > self.max_blocks:
+            h, bits = holders.popitem(last=False)
+            self.evicted_blocks += 1
+            for other in self._replicas.values():
+                if bits & other.bit:
+                    other.blocks.discard(h)
+
+    def _remove(self, r: _Replica, hashes: Iterable[int]) -> None:
+        for h in hashes:
+            if h in r.blocks:
+                r.blocks.discard(h)
+                self._drop_bit(h, r.bit)
+
+    def _drop_bit(self, h: int, bit: int) -> None:
+        bits = self._holders.get(h, 0) & ~bit
+        if bits:
+            self._holders[h] = bits
+        else:
+            self._holders.pop(h, None)
+
+    def _clear(self, r: _Replica) -> None:
+        for h in r.blocks:
+            self._drop_bit(h, r.bit)
+        r.blocks = set()
+
+    # ---- questions ---------------------------------------------------------------------------
+    def known(self, name: str, now: float) -> bool:
+        r = self._replicas[name]
+        return self._known(r, now)
+
+    def _known(self, r: _Replica, now: float) -> bool:
+        return (
+            r.last_seq is not None
+            and r.last_seq >= r.highest_seen
+            and r.last_heard is not None
+            and now - r.last_heard <= self.stale_after_s
+        )
+
+    def query(self, token_ids: Sequence[int], now: float) -> dict[str, int | None]:
+        """Per replica: leading tokens of ``token_ids`` it has cached (whole pages), or None."""
+        return self.query_blocks(prefix_block_ids(token_ids, self.page_size), now)
+
+    def query_blocks(self, block_ids: Sequence[int], now: float) -> dict[str, int | None]:
+        """As ``query``, for a prompt already hashed (``prefix_block_ids``)."""
+        out: dict[str, int | None] = {}
+        known: dict[int, str] = {}
+        for name, r in self._replicas.items():
+            if self._known(r, now):
+                known[r.bit] = name
+            else:
+                out[name] = None
+        mask = sum(known)
+        depth = 0
+        holders = self._holders
+        for h in block_ids:
+            if not mask:
+                break
+            held = holders.get(h, 0) & mask
+            for bit in _bits(mask & ~held):
+                out[known[bit]] = depth * self.page_size
+            mask = held
+            if held:
+                holders.move_to_end(h)
+                depth += 1
+        for bit in _bits(mask):
+            out[known[bit]] = depth * self.page_size
+        return out
+
+    def view(self, name: str, now: float) -> ReplicaView:
+        r = self._replicas[name]
+        known = self._known(r, now)
+        reason = "" if known else (r.reason or "stale: nothing heard recently")
+        return ReplicaView(
+            name=name,
+            known=known,
+            reason=reason,
+            blocks=len(r.blocks),
+            last_seq=r.last_seq,
+            highest_seen=r.highest_seen,
+            last_ts=r.last_ts,
+            restarts=r.restarts,
+            gaps=r.gaps,
+        )
+
+    def __len__(self) -> int:
+        """Distinct block hashes held (by any replica)."""
+        return len(self._holders)
+
+
+def _bits(mask: int) -> Iterable[int]:
+    while mask:
+        low = mask & -mask
+        yield low
+        mask ^= low

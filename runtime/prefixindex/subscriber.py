@@ -1,0 +1,155 @@
+"""The I/O edge of the prefix index: subscribe to N replicas' KV-event streams over ZMQ.
+
+One asyncio task per replica (owned by ``KvEventSubscriber``; ``aclose()`` stops them):
+
+- a SUB socket on the replica's PUB endpoint feeds every batch to ``PrefixIndex.apply``;
+- when a batch cannot be applied (a gap, no baseline yet) or every ``probe_interval_s`` (the
+  heartbeat that keeps a quiet replica known and finds a lost last batch), a DEALER asks the
+  replica's ROUTER replay socket for everything from ``resync_from``, and applies the answer;
+- a disconnect of the SUB socket (the replica's process went away) makes the index forget the
+  replica: its next incarnation starts from an empty cache and is resynced from seq 0.
+
+Without a replay endpoint a replica is known only while batches keep arriving within the index's
+``stale_after_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from runtime.prefixindex.errors import KvEventDecodeError
+from runtime.prefixindex.index import Applied, PrefixIndex
+from runtime.prefixindex.wire import END_SEQ, decode_batch, decode_frame, decode_seq, encode_seq
+
+__all__ = ["KvEventSubscriber", "ReplicaFeed"]
+
+log = logging.getLogger("runtime.prefixindex")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaFeed:
+    """Where one replica publishes (``tcp://host:port``, as a subscriber connects)."""
+
+    name: str
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+
+
+class KvEventSubscriber:
+    """Feeds ``index`` from the replicas' event streams; ``await start()``, then ``aclose()``."""
+
+    def __init__(
+        self,
+        index: PrefixIndex,
+        feeds: Sequence[ReplicaFeed],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        probe_interval_s: float = 1.0,
+        replay_timeout_s: float = 2.0,
+    ) -> None:
+        self.index = index
+        self.feeds = list(feeds)
+        self._clock = clock
+        self._probe_interval_s = probe_interval_s
+        self._replay_timeout_s = replay_timeout_s
+        self._ctx: zmq.asyncio.Context | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.decode_errors = 0
+
+    async def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+        for feed in self.feeds:
+            self.index.add_replica(feed.name)
+            task = asyncio.create_task(self._follow(feed), name=f"kv-events-{feed.name}")
+            self._tasks.append(task)
+
+    async def aclose(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    async def _follow(self, feed: ReplicaFeed) -> None:
+        assert self._ctx is not None
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, feed.topic.encode())
+        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        sub.connect(feed.endpoint)
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        next_probe = self._clock()
+        try:
+            while True:
+                resync = False
+                if feed.replay_endpoint is not None and self._clock() >= next_probe:
+                    await self._replay(feed)
+                    next_probe = self._clock() + self._probe_interval_s
+                ready = dict(await poller.poll(timeout=self._probe_interval_s * 1000))
+                if monitor in ready:
+                    event = parse_monitor_message(await monitor.recv_multipart())
+                    if event["event"] == zmq.EVENT_DISCONNECTED:
+                        log.info("KV events: %s disconnected; forgetting it", feed.name)
+                        self.index.forget(feed.name, "disconnected")
+                        next_probe = self._clock()
+                if sub in ready:
+                    resync = self._on_message(feed, await sub.recv_multipart())
+                if resync and feed.replay_endpoint is not None:
+                    next_probe = self._clock()
+        finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+
+    def _on_message(self, feed: ReplicaFeed, parts: list[bytes]) -> bool:
+        """Apply one live batch; True when the replica needs a replay."""
+        try:
+            _, seq, batch = decode_frame(parts)
+        except KvEventDecodeError as exc:
+            self.decode_errors += 1
+            log.warning("KV events from %s: %s", feed.name, exc)
+            return False
+        self.index.heard(feed.name, self._clock())
+        return self.index.apply(feed.name, seq, batch, live=True) is Applied.NEEDS_RESYNC
+
+    async def _replay(self, feed: ReplicaFeed) -> None:
+        """Ask the replay socket for what the index misses; apply it; a timeout changes nothing."""
+        assert self._ctx is not None and feed.replay_endpoint is not None
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(feed.replay_endpoint)
+        try:
+            start = self.index.resync_from(feed.name)
+            await dealer.send_multipart([b"", encode_seq(start)])
+            while True:
+                frames = await asyncio.wait_for(dealer.recv_multipart(), self._replay_timeout_s)
+                if len(frames) != 3:
+                    raise KvEventDecodeError(f"replay answer has {len(frames)} parts, 3 expected")
+                seq = decode_seq(frames[1])
+                if seq == END_SEQ:
+                    break
+                self.index.apply(feed.name, seq, decode_batch(frames[2]), live=False)
+            self.index.heard(feed.name, self._clock())
+        except TimeoutError:
+            log.debug("KV events: replay from %s timed out", feed.name)
+        except KvEventDecodeError as exc:
+            self.decode_errors += 1
+            log.warning("KV events: replay from %s: %s", feed.name, exc)
+        finally:
+            dealer.close(linger=0)
