@@ -42,19 +42,19 @@ def _start(tmp_path: Path, name: str, port: int) -> ChildProcess:
     return child
 
 
-async def _until(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+async def _until(check: Callable[[], bool], what: Callable[[], str], timeout: float = 40.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not check():
         if loop.time() > deadline:
-            raise AssertionError(f"not reached in {timeout}s: {what}")
+            raise AssertionError(f"not reached in {timeout}s: {what()}")
         await asyncio.sleep(0.05)
 
 
 async def test_subscriber_builds_the_index_and_survives_a_restart(tmp_path: Path) -> None:
     ports = {n: free_port() for n in TEXTS}
     children = {n: _start(tmp_path, n, p) for n, p in ports.items()}
-    index = PrefixIndex(1, stale_after_s=5.0)
+    index = PrefixIndex(1, stale_after_s=10.0)
     feeds = [
         ReplicaFeed(n, f"ipc://{tmp_path}/{n}.pub", f"ipc://{tmp_path}/{n}.replay") for n in TEXTS
     ]
@@ -65,6 +65,9 @@ async def test_subscriber_builds_the_index_and_survives_a_restart(tmp_path: Path
     def answers(name: str) -> dict[str, int | None]:
         return index.query(encode(TEXTS[name]), loop.time())
 
+    def views() -> str:
+        return "; ".join(str(index.view(n, loop.time())) for n in TEXTS)
+
     try:
         async with aiohttp.ClientSession() as http:
 
@@ -73,23 +76,43 @@ async def test_subscriber_builds_the_index_and_survives_a_restart(tmp_path: Path
                 async with http.post(f"http://127.0.0.1:{ports[name]}/generate", json=body) as r:
                     assert r.status == 200
 
-            await _until(lambda: all(index.known(n, loop.time()) for n in TEXTS), "both known")
+            await _until(
+                lambda: all(index.known(n, loop.time()) for n in TEXTS),
+                lambda: "both known" + " " + views(),
+            )
             for name in TEXTS:
                 await generate(name)
             full = {n: len(encode(t)) for n, t in TEXTS.items()}
-            await _until(lambda: answers("a") == {"a": full["a"], "b": 0}, "a's prompt on a")
-            await _until(lambda: answers("b") == {"a": 0, "b": full["b"]}, "b's prompt on b")
+            await _until(
+                lambda: answers("a") == {"a": full["a"], "b": 0},
+                lambda: "a's prompt on a" + " " + views(),
+            )
+            await _until(
+                lambda: answers("b") == {"a": 0, "b": full["b"]},
+                lambda: "b's prompt on b" + " " + views(),
+            )
 
             children["b"].close()
-            await _until(lambda: answers("b")["b"] is None, "b unknown once it is gone")
+            await _until(
+                lambda: answers("b")["b"] is None,
+                lambda: "b unknown once it is gone" + " " + views(),
+            )
             children["b"] = _start(tmp_path, "b", ports["b"])
-            await _until(lambda: answers("b") == {"a": 0, "b": 0}, "b known again, empty")
+            await _until(
+                lambda: answers("b") == {"a": 0, "b": 0},
+                lambda: "b known again, empty" + " " + views(),
+            )
             await generate("b")
-            await _until(lambda: answers("b") == {"a": 0, "b": full["b"]}, "b's prompt again")
+            await _until(
+                lambda: answers("b") == {"a": 0, "b": full["b"]},
+                lambda: "b's prompt again" + " " + views(),
+            )
 
             async with http.post(f"http://127.0.0.1:{ports['a']}/flush_cache") as r:
                 assert r.status == 200
-            await _until(lambda: answers("a") == {"a": 0, "b": 0}, "a flushed")
+            await _until(
+                lambda: answers("a") == {"a": 0, "b": 0}, lambda: "a flushed" + " " + views()
+            )
         assert sub.decode_errors == 0
         assert index.view("b", loop.time()).known
     finally:
