@@ -7,7 +7,8 @@ One asyncio task per replica (owned by ``KvEventSubscriber``; ``aclose()`` stops
   heartbeat that keeps a quiet replica known and finds a lost last batch), a DEALER asks the
   replica's ROUTER replay socket for everything from ``resync_from``, and applies the answer;
 - a disconnect of the SUB socket (the replica's process went away) makes the index forget the
-  replica: its next incarnation starts from an empty cache and is resynced from seq 0.
+  replica and the socket is replaced (what the old one still queued came from a dead process):
+  the next incarnation starts from an empty cache and is resynced from seq 0.
 
 Without a replay endpoint a replica is known only while batches keep arriving within the index's
 ``stale_after_s``.
@@ -85,6 +86,15 @@ class KvEventSubscriber:
             self._ctx = None
 
     async def _follow(self, feed: ReplicaFeed) -> None:
+        while True:
+            await self._follow_connection(feed)
+            # the publisher went away: batches still queued in the old socket belong to a dead
+            # process, so a fresh socket follows the next one
+            log.info("KV events: %s disconnected; forgetting it", feed.name)
+            self.index.forget(feed.name, "disconnected")
+
+    async def _follow_connection(self, feed: ReplicaFeed) -> None:
+        """Follow one connection of ``feed`` until its publisher disconnects."""
         assert self._ctx is not None
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
@@ -97,7 +107,6 @@ class KvEventSubscriber:
         next_probe = self._clock()
         try:
             while True:
-                resync = False
                 if feed.replay_endpoint is not None and self._clock() >= next_probe:
                     await self._replay(feed)
                     next_probe = self._clock() + self._probe_interval_s
@@ -105,13 +114,9 @@ class KvEventSubscriber:
                 if monitor in ready:
                     event = parse_monitor_message(await monitor.recv_multipart())
                     if event["event"] == zmq.EVENT_DISCONNECTED:
-                        log.info("KV events: %s disconnected; forgetting it", feed.name)
-                        self.index.forget(feed.name, "disconnected")
-                        next_probe = self._clock()
-                if sub in ready:
-                    resync = self._on_message(feed, await sub.recv_multipart())
-                if resync and feed.replay_endpoint is not None:
-                    next_probe = self._clock()
+                        return
+                if sub in ready and self._on_message(feed, await sub.recv_multipart()):
+                    next_probe = self._clock()  # a gap: ask the replay socket now
         finally:
             sub.disable_monitor()
             monitor.close(linger=0)
