@@ -26,6 +26,7 @@ from controlplane.policy.common import (
     check_name,
 )
 from controlplane.policy.decode import Decoder, Duration, Range, Size
+from controlplane.policy.degradation import DegradationPolicy, LadderStep
 from controlplane.policy.saturation import PoolCapacity, PoolStateScrape, SaturationPolicy
 from controlplane.policy.servers import ControlPlane, FiltersServer, RateLimitServer
 from controlplane.policy.tenancy import QuotaLimits, Quotas, Tenant, Tier
@@ -37,12 +38,14 @@ __all__ = [
     "Affinity",
     "CircuitBreakers",
     "ControlPlane",
+    "DegradationPolicy",
     "Downstream",
     "EmulatedPool",
     "FiltersServer",
     "Gateway",
     "HealthCheck",
     "HttpService",
+    "LadderStep",
     "Lane",
     "LaneAdmission",
     "LlmPool",
@@ -201,6 +204,7 @@ class LlmPool:
     max_body_bytes: Annotated[int, Size(1024, 64 * 1024**2)] = 1024**2
     capacity: PoolCapacity = field(default_factory=PoolCapacity)
     saturation: SaturationPolicy = field(default_factory=SaturationPolicy)
+    degradation: DegradationPolicy | None = None
 
 
 # -- ordinary HTTP services -------------------------------------------------------------------

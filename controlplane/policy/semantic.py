@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from controlplane.policy.common import check_name
-from controlplane.policy.model import LANES, Address, Policy
+from controlplane.policy.model import LANES, Address, LlmPool, Policy
 
 __all__ = ["check_policy"]
 
@@ -58,11 +58,27 @@ def _pools(policy: Policy) -> Iterator[tuple[str, str]]:
                 )
             elif pool.fallback == name:
                 yield f"{path}.fallback", "a pool cannot be its own fallback"
+        yield from _ladder(policy, pool, path)
         seen: set[Address] = set()
         for i, ep in enumerate(pool.endpoints):
             if ep in seen:
                 yield f"{path}.endpoints[{i}]", f"duplicate endpoint {ep}"
             seen.add(ep)
+
+
+def _ladder(policy: Policy, pool: LlmPool, path: str) -> Iterator[tuple[str, str]]:
+    if pool.degradation is None:
+        return
+    for i, step in enumerate(pool.degradation.steps):
+        spath = f"{path}.degradation.steps[{i}]"
+        if step.action == "fallback" and pool.fallback is None:
+            yield f"{spath}.action", "a fallback step needs the pool's fallback pool"
+        for tier in step.tiers:
+            if tier not in policy.tiers:
+                yield (
+                    f"{spath}.tiers",
+                    f"unknown tier {tier!r}; defined tiers: {sorted(policy.tiers)}",
+                )
 
 
 def _gateways(policy: Policy) -> Iterator[tuple[str, str]]:
