@@ -23,6 +23,7 @@ from filters.budget import Budget, CachedBudget, NoBudget, quota_reader_budget
 from filters.estimate import Estimator, load_estimator
 from filters.h2server import LIMITS, H2FilterServer
 from filters.keys import KeyInfo, KeyStore, policy_keys
+from filters.ladder.state import Ladders, uses_ladder
 from filters.metrics import FilterMetrics
 from filters.redis_pool import redis_client
 from filters.registry import RouteEntry, build_routes
@@ -76,7 +77,10 @@ class FilterApp:
         # admission state outlives policy reloads (requests in flight keep their slots)
         self.gates = Gates(clock=clock, wall=wall, registry=self.metrics.registry)
         self.gates.configure(self.policy)
-        self._pool_state = pool_state_reader(self.policy, clock)  # admission's saturation
+        self.ladders = Ladders(clock=clock, registry=self.metrics.registry)
+        self.ladders.configure(self.policy)
+        # admission's and the ladder's saturation
+        self._pool_state = pool_state_reader(self.policy, clock, needed=uses_ladder(self.policy))
         self._estimator: Estimator = load_estimator(settings.tokenizer_file)
         self._redis: Any = None
         self._keys: KeyStore | None = None
@@ -137,7 +141,14 @@ class FilterApp:
                 on_error=self.metrics.redis_errors.inc,
             )
         return Services(
-            policy, keys, budget, self._estimator, self.metrics, self._clock, self.gates
+            policy,
+            keys,
+            budget,
+            self._estimator,
+            self.metrics,
+            self._clock,
+            self.gates,
+            self.ladders,
         )
 
     async def start(self) -> None:
@@ -171,6 +182,7 @@ class FilterApp:
         if self._pool_state is not None:
             self._pool_state.start()
             self.gates.saturation = saturation_source(self._pool_state)
+            self.ladders.saturation = saturation_source(self._pool_state)
         _log.info(
             "filter server on %s:%s (routes: %s, transport: %s)",
             host,
@@ -204,6 +216,7 @@ class FilterApp:
             self._keys.update_fallback(built.keys)
         self._budget_reader = built.services.budget
         self.gates.configure(built.policy)
+        self.ladders.configure(built.policy)
         if self.server is not None:
             self.server.servicer.swap(built.routes)
         _log.info("policy reloaded: %d filtered routes", len(built.routes))

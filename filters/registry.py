@@ -16,6 +16,7 @@ from filters.admission.plugin import AdmissionPlugin
 from filters.api import Plugin, RouteInfo
 from filters.chain import Chain
 from filters.errors import ConfigError
+from filters.ladder.plugin import DegradePlugin
 from filters.plugins.identity import IdentityPlugin
 from filters.plugins.lane import LanePlugin
 from filters.plugins.prefix import PrefixPlugin
@@ -33,6 +34,7 @@ BUILTINS: Mapping[str, Factory] = {
     "lane": LanePlugin,
     "usage": UsagePlugin,
     "admission": AdmissionPlugin,
+    "degrade": DegradePlugin,
 }
 
 

@@ -25,6 +25,7 @@ class Services:
     metrics: FilterMetrics
     clock: Callable[[], float]
     gates: Any = None  # filters.admission.gate.Gates: admission state kept across reloads
+    ladders: Any = None  # filters.ladder.state.Ladders: ladder steps kept across reloads
 
 
 def default_services(policy: Any, clock: Callable[[], float]) -> Services:

@@ -26,6 +26,7 @@ BUILTIN_HOOKS: dict[str, frozenset[str]] = {
     # response_chunk: Envoy closes the ext_proc stream after the last phase it sends; the
     # response body keeps it open to the response's end, where the admission slot is freed
     "admission": frozenset({"request_headers", "response_chunk"}),
+    "degrade": frozenset({"request_headers", "response_headers"}),
 }
 _ALL = frozenset(
     {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}

@@ -24,6 +24,7 @@ from filters.admission.gate import Gates, PoolGate
 from filters.admission.queues import Ticket
 from filters.api import BasePlugin, Context, Reply, Result, openai_error
 from filters.errors import ConfigError
+from filters.ladder.scratch import served_pool
 from filters.services import Services
 
 __all__ = ["AdmissionPlugin", "shed_reply"]
@@ -36,6 +37,7 @@ _MESSAGES = {
     "wait_too_long": "this model cannot start a {lane} request within its wait budget",
     "timed_out": "this model had no free slot for your {lane} request within its wait budget",
     "deadline": "the request deadline passed before this model could start it",
+    "degraded": "this model is overloaded and sheds {lane} requests of your tier for now",
 }
 
 
@@ -83,7 +85,7 @@ class AdmissionPlugin(BasePlugin):
     async def request_headers(
         self, ctx: Context, headers: Mapping[str, str], end_of_stream: bool
     ) -> Result | None:
-        pool = ctx.route.pool
+        pool = served_pool(ctx)  # the fallback pool when the ladder sent it there
         gate = self.gates.gate(pool) if pool is not None and self.policy.enabled else None
         if gate is None:
             return None

@@ -28,9 +28,12 @@ def uses_admission(policy: Any) -> bool:
     )
 
 
-def pool_state_reader(policy: Any, clock: Callable[[], float]) -> PoolStateReader | None:
-    """A (not yet started) reader of the control plane's pool state, when admission uses it."""
-    if not (uses_admission(policy) and policy.admission.pool_state):
+def pool_state_reader(
+    policy: Any, clock: Callable[[], float], *, needed: bool = False
+) -> PoolStateReader | None:
+    """A (not yet started) reader of the control plane's pool state, when admission uses it
+    (or ``needed``: another reader of it, the degradation ladder, runs)."""
+    if not (needed or (uses_admission(policy) and policy.admission.pool_state)):
         return None
     cp = policy.control_plane
     return PoolStateReader(

@@ -30,6 +30,7 @@ from filters.bodies import (
 )
 from filters.errors import ClientError, ConfigError
 from filters.keys import ThrottledLog
+from filters.ladder.scratch import max_tokens_cap, served_model
 from filters.services import Services
 
 __all__ = ["TokensPlugin", "estimate_prompt"]
@@ -155,6 +156,10 @@ class TokensPlugin(BasePlugin):
             _set_max_tokens(req, final)
             if ctx.tenant is not None:
                 self.services.metrics.clamped.labels(ctx.tenant, why).inc()
+        fallback = served_model(ctx)  # the degradation ladder sends it to the fallback pool
+        if fallback is not None and kind != "generate" and req.data.get("model") != fallback:
+            req.data["model"] = fallback
+            rewrite = True
         if req.stream and kind != "generate" and not req.include_usage:
             opts = req.data.get("stream_options")
             req.data["stream_options"] = {**(opts or {}), "include_usage": True}
@@ -199,6 +204,9 @@ class TokensPlugin(BasePlugin):
                 left = None
             if left is not None and left - prompt < cap:
                 cap, why = max(1, left - prompt), "budget"
+        ladder = max_tokens_cap(ctx)  # a degradation step's lower cap
+        if ladder is not None and ladder < cap:
+            cap, why = ladder, "degraded"
         if req.max_tokens is None:
             return cap, "absent"
         return min(req.max_tokens, cap), why

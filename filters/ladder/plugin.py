@@ -1,0 +1,80 @@
+"""degrade: the pool's degradation ladder applied to one request (after identity and lane).
+
+At the request headers the ladder's step for the route's pool is read (it advances from the
+control plane's pool state) and the steps that name the request's tier or lane apply:
+
+* ``shed``: 503 with ``Retry-After`` (the step's remaining dwell) and an OpenAI error, through
+  admission's reply (:func:`filters.admission.plugin.shed_reply`);
+* ``fallback``: ``x-tokenweir-degrade: fallback`` is set and the route re-picked; the control
+  plane routes that header to the fallback pool's cluster. The tokens plugin rewrites the
+  body's ``model`` to the fallback pool's first model (:func:`~filters.ladder.scratch.served_model`), admission gates
+  the fallback pool (:func:`~filters.ladder.scratch.served_pool`);
+* ``clamp_max_tokens``: the tokens plugin caps ``max_tokens`` at the step's value
+  (:func:`~filters.ladder.scratch.max_tokens_cap`), so the reservation shrinks too.
+
+The response says what happened: ``x-tokenweir-degraded`` (the actions) and, on a fallback,
+``x-tokenweir-served-model``. A client cannot send ``x-tokenweir-degrade`` itself: the filter
+server deletes every client ``x-tokenweir-*`` header first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from filters.admission.core import Shed
+from filters.admission.plugin import shed_reply
+from filters.api import BasePlugin, Context, Result
+from filters.ladder.errors import LadderError
+from filters.ladder.scratch import SCRATCH, Degraded, degraded
+from filters.ladder.state import Ladders
+from filters.services import Services
+
+__all__ = ["DEGRADE_HEADER", "DegradePlugin"]
+
+DEGRADE_HEADER = "x-tokenweir-degrade"  # request: set by this plugin, matched by the route
+
+
+class DegradePlugin(BasePlugin):
+    name = "degrade"
+    bounded = True  # no I/O
+
+    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+        if settings:
+            raise LadderError(f"degrade: unknown setting(s) {sorted(settings)}")
+        self.policy = services.policy
+        ladders = getattr(services, "ladders", None)
+        if ladders is None:  # a bare Services: this plugin's own (no pool state: step 0)
+            ladders = Ladders(clock=services.clock)
+            ladders.configure(services.policy)
+        self.ladders: Ladders = ladders
+
+    async def request_headers(
+        self, ctx: Context, headers: Mapping[str, str], end_of_stream: bool
+    ) -> Result | None:
+        pool = ctx.route.pool
+        if pool is None:
+            return None
+        e = self.ladders.effect(pool, ctx.tier, ctx.lane)
+        if e is None:
+            return None
+        lane = ctx.lane or "interactive"
+        if e.shed:
+            shed = Shed(503, "degraded", self.ladders.retry_after(pool))
+            return Result(reply=shed_reply(shed, lane))
+        fallback = self.policy.pools[pool].fallback if e.fallback else None
+        if fallback is None:
+            ctx.scratch[SCRATCH] = Degraded(e)
+            return None
+        model = self.policy.pools[fallback].models[0]
+        ctx.scratch[SCRATCH] = Degraded(e, fallback, model)
+        return Result(set_headers={DEGRADE_HEADER: "fallback"}, clear_route_cache=True)
+
+    async def response_headers(self, ctx: Context, headers: Mapping[str, str]) -> Result | None:
+        d = degraded(ctx)
+        if d is None:
+            return None
+        out = {"x-tokenweir-degraded": ",".join(d.effect.actions)}
+        if d.model is not None:
+            out["x-tokenweir-served-model"] = d.model
+        return Result(set_headers=out)

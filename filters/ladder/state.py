@@ -1,0 +1,117 @@
+"""The ladders of every pool in one filter process: current step, its logs and metrics.
+
+:class:`Ladders` is kept across policy reloads (a pool keeps its step when its ladder is
+unchanged). A step is evaluated when a request needs it and when ``/metrics`` is scraped
+(the gauge reads through :meth:`Ladders.step`), so a quiet pool's step still comes down.
+Each change is logged once and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from controlplane.policy.degradation import DegradationPolicy
+from runtime.poolstate.ladder import Effect, LadderState, effect, next_state, retry_after
+
+__all__ = ["LadderMetrics", "Ladders", "uses_ladder"]
+
+log = logging.getLogger("tokenweir.ladder")
+SaturationSource = Callable[[str], float | None]  # pool → saturation (None: no fresh data)
+
+
+def uses_ladder(policy: Any) -> bool:
+    """Some pool has a ladder and some enabled route runs the degrade plugin."""
+    return any(p.degradation is not None for p in policy.pools.values()) and any(
+        p.name == "degrade"
+        for g in policy.gateways.values()
+        for r in g.routes
+        if r.filters is not None and r.filters.enabled
+        for p in r.filters.plugins
+    )
+
+
+class LadderMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        p = "tokenweir_filters_ladder_"
+        self.step = Gauge(p + "step", "current degradation step (0 = normal)", ["pool"],
+                          registry=registry)  # fmt: skip
+        self.changes = Counter(
+            p + "changes", "ladder step changes", ["pool", "direction"], registry=registry
+        )
+        self.requests = Counter(
+            p + "requests", "requests a ladder step affected", ["pool", "action"],
+            registry=registry,
+        )  # fmt: skip
+
+
+class Ladders:
+    """Per-pool ladder state; ``saturation`` is set once the pool-state reader runs."""
+
+    def __init__(
+        self, *, clock: Callable[[], float], registry: CollectorRegistry | None = None
+    ) -> None:
+        self.clock = clock
+        self.metrics = LadderMetrics(registry if registry is not None else CollectorRegistry())
+        self.saturation: SaturationSource = lambda pool: None
+        self._policies: dict[str, DegradationPolicy] = {}
+        self._states: dict[str, LadderState] = {}
+
+    def configure(self, policy: Any) -> None:
+        """Take the ladders of ``policy``; a pool whose ladder changed starts again at step 0."""
+        new = {n: p.degradation for n, p in policy.pools.items() if p.degradation is not None}
+        for name, ladder in new.items():
+            if self._policies.get(name) != ladder:
+                self._states[name] = LadderState(0, self.clock())
+            if name not in self._policies:
+                self.metrics.step.labels(name).set_function(partial(self.step, name))
+        for name in set(self._policies) - set(new):
+            self._states.pop(name, None)
+            self.metrics.step.remove(name)
+        self._policies = new
+
+    def policy(self, pool: str) -> DegradationPolicy | None:
+        return self._policies.get(pool)
+
+    def step(self, pool: str) -> int:
+        """The pool's step now (advanced from the pool state; a change is logged and counted)."""
+        ladder = self._policies.get(pool)
+        if ladder is None:
+            return 0
+        before = self._states.get(pool, LadderState())
+        saturation = self.saturation(pool)
+        after = next_state(ladder, before, saturation, self.clock())
+        if after is not before:
+            self._states[pool] = after
+        if after.step != before.step:
+            direction = "up" if after.step > before.step else "down"
+            self.metrics.changes.labels(pool, direction).inc()
+            actions = [s.action for s in ladder.steps[: after.step]]
+            log.warning(
+                "pool %s: degradation step %d -> %d (saturation %s; active: %s)",
+                pool, before.step, after.step, saturation, actions or "none",
+            )  # fmt: skip
+        return after.step
+
+    def effect(self, pool: str, tier: str | None, lane: str | None) -> Effect | None:
+        """What the pool's ladder does to this request now (None: no ladder, or nothing)."""
+        ladder = self._policies.get(pool)
+        if ladder is None:
+            return None
+        e = effect(ladder, self.step(pool), tier, lane)
+        if not e.actions:
+            return None
+        for action in ("shed",) if e.shed else e.actions:  # a shed request is only shed
+            self.metrics.requests.labels(pool, action).inc()
+        return e
+
+    def retry_after(self, pool: str) -> float:
+        ladder = self._policies.get(pool)
+        state = self._states.get(pool)
+        if ladder is None or state is None:
+            return 1.0
+        return retry_after(ladder, state, self.clock())
