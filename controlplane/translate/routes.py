@@ -32,6 +32,7 @@ __all__ = [
 
 INTERNAL_PREFIX = "x-tokenweir-"
 LANE_HEADER = "x-tokenweir-lane"
+DEGRADE_HEADER = "x-tokenweir-degrade"  # set by the degrade plugin (filters/ladder)
 MODEL_HEADER = "x-tokenweir-model"
 
 # Per-route filter config for a route: route → {filter name: Any}.
@@ -131,6 +132,17 @@ def _policy_route(policy: Policy, route: Route, per_route: list[PerRoute]) -> li
         out.append(_route(f"{route.name}/interactive", route, hi, configs, lane="interactive"))
     prio = base_pb2.HIGH if route.lane == "interactive" else base_pb2.DEFAULT
     out.append(_route(route.name, route, _pool_action(cluster, pool, timeouts, prio), configs))
+    if _degrades_to_fallback(route, pool) and pool.fallback is not None:
+        # the degrade plugin sets the header (a client's is deleted first) and re-picks the route
+        small = policy.pools[pool.fallback]
+        action = _pool_action(names.pool_cluster(pool.fallback), small, timeouts, base_pb2.DEFAULT)
+        degraded = _route(f"{route.name}/fallback", route, action, configs)
+        degraded.match.headers.append(
+            rc.HeaderMatcher(
+                name=DEGRADE_HEADER, string_match=string_pb2.StringMatcher(exact="fallback")
+            )
+        )
+        out.insert(0, degraded)
     if route.filters is not None and route.filters.enabled:
         # ext_proc buffers the body: without this Envoy's connection buffer (1 MiB) caps it
         # and answers a larger body allowed by the policy with a plain-text 413
@@ -140,6 +152,17 @@ def _policy_route(policy: Policy, route: Route, per_route: list[PerRoute]) -> li
             r.request_body_buffer_limit.value = limit
         out.insert(0, too_large_route(route.name, out[-1].match, limit, list(configs)))
     return out
+
+
+def _degrades_to_fallback(route: Route, pool: LlmPool) -> bool:
+    f = route.filters
+    return (
+        pool.degradation is not None
+        and any(s.action == "fallback" for s in pool.degradation.steps)
+        and f is not None
+        and f.enabled
+        and any(p.name == "degrade" for p in f.plugins)
+    )
 
 
 def _route(
