@@ -200,6 +200,10 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         ctx.path = headers.get(":path", "")
         out = await entry.chain.request_headers(ctx, dict(headers), msg.end_of_stream)
         out.remove_headers[:0] = strip
+        if strip and out.reply is None:
+            # Envoy picked the route on the client's headers: pick again without them (a
+            # client's x-tokenweir-degrade or -lane must not choose a route)
+            out.clear_route_cache = True
         if entry.info.rate_limited and out.reply is None:
             for k, v in _descriptor_headers(ctx).items():
                 out.set_headers.setdefault(k, v)
