@@ -43,6 +43,7 @@ class DegradePlugin(BasePlugin):
         if settings:
             raise LadderError(f"degrade: unknown setting(s) {sorted(settings)}")
         self.policy = services.policy
+        self.metrics = services.metrics
         ladders = getattr(services, "ladders", None)
         if ladders is None:  # a bare Services: this plugin's own (no pool state: step 0)
             ladders = Ladders(clock=services.clock)
@@ -61,6 +62,7 @@ class DegradePlugin(BasePlugin):
         lane = ctx.lane or "interactive"
         if e.shed:
             shed = Shed(503, "degraded", self.ladders.retry_after(pool))
+            self.metrics.rejected(ctx.route.name, shed.reason, shed.status)
             return Result(reply=shed_reply(shed, lane))
         fallback = self.policy.pools[pool].fallback if e.fallback else None
         if fallback is None:
