@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import re
 from pathlib import Path
 
@@ -115,3 +116,18 @@ def test_plugin_shorthand_and_settings() -> None:
 def test_unreadable_file_is_a_policy_error(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="cannot read policy file"):
         load_policy(tmp_path / "nope.yaml")
+
+
+def test_load_restores_the_garbage_collectors_state() -> None:
+    """The collector is paused while a policy is built (speed), then left as the caller had it
+    (the policy watcher pauses it itself around a whole build)."""
+    text = "version: 1\n"
+    assert gc.isenabled()
+    load_policy_text(text)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        load_policy_text(text)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
