@@ -112,6 +112,11 @@ class Admission:
                 predicted,
             )
         q.push(t)
+        if q.peek() is t and not self._waiting_above(lane) and self._fits(t):
+            # tenant fairness can make a newcomer the head of a lane whose old head does not
+            # fit (too many tokens): the newcomer starts now if it fits
+            q.pop()
+            self._grant(now, t)
         return t
 
     def release(self, now: float, ticket: Ticket) -> list[Ticket]:
@@ -183,6 +188,9 @@ class Admission:
             # a request larger than the whole budget still runs, alone
             return self.in_flight_tokens + t.tokens <= self.max_tokens
         return True
+
+    def _waiting_above(self, lane: str) -> bool:
+        return any(len(self.queues[name]) for name in self.order[: self.order.index(lane)])
 
     def _waiting_at_or_above(self, lane: str) -> bool:
         for name in self.order:
