@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from filters.keys import ThrottledLog
 from runtime.quota.errors import QuotaUnavailable
 from runtime.quota.reader import QuotaReader
+from runtime.throttled_log import ThrottledLog
 
 __all__ = ["Budget", "CachedBudget", "NoBudget", "quota_reader_budget"]
 

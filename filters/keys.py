@@ -41,13 +41,13 @@ from typing import Any, Protocol
 from redis.exceptions import RedisError
 
 from filters.errors import KeyServiceUnavailable
+from runtime.throttled_log import ThrottledLog
 
 __all__ = [
     "REVOKED_SET",
     "KeyInfo",
     "KeyStore",
     "RedisHashes",
-    "ThrottledLog",
     "key_digest",
     "key_name",
     "policy_keys",
@@ -119,27 +119,6 @@ async def revoke_key(redis: Any, api_key: str) -> None:
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
-
-
-class ThrottledLog:
-    """A warning at most once per ``interval`` seconds, saying how many were held back."""
-
-    def __init__(self, clock: Callable[[], float], interval: float, logger: logging.Logger):
-        self._clock = clock
-        self._interval = interval
-        self._logger = logger
-        self._next = float("-inf")
-        self._held = 0
-
-    def warning(self, msg: str, *args: Any) -> None:
-        now = self._clock()
-        if now < self._next:
-            self._held += 1
-            return
-        more = f" ({self._held} more like it in the last {self._interval:g}s)" if self._held else ""
-        self._logger.warning(msg + more, *args)
-        self._held = 0
-        self._next = now + self._interval
 
 
 @dataclass(slots=True)

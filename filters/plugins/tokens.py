@@ -29,9 +29,9 @@ from filters.bodies import (
     parse_request,
 )
 from filters.errors import ClientError, ConfigError
-from filters.keys import ThrottledLog
 from filters.ladder.scratch import max_tokens_cap, served_model
 from filters.services import Services
+from runtime.throttled_log import ThrottledLog
 
 __all__ = ["TokensPlugin", "estimate_prompt"]
 
