@@ -7,20 +7,88 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from runtime.errors import ChildError, PortTimeout
 
-__all__ = ["free_port", "port_open", "wait_port"]
+__all__ = [
+    "candidate_ranges",
+    "ephemeral_range",
+    "free_port",
+    "free_port_block",
+    "port_open",
+    "wait_port",
+]
+
+
+_EPHEMERAL_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_FALLBACK_EPHEMERAL = (32768, 60999)
+_LOWEST = 10000
+_handed_out: set[int] = set()
+_rng = random.Random()
+
+
+def ephemeral_range(path: Path = _EPHEMERAL_FILE) -> tuple[int, int]:
+    """The kernel's range for outgoing connections' source ports (and for ``bind(port 0)``)."""
+    try:
+        low, high = (int(x) for x in path.read_text().split())
+    except (OSError, ValueError):
+        return _FALLBACK_EPHEMERAL
+    return low, high
+
+
+def candidate_ranges(ephemeral: tuple[int, int]) -> list[tuple[int, int]]:
+    """Port ranges (inclusive) outside the ephemeral range, largest first."""
+    low, high = ephemeral
+    ranges = [(_LOWEST, low - 1), (high + 1, 65535)]
+    ranges = [(a, b) for a, b in ranges if b - a >= 1000]
+    return sorted(ranges, key=lambda r: r[0] - r[1]) or [(_LOWEST, 65535)]
+
+
+def _bindable(host: str, ports: range) -> bool:
+    socks = []
+    try:
+        for port in ports:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port_block(count: int = 1, host: str = "127.0.0.1", tries: int = 200) -> int:
+    """The first of ``count`` consecutive ports on ``host`` that nothing listens on right now.
+
+    Ports come from outside the kernel's ephemeral range: ``bind(port 0)`` and outgoing
+    connections take their ports from inside it, so neither can grab a port handed out here
+    between this call and the server's bind (a race that made Envoy's listener fail with
+    "Address already in use" under a loaded test run). A port is handed out once per process.
+    """
+    ranges = candidate_ranges(ephemeral_range())
+    for _ in range(tries):
+        low, high = ranges[0] if len(ranges) == 1 else _rng.choice(ranges)
+        if high - low + 1 < count:
+            continue
+        base = _rng.randrange(low, high - count + 2)
+        block = range(base, base + count)
+        if _handed_out.intersection(block) or not _bindable(host, block):
+            continue
+        _handed_out.update(block)
+        return base
+    raise OSError(f"no block of {count} free ports on {host} after {tries} tries")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port on ``host`` that nothing listens on right now (see :func:`free_port_block`)."""
+    return free_port_block(1, host)
 
 
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -15,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from runtime.ports import free_port as _free_port
+from runtime.ports import free_port_block as _free_port_block
 from runtime.ports import port_open
 
 __all__ = ["ChildProcess", "free_port", "free_port_block", "redis_server", "wait_for_port"]
@@ -103,25 +102,6 @@ def redis_server(extra_args: list[str] | None = None) -> Iterator[int]:
             child.close()
 
 
-def free_port_block(count: int, tries: int = 50) -> int:
-    """The first of ``count`` consecutive free loopback ports (for base_port settings).
-
-    Chosen below the kernel's ephemeral range (32768+), so an outgoing connection's source port
-    cannot take one of them between this check and the server's bind.
-    """
-    rng = random.Random()
-    for _ in range(tries):
-        base = rng.randrange(20000, 32000 - count)
-        socks = []
-        try:
-            for p in range(base, base + count):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                socks.append(s)
-                s.bind((LOOPBACK, p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no block of {count} free ports found")
+def free_port_block(count: int) -> int:
+    """The first of ``count`` consecutive free loopback ports (for base_port settings)."""
+    return _free_port_block(count, LOOPBACK)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 
 from runtime.children import Child, ChildError, wait_child_port
 from runtime.errors import PortTimeout
-from runtime.ports import wait_port
+from runtime.ports import candidate_ranges, ephemeral_range, free_port, free_port_block, wait_port
 
 
 async def test_wait_port_fails_at_once_when_the_process_is_gone() -> None:
@@ -27,3 +28,31 @@ async def test_wait_child_port_names_the_child_and_shows_its_log(tmp_path: Path)
     child = Child("ratelimit", ["true"], log)  # never started: not alive
     with pytest.raises(ChildError, match=r"ratelimit exited with None:\nboom: bad config"):
         await wait_child_port("127.0.0.1", 9, child)
+
+
+def test_ports_come_from_outside_the_ephemeral_range(tmp_path: Path) -> None:
+    low, high = ephemeral_range()
+    seen = {free_port() for _ in range(50)}
+    assert len(seen) == 50  # never the same port twice in one process
+    assert all(not low <= p <= high for p in seen)
+
+
+def test_a_block_is_consecutive_and_bindable() -> None:
+    base = free_port_block(3)
+    low, high = ephemeral_range()
+    assert not any(low <= p <= high for p in range(base, base + 3))
+    for p in range(base, base + 3):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
+
+
+def test_candidate_ranges_skip_the_ephemeral_range() -> None:
+    assert candidate_ranges((32768, 60999)) == [(10000, 32767), (61000, 65535)]
+    assert candidate_ranges((1024, 65000)) == [(10000, 65535)]  # nothing outside: fall back
+
+
+def test_an_unreadable_range_file_falls_back(tmp_path: Path) -> None:
+    bad = tmp_path / "range"
+    bad.write_text("nonsense")
+    assert ephemeral_range(bad) == (32768, 60999)
+    assert ephemeral_range(tmp_path / "missing") == (32768, 60999)
