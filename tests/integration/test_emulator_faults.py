@@ -73,8 +73,10 @@ async def test_hang_fault_never_answers_and_health_generate_hangs(emu: EmulatorS
 async def test_slow_fault_stretches_latency(emu: EmulatorServer) -> None:
     body = {"text": "f g h", "sampling_params": {"max_new_tokens": 40}}
     async with aiohttp.ClientSession() as http:
-        async with http.post(emu.url + "/generate", json=body) as g:
-            fast = (await g.json())["meta_info"]["e2e_latency"]
+        fast = float("inf")
+        for _ in range(3):  # the quickest of three: a loaded box only ever adds time
+            async with http.post(emu.url + "/generate", json=body) as g:
+                fast = min(fast, (await g.json())["meta_info"]["e2e_latency"])
         await _post_faults(http, emu.url, {"slow": 4})
         async with http.post(emu.url + "/generate", json=body) as g:
             slow = (await g.json())["meta_info"]["e2e_latency"]
