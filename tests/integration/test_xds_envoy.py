@@ -226,7 +226,7 @@ async def test_restarted_control_plane_is_picked_up(tmp_path: Path, delta: bool)
                 async def moved() -> bool:
                     return (await get_text(session, url))[1] == "two"
 
-                await eventually(moved, timeout=15, what="config of the restarted server")
+                await eventually(moved, timeout=40, what="config of the restarted server")
                 assert await stat(proxy, "control_plane.connected_state") == "1"
             finally:
                 await second.aclose()
