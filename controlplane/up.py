@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -35,6 +36,7 @@ from controlplane.app import ControlPlane, ControlPlaneSettings
 from controlplane.check import service_issues
 from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
 from controlplane.policy import Address, Policy
+from controlplane.policy.routing import RoutingPolicy
 from runtime.children import Child, ChildError, wait_child_port
 from runtime.errors import PortTimeout
 from runtime.ports import free_port, wait_port
@@ -49,6 +51,21 @@ from runtime.statedir import (
 )
 
 __all__ = ["Mesh", "register"]
+
+
+def _kv_event_args(routing: RoutingPolicy, addr: Address) -> list[str]:
+    """Emulator flags publishing KV events where the picker looks for them (prefix_index)."""
+    if routing.mode != "prefix_index":
+        return []
+    port = addr.port + routing.kv_events_port_offset
+    cfg = {
+        "publisher": "zmq",
+        # SGLang's rule: a PUB endpoint is bound only with a wildcard (else it connects)
+        "endpoint": f"tcp://*:{port}",
+        "replay_endpoint": f"tcp://{addr.host}:{port + 1}",
+    }
+    return ["--kv-events-config", json.dumps(cfg), "--page-size", str(routing.page_size)]
+
 
 log = logging.getLogger("tokenweir.up")
 
@@ -231,6 +248,7 @@ class Mesh:
                 ]  # fmt: skip
                 if em.cache_tokens is not None:
                     argv += ["--cache-tokens", str(em.cache_tokens)]
+                argv += _kv_event_args(pool.routing, addr)
                 await self._spawn(
                     Child(f"emulator {name}#{i}", argv, self.run_dir / f"emulator-{name}-{i}.log"),
                     addr,

@@ -25,6 +25,7 @@ from filters.h2server import LIMITS, H2FilterServer
 from filters.keys import KeyInfo, KeyStore, policy_keys
 from filters.ladder.state import Ladders, uses_ladder
 from filters.metrics import FilterMetrics
+from filters.picker.registry import Pickers
 from filters.redis_pool import redis_client
 from filters.registry import RouteEntry, build_routes
 from filters.server import FilterServer, FilterServicer
@@ -79,6 +80,8 @@ class FilterApp:
         self.gates.configure(self.policy)
         self.ladders = Ladders(clock=clock, registry=self.metrics.registry)
         self.ladders.configure(self.policy)
+        # endpoint pickers (prefix indexes) outlive reloads too; started in start()
+        self.pickers = Pickers(registry=self.metrics.registry, clock=clock, wall=wall)
         # admission's and the ladder's saturation
         self._pool_state = pool_state_reader(self.policy, clock, needed=uses_ladder(self.policy))
         self._estimator: Estimator = load_estimator(settings.tokenizer_file)
@@ -149,12 +152,14 @@ class FilterApp:
             self._clock,
             self.gates,
             self.ladders,
+            self.pickers,
         )
 
     async def start(self) -> None:
         url = self._redis_url()
         if url:
             self._redis = redis_client(url, timeout=self._redis_timeout())
+        await self.pickers.configure(self.policy)
         services = self._services()
         self._budget_reader = services.budget
         timeout = self.policy.filters.message_timeout if self.policy.filters is not None else 0.2
@@ -219,6 +224,9 @@ class FilterApp:
         self.ladders.configure(built.policy)
         if self.server is not None:
             self.server.servicer.swap(built.routes)
+        self._tasks.append(
+            asyncio.create_task(self.pickers.configure(built.policy), name="pickers-configure")
+        )
         _log.info("policy reloaded: %d filtered routes", len(built.routes))
 
     async def reload(self) -> ReloadOutcome:
@@ -243,6 +251,7 @@ class FilterApp:
         for t in self._tasks:
             await stop_task(t, log=_log)
         self._tasks.clear()
+        await self.pickers.aclose()
         if self._pool_state is not None:
             await self._pool_state.aclose()
         if self._metrics_server is not None:

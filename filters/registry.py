@@ -17,6 +17,7 @@ from filters.api import Plugin, RouteInfo
 from filters.chain import Chain
 from filters.errors import ConfigError
 from filters.ladder.plugin import DegradePlugin
+from filters.picker.plugin import PickerPlugin
 from filters.plugins.identity import IdentityPlugin
 from filters.plugins.lane import LanePlugin
 from filters.plugins.prefix import PrefixPlugin
@@ -35,6 +36,7 @@ BUILTINS: Mapping[str, Factory] = {
     "usage": UsagePlugin,
     "admission": AdmissionPlugin,
     "degrade": DegradePlugin,
+    "picker": PickerPlugin,
 }
 
 

@@ -26,6 +26,7 @@ class Services:
     clock: Callable[[], float]
     gates: Any = None  # filters.admission.gate.Gates: admission state kept across reloads
     ladders: Any = None  # filters.ladder.state.Ladders: ladder steps kept across reloads
+    pickers: Any = None  # filters.picker.registry.Pickers: prefix indexes kept across reloads
 
 
 def default_services(policy: Any, clock: Callable[[], float]) -> Services:

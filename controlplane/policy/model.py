@@ -27,6 +27,7 @@ from controlplane.policy.common import (
 )
 from controlplane.policy.decode import Decoder, Duration, Range, Size
 from controlplane.policy.degradation import DegradationPolicy, LadderStep
+from controlplane.policy.routing import RoutingPolicy
 from controlplane.policy.saturation import PoolCapacity, PoolStateScrape, SaturationPolicy
 from controlplane.policy.servers import ControlPlane, FiltersServer, RateLimitServer
 from controlplane.policy.tenancy import QuotaLimits, Quotas, Tenant, Tier
@@ -62,6 +63,7 @@ __all__ = [
     "RouteFilters",
     "RouteMatch",
     "RouteRateLimit",
+    "RoutingPolicy",
     "SaturationPolicy",
     "Sidecar",
     "SidecarInbound",
@@ -195,6 +197,7 @@ class LlmPool:
     endpoints_file: str | None = None
     emulated: EmulatedPool | None = None
     affinity: Affinity = field(default_factory=Affinity)
+    routing: RoutingPolicy = field(default_factory=RoutingPolicy)
     outlier_detection: OutlierDetection = field(default_factory=OutlierDetection)
     health_check: HealthCheck = field(default_factory=HealthCheck)
     circuit_breakers: CircuitBreakers = field(default_factory=CircuitBreakers)

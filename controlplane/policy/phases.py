@@ -27,6 +27,8 @@ BUILTIN_HOOKS: dict[str, frozenset[str]] = {
     # response body keeps it open to the response's end, where the admission slot is freed
     "admission": frozenset({"request_headers", "response_chunk"}),
     "degrade": frozenset({"request_headers", "response_headers"}),
+    # response_chunk keeps the stream open to the response's end, where in-flight load drops
+    "picker": frozenset({"request_body", "response_chunk", "stream_end"}),
 }
 _ALL = frozenset(
     {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}

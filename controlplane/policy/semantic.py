@@ -59,11 +59,36 @@ def _pools(policy: Policy) -> Iterator[tuple[str, str]]:
             elif pool.fallback == name:
                 yield f"{path}.fallback", "a pool cannot be its own fallback"
         yield from _ladder(policy, pool, path)
+        yield from _routing(policy, name, pool, path)
         seen: set[Address] = set()
         for i, ep in enumerate(pool.endpoints):
             if ep in seen:
                 yield f"{path}.endpoints[{i}]", f"duplicate endpoint {ep}"
             seen.add(ep)
+
+
+def _routing(policy: Policy, name: str, pool: LlmPool, path: str) -> Iterator[tuple[str, str]]:
+    if pool.routing.mode != "prefix_index":
+        return
+    picked = any(
+        r.pool == name
+        and r.filters is not None
+        and r.filters.enabled
+        and any(p.name == "picker" for p in r.filters.plugins)
+        for g in policy.gateways.values()
+        for r in g.routes
+    )
+    if not picked:
+        yield (
+            f"{path}.routing.mode",
+            "prefix_index needs a gateway route to this pool whose filters run the 'picker' "
+            "plugin (after 'tokens'); else use ring_hash",
+        )
+    if pool.affinity.prefix_tokens % pool.routing.page_size:
+        yield (
+            f"{path}.routing.page_size",
+            f"must divide affinity.prefix_tokens ({pool.affinity.prefix_tokens})",
+        )
 
 
 def _ladder(policy: Policy, pool: LlmPool, path: str) -> Iterator[tuple[str, str]]:

@@ -5,11 +5,14 @@ and the gRPC clusters of the rate-limit and filter servers."""
 from __future__ import annotations
 
 from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
-from envoy.config.core.v3 import base_pb2, health_check_pb2, protocol_pb2
+from envoy.config.core.v3 import base_pb2, extension_pb2, health_check_pb2, protocol_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.extensions.clusters.aggregate.v3 import cluster_pb2 as aggregate_pb2
+from envoy.extensions.load_balancing_policies.override_host.v3 import override_host_pb2
+from envoy.extensions.load_balancing_policies.ring_hash.v3 import ring_hash_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as hpo
 from envoy.type.v3 import percent_pb2
+from google.protobuf.message import Message
 
 from controlplane.policy.model import (
     Address,
@@ -21,16 +24,30 @@ from controlplane.policy.model import (
     Retries,
     Thresholds,
 )
+from controlplane.policy.routing import ENDPOINT_HEADER
 from controlplane.translate import names
 from controlplane.translate.protos import ads_source, any_of, dur, socket_address, u32
 
-__all__ = ["fallback_cluster", "pool_cluster", "service_cluster", "static_cluster"]
+__all__ = [
+    "fallback_cluster",
+    "override_host_policy",
+    "pool_cluster",
+    "service_cluster",
+    "static_cluster",
+]
 
 _HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
 def pool_cluster(name: str, pool: LlmPool) -> cluster_pb2.Cluster:
     c = _eds_cluster(names.pool_cluster(name), pool.timeouts.connect)
+    c.circuit_breakers.CopyFrom(_lane_breakers(pool.circuit_breakers, pool.retries))
+    _outliers(c, pool.outlier_detection)
+    _health(c, pool.health_check)
+    _http1(c, idle=pool.timeouts.stream_idle)
+    if pool.routing.mode == "prefix_index":
+        c.load_balancing_policy.CopyFrom(override_host_policy(pool))
+        return c
     c.lb_policy = cluster_pb2.Cluster.RING_HASH
     c.ring_hash_lb_config.CopyFrom(
         cluster_pb2.Cluster.RingHashLbConfig(
@@ -43,11 +60,40 @@ def pool_cluster(name: str, pool: LlmPool) -> cluster_pb2.Cluster:
         c.common_lb_config.consistent_hashing_lb_config.hash_balance_factor.value = (
             pool.affinity.hash_balance_factor
         )
-    c.circuit_breakers.CopyFrom(_lane_breakers(pool.circuit_breakers, pool.retries))
-    _outliers(c, pool.outlier_detection)
-    _health(c, pool.health_check)
-    _http1(c, idle=pool.timeouts.stream_idle)
     return c
+
+
+def override_host_policy(pool: LlmPool) -> cluster_pb2.LoadBalancingPolicy:
+    """The endpoint picker's policy: the host named in ``x-tokenweir-endpoint`` (set by the
+    filter server's picker) when it is in the cluster and healthy, else ring hash on the route's
+    hash policy (session / prefix headers) with the pool's bounded load."""
+    aff = pool.affinity
+    ring = ring_hash_pb2.RingHash(
+        hash_function=ring_hash_pb2.RingHash.XX_HASH,
+        minimum_ring_size=_u64(aff.minimum_ring_size),
+        maximum_ring_size=_u64(aff.maximum_ring_size),
+    )
+    if aff.hash_balance_factor is not None:
+        ring.consistent_hashing_lb_config.hash_balance_factor.value = aff.hash_balance_factor
+    override = override_host_pb2.OverrideHost(
+        override_host_sources=[
+            override_host_pb2.OverrideHost.OverrideHostSource(header=ENDPOINT_HEADER)
+        ],
+        fallback_policy=_lb_policy("envoy.load_balancing_policies.ring_hash", ring),
+    )
+    return _lb_policy("envoy.load_balancing_policies.override_host", override)
+
+
+def _lb_policy(name: str, msg: Message) -> cluster_pb2.LoadBalancingPolicy:
+    return cluster_pb2.LoadBalancingPolicy(
+        policies=[
+            cluster_pb2.LoadBalancingPolicy.Policy(
+                typed_extension_config=extension_pb2.TypedExtensionConfig(
+                    name=name, typed_config=any_of(msg)
+                )
+            )
+        ]
+    )
 
 
 def service_cluster(name: str, svc: HttpService) -> cluster_pb2.Cluster:

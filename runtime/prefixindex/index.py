@@ -224,6 +224,37 @@ class PrefixIndex:
             out[known[bit]] = depth * self.page_size
         return out
 
+    def query_chain(self, block_ids: Sequence[int], now: float) -> dict[str, int | None]:
+        """Per replica: how many of ``block_ids`` (hashes of *some* pages of one prompt, in
+        order, e.g. one per checkpoint) it holds in a row from the first, or None (unknown).
+
+        A radix tree holds every ancestor of a block it holds, so sparse hashes give the match
+        at their granularity; a block dropped by the memory bound ends the run (lower, never
+        higher).
+        """
+        out: dict[str, int | None] = {}
+        known: dict[int, str] = {}
+        for name, r in self._replicas.items():
+            if self._known(r, now):
+                known[r.bit] = name
+            else:
+                out[name] = None
+        mask = sum(known)
+        count = 0
+        holders = self._holders
+        for h in block_ids:
+            if not mask:
+                break
+            held = holders.get(h, 0) & mask
+            for bit in _bits(mask & ~held):
+                out[known[bit]] = count
+            mask = held
+            if held:
+                count += 1
+        for bit in _bits(mask):
+            out[known[bit]] = count
+        return out
+
     def view(self, name: str, now: float) -> ReplicaView:
         r = self._replicas[name]
         known = self._known(r, now)

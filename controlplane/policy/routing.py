@@ -1,0 +1,51 @@
+"""Policy of cache-aware routing: how a pool's requests choose a replica (docs/policy.md,
+"Routing"; docs/operations.md, "Prefix index").
+
+``ring_hash`` (the default) hashes the session / prefix headers onto Envoy's ring. ``prefix_index``
+adds the endpoint picker: the filter server follows every replica's KV-cache events, asks the
+prefix index how much of the prompt each replica holds, weighs that against load and names the
+replica in a request header that Envoy's override-host load balancer honours; ring hash stays
+the fallback (picker down, index cold, chosen host unhealthy or ejected).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from controlplane.policy.decode import Duration, Range, Size
+
+__all__ = ["ENDPOINT_HEADER", "RoutingPolicy"]
+
+ENDPOINT_HEADER = "x-tokenweir-endpoint"  # internal: the identity step strips client copies
+
+
+@dataclass(frozen=True)
+class RoutingPolicy:
+    """Per pool; every knob but ``mode`` matters only with ``mode: prefix_index``."""
+
+    mode: Literal["ring_hash", "prefix_index"] = "ring_hash"
+    # score = cache_weight × (cached share of the prompt) − (1 − cache_weight) × (relative load)
+    cache_weight: Annotated[float, Range(0.0, 1.0)] = 0.7
+    # a replica whose in-flight requests exceed max_imbalance × the pool mean (+1) is not picked
+    max_imbalance: Annotated[float, Range(1.0, 100.0)] = 1.5
+    # below this many cached tokens on every replica the picker leaves the choice to ring hash
+    min_prefix_tokens: Annotated[int, Range(0, 10_000_000)] = 256
+    # a replica whose event stream is silent this long is "unknown" (never wrongly "cached")
+    index_ttl: Annotated[float, Duration(0.1, 3600)] = 10.0
+    # memory bound of the index (distinct block hashes over all replicas)
+    max_index_blocks: Annotated[int, Range(1_000, 100_000_000)] = 2_000_000
+    # must equal the backends' --page-size (block hashes are per page)
+    page_size: Annotated[int, Range(1, 4096)] = 1
+    # how the picker tokenizes: "emulator" (the emulator's word tokenizer and chat template)
+    tokenizer: Literal["emulator"] = "emulator"
+    # each replica publishes KV events on tcp://HOST:(PORT + offset), replays on offset + 1
+    kv_events_port_offset: Annotated[int, Range(1, 60_000)] = 1000
+    # granularity of the picker's prompt checkpoints (bytes of rendered prompt)
+    checkpoint_bytes: Annotated[int, Size(64, 1024**2)] = 2048
+    # a routed prompt counts as cached on its replica for this long, until its events arrive
+    pending_ttl: Annotated[float, Duration(0.0, 600)] = 5.0
+
+    def __post_init__(self) -> None:
+        if self.mode == "prefix_index" and self.index_ttl < 1.0:
+            raise ValueError("index_ttl: must be >= 1s with mode prefix_index (replay probes)")

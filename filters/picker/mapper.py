@@ -1,0 +1,132 @@
+"""Checkpoint → backend block hash: the bridge between the cheap fingerprint and the KV events.
+
+The prefix index knows SGLang block hashes (SHA-256 chained per page of token ids); a request
+carries text. Hashing every page of every prompt on the request path costs ~1 µs+ per page in
+Python (53 ms for 12k tokens at page size 1). So the request path only computes checkpoints
+(:mod:`filters.picker.prompt`) and looks them up here; this map is filled *off the request path*
+(:class:`filters.picker.pool.PoolPicker` runs ``extend`` in a background task after the pick),
+incrementally: a prompt whose first ``k`` checkpoints are known resumes tokenizing and hashing at
+checkpoint ``k``, so a conversation's next turn costs only its new text.
+
+For checkpoint ``k`` (bytes ``[0, k × step)``) the tokens are the words that end, followed by
+whitespace, before the cut (the emulator's tokenizer: one token per whitespace-separated word,
+id = CRC-32 of its UTF-8 bytes); a word touching the cut is left to the next checkpoint, so the
+tokens depend only on the bytes before the cut. The block hash stored is that of the last whole
+page of those tokens. Non-ASCII whitespace (which the emulator's ``str.split`` also splits on)
+makes a prediction differ from the backend's hashes: the index then finds nothing and the
+answer is lower, never wrong.
+
+Pure (no I/O, no clock); bounded (least recently used entries go first).
+"""
+
+from __future__ import annotations
+
+import array
+import collections
+import hashlib
+import sys
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from runtime.prefixindex.hashing import block_id
+
+__all__ = ["CheckpointMap", "Point"]
+
+_SWAP = sys.byteorder != "little"  # token ids hash as 4-byte little-endian
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """What is known at one checkpoint of a prompt."""
+
+    resume: int  # byte offset where the not yet tokenized text starts (<= the cut)
+    tokens: int  # tokens before ``resume``
+    digest: bytes  # chain digest after the whole pages of those tokens (b"" = none yet)
+    tail: tuple[int, ...]  # token ids of the partial last page
+    block: int | None  # block hash of the last whole page (None before the first page)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens the block covers (whole pages)."""
+        return self.tokens - len(self.tail)
+
+
+_ROOT = Point(0, 0, b"", (), None)
+
+
+class CheckpointMap:
+    """checkpoint digest → :class:`Point`; see the module docstring."""
+
+    def __init__(self, page_size: int, step: int, *, max_points: int = 500_000) -> None:
+        if page_size <= 0 or step <= 0 or max_points <= 0:
+            raise ValueError("page_size, step and max_points must be > 0")
+        self.page_size = page_size
+        self.step = step
+        self.max_points = max_points
+        self._points: collections.OrderedDict[bytes, Point] = collections.OrderedDict()
+        self.tokens_hashed = 0  # work done, for metrics and the benchmark
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+    def lookup(self, marks: Sequence[bytes]) -> list[Point]:
+        """The known points of ``marks`` (a prompt's checkpoints), from the first, in a row."""
+        out: list[Point] = []
+        points = self._points
+        for mark in marks:
+            point = points.get(mark)
+            if point is None:
+                break
+            points.move_to_end(mark)
+            out.append(point)
+        return out
+
+    def extend(self, data: bytes, marks: Sequence[bytes], known: int, budget: int) -> int:
+        """Compute up to ``budget`` more points of ``data`` after its first ``known`` ones
+        (``marks`` = ``checkpoints(data, step)``); returns how many are known now."""
+        if known > len(marks):
+            raise ValueError("known exceeds the checkpoints given")
+        if known == 0:
+            point = _ROOT
+        else:
+            found = self._points.get(marks[known - 1])
+            if found is None:
+                return 0  # evicted meanwhile: start over next time
+            point = found
+        done = known
+        while done < len(marks) and done < known + budget:
+            point = self._advance(data, point, (done + 1) * self.step)
+            self._put(marks[done], point)
+            done += 1
+        return done
+
+    def _advance(self, data: bytes, point: Point, cut: int) -> Point:
+        segment = data[point.resume : cut]
+        words = segment.split()
+        resume = cut
+        if words and not segment[-1:].isspace():
+            resume = cut - len(words.pop())  # touches the cut: the next checkpoint's
+        ids = [zlib.crc32(w) for w in words]
+        self.tokens_hashed += len(ids)
+        pending = [*point.tail, *ids]
+        ps = self.page_size
+        whole = len(pending) - len(pending) % ps
+        digest, block = point.digest, point.block
+        if whole:
+            packed = array.array("I", pending[:whole])
+            if _SWAP:
+                packed.byteswap()
+            raw = packed.tobytes()
+            sha = hashlib.sha256
+            width = 4 * ps
+            for start in range(0, len(raw), width):
+                digest = sha(digest + raw[start : start + width]).digest()
+            block = block_id(digest)
+        return Point(resume, point.tokens + len(ids), digest, tuple(pending[whole:]), block)
+
+    def _put(self, mark: bytes, point: Point) -> None:
+        self._points[mark] = point
+        self._points.move_to_end(mark)
+        while len(self._points) > self.max_points:
+            self._points.popitem(last=False)

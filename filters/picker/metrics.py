@@ -1,0 +1,50 @@
+"""Prometheus metrics of the endpoint picker (on the filter server's registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+__all__ = ["PickerMetrics"]
+
+
+class PickerMetrics:
+    """Label values: pool, reason, replica (host:port)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        p = "tokenweir_picker_"
+        self.picks = Counter(
+            p + "picks", "picks by reason (cache, load; cold and no_prompt fall back to ring hash)",
+            ["pool", "reason"], registry=r,
+        )  # fmt: skip
+        self.fallbacks = Counter(
+            p + "fallbacks", "requests left to Envoy's ring hash, by reason", ["pool", "reason"],
+            registry=r,
+        )  # fmt: skip
+        self.predicted_tokens = Counter(
+            p + "predicted_cached_tokens", "cached prompt tokens the picker predicted", ["pool"],
+            registry=r,
+        )  # fmt: skip
+        self.actual_tokens = Counter(
+            p + "actual_cached_tokens", "cached prompt tokens the backends reported (usage)",
+            ["pool"], registry=r,
+        )  # fmt: skip
+        self.index_blocks = Gauge(
+            p + "index_blocks", "distinct block hashes in the prefix index", ["pool"], registry=r
+        )
+        self.known = Gauge(
+            p + "replica_known", "1 while the index follows the replica's KV events",
+            ["pool", "replica"], registry=r,
+        )  # fmt: skip
+        self.event_lag = Gauge(
+            p + "event_lag_seconds", "now minus the publish time of the last applied batch",
+            ["pool", "replica"], registry=r,
+        )  # fmt: skip
+        self.mapped_tokens = Counter(
+            p + "mapped_tokens", "tokens hashed off the request path (checkpoint map)",
+            ["pool"], registry=r,
+        )  # fmt: skip
+        self.map_dropped = Counter(
+            p + "map_dropped", "prompts not mapped because the mapper queue was full", ["pool"],
+            registry=r,
+        )  # fmt: skip

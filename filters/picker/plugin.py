@@ -1,0 +1,73 @@
+"""picker: name the replica for a request (cache-aware routing, docs/plugins.md).
+
+Runs at the request body, after ``tokens``: renders the prompt as the backend will, asks the
+pool's :class:`~filters.picker.pool.PoolPicker` and sets ``x-tokenweir-endpoint: host:port``,
+which the pool cluster's override-host load balancer honours (ring hash when the header is
+absent, or names a host that is unhealthy, ejected or gone). Requests it cannot place (index
+cold, prompt given as token ids) get no header: ring hash decides. At the stream's end it
+counts the request out of its replica's in-flight load and records the cached tokens the backend
+reported (predicted vs actual).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from controlplane.policy.routing import ENDPOINT_HEADER
+from filters.api import BasePlugin, Context, Result
+from filters.bodies import LlmRequest, kind_for_path, parse_request
+from filters.errors import ConfigError
+from filters.picker.prompt import prompt_bytes
+from filters.services import Services
+
+__all__ = ["PickerPlugin"]
+
+_KEY = "picker"
+
+
+class PickerPlugin(BasePlugin):
+    name = "picker"
+    bounded = True
+
+    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+        if settings:
+            raise ConfigError(f"picker: unknown setting(s) {sorted(settings)}; it has none")
+        if services.pickers is None:
+            raise ConfigError("picker: this filter server runs no pickers")
+        self.pickers = services.pickers
+
+    async def request_body(self, ctx: Context, body: bytes) -> Result | None:
+        picker = self.pickers.get(ctx.route.pool)
+        if picker is None:
+            return None
+        req = ctx.body
+        if not isinstance(req, LlmRequest):
+            kind = kind_for_path(ctx.path)
+            if kind is None:
+                return None
+            req = parse_request(kind, body, reject_unknown=False)
+        metrics = self.pickers.metrics
+        data = None if req.input_ids is not None else prompt_bytes(req.kind, req.data)
+        if data is None:
+            metrics.fallbacks.labels(picker.pool, "no_prompt").inc()
+            return None
+        prompt = picker.prompt(data)
+        pick = picker.pick(prompt)
+        metrics.picks.labels(picker.pool, pick.reason).inc()
+        if pick.replica is None:
+            metrics.fallbacks.labels(picker.pool, pick.reason).inc()
+            return None
+        picker.record(prompt, pick)
+        metrics.predicted_tokens.labels(picker.pool).inc(pick.predicted_tokens)
+        ctx.scratch[_KEY] = (picker, pick.replica)
+        return Result(set_headers={ENDPOINT_HEADER: pick.replica})
+
+    async def stream_end(self, ctx: Context) -> None:
+        entry = ctx.scratch.pop(_KEY, None)
+        if entry is None:
+            return
+        picker, replica = entry
+        picker.done(replica)
+        if ctx.usage is not None and ctx.usage.cached_tokens:
+            self.pickers.metrics.actual_tokens.labels(picker.pool).inc(ctx.usage.cached_tokens)

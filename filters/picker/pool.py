@@ -1,0 +1,224 @@
+"""One pool's picker at run time: prefix index + KV-event subscriber + checkpoint map + load.
+
+``PoolPicker`` owns its background tasks (the subscriber's, the mapper, the gauge refresher);
+``aclose()`` stops them. ``pick`` is synchronous and cheap (checkpoint digests, dict lookups,
+:func:`filters.picker.score.choose`); the expensive part, hashing new text into backend block
+hashes, runs in the mapper task after the pick, a bounded slice at a time.
+
+Load is the picker's own count of requests in flight per replica (``record`` / ``done``), so two
+gateway replicas see only their own share; the KV events they follow are the same, so a prompt
+already cached goes to the same replica from either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from controlplane.policy.model import Address, LlmPool
+from controlplane.policy.routing import RoutingPolicy
+from filters.picker.mapper import CheckpointMap, Point
+from filters.picker.metrics import PickerMetrics
+from filters.picker.prompt import checkpoints
+from filters.picker.score import Candidate, Pick, Weights, choose
+from runtime.prefixindex.index import PrefixIndex
+from runtime.prefixindex.subscriber import KvEventSubscriber, ReplicaFeed
+from runtime.tasks import stop_task
+
+__all__ = ["PoolPicker", "Prompt", "feeds_for"]
+
+_log = logging.getLogger(__name__)
+_SLICE = 4  # checkpoints mapped per turn of the event loop
+
+
+def feeds_for(endpoints: Sequence[Address], routing: RoutingPolicy) -> list[ReplicaFeed]:
+    """Each replica's KV-event endpoints: its port + offset (PUB), + offset + 1 (replay)."""
+    off = routing.kv_events_port_offset
+    return [
+        ReplicaFeed(
+            name=f"{ep.host}:{ep.port}",
+            endpoint=f"tcp://{ep.host}:{ep.port + off}",
+            replay_endpoint=f"tcp://{ep.host}:{ep.port + off + 1}",
+        )
+        for ep in endpoints
+    ]
+
+
+@dataclass(slots=True)
+class Prompt:
+    """One request's prompt as the picker saw it."""
+
+    data: bytes
+    marks: list[bytes]
+    points: list[Point]
+
+
+class PoolPicker:
+    def __init__(
+        self,
+        pool: str,
+        cfg: LlmPool,
+        metrics: PickerMetrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        feeds: Sequence[ReplicaFeed] | None = None,
+        queue_size: int = 256,
+    ) -> None:
+        self.pool = pool
+        self.cfg = cfg
+        r = cfg.routing
+        self.routing = r
+        self.weights = Weights(r.cache_weight, r.max_imbalance, r.min_prefix_tokens)
+        self.index = PrefixIndex(
+            r.page_size, max_blocks=r.max_index_blocks, stale_after_s=r.index_ttl
+        )
+        self.map = CheckpointMap(r.page_size, r.checkpoint_bytes)
+        self.feeds = list(feeds if feeds is not None else feeds_for(cfg.endpoints, r))
+        for feed in self.feeds:
+            self.index.add_replica(feed.name)
+        self.metrics = metrics
+        self._clock = clock
+        self._wall = wall
+        self.inflight: dict[str, int] = {f.name: 0 for f in self.feeds}
+        self._pending: collections.OrderedDict[bytes, tuple[str, float]] = collections.OrderedDict()
+        self._queue: asyncio.Queue[Prompt] | None = None
+        self._queue_size = queue_size
+        self._subscriber: KvEventSubscriber | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._queue = asyncio.Queue(self._queue_size)
+        self._subscriber = KvEventSubscriber(
+            self.index,
+            self.feeds,
+            clock=self._clock,
+            probe_interval_s=min(1.0, self.routing.index_ttl / 3),
+        )
+        await self._subscriber.start()
+        self._tasks.append(asyncio.create_task(self._mapper(), name=f"picker-map-{self.pool}"))
+        self._tasks.append(asyncio.create_task(self._gauges(), name=f"picker-gauges-{self.pool}"))
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            await stop_task(task, log=_log)
+        self._tasks.clear()
+        if self._subscriber is not None:
+            await self._subscriber.aclose()
+            self._subscriber = None
+
+    # ---- the request path --------------------------------------------------------------------
+    def prompt(self, data: bytes) -> Prompt:
+        marks = checkpoints(data, self.routing.checkpoint_bytes)
+        return Prompt(data, marks, self.map.lookup(marks))
+
+    def pick(self, prompt: Prompt, healthy: Callable[[str], bool] | None = None) -> Pick:
+        now = self._clock()
+        step = self.routing.checkpoint_bytes
+        held = self._held(prompt.points, now)
+        pend_name, pend_k = self._pending_run(prompt.marks, now)
+        candidates = []
+        for name, count in held.items():
+            k = count or 0
+            if name == pend_name:
+                k = max(k, pend_k)
+            candidates.append(
+                Candidate(
+                    name=name,
+                    known=count is not None,
+                    healthy=healthy(name) if healthy is not None else True,
+                    matched_bytes=k * step,
+                    matched_tokens=_tokens_at(prompt.points, k, step),
+                    inflight=self.inflight.get(name, 0),
+                )
+            )
+        tie = prompt.marks[0] if prompt.marks else prompt.data[:64]
+        return choose(candidates, len(prompt.data), self.weights, tie)
+
+    def record(self, prompt: Prompt, pick: Pick) -> None:
+        """``pick`` was sent: count it in flight, remember its prefix, map its new text."""
+        name = pick.replica
+        if name is None:
+            return
+        self.inflight[name] = self.inflight.get(name, 0) + 1
+        if self.routing.pending_ttl > 0:
+            until = self._clock() + self.routing.pending_ttl
+            for mark in prompt.marks:
+                self._pending[mark] = (name, until)
+                self._pending.move_to_end(mark)
+            while len(self._pending) > self.map.max_points:
+                self._pending.popitem(last=False)
+        if len(prompt.points) < len(prompt.marks) and self._queue is not None:
+            try:
+                self._queue.put_nowait(prompt)
+            except asyncio.QueueFull:
+                self.metrics.map_dropped.labels(self.pool).inc()
+
+    def done(self, name: str) -> None:
+        if self.inflight.get(name, 0) > 0:
+            self.inflight[name] -= 1
+
+    def _held(self, points: Sequence[Point], now: float) -> dict[str, int | None]:
+        """Per replica: checkpoints held in a row (None = unknown)."""
+        index = [i for i, p in enumerate(points) if p.block is not None]
+        counts = self.index.query_chain([points[i].block for i in index], now)  # type: ignore[misc]
+        # a run of n blocks ends at checkpoint index[n-1]; leading block-less points are free
+        first = index[0] if index else len(points)
+        return {
+            name: None if c is None else (index[c - 1] + 1 if c else first)
+            for name, c in counts.items()
+        }
+
+    def _pending_run(self, marks: Sequence[bytes], now: float) -> tuple[str | None, int]:
+        """The replica a recent pick sent this prefix to, and how many checkpoints it shares."""
+        name: str | None = None
+        k = 0
+        for mark in marks:
+            entry = self._pending.get(mark)
+            if entry is None or entry[1] < now or (name is not None and entry[0] != name):
+                break
+            name = entry[0]
+            k += 1
+        return name, k
+
+    # ---- background --------------------------------------------------------------------------
+    async def _mapper(self) -> None:
+        assert self._queue is not None
+        while True:
+            prompt = await self._queue.get()
+            known = len(self.map.lookup(prompt.marks))
+            before = self.map.tokens_hashed
+            while known < len(prompt.marks):
+                now_known = self.map.extend(prompt.data, prompt.marks, known, _SLICE)
+                if now_known <= known:
+                    break
+                known = now_known
+                await asyncio.sleep(0)  # let requests through between slices
+            self.metrics.mapped_tokens.labels(self.pool).inc(self.map.tokens_hashed - before)
+
+    async def _gauges(self) -> None:
+        while True:
+            now, wall = self._clock(), self._wall()
+            self.metrics.index_blocks.labels(self.pool).set(len(self.index))
+            for name in self.index.replicas():
+                view = self.index.view(name, now)
+                self.metrics.known.labels(self.pool, name).set(1 if view.known else 0)
+                if view.last_ts is not None:
+                    self.metrics.event_lag.labels(self.pool, name).set(
+                        max(0.0, wall - view.last_ts)
+                    )
+            await asyncio.sleep(1.0)
+
+
+def _tokens_at(points: Sequence[Point], k: int, step: int) -> int:
+    """Backend tokens covered by the first ``k`` checkpoints (estimated past the known ones)."""
+    if k <= 0:
+        return 0
+    if k <= len(points):
+        return points[k - 1].cached_tokens
+    return k * step // 4

@@ -1,0 +1,90 @@
+"""The endpoint picker's decision: a pure function over plain data (no I/O, no clock).
+
+For each candidate replica (known to the prefix index, not marked unhealthy) the picker knows
+the share of the prompt it holds (checkpoints matched × step / prompt bytes, from the index or
+from a recent pick of the same prefix still waiting for its KV events) and its requests in
+flight. Then:
+
+1. replicas whose in-flight count exceeds ``max_imbalance × (mean + 1)`` are skipped (one hot
+   prefix never piles the pool onto one replica);
+2. a share below ``min_prefix_tokens`` counts as 0 (a shared system prompt alone says nothing);
+3. ``score = w × share − (1 − w) × inflight / (mean + 1)``, ``w = cache_weight``; the best
+   score wins, ties broken by a rendezvous hash of the prompt's first checkpoint (so every
+   gateway replica breaks them alike: the mesh stays active-active).
+
+Reasons (metric label ``reason``): ``cache`` (the winner holds ≥ ``min_prefix_tokens``),
+``load`` (no useful match, or the replica that has it is too busy: the least loaded wins),
+and the fallbacks to Envoy's ring hash: ``cold`` (no replica known to the index),
+``no_prompt`` (the prompt cannot be rendered: token ids, malformed body).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["Candidate", "Pick", "Weights", "choose"]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One replica as the picker sees it for one prompt."""
+
+    name: str  # host:port, as Envoy's override-host header wants it
+    known: bool  # the prefix index follows its events (else: unknown, never picked)
+    healthy: bool = True  # not marked down by the pool state
+    matched_bytes: int = 0  # leading prompt bytes it holds (checkpoint granularity)
+    matched_tokens: int = 0  # the same, in backend tokens (whole pages), for min_prefix_tokens
+    inflight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    cache_weight: float = 0.7
+    max_imbalance: float = 1.5
+    min_prefix_tokens: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """The picker's answer; ``replica`` None = leave it to ring hash."""
+
+    replica: str | None
+    reason: str
+    predicted_tokens: int = 0  # tokens the chosen replica should find in its cache
+
+
+def choose(
+    candidates: Sequence[Candidate], prompt_len: int, weights: Weights, tie_key: bytes = b""
+) -> Pick:
+    """The replica for one prompt of ``prompt_len`` bytes; see the module docstring."""
+    live = [c for c in candidates if c.known and c.healthy]
+    if not live:
+        return Pick(None, "cold")
+    mean = sum(c.inflight for c in live) / len(live)
+    bound = weights.max_imbalance * (mean + 1)
+    allowed = [c for c in live if c.inflight + 1 <= bound] or [min(live, key=_load)]
+    w = weights.cache_weight
+    size = max(prompt_len, 1)
+
+    def useful(c: Candidate) -> bool:
+        return c.matched_tokens >= weights.min_prefix_tokens and c.matched_bytes > 0
+
+    def score(c: Candidate) -> tuple[float, int]:
+        share = min(c.matched_bytes / size, 1.0) if useful(c) else 0.0
+        value = w * share - (1 - w) * c.inflight / (mean + 1)
+        return (value, _rendezvous(tie_key, c.name))
+
+    best = max(allowed, key=score)
+    if useful(best):
+        return Pick(best.name, "cache", best.matched_tokens)
+    return Pick(best.name, "load", best.matched_tokens)
+
+
+def _load(c: Candidate) -> int:
+    return c.inflight
+
+
+def _rendezvous(key: bytes, name: str) -> int:
+    return zlib.crc32(name.encode(), zlib.crc32(key))
