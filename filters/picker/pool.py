@@ -32,7 +32,7 @@ from runtime.tasks import stop_task
 __all__ = ["PoolPicker", "Prompt", "feeds_for"]
 
 _log = logging.getLogger(__name__)
-_SLICE = 4  # checkpoints mapped per turn of the event loop
+_SLICE = 1  # checkpoints mapped per turn of the event loop (~256 tokens)
 
 
 def feeds_for(endpoints: Sequence[Address], routing: RoutingPolicy) -> list[ReplicaFeed]:

@@ -1,0 +1,86 @@
+"""Checkpoints and the checkpoint → block-hash map: exact against SGLang's hashing of the
+emulator's tokens, incremental, and bounded."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backends.emulator.tokenizer import encode, render_chat
+from filters.picker.mapper import CheckpointMap
+from filters.picker.prompt import checkpoints, prompt_bytes, render_emulator_chat
+from runtime.prefixindex.hashing import prefix_block_ids
+
+WORDS = st.lists(st.sampled_from(["a", "bb", "ccc", "dddd", "e\u00e9", "ff\nf", "g\tg"]), max_size=80)
+
+
+def _expected(data: bytes, cut: int, page: int) -> tuple[int, int | None]:
+    """(tokens, block) at a cut: the words that end before it, SGLang-hashed."""
+    head = data[:cut]
+    words = head.split()
+    if words and not head[-1:].isspace():
+        words.pop()
+    ids = encode(b" ".join(words).decode())
+    blocks = prefix_block_ids(ids, page)
+    return len(ids) - len(ids) % page, (blocks[-1] if blocks else None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(WORDS, st.integers(1, 4), st.integers(3, 40))
+def test_each_checkpoint_names_the_backends_block_hash(words: list[str], page: int, step: int) -> None:
+    data = " ".join(words).encode()
+    marks = checkpoints(data, step)
+    cmap = CheckpointMap(page, step)
+    assert cmap.extend(data, marks, 0, len(marks)) == len(marks)
+    points = cmap.lookup(marks)
+    assert len(points) == len(marks)
+    for k, point in enumerate(points, start=1):
+        assert (point.cached_tokens, point.block) == _expected(data, k * step, page)
+
+
+def test_a_conversation_resumes_where_its_last_turn_was_mapped() -> None:
+    turn1 = " ".join(f"w{i}" for i in range(400)).encode()
+    turn2 = turn1 + b" answer words and a new question " + b"x " * 200
+    cmap = CheckpointMap(1, 64)
+    m1 = checkpoints(turn1, 64)
+    cmap.extend(turn1, m1, 0, len(m1))
+    hashed = cmap.tokens_hashed
+    m2 = checkpoints(turn2, 64)
+    known = len(cmap.lookup(m2))
+    assert known == len(m1)  # the shared text is found
+    cmap.extend(turn2, m2, known, len(m2))
+    assert cmap.tokens_hashed - hashed < 260  # only the new text was tokenized and hashed
+    assert cmap.lookup(m2)[-1].block == _expected(turn2, len(m2) * 64, 1)[1]
+
+
+def test_the_map_is_bounded_least_recently_used_first() -> None:
+    cmap = CheckpointMap(1, 8, max_points=5)
+    data = " ".join("abcdefghijklmnopqrstuvwxyz" * 2).encode()
+    marks = checkpoints(data, 8)
+    assert len(marks) > 5
+    cmap.extend(data, marks, 0, len(marks))
+    assert len(cmap) == 5
+    assert cmap.lookup(marks) == []  # the first checkpoints went first: nothing in a row
+
+
+def test_prompt_rendering_matches_the_emulator() -> None:
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]},
+        {"role": "assistant", "content": None},
+    ]
+    assert render_emulator_chat(messages) == render_chat(messages)
+    assert prompt_bytes("chat", {"messages": messages}) == render_chat(messages).encode()
+    assert prompt_bytes("generate", {"text": "x y"}) == b"x y"
+    assert prompt_bytes("completion", {"prompt": ["x y"]}) == b"x y"
+    assert prompt_bytes("completion", {"prompt": [1, 2]}) is None
+    assert render_emulator_chat([{"role": "robot", "content": "x"}]) is None
+
+
+def test_checkpoints_name_whole_prefixes() -> None:
+    a, b = checkpoints(b"0123456789", 4), checkpoints(b"01234567zz", 4)
+    assert a == b and len(a) == 2
+    assert checkpoints(b"0123x567", 4)[1] != a[1]
+    with pytest.raises(ValueError):
+        checkpoints(b"", 0)

@@ -1,0 +1,118 @@
+"""One pool's picker on fakes: the emulator's real radix cache publishes events into the index
+(no sockets), the picker maps prompts and picks; fallbacks when it cannot know."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from backends.emulator.radix_cache import RadixCache
+from backends.emulator.tokenizer import encode
+from controlplane.policy.model import Address, LlmPool
+from controlplane.policy.routing import RoutingPolicy
+from filters.picker.metrics import PickerMetrics
+from filters.picker.pool import PoolPicker, feeds_for
+from runtime.prefixindex.wire import KVEventBatch
+
+NAMES = ("127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _picker(clock: Clock, **routing: object) -> tuple[PoolPicker, dict[str, RadixCache]]:
+    cfg = LlmPool(
+        models=("m",),
+        endpoints=tuple(Address.parse(n) for n in NAMES),
+        routing=RoutingPolicy(
+            mode="prefix_index", checkpoint_bytes=64, min_prefix_tokens=32, **routing  # type: ignore[arg-type]
+        ),
+    )
+    picker = PoolPicker("chat", cfg, PickerMetrics(CollectorRegistry()), clock=clock, wall=clock)
+    caches = {n: RadixCache(100_000, record_events=True) for n in NAMES}
+    for seq, n in enumerate(NAMES):
+        _publish(picker, n, caches[n], 0)
+    return picker, caches
+
+
+def _publish(picker: PoolPicker, name: str, cache: RadixCache, seq: int) -> None:
+    picker.index.apply(name, seq, KVEventBatch(ts=0.0, events=cache.take_events()))
+    picker.index.heard(name, picker._clock())
+
+
+def _text(tag: str, words: int) -> bytes:
+    return " ".join(f"{tag}{i}" for i in range(words)).encode()
+
+
+def test_feeds_follow_the_port_offset() -> None:
+    feeds = feeds_for((Address("10.0.0.1", 30000),), RoutingPolicy(kv_events_port_offset=7))
+    assert (feeds[0].name, feeds[0].endpoint, feeds[0].replay_endpoint) == (
+        "10.0.0.1:30000", "tcp://10.0.0.1:30007", "tcp://10.0.0.1:30008",
+    )  # fmt: skip
+
+
+def test_a_prompt_goes_where_its_prefix_is_cached_and_away_when_that_replica_goes() -> None:
+    clock = Clock()
+    picker, caches = _picker(clock, pending_ttl=0.0)
+    doc = _text("doc", 300)
+    owner = NAMES[1]
+    caches[owner].insert(encode(doc.decode()))
+    _publish(picker, owner, caches[owner], 1)
+    prompt = picker.prompt(doc + b" a question")
+    first = picker.pick(prompt)
+    assert first.reason == "load"  # nothing mapped yet: the fingerprint is unknown
+    picker.map.extend(prompt.data, prompt.marks, 0, len(prompt.marks))
+    prompt = picker.prompt(doc + b" another question")
+    pick = picker.pick(prompt)
+    assert (pick.replica, pick.reason) == (owner, "cache")
+    assert 250 <= pick.predicted_tokens <= 300
+    picker.index.forget(owner, "disconnected")  # its process went away
+    pick = picker.pick(picker.prompt(doc + b" a third question"))
+    assert pick.replica not in (None, owner)
+
+
+def test_a_busy_owner_is_skipped_past_the_imbalance_bound() -> None:
+    clock = Clock()
+    picker, caches = _picker(clock, pending_ttl=0.0, max_imbalance=1.5)
+    doc = _text("doc", 300)
+    caches[NAMES[0]].insert(encode(doc.decode()))
+    _publish(picker, NAMES[0], caches[NAMES[0]], 1)
+    prompt = picker.prompt(doc)
+    picker.map.extend(prompt.data, prompt.marks, 0, len(prompt.marks))
+    picker.inflight[NAMES[0]] = 5
+    assert picker.pick(picker.prompt(doc)).replica != NAMES[0]
+
+
+def test_a_recent_pick_counts_until_its_events_arrive_then_expires() -> None:
+    clock = Clock()
+    picker, _ = _picker(clock, pending_ttl=5.0)
+    doc = _text("fresh", 200)
+    prompt = picker.prompt(doc)
+    pick = picker.pick(prompt)
+    picker.record(prompt, pick)
+    picker.done(pick.replica or "")
+    follow = picker.pick(picker.prompt(doc + b" next turn"))
+    assert (follow.replica, follow.reason) == (pick.replica, "cache")
+    clock.now += 6.0
+    for n in NAMES:
+        picker.index.heard(n, clock.now)
+    assert picker.pick(picker.prompt(doc + b" later")).reason == "load"
+
+
+def test_a_silent_index_falls_back_to_ring_hash() -> None:
+    clock = Clock()
+    picker, _ = _picker(clock, index_ttl=2.0)
+    clock.now += 3.0  # no replica heard from within index_ttl: all unknown
+    pick = picker.pick(picker.prompt(_text("x", 100)))
+    assert pick.replica is None and pick.reason == "cold"
+
+
+def test_in_flight_counts_never_go_negative() -> None:
+    clock = Clock()
+    picker, _ = _picker(clock)
+    picker.done(NAMES[0])
+    assert picker.inflight[NAMES[0]] == 0
