@@ -76,11 +76,13 @@ def main() -> None:
     cache = RadixCache(10**7, record_events=True)
     cache.insert(ids)
     now = picker._clock()
-    for seq, n in enumerate(names):
+    for n in names:
         if n == names[2]:
             picker.index.apply(n, 0, KVEventBatch(0.0, cache.take_events()))
         else:
-            picker.index.apply(n, 0, KVEventBatch(0.0, RadixCache(10, record_events=True).take_events()))
+            picker.index.apply(
+                n, 0, KVEventBatch(0.0, RadixCache(10, record_events=True).take_events())
+            )
         picker.index.heard(n, now + 3600)
     # map it once (the mapper's job), timed as the off-path cost
     t0 = time.perf_counter()

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from runtime.prefixindex.hashing import block_id
 
-__all__ = ["CheckpointMap", "Point"]
+__all__ = ["ROOT", "CheckpointMap", "Point", "map_points"]
 
 _SWAP = sys.byteorder != "little"  # token ids hash as 4-byte little-endian
 
@@ -52,7 +52,43 @@ class Point:
         return self.tokens - len(self.tail)
 
 
-_ROOT = Point(0, 0, b"", (), None)
+ROOT = Point(0, 0, b"", (), None)
+
+
+def map_points(
+    data: bytes, start: Point, first: int, count: int, step: int, page: int
+) -> list[Point]:
+    """Pure: the points of checkpoints ``first + 1 .. first + count`` of ``data``, from the
+    point of checkpoint ``first`` (``ROOT`` for 0). Runs in a worker process (picklable)."""
+    out: list[Point] = []
+    point = start
+    for k in range(first + 1, first + count + 1):
+        point = _advance(data, point, k * step, page)
+        out.append(point)
+    return out
+
+
+def _advance(data: bytes, point: Point, cut: int, ps: int) -> Point:
+    segment = data[point.resume : cut]
+    words = segment.split()
+    resume = cut
+    if words and not segment[-1:].isspace():
+        resume = cut - len(words.pop())  # touches the cut: the next checkpoint's
+    ids = [zlib.crc32(w) for w in words]
+    pending = [*point.tail, *ids]
+    whole = len(pending) - len(pending) % ps
+    digest, block = point.digest, point.block
+    if whole:
+        packed = array.array("I", pending[:whole])
+        if _SWAP:
+            packed.byteswap()
+        raw = packed.tobytes()
+        sha = hashlib.sha256
+        width = 4 * ps
+        for begin in range(0, len(raw), width):
+            digest = sha(digest + raw[begin : begin + width]).digest()
+        block = block_id(digest)
+    return Point(resume, point.tokens + len(ids), digest, tuple(pending[whole:]), block)
 
 
 class CheckpointMap:
@@ -82,48 +118,32 @@ class CheckpointMap:
             out.append(point)
         return out
 
+    def start_of(self, marks: Sequence[bytes], known: int) -> Point | None:
+        """The point to resume from after the first ``known`` checkpoints (None: evicted)."""
+        return ROOT if known == 0 else self._points.get(marks[known - 1])
+
+    def store(
+        self, marks: Sequence[bytes], first: int, start: Point, points: Sequence[Point]
+    ) -> None:
+        """Remember ``points`` (``map_points(..., start, first, ...)``) for checkpoints
+        ``first + 1 ..``."""
+        for i, point in enumerate(points):
+            self._put(marks[first + i], point)
+        if points:
+            self.tokens_hashed += points[-1].tokens - start.tokens
+
     def extend(self, data: bytes, marks: Sequence[bytes], known: int, budget: int) -> int:
-        """Compute up to ``budget`` more points of ``data`` after its first ``known`` ones
-        (``marks`` = ``checkpoints(data, step)``); returns how many are known now."""
+        """In this process: compute up to ``budget`` more points of ``data`` after its first
+        ``known`` ones (``marks`` = ``checkpoints(data, step)``); returns how many are known."""
         if known > len(marks):
             raise ValueError("known exceeds the checkpoints given")
-        if known == 0:
-            point = _ROOT
-        else:
-            found = self._points.get(marks[known - 1])
-            if found is None:
-                return 0  # evicted meanwhile: start over next time
-            point = found
-        done = known
-        while done < len(marks) and done < known + budget:
-            point = self._advance(data, point, (done + 1) * self.step)
-            self._put(marks[done], point)
-            done += 1
-        return done
-
-    def _advance(self, data: bytes, point: Point, cut: int) -> Point:
-        segment = data[point.resume : cut]
-        words = segment.split()
-        resume = cut
-        if words and not segment[-1:].isspace():
-            resume = cut - len(words.pop())  # touches the cut: the next checkpoint's
-        ids = [zlib.crc32(w) for w in words]
-        self.tokens_hashed += len(ids)
-        pending = [*point.tail, *ids]
-        ps = self.page_size
-        whole = len(pending) - len(pending) % ps
-        digest, block = point.digest, point.block
-        if whole:
-            packed = array.array("I", pending[:whole])
-            if _SWAP:
-                packed.byteswap()
-            raw = packed.tobytes()
-            sha = hashlib.sha256
-            width = 4 * ps
-            for start in range(0, len(raw), width):
-                digest = sha(digest + raw[start : start + width]).digest()
-            block = block_id(digest)
-        return Point(resume, point.tokens + len(ids), digest, tuple(pending[whole:]), block)
+        start = self.start_of(marks, known)
+        if start is None:
+            return 0  # evicted meanwhile: start over next time
+        count = min(budget, len(marks) - known)
+        points = map_points(data, start, known, count, self.step, self.page_size)
+        self.store(marks, known, start, points)
+        return known + count
 
     def _put(self, mark: bytes, point: Point) -> None:
         self._points[mark] = point

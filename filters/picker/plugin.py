@@ -33,12 +33,11 @@ class PickerPlugin(BasePlugin):
     def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
         if settings:
             raise ConfigError(f"picker: unknown setting(s) {sorted(settings)}; it has none")
-        if services.pickers is None:
-            raise ConfigError("picker: this filter server runs no pickers")
+        # None where the chain is only built to check the policy (the control plane's check)
         self.pickers = services.pickers
 
     async def request_body(self, ctx: Context, body: bytes) -> Result | None:
-        picker = self.pickers.get(ctx.route.pool)
+        picker = self.pickers.get(ctx.route.pool) if self.pickers is not None else None
         if picker is None:
             return None
         req = ctx.body
@@ -65,7 +64,7 @@ class PickerPlugin(BasePlugin):
 
     async def stream_end(self, ctx: Context) -> None:
         entry = ctx.scratch.pop(_KEY, None)
-        if entry is None:
+        if entry is None or self.pickers is None:
             return
         picker, replica = entry
         picker.done(replica)

@@ -1,9 +1,10 @@
 """One pool's picker at run time: prefix index + KV-event subscriber + checkpoint map + load.
 
-``PoolPicker`` owns its background tasks (the subscriber's, the mapper, the gauge refresher);
-``aclose()`` stops them. ``pick`` is synchronous and cheap (checkpoint digests, dict lookups,
-:func:`filters.picker.score.choose`); the expensive part, hashing new text into backend block
-hashes, runs in the mapper task after the pick, a bounded slice at a time.
+``PoolPicker`` owns its background tasks (the subscriber's, the mapper, the gauge refresher) and
+the mapper's worker process; ``aclose()`` stops them. ``pick`` is synchronous and cheap
+(checkpoint digests, dict lookups, :func:`filters.picker.score.choose`); the expensive part,
+hashing new text into backend block hashes, runs after the pick in one worker process (spawned,
+not forked), so the filter server's event loop never waits on it.
 
 Load is the picker's own count of requests in flight per replica (``record`` / ``done``), so two
 gateway replicas see only their own share; the KV events they follow are the same, so a prompt
@@ -15,13 +16,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import multiprocessing
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from controlplane.policy.model import Address, LlmPool
 from controlplane.policy.routing import RoutingPolicy
-from filters.picker.mapper import CheckpointMap, Point
+from filters.picker.mapper import CheckpointMap, Point, map_points
 from filters.picker.metrics import PickerMetrics
 from filters.picker.prompt import checkpoints
 from filters.picker.score import Candidate, Pick, Weights, choose
@@ -32,7 +35,7 @@ from runtime.tasks import stop_task
 __all__ = ["PoolPicker", "Prompt", "feeds_for"]
 
 _log = logging.getLogger(__name__)
-_SLICE = 1  # checkpoints mapped per turn of the event loop (~256 tokens)
+_SLICE = 64  # checkpoints per call of the worker process
 
 
 def feeds_for(endpoints: Sequence[Address], routing: RoutingPolicy) -> list[ReplicaFeed]:
@@ -90,10 +93,14 @@ class PoolPicker:
         self._queue_size = queue_size
         self._subscriber: KvEventSubscriber | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._executor: ProcessPoolExecutor | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self, *, worker_process: bool = True) -> None:
         self._queue = asyncio.Queue(self._queue_size)
+        if worker_process:  # spawn: never fork a process that runs an event loop and ZMQ
+            ctx = multiprocessing.get_context("spawn")
+            self._executor = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
         self._subscriber = KvEventSubscriber(
             self.index,
             self.feeds,
@@ -111,6 +118,9 @@ class PoolPicker:
         if self._subscriber is not None:
             await self._subscriber.aclose()
             self._subscriber = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
 
     # ---- the request path --------------------------------------------------------------------
     def prompt(self, data: bytes) -> Prompt:
@@ -188,18 +198,26 @@ class PoolPicker:
 
     # ---- background --------------------------------------------------------------------------
     async def _mapper(self) -> None:
+        """Map queued prompts in a worker process (the filter's event loop stays free)."""
         assert self._queue is not None
+        loop = asyncio.get_running_loop()
+        step, page = self.routing.checkpoint_bytes, self.routing.page_size
         while True:
             prompt = await self._queue.get()
             known = len(self.map.lookup(prompt.marks))
-            before = self.map.tokens_hashed
             while known < len(prompt.marks):
-                now_known = self.map.extend(prompt.data, prompt.marks, known, _SLICE)
-                if now_known <= known:
+                start = self.map.start_of(prompt.marks, known)
+                if start is None:
                     break
-                known = now_known
-                await asyncio.sleep(0)  # let requests through between slices
-            self.metrics.mapped_tokens.labels(self.pool).inc(self.map.tokens_hashed - before)
+                count = min(_SLICE, len(prompt.marks) - known)
+                args = (prompt.data, start, known, count, step, page)
+                if self._executor is not None:
+                    points = await loop.run_in_executor(self._executor, map_points, *args)
+                else:
+                    points = map_points(*args)
+                self.map.store(prompt.marks, known, start, points)
+                self.metrics.mapped_tokens.labels(self.pool).inc(points[-1].tokens - start.tokens)
+                known += count
 
     async def _gauges(self) -> None:
         while True:

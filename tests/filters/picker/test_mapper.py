@@ -12,7 +12,9 @@ from filters.picker.mapper import CheckpointMap
 from filters.picker.prompt import checkpoints, prompt_bytes, render_emulator_chat
 from runtime.prefixindex.hashing import prefix_block_ids
 
-WORDS = st.lists(st.sampled_from(["a", "bb", "ccc", "dddd", "e\u00e9", "ff\nf", "g\tg"]), max_size=80)
+WORDS = st.lists(
+    st.sampled_from(["a", "bb", "ccc", "dddd", "e\u00e9", "ff\nf", "g\tg"]), max_size=80
+)
 
 
 def _expected(data: bytes, cut: int, page: int) -> tuple[int, int | None]:
@@ -28,7 +30,9 @@ def _expected(data: bytes, cut: int, page: int) -> tuple[int, int | None]:
 
 @settings(max_examples=60, deadline=None)
 @given(WORDS, st.integers(1, 4), st.integers(3, 40))
-def test_each_checkpoint_names_the_backends_block_hash(words: list[str], page: int, step: int) -> None:
+def test_each_checkpoint_names_the_backends_block_hash(
+    words: list[str], page: int, step: int
+) -> None:
     data = " ".join(words).encode()
     marks = checkpoints(data, step)
     cmap = CheckpointMap(page, step)
@@ -67,7 +71,10 @@ def test_the_map_is_bounded_least_recently_used_first() -> None:
 def test_prompt_rendering_matches_the_emulator() -> None:
     messages = [
         {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}],
+        },
         {"role": "assistant", "content": None},
     ]
     assert render_emulator_chat(messages) == render_chat(messages)

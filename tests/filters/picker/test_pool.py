@@ -29,12 +29,15 @@ def _picker(clock: Clock, **routing: object) -> tuple[PoolPicker, dict[str, Radi
         models=("m",),
         endpoints=tuple(Address.parse(n) for n in NAMES),
         routing=RoutingPolicy(
-            mode="prefix_index", checkpoint_bytes=64, min_prefix_tokens=32, **routing  # type: ignore[arg-type]
+            mode="prefix_index",
+            checkpoint_bytes=64,
+            min_prefix_tokens=32,
+            **routing,  # type: ignore[arg-type]
         ),
     )
     picker = PoolPicker("chat", cfg, PickerMetrics(CollectorRegistry()), clock=clock, wall=clock)
     caches = {n: RadixCache(100_000, record_events=True) for n in NAMES}
-    for seq, n in enumerate(NAMES):
+    for n in NAMES:
         _publish(picker, n, caches[n], 0)
     return picker, caches
 

@@ -1,0 +1,388 @@
+"""Cache-aware routing, side by side (issue 11): the same trace through three gateways, each in
+front of its own fresh pool of SGLang emulators publishing KV events.
+
+Arms:
+- ``ring_hash``: ``tokenweir up``, ring hash on ``x-session-id`` / ``x-prefix-hash`` with bounded
+  load (what main did before the picker);
+- ``picker``: ``tokenweir up`` with ``routing.mode: prefix_index`` (the endpoint picker, the
+  override-host load balancer, ring hash as fallback);
+- ``sglang-router``: PyPI ``sglang-router`` ``--policy cache_aware`` (bench-only dependency).
+
+Workload: a contiguous slice of ``bench/data/mooncake_conversation_every12th.jsonl`` (block ids
+become text, ``backends.emulator.trace``; lengths divided by ``--scale``, caches too), sent in trace
+order as streamed chat completions by ``--concurrency`` closed-loop clients. Measured per arm:
+prefix-cache hit ratio (the emulators' own ``sglang:cached_tokens_total`` /
+``prompt_tokens_total``), TTFT p50/p95/p99 (client side, to the first content chunk), requests/s
+and output tokens/s, and load balance (max/mean of requests per replica). Also printed: the hit
+ratio one infinite cache would reach on the slice (the ceiling no routing passes).
+
+    nice -n 5 .venv/bin/python bench/routing.py --start 500 --requests 300 --scale 4
+
+Writes ``bench/results/routing.json`` and ``docs/img/routing.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from backends.emulator.trace import TraceRecord, ideal_cached_tokens, load_trace, prompt_text  # noqa: E402
+from runtime.children import Child, wait_child_port  # noqa: E402
+from runtime.ports import free_port  # noqa: E402
+
+TRACE = ROOT / "bench" / "data" / "mooncake_conversation_every12th.jsonl"
+MODEL = "llama-3.1-8b"
+OFFSET = 1000  # KV events on replica port + OFFSET, replay on + OFFSET + 1
+ARMS = ("ring_hash", "picker", "sglang-router")
+
+
+def _kv_port_ok(p: int) -> bool:
+    return p + OFFSET + 1 < 65536
+
+
+class Pool:
+    """``replicas`` fresh emulators with KV events on."""
+
+    def __init__(self, run_dir: Path, label: str, a: argparse.Namespace) -> None:
+        self.run_dir, self.label, self.a = run_dir, label, a
+        self.ports: list[int] = []
+        self.children: list[Child] = []
+
+    async def start(self) -> None:
+        a = self.a
+        for i in range(a.replicas):
+            port = free_port()
+            while not _kv_port_ok(port):
+                port = free_port()
+            kv = {
+                "publisher": "zmq",
+                "endpoint": f"tcp://*:{port + OFFSET}",
+                "replay_endpoint": f"tcp://127.0.0.1:{port + OFFSET + 1}",
+            }
+            argv = [
+                sys.executable, "-m", "backends.emulator", "--host", "127.0.0.1",
+                "--port", str(port), "--model", MODEL, "--profile", a.profile,
+                "--time-scale", str(a.time_scale), "--seed", str(i), "--log-level", "WARNING",
+                "--cache-tokens", str(a.cache_tokens // a.scale),
+                "--kv-events-config", json.dumps(kv),
+            ]  # fmt: skip
+            child = Child(f"emu-{self.label}-{i}", argv, self.run_dir / f"emu-{self.label}-{i}.log")
+            child.start()
+            self.children.append(child)
+            self.ports.append(port)
+        for port, child in zip(self.ports, self.children, strict=True):
+            await wait_child_port("127.0.0.1", port, child, timeout=60)
+
+    async def counters(self, http: aiohttp.ClientSession) -> list[dict[str, float]]:
+        out = []
+        for p in self.ports:
+            async with http.get(f"http://127.0.0.1:{p}/metrics") as r:
+                text = await r.text()
+            vals: dict[str, float] = {}
+            for fam in text_string_to_metric_families(text):
+                for s in fam.samples:
+                    if s.name in (
+                        "sglang:cached_tokens_total",
+                        "sglang:prompt_tokens_total",
+                        "sglang:num_requests_total",
+                    ):
+                        vals[s.name] = vals.get(s.name, 0.0) + s.value
+            out.append(vals)
+        return out
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(c.aclose() for c in self.children))
+
+
+def tokenweir_policy(pool: Pool, gw: int, fp: int, mp: int, picker: bool) -> dict[str, Any]:
+    plugins: list[Any] = [{"name": "identity", "settings": {"require": False}}, "tokens", "prefix"]
+    if picker:
+        plugins.append("picker")
+    plugins.append("usage")
+    chat: dict[str, Any] = {
+        "models": [MODEL],
+        "endpoints": [f"127.0.0.1:{p}" for p in pool.ports],
+        "max_body_bytes": "8MiB",
+        "affinity": {"headers": ["x-session-id", "x-prefix-hash"], "prefix_tokens": 256},
+        "health_check": {"interval": "1s", "timeout": "1s"},
+        "retries": {"enabled": False},
+        "timeouts": {"connect": "1s", "request": "0s", "stream_idle": "120s"},
+    }
+    if picker:
+        chat["routing"] = {"mode": "prefix_index", "kv_events_port_offset": OFFSET}
+    return {
+        "version": 1,
+        "control_plane": {
+            "xds": f"127.0.0.1:{free_port()}",
+            "metrics": f"127.0.0.1:{free_port()}",
+            "drain_timeout": "1s",
+        },
+        "filters": {
+            "address": f"127.0.0.1:{fp}",
+            "metrics_port": mp,
+            "message_timeout": "2s",
+            "max_body_bytes": "8MiB",
+        },
+        "pools": {"chat": chat},
+        "gateways": {
+            "edge": {
+                "listen": f"127.0.0.1:{gw}",
+                "routes": [
+                    {
+                        "name": "chat",
+                        "match": {"prefix": "/v1/"},
+                        "pool": "chat",
+                        "filters": {"plugins": plugins},
+                    }
+                ],
+            }
+        },
+    }
+
+
+class Gateway:
+    def __init__(self, arm: str, pool: Pool, run_dir: Path) -> None:
+        self.arm, self.pool, self.run_dir = arm, pool, run_dir
+        self.port = free_port()
+        self.children: list[Child] = []
+        self.metrics_url: str | None = None
+
+    async def start(self) -> None:
+        if self.arm == "sglang-router":
+            argv = [
+                sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                "--port", str(self.port), "--worker-urls",
+                *[f"http://127.0.0.1:{p}" for p in self.pool.ports],
+                "--policy", "cache_aware", "--prometheus-port", str(free_port()),
+                "--prometheus-host", "127.0.0.1", "--log-level", "error",
+            ]  # fmt: skip
+            child = self._spawn("sglang-router", argv)
+            await wait_child_port("127.0.0.1", self.port, child, timeout=90)
+            return
+        fp, mp = free_port(), free_port()
+        policy = tokenweir_policy(self.pool, self.port, fp, mp, self.arm == "picker")
+        path = self.run_dir / f"policy-{self.arm}.yaml"
+        path.write_text(yaml.safe_dump(policy, sort_keys=False))
+        self.metrics_url = f"http://127.0.0.1:{mp}/metrics"
+        argv = [
+            str(Path(sys.executable).parent / "tokenweir"), "--log-level", "warning", "up",
+            "-c", str(path), "--run-dir", str(self.run_dir / f"up-{self.arm}"),
+            "--drain-timeout", "1",
+        ]  # fmt: skip
+        child = self._spawn(f"up-{self.arm}", argv)
+        await wait_child_port("127.0.0.1", self.port, child, timeout=120)
+        log = self.run_dir / f"up-{self.arm}.log"
+        end = time.monotonic() + 90
+        while "tokenweir up: ready" not in log.read_text(errors="replace"):
+            if time.monotonic() > end or not child.alive():
+                raise RuntimeError(f"tokenweir up did not get ready:\n{child.log_tail()}")
+            await asyncio.sleep(0.2)
+
+    def _spawn(self, name: str, argv: list[str]) -> Child:
+        child = Child(name, argv, self.run_dir / f"{name}.log")
+        child.start()
+        self.children.append(child)
+        return child
+
+    async def aclose(self) -> None:
+        for c in reversed(self.children):
+            await c.aclose(2.0)
+
+
+async def one(
+    http: aiohttp.ClientSession, url: str, rec: TraceRecord, scale: int
+) -> tuple[float | None, int, bool]:
+    """(TTFT s, output tokens, ok) of one streamed chat completion."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt_text(rec, scale)}],
+        "max_tokens": max(1, rec.output_length // scale),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.perf_counter()
+    ttft = None
+    out = 0
+    async with http.post(url, json=body) as r:
+        if r.status != 200:
+            await r.read()
+            return None, 0, False
+        async for raw in r.content:
+            line = raw.strip()
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if (
+                ttft is None
+                and chunk.get("choices")
+                and chunk["choices"][0]["delta"].get("content")
+            ):
+                ttft = time.perf_counter() - t0
+            if chunk.get("usage"):
+                out = chunk["usage"].get("completion_tokens", 0)
+    return ttft, out, True
+
+
+async def drive(url: str, records: list[TraceRecord], a: argparse.Namespace) -> dict[str, Any]:
+    queue: asyncio.Queue[TraceRecord] = asyncio.Queue()
+    for rec in records:
+        queue.put_nowait(rec)
+    ttfts: list[float] = []
+    tokens = 0
+    failed = 0
+    conn = aiohttp.TCPConnector(limit=a.concurrency)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
+
+        async def worker() -> None:
+            nonlocal tokens, failed
+            while not queue.empty():
+                rec = queue.get_nowait()
+                ttft, out, ok = await one(http, url, rec, a.scale)
+                if not ok:
+                    failed += 1
+                if ttft is not None:
+                    ttfts.append(ttft)
+                tokens += out
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(a.concurrency)))
+        wall = time.perf_counter() - t0
+    q = statistics.quantiles(ttfts, n=100) if len(ttfts) > 1 else [0.0] * 99
+    return {
+        "requests": len(records),
+        "failed": failed,
+        "wall_s": wall,
+        "req_per_s": len(records) / wall,
+        "out_tok_per_s": tokens / wall,
+        "ttft_p50_ms": 1000 * statistics.median(ttfts) if ttfts else None,
+        "ttft_p95_ms": 1000 * q[94],
+        "ttft_p99_ms": 1000 * q[98],
+    }
+
+
+async def run_arm(
+    arm: str, records: list[TraceRecord], a: argparse.Namespace, run_dir: Path
+) -> dict[str, Any]:
+    pool = Pool(run_dir, arm, a)
+    gw = Gateway(arm, pool, run_dir)
+    try:
+        await pool.start()
+        await gw.start()
+        await asyncio.sleep(2.0)  # the picker's subscribers connect and resync
+        url = f"http://127.0.0.1:{gw.port}/v1/chat/completions"
+        res = await drive(url, records, a)
+        async with aiohttp.ClientSession() as http:
+            counts = await pool.counters(http)
+            if gw.metrics_url:
+                async with http.get(gw.metrics_url) as r:
+                    res["gateway_metrics"] = _picker_metrics(await r.text())
+        prompt = sum(c.get("sglang:prompt_tokens_total", 0) for c in counts)
+        cached = sum(c.get("sglang:cached_tokens_total", 0) for c in counts)
+        reqs = [c.get("sglang:num_requests_total", 0) for c in counts]
+        res["hit_ratio"] = cached / prompt if prompt else 0.0
+        res["per_replica_requests"] = reqs
+        res["max_over_mean"] = max(reqs) / (sum(reqs) / len(reqs)) if sum(reqs) else 0.0
+        return res
+    finally:
+        await gw.aclose()
+        await pool.aclose()
+
+
+def _picker_metrics(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.startswith("tokenweir_picker_") and s.name.endswith("_total"):
+                key = s.name + ("{" + s.labels["reason"] + "}" if "reason" in s.labels else "")
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = list(results)
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    panels = [
+        ("prefix-cache hit ratio", [results[x]["hit_ratio"] for x in arms]),
+        ("TTFT p50 / p95 (ms)", None),
+        ("max/mean requests per replica", [results[x]["max_over_mean"] for x in arms]),
+    ]
+    for ax, (title, vals) in zip(axes, panels, strict=True):
+        if vals is None:
+            xs = range(len(arms))
+            ax.bar(
+                [i - 0.2 for i in xs], [results[x]["ttft_p50_ms"] for x in arms], 0.4, label="p50"
+            )
+            ax.bar(
+                [i + 0.2 for i in xs], [results[x]["ttft_p95_ms"] for x in arms], 0.4, label="p95"
+            )
+            ax.set_xticks(list(xs), arms)
+            ax.legend()
+        else:
+            ax.bar(arms, vals)
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+async def main_async(a: argparse.Namespace) -> int:
+    records = load_trace(TRACE)[a.start : a.start + a.requests]
+    ideal = ideal_cached_tokens(records, a.scale)
+    ceiling = sum(c for _, c in ideal) / max(1, sum(p for p, _ in ideal))
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="tw-routing-") as tmp:
+        for arm in a.arms:
+            print(f"arm {arm} ...", flush=True)
+            results[arm] = await run_arm(arm, records, a, Path(tmp))
+            r = results[arm]
+            print(
+                f"  hit {r['hit_ratio']:.3f}  ttft p50 {r['ttft_p50_ms']:.0f} p95 {r['ttft_p95_ms']:.0f}"
+                f" p99 {r['ttft_p99_ms']:.0f} ms  {r['req_per_s']:.2f} req/s"
+                f" {r['out_tok_per_s']:.0f} tok/s  max/mean {r['max_over_mean']:.2f}"
+                f"  failed {r['failed']}  per replica {r['per_replica_requests']}",
+                flush=True,
+            )
+    out = {"config": vars(a), "infinite_cache_hit_ratio": ceiling, "arms": results}
+    (ROOT / "bench" / "results").mkdir(exist_ok=True)
+    (ROOT / "bench" / "results" / "routing.json").write_text(json.dumps(out, indent=1) + "\n")
+    plot(results, ROOT / "docs" / "img" / "routing.png")
+    print(f"infinite-cache ceiling on this slice: {ceiling:.3f}")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--start", type=int, default=500)
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--scale", type=int, default=4)
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--profile", default="llama-3.1-8b-h100")
+    ap.add_argument("--time-scale", type=float, default=0.1)
+    ap.add_argument("--cache-tokens", type=int, default=460_000)
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    return asyncio.run(main_async(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
