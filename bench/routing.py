@@ -18,7 +18,10 @@ ratio one infinite cache would reach on the slice (the ceiling no routing passes
 
     nice -n 5 .venv/bin/python bench/routing.py --start 500 --requests 300 --scale 4
 
-Writes ``bench/results/routing.json`` and ``docs/img/routing.png``.
+``--workload docs``: agents over shared long documents (``--docs`` documents of ``--doc-words``
+words, Zipf-like popularity, a unique question each).
+
+Writes ``bench/results/routing-WORKLOAD.json`` and ``docs/img/routing-WORKLOAD.png``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
+import socket
 import statistics
 import sys
 import tempfile
@@ -51,7 +56,16 @@ ARMS = ("ring_hash", "picker", "sglang-router")
 
 
 def _kv_port_ok(p: int) -> bool:
-    return p + OFFSET + 1 < 65536
+    """``p + OFFSET`` (bound on every interface) and ``p + OFFSET + 1`` can be bound now."""
+    for port, host in ((p + OFFSET, ""), (p + OFFSET + 1, "127.0.0.1")):
+        if port >= 65536:
+            return False
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
+    return True
 
 
 class Pool:
@@ -203,14 +217,43 @@ class Gateway:
             await c.aclose(2.0)
 
 
-async def one(
-    http: aiohttp.ClientSession, url: str, rec: TraceRecord, scale: int
-) -> tuple[float | None, int, bool]:
+Job = tuple[str, int]  # (prompt text, max tokens)
+
+
+def trace_jobs(records: list[TraceRecord], scale: int) -> tuple[list[Job], float]:
+    """The trace slice as jobs, and the hit ratio of one infinite cache on it."""
+    ideal = ideal_cached_tokens(records, scale)
+    ceiling = sum(c for _, c in ideal) / max(1, sum(p for p, _ in ideal))
+    jobs = [(prompt_text(r, scale), max(1, r.output_length // scale)) for r in records]
+    return jobs, ceiling
+
+
+def docs_jobs(n: int, docs: int, words: int, seed: int) -> tuple[list[Job], float]:
+    """Agents over shared long documents: each request is one of ``docs`` documents (Zipf-like
+    popularity) followed by its own question; the infinite-cache ceiling counts each document's
+    words once."""
+    rng = random.Random(seed)
+    weights = [1 / (i + 1) for i in range(docs)]
+    texts = [" ".join(f"doc{d}w{i}" for i in range(words)) for d in range(docs)]
+    jobs: list[Job] = []
+    seen: set[int] = set()
+    cached = total = 0
+    for i in range(n):
+        d = rng.choices(range(docs), weights)[0]
+        question = " ".join(f"q{i}w{j}" for j in range(rng.randint(20, 80)))
+        jobs.append((f"{texts[d]} {question}", rng.randint(16, 128)))
+        total += words + 80
+        cached += words if d in seen else 0
+        seen.add(d)
+    return jobs, cached / total
+
+
+async def one(http: aiohttp.ClientSession, url: str, job: Job) -> tuple[float | None, int, bool]:
     """(TTFT s, output tokens, ok) of one streamed chat completion."""
     body = {
         "model": MODEL,
-        "messages": [{"role": "user", "content": prompt_text(rec, scale)}],
-        "max_tokens": max(1, rec.output_length // scale),
+        "messages": [{"role": "user", "content": job[0]}],
+        "max_tokens": job[1],
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -237,8 +280,8 @@ async def one(
     return ttft, out, True
 
 
-async def drive(url: str, records: list[TraceRecord], a: argparse.Namespace) -> dict[str, Any]:
-    queue: asyncio.Queue[TraceRecord] = asyncio.Queue()
+async def drive(url: str, records: list[Job], a: argparse.Namespace) -> dict[str, Any]:
+    queue: asyncio.Queue[Job] = asyncio.Queue()
     for rec in records:
         queue.put_nowait(rec)
     ttfts: list[float] = []
@@ -252,7 +295,7 @@ async def drive(url: str, records: list[TraceRecord], a: argparse.Namespace) -> 
             nonlocal tokens, failed
             while not queue.empty():
                 rec = queue.get_nowait()
-                ttft, out, ok = await one(http, url, rec, a.scale)
+                ttft, out, ok = await one(http, url, rec)
                 if not ok:
                     failed += 1
                 if ttft is not None:
@@ -346,14 +389,15 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
 
 
 async def main_async(a: argparse.Namespace) -> int:
-    records = load_trace(TRACE)[a.start : a.start + a.requests]
-    ideal = ideal_cached_tokens(records, a.scale)
-    ceiling = sum(c for _, c in ideal) / max(1, sum(p for p, _ in ideal))
+    if a.workload == "trace":
+        jobs, ceiling = trace_jobs(load_trace(TRACE)[a.start : a.start + a.requests], a.scale)
+    else:
+        jobs, ceiling = docs_jobs(a.requests, a.docs, a.doc_words, seed=a.start)
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="tw-routing-") as tmp:
         for arm in a.arms:
             print(f"arm {arm} ...", flush=True)
-            results[arm] = await run_arm(arm, records, a, Path(tmp))
+            results[arm] = await run_arm(arm, jobs, a, Path(tmp))
             r = results[arm]
             print(
                 f"  hit {r['hit_ratio']:.3f}  ttft p50 {r['ttft_p50_ms']:.0f} p95 {r['ttft_p95_ms']:.0f}"
@@ -364,15 +408,19 @@ async def main_async(a: argparse.Namespace) -> int:
             )
     out = {"config": vars(a), "infinite_cache_hit_ratio": ceiling, "arms": results}
     (ROOT / "bench" / "results").mkdir(exist_ok=True)
-    (ROOT / "bench" / "results" / "routing.json").write_text(json.dumps(out, indent=1) + "\n")
-    plot(results, ROOT / "docs" / "img" / "routing.png")
+    name = f"routing-{a.workload}"
+    (ROOT / "bench" / "results" / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
+    plot(results, ROOT / "docs" / "img" / f"{name}.png")
     print(f"infinite-cache ceiling on this slice: {ceiling:.3f}")
     return 0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--start", type=int, default=500)
+    ap.add_argument("--workload", choices=("trace", "docs"), default="trace")
+    ap.add_argument("--docs", type=int, default=24, help="docs workload: documents")
+    ap.add_argument("--doc-words", type=int, default=3000, help="docs workload: words each")
+    ap.add_argument("--start", type=int, default=500, help="trace: first record; docs: seed")
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--scale", type=int, default=4)
     ap.add_argument("--replicas", type=int, default=4)

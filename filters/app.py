@@ -251,7 +251,10 @@ class FilterApp:
         for t in self._tasks:
             await stop_task(t, log=_log)
         self._tasks.clear()
-        await self.pickers.aclose()
+        try:  # a stuck picker must not keep the process from exiting
+            await asyncio.wait_for(self.pickers.aclose(), 5.0)
+        except TimeoutError:
+            _log.error("pickers did not stop within 5 s; exiting anyway")
         if self._pool_state is not None:
             await self._pool_state.aclose()
         if self._metrics_server is not None:

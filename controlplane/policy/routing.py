@@ -42,7 +42,7 @@ class RoutingPolicy:
     # each replica publishes KV events on tcp://HOST:(PORT + offset), replays on offset + 1
     kv_events_port_offset: Annotated[int, Range(1, 60_000)] = 1000
     # granularity of the picker's prompt checkpoints (bytes of rendered prompt)
-    checkpoint_bytes: Annotated[int, Size(64, 1024**2)] = 2048
+    checkpoint_bytes: Annotated[int, Size(64, 1024**2)] = 1024
     # a routed prompt counts as cached on its replica for this long, until its events arrive
     pending_ttl: Annotated[float, Duration(0.0, 600)] = 5.0
 

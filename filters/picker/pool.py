@@ -88,7 +88,8 @@ class PoolPicker:
         self._clock = clock
         self._wall = wall
         self.inflight: dict[str, int] = {f.name: 0 for f in self.feeds}
-        self._pending: collections.OrderedDict[bytes, tuple[str, float]] = collections.OrderedDict()
+        # checkpoint → {replica: until}: prefixes recently sent there, before their events
+        self._pending: collections.OrderedDict[bytes, dict[str, float]] = collections.OrderedDict()
         self._queue: asyncio.Queue[Prompt] | None = None
         self._queue_size = queue_size
         self._subscriber: KvEventSubscriber | None = None
@@ -131,12 +132,10 @@ class PoolPicker:
         now = self._clock()
         step = self.routing.checkpoint_bytes
         held = self._held(prompt.points, now)
-        pend_name, pend_k = self._pending_run(prompt.marks, now)
+        pending = self._pending_runs(prompt.marks, now)
         candidates = []
         for name, count in held.items():
-            k = count or 0
-            if name == pend_name:
-                k = max(k, pend_k)
+            k = max(count or 0, pending.get(name, 0))
             candidates.append(
                 Candidate(
                     name=name,
@@ -159,7 +158,8 @@ class PoolPicker:
         if self.routing.pending_ttl > 0:
             until = self._clock() + self.routing.pending_ttl
             for mark in prompt.marks:
-                self._pending[mark] = (name, until)
+                entry = self._pending.setdefault(mark, {})
+                entry[name] = until
                 self._pending.move_to_end(mark)
             while len(self._pending) > self.map.max_points:
                 self._pending.popitem(last=False)
@@ -184,17 +184,19 @@ class PoolPicker:
             for name, c in counts.items()
         }
 
-    def _pending_run(self, marks: Sequence[bytes], now: float) -> tuple[str | None, int]:
-        """The replica a recent pick sent this prefix to, and how many checkpoints it shares."""
-        name: str | None = None
-        k = 0
+    def _pending_runs(self, marks: Sequence[bytes], now: float) -> dict[str, int]:
+        """Per replica recently sent this prefix: how many checkpoints in a row it shares."""
+        runs: dict[str, int] = {}
+        alive: set[str] | None = None
         for mark in marks:
             entry = self._pending.get(mark)
-            if entry is None or entry[1] < now or (name is not None and entry[0] != name):
+            here = {n for n, until in entry.items() if until >= now} if entry else set()
+            alive = here if alive is None else alive & here
+            if not alive:
                 break
-            name = entry[0]
-            k += 1
-        return name, k
+            for name in alive:
+                runs[name] = runs.get(name, 0) + 1
+        return runs
 
     # ---- background --------------------------------------------------------------------------
     async def _mapper(self) -> None:

@@ -82,7 +82,7 @@ class KvEventSubscriber:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self._ctx is not None:
-            self._ctx.term()
+            self._ctx.destroy(linger=0)  # closes any socket a cancelled task left open
             self._ctx = None
 
     async def _follow(self, feed: ReplicaFeed) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -88,9 +89,20 @@ async def _free_port_block() -> list[int]:
     out: list[int] = []
     while len(out) < 3:
         p = free_port()
-        if p + OFFSET + 1 < 65536:
+        if _bindable(p + OFFSET, "") and _bindable(p + OFFSET + 1, "127.0.0.1"):
             out.append(p)
     return out
+
+
+def _bindable(port: int, host: str) -> bool:
+    if port >= 65536:
+        return False
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 async def test_picker_sends_a_shared_prefix_to_its_replica_and_skips_a_dead_one(

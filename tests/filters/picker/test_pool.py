@@ -11,6 +11,7 @@ from controlplane.policy.model import Address, LlmPool
 from controlplane.policy.routing import RoutingPolicy
 from filters.picker.metrics import PickerMetrics
 from filters.picker.pool import PoolPicker, feeds_for
+from filters.picker.score import Pick
 from runtime.prefixindex.wire import KVEventBatch
 
 NAMES = ("127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003")
@@ -29,10 +30,7 @@ def _picker(clock: Clock, **routing: object) -> tuple[PoolPicker, dict[str, Radi
         models=("m",),
         endpoints=tuple(Address.parse(n) for n in NAMES),
         routing=RoutingPolicy(
-            mode="prefix_index",
-            checkpoint_bytes=64,
-            min_prefix_tokens=32,
-            **routing,  # type: ignore[arg-type]
+            **{"mode": "prefix_index", "checkpoint_bytes": 64, "min_prefix_tokens": 32, **routing}  # type: ignore[arg-type]
         ),
     )
     picker = PoolPicker("chat", cfg, PickerMetrics(CollectorRegistry()), clock=clock, wall=clock)
@@ -119,3 +117,37 @@ def test_in_flight_counts_never_go_negative() -> None:
     picker, _ = _picker(clock)
     picker.done(NAMES[0])
     assert picker.inflight[NAMES[0]] == 0
+
+
+def test_two_gateway_replicas_fed_the_same_events_pick_the_same_replica() -> None:
+    clock = Clock()
+    (one, caches), (two, _) = _picker(clock, pending_ttl=0.0), _picker(clock, pending_ttl=0.0)
+    docs = [_text(f"d{i}x", 150) for i in range(6)]
+    for i, doc in enumerate(docs):
+        owner = NAMES[i % 3]
+        caches[owner].insert(encode(doc.decode()))
+    for name in NAMES:
+        batch = KVEventBatch(ts=0.0, events=caches[name].take_events())
+        for picker in (one, two):
+            picker.index.apply(name, 1, batch)
+            picker.index.heard(name, clock.now)
+    for picker in (one, two):
+        for doc in docs:
+            p = picker.prompt(doc)
+            picker.map.extend(p.data, p.marks, 0, len(p.marks))
+    for i, doc in enumerate(docs):
+        a, b = one.pick(one.prompt(doc + b" q")), two.pick(two.prompt(doc + b" q"))
+        assert a.replica == b.replica == NAMES[i % 3] and a.reason == "cache"
+
+
+def test_pending_picks_of_two_conversations_sharing_a_prefix_do_not_clobber_each_other() -> None:
+    clock = Clock()
+    picker, _ = _picker(clock, pending_ttl=5.0, min_prefix_tokens=0)
+    shared = _text("system", 20)  # the first checkpoint is common to both
+    a, b = shared + b" " + _text("alpha", 100), shared + b" " + _text("beta", 100)
+    picker.record(picker.prompt(b), Pick(NAMES[1], "load"))
+    picker.record(picker.prompt(a), Pick(NAMES[0], "load"))  # rewrites the shared checkpoint
+    for n in NAMES:
+        picker.done(n)
+    assert picker.pick(picker.prompt(b + b" next")).replica == NAMES[1]
+    assert picker.pick(picker.prompt(a + b" next")).replica == NAMES[0]
