@@ -17,6 +17,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from controlplane.policy.admission import hold_slack
 from controlplane.policy.phases import OVERSIZE_ROUTE_PREFIX, ROUTE_HEADER
 from filters.api import Context, openai_error
 from filters.chain import Outcome
@@ -162,7 +163,7 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
                 )
             ctx = Context(route=entry.info, started=self._clock())
             if write is not None:
-                ctx.hold = _holder(write, self._message_timeout)
+                ctx.hold = _holder(write, hold_slack(self._message_timeout))
             try:
                 return ctx, await self._request_headers(entry, ctx, req.request_headers)
             except BaseException:  # cancelled (Envoy reset the stream): plugins free what they hold
@@ -235,8 +236,9 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
 def _holder(
     write: Callable[[pb.ProcessingResponse], Awaitable[None]], margin: float
 ) -> Callable[[float], Awaitable[None]]:
-    """``ctx.hold``: tell Envoy to wait ``seconds`` (plus the usual message timeout) for the
-    answer to the current phase; Envoy caps it at the filter's ``max_message_timeout``."""
+    """``ctx.hold``: tell Envoy to wait ``seconds`` (plus ``margin``, the answer's slack) for
+    the answer to the current phase; Envoy ignores more than the filter's
+    ``max_message_timeout`` (the control plane sets it from the same slack)."""
 
     async def hold(seconds: float) -> None:
         resp = pb.ProcessingResponse()

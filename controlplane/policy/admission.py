@@ -13,7 +13,21 @@ from typing import Annotated
 from controlplane.policy.common import Positive
 from controlplane.policy.decode import Duration, Range
 
-__all__ = ["AdmissionPolicy", "LaneAdmission"]
+__all__ = ["HOLD_SLACK", "AdmissionPolicy", "LaneAdmission", "hold_slack"]
+
+# Seconds a held request's answer may come after its queue wait ends: the shed answer of a
+# request whose wait ran out is written then, and a busy filter server (its event loop behind
+# by hundreds of milliseconds on a loaded machine) must still beat Envoy's timer, or the
+# client gets Envoy's own 504 without Retry-After instead of the 503 with one.
+HOLD_SLACK = 2.0
+
+
+def hold_slack(message_timeout: float) -> float:
+    """How long past a queued request's longest wait Envoy keeps waiting for its answer (the
+    filter server asks for wait + this with ``override_message_timeout``; the control plane
+    allows it with ``max_message_timeout``)."""
+    return max(message_timeout, HOLD_SLACK)
+
 
 Weight = Annotated[int, Range(1, 1000)]
 

@@ -23,6 +23,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 )
 from google.protobuf import wrappers_pb2
 
+from controlplane.policy.admission import hold_slack
 from controlplane.policy.model import FiltersServer, Policy, Route
 from controlplane.policy.phases import OVERSIZE_ROUTE_PREFIX, ROUTE_HEADER, route_hooks
 from controlplane.translate.names import FILTERS_CLUSTER
@@ -109,13 +110,13 @@ def _uses_admission(policy: Policy) -> bool:
 
 def _max_message_timeout(policy: Policy) -> Any:
     """With the admission plugin on some route, how long its queue may hold the request
-    headers (the longest lane wait plus the message timeout): the filter server asks for it
-    per request with ``override_message_timeout``. None (unset) without admission."""
+    headers (the longest lane wait plus the answer's slack, ``hold_slack``): the filter server
+    asks for it per request with ``override_message_timeout``. None (unset) without admission."""
     if not _uses_admission(policy):
         return None
     server = policy.filters if policy.filters is not None else FiltersServer()
     a = policy.admission
-    return dur(max(a.interactive.wait, a.batch.wait) + server.message_timeout)
+    return dur(max(a.interactive.wait, a.batch.wait) + hold_slack(server.message_timeout))
 
 
 def _fails_open(route: Route) -> bool:

@@ -51,7 +51,7 @@ def config(plugins: str) -> ext_proc_pb2.ExternalProcessor:
 
 def test_the_filter_may_hold_a_request_as_long_as_the_longest_lane_wait() -> None:
     cfg = config("identity, lane, admission")
-    assert cfg.max_message_timeout.ToMilliseconds() == 7300
+    assert cfg.max_message_timeout.ToMilliseconds() == 9000  # 7 s wait + 2 s slack
     assert cfg.mutation_rules.allow_envoy.value is True  # x-envoy-upstream-rq-timeout-ms
     plain = config("identity, lane")
     assert not plain.HasField("max_message_timeout") and not plain.HasField("mutation_rules")
