@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -76,7 +77,9 @@ class FilterApp:
         self.metrics = FilterMetrics()
         self.policy: Policy = load_policy(settings.policy_path)
         # admission state outlives policy reloads (requests in flight keep their slots)
-        self.gates = Gates(clock=clock, wall=wall, registry=self.metrics.registry)
+        self.gates = Gates(
+            clock=clock, wall=wall, registry=self.metrics.registry, rng=random.Random()
+        )
         self.gates.configure(self.policy)
         self.ladders = Ladders(clock=clock, registry=self.metrics.registry)
         self.ladders.configure(self.policy)

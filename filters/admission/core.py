@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from filters.admission.drain import DrainMeter
+from filters.admission.herd import Promises
 from filters.admission.queues import LaneQueue, Ticket
 
 __all__ = ["Admission", "LaneConfig", "Shed"]
 
 MAX_RETRY_AFTER = 300.0  # seconds; Envoy's rate_limited_retry_back_off reads at most this
+JITTER = 0.1  # a told wait is stretched by up to this share (with an rng), so returns spread
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,7 @@ class Admission:
         max_requests: int | None,
         max_tokens: int | None = None,
         window: float = 10.0,
+        rng: random.Random | None = None,
     ) -> None:
         if not lanes:
             raise ValueError("at least one lane")
@@ -75,6 +79,8 @@ class Admission:
         self.lane_in_flight = dict.fromkeys(self.order, 0)
         self.granted = {c.name: DrainMeter(window) for c in lanes}
         self.completed = DrainMeter(window)
+        self.told = {c.name: Promises() for c in lanes}
+        self.rng = rng  # None: no jitter (deterministic answers)
         self._seq = itertools.count()
 
     # -- the four events -------------------------------------------------------------------
@@ -109,7 +115,7 @@ class Admission:
             return Shed(
                 504 if late_for_client else 503,
                 "deadline" if late_for_client else "wait_too_long",
-                predicted,
+                self.retry_after(now, lane, extra=self._ahead(lane, tenant, weight)),
             )
         q.push(t)
         if q.peek() is t and not self._waiting_above(lane) and self._fits(t):
@@ -224,14 +230,24 @@ class Admission:
         return (self._ahead(lane, tenant, weight) + 1) / rate
 
     def retry_after(self, now: float, lane: str, *, extra: int = 0) -> float:
-        """When to come back: the time the lane's queue (and the ones above it) takes to drain
-        at the measured rate; the lane's longest wait when nothing was measured yet."""
+        """When to come back, for a client shed now: the time the lane's queue (and the ones
+        above it, or ``extra`` requests ahead) plus every client already told to come back
+        take to start at the measured rate, stretched by up to ``JITTER`` (with an rng); the
+        lane's longest wait when nothing was measured yet. The answer is remembered: the next
+        client shed is told a later time."""
         rate = self.drain_rate(now, lane)
+        told = self.told[lane]
         if rate is None or rate <= 0:
-            return min(MAX_RETRY_AFTER, max(self.lanes[lane].max_wait, 1.0))
-        queued = 0
-        for name in self.order:
-            queued += len(self.queues[name])
-            if name == lane:
-                break
-        return min(MAX_RETRY_AFTER, (max(extra, queued) + 1) / rate)
+            wait = max(self.lanes[lane].max_wait, 1.0)
+        else:
+            queued = 0
+            for name in self.order:
+                queued += len(self.queues[name])
+                if name == lane:
+                    break
+            wait = (max(extra, queued) + told.outstanding(now) + 1) / rate
+        if self.rng is not None:
+            wait *= 1.0 + self.rng.uniform(0.0, JITTER)
+        wait = min(MAX_RETRY_AFTER, wait)
+        told.add(now + wait)
+        return wait

@@ -10,6 +10,7 @@ the slot it was just given.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -162,8 +163,10 @@ class Gates:
         wall: Callable[[], float],
         registry: CollectorRegistry | None = None,
         saturation: SaturationSource | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.clock = clock
+        self.rng = rng  # jitter of the Retry-After told to shed clients (None: none)
         self.wall = wall
         self.saturation = saturation
         self.metrics = AdmissionMetrics(registry if registry is not None else CollectorRegistry())
@@ -175,7 +178,7 @@ class Gates:
             limit, tokens = pool_limits(policy, name)
             gate = self._gates.get(name)
             if gate is None:
-                core = Admission(lanes, max_requests=limit, max_tokens=tokens)
+                core = Admission(lanes, max_requests=limit, max_tokens=tokens, rng=self.rng)
                 gate = PoolGate(name, core, clock=self.clock, metrics=self.metrics)
                 self._gates[name] = gate
                 gate.metrics.limit.labels(name).set(limit or 0)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -178,6 +180,44 @@ def test_full_queue_is_shed_at_once_with_retry_after_from_the_drain_rate() -> No
     shed = a.offer(1.0, "interactive", "c")
     assert isinstance(shed, Shed) and (shed.status, shed.reason) == (503, "queue_full")
     assert shed.retry_after == 3 / a.drain_rate(1.0, "interactive")  # type: ignore[operator]
+
+
+def measured(rate: float, **kw: int) -> Admission:
+    """One slot, ``rate`` completions per second measured for a second."""
+    a = admission(1, **kw)
+    running = ticket(a.offer(0.0, "interactive", "a"))
+    for i in range(int(rate)):
+        now = (i + 1) / rate
+        a.release(now, running)
+        running = ticket(a.offer(now, "interactive", "a"))
+    return a
+
+
+def test_each_client_shed_in_a_burst_is_told_a_later_time() -> None:
+    a = measured(10.0, queue=2, per_tenant=2)
+    a.offer(1.0, "interactive", "a")
+    a.offer(1.0, "interactive", "b")
+    waits = []
+    for who in "cdefg":
+        shed = a.offer(1.0, "interactive", who)
+        assert isinstance(shed, Shed) and shed.reason == "queue_full"
+        waits.append(shed.retry_after)
+    rate = a.drain_rate(1.0, "interactive")
+    assert rate is not None
+    # the k-th client shed is told the time for the queue (2) and the k told before it
+    assert waits == [pytest.approx((3 + k) / rate) for k in range(5)]
+    # once a promised time has come, it no longer pushes later clients back
+    later = a.offer(1.0 + waits[-1] + 0.01, "interactive", "h")
+    assert isinstance(later, Shed) and later.retry_after < waits[-1]
+
+
+def test_told_waits_are_jittered_within_a_tenth() -> None:
+    a = measured(10.0, queue=0, per_tenant=1)
+    a.rng = random.Random(7)
+    told = [a.retry_after(1.0, "interactive") for _ in range(50)]
+    bare = [(1 + k) / a.drain_rate(1.0, "interactive") for k in range(50)]  # type: ignore[operator]
+    assert all(b <= t <= b * 1.1 for b, t in zip(bare, told, strict=True))
+    assert len({round(t / b, 6) for b, t in zip(bare, told, strict=True)}) > 1
 
 
 def test_retry_after_follows_the_measured_rate() -> None:

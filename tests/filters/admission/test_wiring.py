@@ -102,8 +102,8 @@ async def test_a_waiting_request_asks_envoy_to_hold_and_leaves_the_queue_on_rese
     gate = gates.gate("chat")
     assert gate is not None and gate.core.in_flight == 1
     assert len(gate.core.queues["interactive"]) == 1
-    (hold,) = second.sent  # only the hold so far: wait (2 s) + message timeout
-    assert hold.override_message_timeout.ToMilliseconds() == 2300
+    (hold,) = second.sent  # only the hold so far: wait (2 s) + the answer's slack (2 s)
+    assert hold.override_message_timeout.ToMilliseconds() == 4000
     waiting.cancel()  # Envoy reset the stream (client gone)
     for _ in range(10):
         await asyncio.sleep(0)
