@@ -40,6 +40,7 @@ from runtime.watcher import Loaded, PolicyWatcher, ReloadMetrics, ReloadOutcome
 __all__ = ["FilterApp", "Settings"]
 
 _log = logging.getLogger(__name__)
+BOOT_WAIT_S = 1.0  # longest wait for the first pool state before serving
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,7 @@ class FilterApp:
         )
 
     async def start(self) -> None:
+        await self._start_pool_state()
         url = self._redis_url()
         if url:
             self._redis = redis_client(url, timeout=self._redis_timeout())
@@ -187,10 +189,6 @@ class FilterApp:
         if mport is not None:
             await self._serve_metrics(host, mport + self.settings.worker_index)
         self.watcher.start()
-        if self._pool_state is not None:
-            self._pool_state.start()
-            self.gates.saturation = saturation_source(self._pool_state)
-            self.ladders.saturation = saturation_source(self._pool_state)
         _log.info(
             "filter server on %s:%s (routes: %s, transport: %s)",
             host,
@@ -198,6 +196,18 @@ class FilterApp:
             servicer.route_count,
             transport,
         )
+
+    async def _start_pool_state(self) -> None:
+        """Before serving: the first requests decide on the pool's real saturation (a burst
+        at start-up is when it matters), not on the policy's capacity alone. Bounded: a
+        control plane that does not answer delays the start by at most ``BOOT_WAIT_S``."""
+        if self._pool_state is None:
+            return
+        self._pool_state.start()
+        self.gates.saturation = saturation_source(self._pool_state)
+        self.ladders.saturation = saturation_source(self._pool_state)
+        if not await self._pool_state.first(BOOT_WAIT_S):
+            _log.warning("no pool state after %.1fs: serving on the policy's capacity", BOOT_WAIT_S)
 
     def _listen(self) -> tuple[str, int]:
         if self.settings.listen:

@@ -96,6 +96,17 @@ class PoolStateReader:
             self._updated = asyncio.Event()
         return True
 
+    async def first(self, timeout_s: float) -> bool:
+        """Until the first answer (True), or ``timeout_s`` (False): a service starts this
+        reader, then waits here (bounded) so its first requests decide on a real state."""
+        end = self._clock() + timeout_s
+        while self._heard_at is None:
+            left = end - self._clock()
+            if left <= 0:
+                return False
+            await self.wait_update(left)
+        return True
+
     async def wait_update(self, timeout_s: float) -> PoolState:
         """Until a new version arrives, or ``timeout_s``."""
         with contextlib.suppress(TimeoutError):
