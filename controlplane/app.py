@@ -8,6 +8,7 @@ end on their own: an Envoy keeps its last config when its stream closes and reco
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from controlplane.policy import Address, Policy
+from controlplane.policy.servers import Replicas
 from controlplane.reloader import PolicyCheck, Reloader, ReloadResult
 from controlplane.saturation.api import pool_routes
 from controlplane.saturation.eds import EdsMarks
@@ -41,6 +43,7 @@ class ControlPlaneSettings:
     xds: Address
     metrics: Address
     debounce: float = 0.1
+    replicas: Replicas | None = None  # overrides the policy's `replicas:` (`up --replicas`)
 
 
 class ControlPlane:
@@ -66,6 +69,7 @@ class ControlPlane:
             on_policy=self._on_policy,
             check=check,  # the services' builders (controlplane.check), given by the CLI
             transform=self.eds.transform,
+            adjust=self._adjust if settings.replicas is not None else None,
         )
         self.metrics = MetricsServer(
             self.registry,
@@ -74,6 +78,9 @@ class ControlPlane:
             health=self.health,
             routes=pool_routes(self.scraper),
         )
+
+    def _adjust(self, policy: Policy) -> Policy:
+        return dataclasses.replace(policy, replicas=self.settings.replicas or policy.replicas)
 
     def _on_policy(self, policy: Policy) -> None:
         settings, targets = targets_from_policy(policy)

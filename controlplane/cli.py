@@ -55,11 +55,15 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--drain-timeout", type=float, help="override control_plane.drain_timeout (seconds)"
     )
+    s.add_argument(
+        "--replicas",
+        help="override the policy's replicas (gateway=N,filters=N,ratelimit=N,controlplane=N)",
+    )
     s.set_defaults(func=_serve)
 
     from controlplane.planner.cli import register as register_plan
     from controlplane.quota_cli import register as register_quota
-    from controlplane.up import register as register_up
+    from controlplane.up_cli import register as register_up
 
     register_up(sub)
     register_plan(sub)
@@ -140,8 +144,15 @@ def _serve(args: argparse.Namespace) -> int:
     if policy is None:
         return 1
     cp = policy.control_plane
+    from controlplane.policy.servers import Replicas
+
+    try:
+        replicas = Replicas.parse(args.replicas, policy.replicas) if args.replicas else None
+    except ValueError as exc:
+        print(f"--replicas: {exc}", file=sys.stderr)
+        return 2
     settings = ControlPlaneSettings(
-        args.config, args.xds or cp.xds, args.metrics or cp.metrics, cp.debounce
+        args.config, args.xds or cp.xds, args.metrics or cp.metrics, cp.debounce, replicas
     )
 
     from controlplane.check import service_issues
@@ -157,3 +168,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
 
     return run(serve(plane, drain_timeout=drain, ready=ready), fast_loop=False)
+
+
+if __name__ == "__main__":  # `python -m controlplane.cli`: how `up` starts control-plane replicas
+    sys.exit(main())

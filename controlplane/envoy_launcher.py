@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
@@ -33,6 +34,7 @@ __all__ = [
 ]
 
 XDS_CLUSTER = "xds_cluster"
+ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"  # its health-check name
 _HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 _DOWNSTREAM_CONNECTIONS = (
     "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
@@ -52,6 +54,9 @@ class EnvoySettings:
     xds_port: int
     base_id: int
     xds_host: str = "127.0.0.1"
+    # more control planes (replicas): the ADS stream goes to one healthy endpoint, and to
+    # another when it breaks; each is gRPC health-checked every second
+    xds_more: tuple[tuple[str, int], ...] = ()
     admin_host: str = "127.0.0.1"
     admin_port: int = 0
     delta: bool = False
@@ -81,6 +86,14 @@ def envoy_binary() -> Path:
     return Path(found)
 
 
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def _seconds(value: float) -> str:
     return f"{value:.3f}s"
 
@@ -91,6 +104,7 @@ def _socket(host: str, port: int) -> dict[str, Any]:
 
 def render_bootstrap(settings: EnvoySettings) -> dict[str, Any]:
     """The bootstrap: ADS over gRPC to a static ``xds_cluster``; everything else is dynamic."""
+    xds = ((settings.xds_host, settings.xds_port), *settings.xds_more)
     config_source = {
         "ads": {},
         "resource_api_version": "V3",
@@ -154,11 +168,8 @@ def render_bootstrap(settings: EnvoySettings) -> dict[str, Any]:
                         "endpoints": [
                             {
                                 "lb_endpoints": [
-                                    {
-                                        "endpoint": {
-                                            "address": _socket(settings.xds_host, settings.xds_port)
-                                        }
-                                    }
+                                    {"endpoint": {"address": _socket(host, port)}}
+                                    for host, port in xds
                                 ]
                             }
                         ],
@@ -167,6 +178,22 @@ def render_bootstrap(settings: EnvoySettings) -> dict[str, Any]:
             ]
         },
     }
+    if len(xds) > 1:
+        cluster = bootstrap["static_resources"]["clusters"][0]
+        cluster["health_checks"] = [
+            {
+                "timeout": "1s",
+                "interval": "1s",
+                "no_traffic_interval": "1s",
+                "unhealthy_threshold": 1,
+                "healthy_threshold": 1,
+                "grpc_health_check": {"service_name": ADS_SERVICE},
+            }
+        ]
+    if any(not _is_ip(host) for host, _ in xds):  # a Kubernetes Service name
+        cluster = bootstrap["static_resources"]["clusters"][0]
+        cluster["type"] = "STRICT_DNS"
+        cluster["dns_lookup_family"] = "V4_PREFERRED"
     if settings.stats_inclusion:
         bootstrap["stats_config"] = {
             "stats_matcher": {

@@ -78,6 +78,7 @@ class Reloader:
         on_policy: Callable[[Policy], None] | None = None,
         check: PolicyCheck | None = None,
         transform: Callable[[str, Snapshot], Snapshot] | None = None,
+        adjust: Callable[[Policy], Policy] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = path.resolve()
@@ -85,6 +86,7 @@ class Reloader:
         self.on_policy = on_policy
         self.check = check
         self.transform = transform  # applied to each group's snapshot (saturation marks in EDS)
+        self.adjust = adjust  # applied to every loaded policy (`up --replicas` overrides)
         self.policy: Policy | None = None
         self.watcher: PolicyWatcher[_Built] = PolicyWatcher(
             self.path,
@@ -100,6 +102,8 @@ class Reloader:
     def _build(self, path: Path) -> Loaded[_Built]:
         """Everything but publishing (runs in a worker thread)."""
         policy = load_policy(path)
+        if self.adjust is not None:
+            policy = self.adjust(policy)
         if self.check is not None:
             issues = self.check(policy, path)
             if issues:

@@ -20,14 +20,15 @@ for ``tokenweir quota`` and ``tokenweir keys``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
 import shutil
+import signal
 import sys
-import tempfile
+import time
 import zlib
 from collections.abc import Awaitable
 from pathlib import Path
@@ -37,20 +38,17 @@ from controlplane.check import service_issues
 from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
 from controlplane.policy import Address, Policy
 from controlplane.policy.routing import RoutingPolicy
+from controlplane.policy.servers import Replicas, replica_addresses
+from controlplane.restarter import Restarter
 from runtime.children import Child, ChildError, wait_child_port
 from runtime.errors import PortTimeout
 from runtime.ports import free_port, wait_port
-from runtime.process import Signals
 from runtime.statedir import (
     MeshInfo,
-    StateDirBusy,
-    StateLock,
-    default_state_dir,
-    remove_mesh_info,
     write_mesh_info,
 )
 
-__all__ = ["Mesh", "register"]
+__all__ = ["Mesh"]
 
 
 def _kv_event_args(routing: RoutingPolicy, addr: Address) -> list[str]:
@@ -70,85 +68,6 @@ def _kv_event_args(routing: RoutingPolicy, addr: Address) -> list[str]:
 log = logging.getLogger("tokenweir.up")
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("up", help="start the local mesh described by a policy (Ctrl-C stops it)")
-    p.add_argument("-c", "--config", type=Path, required=True)
-    p.add_argument("--run-dir", type=Path, help="logs and bootstraps (default: a temporary folder)")
-    p.add_argument("--redis-url", help="use this Redis instead of starting one")
-    p.add_argument(
-        "--state-dir",
-        type=Path,
-        help="Redis data kept across runs (default: .tokenweir/state next to the policy)",
-    )
-    p.add_argument(
-        "--fresh", action="store_true", help="start with an empty state (drops live edits)"
-    )
-    p.add_argument(
-        "--sotw", action="store_true", help="Envoys use State-of-the-World xDS (default: policy)"
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        help="seconds requests in flight may finish on Ctrl-C (default: control_plane.drain_timeout)",
-    )
-    p.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from controlplane.cli import load_or_report
-
-    policy = load_or_report(args.config)
-    if policy is None:
-        return 1
-    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="tokenweir-up-"))
-    state_dir = (args.state_dir or default_state_dir(args.config)).resolve()
-    lock = StateLock(state_dir)
-    try:
-        lock.acquire()
-    except (StateDirBusy, OSError) as exc:
-        print(f"tokenweir up: {exc}", file=sys.stderr)
-        return 1
-    if args.fresh:
-        shutil.rmtree(state_dir / "redis", ignore_errors=True)
-    mesh = Mesh(
-        args.config,
-        policy,
-        run_dir,
-        redis_url=args.redis_url,
-        delta=policy.control_plane.delta and not args.sotw,
-        state_dir=state_dir,
-    )
-
-    drain = args.drain_timeout
-    if drain is None:
-        drain = policy.control_plane.drain_timeout
-
-    async def main() -> int:
-        signals = Signals()
-        try:
-            await mesh.start()
-        except (ChildError, OSError, RuntimeError) as exc:
-            print(f"tokenweir up: failed to start: {exc}", file=sys.stderr)
-            await mesh.aclose()
-            return 1
-        print(mesh.summary(), flush=True)
-        waiter = asyncio.create_task(signals.first.wait())
-        watcher = asyncio.create_task(mesh.watch_children())
-        done, _ = await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (waiter, watcher):
-            task.cancel()
-        print(f"tokenweir up: draining (up to {drain:g}s) ...", flush=True)
-        await mesh.aclose(drain, force=signals.second)
-        print("tokenweir up: stopped", flush=True)
-        return 1 if watcher in done else 0
-
-    try:
-        return asyncio.run(main())
-    finally:
-        remove_mesh_info(state_dir)
-        lock.release()
-
-
 class Mesh:
     def __init__(
         self,
@@ -159,17 +78,23 @@ class Mesh:
         redis_url: str | None,
         delta: bool,
         state_dir: Path | None = None,
+        replicas: Replicas | None = None,
     ) -> None:
         self.config = config.resolve()
-        self.policy = policy
+        self.override = replicas  # --replicas (the control planes apply it on every reload)
+        self.replicas = replicas or policy.replicas
+        self.policy = dataclasses.replace(policy, replicas=self.replicas)
         self.run_dir = run_dir
         self.state_dir = state_dir  # None: Redis data in the run folder, nothing kept
         self.redis_url = redis_url or (policy.ratelimit.redis_url if policy.ratelimit else None)
         self.delta = delta
         self.children: list[Child] = []  # emulators and Redis: stopped last
         self.services: list[Child] = []  # rate-limit service, filter server: drain on SIGTERM
-        self.envoys: dict[str, EnvoyProcess] = {}
-        self.plane: ControlPlane | None = None
+        self.envoys: dict[str, EnvoyProcess] = {}  # "edge" or, with replicas, "edge#0", ...
+        self.plane: ControlPlane | None = None  # in this process (one control plane)
+        self.planes: list[Child] = []  # control planes as child processes (replicas > 1)
+        self.xds: list[Address] = []
+        self.restarter = Restarter()  # replicas that die are started again
         self.lines: list[str] = []
 
     async def start(self) -> None:
@@ -180,26 +105,57 @@ class Mesh:
             info = MeshInfo(pid=os.getpid(), redis_url=self.redis_url, policy=str(self.config))
             write_mesh_info(self.state_dir, info)
         await self._start_emulators()
+        n = self.replicas
         if p.ratelimit is not None:
             await self._start_module(
-                "ratelimit", "ratelimit_service", p.ratelimit.address, p.ratelimit.metrics_port
-            )
+                "ratelimit", "ratelimit_service", p.ratelimit.address, p.ratelimit.metrics_port,
+                count=n.ratelimit, processes=p.ratelimit.replicas,
+            )  # fmt: skip
         if p.filters is not None:
             await self._start_module(
-                "filters", "filters", p.filters.address, p.filters.metrics_port
-            )
-        cp = p.control_plane
+                "filters", "filters", p.filters.address, p.filters.metrics_port,
+                count=n.filters, processes=p.filters.processes,
+            )  # fmt: skip
+        if n.controlplane == 1:
+            await self._start_plane()
+        else:
+            await self._start_planes(n.controlplane)
+        await self._start_envoys()
+
+    async def _start_plane(self) -> None:
+        cp = self.policy.control_plane
         self.plane = ControlPlane(
-            ControlPlaneSettings(self.config, cp.xds, cp.metrics, cp.debounce),
+            ControlPlaneSettings(self.config, cp.xds, cp.metrics, cp.debounce, self.override),
             check=service_issues,
         )
         result = await self.plane.start()
         if not result.ok:
             raise RuntimeError("policy rejected:\n" + "\n".join(result.problems))
+        self.xds = [Address(cp.xds.host, self.plane.xds_port)]
         self.lines.append(
             f"control plane   xDS grpc://{cp.xds}  metrics http://{cp.metrics}/metrics"
         )
-        await self._start_envoys()
+
+    async def _start_planes(self, count: int) -> None:
+        """``count`` control planes (``tokenweir serve``) on consecutive ports."""
+        problems = service_issues(self.policy, self.config)
+        if problems:
+            raise RuntimeError("policy rejected:\n" + "\n".join(str(i) for i in problems))
+        cp = self.policy.control_plane
+        xds = replica_addresses(cp.xds, count)
+        metrics = replica_addresses(cp.metrics, count)
+        for i, (x, m) in enumerate(zip(xds, metrics, strict=True)):
+            argv = [
+                sys.executable, "-m", "controlplane.cli", "serve", "-c", str(self.config),
+                "--xds", str(x), "--metrics", str(m), "--replicas", str(self.replicas),
+            ]  # fmt: skip
+            child = Child(f"controlplane#{i}", argv, self.run_dir / f"controlplane-{i}.log")
+            await self._spawn(child, x, service=False, into=self.planes)
+            self.restarter.watch(child, x)
+            self.lines.append(
+                f"control plane#{i} xDS grpc://{x}  metrics http://{m}/metrics  pid {child.pid}"
+            )
+        self.xds = list(xds)
 
     def _redis_args(self) -> list[str]:
         return ["--redis-url", self.redis_url] if self.redis_url else []
@@ -258,65 +214,117 @@ class Mesh:
                 )
 
     async def _start_module(
-        self, label: str, module: str, addr: Address, metrics_port: int | None
+        self,
+        label: str,
+        module: str,
+        addr: Address,
+        metrics_port: int | None,
+        *,
+        count: int,
+        processes: int,
     ) -> None:
-        argv = [sys.executable, "-m", module, "--policy", str(self.config), *self._redis_args()]
-        await self._spawn(Child(label, argv, self.run_dir / f"{label}.log"), addr, service=True)
-        metrics = f"  metrics http://127.0.0.1:{metrics_port}/metrics" if metrics_port else ""
-        self.lines.append(f"{label:<15} grpc://{addr}{metrics}")
+        """``count`` servers; replica i on ``addr.port + i`` (docs/deploy.md)."""
+        for i, listen in enumerate(replica_addresses(addr, count)):
+            name = label if count == 1 else f"{label}#{i}"
+            argv = [sys.executable, "-m", module, "--policy", str(self.config)]
+            argv += self._redis_args()
+            metrics = metrics_port + i * processes if metrics_port else None
+            if count > 1:
+                argv += ["--listen", str(listen)]
+                argv += ["--metrics-port", str(metrics)] if metrics else []
+                argv += ["--instances", str(count)] if module == "ratelimit_service" else []
+            child = Child(name, argv, self.run_dir / f"{name.replace('#', '-')}.log")
+            await self._spawn(child, listen, service=True)
+            if count > 1:
+                self.restarter.watch(child, listen)
+            url = f"  metrics http://127.0.0.1:{metrics}/metrics" if metrics else ""
+            self.lines.append(f"{name:<15} grpc://{listen}{url}  pid {child.pid}")
 
-    async def _spawn(self, child: Child, addr: Address, *, service: bool = False) -> None:
+    async def _spawn(
+        self, child: Child, addr: Address, *, service: bool = False, into: list[Child] | None = None
+    ) -> None:
         child.start()
-        (self.services if service else self.children).append(child)
+        (into if into is not None else self.services if service else self.children).append(child)
         await wait_child_port(addr.host, addr.port, child)
 
     async def _start_envoys(self) -> None:
-        assert self.plane is not None
-        nodes = [(n, g.listen, "gateway") for n, g in self.policy.gateways.items()]
+        nodes = [
+            (n, g.listen, "gateway", self.replicas.gateway) for n, g in self.policy.gateways.items()
+        ]
         for n, sc in self.policy.sidecars.items():
             side = sc.outbound or sc.inbound
             assert side is not None  # the loader requires one of them
-            nodes.append((n, side.listen, "sidecar"))
-        for node, listen, role in nodes:
-            settings = EnvoySettings(
-                node_id=f"{node}-0", node_cluster=node, xds_host=self.policy.control_plane.xds.host,
-                xds_port=self.plane.xds_port, base_id=_base_id(self.run_dir, node), delta=self.delta,
-                max_downstream_connections=_connection_cap(self.policy, node),
-            )  # fmt: skip
-            envoy = EnvoyProcess(settings, self.run_dir)
-            await envoy.start()
-            self.envoys[node] = envoy
-            await _wait_listening(listen, envoy)
-            self.lines.append(f"envoy {role:<9} {node}: http://{listen}  admin {envoy.admin_url}")
+            nodes.append((n, side.listen, "sidecar", 1))
+        for node, listen, role, count in nodes:
+            for i in range(count):
+                key = node if count == 1 else f"{node}#{i}"
+                envoy = await self._start_envoy(node, key, listen, i)
+                if count > 1:
+                    self.restarter.watch_envoy(key)
+                self.lines.append(
+                    f"envoy {role:<9} {key}: http://{listen}  admin {envoy.admin_url}  pid {envoy.pid}"
+                )
         for name, sc in self.policy.sidecars.items():
             if sc.inbound is not None:
                 self.lines.append(
                     f"  {name} inbound  http://{sc.inbound.listen} → app {sc.inbound.local}"
                 )
 
+    async def _start_envoy(self, node: str, key: str, listen: Address, index: int) -> EnvoyProcess:
+        """One Envoy of node group ``node``; a restarted replica gets a fresh ``--base-id``."""
+        generation = self.restarter.generation(key)
+        first, *more = self.xds
+        settings = EnvoySettings(
+            node_id=f"{node}-{index}", node_cluster=node, xds_host=first.host,
+            xds_port=first.port, xds_more=tuple((a.host, a.port) for a in more),
+            base_id=_base_id(self.run_dir, f"{key}/{generation}"), delta=self.delta,
+            max_downstream_connections=_connection_cap(self.policy, node),
+        )  # fmt: skip
+        envoy = EnvoyProcess(settings, self.run_dir)
+        await envoy.start()
+        self.envoys[key] = envoy
+        await _wait_listening(listen, envoy)
+        return envoy
+
     def summary(self) -> str:
         gw = next(iter(self.policy.gateways.values()), None)
         head = f"tokenweir up: mesh running (logs in {self.run_dir}); Ctrl-C stops everything"
         url = f"\n  gateway: http://{gw.listen}/v1/chat/completions" if gw is not None else ""
+        if gw is not None and self.replicas.gateway > 1:
+            url += f"  ({self.replicas.gateway} Envoys share this port: SO_REUSEPORT)"
         return head + url + "\n  " + "\n  ".join(self.lines) + "\ntokenweir up: ready"
 
     async def watch_children(self) -> None:
-        """Return (ending `up`) if any child dies unexpectedly."""
+        """Start a dead replica again; return (ending `up`) if any other child dies."""
         while True:
             await asyncio.sleep(0.5)
-            for child in (*self.children, *self.services):
-                if not child.alive():
-                    print(
-                        f"tokenweir up: {child.name} exited with {child.returncode}:\n{child.log_tail()}",
-                        file=sys.stderr,
-                    )
+            for child in (*self.children, *self.services, *self.planes):
+                if child.alive():
+                    continue
+                what = f"{child.name} exited with {child.returncode}"
+                if not self.restarter.may_restart(child.name, time.monotonic()):
+                    print(f"tokenweir up: {what}:\n{child.log_tail()}", file=sys.stderr)
                     return
-            for node, envoy in self.envoys.items():
-                if not envoy.alive():
-                    print(
-                        f"tokenweir up: envoy {node} exited:\n{envoy.log_tail()}", file=sys.stderr
-                    )
+                print(f"tokenweir up: {what}; starting it again", flush=True)
+                child.start()
+                addr = self.restarter.address(child)
+                await wait_child_port(addr.host, addr.port, child)
+                print(f"tokenweir up: {child.name} rejoined (pid {child.pid})", flush=True)
+            for key, envoy in list(self.envoys.items()):
+                if envoy.alive():
+                    continue
+                if not self.restarter.may_restart(key, time.monotonic()):
+                    print(f"tokenweir up: envoy {key} exited:\n{envoy.log_tail()}", file=sys.stderr)
                     return
+                print(f"tokenweir up: envoy {key} exited; starting it again", flush=True)
+                await envoy.aclose()
+                node, _, index = key.partition("#")
+                listen = self.policy.gateways[node].listen
+                fresh = await self._start_envoy(node, key, listen, int(index))
+                print(
+                    f"tokenweir up: envoy {key} rejoined (pid {fresh.pid}, admin {fresh.admin_url})",
+                    flush=True,
+                )
 
     async def aclose(
         self, drain_timeout: float = 0.0, *, force: asyncio.Event | None = None
@@ -326,6 +334,8 @@ class Mesh:
         Setting ``force`` (a second Ctrl-C) cuts every wait short."""
         if self.plane is not None:
             await self.plane.drain()  # NOT_SERVING before anything else
+        for plane in self.planes:
+            plane.signal(signal.SIGTERM)  # each reports NOT_SERVING and stops reloading
         await _unless(force, self._drain_envoys(drain_timeout))
         await asyncio.gather(*(e.aclose() for e in self.envoys.values()))
         self.envoys.clear()
@@ -336,6 +346,8 @@ class Mesh:
         if self.plane is not None:
             await self.plane.aclose()
             self.plane = None
+        await asyncio.gather(*(c.aclose(5.0) for c in self.planes))
+        self.planes.clear()
         for child in reversed(self.children):
             await child.aclose()
         self.children.clear()

@@ -41,6 +41,13 @@ def _parser() -> argparse.ArgumentParser:
         default="h2",
         help="h2: the built-in HTTP/2 gRPC server (one method, ~4x less CPU per call); grpc: grpc.aio",
     )
+    p.add_argument(
+        "--instances",
+        type=int,
+        default=None,
+        help="services side by side (default: the policy's replicas.ratelimit): sizes the "
+        "local fallback bucket",
+    )
     p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="INFO")
     return p
@@ -70,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_port=args.metrics_port,
         worker_index=args.worker_index,
         transport=args.transport,
+        instances=args.instances,
     )
     workers = None
     if args.worker_index == 0 and processes > 1:

@@ -52,15 +52,18 @@ class ServiceSettings:
     reload_interval: float = 1.0
     quota_cache_ttl: float = 0.5
     transport: str = "h2"  # "h2" (h2server.py: one method, ~4x less CPU) or "grpc" (grpc.aio)
+    instances: int | None = None  # services side by side; default: the policy's replicas.ratelimit
 
 
-def decider_settings(rl: RateLimitServer) -> DeciderSettings:
+def decider_settings(rl: RateLimitServer, instances: int = 1) -> DeciderSettings:
+    """``instances``: rate-limit services side by side (``replicas.ratelimit``), each running
+    ``rl.replicas`` processes; the local fallback bucket holds 1/(both) of every limit."""
     return DeciderSettings(
         domain=rl.domain,
         failure_mode=rl.redis_failure_mode,
         deadline=max(0.002, rl.timeout * 0.6),
         reservation_ttl_ms=int(rl.reservation_ttl * 1000),
-        replicas=rl.replicas,
+        replicas=rl.replicas * instances,
     )
 
 
@@ -161,7 +164,7 @@ class Service:
             available=(lambda: health.up) if health else (lambda: True),
         )
         self.decider = Decider(
-            decider_settings(rl),
+            decider_settings(rl, self._instances(self.policy)),
             directory=directory,
             store=self.store,
             health=self.health,
@@ -205,11 +208,14 @@ class Service:
         self.metrics_port = await server.start()
         self._metrics_server = server
 
+    def _instances(self, policy: Policy) -> int:
+        return self.settings.instances or policy.replicas.ratelimit
+
     def _build(self, path: Path) -> Loaded[_Built]:
         """Load the policy, the decider's settings and the Redis seeding plan (in the watcher's
         worker thread)."""
         policy = load_policy(path)
-        settings = decider_settings(policy.ratelimit or RateLimitServer())
+        settings = decider_settings(policy.ratelimit or RateLimitServer(), self._instances(policy))
         return Loaded(_Built(policy, settings, seed_plan(policy) if self.redis else None))
 
     def _swap(self, built: _Built) -> None:

@@ -29,7 +29,7 @@ from controlplane.policy.decode import Decoder, Duration, Range, Size
 from controlplane.policy.degradation import DegradationPolicy, LadderStep
 from controlplane.policy.routing import RoutingPolicy
 from controlplane.policy.saturation import PoolCapacity, PoolStateScrape, SaturationPolicy
-from controlplane.policy.servers import ControlPlane, FiltersServer, RateLimitServer
+from controlplane.policy.servers import ControlPlane, FiltersServer, RateLimitServer, Replicas
 from controlplane.policy.tenancy import QuotaLimits, Quotas, Tenant, Tier
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "QuotaLimits",
     "Quotas",
     "RateLimitServer",
+    "Replicas",
     "Retries",
     "Route",
     "RouteFilters",
@@ -354,6 +355,7 @@ class Policy:
     tenants: dict[str, Tenant] = field(default_factory=dict)
     ratelimit: RateLimitServer | None = None
     filters: FiltersServer | None = None
+    replicas: Replicas = field(default_factory=Replicas)  # servers side by side (docs/deploy.md)
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     planner: dict[str, Any] = field(
         default_factory=dict

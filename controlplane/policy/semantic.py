@@ -217,21 +217,26 @@ def _ports(policy: Policy) -> Iterator[tuple[str, str]]:
         else:
             used[port] = path
 
-    cp = policy.control_plane
-    yield from claim(cp.xds.port, "control_plane.xds")
-    yield from claim(cp.metrics.port, "control_plane.metrics")
+    cp, n = policy.control_plane, policy.replicas
+    for i in range(n.controlplane):  # replica i on port + i (docs/deploy.md)
+        yield from claim(cp.xds.port + i, "control_plane.xds")
+        yield from claim(cp.metrics.port + i, "control_plane.metrics")
     if policy.ratelimit is not None:
         rl = policy.ratelimit
-        yield from claim(rl.address.port, "ratelimit.address")
-        if rl.metrics_port is not None:  # one /metrics port per process
-            for i in range(rl.replicas):
-                yield from claim(rl.metrics_port + i, "ratelimit.metrics_port")
+        for i in range(n.ratelimit):
+            yield from claim(rl.address.port + i, "ratelimit.address")
+            if rl.metrics_port is not None:  # one /metrics port per process
+                for j in range(rl.replicas):
+                    yield from claim(
+                        rl.metrics_port + i * rl.replicas + j, "ratelimit.metrics_port"
+                    )
     if policy.filters is not None:
         fs = policy.filters
-        yield from claim(fs.address.port, "filters.address")
-        if fs.metrics_port is not None:
-            for i in range(fs.processes):
-                yield from claim(fs.metrics_port + i, "filters.metrics_port")
+        for i in range(n.filters):
+            yield from claim(fs.address.port + i, "filters.address")
+            if fs.metrics_port is not None:
+                for j in range(fs.processes):
+                    yield from claim(fs.metrics_port + i * fs.processes + j, "filters.metrics_port")
     for gname, gw in policy.gateways.items():
         yield from claim(gw.listen.port, f"gateways.{gname}.listen")
     for sname, sc in policy.sidecars.items():

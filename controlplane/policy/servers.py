@@ -1,5 +1,12 @@
 """Where the servers of the mesh listen: control plane, rate-limit service, filter server.
 
+``replicas`` says how many of each server run side by side (docs/deploy.md). On one machine
+(``tokenweir up``) the gateways of a node group share their listen port (the listener sets
+``enable_reuse_port``: the kernel spreads connections over the Envoys), while filter servers,
+rate-limit services and control planes listen on consecutive ports: replica ``i`` on the
+configured port ``+ i`` (its /metrics on ``metrics_port + i * processes``), so each is an
+endpoint of its own in Envoy's cluster, health-checked and ejected on its own.
+
 ``drain_timeout`` (each server): on SIGTERM or Ctrl-C, how long work in flight may run on
 after the server reports NOT_SERVING and stops taking new work (``docs/operations.md``).
 """
@@ -13,7 +20,14 @@ from controlplane.policy.common import Address, Port
 from controlplane.policy.decode import Duration, Range, Size
 from controlplane.policy.saturation import PoolStateScrape
 
-__all__ = ["ControlPlane", "FiltersServer", "RateLimitServer"]
+__all__ = [
+    "ROLES",
+    "ControlPlane",
+    "FiltersServer",
+    "RateLimitServer",
+    "Replicas",
+    "replica_addresses",
+]
 
 
 @dataclass(frozen=True)
@@ -48,3 +62,38 @@ class ControlPlane:
     delta: bool = True
     pool_state: PoolStateScrape = field(default_factory=PoolStateScrape)
     drain_timeout: Annotated[float, Duration(0, 3600)] = 30.0  # `up`: Envoys drain this long
+
+
+ROLES = ("gateway", "filters", "ratelimit", "controlplane")
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """How many of each server run side by side (``tokenweir up --replicas`` overrides it)."""
+
+    gateway: Annotated[int, Range(1, 16)] = 1
+    filters: Annotated[int, Range(1, 16)] = 1
+    ratelimit: Annotated[int, Range(1, 16)] = 1
+    controlplane: Annotated[int, Range(1, 16)] = 1
+
+    @classmethod
+    def parse(cls, text: str, base: Replicas | None = None) -> Replicas:
+        """``gateway=3,filters=2,...`` (roles not named keep ``base``'s count)."""
+        counts = {role: getattr(base or cls(), role) for role in ROLES}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            role, sep, value = item.partition("=")
+            role = role.strip()
+            if not sep or role not in counts:
+                raise ValueError(f"expected ROLE=N with ROLE one of {list(ROLES)}, got {item!r}")
+            if not value.strip().isdigit() or not 1 <= int(value) <= 16:
+                raise ValueError(f"{role}: expected a count in 1..16, got {value.strip()!r}")
+            counts[role] = int(value)
+        return cls(**counts)
+
+    def __str__(self) -> str:
+        return ",".join(f"{role}={getattr(self, role)}" for role in ROLES)
+
+
+def replica_addresses(first: Address, count: int) -> tuple[Address, ...]:
+    """Where ``count`` replicas of a server listen: ``first``, then the next ports."""
+    return tuple(Address(first.host, first.port + i) for i in range(count))

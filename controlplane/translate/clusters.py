@@ -4,6 +4,8 @@ and the gRPC clusters of the rate-limit and filter servers."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
 from envoy.config.core.v3 import base_pb2, extension_pb2, health_check_pb2, protocol_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
@@ -26,6 +28,7 @@ from controlplane.policy.model import (
 )
 from controlplane.policy.routing import ENDPOINT_HEADER
 from controlplane.translate import names
+from controlplane.translate.dns import is_dns, resolve_by_dns
 from controlplane.translate.protos import ads_source, any_of, dur, socket_address, u32
 
 __all__ = [
@@ -114,18 +117,24 @@ def service_cluster(name: str, svc: HttpService) -> cluster_pb2.Cluster:
 
 def static_cluster(
     name: str,
-    address: Address,
+    address: Address | Sequence[Address],
     *,
     http2: bool,
     connect_timeout: float = 1.0,
     processes: int = 1,
 ) -> cluster_pb2.Cluster:
-    """A cluster with one fixed address (local app, rate-limit server, filter server).
+    """A cluster of fixed addresses (local app, rate-limit servers, filter servers).
 
     ``processes`` > 1: the server runs several processes on one port (SO_REUSEPORT spreads
     *connections*), so Envoy is made to open several HTTP/2 connections by capping the streams
     per connection; with one connection only one process would get work.
+
+    Several addresses (server replicas, ``replicas:`` in the policy): each is a host of its own,
+    gRPC health-checked every second and ejected after two failed calls, so a dead replica
+    costs the calls in flight on it and about a second of retries, not an outage. A DNS name
+    (a Kubernetes Service) is resolved by Envoy (STRICT_DNS, every A record a host).
     """
+    addresses = (address,) if isinstance(address, Address) else tuple(address)
     c = cluster_pb2.Cluster(
         name=name,
         type=cluster_pb2.Cluster.STATIC,
@@ -137,14 +146,17 @@ def static_cluster(
                     lb_endpoints=[
                         endpoint_components_pb2.LbEndpoint(
                             endpoint=endpoint_components_pb2.Endpoint(
-                                address=socket_address(address.host, address.port)
+                                address=socket_address(a.host, a.port)
                             )
                         )
+                        for a in addresses
                     ]
                 )
             ],
         ),
     )
+    if is_dns(addresses):
+        resolve_by_dns(c, addresses)
     if http2:
         opts = hpo.HttpProtocolOptions(
             explicit_http_config=hpo.HttpProtocolOptions.ExplicitHttpConfig(
@@ -157,9 +169,38 @@ def static_cluster(
             )
         )
         c.typed_extension_protocol_options[_HTTP_OPTIONS].CopyFrom(any_of(opts))
+        if len(addresses) > 1 or is_dns(addresses):
+            _replica_guard(c)
     else:
         _http1(c, idle=300.0)
     return c
+
+
+def _replica_guard(c: cluster_pb2.Cluster) -> None:
+    """gRPC health checks and fast ejection for a cluster of several server replicas."""
+    c.health_checks.append(
+        health_check_pb2.HealthCheck(
+            timeout=dur(1.0),
+            interval=dur(1.0),
+            no_traffic_interval=dur(1.0),
+            unhealthy_threshold=u32(1),
+            healthy_threshold=u32(1),
+            grpc_health_check=health_check_pb2.HealthCheck.GrpcHealthCheck(),
+        )
+    )
+    c.outlier_detection.CopyFrom(
+        outlier_detection_pb2.OutlierDetection(
+            consecutive_5xx=u32(2),
+            consecutive_gateway_failure=u32(2),
+            enforcing_consecutive_gateway_failure=u32(100),
+            consecutive_local_origin_failure=u32(2),
+            enforcing_consecutive_local_origin_failure=u32(100),
+            interval=dur(1.0),
+            base_ejection_time=dur(5.0),
+            max_ejection_percent=u32(50),
+            enforcing_success_rate=u32(0),
+        )
+    )
 
 
 def fallback_cluster(pool: str, fallback: str) -> cluster_pb2.Cluster:

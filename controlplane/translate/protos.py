@@ -31,7 +31,7 @@ def percent(value: float):  # type: ignore[no-untyped-def]
 
 def any_of(msg: Message) -> any_pb2.Any:
     a = any_pb2.Any()
-    a.Pack(msg)
+    a.Pack(msg, deterministic=True)  # map order must not vary by process (versions)
     return a
 
 

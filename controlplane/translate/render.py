@@ -14,7 +14,9 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from controlplane.policy.model import Policy
+from controlplane.policy.servers import replica_addresses
 from controlplane.translate import clusters, names
+from controlplane.translate.dns import is_dns, resolve_by_dns
 from controlplane.translate.endpoints import load_assignment
 from controlplane.translate.listeners import gateway_listener, route_hooks, sidecar_listener
 from controlplane.translate.routes import (
@@ -37,7 +39,10 @@ def render(policy: Policy) -> dict[str, Resources]:
     for node, gw in policy.gateways.items():
         res = _empty()
         hooks, per_route = route_hooks(policy, gw.routes)
-        _add(res, LISTENER, gateway_listener(node, gw, hooks))
+        listener = gateway_listener(node, gw, hooks)
+        if policy.replicas.gateway > 1:  # the replicas share the port; the kernel spreads clients
+            listener.enable_reuse_port.value = True
+        _add(res, LISTENER, listener)
         _add(res, ROUTE, gateway_routes(policy, node, gw, per_route))
         for route in gw.routes:
             if route.pool is not None:
@@ -83,8 +88,11 @@ def _pool(policy: Policy, res: Resources, name: str) -> None:
     pool = policy.pools[name]
     if names.pool_cluster(name) in res[CLUSTER]:
         return
-    _add(res, CLUSTER, clusters.pool_cluster(name, pool))
-    _add(res, ENDPOINT, load_assignment(names.pool_cluster(name), pool.endpoints))
+    if is_dns(pool.endpoints):  # Kubernetes: Envoy resolves the replicas' names itself
+        _add(res, CLUSTER, resolve_by_dns(clusters.pool_cluster(name, pool), pool.endpoints))
+    else:
+        _add(res, CLUSTER, clusters.pool_cluster(name, pool))
+        _add(res, ENDPOINT, load_assignment(names.pool_cluster(name), pool.endpoints))
     if pool.fallback is not None:
         _pool(policy, res, pool.fallback)
         _add(res, CLUSTER, clusters.fallback_cluster(name, pool.fallback))
@@ -92,8 +100,11 @@ def _pool(policy: Policy, res: Resources, name: str) -> None:
 
 def _service(policy: Policy, res: Resources, name: str) -> None:
     svc = policy.services[name]
-    _add(res, CLUSTER, clusters.service_cluster(name, svc))
-    _add(res, ENDPOINT, load_assignment(names.service_cluster(name), svc.endpoints))
+    if is_dns(svc.endpoints):
+        _add(res, CLUSTER, resolve_by_dns(clusters.service_cluster(name, svc), svc.endpoints))
+    else:
+        _add(res, CLUSTER, clusters.service_cluster(name, svc))
+        _add(res, ENDPOINT, load_assignment(names.service_cluster(name), svc.endpoints))
 
 
 def _servers(policy: Policy, res: Resources, hooks_used: set[str]) -> None:
@@ -103,7 +114,7 @@ def _servers(policy: Policy, res: Resources, hooks_used: set[str]) -> None:
             CLUSTER,
             clusters.static_cluster(
                 names.FILTERS_CLUSTER,
-                policy.filters.address,
+                replica_addresses(policy.filters.address, policy.replicas.filters),
                 http2=True,
                 processes=policy.filters.processes,
             ),
@@ -114,7 +125,7 @@ def _servers(policy: Policy, res: Resources, hooks_used: set[str]) -> None:
             CLUSTER,
             clusters.static_cluster(
                 names.RATELIMIT_CLUSTER,
-                policy.ratelimit.address,
+                replica_addresses(policy.ratelimit.address, policy.replicas.ratelimit),
                 http2=True,
                 processes=policy.ratelimit.replicas,
             ),
