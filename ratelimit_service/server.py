@@ -199,9 +199,12 @@ class Service:
         port = self.settings.metrics_port or rl.metrics_port
         if port is None:
             return
+        # beside the gRPC port (--listen): the policy's address may be a Service name that
+        # resolves to other pods (Kubernetes)
+        host = (self.settings.listen or str(rl.address)).rpartition(":")[0].strip("[]")
         server = MetricsServer(
             self.metrics.registry,
-            rl.address.host,
+            host,
             port + self.settings.worker_index,
             health=self.serving,
         )
