@@ -61,6 +61,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=_serve)
 
+    b = sub.add_parser(
+        "bootstrap",
+        help="print the bootstrap of an Envoy fed by the control plane(s) (JSON; Kubernetes)",
+    )
+    b.add_argument(
+        "--xds",
+        type=Address.parse,
+        action="append",
+        required=True,
+        help="a control plane's host:port (repeat, or one DNS name for all)",
+    )
+    b.add_argument("--node-cluster", default="edge", help="the node group (gateway name)")
+    b.add_argument("--admin", type=Address.parse, default=Address("127.0.0.1", 9901))
+    b.add_argument("--sotw", action="store_true", help="State-of-the-World instead of Delta xDS")
+    b.set_defaults(func=_bootstrap)
+
     from controlplane.planner.cli import register as register_plan
     from controlplane.quota_cli import register as register_quota
     from controlplane.up_cli import register as register_up
@@ -82,6 +98,20 @@ def _keys(args: argparse.Namespace) -> int:
     from filters.keys_admin import main as keys_main
 
     return keys_main(args.rest)
+
+
+def _bootstrap(args: argparse.Namespace) -> int:
+    from controlplane.envoy_launcher import EnvoySettings, render_bootstrap
+
+    first, *more = args.xds
+    settings = EnvoySettings(
+        node_id=args.node_cluster, node_cluster=args.node_cluster, xds_host=first.host,
+        xds_port=first.port, xds_more=tuple((a.host, a.port) for a in more), base_id=0,
+        admin_host=args.admin.host, admin_port=args.admin.port, delta=not args.sotw,
+    )  # fmt: skip
+    json.dump(render_bootstrap(settings), sys.stdout, indent=1, sort_keys=True)
+    sys.stdout.write("\n")
+    return 0
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -178,7 +178,8 @@ def render_bootstrap(settings: EnvoySettings) -> dict[str, Any]:
             ]
         },
     }
-    if len(xds) > 1:
+    dns = any(not _is_ip(host) for host, _ in xds)  # a Kubernetes Service name
+    if len(xds) > 1 or dns:  # several control planes: check each, stream to a healthy one
         cluster = bootstrap["static_resources"]["clusters"][0]
         cluster["health_checks"] = [
             {
@@ -190,7 +191,7 @@ def render_bootstrap(settings: EnvoySettings) -> dict[str, Any]:
                 "grpc_health_check": {"service_name": ADS_SERVICE},
             }
         ]
-    if any(not _is_ip(host) for host, _ in xds):  # a Kubernetes Service name
+    if dns:  # Envoy resolves it; a headless Service gives every control-plane pod
         cluster = bootstrap["static_resources"]["clusters"][0]
         cluster["type"] = "STRICT_DNS"
         cluster["dns_lookup_family"] = "V4_PREFERRED"

