@@ -198,14 +198,16 @@ def start_envoy(bootstrap_path: Path, admin: int, tmp: Path) -> ChildProcess:
 
 
 @contextlib.contextmanager
-def redis_cluster(masters: int = 3) -> Iterator[list[int]]:
-    """A real local Redis Cluster (``masters`` primaries, no replicas); yields the ports."""
+def redis_cluster(masters: int = 3, replicas: int = 0) -> Iterator[list[int]]:
+    """A real local Redis Cluster (``masters`` primaries, ``replicas`` replicas of each); yields
+    the ports of every node (``redis-cli`` picks which are primaries: ask CLUSTER NODES)."""
+    nodes = masters * (1 + replicas)
     ports: list[int] = []
-    while len(ports) < 2 * masters:  # a client port and a cluster-bus port per master
+    while len(ports) < 2 * nodes:  # a client port and a cluster-bus port per node
         p = free_port()
         if p not in ports:
             ports.append(p)
-    buses, ports = ports[masters:], ports[:masters]
+    buses, ports = ports[nodes:], ports[:nodes]
     children: list[ChildProcess] = []
     with tempfile.TemporaryDirectory(prefix="tw-cluster-") as tmp:
         try:
@@ -243,7 +245,7 @@ def redis_cluster(masters: int = 3) -> Iterator[list[int]]:
                     "create",
                     *(f"127.0.0.1:{p}" for p in ports),
                     "--cluster-replicas",
-                    "0",
+                    str(replicas),
                     "--cluster-yes",
                 ],
                 capture_output=True,
