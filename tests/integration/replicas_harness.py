@@ -197,14 +197,26 @@ class Load:
         self.failed += not good
         self.timeline.append((t, good))
 
+    def ok_after(self, t: float) -> int:
+        """Requests sent at ``t`` or later that succeeded."""
+        return sum(1 for at, good in self.timeline if at >= t and good)
+
     def failed_after(self, t: float) -> int:
         """Requests sent at ``t`` or later that failed."""
         return sum(1 for at, good in self.timeline if at >= t and not good)
 
 
-async def load(url: str, *, clients: int, seconds: float, key: str = "tw-roomy") -> Load:
-    """``clients`` loops of chat requests for ``seconds``, a new connection per request (the
-    kernel spreads connections over the gateways); every outcome counted."""
+async def load(
+    url: str,
+    *,
+    clients: int,
+    seconds: float = 0.0,
+    stop: asyncio.Event | None = None,
+    key: str = "tw-roomy",
+) -> Load:
+    """``clients`` loops of chat requests for ``seconds`` (or until ``stop`` is set), a new
+    connection per request (the kernel spreads connections over the gateways); every outcome
+    counted."""
     out = Load()
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -214,7 +226,7 @@ async def load(url: str, *, clients: int, seconds: float, key: str = "tw-roomy")
         limits = httpx.Limits(max_keepalive_connections=0)
         async with httpx.AsyncClient(timeout=10.0, limits=limits) as http:
             n = 0
-            while loop.time() - start < seconds:
+            while not stop.is_set() if stop is not None else loop.time() - start < seconds:
                 n += 1
                 headers = {"authorization": f"Bearer {key}", "x-session-id": f"c{i}-{n}"}
                 sent = loop.time() - start
