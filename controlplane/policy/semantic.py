@@ -212,7 +212,9 @@ def _ports(policy: Policy) -> Iterator[tuple[str, str]]:
     used: dict[int, str] = {}
 
     def claim(port: int, path: str) -> Iterator[tuple[str, str]]:
-        if port in used:
+        if port > 65535:  # a replica's port past the end (replica i listens on port + i)
+            yield path, f"replica port {port} is past 65535: lower the port or the replicas"
+        elif port in used:
             yield path, f"port {port} is already used by {used[port]}"
         else:
             used[port] = path
