@@ -1,4 +1,7 @@
-"""Closed-loop gRPC load for the rate-limit service: ``concurrency`` callers for ``seconds``.
+"""gRPC load for the rate-limit service: ``concurrency`` callers for ``seconds`` (closed loop), or
+with ``--rate R`` an open loop: a call every 1/R s whatever the answers, at most ``concurrency`` in
+flight (a call that would exceed it counts as ``dropped``); latency is then measured from the
+call's scheduled time, so a client that falls behind shows as latency, not as fewer calls.
 
 Requests are pre-serialized (Envoy-shaped reserve descriptors, distinct request ids) and sent as
 raw bytes so the client spends as little CPU as possible. Prints one JSON line:
@@ -23,7 +26,9 @@ from tests.ratelimit_service import rls
 METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 
 
-async def run(target: str, concurrency: int, seconds: float, tenants: int) -> dict[str, float]:
+async def run(
+    target: str, concurrency: int, seconds: float, tenants: int, rate: float = 0.0
+) -> dict[str, float]:
     payloads = [
         rls.llm(
             f"bench-{i % tenants}", 50 + i % 200, rid=f"{time.time_ns()}-{i}"
@@ -61,7 +66,44 @@ async def run(target: str, concurrency: int, seconds: float, tenants: int) -> di
             if resp[:2] == b"\x08\x02":  # overall_code = OVER_LIMIT
                 over += 1
 
-    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    dropped = 0
+
+    async def one(i: int, due: float) -> None:
+        nonlocal errors, over
+        try:
+            resp = await calls[i % len(calls)](payloads[i % len(payloads)], timeout=5)
+        except grpc.aio.AioRpcError:
+            errors += 1
+            return
+        lat.append(time.perf_counter() - due)
+        if resp[:2] == b"\x08\x02":
+            over += 1
+
+    async def open_loop() -> None:
+        nonlocal dropped
+        pending: set[asyncio.Task[None]] = set()
+        i = 0
+        while True:
+            due = start + i / rate
+            if due >= stop:
+                break
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if len(pending) >= concurrency:
+                dropped += 1
+            else:
+                task = asyncio.create_task(one(i, due))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+            i += 1
+        if pending:
+            await asyncio.gather(*pending)
+
+    if rate > 0:
+        await open_loop()
+    else:
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
     elapsed = time.perf_counter() - start
     for c in channels:
         await c.close()
@@ -75,6 +117,8 @@ async def run(target: str, concurrency: int, seconds: float, tenants: int) -> di
         "p99_ms": round(lat[int(n * 0.99)] * 1e3, 3) if n else 0.0,
         "errors": errors,
         "over_limit": over,
+        "offered_rps": rate,
+        "dropped": dropped,
     }
 
 
@@ -84,6 +128,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=50)
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--tenants", type=int, default=100)
+    p.add_argument("--rate", type=float, default=0.0, help="open loop: calls per second")
     a = p.parse_args()
     try:
         import uvloop
@@ -92,7 +137,7 @@ def main() -> None:
     except ImportError:
         runner = asyncio.Runner()
     with runner:
-        print(json.dumps(runner.run(run(a.target, a.concurrency, a.seconds, a.tenants))))
+        print(json.dumps(runner.run(run(a.target, a.concurrency, a.seconds, a.tenants, a.rate))))
 
 
 if __name__ == "__main__":

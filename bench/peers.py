@@ -1,0 +1,215 @@
+"""The cost of governance beside the gateways users would pick instead (issue 12), one command.
+
+Arms, back to back, each started fresh in front of the same SGLang emulators: no gateway (the
+latency baseline), plain Envoy, tokenweir's full governance path, the LiteLLM proxy with per-key
+TPM limits, sglang-router with its own rate limit. Per arm: k6 closed loop (requests/s at
+saturation, CPU per request of every process), k6 open loop with a multi-tenant tier mix and
+bursts (TTFB and total time), the streaming client (time to first token, gaps between chunks),
+and token-budget bursts of N parallel requests on one key (admitted tokens vs budget + refill).
+Then the rate-limit service alone: its maximum decisions/s (closed loop) and an open loop at half
+of it. Token lengths come from the Mooncake trace sample; every request streams.
+
+    .venv/bin/python bench/peers.py             # the default run, sized for a 2-core machine
+    .venv/bin/python bench/peers.py --smoke     # seconds per arm: CI (tests/integration)
+    .venv/bin/python bench/peers.py --scale 4   # 4x the users, rates, replicas and bursts
+
+Writes ``bench/results/peers.json``, ``bench/results/peers.md`` and ``docs/img/peers_*.png``
+(``--out-dir`` / ``--img-dir``). The LiteLLM proxy runs from ``.venv-peers/`` (created on first
+use; ``--no-install`` skips its arm instead). docs/benchmarks.md ("Beside LiteLLM and
+sglang-router") explains every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+
+from overload_workload import load_sample  # noqa: E402
+from peers_arms import ARMS, BUDGET_KEYS, MODEL, BudgetSpec, Emulators, PeerArm, make_arm  # noqa: E402
+from peers_litellm import ensure_venv  # noqa: E402
+from peers_phases import budget_burst, chunk_timing, run_k6  # noqa: E402
+from peers_report import write_outputs  # noqa: E402
+from peers_rls import rls_phase  # noqa: E402
+from peers_workload import PeerRequest, build_requests, chat_body, mean_tokens  # noqa: E402
+
+from tests.helpers import redis_server  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Config:
+    replicas: int
+    running: int
+    time_scale: float
+    length_scale: int
+    vus: int
+    seconds: float
+    rate: float
+    burst: float
+    mix_seconds: float
+    chunk_requests: int
+    chunk_rate: float
+    bursts: tuple[int, ...]
+    budget_requests: float  # the token budget, in mean-sized requests
+    rls_seconds: float
+    seed: int
+
+
+def config(a: argparse.Namespace) -> Config:
+    if a.smoke:
+        return Config(
+            replicas=1, running=16, time_scale=0.05, length_scale=32, vus=4, seconds=2.0,
+            rate=4.0, burst=2.0, mix_seconds=2.0, chunk_requests=6, chunk_rate=6.0,
+            bursts=(5, 10), budget_requests=2.0, rls_seconds=1.0, seed=a.seed,
+        )  # fmt: skip
+    k = a.scale
+    return Config(
+        replicas=2 * k, running=64 * k, time_scale=a.time_scale, length_scale=a.length_scale,
+        vus=a.vus * k, seconds=a.seconds, rate=a.rate * k, burst=3.0, mix_seconds=12.0,
+        chunk_requests=40 * k, chunk_rate=5.0 * k, bursts=tuple(a.bursts), budget_requests=20.0,
+        rls_seconds=4.0, seed=a.seed,
+    )  # fmt: skip
+
+
+async def measure_arm(
+    arm: PeerArm,
+    emus: Emulators,
+    cfg: Config,
+    requests: list[PeerRequest],
+    req_file: Path,
+    tmp: Path,
+) -> dict[str, Any]:
+    pids = [*arm.pids(), *emus.pids()]
+    # warm-up: connections, JIT-free code paths, the emulators' first requests
+    await chunk_timing(arm.urls, MODEL, requests[:4], 0.0, cfg.seed)
+    sat = run_k6("saturation", arm.urls, req_file, tmp,
+                 {"VUS": str(cfg.vus), "DUR": str(cfg.seconds)}, pids)  # fmt: skip
+    mix = run_k6(
+        "mix", arm.urls, req_file, tmp,
+        {"RATE": str(cfg.rate), "DUR": str(cfg.mix_seconds), "BURST": str(cfg.burst),
+         "BURST_S": "1", "PERIOD_S": "4"}, pids,
+    )  # fmt: skip
+    chunks = await chunk_timing(
+        arm.urls, MODEL, requests[-cfg.chunk_requests :], cfg.chunk_rate, cfg.seed
+    )
+    budgets = []
+    per_req = mean_tokens(requests)
+    burst_tokens = cfg.budget_requests * per_req
+    if arm.name != "direct":
+        urls = await arm.budget_urls()
+        for i, n in enumerate(cfg.bursts):
+            key = BUDGET_KEYS[i]
+            batch = [
+                PeerRequest(key, "budget", r.prompt, r.prompt_tokens, r.max_tokens)
+                for r in requests[i * 7 : i * 7 + n]
+            ]
+            budgets.append(
+                await budget_burst(
+                    urls, emus.urls, MODEL, batch, burst_tokens, burst_tokens / 60, cfg.seed
+                )
+            )
+    return {"saturation": sat, "mix": mix, "chunks": chunks, "budget": budgets}
+
+
+async def run(a: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    records = load_sample()
+    rng = random.Random(cfg.seed)
+    count = max(2000, cfg.vus * 400)
+    requests = build_requests(records, count, length_scale=cfg.length_scale, rng=rng)
+    per_req = mean_tokens(requests)
+    budget = BudgetSpec(
+        burst=round(cfg.budget_requests * per_req),
+        refill_per_second=round(cfg.budget_requests * per_req / 60, 3),
+        mean_request_tokens=per_req,
+    )
+    arms = list(a.arms)
+    skipped: dict[str, str] = {}
+    if "litellm" in arms:
+        why = ensure_venv(install=not a.no_install)
+        if why is not None:
+            print(why, flush=True)
+            skipped["litellm"] = why
+            arms.remove("litellm")
+    result: dict[str, Any] = {
+        "config": asdict(cfg),
+        "mean_prompt_tokens": sum(r.prompt_tokens for r in requests) / len(requests),
+        "mean_output_tokens": sum(r.max_tokens for r in requests) / len(requests),
+        "budget": asdict(budget),
+        "skipped": skipped,
+        "loadavg_before": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "arms": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="tw-peers-") as d, redis_server() as redis_port:
+        tmp = Path(d)
+        req_file = tmp / "requests.json"
+        req_file.write_text(
+            json.dumps(
+                [{"key": r.key, "tier": r.tier, "body": json.dumps(chat_body(r, MODEL))}
+                 for r in requests]
+            )
+        )  # fmt: skip
+        emus = Emulators(cfg.replicas, tmp, cfg.time_scale, cfg.running)
+        await emus.start()
+        try:
+            for name in arms:
+                arm = make_arm(name, emus, tmp, budget, redis_port)
+                print(f"[peers] {name}: starting", flush=True)
+                try:
+                    await arm.start()
+                    result["arms"][name] = await measure_arm(
+                        arm, emus, cfg, requests, req_file, tmp
+                    )
+                finally:
+                    await arm.aclose()
+                print(f"[peers] {name}: done", flush=True)
+        finally:
+            await emus.aclose()
+        if not a.no_rls:
+            result["rls"] = rls_phase(tmp, cfg.rls_seconds)
+    result["loadavg_after"] = os.getloadavg()
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--smoke", action="store_true", help="seconds per arm (CI)")
+    p.add_argument("--scale", type=int, default=1, help="multiply users, rates, replicas")
+    p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    p.add_argument("--vus", type=int, default=16, help="closed-loop k6 users (saturation)")
+    p.add_argument("--seconds", type=float, default=8.0, help="saturation run per arm")
+    p.add_argument("--rate", type=float, default=10.0, help="open-loop requests/s (mix)")
+    p.add_argument("--bursts", type=int, nargs="+", default=[100, 300],
+                   help="parallel requests of each budget test")  # fmt: skip
+    p.add_argument("--time-scale", type=float, default=0.05, help="emulated durations x")
+    p.add_argument("--length-scale", type=int, default=16, help="trace lengths / k")
+    p.add_argument("--no-install", action="store_true", help="skip LiteLLM if .venv-peers lacks it")
+    p.add_argument("--no-rls", action="store_true", help="skip the rate-limit service phase")
+    p.add_argument("--seed", type=int, default=12)
+    p.add_argument("--out-dir", type=Path, default=HERE / "results")
+    p.add_argument("--img-dir", type=Path, default=HERE.parent / "docs" / "img")
+    a = p.parse_args()
+    if len(a.bursts) > len(BUDGET_KEYS):
+        p.error(f"at most {len(BUDGET_KEYS)} budget bursts")
+    cfg = config(a)
+    result = asyncio.run(run(a, cfg))
+    write_outputs(result, a.out_dir, a.img_dir)
+    print((a.out_dir / "peers.md").read_text())
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()

@@ -1,0 +1,312 @@
+"""The arms of the gateway comparison (bench/peers.py), all in front of the same emulators.
+
+- ``direct``: no gateway (the client spreads requests over the replicas): the latency baseline.
+- ``envoy``: plain Envoy, round robin, no governance (``overload_arms.plain_envoy_bootstrap``).
+- ``tokenweir``: ``tokenweir up`` on a policy written here: identity, lane, tokens (estimate and
+  clamp), prefix affinity, token quotas reserved in Redis, usage settlement.
+- ``litellm``: the LiteLLM proxy (``litellm[proxy]``, in its own virtual environment, see
+  ``peers_litellm``) with per-key TPM limits from a custom auth module, counters in Redis.
+- ``sglang-router``: PyPI ``sglang-router`` (round robin); its own admission is global (a request
+  bucket and a concurrency cap), so the budget test starts a second instance set to the budget.
+
+Every arm starts fresh, owns its children (``runtime.children.Child``) and stops them in
+``aclose``; the emulators belong to ``Emulators`` and outlive the arms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from overload_arms import plain_envoy_bootstrap
+from peers_litellm import LITELLM_ENV, litellm_command, write_litellm_config
+
+from controlplane.envoy_launcher import envoy_binary
+from runtime.children import Child, wait_child_port
+from runtime.ports import free_port
+
+__all__ = ["ARMS", "BUDGET_KEYS", "MODEL", "BudgetSpec", "Emulators", "PeerArm", "make_arm"]
+
+ARMS = ("direct", "envoy", "tokenweir", "litellm", "sglang-router")
+MODEL = "llama-3.1-8b"
+BUDGET_KEYS = ("tw-peers-budget-0", "tw-peers-budget-1")  # one fresh key per budget burst
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSpec:
+    burst: int  # tokens
+    refill_per_second: float  # tokens/s (burst / 60: a per-minute budget)
+    mean_request_tokens: float  # for sglang-router, whose bucket counts requests
+
+
+@dataclass
+class Emulators:
+    """The SGLang emulators every arm sends to (started once per run)."""
+
+    replicas: int
+    run_dir: Path
+    time_scale: float
+    running: int
+    ports: list[int] = field(default_factory=list)
+    children: list[Child] = field(default_factory=list)
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.ports]
+
+    async def start(self) -> None:
+        for i in range(self.replicas):
+            port = free_port()
+            argv = [
+                sys.executable, "-m", "backends.emulator", "--host", "127.0.0.1",
+                "--port", str(port), "--model", MODEL, "--profile", "llama-3.1-8b-h100",
+                "--time-scale", str(self.time_scale), "--max-running-requests", str(self.running),
+                "--stop-prob", "0", "--seed", str(i), "--log-level", "WARNING",
+            ]  # fmt: skip
+            child = Child(f"emulator#{i}", argv, self.run_dir / f"emulator-{i}.log")
+            child.start()
+            self.children.append(child)
+            self.ports.append(port)
+        for port, child in zip(self.ports, self.children, strict=True):
+            await wait_child_port("127.0.0.1", port, child)
+
+    def pids(self) -> list[int]:
+        return [c.pid for c in self.children if c.pid is not None]
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(c.aclose() for c in self.children))
+
+
+class PeerArm:
+    """One gateway in front of the shared emulators."""
+
+    name = ""
+    limits_tokens = False  # has a per-key token limit
+
+    def __init__(self, emus: Emulators, run_dir: Path, budget: BudgetSpec) -> None:
+        self.emus = emus
+        self.run_dir = run_dir
+        self.budget = budget
+        self.port = free_port()
+        self.children: list[Child] = []
+
+    @property
+    def urls(self) -> list[str]:
+        """Chat-completion URLs; a client spreads its requests over them in turn."""
+        return [f"http://127.0.0.1:{self.port}/v1/chat/completions"]
+
+    def pids(self) -> list[int]:
+        return [c.pid for c in self.children if c.pid is not None]
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def budget_urls(self) -> list[str]:
+        """Where the budget test sends (the same gateway unless the arm needs its own)."""
+        return self.urls
+
+    async def aclose(self) -> None:
+        for child in reversed(self.children):
+            await child.aclose(3.0)
+        self.children.clear()
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+        child = Child(name, argv, self.run_dir / f"{name}.log", env=env or {})
+        child.start()
+        self.children.append(child)
+        return child
+
+
+class Direct(PeerArm):
+    name = "direct"
+
+    @property
+    def urls(self) -> list[str]:
+        return [u + "/v1/chat/completions" for u in self.emus.urls]
+
+    async def start(self) -> None:
+        return None
+
+
+class PlainEnvoy(PeerArm):
+    name = "envoy"
+
+    async def start(self) -> None:
+        path = self.run_dir / "envoy-plain.json"
+        path.write_text(json.dumps(plain_envoy_bootstrap(self.port, self.emus.ports), indent=1))
+        base_id = 1000 + zlib.crc32(str(path).encode()) % 60000
+        child = self._spawn(
+            "envoy-plain",
+            [str(envoy_binary()), "-c", str(path), "--base-id", str(base_id),
+             "--concurrency", "1", "--log-level", "warning"],
+        )  # fmt: skip
+        await wait_child_port("127.0.0.1", self.port, child)
+
+
+class Tokenweir(PeerArm):
+    name = "tokenweir"
+    limits_tokens = True
+
+    async def start(self) -> None:
+        path = self.run_dir / "tokenweir-policy.yaml"
+        path.write_text(yaml.safe_dump(tokenweir_policy(self), sort_keys=False))
+        argv = [
+            str(Path(sys.executable).parent / "tokenweir"), "--log-level", "warning", "up",
+            "-c", str(path), "--run-dir", str(self.run_dir / "tokenweir-up"),
+            "--drain-timeout", "1",
+        ]  # fmt: skip
+        child = self._spawn("tokenweir-up", argv)
+        await wait_child_port("127.0.0.1", self.port, child, timeout=120)
+        await wait_for_line(self.run_dir / "tokenweir-up.log", "tokenweir up: ready", child)
+
+
+def tokenweir_policy(arm: PeerArm) -> dict[str, Any]:
+    """The full governance path: every tier's quota far above the traffic, the budget tenants
+    at ``burst`` tokens refilled at ``refill_per_second``."""
+    big = {"tokens": {"burst": 1_000_000_000, "refill_per_second": 100_000_000}}
+    tiers: dict[str, Any] = {
+        t: {"lane": lane, "max_tokens": 4096, "quotas": big}
+        for t, lane in (("free", "batch"), ("pro", "interactive"), ("enterprise", "interactive"))
+    }
+    b = arm.budget
+    tiers["budget"] = {
+        "lane": "interactive",
+        "max_tokens": 4096,
+        "quotas": {"tokens": {"burst": b.burst, "refill_per_second": b.refill_per_second}},
+    }
+    from peers_workload import tenant_keys
+
+    tenants = {
+        key.removeprefix("tw-peers-"): {"tier": tier, "api_keys": [key]}
+        for tier, keys in tenant_keys().items()
+        for key in keys
+    }
+    for key in BUDGET_KEYS:
+        tenants[key.removeprefix("tw-peers-")] = {"tier": "budget", "api_keys": [key]}
+    return {
+        "version": 1,
+        "control_plane": {
+            "xds": f"127.0.0.1:{free_port()}",
+            "metrics": f"127.0.0.1:{free_port()}",
+            "drain_timeout": "1s",
+        },
+        "ratelimit": {
+            "address": f"127.0.0.1:{free_port()}",
+            "metrics_port": free_port(),
+            "timeout": "200ms",
+        },
+        "filters": {
+            "address": f"127.0.0.1:{free_port()}",
+            "metrics_port": free_port(),
+            "message_timeout": "500ms",
+        },
+        "pools": {
+            "chat": {
+                "models": [MODEL],
+                "endpoints": [f"127.0.0.1:{p}" for p in arm.emus.ports],
+                "affinity": {
+                    "headers": ["x-session-id", "x-prefix-hash"],
+                    "hash_balance_factor": 150,
+                    "prefix_tokens": 256,
+                },
+                "health_check": {"path": "/health", "interval": "5s", "timeout": "2s"},
+                "retries": {"enabled": False},
+                "timeouts": {"connect": "1s", "request": "0s", "stream_idle": "120s"},
+            }
+        },
+        "gateways": {
+            "edge": {
+                "listen": f"127.0.0.1:{arm.port}",
+                "routes": [
+                    {
+                        "name": "chat",
+                        "match": {"prefix": "/v1/"},
+                        "pool": "chat",
+                        "rate_limit": {"enabled": True},
+                        "filters": {"plugins": ["identity", "lane", "tokens", "prefix", "usage"]},
+                    }
+                ],
+            }
+        },
+        "tiers": tiers,
+        "tenants": tenants,
+    }
+
+
+class Litellm(PeerArm):
+    name = "litellm"
+    limits_tokens = True
+
+    def __init__(self, emus: Emulators, run_dir: Path, budget: BudgetSpec, redis_port: int) -> None:
+        super().__init__(emus, run_dir, budget)
+        self.redis_port = redis_port
+
+    async def start(self) -> None:
+        limits = {key: self.budget.burst for key in BUDGET_KEYS}
+        cfg = write_litellm_config(
+            self.run_dir / "litellm", MODEL, self.emus.urls, self.redis_port, limits
+        )
+        child = self._spawn("litellm", litellm_command(cfg, self.port), env=LITELLM_ENV)
+        await wait_child_port("127.0.0.1", self.port, child, timeout=180)
+
+
+class SglangRouter(PeerArm):
+    name = "sglang-router"
+    limits_tokens = False  # a global bucket of requests, not a per-key token budget
+
+    def _argv(self, port: int, concurrent: int, rate: float, queue: int) -> list[str]:
+        return [
+            sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+            "--port", str(port), "--worker-urls", *self.emus.urls, "--policy", "round_robin",
+            "--max-concurrent-requests", str(concurrent), "--queue-size", str(queue),
+            "--queue-timeout-secs", "60", "--rate-limit-tokens-per-second", str(rate),
+            "--prometheus-port", str(free_port()), "--prometheus-host", "127.0.0.1",
+            "--log-level", "error",
+        ]  # fmt: skip
+
+    async def start(self) -> None:
+        child = self._spawn("sglang-router", self._argv(self.port, 100_000, 100_000, 0))
+        await wait_child_port("127.0.0.1", self.port, child, timeout=60)
+
+    async def budget_urls(self) -> list[str]:
+        """A second router whose bucket holds the budget in requests of the mean size, refilled
+        at the budget's rate, no queue (excess answered 429 at once)."""
+        b = self.budget
+        port = free_port()
+        slots = max(1, round(b.burst / b.mean_request_tokens))
+        rate = max(1, round(b.refill_per_second / b.mean_request_tokens))
+        child = self._spawn("sglang-router-budget", self._argv(port, slots, rate, 0))
+        await wait_child_port("127.0.0.1", port, child, timeout=60)
+        return [f"http://127.0.0.1:{port}/v1/chat/completions"]
+
+
+async def wait_for_line(log: Path, text: str, child: Child, timeout: float = 90.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end:
+        if log.exists() and text in log.read_text(errors="replace"):
+            return
+        if not child.alive():
+            break
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{child.name} did not get ready:\n{child.log_tail()}")
+
+
+def make_arm(
+    name: str, emus: Emulators, run_dir: Path, budget: BudgetSpec, redis_port: int
+) -> PeerArm:
+    if name == "litellm":
+        return Litellm(emus, run_dir, budget, redis_port)
+    kinds: dict[str, type[PeerArm]] = {
+        "direct": Direct,
+        "envoy": PlainEnvoy,
+        "tokenweir": Tokenweir,
+        "sglang-router": SglangRouter,
+    }
+    return kinds[name](emus, run_dir, budget)

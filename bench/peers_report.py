@@ -1,0 +1,240 @@
+"""Outputs of the gateway comparison (bench/peers.py): JSON, a markdown report, PNG plots.
+
+``write_outputs(result, out_dir, img_dir)`` writes ``peers.json`` and ``peers.md`` into
+``out_dir`` and ``peers_throughput.png``, ``peers_latency.png``, ``peers_budget.png`` into
+``img_dir``; docs/benchmarks.md embeds the plots. ``targets(result)`` checks issue 12's targets.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+__all__ = ["PLOTS", "markdown", "targets", "write_outputs"]
+
+PLOTS = ("peers_throughput.png", "peers_latency.png", "peers_budget.png")
+TOKENWEIR_PY = ("filters", "ratelimit_service")  # the Python processes on the request path
+
+
+def write_outputs(result: dict[str, Any], out_dir: Path, img_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    img_dir.mkdir(parents=True, exist_ok=True)
+    result["targets"] = targets(result)
+    (out_dir / "peers.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (out_dir / "peers.md").write_text(markdown(result))
+    plot_throughput(result, img_dir / PLOTS[0])
+    plot_latency(result, img_dir / PLOTS[1])
+    plot_budget(result, img_dir / PLOTS[2])
+
+
+def _f(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "–"
+    return f"{v:,.{digits}f}"
+
+
+def _sub(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def _rps(result: dict[str, Any], arm: str) -> float | None:
+    a = result["arms"].get(arm)
+    return None if a is None else a["saturation"]["ok_per_s"]
+
+
+def python_ms(cpu: dict[str, dict[str, Any]], labels: tuple[str, ...] | None = None) -> float:
+    """CPU ms per request of the Python processes (all of them, or those in ``labels``),
+    the emulators excluded (they are the backend, shared by every arm)."""
+    return sum(
+        float(v["ms"])
+        for k, v in cpu.items()
+        if v["python"] and k != "emulator" and (labels is None or k in labels)
+    )
+
+
+def markdown(result: dict[str, Any]) -> str:
+    arms = result["arms"]
+    base = arms.get("direct")
+    lines = [
+        "| arm | req/s at saturation | vs Envoy | TTFB p50 / p99 ms (k6, mix) | total p50 / p99 ms "
+        "(k6, mix) | TTFT p50 / p99 ms (client) | added TTFT p50 / p99 | chunk gap p50 / p99 ms "
+        "| rejected (sat / mix) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    envoy = _rps(result, "envoy")
+    for name, a in arms.items():
+        s, m, c = a["saturation"], a["mix"], a["chunks"]
+        ratio = s["ok_per_s"] / envoy if envoy else None
+        added = (
+            (_sub(c["ttft_ms"]["p50"], base["chunks"]["ttft_ms"]["p50"]),
+             _sub(c["ttft_ms"]["p99"], base["chunks"]["ttft_ms"]["p99"]))
+            if base else (None, None)
+        )  # fmt: skip
+        lines.append(
+            f"| {name} | {_f(s['ok_per_s'])} | {_f(ratio, 2)} "
+            f"| {_f(m['ttfb_ms']['p50'])} / {_f(m['ttfb_ms']['p99'])} "
+            f"| {_f(m['total_ms']['p50'])} / {_f(m['total_ms']['p99'])} "
+            f"| {_f(c['ttft_ms']['p50'])} / {_f(c['ttft_ms']['p99'])} "
+            f"| {_f(added[0])} / {_f(added[1])} "
+            f"| {_f(c['chunk_gap_ms']['p50'], 2)} / {_f(c['chunk_gap_ms']['p99'], 2)} "
+            f"| {s['rejected']} / {m['rejected']} |"
+        )
+    lines += ["", "CPU ms per request at saturation, per process (py = Python):", ""]
+    labels = sorted({k for a in arms.values() for k in a["saturation"]["cpu_ms_per_request"]})
+    lines.append("| arm | " + " | ".join(labels) + " | Python (gateway) |")
+    lines.append("|---|" + "---|" * (len(labels) + 1))
+    for name, a in arms.items():
+        cpu = a["saturation"]["cpu_ms_per_request"]
+        cells = [
+            f"{cpu[k]['ms']:.3f}{' py' if cpu[k]['python'] else ''}" if k in cpu else "–"
+            for k in labels
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {python_ms(cpu):.3f} |")
+    lines += [
+        "",
+        "Token budget under N parallel requests (one key; budget = burst, refill = burst / 60 "
+        "per s; admitted = prompt + completion tokens the emulators served):",
+        "",
+        "| arm | parallel | statuses | allowed tokens | admitted tokens | overshoot | held |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, a in arms.items():
+        for b in a["budget"]:
+            st = ", ".join(f"{k}: {v}" for k, v in sorted(b["statuses"].items()))
+            lines.append(
+                f"| {name} | {b['parallel']} | {st} | {b['allowed_tokens']:,.0f} "
+                f"| {b['admitted_tokens']:,.0f} | {b['overshoot_tokens']:,.0f} "
+                f"({100 * b['overshoot_ratio']:.0f}%) | {'yes' if b['held'] else '**no**'} |"
+            )
+    rls = result.get("rls")
+    if rls:
+        lines += ["", "Rate-limit service alone (gRPC, 1 process, HTTP/2 transport):", "",
+                  "| loop | offered /s | decisions/s | p50 / p99 ms (client) | p99 ms (service) "
+                  "| cores busy: service + Redis (CPU s: service, Redis, load generator) "
+                  "| CPU µs/decision (service) |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for label, r in (("closed, 200 callers", rls["closed_loop_c200"]),
+                         ("open, half the max", rls["open_loop_half"])):  # fmt: skip
+            lines.append(
+                f"| {label} | {_f(r.get('offered_rps') or None, 0)} | {_f(r['rps'], 0)} "
+                f"| {_f(r['p50_ms'], 2)} / {_f(r['p99_ms'], 2)} | {_f(r['service_p99_ms'], 1)} "
+                f"| {_f(r['cores_busy'], 2)} ({_cpu_s(r['cpu_seconds'])}) "
+                f"| {_f(r['service_cpu_us_per_decision'], 0)} |"
+            )
+    lines += ["", "Targets:", "", "| target | measured | met |", "|---|---|---|"]
+    for t in result.get("targets") or targets(result):
+        met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
+        lines.append(f"| {t['name']} | {t['measured']} | {met} |")
+    for arm, why in result.get("skipped", {}).items():
+        lines.append(f"\n{arm}: {why}")
+    return "\n".join(lines) + "\n"
+
+
+def _cpu_s(used: dict[str, float]) -> str:
+    keys = ("ratelimit_service", "redis", "load_generator")
+    return ", ".join(f"{used.get(k, 0.0):.2f}" for k in keys)
+
+
+def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    arms = result["arms"]
+    out: list[dict[str, Any]] = []
+    tw, lite, envoy = (_rps(result, n) for n in ("tokenweir", "litellm", "envoy"))
+    held = [b["held"] for b in arms.get("tokenweir", {}).get("budget", [])]
+    if tw is not None and lite:
+        ok = tw / lite >= 20 and bool(held) and all(held)
+        out.append({"name": "tokenweir ≥ 20x LiteLLM req/s, 0 overshoot",
+                    "measured": f"{tw / lite:.1f}x; budget held {sum(held)}/{len(held)}", "met": ok})  # fmt: skip
+    else:
+        out.append({"name": "tokenweir ≥ 20x LiteLLM req/s, 0 overshoot", "measured": "–", "met": None})  # fmt: skip
+    if "tokenweir" in arms:
+        py = python_ms(arms["tokenweir"]["saturation"]["cpu_ms_per_request"], TOKENWEIR_PY)
+        out.append({"name": "Python CPU ≤ 0.5 ms/request (full path)",
+                    "measured": f"{py:.3f} ms", "met": py <= 0.5})  # fmt: skip
+    if tw is not None and envoy:
+        out.append({"name": "full path ≥ 30% of Envoy alone req/s",
+                    "measured": f"{100 * tw / envoy:.0f}%", "met": tw / envoy >= 0.3})  # fmt: skip
+    rls = result.get("rls")
+    if rls:
+        c, o = rls["closed_loop_c200"], rls["open_loop_half"]
+        out.append({"name": "RLS ≥ 10k decisions/s", "measured": f"{c['rps']:,.0f}/s",
+                    "met": c["rps"] >= 10_000})  # fmt: skip
+        out.append({"name": "RLS p99 < 5 ms, open loop at half max",
+                    "measured": f"{o['p99_ms']:.1f} ms at {o['rps']:,.0f}/s",
+                    "met": o["p99_ms"] < 5.0})  # fmt: skip
+    return out
+
+
+def plot_throughput(result: dict[str, Any], path: Path) -> None:
+    arms = result["arms"]
+    names = list(arms)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    ax1.bar(names, [arms[n]["saturation"]["ok_per_s"] for n in names], color="tab:blue")
+    ax1.set_ylabel("streams/s at saturation (k6 closed loop)")
+    ax1.set_title("Throughput, same emulators")
+    labels = sorted({k for n in names for k in arms[n]["saturation"]["cpu_ms_per_request"]
+                     if k != "emulator"})  # fmt: skip
+    bottom = [0.0] * len(names)
+    for label in labels:
+        vals = [
+            float(arms[n]["saturation"]["cpu_ms_per_request"].get(label, {"ms": 0.0})["ms"])
+            for n in names
+        ]
+        ax2.bar(names, vals, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax2.set_ylabel("gateway CPU ms per request")
+    ax2.set_title("CPU per request by process (emulators excluded)")
+    ax2.legend(fontsize=7)
+    for ax in (ax1, ax2):
+        ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_latency(result: dict[str, Any], path: Path) -> None:
+    arms = result["arms"]
+    names = list(arms)
+    x = range(len(names))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for off, (key, q, label) in enumerate(
+        (
+            ("ttft_ms", "p50", "TTFT p50"),
+            ("ttft_ms", "p99", "TTFT p99"),
+            ("total_ms", "p50", "total p50"),
+            ("total_ms", "p99", "total p99"),
+        )
+    ):
+        vals = [arms[n]["chunks"][key][q] or 0.0 for n in names]
+        ax.bar([i + off * 0.2 - 0.3 for i in x], vals, width=0.2, label=label)
+    ax.set_xticks(list(x), names)
+    ax.set_ylabel("ms (streaming client, fixed rate, reused connections)")
+    ax.set_title("Time to first token and total time per arm")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_budget(result: dict[str, Any], path: Path) -> None:
+    arms = {n: a for n, a in result["arms"].items() if a["budget"]}
+    fig, ax = plt.subplots(figsize=(9, 4))
+    labels, vals = [], []
+    for name, a in arms.items():
+        for b in a["budget"]:
+            labels.append(f"{name}\n{b['parallel']} parallel")
+            vals.append(b["admitted_tokens"] / b["allowed_tokens"] if b["allowed_tokens"] else 0)
+    ax.bar(range(len(vals)), vals, color=["tab:green" if v <= 1 else "tab:red" for v in vals])
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="budget + refill")
+    ax.set_xticks(range(len(vals)), labels, fontsize=7)
+    ax.set_ylabel("admitted tokens / allowed")
+    ax.set_title("Token budget under parallel requests")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,94 @@
+"""The rate-limit service alone (bench/peers.py's last phase): decisions/s and latency.
+
+A private Redis and the service (built-in HTTP/2 transport, one process, the policy of
+``bench/ratelimit_bench.py``: reserves of 50–250 tokens for 100 tenants, bucket + monthly budget),
+driven by ``bench/ratelimit_load.py``: first a closed loop of 200 callers (its maximum), then an
+open loop at half that rate (latency from each call's scheduled time). CPU seconds of the service,
+Redis and the load generator are recorded beside the wall time: on a 2-core machine their sum
+shows whether the cores, not the service, set the ceiling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from peers_cpu import snapshot
+from ratelimit_bench import Service, policy_text, service_p99_ms
+
+from tests.helpers import free_port, redis_server
+
+__all__ = ["rls_phase"]
+
+LOAD = Path(__file__).resolve().parent / "ratelimit_load.py"
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _load(port: int, seconds: float, concurrency: int, rate: float) -> dict[str, Any]:
+    argv = [sys.executable, str(LOAD), "--target", f"127.0.0.1:{port}",
+            "--concurrency", str(concurrency), "--seconds", str(seconds), "--rate", str(rate)]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=300).stdout
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def _measured(svc: Service, redis_pid: int, fn: Any) -> dict[str, Any]:
+    pids = [svc.child.proc.pid, redis_pid]
+    hist0, cpu0, client0, t0 = svc.hist(), snapshot(pids), _children_cpu(), time.monotonic()
+    res = fn()
+    wall = time.monotonic() - t0
+    hist1, cpu1, client1 = svc.hist(), snapshot(pids), _children_cpu()
+    used = {k: round(cpu1[k].seconds - (cpu0[k].seconds if k in cpu0 else 0.0), 3) for k in cpu1}
+    used["load_generator"] = round(client1 - client0, 3)
+    res["cpu_seconds"] = used
+    res["wall_seconds"] = round(wall, 3)
+    secs = res.get("seconds") or wall  # the load's own window (its start-up excluded)
+    server = used.get("ratelimit_service", 0.0) + used.get("redis", 0.0)
+    res["cores_busy"] = round(server / secs, 2) if secs else None  # service + Redis
+    res["service_p99_ms"] = service_p99_ms(hist0, hist1)
+    calls = res.get("calls") or 0
+    res["service_cpu_us_per_decision"] = (
+        round(used.get("ratelimit_service", 0.0) * 1e6 / calls, 1) if calls else None
+    )
+    return res
+
+
+def rls_phase(tmp: Path, seconds: float) -> dict[str, Any]:
+    port = free_port()
+    policy = tmp / "rls-policy.yaml"
+    policy.write_text(policy_text(port))
+    with redis_server() as redis_port:
+        redis_pid = _redis_pid(redis_port)
+        svc = Service("ours-1", policy, f"redis://127.0.0.1:{redis_port}/0", port, tmp)
+        try:
+            _load(port, 1.0, 50, 0.0)  # warm-up
+            closed = _measured(svc, redis_pid, lambda: _load(port, seconds, 200, 0.0))
+            half = max(1.0, closed["rps"] / 2)
+            open_ = _measured(svc, redis_pid, lambda: _load(port, seconds, 2000, half))
+        finally:
+            svc.close()
+    return {"closed_loop_c200": closed, "open_loop_half": open_, "cpus": os.cpu_count()}
+
+
+def _redis_pid(port: int) -> int:
+    """The redis-server listening on ``port`` (its command line names the port)."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd and b"redis-server" in cmd[0] and str(port).encode() in b" ".join(cmd):
+            return int(d.name)
+    return 0

@@ -1,0 +1,70 @@
+"""The gateway comparison's smoke run (``bench/peers.py --smoke``): every arm starts fresh in front
+of the same emulators, every scenario (k6 saturation, k6 tier mix with bursts, the streaming
+client, the budget bursts, the rate-limit service alone) runs and the JSON, the markdown and the
+plots come out. Keeps the harness from rotting; it asserts that results were produced, never how
+fast anything was. The LiteLLM arm runs only where ``.venv-peers/`` holds the proxy (the bench
+creates it on first use; CI does not install it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from peers_litellm import ensure_venv  # noqa: E402
+
+
+def _smoke(tmp_path: Path, arms: list[str], *extra: str) -> dict[str, Any]:
+    out, img = tmp_path / "results", tmp_path / "img"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "peers.py"), "--smoke", "--no-install",
+         "--arms", *arms, "--out-dir", str(out), "--img-dir", str(img), *extra],
+        capture_output=True, text=True, timeout=540, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads((out / "peers.json").read_text())
+    assert set(result["arms"]) == set(arms)
+    for arm, r in result["arms"].items():
+        assert r["saturation"]["ok"] > 0 and r["saturation"]["ok_per_s"] > 0, arm
+        assert r["saturation"]["cpu_ms_per_request"]["emulator"]["ms"] > 0, arm
+        assert r["mix"]["ok"] > 0 and r["mix"]["ttfb_ms"]["p50"] is not None, arm
+        assert r["chunks"]["ok"] > 0 and r["chunks"]["chunk_gap_ms"]["p50"] is not None, arm
+        if arm != "direct":
+            assert [b["parallel"] for b in r["budget"]] == [5, 10], arm
+            assert all(b["admitted_tokens"] > 0 for b in r["budget"]), arm
+    md = (out / "peers.md").read_text()
+    assert "Targets:" in md and "| target | measured | met |" in md
+    for name in ("peers_throughput.png", "peers_latency.png", "peers_budget.png"):
+        assert (img / name).read_bytes()[:4] == b"\x89PNG"
+    return result
+
+
+def test_peers_smoke_runs_every_arm_and_writes_results(tmp_path: Path) -> None:
+    result = _smoke(tmp_path, ["direct", "envoy", "tokenweir", "sglang-router"])
+    tw = result["arms"]["tokenweir"]["saturation"]["cpu_ms_per_request"]
+    assert {"envoy", "filters", "ratelimit_service"} <= set(tw)  # every process is accounted
+    assert tw["filters"]["python"] and not tw["envoy"]["python"]
+    rls = result["rls"]
+    assert rls["closed_loop_c200"]["rps"] > 0 and rls["open_loop_half"]["calls"] > 0
+    assert {t["name"] for t in result["targets"]} >= {
+        "Python CPU ≤ 0.5 ms/request (full path)",
+        "full path ≥ 30% of Envoy alone req/s",
+        "RLS p99 < 5 ms, open loop at half max",
+    }
+
+
+def test_peers_smoke_litellm_arm(tmp_path: Path) -> None:
+    why = ensure_venv(install=False)
+    if why is not None:
+        pytest.skip(why)
+    result = _smoke(tmp_path, ["litellm"], "--no-rls")
+    assert "litellm" in result["arms"] and not result["skipped"]
