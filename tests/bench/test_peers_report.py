@@ -1,0 +1,116 @@
+"""The gateway comparison's report (bench/peers_report.py): targets, markdown, plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from peers_report import python_ms, targets, write_outputs
+
+
+def _arm(rps: float, cpu: dict[str, tuple[float, bool]], held: list[bool]) -> dict[str, Any]:
+    q = {"p50": 10.0, "p99": 20.0, "count": 5}
+    return {
+        "saturation": {
+            "ok_per_s": rps,
+            "ok": 10,
+            "rejected": 0,
+            "cpu_ms_per_request": {k: {"ms": ms, "python": py} for k, (ms, py) in cpu.items()},
+        },
+        "mix": {"ok": 5, "rejected": 1, "ttfb_ms": q, "total_ms": q},
+        "chunks": {"ok": 5, "ttft_ms": q, "chunk_gap_ms": q, "total_ms": q},
+        "budget": [
+            {
+                "parallel": n,
+                "statuses": {"200": 3, "429": n - 3},
+                "allowed_tokens": 100.0,
+                "admitted_tokens": 90.0 if h else 400.0,
+                "overshoot_tokens": 0.0 if h else 300.0,
+                "overshoot_ratio": 0.0 if h else 3.0,
+                "held": h,
+            }
+            for n, h in zip((100, 300), held, strict=False)
+        ],
+    }
+
+
+def _result() -> dict[str, Any]:
+    emu = ("emulator", (2.0, True))
+    return {
+        "arms": {
+            "direct": _arm(500, dict([emu]), []),
+            "envoy": _arm(400, dict([emu, ("envoy", (0.1, False))]), [False, False]),
+            "tokenweir": _arm(
+                200,
+                dict(
+                    [
+                        emu,
+                        ("envoy", (0.5, False)),
+                        ("filters", (0.35, True)),
+                        ("ratelimit_service", (0.2, True)),
+                        ("controlplane", (0.05, True)),
+                    ]
+                ),
+                [True, True],
+            ),
+            "litellm": _arm(20, dict([emu, ("litellm", (12.0, True))]), [False, False]),
+        },
+        "rls": {
+            "closed_loop_c200": {
+                "rps": 8000.0,
+                "p50_ms": 20.0,
+                "p99_ms": 60.0,
+                "offered_rps": 0.0,
+                "service_p99_ms": 50.0,
+                "cores_busy": 1.1,
+                "cpu_seconds": {},
+                "service_cpu_us_per_decision": 100.0,
+            },
+            "open_loop_half": {
+                "rps": 4000.0,
+                "p50_ms": 1.0,
+                "p99_ms": 4.0,
+                "offered_rps": 4000.0,
+                "service_p99_ms": 2.5,
+                "cores_busy": 0.6,
+                "cpu_seconds": {},
+                "service_cpu_us_per_decision": 100.0,
+            },
+        },
+        "skipped": {},
+    }
+
+
+def test_targets_are_judged_from_the_measurements() -> None:
+    got = {t["name"]: t for t in targets(_result())}
+    assert got["tokenweir ≥ 20x LiteLLM req/s, 0 overshoot"]["met"] is False  # 10x only
+    assert got["tokenweir ≥ 20x LiteLLM req/s, 0 overshoot"]["measured"].startswith("10.0x")
+    py = got["Python CPU ≤ 0.5 ms/request (full path)"]
+    assert py["met"] is False and py["measured"] == "0.550 ms"  # filters + RLS, not the CP
+    assert got["full path ≥ 30% of Envoy alone req/s"]["met"] is True  # 50%
+    assert got["RLS ≥ 10k decisions/s"]["met"] is False
+    assert got["RLS p99 < 5 ms, open loop at half max"]["met"] is True
+
+
+def test_an_overshoot_fails_the_litellm_target_even_when_fast() -> None:
+    r = _result()
+    r["arms"]["litellm"]["saturation"]["ok_per_s"] = 5.0
+    assert targets(r)[0]["met"] is True
+    r["arms"]["tokenweir"]["budget"][1]["held"] = False
+    assert targets(r)[0]["met"] is False
+
+
+def test_python_ms_leaves_out_the_emulators() -> None:
+    cpu = _result()["arms"]["tokenweir"]["saturation"]["cpu_ms_per_request"]
+    assert python_ms(cpu) == 0.35 + 0.2 + 0.05
+
+
+def test_outputs_are_written(tmp_path: Path) -> None:
+    r = _result()
+    write_outputs(r, tmp_path / "out", tmp_path / "img")
+    md = (tmp_path / "out" / "peers.md").read_text()
+    assert "| tokenweir | 200.0 | 0.50 |" in md
+    assert "| litellm | 300 | 200: 3, 429: 297 | 100 | 400 | 300 (300%) | **no** |" in md
+    assert (tmp_path / "out" / "peers.json").exists()
+    for name in ("peers_throughput.png", "peers_latency.png", "peers_budget.png"):
+        assert (tmp_path / "img" / name).read_bytes()[:4] == b"\x89PNG"
