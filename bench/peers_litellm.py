@@ -9,7 +9,7 @@ message). Offline: ``LITELLM_LOCAL_MODEL_COST_MAP=True``.
 Per-key TPM limits without Postgres: virtual keys need a database, so a custom auth module
 (``peers_litellm_auth.py``, copied next to the config) accepts the benchmark's keys and returns
 each with its ``tpm_limit``; LiteLLM's own parallel-request limiter enforces it, with its counters
-in Redis (``litellm_settings.cache``), as several proxies sharing one Redis would.
+in Redis (``general_settings.coordination_redis``), as several proxies sharing one Redis would.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ LITELLM_ENV = {
     "LITELLM_LOG": "ERROR",
     "LITELLM_MASTER_KEY": MASTER_KEY,
     "DISABLE_SCHEMA_UPDATE": "True",
+    # a model named llama-3* makes LiteLLM fetch a tokenizer from the Hugging Face hub (retried
+    # for ~25 s per request offline); offline mode fails at once and LiteLLM falls back to tiktoken
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
 }
 AUTH_MODULE = Path(__file__).resolve().parent / "peers_litellm_auth.py"
 
@@ -99,8 +103,6 @@ def write_litellm_config(
         },
         "litellm_settings": {
             "drop_params": True,
-            "cache": True,
-            "cache_params": {"type": "redis", "host": "127.0.0.1", "port": redis_port},
             "request_timeout": 120,
             "set_verbose": False,
             "json_logs": False,
@@ -109,6 +111,9 @@ def write_litellm_config(
             "master_key": MASTER_KEY,
             "custom_auth": "peers_litellm_auth.user_api_key_auth",
             "disable_spend_logs": True,
+            # the limiter's counters in Redis, without response caching (litellm_settings.cache
+            # would answer repeated prompts from Redis and the backends would serve nothing)
+            "coordination_redis": {"host": "127.0.0.1", "port": redis_port},
         },
     }
     path = run_dir / "config.yaml"
