@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 from overload_arms import plain_envoy_bootstrap
 from peers_litellm import LITELLM_ENV, litellm_command, write_litellm_config
+from peers_workload import tenant_keys
 
 from controlplane.envoy_launcher import envoy_binary
 from runtime.children import Child, wait_child_port
@@ -180,8 +181,6 @@ def tokenweir_policy(arm: PeerArm) -> dict[str, Any]:
         "max_tokens": 4096,
         "quotas": {"tokens": {"burst": b.burst, "refill_per_second": b.refill_per_second}},
     }
-    from peers_workload import tenant_keys
-
     tenants = {
         key.removeprefix("tw-peers-"): {"tier": tier, "api_keys": [key]}
         for tier, keys in tenant_keys().items()
