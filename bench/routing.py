@@ -122,7 +122,16 @@ class Pool:
         await asyncio.gather(*(c.aclose() for c in self.children))
 
 
-def tokenweir_policy(pool: Pool, gw: int, fp: int, mp: int, picker: bool) -> dict[str, Any]:
+def tokenweir_policy(
+    pool: Pool,
+    gw: int,
+    fp: int,
+    mp: int,
+    picker: bool,
+    scale: int,
+    a_pending: float = 5.0,
+    cache_weight: float = 0.7,
+) -> dict[str, Any]:
     plugins: list[Any] = [{"name": "identity", "settings": {"require": False}}, "tokens", "prefix"]
     if picker:
         plugins.append("picker")
@@ -137,7 +146,15 @@ def tokenweir_policy(pool: Pool, gw: int, fp: int, mp: int, picker: bool) -> dic
         "timeouts": {"connect": "1s", "request": "0s", "stream_idle": "120s"},
     }
     if picker:
-        chat["routing"] = {"mode": "prefix_index", "kv_events_port_offset": OFFSET}
+        chat["routing"] = {
+            "mode": "prefix_index",
+            "kv_events_port_offset": OFFSET,
+            # one trace block is 512 / scale tokens: count a match of one block
+            "min_prefix_tokens": max(16, 512 // scale // 2),
+            "checkpoint_bytes": 512,
+            "pending_ttl": f"{a_pending}s",
+            "cache_weight": cache_weight,
+        }
     return {
         "version": 1,
         "control_plane": {
@@ -188,7 +205,9 @@ class Gateway:
             await wait_child_port("127.0.0.1", self.port, child, timeout=90)
             return
         fp, mp = free_port(), free_port()
-        policy = tokenweir_policy(self.pool, self.port, fp, mp, self.arm == "picker")
+        policy = tokenweir_policy(
+            self.pool, self.port, fp, mp, self.arm == "picker", self.pool.a.scale
+        )
         path = self.run_dir / f"policy-{self.arm}.yaml"
         path.write_text(yaml.safe_dump(policy, sort_keys=False))
         self.metrics_url = f"http://127.0.0.1:{mp}/metrics"
@@ -428,6 +447,8 @@ def main() -> int:
     ap.add_argument("--profile", default="llama-3.1-8b-h100")
     ap.add_argument("--time-scale", type=float, default=0.1)
     ap.add_argument("--cache-tokens", type=int, default=460_000)
+    ap.add_argument("--pending-ttl", type=float, default=1.0, help="picker: routing.pending_ttl")
+    ap.add_argument("--cache-weight", type=float, default=0.7, help="picker: routing.cache_weight")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     return asyncio.run(main_async(ap.parse_args()))
 

@@ -44,7 +44,7 @@ class RoutingPolicy:
     # granularity of the picker's prompt checkpoints (bytes of rendered prompt)
     checkpoint_bytes: Annotated[int, Size(64, 1024**2)] = 1024
     # a routed prompt counts as cached on its replica for this long, until its events arrive
-    pending_ttl: Annotated[float, Duration(0.0, 600)] = 5.0
+    pending_ttl: Annotated[float, Duration(0.0, 600)] = 1.0
 
     def __post_init__(self) -> None:
         if self.mode == "prefix_index" and self.index_ttl < 1.0:
