@@ -135,7 +135,10 @@ class PoolPicker:
         pending = self._pending_runs(prompt.marks, now)
         candidates = []
         for name, count in held.items():
-            k = max(count or 0, pending.get(name, 0))
+            k = count or 0
+            pend = pending.get(name, 0)
+            if pend > len(prompt.points):  # the index cannot know that far yet: trust the pick
+                k = max(k, pend)
             candidates.append(
                 Candidate(
                     name=name,

@@ -151,3 +151,16 @@ def test_pending_picks_of_two_conversations_sharing_a_prefix_do_not_clobber_each
         picker.done(n)
     assert picker.pick(picker.prompt(b + b" next")).replica == NAMES[1]
     assert picker.pick(picker.prompt(a + b" next")).replica == NAMES[0]
+
+
+def test_once_a_prompt_is_mapped_the_index_beats_a_pending_pick() -> None:
+    clock = Clock()
+    picker, _ = _picker(clock, pending_ttl=5.0)
+    doc = _text("evicted", 200)
+    prompt = picker.prompt(doc)
+    picker.record(prompt, Pick(NAMES[0], "load"))
+    picker.done(NAMES[0])
+    picker.map.extend(prompt.data, prompt.marks, 0, len(prompt.marks))
+    # the replica's events never showed the document (evicted, or never stored): no cache claim
+    pick = picker.pick(picker.prompt(doc + b" again"))
+    assert pick.reason == "load" and pick.predicted_tokens == 0
