@@ -157,6 +157,7 @@ class FilterApp:
             self.gates,
             self.ladders,
             self.pickers,
+            redis=self._redis,
         )
 
     async def start(self) -> None:

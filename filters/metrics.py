@@ -60,6 +60,19 @@ class FilterMetrics:
             p + "max_tokens_clamped", "requests whose max_tokens was lowered or set",
             ["tenant", "why"], registry=r,
         )  # fmt: skip
+        self.idempotency = Counter(
+            p + "idempotency", "requests with an idempotency key, by outcome (claimed, stored, "
+            "replay, in_flight, mismatch, unstored, too_large, released, invalid, missing, "
+            "store_error)", ["route", "outcome"], registry=r,
+        )  # fmt: skip
+        self.collapsed = Counter(
+            p + "collapsed", "requests that joined another identical request's backend run "
+            "(role follower) or led one (role leader)", ["route", "role"], registry=r,
+        )  # fmt: skip
+        self.tokens_saved = Counter(
+            p + "backend_tokens_saved", "backend tokens (prompt + completion) not spent because "
+            "an answer was replayed or shared", ["route", "how"], registry=r,
+        )  # fmt: skip
 
         self._timers: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._streams: dict[str, Any] = {}

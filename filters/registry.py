@@ -16,6 +16,7 @@ from filters.admission.plugin import AdmissionPlugin
 from filters.api import Plugin, RouteInfo
 from filters.chain import Chain
 from filters.errors import ConfigError
+from filters.idempotency.plugin import IdempotencyPlugin
 from filters.ladder.plugin import DegradePlugin
 from filters.picker.plugin import PickerPlugin
 from filters.plugins.identity import IdentityPlugin
@@ -37,6 +38,7 @@ BUILTINS: Mapping[str, Factory] = {
     "admission": AdmissionPlugin,
     "degrade": DegradePlugin,
     "picker": PickerPlugin,
+    "idempotency": IdempotencyPlugin,
 }
 
 

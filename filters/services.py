@@ -27,6 +27,8 @@ class Services:
     gates: Any = None  # filters.admission.gate.Gates: admission state kept across reloads
     ladders: Any = None  # filters.ladder.state.Ladders: ladder steps kept across reloads
     pickers: Any = None  # filters.picker.registry.Pickers: prefix indexes kept across reloads
+    redis: Any = None  # the server's asyncio Redis client (None: no Redis configured)
+    collapser: Any = None  # filters.collapse.hub.Hub: in-flight collapsed runs across reloads
 
 
 def default_services(policy: Any, clock: Callable[[], float]) -> Services:

@@ -28,6 +28,7 @@ from controlplane.policy.common import (
 from controlplane.policy.decode import Decoder, Duration, Range, Size
 from controlplane.policy.degradation import DegradationPolicy, LadderStep
 from controlplane.policy.routing import RoutingPolicy
+from controlplane.policy.safety import CollapsingPolicy, IdempotencyPolicy
 from controlplane.policy.saturation import PoolCapacity, PoolStateScrape, SaturationPolicy
 from controlplane.policy.servers import ControlPlane, FiltersServer, RateLimitServer, Replicas
 from controlplane.policy.tenancy import QuotaLimits, Quotas, Tenant, Tier
@@ -38,6 +39,7 @@ __all__ = [
     "AdmissionPolicy",
     "Affinity",
     "CircuitBreakers",
+    "CollapsingPolicy",
     "ControlPlane",
     "DegradationPolicy",
     "Downstream",
@@ -46,6 +48,7 @@ __all__ = [
     "Gateway",
     "HealthCheck",
     "HttpService",
+    "IdempotencyPolicy",
     "LadderStep",
     "Lane",
     "LaneAdmission",
@@ -357,6 +360,8 @@ class Policy:
     filters: FiltersServer | None = None
     replicas: Replicas = field(default_factory=Replicas)  # servers side by side (docs/deploy.md)
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
+    idempotency: IdempotencyPolicy = field(default_factory=IdempotencyPolicy)
+    collapsing: CollapsingPolicy = field(default_factory=CollapsingPolicy)
     planner: dict[str, Any] = field(
         default_factory=dict
     )  # `tokenweir plan` inputs (docs/capacity.md)

@@ -29,6 +29,12 @@ BUILTIN_HOOKS: dict[str, frozenset[str]] = {
     "degrade": frozenset({"request_headers", "response_headers"}),
     # response_chunk keeps the stream open to the response's end, where in-flight load drops
     "picker": frozenset({"request_body", "response_chunk", "stream_end"}),
+    "idempotency": frozenset(
+        {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}
+    ),
+    "collapse": frozenset(
+        {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}
+    ),
 }
 _ALL = frozenset(
     {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}

@@ -1,0 +1,156 @@
+"""A governed stack for the safe-retry tests: SGLang emulators as processes, the control plane
+and Envoy (mesh harness), the rate-limit service as a process, the filter server in-process (its
+metrics are read directly), Redis; and helpers to read the emulators' request counters."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import redis.asyncio as aioredis
+
+from controlplane.policy import load_policy
+from filters.app import FilterApp, Settings
+from runtime.quota.reader import QuotaReader
+from tests.helpers import ChildProcess, free_port, wait_for_port
+from tests.integration.mesh_harness import Mesh, mesh
+
+__all__ = ["BUDGET", "KEYS", "SafetyStack", "backend_requests", "safety_stack"]
+
+BUDGET = 1_000_000
+KEYS = {"acme": "acme-key-1234", "globex": "globex-key-1234"}
+_FINISHED = re.compile(r"^sglang:num_requests_total\{[^}]*\}\s+([0-9.e+]+)$", re.M)
+
+
+async def backend_requests(session: aiohttp.ClientSession, port: int) -> int:
+    """Requests the emulator on ``port`` has finished (its ``sglang:num_requests_total``)."""
+    async with session.get(f"http://127.0.0.1:{port}/metrics") as r:
+        text = await r.text()
+    return int(sum(float(v) for v in _FINISHED.findall(text)))
+
+
+def policy_text(
+    gw: int, fp: int, rp: int, redis_url: str, replicas: list[int], extra: str, plugins: str
+) -> str:
+    eps = ", ".join(f"127.0.0.1:{p}" for p in replicas)
+    tenants = "\n".join(f"  {t}: {{tier: mid, api_keys: [{k}]}}" for t, k in KEYS.items())
+    return f"""
+version: 1
+control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
+ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}"}}
+filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
+pools:
+  chat:
+    models: [m1]
+    endpoints: [{eps}]
+    health_check: {{enabled: false}}
+    retries: {{enabled: false}}
+gateways:
+  edge:
+    listen: 127.0.0.1:{gw}
+    routes:
+      - name: llm
+        match: {{prefix: /v1/}}
+        pool: chat
+        rate_limit: {{enabled: true}}
+        filters: {{plugins: [{plugins}]}}
+tiers:
+  mid:
+    max_tokens: 64
+    quotas: {{tokens: {{burst: {BUDGET}, refill_per_second: 0.001}}}}
+tenants:
+{tenants}
+{extra}
+"""
+
+
+@dataclass
+class SafetyStack:
+    url: str
+    mesh: Mesh
+    app: FilterApp
+    reader: QuotaReader
+    replicas: list[int]
+    session: aiohttp.ClientSession
+
+    async def backend_requests(self) -> int:
+        return sum([await backend_requests(self.session, p) for p in self.replicas])
+
+    async def spent(self, tenant: str) -> int:
+        left = await self.reader.remaining(tenant, "m1", "interactive")
+        assert left is not None
+        return BUDGET - left
+
+    async def settled(self, tenant: str, before: int, timeout: float = 5.0) -> int:
+        """What ``tenant`` has spent once it moved from ``before`` and then stayed for 0.5 s
+        (the settlement is fire-and-forget after the stream)."""
+        end = time.monotonic() + timeout
+        got = await self.spent(tenant)
+        while got == before and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+            got = await self.spent(tenant)
+        await asyncio.sleep(0.5)
+        return await self.spent(tenant)
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.app.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    def headers(self, tenant: str = "acme", **extra: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {KEYS[tenant]}", "content-type": "application/json",
+                **extra}  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def safety_stack(
+    tmp_path: Path,
+    redis_port: int,
+    *,
+    replicas: int = 1,
+    extra: str = "",
+    slow: float = 1.0,
+    plugins: str = "identity, idempotency, tokens, lane, usage",
+) -> AsyncIterator[SafetyStack]:
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    r = aioredis.Redis.from_url(redis_url)
+    await r.flushdb()
+    gw, fp, rp = free_port(), free_port(), free_port()
+    ports = [free_port() for _ in range(replicas)]
+    children = [
+        ChildProcess(
+            [sys.executable, "-m", "backends.emulator", "--port", str(p), "--model", "m1",
+             "--time-scale", "0.05", "--seed", "7", "--slow", str(slow),
+             "--log-level", "WARNING"],
+            log=tmp_path / f"emulator{i}.log",
+        )
+        for i, p in enumerate(ports)
+    ]  # fmt: skip
+    app: FilterApp | None = None
+    session = aiohttp.ClientSession()
+    try:
+        for p in ports:
+            await asyncio.to_thread(wait_for_port, p, 30.0)
+        text = policy_text(gw, fp, rp, redis_url, ports, extra, plugins)
+        async with mesh(tmp_path, text, {"edge": gw}) as m:
+            argv = [sys.executable, "-m", "ratelimit_service", "--policy", str(m.policy_path)]
+            children.append(ChildProcess(argv, log=tmp_path / "ratelimit.log"))
+            await asyncio.to_thread(wait_for_port, rp, 30.0)
+            app = FilterApp(
+                Settings(policy_path=m.policy_path, redis_url=redis_url), clock=time.monotonic
+            )
+            await app.start()
+            reader = QuotaReader(r, load_policy(m.policy_path), timeout=5.0)
+            yield SafetyStack(f"http://127.0.0.1:{gw}", m, app, reader, ports, session)
+    finally:
+        await session.close()
+        if app is not None:
+            await app.aclose()
+        for c in children:
+            c.close()
+        await r.aclose()
