@@ -18,9 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.policy import Policy, load_policy
+from controlplane.policy.phases import uses_collapse
 from filters.admission.gate import Gates
 from filters.admission.signal import pool_state_reader, saturation_source
 from filters.budget import Budget, CachedBudget, NoBudget, quota_reader_budget
+from filters.collapse.fanout import FanoutServer
+from filters.collapse.hub import Hub
 from filters.estimate import Estimator, load_estimator
 from filters.h2server import LIMITS, H2FilterServer
 from filters.keys import KeyInfo, KeyStore, policy_keys
@@ -102,6 +105,9 @@ class FilterApp:
             clock=clock,
         )
         self._tasks: list[asyncio.Task[None]] = []
+        # collapsed runs outlive policy reloads; followers are streamed by the fan-out endpoint
+        self.collapser = Hub(clock)
+        self._fanout: FanoutServer | None = None
         self.health = HealthState(["envoy.service.ext_proc.v3.ExternalProcessor"])
         self._metrics_server: MetricsServer | None = None
         self.server: FilterServer | H2FilterServer | None = None
@@ -158,6 +164,7 @@ class FilterApp:
             self.ladders,
             self.pickers,
             redis=self._redis,
+            collapser=self.collapser,
         )
 
     async def start(self) -> None:
@@ -166,6 +173,12 @@ class FilterApp:
         if url:
             self._redis = redis_client(url, timeout=self._redis_timeout())
         await self.pickers.configure(self.policy)
+        host, port = self._listen()
+        if any(uses_collapse(r) for g in self.policy.gateways.values() for r in g.routes):
+            self._fanout = FanoutServer(
+                self.collapser, host, idle_timeout=self.policy.collapsing.follower_timeout
+            )
+            await self._fanout.start()
         services = self._services()
         self._budget_reader = services.budget
         timeout = self.policy.filters.message_timeout if self.policy.filters is not None else 0.2
@@ -175,7 +188,6 @@ class FilterApp:
             metrics=self.metrics,
             message_timeout=timeout,
         )
-        host, port = self._listen()
         transport = transport_for(self.settings.transport, host)
         if transport == "h2":
             body = self.policy.filters.max_body_bytes if self.policy.filters else 1024**2
@@ -277,6 +289,9 @@ class FilterApp:
         if self.server is not None:
             await self.server.aclose()
             self.server = None
+        if self._fanout is not None:
+            await self._fanout.aclose()
+            self._fanout = None
         if isinstance(self._budget_reader, CachedBudget):
             await self._budget_reader.aclose()
         if self._keys is not None:

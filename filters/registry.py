@@ -15,6 +15,7 @@ from typing import Any
 from filters.admission.plugin import AdmissionPlugin
 from filters.api import Plugin, RouteInfo
 from filters.chain import Chain
+from filters.collapse.plugin import CollapsePlugin
 from filters.errors import ConfigError
 from filters.idempotency.plugin import IdempotencyPlugin
 from filters.ladder.plugin import DegradePlugin
@@ -39,6 +40,7 @@ BUILTINS: Mapping[str, Factory] = {
     "degrade": DegradePlugin,
     "picker": PickerPlugin,
     "idempotency": IdempotencyPlugin,
+    "collapse": CollapsePlugin,
 }
 
 

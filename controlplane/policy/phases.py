@@ -10,12 +10,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["BUILTIN_HOOKS", "OVERSIZE_ROUTE_PREFIX", "ROUTE_HEADER", "route_hooks"]
+__all__ = [
+    "BUILTIN_HOOKS",
+    "COLLAPSE_ID_HEADER",
+    "COLLAPSE_TO_HEADER",
+    "OVERSIZE_ROUTE_PREFIX",
+    "ROUTE_HEADER",
+    "route_hooks",
+    "uses_collapse",
+]
 
 ROUTE_HEADER = "x-tokenweir-route"  # gRPC initial metadata naming the route (set per route)
 # the route name of a body over its route's limit, followed by the limit in bytes: the filter
 # server reads such a body to its end (discarding it) and answers 413, so the client can read it
 OVERSIZE_ROUTE_PREFIX = "tokenweir.oversize:"
+# set by the collapse plugin on a follower (clients' x-tokenweir-* headers are stripped first):
+# the route with this header sends the request to the filter server's fan-out endpoint
+# (host:port, an ORIGINAL_DST cluster), which streams the leader's answer; the id names the run
+COLLAPSE_TO_HEADER = "x-tokenweir-collapse-to"
+COLLAPSE_ID_HEADER = "x-tokenweir-collapse-id"
 
 BUILTIN_HOOKS: dict[str, frozenset[str]] = {
     "identity": frozenset({"request_headers"}),
@@ -46,3 +59,9 @@ def route_hooks(plugin_names: Iterable[str]) -> frozenset[str]:
     for name in plugin_names:
         hooks |= BUILTIN_HOOKS.get(name, _ALL)
     return frozenset(hooks)
+
+
+def uses_collapse(route: object) -> bool:
+    """Whether a policy route lists the ``collapse`` plugin (and has its filters on)."""
+    f = getattr(route, "filters", None)
+    return f is not None and f.enabled and any(p.name == "collapse" for p in f.plugins)

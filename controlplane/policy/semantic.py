@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from controlplane.policy.common import check_name
 from controlplane.policy.model import LANES, Address, LlmPool, Policy
+from controlplane.policy.phases import uses_collapse
 
 __all__ = ["check_policy"]
 
@@ -149,6 +150,13 @@ def _gateways(policy: Policy) -> Iterator[tuple[str, str]]:
                 yield (
                     f"{path}.filters",
                     "LLM filters apply to pool routes only; services pass through unchanged",
+                )
+            f = route.filters
+            if uses_collapse(route) and f is not None and not rl_on and f.failure_mode != "closed":
+                yield (
+                    f"{path}.filters.failure_mode",
+                    "the collapse plugin needs failure_mode: closed (an open route would let "
+                    "a client name the collapse target itself)",
                 )
 
 

@@ -27,6 +27,7 @@ from controlplane.policy.model import (
     Thresholds,
 )
 from controlplane.policy.routing import ENDPOINT_HEADER
+from controlplane.policy.phases import COLLAPSE_TO_HEADER
 from controlplane.translate import names
 from controlplane.translate.dns import is_dns, resolve_by_dns
 from controlplane.translate.protos import ads_source, any_of, dur, socket_address, u32
@@ -216,6 +217,22 @@ def fallback_cluster(pool: str, fallback: str) -> cluster_pb2.Cluster:
             name="envoy.clusters.aggregate", typed_config=any_of(cfg)
         ),
     )
+
+
+def collapse_cluster() -> cluster_pb2.Cluster:
+    """Followers of a collapsed request: ORIGINAL_DST on the header the collapse plugin sets to
+    its own fan-out endpoint (host:port of the filter process that holds the leader)."""
+    c = cluster_pb2.Cluster(
+        name=names.COLLAPSE_CLUSTER,
+        type=cluster_pb2.Cluster.ORIGINAL_DST,
+        lb_policy=cluster_pb2.Cluster.CLUSTER_PROVIDED,
+        connect_timeout=dur(1.0),
+        original_dst_lb_config=cluster_pb2.Cluster.OriginalDstLbConfig(
+            use_http_header=True, http_header_name=COLLAPSE_TO_HEADER
+        ),
+    )
+    _http1(c, idle=60.0)
+    return c
 
 
 # -- pieces -----------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "COLLAPSE_CLUSTER",
     "FILTERS_CLUSTER",
     "RATELIMIT_CLUSTER",
     "fallback_cluster",
@@ -15,6 +16,7 @@ __all__ = [
 
 RATELIMIT_CLUSTER = "tokenweir_ratelimit"
 FILTERS_CLUSTER = "tokenweir_filters"
+COLLAPSE_CLUSTER = "tokenweir_collapse"  # followers of a collapsed request (ORIGINAL_DST)
 
 
 def pool_cluster(pool: str) -> str:

@@ -15,6 +15,7 @@ from google.protobuf.message import Message
 
 from controlplane.policy.model import Policy
 from controlplane.policy.servers import replica_addresses
+from controlplane.policy.phases import uses_collapse
 from controlplane.translate import clusters, names
 from controlplane.translate.dns import is_dns, resolve_by_dns
 from controlplane.translate.endpoints import load_assignment
@@ -50,6 +51,8 @@ def render(policy: Policy) -> dict[str, Resources]:
             elif route.service is not None:
                 _service(policy, res, route.service)
         _servers(policy, res, hooks_used={f.name for f in hooks})
+        if any(uses_collapse(r) for r in gw.routes):
+            _add(res, CLUSTER, clusters.collapse_cluster())
         out[node] = res
     for node, sc in policy.sidecars.items():
         res = _empty()

@@ -18,6 +18,7 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import wrappers_pb2
 
 from controlplane.policy.model import Gateway, LlmPool, Policy, Retries, Route, Sidecar, Timeouts
+from controlplane.policy.phases import COLLAPSE_TO_HEADER, uses_collapse
 from controlplane.translate import names
 from controlplane.translate.edge import too_large_route
 from controlplane.translate.protos import dur, u32
@@ -34,6 +35,8 @@ INTERNAL_PREFIX = "x-tokenweir-"
 LANE_HEADER = "x-tokenweir-lane"
 DEGRADE_HEADER = "x-tokenweir-degrade"  # set by the degrade plugin (filters/ladder)
 MODEL_HEADER = "x-tokenweir-model"
+
+_NO_RETRIES = Retries(enabled=False)
 
 # Per-route filter config for a route: route → {filter name: Any}.
 PerRoute = Callable[[Route], dict[str, Any]]
@@ -143,6 +146,16 @@ def _policy_route(policy: Policy, route: Route, per_route: list[PerRoute]) -> li
             )
         )
         out.insert(0, degraded)
+    if uses_collapse(route):
+        # a follower of a collapsed request: the filter server's fan-out endpoint answers it
+        follower = _route(
+            f"{route.name}/collapsed",
+            route,
+            _action(names.COLLAPSE_CLUSTER, timeouts, _NO_RETRIES, rc.RouteAction()),
+            configs,
+        )
+        follower.match.headers.append(rc.HeaderMatcher(name=COLLAPSE_TO_HEADER, present_match=True))
+        out.insert(0, follower)
     if route.filters is not None and route.filters.enabled:
         # ext_proc buffers the body: without this Envoy's connection buffer (1 MiB) caps it
         # and answers a larger body allowed by the policy with a plain-text 413

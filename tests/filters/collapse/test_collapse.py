@@ -1,0 +1,141 @@
+"""Collapsing without network: the hub's fan-out order, bounds and forgetting; the plugin's
+choice of leader and followers; the translation's follower route and cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from controlplane.policy import Policy, load_policy_text
+from controlplane.policy.phases import COLLAPSE_ID_HEADER, COLLAPSE_TO_HEADER
+from controlplane.translate import render
+from filters.collapse.hub import Hub
+from filters.collapse.plugin import CollapsePlugin, is_deterministic
+from filters.errors import ConfigError
+from tests.filters.conftest import FakeClock, make_ctx, make_services
+
+
+async def test_a_follower_gets_every_chunk_from_the_first_as_it_comes() -> None:
+    hub = Hub(FakeClock(), address="127.0.0.1:9")
+    run = hub.lead("k")
+    run.headers(200, "text/event-stream")
+    run.feed(b"a", limit=100)
+    assert hub.join("k", max_followers=2) is run
+    got: list[bytes] = []
+
+    async def read() -> None:
+        async for c in run.follow(5.0):
+            got.append(c)
+
+    task = asyncio.create_task(read())
+    await asyncio.sleep(0)
+    assert got == [b"a"]  # what the leader already had, at once
+    run.feed(b"b", limit=100)
+    await asyncio.sleep(0)
+    assert got == [b"a", b"b"]  # the next chunk as soon as it is fed, before the end
+    hub.finish(run, complete=True)
+    await task
+    assert got == [b"a", b"b"] and run.complete
+
+
+def test_joins_are_bounded_and_runs_forgotten() -> None:
+    clock = FakeClock()
+    hub = Hub(clock, address="127.0.0.1:9", linger=10)
+    run = hub.lead("k")
+    assert hub.join("k", max_followers=1) is run
+    assert hub.join("k", max_followers=1) is None  # max_followers
+    other = hub.lead("j")
+    other.feed(b"x" * 50, limit=10)
+    assert hub.join("j", max_followers=5) is None  # past the buffer bound
+    hub.finish(run, complete=True)
+    assert hub.join("k", max_followers=5) is None  # done: nothing to join
+    assert hub.attach(run.id) is run  # the follower that joined still reads it
+    hub.detach(run)
+    assert hub.attach(run.id) is None  # read by all: forgotten
+    hub.finish(other, complete=False)
+    clock.now += 11
+    hub.lead("z")  # sweeps
+    assert hub.attach(other.id) is None
+    assert Hub(clock).join("z", max_followers=5) is None  # no fan-out endpoint: no followers
+
+
+@pytest.mark.parametrize(
+    ("body", "want"),
+    [
+        ({"temperature": 0}, True),
+        ({"temperature": 0.0}, True),
+        ({"seed": 3, "temperature": 0.9}, True),
+        ({"sampling_params": {"temperature": 0}}, True),
+        ({"temperature": 0.5}, False),
+        ({}, False),
+        ({"seed": True}, False),
+        ({"temperature": False}, False),
+    ],
+)
+def test_deterministic_means_temperature_zero_or_a_seed(body: dict[str, Any], want: bool) -> None:
+    assert is_deterministic(body) is want
+
+
+def plugin(policy: Policy, clock: FakeClock, hub: Hub, **knobs: Any) -> CollapsePlugin:
+    p = dataclasses.replace(policy, collapsing=dataclasses.replace(policy.collapsing, **knobs))
+    return CollapsePlugin({}, dataclasses.replace(make_services(p, clock), collapser=hub))
+
+
+async def test_the_plugin_makes_one_leader_and_points_followers_at_the_fanout(
+    policy: Policy, clock: FakeClock
+) -> None:
+    hub = Hub(clock, address="127.0.0.1:9")
+    p = plugin(policy, clock, hub)
+    body = json.dumps({"model": "m", "temperature": 0, "messages": []}).encode()
+    lead = make_ctx(tenant="acme")
+    assert await p.request_body(lead, body) is None
+    follower = make_ctx(tenant="acme")
+    r = await p.request_body(follower, body)
+    assert r is not None and r.clear_route_cache
+    assert r.set_headers[COLLAPSE_TO_HEADER] == "127.0.0.1:9"
+    assert r.set_headers[COLLAPSE_ID_HEADER] == lead.scratch["collapse"][1].id
+    assert await p.request_body(make_ctx(tenant="globex"), body) is None  # another tenant leads
+    shared = plugin(policy, clock, Hub(clock, address="127.0.0.1:9"), share_across_tenants=True)
+    await shared.request_body(make_ctx(tenant="acme"), body)
+    assert await shared.request_body(make_ctx(tenant="globex"), body) is not None
+    await p.response_headers(lead, {":status": "200", "content-type": "text/event-stream"})
+    await p.response_chunk(lead, b"data: x\n\n", True)
+    await p.stream_end(lead)
+    run = lead.scratch.get("collapse")
+    assert run is None
+    with pytest.raises(ConfigError):
+        CollapsePlugin({"x": 1}, make_services(policy, clock))
+
+
+POLICY = """
+version: 1
+filters: {address: 127.0.0.1:18082}
+pools: {chat: {models: [m1], endpoints: [127.0.0.1:30000]}}
+gateways:
+  edge:
+    routes:
+      - name: llm
+        pool: chat
+        filters: {plugins: [identity, tokens, collapse, usage], failure_mode: FAIL}
+"""
+
+
+def test_translation_adds_the_follower_route_and_cluster() -> None:
+    res = render.render(load_policy_text(POLICY.replace("FAIL", "closed")))["edge"]
+    cluster = res[render.CLUSTER]["tokenweir_collapse"]
+    assert cluster.original_dst_lb_config.http_header_name == COLLAPSE_TO_HEADER
+    routes = next(iter(res[render.ROUTE].values())).virtual_hosts[0].routes
+    follower = next(r for r in routes if r.name == "llm/collapsed")
+    assert follower.route.cluster == "tokenweir_collapse"
+    assert [h.name for h in follower.match.headers] == [COLLAPSE_TO_HEADER]
+    names = [r.name for r in routes]
+    assert names.index("llm/collapsed") < names.index("llm")
+
+
+def test_an_open_route_cannot_collapse() -> None:
+    with pytest.raises(Exception, match="collapse plugin needs failure_mode: closed"):
+        load_policy_text(POLICY.replace("FAIL", "open"))

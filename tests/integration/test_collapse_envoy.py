@@ -1,0 +1,74 @@
+"""Request collapsing end to end (real Envoy, Redis, rate-limit service, filter server, SGLang
+emulator): identical deterministic streams in flight are one backend request (the emulator's
+counter) and every caller gets a byte-identical stream, live (followers joined mid-stream get it
+from the first byte); each caller is charged what it received; non-deterministic requests and
+other tenants' requests are never collapsed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.integration.safety_stack import SafetyStack, safety_stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+PLUGINS = "identity, tokens, collapse, lane, usage"
+
+
+def chat(text: str, **extra: object) -> bytes:
+    body = {"model": "m1", "messages": [{"role": "user", "content": text}], "max_tokens": 40,
+            "stream": True, **extra}  # fmt: skip
+    return json.dumps(body).encode()
+
+
+async def stream(st: SafetyStack, body: bytes, tenant: str = "acme") -> bytes:
+    async with st.session.post(
+        st.url + "/v1/chat/completions", data=body, headers=st.headers(tenant)
+    ) as r:
+        assert r.status == 200, await r.text()
+        return await r.read()
+
+
+async def test_identical_deterministic_streams_are_one_backend_request(
+    tmp_path: Path, redis_port: int
+) -> None:
+    async with safety_stack(tmp_path, redis_port, slow=40, plugins=PLUGINS) as st:
+        body = chat("collapse me", temperature=0)
+        before = await st.backend_requests()
+        async with st.session.post(
+            st.url + "/v1/chat/completions", data=body, headers=st.headers()
+        ) as lead:
+            assert lead.status == 200
+            first_line = await lead.content.readline()  # the leader is streaming
+            followers = [asyncio.create_task(stream(st, body)) for _ in range(3)]
+            leader_bytes = first_line + await lead.read()
+        got = await asyncio.gather(*followers)
+        assert all(g == leader_bytes for g in got), "collapsed streams differ"
+        assert leader_bytes.endswith(b"data: [DONE]\n\n") and b'"usage"' not in leader_bytes
+        await asyncio.sleep(0.5)
+        assert await st.backend_requests() == before + 1
+        assert st.metric("tokenweir_filters_collapsed_total", route="llm", role="follower") == 3
+        saved = st.metric("tokenweir_filters_backend_tokens_saved_total", route="llm",
+                          how="collapse")  # fmt: skip
+        assert saved > 0 and saved % 3 == 0
+        # each of the 4 callers is charged what it received: the same usage, 4 times
+        spent = await st.settled("acme", 0)
+        assert spent == saved // 3 * 4, (spent, saved)
+
+
+async def test_random_sampling_and_other_tenants_are_not_collapsed(
+    tmp_path: Path, redis_port: int
+) -> None:
+    async with safety_stack(tmp_path, redis_port, slow=20, plugins=PLUGINS) as st:
+        before = await st.backend_requests()
+        hot = chat("sampled", temperature=0.7)
+        await asyncio.gather(*(stream(st, hot) for _ in range(2)))
+        same = chat("same text", seed=11)
+        await asyncio.gather(stream(st, same, "acme"), stream(st, same, "globex"))
+        await asyncio.sleep(0.5)
+        assert await st.backend_requests() == before + 4
+        assert st.metric("tokenweir_filters_collapsed_total", route="llm", role="follower") == 0
