@@ -16,6 +16,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from controlplane.canary import CanaryWatcher, OverrideCache
 from controlplane.policy import Address, Policy
 from controlplane.policy.servers import Replicas
 from controlplane.reloader import PolicyCheck, Reloader, ReloadResult
@@ -24,7 +25,6 @@ from controlplane.saturation.eds import EdsMarks
 from controlplane.saturation.fetch import HttpFetcher
 from controlplane.saturation.scraper import PoolScraper
 from controlplane.saturation.targets import targets_from_policy
-from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.server import XdsServer
 from runtime.grpc_health import AioHealth
 from runtime.health import HealthState
@@ -52,12 +52,21 @@ class ControlPlane:
     def __init__(self, settings: ControlPlaneSettings, *, check: PolicyCheck | None = None) -> None:
         self.settings = settings
         self.registry = CollectorRegistry()
-        self.cache = SnapshotCache()
+        # canary rollbacks rewrite every snapshot set (controlplane/canary)
+        self.cache = OverrideCache()
         self.health = HealthState([ADS_SERVICE])
         self._aio_health = AioHealth(self.health)
         self.xds = XdsServer(self.cache, registry=self.registry, services=[self._aio_health.add_to])
+        self._canary_fetcher = HttpFetcher()
         self.scraper = PoolScraper(
             HttpFetcher(), clock=time.monotonic, wall_clock=time.time, registry=self.registry
+        )
+        self.canary = CanaryWatcher(
+            self.cache,
+            self._canary_fetcher.metrics,
+            clock=time.monotonic,
+            wall=time.time,
+            registry=self.registry,
         )
         self.eds = EdsMarks(self.cache, registry=self.registry)
         self.scraper.subscribe(self.eds.on_state)
@@ -76,7 +85,7 @@ class ControlPlane:
             settings.metrics.host,
             settings.metrics.port,
             health=self.health,
-            routes=pool_routes(self.scraper),
+            routes=[*pool_routes(self.scraper), *self.canary.routes()],
         )
 
     def _adjust(self, policy: Policy) -> Policy:
@@ -86,6 +95,7 @@ class ControlPlane:
         settings, targets = targets_from_policy(policy)
         self.scraper.configure(settings, targets)
         self.eds.set_weights({pool: t.degraded_weight for pool, t in targets.items()})
+        self.canary.configure(policy)
 
     async def start(self) -> ReloadResult:
         """Load the policy (a rejected file is reported, not fatal: the server waits for a good
@@ -95,6 +105,7 @@ class ControlPlane:
         await self.xds.start(self.settings.xds.host, self.settings.xds.port)
         await self.metrics.start()
         self.scraper.start()
+        self.canary.start()
         return result
 
     @property
@@ -110,6 +121,8 @@ class ControlPlane:
 
     async def aclose(self) -> None:
         await self.drain()
+        await self.canary.aclose()
+        await self._canary_fetcher.aclose()
         await self.scraper.aclose()
         await self.xds.aclose()
         await self.metrics.aclose()

@@ -79,11 +79,13 @@ def _parser() -> argparse.ArgumentParser:
 
     from controlplane.planner.cli import register as register_plan
     from controlplane.quota_cli import register as register_quota
+    from controlplane.status_cli import register as register_status
     from controlplane.up_cli import register as register_up
 
     register_up(sub)
     register_plan(sub)
     register_quota(sub)
+    register_status(sub)
     k = sub.add_parser(
         "keys",
         help="give, revoke and show API keys live in Redis (see `tokenweir keys --help`)",

@@ -73,6 +73,15 @@ class FilterMetrics:
             p + "backend_tokens_saved", "backend tokens (prompt + completion) not spent because "
             "an answer was replayed or shared", ["route", "how"], registry=r,
         )  # fmt: skip
+        self.version_responses = Counter(
+            p + "version_responses", "responses of pools with a canary, by the version that "
+            "answered (Envoy's x-tokenweir-version) and status class", ["pool", "version", "code"],
+            registry=r,
+        )  # fmt: skip
+        self.canary_forced = Counter(
+            p + "canary_forced", "requests that asked for a version with the force header "
+            "(canary, baseline, or ignored: tenant not allowed)", ["pool", "outcome"], registry=r,
+        )  # fmt: skip
 
         self._timers: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._streams: dict[str, Any] = {}

@@ -20,6 +20,7 @@ from filters.errors import ConfigError
 from filters.idempotency.plugin import IdempotencyPlugin
 from filters.ladder.plugin import DegradePlugin
 from filters.picker.plugin import PickerPlugin
+from filters.plugins.canary import CanaryPlugin
 from filters.plugins.identity import IdentityPlugin
 from filters.plugins.lane import LanePlugin
 from filters.plugins.prefix import PrefixPlugin
@@ -41,6 +42,7 @@ BUILTINS: Mapping[str, Factory] = {
     "picker": PickerPlugin,
     "idempotency": IdempotencyPlugin,
     "collapse": CollapsePlugin,
+    "canary": CanaryPlugin,
 }
 
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 
 from controlplane.policy.admission import AdmissionPolicy, LaneAdmission
+from controlplane.policy.canary import CanaryPolicy, CanaryRollback
 from controlplane.policy.common import (
     LANES,
     Address,
@@ -38,6 +39,8 @@ __all__ = [
     "Address",
     "AdmissionPolicy",
     "Affinity",
+    "CanaryPolicy",
+    "CanaryRollback",
     "CircuitBreakers",
     "CollapsingPolicy",
     "ControlPlane",
@@ -212,6 +215,7 @@ class LlmPool:
     capacity: PoolCapacity = field(default_factory=PoolCapacity)
     saturation: SaturationPolicy = field(default_factory=SaturationPolicy)
     degradation: DegradationPolicy | None = None
+    canary: CanaryPolicy | None = None
 
 
 # -- ordinary HTTP services -------------------------------------------------------------------

@@ -12,10 +12,12 @@ from collections.abc import Iterable
 
 __all__ = [
     "BUILTIN_HOOKS",
+    "CANARY_HEADER",
     "COLLAPSE_ID_HEADER",
     "COLLAPSE_TO_HEADER",
     "OVERSIZE_ROUTE_PREFIX",
     "ROUTE_HEADER",
+    "VERSION_HEADER",
     "route_hooks",
     "uses_collapse",
 ]
@@ -29,6 +31,10 @@ OVERSIZE_ROUTE_PREFIX = "tokenweir.oversize:"
 # (host:port, an ORIGINAL_DST cluster), which streams the leader's answer; the id names the run
 COLLAPSE_TO_HEADER = "x-tokenweir-collapse-to"
 COLLAPSE_ID_HEADER = "x-tokenweir-collapse-id"
+# set by the canary plugin for tenants allowed to force a version: "canary" or "baseline"
+CANARY_HEADER = "x-tokenweir-canary"
+# added by Envoy to every response of a pool with a canary: which version answered
+VERSION_HEADER = "x-tokenweir-version"
 
 BUILTIN_HOOKS: dict[str, frozenset[str]] = {
     "identity": frozenset({"request_headers"}),
@@ -45,6 +51,7 @@ BUILTIN_HOOKS: dict[str, frozenset[str]] = {
     "idempotency": frozenset(
         {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}
     ),
+    "canary": frozenset({"request_headers", "response_headers"}),
     "collapse": frozenset(
         {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}
     ),

@@ -61,6 +61,7 @@ def _pools(policy: Policy) -> Iterator[tuple[str, str]]:
                 yield f"{path}.fallback", "a pool cannot be its own fallback"
         yield from _ladder(policy, pool, path)
         yield from _routing(policy, name, pool, path)
+        yield from _canary(policy, name, pool)
         seen: set[Address] = set()
         for i, ep in enumerate(pool.endpoints):
             if ep in seen:
@@ -90,6 +91,21 @@ def _routing(policy: Policy, name: str, pool: LlmPool, path: str) -> Iterator[tu
             f"{path}.routing.page_size",
             f"must divide affinity.prefix_tokens ({pool.affinity.prefix_tokens})",
         )
+
+
+def _canary(policy: Policy, name: str, pool: LlmPool) -> Iterator[tuple[str, str]]:
+    c = pool.canary
+    if c is None:
+        return
+    path = f"pools.{name}.canary"
+    if pool.fallback is not None:
+        yield f"{path}", "a pool with a fallback cannot carry a canary (one or the other)"
+    both = set(c.endpoints) & set(pool.endpoints)
+    if both:
+        yield f"{path}.endpoints", f"{sorted(map(str, both))} also serve the baseline"
+    for i, t in enumerate(c.force_tenants):
+        if t not in policy.tenants:
+            yield f"{path}.force_tenants[{i}]", f"unknown tenant {t!r}"
 
 
 def _ladder(policy: Policy, pool: LlmPool, path: str) -> Iterator[tuple[str, str]]:

@@ -219,6 +219,13 @@ def fallback_cluster(pool: str, fallback: str) -> cluster_pb2.Cluster:
     )
 
 
+def canary_cluster(name: str, pool: LlmPool) -> cluster_pb2.Cluster:
+    """The pool's canary replicas: the pool's cluster settings under the canary's name."""
+    c = pool_cluster(name, pool)
+    c.name = names.canary_cluster(name)
+    return c
+
+
 def collapse_cluster() -> cluster_pb2.Cluster:
     """Followers of a collapsed request: ORIGINAL_DST on the header the collapse plugin sets to
     its own fan-out endpoint (host:port of the filter process that holds the leader)."""

@@ -23,6 +23,11 @@ def pool_cluster(pool: str) -> str:
     return f"pool_{pool}"
 
 
+def canary_cluster(pool: str) -> str:
+    """The canary replicas of a pool (policy ``pools.NAME.canary``)."""
+    return f"pool_{pool}_canary"
+
+
 def fallback_cluster(pool: str) -> str:
     """Aggregate cluster: the pool first, its fallback pool when the pool has no healthy host."""
     return f"pool_{pool}_with_fallback"

@@ -96,6 +96,9 @@ def _pool(policy: Policy, res: Resources, name: str) -> None:
     else:
         _add(res, CLUSTER, clusters.pool_cluster(name, pool))
         _add(res, ENDPOINT, load_assignment(names.pool_cluster(name), pool.endpoints))
+    if pool.canary is not None:
+        _add(res, CLUSTER, clusters.canary_cluster(name, pool))
+        _add(res, ENDPOINT, load_assignment(names.canary_cluster(name), pool.canary.endpoints))
     if pool.fallback is not None:
         _pool(policy, res, pool.fallback)
         _add(res, CLUSTER, clusters.fallback_cluster(name, pool.fallback))

@@ -18,7 +18,12 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import wrappers_pb2
 
 from controlplane.policy.model import Gateway, LlmPool, Policy, Retries, Route, Sidecar, Timeouts
-from controlplane.policy.phases import COLLAPSE_TO_HEADER, uses_collapse
+from controlplane.policy.phases import (
+    CANARY_HEADER,
+    COLLAPSE_TO_HEADER,
+    VERSION_HEADER,
+    uses_collapse,
+)
 from controlplane.translate import names
 from controlplane.translate.edge import too_large_route
 from controlplane.translate.protos import dur, u32
@@ -130,11 +135,13 @@ def _policy_route(policy: Policy, route: Route, per_route: list[PerRoute]) -> li
     timeouts = route.timeouts or pool.timeouts
     lanes_vary = route.lane is None and route.filters is not None and route.filters.enabled
     out = []
+    split = pool.canary is not None and pool.fallback is None
     if lanes_vary:
-        hi = _pool_action(cluster, pool, timeouts, base_pb2.HIGH)
+        hi = _pool_action(cluster, pool, timeouts, base_pb2.HIGH, split=split)
         out.append(_route(f"{route.name}/interactive", route, hi, configs, lane="interactive"))
     prio = base_pb2.HIGH if route.lane == "interactive" else base_pb2.DEFAULT
-    out.append(_route(route.name, route, _pool_action(cluster, pool, timeouts, prio), configs))
+    main = _pool_action(cluster, pool, timeouts, prio, split=split)
+    out.append(_route(route.name, route, main, configs))
     if _degrades_to_fallback(route, pool) and pool.fallback is not None:
         # the degrade plugin sets the header (a client's is deleted first) and re-picks the route
         small = policy.pools[pool.fallback]
@@ -146,6 +153,25 @@ def _policy_route(policy: Policy, route: Route, per_route: list[PerRoute]) -> li
             )
         )
         out.insert(0, degraded)
+    if split:
+        # a tenant allowed to force a version: the canary plugin sets the header
+        for version, target in (
+            ("canary", names.canary_cluster(route.pool)),
+            ("baseline", names.pool_cluster(route.pool)),
+        ):
+            forced = _route(
+                f"{route.name}/{version}",
+                route,
+                _pool_action(target, pool, timeouts, base_pb2.DEFAULT),
+                configs,
+            )
+            forced.match.headers.append(
+                rc.HeaderMatcher(
+                    name=CANARY_HEADER, string_match=string_pb2.StringMatcher(exact=version)
+                )
+            )
+            forced.response_headers_to_add.append(_version_header(version))
+            out.insert(0, forced)
     if uses_collapse(route):
         # a follower of a collapsed request: the filter server's fan-out endpoint answers it
         follower = _route(
@@ -202,7 +228,9 @@ def _route(
     return r
 
 
-def _pool_action(cluster: str, pool: LlmPool, timeouts: Timeouts, priority: int) -> rc.RouteAction:
+def _pool_action(
+    cluster: str, pool: LlmPool, timeouts: Timeouts, priority: int, *, split: bool = False
+) -> rc.RouteAction:
     action = rc.RouteAction(priority=priority)  # type: ignore[arg-type]
     for header in pool.affinity.headers:
         action.hash_policy.append(
@@ -210,7 +238,39 @@ def _pool_action(cluster: str, pool: LlmPool, timeouts: Timeouts, priority: int)
                 header=rc.RouteAction.HashPolicy.Header(header_name=header), terminal=True
             )
         )
-    return _action(cluster, timeouts, pool.retries, action)
+    action = _action(cluster, timeouts, pool.retries, action)
+    if split and pool.canary is not None:
+        action.ClearField("cluster")
+        action.weighted_clusters.CopyFrom(_split(cluster, pool.canary.weight))
+    return action
+
+
+def _split(baseline: str, weight: int) -> rc.WeightedCluster:
+    """Baseline and canary by ``weight`` percent, picked by the route's hash policy (the session
+    header first): one session stays on one version while the weight holds. Every response
+    says which version answered (``x-tokenweir-version``, read by the canary plugin)."""
+    return rc.WeightedCluster(
+        clusters=[
+            rc.WeightedCluster.ClusterWeight(
+                name=baseline,
+                weight=wrappers_pb2.UInt32Value(value=100 - weight),
+                response_headers_to_add=[_version_header("baseline")],
+            ),
+            rc.WeightedCluster.ClusterWeight(
+                name=f"{baseline}_canary",
+                weight=wrappers_pb2.UInt32Value(value=weight),
+                response_headers_to_add=[_version_header("canary")],
+            ),
+        ],
+        use_hash_policy=wrappers_pb2.BoolValue(value=True),
+    )
+
+
+def _version_header(version: str) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=VERSION_HEADER, value=version),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
 
 
 def _action(

@@ -37,21 +37,31 @@ async def backend_requests(session: aiohttp.ClientSession, port: int) -> int:
 
 
 def policy_text(
-    gw: int, fp: int, rp: int, redis_url: str, replicas: list[int], extra: str, plugins: str
+    gw: int,
+    fp: int,
+    rp: int,
+    redis_url: str,
+    replicas: list[int],
+    extra: str,
+    plugins: str,
+    canary: str = "",
+    metrics_port: int | None = None,
 ) -> str:
     eps = ", ".join(f"127.0.0.1:{p}" for p in replicas)
+    metrics = f", metrics_port: {metrics_port}" if metrics_port else ""
     tenants = "\n".join(f"  {t}: {{tier: mid, api_keys: [{k}]}}" for t, k in KEYS.items())
     return f"""
 version: 1
 control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
 ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}"}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
+filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s{metrics}}}
 pools:
   chat:
     models: [m1]
     endpoints: [{eps}]
     health_check: {{enabled: false}}
     retries: {{enabled: false}}
+{canary}
 gateways:
   edge:
     listen: 127.0.0.1:{gw}
@@ -116,12 +126,16 @@ async def safety_stack(
     extra: str = "",
     slow: float = 1.0,
     plugins: str = "identity, idempotency, tokens, lane, usage",
+    canary: str = "",
+    canary_replicas: int = 0,
 ) -> AsyncIterator[SafetyStack]:
+    """``canary``: the pool's canary section without its endpoints (``weight: 30, ...``); its
+    ``canary_replicas`` emulators are the last ports of ``SafetyStack.replicas``."""
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     r = aioredis.Redis.from_url(redis_url)
     await r.flushdb()
     gw, fp, rp = free_port(), free_port(), free_port()
-    ports = [free_port() for _ in range(replicas)]
+    ports = [free_port() for _ in range(replicas + canary_replicas)]
     children = [
         ChildProcess(
             [sys.executable, "-m", "backends.emulator", "--port", str(p), "--model", "m1",
@@ -136,7 +150,13 @@ async def safety_stack(
     try:
         for p in ports:
             await asyncio.to_thread(wait_for_port, p, 30.0)
-        text = policy_text(gw, fp, rp, redis_url, ports, extra, plugins)
+        base, extra_ports = ports[:replicas], ports[replicas:]
+        canary_yaml, mport = "", None
+        if canary_replicas:
+            ceps = ", ".join(f"127.0.0.1:{p}" for p in extra_ports)
+            canary_yaml = f"    canary: {{endpoints: [{ceps}], {canary}}}"
+            mport = free_port()
+        text = policy_text(gw, fp, rp, redis_url, base, extra, plugins, canary_yaml, mport)
         async with mesh(tmp_path, text, {"edge": gw}) as m:
             argv = [sys.executable, "-m", "ratelimit_service", "--policy", str(m.policy_path)]
             children.append(ChildProcess(argv, log=tmp_path / "ratelimit.log"))
