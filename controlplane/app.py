@@ -17,6 +17,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from controlplane.canary import CanaryWatcher, OverrideCache
+from controlplane.canary.shadow import ShadowWatcher
 from controlplane.policy import Address, Policy
 from controlplane.policy.servers import Replicas
 from controlplane.reloader import PolicyCheck, Reloader, ReloadResult
@@ -68,6 +69,7 @@ class ControlPlane:
             wall=time.time,
             registry=self.registry,
         )
+        self.shadow = ShadowWatcher(self._canary_fetcher.metrics)
         self.eds = EdsMarks(self.cache, registry=self.registry)
         self.scraper.subscribe(self.eds.on_state)
         self.reloader = Reloader(
@@ -85,7 +87,7 @@ class ControlPlane:
             settings.metrics.host,
             settings.metrics.port,
             health=self.health,
-            routes=[*pool_routes(self.scraper), *self.canary.routes()],
+            routes=[*pool_routes(self.scraper), *self.canary.routes(), *self.shadow.routes()],
         )
 
     def _adjust(self, policy: Policy) -> Policy:
@@ -96,6 +98,7 @@ class ControlPlane:
         self.scraper.configure(settings, targets)
         self.eds.set_weights({pool: t.degraded_weight for pool, t in targets.items()})
         self.canary.configure(policy)
+        self.shadow.configure(policy)
 
     async def start(self) -> ReloadResult:
         """Load the policy (a rejected file is reported, not fatal: the server waits for a good
@@ -106,6 +109,7 @@ class ControlPlane:
         await self.metrics.start()
         self.scraper.start()
         self.canary.start()
+        self.shadow.start()
         return result
 
     @property
@@ -122,6 +126,7 @@ class ControlPlane:
     async def aclose(self) -> None:
         await self.drain()
         await self.canary.aclose()
+        await self.shadow.aclose()
         await self._canary_fetcher.aclose()
         await self.scraper.aclose()
         await self.xds.aclose()

@@ -1,6 +1,7 @@
-"""``tokenweir status``: what the running control plane decided about canaries (and why).
+"""``tokenweir status``: what the running control plane decided about canaries (and why), and
+how each shadow pool compares with its primary.
 
-Reads ``GET /api/v1/canary`` on the control plane's metrics address (``-c mesh.yaml`` takes it
+Reads ``GET /api/v1/canary`` and ``GET /api/v1/shadow`` on the control plane's metrics address (``-c mesh.yaml`` takes it
 from ``control_plane.metrics``; ``--control-plane host:port`` names it). Exit status 0, or 1
 when the control plane cannot be reached; ``--json`` prints the raw answer.
 """
@@ -17,7 +18,7 @@ from typing import Any
 
 from controlplane.policy import Address
 
-__all__ = ["format_status", "register"]
+__all__ = ["format_shadow", "format_status", "register"]
 
 
 def register(sub: Any) -> None:
@@ -42,6 +43,30 @@ def format_status(pools: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def format_shadow(routes: dict[str, Any]) -> str:
+    if not routes:
+        return "no route mirrors to a shadow pool"
+    keys = ("requests", "aborted", "completion_tokens_per_request", "ttft_p95_s", "tbt_p95_s")
+    lines = [f"{'route':<16} {'side':<8} " + " ".join(f"{k:>14.14}" for k in keys)]
+    for name, r in sorted(routes.items()):
+        for side in ("primary", "shadow"):
+            pool = r[f"{side}_pool"]
+            vals = " ".join(f"{_fmt(r[side][k]):>14}" for k in keys)
+            lines.append(f"{name:<16} {side:<8} {vals}  ({pool})")
+    return "\n".join(lines)
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
 def _status(args: argparse.Namespace) -> int:
     addr = args.control_plane
     if addr is None:
@@ -52,16 +77,18 @@ def _status(args: argparse.Namespace) -> int:
             print("give -c mesh.yaml or --control-plane host:port", file=sys.stderr)
             return 2
         addr = policy.control_plane.metrics
-    url = f"http://{addr}/api/v1/canary"
+    base = f"http://{addr}"
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            answer = json.loads(r.read())
+        canary = _get(base + "/api/v1/canary")
+        shadow = _get(base + "/api/v1/shadow?refresh=1")
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"cannot read {url}: {exc}", file=sys.stderr)
+        print(f"cannot read {base}: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        json.dump(answer, sys.stdout, indent=2, sort_keys=True)
+        json.dump({"canary": canary, "shadow": shadow}, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
-        print(format_status(answer.get("pools", {})))
+        print(format_status(canary.get("pools", {})))
+        print()
+        print(format_shadow(shadow.get("routes", {})))
     return 0

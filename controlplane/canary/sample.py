@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from controlplane.canary.errors import CanaryError
 from controlplane.canary.judge import Buckets, VersionCounts
 
-__all__ = ["gateway_counts", "replica_histograms", "version_counts"]
+__all__ = ["gateway_counts", "replica_counters", "replica_histograms", "version_counts"]
 
 _TTFT = "sglang:time_to_first_token_seconds"
 _TBT = "sglang:inter_token_latency_seconds"
@@ -66,4 +66,26 @@ def version_counts(
         responses, errors = gateway.get(version, (0.0, 0.0))
         ttft, tbt = hist.get(version, ((), ()))
         out[version] = VersionCounts(responses, errors, ttft, tbt)
+    return out
+
+
+_COUNTERS = {
+    "sglang:num_requests": "requests",
+    "sglang:num_aborted_requests": "aborted",
+    "sglang:generation_tokens": "completion_tokens",
+    "sglang:prompt_tokens": "prompt_tokens",
+}
+
+
+def replica_counters(pages: Iterable[str]) -> dict[str, float]:
+    """Finished and aborted requests, prompt and completion tokens, summed over the pages."""
+    out = dict.fromkeys(_COUNTERS.values(), 0.0)
+    for text in pages:
+        for fam in _families(text):
+            key = _COUNTERS.get(getattr(fam, "name", ""))
+            if key is None:
+                continue
+            for s in getattr(fam, "samples", ()):
+                if s.name.endswith("_total"):
+                    out[key] += s.value
     return out

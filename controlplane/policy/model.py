@@ -29,7 +29,7 @@ from controlplane.policy.common import (
 from controlplane.policy.decode import Decoder, Duration, Range, Size
 from controlplane.policy.degradation import DegradationPolicy, LadderStep
 from controlplane.policy.routing import RoutingPolicy
-from controlplane.policy.safety import CollapsingPolicy, IdempotencyPolicy
+from controlplane.policy.safety import CollapsingPolicy, IdempotencyPolicy, RouteShadow
 from controlplane.policy.saturation import PoolCapacity, PoolStateScrape, SaturationPolicy
 from controlplane.policy.servers import ControlPlane, FiltersServer, RateLimitServer, Replicas
 from controlplane.policy.tenancy import QuotaLimits, Quotas, Tenant, Tier
@@ -71,6 +71,7 @@ __all__ = [
     "RouteMatch",
     "RouteRateLimit",
     "RoutingPolicy",
+    "RouteShadow",
     "SaturationPolicy",
     "Sidecar",
     "SidecarInbound",
@@ -296,6 +297,7 @@ class Route:
     rate_limit: RouteRateLimit | None = None
     filters: RouteFilters | None = None
     timeouts: Timeouts | None = None
+    shadow: RouteShadow | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name, "route name")

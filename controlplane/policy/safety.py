@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from controlplane.policy.decode import Duration, Range, Size
 
-__all__ = ["CollapsingPolicy", "IdempotencyPolicy"]
+__all__ = ["CollapsingPolicy", "IdempotencyPolicy", "RouteShadow"]
 
 _HEADER = re.compile(r"^[a-z0-9][a-z0-9\-]{0,62}$")
 
@@ -67,3 +67,13 @@ class CollapsingPolicy:
     max_followers: Annotated[int, Range(1, 10_000)] = 64
     max_buffer_bytes: Annotated[int, Size(1024, 256 * 1024**2)] = 4 * 1024**2
     follower_timeout: Annotated[float, Duration(0.1, 3600)] = 60.0
+
+
+@dataclass(frozen=True)
+class RouteShadow:
+    """Mirror ``fraction`` of a pool route's requests to the pool ``pool`` (Envoy
+    ``request_mirror_policies``): the shadow's answers are discarded, never charged, and never
+    wait the primary; the control plane compares the two pools (``GET /api/v1/shadow``)."""
+
+    pool: str
+    fraction: Annotated[float, Range(0.0, 1.0)] = 0.1

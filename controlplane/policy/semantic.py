@@ -167,6 +167,16 @@ def _gateways(policy: Policy) -> Iterator[tuple[str, str]]:
                     f"{path}.filters",
                     "LLM filters apply to pool routes only; services pass through unchanged",
                 )
+            if route.shadow is not None:
+                if route.pool is None:
+                    yield f"{path}.shadow", "only pool routes can mirror to a shadow pool"
+                elif route.shadow.pool not in policy.pools:
+                    yield (
+                        f"{path}.shadow.pool",
+                        f"unknown pool {route.shadow.pool!r}; defined pools: {sorted(policy.pools)}",
+                    )
+                elif route.shadow.pool == route.pool:
+                    yield f"{path}.shadow.pool", "a route cannot mirror to its own pool"
             f = route.filters
             if uses_collapse(route) and f is not None and not rl_on and f.failure_mode != "closed":
                 yield (

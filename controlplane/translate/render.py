@@ -48,6 +48,8 @@ def render(policy: Policy) -> dict[str, Resources]:
         for route in gw.routes:
             if route.pool is not None:
                 _pool(policy, res, route.pool)
+                if route.shadow is not None:
+                    _pool(policy, res, route.shadow.pool)
             elif route.service is not None:
                 _service(policy, res, route.service)
         _servers(policy, res, hooks_used={f.name for f in hooks})

@@ -15,9 +15,19 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.config.route.v3 import route_pb2
 from envoy.type.matcher.v3 import string_pb2
+from envoy.type.v3.percent_pb2 import FractionalPercent
 from google.protobuf import wrappers_pb2
 
-from controlplane.policy.model import Gateway, LlmPool, Policy, Retries, Route, Sidecar, Timeouts
+from controlplane.policy.model import (
+    Gateway,
+    LlmPool,
+    Policy,
+    Retries,
+    Route,
+    RouteShadow,
+    Sidecar,
+    Timeouts,
+)
 from controlplane.policy.phases import (
     CANARY_HEADER,
     COLLAPSE_TO_HEADER,
@@ -134,14 +144,18 @@ def _policy_route(policy: Policy, route: Route, per_route: list[PerRoute]) -> li
     )
     timeouts = route.timeouts or pool.timeouts
     lanes_vary = route.lane is None and route.filters is not None and route.filters.enabled
-    out = []
+    out: list[rc.Route] = []
     split = pool.canary is not None and pool.fallback is None
+    first = len(out)
     if lanes_vary:
         hi = _pool_action(cluster, pool, timeouts, base_pb2.HIGH, split=split)
         out.append(_route(f"{route.name}/interactive", route, hi, configs, lane="interactive"))
     prio = base_pb2.HIGH if route.lane == "interactive" else base_pb2.DEFAULT
     main = _pool_action(cluster, pool, timeouts, prio, split=split)
     out.append(_route(route.name, route, main, configs))
+    if route.shadow is not None:
+        for r in out[first:]:  # the routes that reach the pool (not forced, collapsed, 413)
+            r.route.request_mirror_policies.append(_mirror(route.shadow))
     if _degrades_to_fallback(route, pool) and pool.fallback is not None:
         # the degrade plugin sets the header (a client's is deleted first) and re-picks the route
         small = policy.pools[pool.fallback]
@@ -263,6 +277,19 @@ def _split(baseline: str, weight: int) -> rc.WeightedCluster:
             ),
         ],
         use_hash_policy=wrappers_pb2.BoolValue(value=True),
+    )
+
+
+def _mirror(shadow: RouteShadow) -> rc.RouteAction.RequestMirrorPolicy:
+    """Envoy sends the sampled share to the shadow pool and discards its answer; the primary
+    never waits for it. The mirrored request passed every filter with the primary (one
+    reservation, the primary's), so it costs the tenant nothing."""
+    share = FractionalPercent(
+        numerator=round(shadow.fraction * 1_000_000), denominator=FractionalPercent.MILLION
+    )
+    return rc.RouteAction.RequestMirrorPolicy(
+        cluster=names.pool_cluster(shadow.pool),
+        runtime_fraction=base_pb2.RuntimeFractionalPercent(default_value=share),
     )
 
 

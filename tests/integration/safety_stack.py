@@ -46,9 +46,16 @@ def policy_text(
     plugins: str,
     canary: str = "",
     metrics_port: int | None = None,
+    shadow: list[int] | None = None,
 ) -> str:
     eps = ", ".join(f"127.0.0.1:{p}" for p in replicas)
     metrics = f", metrics_port: {metrics_port}" if metrics_port else ""
+    shadow_pool = shadow_route = ""
+    if shadow:
+        seps = ", ".join(f"127.0.0.1:{p}" for p in shadow)
+        shadow_pool = (f"  shadow: {{models: [m1], endpoints: [{seps}], "
+                       "health_check: {enabled: false}, retries: {enabled: false}}")  # fmt: skip
+        shadow_route = "        shadow: {pool: shadow, fraction: 1.0}"
     tenants = "\n".join(f"  {t}: {{tier: mid, api_keys: [{k}]}}" for t, k in KEYS.items())
     return f"""
 version: 1
@@ -62,6 +69,7 @@ pools:
     health_check: {{enabled: false}}
     retries: {{enabled: false}}
 {canary}
+{shadow_pool}
 gateways:
   edge:
     listen: 127.0.0.1:{gw}
@@ -71,6 +79,7 @@ gateways:
         pool: chat
         rate_limit: {{enabled: true}}
         filters: {{plugins: [{plugins}]}}
+{shadow_route}
 tiers:
   mid:
     max_tokens: 64
@@ -128,6 +137,8 @@ async def safety_stack(
     plugins: str = "identity, idempotency, tokens, lane, usage",
     canary: str = "",
     canary_replicas: int = 0,
+    shadow_replicas: int = 0,
+    shadow_slow: float = 1.0,
 ) -> AsyncIterator[SafetyStack]:
     """``canary``: the pool's canary section without its endpoints (``weight: 30, ...``); its
     ``canary_replicas`` emulators are the last ports of ``SafetyStack.replicas``."""
@@ -135,11 +146,12 @@ async def safety_stack(
     r = aioredis.Redis.from_url(redis_url)
     await r.flushdb()
     gw, fp, rp = free_port(), free_port(), free_port()
-    ports = [free_port() for _ in range(replicas + canary_replicas)]
+    ports = [free_port() for _ in range(replicas + canary_replicas + shadow_replicas)]
     children = [
         ChildProcess(
             [sys.executable, "-m", "backends.emulator", "--port", str(p), "--model", "m1",
-             "--time-scale", "0.05", "--seed", "7", "--slow", str(slow),
+             "--time-scale", "0.05", "--seed", "7",
+             "--slow", str(shadow_slow if i >= replicas + canary_replicas else slow),
              "--log-level", "WARNING"],
             log=tmp_path / f"emulator{i}.log",
         )
@@ -150,13 +162,16 @@ async def safety_stack(
     try:
         for p in ports:
             await asyncio.to_thread(wait_for_port, p, 30.0)
-        base, extra_ports = ports[:replicas], ports[replicas:]
+        base, extra_ports = ports[:replicas], ports[replicas : replicas + canary_replicas]
+        shadow_ports = ports[replicas + canary_replicas :]
         canary_yaml, mport = "", None
         if canary_replicas:
             ceps = ", ".join(f"127.0.0.1:{p}" for p in extra_ports)
             canary_yaml = f"    canary: {{endpoints: [{ceps}], {canary}}}"
             mport = free_port()
-        text = policy_text(gw, fp, rp, redis_url, base, extra, plugins, canary_yaml, mport)
+        text = policy_text(
+            gw, fp, rp, redis_url, base, extra, plugins, canary_yaml, mport, shadow_ports
+        )
         async with mesh(tmp_path, text, {"edge": gw}) as m:
             argv = [sys.executable, "-m", "ratelimit_service", "--policy", str(m.policy_path)]
             children.append(ChildProcess(argv, log=tmp_path / "ratelimit.log"))
