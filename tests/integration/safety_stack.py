@@ -47,6 +47,7 @@ def policy_text(
     canary: str = "",
     metrics_port: int | None = None,
     shadow: list[int] | None = None,
+    retries: bool = False,
 ) -> str:
     eps = ", ".join(f"127.0.0.1:{p}" for p in replicas)
     metrics = f", metrics_port: {metrics_port}" if metrics_port else ""
@@ -67,7 +68,7 @@ pools:
     models: [m1]
     endpoints: [{eps}]
     health_check: {{enabled: false}}
-    retries: {{enabled: false}}
+{"" if retries else "    retries: {enabled: false}"}
 {canary}
 {shadow_pool}
 gateways:
@@ -98,6 +99,7 @@ class SafetyStack:
     reader: QuotaReader
     replicas: list[int]
     session: aiohttp.ClientSession
+    emulators: dict[int, ChildProcess]  # port → the emulator's process (for drills)
 
     async def backend_requests(self) -> int:
         return sum([await backend_requests(self.session, p) for p in self.replicas])
@@ -139,6 +141,7 @@ async def safety_stack(
     canary_replicas: int = 0,
     shadow_replicas: int = 0,
     shadow_slow: float = 1.0,
+    retries: bool = False,
 ) -> AsyncIterator[SafetyStack]:
     """``canary``: the pool's canary section without its endpoints (``weight: 30, ...``); its
     ``canary_replicas`` emulators are the last ports of ``SafetyStack.replicas``."""
@@ -170,7 +173,7 @@ async def safety_stack(
             canary_yaml = f"    canary: {{endpoints: [{ceps}], {canary}}}"
             mport = free_port()
         text = policy_text(
-            gw, fp, rp, redis_url, base, extra, plugins, canary_yaml, mport, shadow_ports
+            gw, fp, rp, redis_url, base, extra, plugins, canary_yaml, mport, shadow_ports, retries
         )
         async with mesh(tmp_path, text, {"edge": gw}) as m:
             argv = [sys.executable, "-m", "ratelimit_service", "--policy", str(m.policy_path)]
@@ -181,7 +184,8 @@ async def safety_stack(
             )
             await app.start()
             reader = QuotaReader(r, load_policy(m.policy_path), timeout=5.0)
-            yield SafetyStack(f"http://127.0.0.1:{gw}", m, app, reader, ports, session)
+            emulators = dict(zip(ports, children, strict=False))
+            yield SafetyStack(f"http://127.0.0.1:{gw}", m, app, reader, ports, session, emulators)
     finally:
         await session.close()
         if app is not None:
