@@ -55,7 +55,9 @@ async def test_a_replica_killed_mid_stream(tmp_path: Path, redis_port: int) -> N
         ) as r:  # fmt: skip
             assert r.status == 200
             got = await r.content.readline()
-            victim = [p for p in st.replicas if await running(st, p) > 0][0]
+            busy = [p for p in st.replicas if await running(st, p) > 0]
+            assert len(busy) == 1
+            victim = busy[0]
             os.kill(st.emulators[victim].proc.pid, signal.SIGKILL)
             try:
                 got += await r.read()
