@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
 from tests.integration.safety_stack import SafetyStack, safety_stack
 
@@ -96,3 +97,26 @@ async def test_a_bad_policy_push(tmp_path: Path, redis_port: int) -> None:
         assert await ok_requests(st, 5, "bad") == [200] * 5
         assert (await st.app.reload()).ok is False  # the filter server refuses it too
         assert await ok_requests(st, 3, "still") == [200] * 3
+
+
+async def test_redis_slow_with_idempotency_keys(tmp_path: Path, redis_port: int) -> None:
+    """Runbook "Redis down or slow": a Redis that answers nothing for 3 s (CLIENT PAUSE) does not
+    fail requests; idempotency keys are served without the guarantee (``on_store_error: run``)
+    and counted."""
+    plugins = "identity, idempotency, tokens, lane, usage"
+    async with safety_stack(tmp_path, redis_port, plugins=plugins) as st:
+        assert await ok_requests(st, 1, "warm") == [200]  # the API key is known (last answer)
+        admin = aioredis.Redis.from_url(f"redis://127.0.0.1:{redis_port}/0")
+        try:
+            await admin.execute_command("CLIENT", "PAUSE", "3000", "ALL")
+            async with st.session.post(
+                st.url + "/v1/chat/completions", data=chat("during", stream=False),
+                headers=st.headers(**{"idempotency-key": "slow-1"}),
+            ) as r:  # fmt: skip
+                assert r.status == 200
+                await r.read()
+        finally:
+            await admin.execute_command("CLIENT", "UNPAUSE")
+            await admin.aclose()
+        assert st.metric("tokenweir_filters_idempotency_total", route="llm",
+                         outcome="store_error") >= 1  # fmt: skip
