@@ -26,8 +26,8 @@ from controlplane.policy.model import (
     Retries,
     Thresholds,
 )
-from controlplane.policy.routing import ENDPOINT_HEADER
 from controlplane.policy.phases import COLLAPSE_TO_HEADER
+from controlplane.policy.routing import ENDPOINT_HEADER
 from controlplane.translate import names
 from controlplane.translate.dns import is_dns, resolve_by_dns
 from controlplane.translate.protos import ads_source, any_of, dur, socket_address, u32
