@@ -14,8 +14,8 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from controlplane.policy.model import Policy
-from controlplane.policy.servers import replica_addresses
 from controlplane.policy.phases import uses_collapse
+from controlplane.policy.servers import replica_addresses
 from controlplane.translate import clusters, names
 from controlplane.translate.dns import is_dns, resolve_by_dns
 from controlplane.translate.endpoints import load_assignment
