@@ -14,7 +14,13 @@ from typing import Any
 from filters.admission.gate import SaturationSource
 from runtime.poolstate.reader import PoolStateReader, pools_url
 
-__all__ = ["pool_state_reader", "saturation_source", "uses_admission"]
+__all__ = [
+    "admission_saturation",
+    "admission_source",
+    "pool_state_reader",
+    "saturation_source",
+    "uses_admission",
+]
 
 
 def uses_admission(policy: Any) -> bool:
@@ -41,6 +47,33 @@ def pool_state_reader(
         clock=clock,
         stale_after_s=max(2.0, 2 * cp.pool_state.stale_after),
     )
+
+
+def admission_saturation(saturations: list[float]) -> float | None:
+    """Pure: the saturation admission reads for a pool, accounted per replica. Each replica
+    offers the share of its slots it can still take (1 up to saturation 1, ``2 − s`` past it,
+    none from 2 on); the pool's figure is ``2 − mean(share)``, so ``saturated_limit`` lowers
+    the limit to the sum of what the replicas offer. A queue on one replica lowers admission
+    even while another idles (ring hash with bounded load keeps sending that replica its
+    keys): the pool's mean saturation would hide it. None without replicas."""
+    if not saturations:
+        return None
+    shares = [min(1.0, max(0.0, 2.0 - s)) for s in saturations]
+    return 2.0 - sum(shares) / len(shares)
+
+
+def admission_source(reader: PoolStateReader) -> SaturationSource:
+    """Per-replica saturation for admission (:func:`admission_saturation`); None while stale."""
+
+    def saturation(pool: str) -> float | None:
+        if reader.stale:
+            return None
+        summary = reader.state.pools.get(pool)
+        if summary is None:
+            return None
+        return admission_saturation([r.saturation for r in summary.endpoints.values()])
+
+    return saturation
 
 
 def saturation_source(reader: PoolStateReader) -> SaturationSource:

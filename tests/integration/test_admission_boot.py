@@ -29,9 +29,9 @@ gateways:
 """
 
 
-async def test_the_first_requests_see_the_pool_state(tmp_path: Path) -> None:
-    replica = ReplicaState(saturation=1.5, running=15)
-    doc = PoolState(1, 0.0, {"chat": PoolSummary({"127.0.0.1:9001": replica}, 10)}).to_json()
+async def limit_after_start(tmp_path: Path, replicas: dict[str, ReplicaState]) -> int | None:
+    """The admission limit of a filter server just started against this pool state."""
+    doc = PoolState(1, 0.0, {"chat": PoolSummary(replicas, 10)}).to_json()
 
     async def pools(_: web.Request) -> web.Response:
         return web.json_response(doc)
@@ -48,7 +48,23 @@ async def test_the_first_requests_see_the_pool_state(tmp_path: Path) -> None:
     try:
         await filters.start()
         gate = filters.gates.gate("chat")  # what the first request's admission reads
-        assert gate is not None and gate.core.max_requests == 5  # 10 x (2 - 1.5)
+        assert gate is not None
+        return gate.core.max_requests
     finally:
         await filters.aclose()
         await runner.cleanup()
+
+
+async def test_the_first_requests_see_the_pool_state(tmp_path: Path) -> None:
+    hot = ReplicaState(saturation=1.5, running=15)
+    assert await limit_after_start(tmp_path, {"127.0.0.1:9001": hot}) == 5  # 10 x (2 - 1.5)
+
+
+async def test_a_queue_on_one_replica_lowers_admission(tmp_path: Path) -> None:
+    """Accounted per replica: a replica with a queue offers fewer slots though the pool's mean
+    saturation (0.9) is below 1 because the other idles (ring hash keeps sending the hot
+    replica its keys; the mean would admit the pool's full capacity)."""
+    hot = ReplicaState(saturation=1.5, running=8, queued=4)
+    idle = ReplicaState(saturation=0.3, running=2)
+    replicas = {"127.0.0.1:9001": hot, "127.0.0.1:9002": idle}
+    assert await limit_after_start(tmp_path, replicas) == 7  # 10 x (0.5 + 1) / 2

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from controlplane.policy import load_policy_text
 from filters.admission.gate import Gates
-from filters.admission.signal import pool_state_reader, saturation_source
+from filters.admission.signal import (
+    admission_saturation,
+    admission_source,
+    pool_state_reader,
+    saturation_source,
+)
 from runtime.poolstate.state import PoolState, PoolSummary, ReplicaState
 from tests.filters.conftest import FakeClock
 
@@ -61,3 +66,29 @@ def test_no_reader_without_admission_or_when_switched_off() -> None:
         pool_state_reader(load_policy_text(POLICY.format(use="false", plugins="admission")), clock)
         is None
     )
+
+
+def test_admission_accounts_per_replica() -> None:
+    """A queue on one replica lowers admission though the pool's mean saturation is below 1
+    (the other replica idles): the limit is what each replica can still take."""
+    clock = FakeClock()
+    policy = load_policy_text(POLICY.format(use="true", plugins="admission"))
+    reader = pool_state_reader(policy, clock)
+    assert reader is not None
+    gates = Gates(clock=clock, wall=clock, saturation=admission_source(reader))
+    gates.configure(policy)
+    hot = ReplicaState(saturation=1.5, running=10, queued=5)
+    idle = ReplicaState(saturation=0.3, running=3)
+    summary = PoolSummary({"a": hot, "b": idle}, capacity_running=20)
+    assert summary.saturation < 1.0  # the mean hides the queue
+    assert reader.accept(PoolState(1, 0.0, {"chat": summary}).to_json())
+    gate = gates.gate("chat")
+    assert gate is not None and gate.core.max_requests == 7  # 10 x (0.5 + 1) / 2
+    assert saturation_source(reader)("chat") == summary.saturation  # the ladder's: the mean
+
+
+def test_admission_saturation_is_the_mean_share_each_replica_offers() -> None:
+    assert admission_saturation([]) is None
+    assert admission_saturation([0.2, 0.9]) == 1.0  # no replica over: no reduction
+    assert admission_saturation([3.0, 3.0]) == 2.0  # nothing offered: the floor (1 request)
+    assert admission_saturation([1.5]) == 1.5  # one replica: its own saturation
