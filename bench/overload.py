@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 
 HERE = Path(__file__).resolve().parent
+LAG_TICK = 0.02  # seconds between the client's loop-lag probes
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 from overload_arms import ARMS, MODEL, Arm, EmulatorPool, PoolSpec, make_arm, scrape  # noqa: E402
@@ -137,13 +138,42 @@ async def drive(
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), sample_every)
 
+        lags: list[float] = []
+
+        async def lag_probe() -> None:
+            """The client's own event-loop lag: every latency it measures includes it."""
+            while not stop.is_set():
+                t = loop.time()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), LAG_TICK)
+                lags.append(max(0.0, loop.time() - t - LAG_TICK))
+
         task = asyncio.create_task(sampler())
+        lag_task = asyncio.create_task(lag_probe())
         try:
             await asyncio.gather(*(client.run(i, a) for i, a in enumerate(arrivals)))
         finally:
             stop.set()
             await task
-    return {"attempts": client.attempts, "samples": samples, "end": client.now()}
+            await lag_task
+    return {
+        "attempts": client.attempts,
+        "samples": samples,
+        "end": client.now(),
+        "client_lag_ms": lag_summary(lags),
+    }
+
+
+def lag_summary(lags: list[float]) -> dict[str, float]:
+    """p50 / p99 / max of the client's loop lag, in ms."""
+    if not lags:
+        return {}
+    xs = sorted(lags)
+
+    def at(q: float) -> float:
+        return round(1000 * xs[min(len(xs) - 1, int(q * len(xs)))], 1)
+
+    return {"p50": at(0.5), "p99": at(0.99), "max": round(1000 * xs[-1], 1)}
 
 
 async def wait_idle(arm: Arm, timeout: float = 90.0) -> bool:
@@ -266,6 +296,8 @@ async def run(cfg: Config, out_dir: Path, img_dir: Path) -> dict[str, Any]:
                     summary = summarize(got["attempts"], window=(cfg.warmup, cfg.duration))
                     result["levels"].setdefault(name, {})[key] = summary
                     result["samples"].setdefault(name, {})[key] = got["samples"]
+                    lag = result.setdefault("client_lag_ms", {}).setdefault(name, {})
+                    lag[key] = got["client_lag_ms"]
                     _print_row(name, key, len(arrivals), summary)
             await _storms(cfg, arms, records, cap, result)
         finally:
