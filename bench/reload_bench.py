@@ -9,7 +9,13 @@ routes (identity, tokens, usage on each) is written, then measured in this proce
 - ``controlplane``: what the control plane's reloader runs (load + the services' check +
   render + snapshot consistency);
 - ``edit→applied``: a real :class:`runtime.watcher.PolicyWatcher` (the control plane's reloader,
-  poll 50 ms, debounce 50 ms) from the file's replace to the snapshot being published.
+  poll 50 ms, debounce 50 ms, building in its worker process) from the file's replace to the
+  snapshot being published;
+- ``loop lag`` while each service reloads (every quota changed), side by side: the build in a
+  thread of the serving process (before) and in the build worker process (now). A probe task
+  sleeps 1 ms in a loop; its overshoot is how long a request would have waited for the loop.
+  p99 and max over the reload, and the reload's wall time (the second reload of each arm: the
+  first one starts the worker).
 
 Medians of ``--repeat`` runs. Usage: ``.venv/bin/python bench/reload_bench.py [--sizes 10000
 100000] [--repeat 3]``. Writes bench/results/reload_bench.json and prints a Markdown table.
@@ -60,7 +66,7 @@ async def _edit_to_applied(path: Path, tenants: int, repeat: int) -> float:
     cache = SnapshotCache()
     reloader = Reloader(
         path, cache, registry=CollectorRegistry(), debounce=0.05, poll_interval=0.05,
-        check=service_issues,
+        check=service_issues, build_worker="controlplane.check:reloader_prepare",
     )  # fmt: skip
     await reloader.start()
     times = []
@@ -81,6 +87,64 @@ async def _edit_to_applied(path: Path, tenants: int, repeat: int) -> float:
     return statistics.median(times)
 
 
+async def _lagged(reload: Callable[[], Any]) -> tuple[float, float, float]:
+    """(wall s, loop lag p99 s, loop lag max s) while ``reload()`` runs."""
+    lags: list[float] = []
+    done = asyncio.Event()
+
+    async def probe() -> None:
+        while not done.is_set():
+            start = time.perf_counter()
+            await asyncio.sleep(0.001)
+            lags.append(time.perf_counter() - start - 0.001)
+
+    task = asyncio.create_task(probe())
+    await asyncio.sleep(0.05)
+    start = time.perf_counter()
+    out = await reload()
+    wall = time.perf_counter() - start
+    await asyncio.sleep(0.3)  # the replaced policy is freed after the swap
+    done.set()
+    await task
+    assert getattr(out, "ok", True), out
+    lags.sort()
+    return wall, lags[int(len(lags) * 0.99)], lags[-1]
+
+
+async def _lag_arms(path: Path, tenants: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    gen = iter(range(100, 10_000))
+
+    def edit() -> None:
+        path.write_text(
+            big_policy_text(tenants=tenants, routes=100, ports=PORTS, generation=next(gen))
+        )
+
+    for arm, worker in (("thread", False), ("worker", True)):
+        edit()
+        app = FilterApp(Settings(path, build_worker=worker), clock=time.monotonic)
+        svc = Service(ServiceSettings(path, build_worker=worker), app.policy)
+        cp = Reloader(
+            path, SnapshotCache(), registry=CollectorRegistry(), check=service_issues,
+            build_worker="controlplane.check:reloader_prepare" if worker else None,
+        )  # fmt: skip
+        reloads: dict[str, Callable[[], Any]] = {
+            "filters": app.reload, "ratelimit": svc.watcher.reload, "controlplane": cp.reload_async,
+        }  # fmt: skip
+        try:
+            for name, reload in reloads.items():
+                edit()
+                await reload()  # the first: starts the worker, replaces the start-up state
+                edit()
+                wall, p99, worst = await _lagged(reload)
+                out[f"{name}_{arm}"] = {"wall_s": wall, "lag_p99_s": p99, "lag_max_s": worst}
+        finally:
+            await app.aclose()
+            await svc.watcher.aclose()
+            await cp.aclose()
+    return out
+
+
 def measure(tenants: int, repeat: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "mesh.yaml"
@@ -99,6 +163,7 @@ def measure(tenants: int, repeat: int) -> dict[str, Any]:
             "controlplane_s": _median(lambda: cp._build(path), repeat),
         }
         out["edit_to_applied_s"] = asyncio.run(_edit_to_applied(path, tenants, repeat))
+        out["lag"] = asyncio.run(_lag_arms(path, tenants))
         return out
 
 
@@ -113,6 +178,7 @@ def main() -> int:
     )
     print(header, flush=True)
     rows = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+    lag_rows: list[dict[str, Any]] = []
     for n in args.sizes:
         r = measure(n, args.repeat)
         rows = [row for row in rows if row["tenants"] != n] + [r]
@@ -124,6 +190,16 @@ def main() -> int:
             f"| {r['edit_to_applied_s']:.2f} s |",
             flush=True,
         )
+        lag_rows.append(r)
+    print("\n| tenants | process | build in | reload wall | loop lag p99 | loop lag max |")
+    print("|---:|---|---|---:|---:|---:|")
+    for r in lag_rows:
+        for key, m in r["lag"].items():
+            name, arm = key.rsplit("_", 1)
+            print(
+                f"| {r['tenants']:,} | {name} | {arm} | {m['wall_s']:.2f} s "
+                f"| {m['lag_p99_s'] * 1e3:.1f} ms | {m['lag_max_s'] * 1e3:.1f} ms |"
+            )
     return 0
 
 

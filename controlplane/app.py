@@ -50,7 +50,13 @@ class ControlPlaneSettings:
 class ControlPlane:
     """Owns every task it starts; ``aclose`` stops them all."""
 
-    def __init__(self, settings: ControlPlaneSettings, *, check: PolicyCheck | None = None) -> None:
+    def __init__(
+        self,
+        settings: ControlPlaneSettings,
+        *,
+        check: PolicyCheck | None = None,
+        build_worker: str | None = None,
+    ) -> None:
         self.settings = settings
         self.registry = CollectorRegistry()
         # canary rollbacks rewrite every snapshot set (controlplane/canary)
@@ -81,6 +87,7 @@ class ControlPlane:
             check=check,  # the services' builders (controlplane.check), given by the CLI
             transform=self.eds.transform,
             adjust=self._adjust if settings.replicas is not None else None,
+            build_worker=build_worker,  # controlplane.check:reloader_prepare, given by the CLI
         )
         self.metrics = MetricsServer(
             self.registry,

@@ -21,8 +21,10 @@ import time
 from pathlib import Path
 
 from controlplane.policy import Issue, Policy, PolicyError, key_lines, load_policy
+from controlplane.reloader import Prepared, prepare
+from runtime.watcher import Loaded
 
-__all__ = ["check_file", "service_issues", "service_problems"]
+__all__ = ["check_file", "reloader_prepare", "service_issues", "service_problems"]
 
 
 def service_problems(policy: Policy) -> list[tuple[str, str]]:
@@ -37,6 +39,11 @@ def service_issues(policy: Policy, path: Path) -> list[Issue]:
         return []
     line = key_lines(path)
     return [Issue(str(path), line(key), key, msg) for key, msg in problems]
+
+
+def reloader_prepare(path: Path) -> Loaded[Prepared]:
+    """The control plane's reload in its build worker process: load, the services' check, render."""
+    return prepare(path, service_issues)
 
 
 def check_file(path: Path) -> tuple[Policy | None, list[Issue]]:

@@ -190,7 +190,9 @@ def _serve(args: argparse.Namespace) -> int:
     from controlplane.check import service_issues
     from runtime.process import run, serve
 
-    plane = ControlPlane(settings, check=service_issues)
+    plane = ControlPlane(
+        settings, check=service_issues, build_worker="controlplane.check:reloader_prepare"
+    )
     drain = args.drain_timeout if args.drain_timeout is not None else cp.drain_timeout
 
     def ready() -> str:

@@ -15,7 +15,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
+from google.protobuf.message import Message
 from prometheus_client import CollectorRegistry
 
 from controlplane.policy import Issue, Policy, PolicyError, endpoint_files, load_policy
@@ -23,9 +25,9 @@ from controlplane.translate.render import Resources, render
 from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.errors import InconsistentSnapshotError
 from controlplane.xds.snapshot import Snapshot
-from runtime.watcher import Loaded, PolicyWatcher, ReloadMetrics
+from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics
 
-__all__ = ["PolicyCheck", "ReloadResult", "Reloader", "snapshots_for"]
+__all__ = ["PolicyCheck", "Prepared", "ReloadResult", "Reloader", "prepare", "snapshots_for"]
 
 log = logging.getLogger("tokenweir.reloader")
 
@@ -59,12 +61,46 @@ class _Built:
     snapshots: dict[str, Snapshot]
 
 
+Resources_ = dict[str, dict[str, Message]]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A loaded, checked and rendered policy as plain data (sent back by the build worker)."""
+
+    policy: Policy
+    snapshots: dict[str, tuple[str, Resources_]]  # group -> (version, type URL -> name -> res)
+
+
+def prepare(
+    path: Path,
+    check: PolicyCheck | None = None,
+    adjust: Callable[[Policy], Policy] | None = None,
+) -> Loaded[Prepared]:
+    """Load, run ``check`` and render: the part of a reload that needs no live state (the CLI
+    runs it in the build worker process with the services' check, ``controlplane.check``)."""
+    policy = load_policy(path)
+    if adjust is not None:
+        policy = adjust(policy)
+    if check is not None:
+        issues = check(policy, path)
+        if issues:
+            raise PolicyError(issues)
+    snaps = {
+        group: (snap.version, {t: dict(by_name) for t, by_name in snap.resources.items()})
+        for group, snap in snapshots_for(render(policy)).items()
+    }
+    return Loaded(Prepared(policy, snaps), tuple(endpoint_files(policy, path.parent)))
+
+
 class Reloader:
     """Loads the policy, renders it, and publishes consistent snapshots into ``cache``.
 
     ``check(policy, path)`` (optional) lists problems the services' builders find: the CLI
     passes :func:`controlplane.check.service_issues`, so a policy the filter server or the
-    rate-limit service would refuse is refused here too.
+    rate-limit service would refuse is refused here too. ``build_worker`` ("module:function"
+    returning :func:`prepare`'s result; the CLI passes ``controlplane.check:reloader_prepare``)
+    moves loading, checking and rendering into a child process (:mod:`runtime.buildworker`).
     """
 
     def __init__(
@@ -80,6 +116,7 @@ class Reloader:
         transform: Callable[[str, Snapshot], Snapshot] | None = None,
         adjust: Callable[[Policy], Policy] | None = None,
         clock: Callable[[], float] = time.time,
+        build_worker: str | None = None,
     ) -> None:
         self.path = path.resolve()
         self.cache = cache
@@ -88,9 +125,13 @@ class Reloader:
         self.transform = transform  # applied to each group's snapshot (saturation marks in EDS)
         self.adjust = adjust  # applied to every loaded policy (`up --replicas` overrides)
         self.policy: Policy | None = None
+        # ``adjust`` is this process's (``up --replicas``): with it, the build stays in a thread
+        load: InWorker[_Built] | Callable[[Path], Loaded[_Built]] = self._build
+        if build_worker and adjust is None:
+            load = InWorker(build_worker, self._finish)
         self.watcher: PolicyWatcher[_Built] = PolicyWatcher(
             self.path,
-            load=self._build,
+            load=load,
             apply=self._publish,
             metrics=ReloadMetrics(registry),
             log=log,
@@ -100,23 +141,23 @@ class Reloader:
         )
 
     def _build(self, path: Path) -> Loaded[_Built]:
-        """Everything but publishing (runs in a worker thread)."""
-        policy = load_policy(path)
-        if self.adjust is not None:
-            policy = self.adjust(policy)
-        if self.check is not None:
-            issues = self.check(policy, path)
-            if issues:
-                raise PolicyError(issues)
-        snaps = snapshots_for(render(policy))
+        """Everything but publishing (in a worker thread, without a build worker)."""
+        loaded = prepare(path, self.check, self.adjust)
+        return Loaded(self._finish(loaded.value), loaded.files)
+
+    def _finish(self, prepared: Prepared) -> _Built:
+        """The snapshots, checked against what the cache holds (before publishing any)."""
+        snaps = {
+            group: Snapshot(version, {t: MappingProxyType(v) for t, v in resources.items()})
+            for group, (version, resources) in prepared.snapshots.items()
+        }
         try:
             for group, snap in snaps.items():  # check all before publishing any
                 self.cache.check(group, snap)
         except InconsistentSnapshotError as exc:
-            raise PolicyError(
-                [Issue(str(path), 0, "", f"rendered config is inconsistent: {exc}")]
-            ) from exc
-        return Loaded(_Built(policy, snaps), tuple(endpoint_files(policy, path.parent)))
+            issue = Issue(str(self.path), 0, "", f"rendered config is inconsistent: {exc}")
+            raise PolicyError([issue]) from exc
+        return _Built(prepared.policy, snaps)
 
     def _publish(self, built: _Built) -> bool:
         snaps = built.snapshots

@@ -127,6 +127,7 @@ class Mesh:
         self.plane = ControlPlane(
             ControlPlaneSettings(self.config, cp.xds, cp.metrics, cp.debounce, self.override),
             check=service_issues,
+            build_worker="controlplane.check:reloader_prepare",
         )
         result = await self.plane.start()
         if not result.ok:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,16 +31,16 @@ from filters.ladder.state import Ladders, uses_ladder
 from filters.metrics import FilterMetrics
 from filters.picker.registry import Pickers
 from filters.redis_pool import redis_client
-from filters.registry import RouteEntry, build_routes
+from filters.registry import RouteEntry, build_routes, iter_routes
 from filters.server import FilterServer, FilterServicer
-from filters.services import Services
+from filters.services import Services, default_services
 from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
 from runtime.tasks import stop_task
-from runtime.watcher import Loaded, PolicyWatcher, ReloadMetrics, ReloadOutcome
+from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics, ReloadOutcome
 
-__all__ = ["FilterApp", "Settings"]
+__all__ = ["FilterApp", "Settings", "prepare"]
 
 _log = logging.getLogger(__name__)
 BOOT_WAIT_S = 1.0  # longest wait for the first pool state before serving
@@ -58,6 +58,7 @@ class Settings:
     worker_index: int = 0
     reload_interval: float = 1.0
     transport: str = "h2"  # "h2": filters.h2server (no grpc.aio); "grpc": grpc.aio
+    build_worker: bool = True  # reloads build in a child process (runtime.buildworker)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,22 @@ class _Built:
     routes: dict[str, RouteEntry]
     services: Services
     keys: dict[str, KeyInfo]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the build worker process sends back: the policy and its key table."""
+
+    policy: Policy
+    keys: dict[str, KeyInfo]
+
+
+def prepare(path: Path) -> Loaded[Prepared]:
+    """In the build worker process: load, and build every chain once with default services (a
+    plugin that refuses its settings is reported from there, before anything is sent)."""
+    policy = load_policy(path)
+    build_routes(policy, default_services(policy, time.monotonic))
+    return Loaded(Prepared(policy, policy_keys(policy)))
 
 
 class FilterApp:
@@ -97,7 +114,9 @@ class FilterApp:
         self._budget_reader: Budget = NoBudget()
         self.watcher = PolicyWatcher(
             settings.policy_path,
-            load=self._build,
+            load=InWorker("filters.app:prepare", self._finish)
+            if settings.build_worker
+            else self._build,
             apply=self._swap,
             metrics=ReloadMetrics(self.metrics.registry),
             log=_log,
@@ -235,10 +254,21 @@ class FilterApp:
         self._metrics_server = server
 
     def _build(self, path: Path) -> Loaded[_Built]:
-        """Load the policy and build every chain (in the watcher's worker thread)."""
+        """Load the policy and build every chain (in a thread, without a build worker)."""
         policy = load_policy(path)
         services = self._services(policy)
         return Loaded(_Built(policy, build_routes(policy, services), services, policy_keys(policy)))
+
+    def _finish(self, prepared: Prepared) -> Generator[None, None, _Built]:
+        """On the loop, after the build worker: the chains with this process's services, a few
+        routes at a time (the watcher lets requests run at each ``yield``)."""
+        services = self._services(prepared.policy)
+        routes: dict[str, RouteEntry] = {}
+        for name, entry in iter_routes(prepared.policy, services):
+            routes[name] = entry
+            if len(routes) % 8 == 0:
+                yield
+        return _Built(prepared.policy, routes, services, prepared.keys)
 
     def _swap(self, built: _Built) -> None:
         """On the loop: new streams get the new chains; open streams keep the ones they have."""

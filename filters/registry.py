@@ -8,7 +8,7 @@ one :class:`~filters.chain.Chain` per route that has filters.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from filters.plugins.tokens import TokensPlugin
 from filters.plugins.usage import UsagePlugin
 from filters.services import Services
 
-__all__ = ["BUILTINS", "RouteEntry", "build_routes", "load_factory", "route_info"]
+__all__ = ["BUILTINS", "RouteEntry", "build_routes", "iter_routes", "load_factory", "route_info"]
 
 Factory = Callable[[Mapping[str, Any], Services], Plugin]
 BUILTINS: Mapping[str, Factory] = {
@@ -93,13 +93,19 @@ def route_info(policy: Any, route: Any) -> RouteInfo:
 
 def build_routes(policy: Any, services: Services) -> dict[str, RouteEntry]:
     """One entry per route name with filters enabled (first gateway wins on a shared name)."""
+    return dict(iter_routes(policy, services))
+
+
+def iter_routes(policy: Any, services: Services) -> Iterator[tuple[str, RouteEntry]]:
+    """:func:`build_routes` one route at a time (a reload builds them between requests)."""
     server = policy.filters
     deadline = (server.message_timeout if server is not None else 0.2) * 0.75
-    out: dict[str, RouteEntry] = {}
+    seen: set[str] = set()
     for gateway in policy.gateways.values():
         for route in gateway.routes:
-            if route.filters is None or not route.filters.enabled or route.name in out:
+            if route.filters is None or not route.filters.enabled or route.name in seen:
                 continue
+            seen.add(route.name)
             plugins: list[Plugin] = []
             for ref in route.filters.plugins:
                 try:
@@ -114,5 +120,4 @@ def build_routes(policy: Any, services: Services) -> dict[str, RouteEntry]:
                 deadline=deadline,
                 events=services.metrics,
             )
-            out[route.name] = RouteEntry(info, chain)
-    return out
+            yield route.name, RouteEntry(info, chain)

@@ -124,12 +124,19 @@ def seed_plan(policy: Policy) -> SeedPlan:
 
 
 async def seed_defaults(
-    client: Any, policy: Policy, *, plan: SeedPlan | None = None, batch: int = 200
+    client: Any,
+    policy: Policy,
+    *,
+    plan: SeedPlan | None = None,
+    batch: int = 200,
+    rest: float = 0.0,
 ) -> int:
     """Copy the policy's quota defaults of every tenant and service into Redis (seed.lua); returns
     how many fields changed. Live edits are kept. ``batch`` subjects go in one pipeline (100k
     tenants are 500 round trips, not 100k, and the event loop runs between them); Redis Cluster
-    gets one call per subject."""
+    gets one call per subject. ``rest``: after each pipeline, wait this many times as long as it
+    took (a reload while serving: decisions and the filter server's reads get Redis in between;
+    a 200-script pipeline held Redis long enough to fail 50 ms rate-limit calls)."""
     script = client.register_script(load_script("seed"))
     calls = plan if plan is not None else seed_plan(policy)
     changed = 0
@@ -137,9 +144,13 @@ async def seed_defaults(
         for keys, args in calls:
             changed += int(await script(keys=keys, args=args))
         return changed
+    loop = asyncio.get_running_loop()
     for start in range(0, len(calls), batch):
+        began = loop.time()
         pipe = client.pipeline(transaction=False)
         for keys, args in calls[start : start + batch]:
             await script(keys=keys, args=args, client=pipe)  # queued, sent by execute()
         changed += sum(int(n) for n in await pipe.execute())
+        if rest:
+            await asyncio.sleep((loop.time() - began) * rest)
     return changed

@@ -33,11 +33,14 @@ from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
 from runtime.tasks import stop_task
-from runtime.watcher import Loaded, PolicyWatcher, ReloadMetrics
+from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics
 
-__all__ = ["RateLimitServicer", "Service", "ServiceSettings", "decider_settings"]
+__all__ = ["RateLimitServicer", "Service", "ServiceSettings", "decider_settings", "prepare"]
 
 log = logging.getLogger(__name__)
+# Seeding after a reload, while serving: small pipelines, then Redis and the loop are left to
+# the decisions for twice as long (a 10k-tenant seed takes seconds; nothing waits for it)
+SEED_BATCH, SEED_REST = 20, 2.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class ServiceSettings:
     quota_cache_ttl: float = 0.5
     transport: str = "h2"  # "h2" (h2server.py: one method, ~4x less CPU) or "grpc" (grpc.aio)
     instances: int | None = None  # services side by side; default: the policy's replicas.ratelimit
+    build_worker: bool = True  # reloads build in a child process (runtime.buildworker)
 
 
 def decider_settings(rl: RateLimitServer, instances: int = 1) -> DeciderSettings:
@@ -72,6 +76,13 @@ class _Built:
     policy: Policy
     settings: DeciderSettings
     seed: SeedPlan | None
+
+
+def prepare(path: Path) -> Loaded[_Built]:
+    """In the build worker process: the policy, the decider's settings and the seeding plan."""
+    policy = load_policy(path)
+    settings = decider_settings(policy.ratelimit or RateLimitServer())
+    return Loaded(_Built(policy, settings, seed_plan(policy)))
 
 
 class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
@@ -126,7 +137,9 @@ class Service:
         self._metrics_server: MetricsServer | None = None
         self.watcher = PolicyWatcher(
             settings.policy_path,
-            load=self._build,
+            load=InWorker("ratelimit_service.server:prepare", self._finish)
+            if settings.build_worker
+            else self._build,
             apply=self._swap,
             metrics=ReloadMetrics(self.metrics.registry),
             log=log,
@@ -221,6 +234,9 @@ class Service:
         settings = decider_settings(policy.ratelimit or RateLimitServer(), self._instances(policy))
         return Loaded(_Built(policy, settings, seed_plan(policy) if self.redis else None))
 
+    def _finish(self, built: _Built) -> _Built:
+        return built if self.redis else _Built(built.policy, built.settings, None)
+
     def _swap(self, built: _Built) -> None:
         """On the loop: later decisions use the new quotas; Redis is seeded in the background."""
         self.policy = built.policy
@@ -243,7 +259,9 @@ class Service:
                 continue
             if self.health is None or self.health.up:
                 try:
-                    await seed_defaults(self.redis, self.policy, plan=self._seed)
+                    await seed_defaults(
+                        self.redis, self.policy, plan=self._seed, batch=SEED_BATCH, rest=SEED_REST
+                    )
                     continue
                 except Exception as exc:  # Redis down: retried after a pause
                     log.debug("seeding deferred: %s", exc)

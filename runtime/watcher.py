@@ -5,8 +5,14 @@ One implementation for the control plane, the filter server and the rate-limit s
 - it polls the policy file and the files the last good policy names (endpoint files) every
   ``poll_interval`` seconds, and waits until they have been still for ``debounce`` seconds
   (an editor's save or a launcher's rewrite is one reload);
-- it runs the owner's ``load(path)`` in a worker thread: parsing and building (10k tenants,
-  plugin chains, Envoy resources) never block the event loop that serves requests;
+- it builds in a child process when the owner gives :class:`InWorker` (what the three services
+  do): ``target(path)`` runs in a long-lived worker process at a lower CPU priority
+  (:mod:`runtime.buildworker`), its value comes back in slices unpickled between requests
+  (:mod:`runtime.chunked`), and ``finish(value)`` -- the cheap part that needs this process's
+  live objects -- runs on the loop. A 10k-tenant build in a thread of the serving process held
+  the GIL for seconds and failed requests at Envoy's default timeouts. A worker that dies is
+  restarted (counted in ``tokenweir_config_build_worker_restarts_total``) and the build tried
+  once more. A plain ``load(path)`` callable still runs in a thread (small owners, tests);
 - it hands the result to the owner's ``apply(value)`` on the loop: a cheap, atomic swap, so a
   request sees the old config or the new one, never half of each, and in-flight work finishes
   on what it started with (``apply`` returns False when nothing changed: counted "unchanged");
@@ -26,17 +32,20 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controlplane.policy import PolicyError
+from runtime.buildworker import BuildWorker, resolve
+from runtime.dispose import WORTH_IT, dispose
+from runtime.errors import BuildFailed, WorkerCrashed
 from runtime.tasks import stop_task
 
-__all__ = ["Loaded", "PolicyWatcher", "ReloadMetrics", "ReloadOutcome"]
+__all__ = ["InWorker", "Loaded", "PolicyWatcher", "ReloadMetrics", "ReloadOutcome"]
 
 T = TypeVar("T")
 _LOAD_SWITCH_INTERVAL = 0.0002  # seconds (CPython's default is 0.005)
@@ -49,6 +58,18 @@ class Loaded(Generic[T]):
 
     value: T
     files: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True)
+class InWorker(Generic[T]):
+    """Build in the worker process: ``target`` ("module:function", ``path -> Loaded[P]``, its
+    value picklable) runs there; ``finish(P) -> T`` runs on the loop and must be cheap, or be
+    a generator that yields between short steps and returns ``T``."""
+
+    target: str
+    finish: Callable[[Any], T | Generator[None, None, T]]
+    nice: int = 10
+    timeout: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +103,11 @@ class ReloadMetrics:
             "Seconds the last reload spent loading and building (off the event loop)",
             registry=registry,
         )
+        self.worker_restarts = Counter(
+            "tokenweir_config_build_worker_restarts",
+            "Policy build worker processes restarted after one died",
+            registry=registry,
+        )
 
 
 def fingerprint(path: Path) -> Fingerprint:
@@ -99,7 +125,7 @@ class PolicyWatcher(Generic[T]):
         self,
         path: Path,
         *,
-        load: Callable[[Path], Loaded[T]],
+        load: Callable[[Path], Loaded[T]] | InWorker[T],
         apply: Callable[[T], bool | None],
         metrics: ReloadMetrics,
         log: logging.Logger,
@@ -118,6 +144,17 @@ class PolicyWatcher(Generic[T]):
         self._files: tuple[Path, ...] = ()
         self._seen: dict[Path, Fingerprint] = {self.path: fingerprint(self.path)}
         self._task: asyncio.Task[None] | None = None
+        self._worker: BuildWorker | None = None
+        self._current: list[Any] = []  # the applied value and its large containers
+        self._disposing: set[asyncio.Task[None]] = set()
+        if isinstance(load, InWorker):
+            self._worker = BuildWorker(
+                load.target,
+                nice=load.nice,
+                timeout=load.timeout,
+                on_restart=metrics.worker_restarts.inc,
+                log=log,
+            )
 
     # -- one reload --------------------------------------------------------------------------
     def reload_now(self) -> ReloadOutcome:
@@ -130,13 +167,41 @@ class PolicyWatcher(Generic[T]):
         return self._applied(loaded, seen)
 
     async def reload(self) -> ReloadOutcome:
-        """Load and build in a worker thread, then apply on the loop."""
+        """Load and build off the loop (the worker process, or a thread), then apply on it."""
         seen = self._fingerprints()
+        if self._worker is not None:
+            return await self._reload_in_worker(self._worker, seen)
         try:
             loaded = await asyncio.to_thread(self._timed_load)
         except Exception as exc:  # any failure of load/build: reported, counted, survived
             return self._failed(exc, seen)
         return self._applied(loaded, seen)
+
+    async def _reload_in_worker(
+        self, worker: BuildWorker, seen: dict[Path, Fingerprint]
+    ) -> ReloadOutcome:
+        assert isinstance(self._load, InWorker)
+        start = time.perf_counter()
+        quiet = _Quiet()
+        try:
+            try:
+                value, files, parts = await worker.build(self.path, on_first_frame=quiet.enter)
+            except WorkerCrashed as exc:  # once more, in a new worker (restarted, counted)
+                self._log.error("policy build worker: %s (restarting it)", exc)
+                quiet.leave()
+                value, files, parts = await worker.build(self.path, on_first_frame=quiet.enter)
+            step = self._load.finish(value)
+            finished: T = await _drive(step) if isinstance(step, Generator) else step
+            self.metrics.seconds.set(time.perf_counter() - start)
+            loaded = Loaded(finished, files)
+        except Exception as exc:  # any failure of load/build: reported, counted, survived
+            quiet.leave()
+            return self._failed(exc, seen)
+        try:
+            return self._applied(loaded, seen, parts)
+        finally:
+            del loaded, value, parts, finished, step
+            quiet.leave()
 
     def _timed_load(self) -> Loaded[T]:
         # While a large policy is built in this thread the event loop thread must keep the GIL
@@ -153,6 +218,11 @@ class PolicyWatcher(Generic[T]):
         sys.setswitchinterval(min(previous, _LOAD_SWITCH_INTERVAL))
         start = time.perf_counter()
         try:
+            if isinstance(self._load, InWorker):  # start-up: built here, in this thread
+                built = resolve(self._load.target)(self.path)
+                step = self._load.finish(built.value)
+                done: T = _run_through(step) if isinstance(step, Generator) else step
+                return Loaded(done, built.files)
             return self._load(self.path)
         finally:
             self.metrics.seconds.set(time.perf_counter() - start)
@@ -161,11 +231,14 @@ class PolicyWatcher(Generic[T]):
             if collecting:
                 gc.enable()
 
-    def _applied(self, loaded: Loaded[T], seen: dict[Path, Fingerprint]) -> ReloadOutcome:
+    def _applied(
+        self, loaded: Loaded[T], seen: dict[Path, Fingerprint], parts: list[Any] | None = None
+    ) -> ReloadOutcome:
         try:
             changed = self._apply(loaded.value)
         except Exception as exc:  # an owner's swap failed: the old config is still whole
             return self._failed(exc, seen)
+        self._retire(loaded.value, parts or [])
         self._files = tuple(f.resolve() for f in loaded.files)
         self._seen = {**seen, **{f: fingerprint(f) for f in self._files if f not in seen}}
         self.metrics.reloads.labels("unchanged" if changed is False else "ok").inc()
@@ -173,12 +246,28 @@ class PolicyWatcher(Generic[T]):
         self.metrics.last_error.set(0)
         return ReloadOutcome(True)
 
+    def _retire(self, value: T, parts: list[Any]) -> None:
+        """Keep ``value`` (now applied) and its large containers; the value it replaced is
+        freed a slice at a time (:func:`runtime.dispose.dispose`)."""
+        old = self._current
+        self._current = [value, parts]
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # reload_now before the loop runs: nothing is serving yet
+            return
+        if old and sum(len(part) for part in old[1]) >= WORTH_IT:
+            task = loop.create_task(dispose(old), name="tokenweir-policy-dispose")
+            self._disposing.add(task)
+            task.add_done_callback(self._disposing.discard)
+
     def _failed(self, exc: Exception, seen: dict[Path, Fingerprint]) -> ReloadOutcome:
         self._seen = seen  # this version of the files is judged: wait for the next edit
         self.metrics.reloads.labels("error").inc()
         self.metrics.last_error.set(1)
         if isinstance(exc, PolicyError):
             problems = tuple(str(i) for i in exc.issues)
+        elif isinstance(exc, BuildFailed):  # from the worker process, already formatted
+            problems = exc.problems
         else:
             problems = (f"{self.path}: {type(exc).__name__}: {exc}",)
         for line in problems:
@@ -226,3 +315,52 @@ class PolicyWatcher(Generic[T]):
     async def aclose(self) -> None:
         task, self._task = self._task, None
         await stop_task(task, log=self._log)  # had it crashed: one line, no traceback
+        if self._worker is not None:
+            await self._worker.aclose()
+        for pending in tuple(self._disposing):
+            await stop_task(pending, log=self._log)
+
+
+async def _drive(steps: Generator[None, None, T]) -> T:
+    """Run a generator to its return value, letting the loop run at each ``yield``."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        await asyncio.sleep(0)
+
+
+def _run_through(steps: Generator[None, None, T]) -> T:
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+class _Quiet:
+    """The collector stays off while a built value is assembled, finished and applied (a full
+    collection over ~10^5 new objects stalls the loop for tens of ms), then everything alive
+    is frozen: kept out of later collections (freed by reference counts as usual). The young
+    garbage is collected first, so it is not frozen with the rest."""
+
+    def __init__(self) -> None:
+        self._active = False
+        self._was_enabled = True
+
+    def enter(self) -> None:
+        if self._active:
+            return
+        self._active = True
+        self._was_enabled = gc.isenabled()
+        gc.collect(1)  # the young garbage: not frozen with the rest (cheap: young objects only)
+        gc.disable()
+
+    def leave(self) -> None:
+        if not self._active:
+            return
+        self._active = False
+        gc.freeze()
+        if self._was_enabled:
+            gc.enable()

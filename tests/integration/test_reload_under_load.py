@@ -1,10 +1,17 @@
 """Reloads fail nothing: a 10,000-tenant, 100-route policy is reloaded while a steady loop of
 requests runs through real Envoy, the filter server, the rate-limit service and the SGLang
-emulator (all started by ``tokenweir up``): no request fails, none passes unrated."""
+emulator (all started by ``tokenweir up``): no request fails, none passes unrated.
+
+At Envoy's default timeouts (ext_proc 200 ms per message, rate limit 50 ms): with the build in
+a thread of each serving process this failed 75 of 1,761 requests (ext_proc 504s) on a quiet
+machine, and 1,199 of 1,375 (plus 92 unrated) on the busy shared box; the build now runs in
+each process's build worker (runtime/buildworker.py): 6 of 1,856 on the same busy box, where
+even a window without a reload is not always clean, so the test skips on a box that busy."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import re
 import time
@@ -24,6 +31,14 @@ TENANTS, ROUTES, KEYS = 10_000, 100, 100  # requests use the first KEYS tenants'
 def _metric(text: str, name: str, labels: str = "") -> float:
     m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
+
+
+LOGS = ("filters.log", "ratelimit.log")
+
+
+def _reloads(log: Path) -> int:
+    """Policy reloads a service has applied, from its log."""
+    return log.read_text().count("policy reloaded") if log.exists() else 0
 
 
 def _unrated(stats: str) -> dict[str, int]:
@@ -64,7 +79,7 @@ class _Load:
                 ) as r:
                     await r.read()
                     self.statuses[r.status] = self.statuses.get(r.status, 0) + 1
-                    if r.status != 200 and len(self.errors) < 10:
+                    if not _good(r.status) and len(self.errors) < 10:
                         self.errors.append(
                             f"{time.strftime('%H:%M:%S')} {r.status} {await r.text()}"
                         )
@@ -77,26 +92,55 @@ class _Load:
     def total(self) -> int:
         return sum(self.statuses.values())
 
+    def reset(self) -> dict[int, int]:
+        """Start counting again; what was counted so far."""
+        counted, self.statuses, self.errors = self.statuses, {}, []
+        return counted
+
+    @property
+    def failed(self) -> dict[int, int]:
+        """Every answer that is neither a success nor a quota refusal (-1: no answer at all)."""
+        return {s: n for s, n in self.statuses.items() if not _good(s)}
+
+
+def _good(status: int) -> bool:
+    return 200 <= status < 300 or status == 429
+
+
+def _busy() -> str | None:
+    """Why this box cannot judge Envoy's default timeouts, if it cannot: the test then skips.
+
+    On the shared 2-core box, with other work at a load of 7 per core, a few requests per
+    thousand missed 200 ms (ext_proc) or 50 ms (rate limit) with or without a reload."""
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return (
+        f"load {load:.1f} per core: too busy to judge 200 ms / 50 ms deadlines"
+        if load > 1.5
+        else None
+    )
+
 
 async def test_a_10k_tenant_reload_under_load_fails_nothing(tmp_path: Path) -> None:
+    if reason := _busy():
+        pytest.skip(reason)
     names = ("xds", "cp_metrics", "listen", "ratelimit", "rl_metrics", "filters", "filters_metrics")
     ports = {n: free_port() for n in names}
     backend = ("127.0.0.1", free_port())
     path = tmp_path / "mesh.yaml"
 
     def write(tenants: int, generation: int) -> None:
-        # Timeouts with room for a shared 2-core test box; a loop blocked while a 10k-tenant
-        # policy is built (seconds) still fails requests through them.
+        # Envoy's default timeouts: ext_proc 200 ms per message, rate limit 50 ms.
         text = big_policy_text(
             tenants=tenants, routes=ROUTES, ports=ports, backend=backend, emulated=True,
-            generation=generation, rl_timeout="2s", message_timeout="2s",
+            generation=generation, rl_timeout="50ms", message_timeout="200ms",
         )  # fmt: skip
         tmp = path.with_suffix(".tmp")
         tmp.write_text(text)
         tmp.replace(path)
 
     write(KEYS, 0)  # start small (start-up is not what is measured), then reload to 10k
-    proc, banner = await asyncio.to_thread(start_up, path, tmp_path / "run", 240.0)
+    run = tmp_path / "run"
+    proc, banner = await asyncio.to_thread(start_up, path, run, 240.0)
     try:
         assert "ready" in banner, banner
         admin = re.search(r"admin (http://\S+)", banner)
@@ -104,18 +148,20 @@ async def test_a_10k_tenant_reload_under_load_fails_nothing(tmp_path: Path) -> N
         urls = [f"http://127.0.0.1:{ports[p]}/metrics" for p in ("rl_metrics", "filters_metrics")]
         load = _Load(f"http://127.0.0.1:{ports['listen']}", workers=6)
         runner = asyncio.create_task(load.run())
-        ok = 'tokenweir_config_reloads_total{result="ok"}'
         async with aiohttp.ClientSession() as s:
-            await asyncio.sleep(3.0)
-            warm = load.total
-            assert warm > 20, (load.statuses, load.errors)
-            assert load.statuses.get(200) == warm, ("before any reload", load.statuses, load.errors)
+            await asyncio.sleep(3.0)  # cold start: connections open (not counted)
+            cold = load.reset()
             before = _unrated(await _get(s, f"{admin.group(1)}/stats"))
+            await asyncio.sleep(3.0)  # the same load, no reload: what this box can do
+            warm = load.total
+            assert warm > 20, (cold, load.statuses, load.errors)
+            assert not load.failed, ("before any reload: box too busy?", load.statuses, load.errors)
             marks = [f"{time.strftime('%H:%M:%S')} first write"]
             for generation in (1, 2):  # 100 -> 10k tenants, then 10k with every quota changed
                 write(TENANTS, generation)
-                deadline = time.monotonic() + 150
-                while not all([_metric(await _get(s, u), ok) >= generation for u in urls]):
+                deadline = time.monotonic() + 300
+                # their logs say when (a /metrics page costs the serving loop tens of ms)
+                while not all(_reloads(run / f) >= generation for f in LOGS):
                     assert time.monotonic() < deadline, "the new policy was not applied"
                     await asyncio.sleep(0.2)
                 marks.append(f"{time.strftime('%H:%M:%S')} generation {generation} applied")
@@ -124,7 +170,7 @@ async def test_a_10k_tenant_reload_under_load_fails_nothing(tmp_path: Path) -> N
             await runner
             stats = await _get(s, f"{admin.group(1)}/stats")
             rl_text = await _get(s, urls[0])
-        assert load.statuses.get(200, 0) == load.total, (load.statuses, load.errors, marks)
+        assert not load.failed, (load.statuses, load.errors, marks)
         assert load.total > warm + 20
         after = _unrated(stats)
         assert after == before, (before, after, marks)
@@ -133,6 +179,6 @@ async def test_a_10k_tenant_reload_under_load_fails_nothing(tmp_path: Path) -> N
             for v in re.findall(r'^tokenweir_ratelimit_decisions_total\{[^}]*\} (\S+)$', rl_text,
                                 re.M)
         )  # fmt: skip
-        assert decisions >= load.total  # every request got a rate-limit decision
+        assert decisions >= load.total, (decisions, load.total)  # every request was rated
     finally:
         await asyncio.to_thread(stop_up, proc)
