@@ -4,9 +4,10 @@ emulator (all started by ``tokenweir up``): no request fails, none passes unrate
 
 At Envoy's default timeouts (ext_proc 200 ms per message, rate limit 50 ms): with the build in
 a thread of each serving process this failed 75 of 1,761 requests (ext_proc 504s) on a quiet
-machine, and 1,199 of 1,375 (plus 92 unrated) on the busy shared box; the build now runs in
-each process's build worker (runtime/buildworker.py): 6 of 1,856 on the same busy box, where
-even a window without a reload is not always clean, so the test skips on a box that busy."""
+machine, and 13 failed + 192 unrated of 1,086 on the shared box at load 3-4 per core; the build
+now runs in each process's build worker (runtime/buildworker.py): 6 failed + 22 unrated of 1,975
+there, back to back. A box busier than 1.5 per core misses these deadlines even without a
+reload, so the test skips there."""
 
 from __future__ import annotations
 
