@@ -1,5 +1,6 @@
 """The control plane process: snapshot cache + ADS server + policy reloader + pool scraper +
-/metrics and the pool-state API (``GET /api/v1/pools``, docs/operations.md).
+/metrics, the pool-state API (``GET /api/v1/pools``, docs/operations.md) and the live dashboard
+(``GET /dashboard/``, reading ``GET /api/v1/overview``, docs/api.md).
 
 The gRPC server also answers ``grpc.health.v1.Health`` (and ``/healthz`` on the metrics port).
 ``drain`` reports NOT_SERVING and stops reloading; it does not wait for xDS streams, which never
@@ -18,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from controlplane.canary import CanaryWatcher, OverrideCache
 from controlplane.canary.shadow import ShadowWatcher
+from controlplane.dashboard.api import Dashboard
 from controlplane.policy import Address, Policy
 from controlplane.policy.servers import Replicas
 from controlplane.reloader import PolicyCheck, Reloader, ReloadResult
@@ -89,12 +91,21 @@ class ControlPlane:
             adjust=self._adjust if settings.replicas is not None else None,
             build_worker=build_worker,  # controlplane.check:reloader_prepare, given by the CLI
         )
+        self.fetcher = HttpFetcher()
+        self.dashboard = Dashboard(
+            self.fetcher, pools=lambda: self.scraper.state.to_json(), nodes=self.xds.nodes
+        )
         self.metrics = MetricsServer(
             self.registry,
             settings.metrics.host,
             settings.metrics.port,
             health=self.health,
-            routes=[*pool_routes(self.scraper), *self.canary.routes(), *self.shadow.routes()],
+            routes=[
+                *pool_routes(self.scraper),
+                *self.canary.routes(),
+                *self.shadow.routes(),
+                *self.dashboard.routes(),
+            ],
         )
 
     def _adjust(self, policy: Policy) -> Policy:
@@ -106,6 +117,7 @@ class ControlPlane:
         self.eds.set_weights({pool: t.degraded_weight for pool, t in targets.items()})
         self.canary.configure(policy)
         self.shadow.configure(policy)
+        self.dashboard.on_policy(policy)
 
     async def start(self) -> ReloadResult:
         """Load the policy (a rejected file is reported, not fatal: the server waits for a good
@@ -117,6 +129,7 @@ class ControlPlane:
         self.scraper.start()
         self.canary.start()
         self.shadow.start()
+        self.dashboard.start()
         return result
 
     @property
@@ -136,5 +149,7 @@ class ControlPlane:
         await self.shadow.aclose()
         await self._canary_fetcher.aclose()
         await self.scraper.aclose()
+        await self.dashboard.aclose()
+        await self.fetcher.aclose()
         await self.xds.aclose()
         await self.metrics.aclose()

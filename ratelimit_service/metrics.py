@@ -69,6 +69,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.retry_after = Histogram(
+            "tokenweir_ratelimit_retry_after_seconds",
+            "Retry-After given with over-limit answers, by tenant (its count: the rejections)",
+            ["tenant"],
+            buckets=(1, 2, 5, 10, 30, 60, 300, 900, 3600, 86400),
+            registry=r,
+        )
         self.redis_up.set(1)
 
     def observe_batch(self, seconds: float, size: int) -> None:

@@ -4,6 +4,7 @@
 set -euo pipefail
 NEEDED=(
   "redis-server redis-server"
+  "chromium chromium"  # the dashboard's browser test (Playwright drives the system browser)
 )
 missing=()
 for entry in "${NEEDED[@]}"; do

@@ -20,6 +20,7 @@ from controlplane.xds.errors import XdsError
 from controlplane.xds.metrics import XdsMetrics
 from controlplane.xds.session import Recorder, Session
 from controlplane.xds.sotw import SotwSession
+from controlplane.xds.status import node_status
 
 __all__ = ["AdsServicer", "XdsServer"]
 
@@ -41,6 +42,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self._cache = cache
         self._metrics = metrics
         self._clock = clock
+        self.sessions: set[Session[Any]] = set()  # open streams, for status pages
 
     async def StreamAggregatedResources(
         self,
@@ -75,12 +77,14 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         watcher = asyncio.create_task(self._watch(group, session, outbox))
         gauge = self._metrics.connected.labels(group, session.mode)
         gauge.inc()
+        self.sessions.add(session)
         log.info("node %r (group %r) connected over %s ADS", node.id, group, session.mode)
         try:
             while (item := await outbox.get()) is not None:
                 yield item
         finally:
             gauge.dec()
+            self.sessions.discard(session)
             for task in (reader, watcher):
                 task.cancel()
             for outcome in await asyncio.gather(reader, watcher, return_exceptions=True):
@@ -161,11 +165,19 @@ class XdsServer:
         self._services = tuple(services)
         self.metrics = metrics or XdsMetrics(registry)
         self.servicer = AdsServicer(cache, self.metrics, clock=clock)
+        self._clock = clock
         self._server: grpc.aio.Server | None = None
         self.port = 0
         for group, snapshot in cache.groups().items():
             self.metrics.published(group, snapshot)
         cache.add_listener(self.metrics.published)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """What every connected Envoy holds, type by type (``controlplane.xds.status``)."""
+        return sorted(
+            (node_status(s, self._clock()) for s in self.servicer.sessions),
+            key=lambda n: (n["group"], n["node"]),
+        )
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Bind and serve; returns the bound port."""

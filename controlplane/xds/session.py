@@ -83,6 +83,7 @@ class TypeState:
     needs_response: bool = False
     force: set[str] = field(default_factory=set)  # names to send again even if unchanged
     accepted_version: str = ""
+    last_nack: tuple[str, str, float] | None = None  # (rejected version, Envoy's error, when)
     # Bumped on every change of subscriptions, held resources or the pending response: what
     # this type should hold is recomputed only when it or a type it depends on changed.
     rev: int = 0
@@ -352,6 +353,7 @@ class Session(ABC, Generic[R]):
         state.rev += 1
         state.pending = None
         state.rejected_key = pending.key
+        state.last_nack = (pending.version, message, self.clock())
         self.recorder.nacked(type_url, self.mode)
         log.warning(
             "NACK from node %r (group %r) for %s version %r: %s; it stays on version %r",

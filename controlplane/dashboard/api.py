@@ -1,0 +1,126 @@
+"""The dashboard's HTTP side, on the control plane's metrics address (docs/api.md).
+
+``GET /dashboard/`` the page (plain HTML + JS from this package, nothing fetched elsewhere);
+``GET /api/v1/overview`` everything the page shows as one JSON document: pools and replicas
+(the pool state), lanes, tenants, the xDS view of every connected Envoy, the collector's
+sources, and chart points. Bad query values are 400 with an OpenAI-style error body.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from controlplane.dashboard.collector import MetricsSource, ServiceCollector
+from controlplane.dashboard.view import lane_rows, sources_from_policy, tenant_rows
+from controlplane.policy import Policy
+
+__all__ = ["OVERVIEW_PATH", "Dashboard"]
+
+OVERVIEW_PATH = "/api/v1/overview"
+API_VERSION = 1
+_STATIC = {
+    "index.html": "text/html",
+    "dashboard.js": "text/javascript",
+    "dashboard.css": "text/css",
+}
+
+
+def _bad(message: str) -> web.Response:
+    body = {"error": {"message": message, "type": "invalid_request_error", "code": 400}}
+    return web.json_response(body, status=400)
+
+
+def _int_arg(q: Any, name: str, default: int, lo: int, hi: int) -> int:
+    raw = q.get(name)
+    if raw is None:
+        return default
+    value = int(raw)  # ValueError: the caller answers 400
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be within {lo}..{hi}")
+    return value
+
+
+class Dashboard:
+    """Owns the service collector; ``pools`` and ``nodes`` read the control plane's state."""
+
+    def __init__(
+        self,
+        fetch: MetricsSource,
+        *,
+        pools: Callable[[], dict[str, Any]],
+        nodes: Callable[[], list[dict[str, Any]]],
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        interval: float = 1.0,
+    ) -> None:
+        self.collector = ServiceCollector(fetch, clock=wall_clock, interval=interval)
+        self._pools = pools
+        self._nodes = nodes
+        self._clock = clock
+        self._wall = wall_clock
+        self._policy: Policy | None = None
+
+    def on_policy(self, policy: Policy) -> None:
+        self._policy = policy
+        self.collector.configure(sources_from_policy(policy))
+
+    def overview(self, tenants: int = 50, points: int = 120) -> dict[str, Any]:
+        totals = self.collector.totals
+        policy = self._policy
+        series = list(self.collector.points)[-points:] if points else []
+        return {
+            "api_version": API_VERSION,
+            "time": round(self._wall(), 3),
+            "pools": self._pools(),
+            "lanes": lane_rows(totals),
+            "tenants": tenant_rows(policy, totals, tenants) if policy is not None else [],
+            "tenant_count": len(policy.tenants) if policy is not None else 0,
+            "rejections": {k: int(v) for k, v in sorted(totals.rejections.items())},
+            "decisions": {k: int(v) for k, v in sorted(totals.decisions.items())},
+            "envoys": self._nodes(),
+            "sources": self.collector.sources(),
+            "series": [p.to_json() for p in series],
+        }
+
+    def routes(self) -> list[web.RouteDef]:
+        async def overview(request: web.Request) -> web.Response:
+            try:
+                tenants = _int_arg(request.query, "tenants", 50, 0, 100_000)
+                points = _int_arg(request.query, "points", 120, 0, 300)
+            except ValueError as exc:
+                return _bad(f"bad query: {exc} (tenants: 0..100000, points: 0..300)")
+            return web.Response(
+                text=json.dumps(self.overview(tenants, points), separators=(",", ":")),
+                content_type="application/json",
+                headers={"Cache-Control": "no-store"},
+            )
+
+        async def page(request: web.Request) -> web.Response:
+            name = request.match_info.get("name") or "index.html"
+            kind = _STATIC.get(name)
+            if kind is None:
+                raise web.HTTPNotFound()
+            text = resources.files(__package__).joinpath("static", name).read_text()
+            return web.Response(text=text, content_type=kind, headers={"Cache-Control": "no-cache"})
+
+        async def to_page(_request: web.Request) -> web.Response:
+            raise web.HTTPFound("/dashboard/")
+
+        return [
+            web.get(OVERVIEW_PATH, overview),
+            web.get("/dashboard", to_page),
+            web.get("/dashboard/", page),
+            web.get("/dashboard/{name}", page),
+        ]
+
+    def start(self) -> None:
+        self.collector.start()
+
+    async def aclose(self) -> None:
+        await self.collector.aclose()

@@ -1,0 +1,165 @@
+// tokenweir live dashboard: polls GET /api/v1/overview (docs/api.md) and draws tables and
+// canvas charts. Plain JS, no library, nothing loaded from elsewhere.
+"use strict";
+
+const API = "/api/v1/overview?tenants=50&points=120";
+const POLL_MS = 1000;
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v; else e.setAttribute(k, v);
+  }
+  for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return e;
+}
+
+function fmt(x, digits) {
+  if (x === null || x === undefined) return "–";
+  if (typeof x !== "number") return String(x);
+  if (digits !== undefined) return x.toFixed(digits);
+  return Math.abs(x) >= 1000 ? Math.round(x).toLocaleString("en") : String(Math.round(x * 1000) / 1000);
+}
+
+function pct(x) { return x === null || x === undefined ? "–" : (100 * x).toFixed(0) + "%"; }
+
+function fill(tableId, rows) {
+  const body = document.querySelector(`#${tableId} tbody`);
+  body.replaceChildren(...rows);
+}
+
+function renderPools(pools) {
+  const rows = [];
+  for (const [name, pool] of Object.entries((pools && pools.pools) || {})) {
+    for (const [ep, r] of Object.entries(pool.endpoints || {})) {
+      const health = !r.ok ? "down" : r.stale ? "stale" : r.deg ? "degraded" : "ok";
+      rows.push(el("tr", { "data-pool": name, "data-endpoint": ep },
+        el("td", {}, name), el("td", {}, ep),
+        el("td", { class: health === "ok" ? "ok" : "bad" }, health),
+        el("td", { class: "saturation" }, pct(r.s)), el("td", { class: "running" }, r.run),
+        el("td", { class: "queued" }, r.q), el("td", {}, pct(r.kv)),
+        el("td", { class: "cache-hit" }, pct(r.hit)), el("td", {}, fmt(r.tput))));
+    }
+  }
+  fill("replicas", rows);
+}
+
+function renderLanes(lanes, rejections, decisions) {
+  const rows = lanes.map((l) => el("tr", { "data-lane": `${l.pool}/${l.lane}` },
+    el("td", {}, l.pool), el("td", {}, l.lane), el("td", { class: "admitted" }, fmt(l.admitted)),
+    el("td", {}, fmt(l.queued)), el("td", { class: "shed" }, fmt(l.shed))));
+  if (!rows.length) {
+    const td = el("td", { colspan: "5", class: "muted" }, "no admission plugin on any route");
+    rows.push(el("tr", {}, td));
+  }
+  fill("lanes", rows);
+  const list = (o) => Object.entries(o || {}).map(([k, v]) => `${k} ${fmt(v)}`).join(", ");
+  document.getElementById("rejections").textContent =
+    `filter rejections: ${list(rejections) || "none"} · rate-limit decisions: ${list(decisions) || "none"}`;
+}
+
+function renderEnvoys(envoys) {
+  const rows = [];
+  for (const n of envoys) {
+    for (const [type, t] of Object.entries(n.types)) {
+      const nack = t.nack
+        ? el("span", { class: t.nack.current ? "bad" : "muted", title: t.nack.error },
+          `${t.nack.version} (${fmt(t.nack.age_s, 0)}s ago)${t.nack.current ? " refusing" : ""}`)
+        : "–";
+      rows.push(el("tr", { "data-node": n.node },
+        el("td", {}, `${n.node} (${n.mode})`), el("td", {}, type),
+        el("td", { class: "acked" }, t.acked_version || "–"), el("td", {}, t.pending_version || "–"),
+        el("td", {}, nack)));
+    }
+  }
+  fill("envoys", rows);
+}
+
+function renderTenants(tenants, count) {
+  fill("tenants", tenants.map((t) => {
+    const limit = t.budget ? t.budget.tokens : null;
+    const share = limit ? Math.min(1, t.tokens / limit) : 0;
+    const bar = el("div", { class: share > 0.9 ? "bar hot" : "bar" });
+    const inner = el("i", {});
+    inner.style.width = (100 * share).toFixed(1) + "%";
+    bar.append(inner);
+    return el("tr", { "data-tenant": t.tenant },
+      el("td", {}, t.tenant), el("td", {}, t.tier || "–"),
+      el("td", { class: "tokens" }, fmt(t.tokens)),
+      el("td", {}, limit ? `${fmt(limit)} ${t.budget.window}` : "none"), el("td", {}, bar),
+      el("td", {}, fmt(t.cached_tokens)), el("td", { class: "rejections" }, fmt(t.rejections)),
+      el("td", {}, t.retry_after_mean_s === null ? "–" : `${fmt(t.retry_after_mean_s, 1)} s`));
+  }));
+  document.getElementById("tenant-count").textContent = `(${count} in the policy)`;
+}
+
+function drawChart(id, series, keys, colors) {
+  const canvas = document.getElementById(id);
+  const ctx = canvas.getContext("2d");
+  const w = canvas.width, h = canvas.height, left = 44, bottom = 16;
+  ctx.clearRect(0, 0, w, h);
+  let max = 0;
+  for (const p of series) for (const k of keys) if (p[k] !== null && p[k] > max) max = p[k];
+  max = max > 0 ? max * 1.1 : 1;
+  ctx.strokeStyle = "#ddd"; ctx.fillStyle = "#666"; ctx.font = "10px sans-serif";
+  for (let i = 0; i <= 4; i++) {
+    const y = (h - bottom) * (1 - i / 4);
+    ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(w, y); ctx.stroke();
+    const digits = max < 0.1 ? 3 : max < 10 ? 2 : 0;
+    ctx.fillText(fmt(max * i / 4, digits), 2, Math.max(10, y + 3));
+  }
+  if (series.length < 2) return;
+  const t0 = series[0].t, span = Math.max(1, series[series.length - 1].t - t0);
+  ctx.fillText(`last ${Math.round(span)} s`, left, h - 3);
+  keys.forEach((k, i) => {
+    ctx.strokeStyle = colors[i]; ctx.lineWidth = 1.5; ctx.beginPath();
+    let pen = false;
+    for (const p of series) {
+      if (p[k] === null) { pen = false; continue; }
+      const x = left + (w - left) * (p.t - t0) / span;
+      const y = (h - bottom) * (1 - p[k] / max);
+      if (pen) ctx.lineTo(x, y); else ctx.moveTo(x, y);
+      pen = true;
+    }
+    ctx.stroke();
+  });
+}
+
+function renderCharts(series) {
+  const c = ["#1f77b4", "#d62728"];
+  drawChart("chart-ttft", series, ["ttft_p50_s", "ttft_p95_s"], c);
+  drawChart("chart-tbt", series, ["tbt_p50_s", "tbt_p95_s"], c);
+  drawChart("chart-tps", series, ["completion_tokens_per_s", "prompt_tokens_per_s"], c);
+}
+
+function renderSources(sources) {
+  const box = document.getElementById("sources");
+  box.replaceChildren(...sources.map((s) =>
+    el("span", { class: s.ok ? "src" : "src bad", title: s.error || s.endpoint },
+      `${s.name} ${s.ok ? "✓" : "✗"}`)));
+}
+
+let updates = 0;
+
+async function poll() {
+  const status = document.getElementById("status");
+  try {
+    const r = await fetch(API, { cache: "no-store" });
+    if (!r.ok) throw new Error(`HTTP ${r.status}`);
+    const o = await r.json();
+    renderPools(o.pools);
+    renderLanes(o.lanes, o.rejections, o.decisions);
+    renderEnvoys(o.envoys);
+    renderTenants(o.tenants, o.tenant_count);
+    renderCharts(o.series);
+    renderSources(o.sources);
+    updates += 1;
+    status.textContent = `updated ${new Date(o.time * 1000).toLocaleTimeString()}`;
+    status.dataset.updates = String(updates);
+  } catch (err) {
+    status.textContent = `control plane unreachable (${err.message}); retrying`;
+  }
+  setTimeout(poll, POLL_MS);
+}
+
+poll();

@@ -1,0 +1,44 @@
+"""What one ADS stream's Envoy holds, as plain data for status pages (the dashboard).
+
+Per resource type: the version Envoy last accepted (ACK), the one in flight (sent, not yet
+answered), and the last rejection (NACK: the version, Envoy's error, and whether the node is
+still refusing the config it is meant to hold).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.xds.session import Session
+from controlplane.xds.types import ORDER, short_name
+
+__all__ = ["node_status"]
+
+
+def node_status(session: Session[Any], now: float) -> dict[str, Any]:
+    types: dict[str, Any] = {}
+    for type_url in ORDER:
+        state = session.types[type_url]
+        if not state.asked:
+            continue
+        nack = state.last_nack
+        types[short_name(type_url)] = {
+            "acked_version": state.accepted_version or None,
+            "pending_version": state.pending.version if state.pending is not None else None,
+            "resources": len(state.held),
+            "nack": None
+            if nack is None
+            else {
+                "version": nack[0],
+                "error": nack[1][:500],
+                "age_s": round(max(0.0, now - nack[2]), 1),
+                "current": state.rejected_key is not None,
+            },
+        }
+    return {
+        "node": session.node.id,
+        "group": session.group,
+        "mode": session.mode,
+        "target_version": session.target.version if session.target is not None else None,
+        "types": types,
+    }

@@ -1,0 +1,91 @@
+"""Dashboard rows from the policy and the totals, and the overview document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.dashboard.api import Dashboard
+from controlplane.dashboard.collector import Source
+from controlplane.dashboard.summary import Totals
+from controlplane.dashboard.view import lane_rows, sources_from_policy, tenant_rows
+from controlplane.policy.loader import load_policy_text
+
+POLICY = """
+version: 1
+ratelimit: {address: 127.0.0.1:7001, metrics_port: 7100, replicas: 2}
+filters: {address: 127.0.0.1:7002, metrics_port: 7200, processes: 3}
+pools:
+  chat: {models: [m1], endpoints: [127.0.0.1:9001]}
+gateways:
+  edge:
+    listen: 127.0.0.1:10000
+    routes: [{name: llm, pool: chat, rate_limit: {enabled: true}, filters: {plugins: [identity, tokens, usage]}}]
+tiers:
+  free: {quotas: {tokens: {per_day: 1000, per_minute: 100}}}
+  pro: {quotas: {tokens: {burst: 500, refill_per_second: 5}}}
+tenants:
+  acme: {tier: free}
+  bigco: {tier: free, quotas: {tokens: {per_month: 90000}}}
+  solo: {tier: pro}
+"""
+
+
+def _policy() -> Any:
+    return load_policy_text(POLICY, "mesh.yaml")
+
+
+def test_sources_are_every_worker_of_both_services() -> None:
+    assert sources_from_policy(_policy()) == [
+        Source("filters#0", "127.0.0.1:7200"),
+        Source("filters#1", "127.0.0.1:7201"),
+        Source("filters#2", "127.0.0.1:7202"),
+        Source("ratelimit#0", "127.0.0.1:7100"),
+        Source("ratelimit#1", "127.0.0.1:7101"),
+    ]
+
+
+def test_tenant_rows_use_own_quota_then_tier_and_sort_by_use() -> None:
+    t = Totals(
+        tokens={("acme", "prompt"): 40, ("acme", "completion"): 60, ("acme", "cached"): 8},
+        retry_count={"solo": 2},
+        retry_sum={"solo": 7},
+    )
+    rows = tenant_rows(_policy(), t)
+    assert [r["tenant"] for r in rows] == ["acme", "solo", "bigco"]
+    acme, solo, bigco = rows
+    assert acme["tokens"] == 100 and acme["cached_tokens"] == 8
+    assert acme["budget"] == {"window": "per_day", "tokens": 1000}
+    assert bigco["budget"] == {"window": "per_month", "tokens": 90000}
+    assert solo["budget"] == {"window": "bucket", "tokens": 500, "refill_per_second": 5}
+    assert solo["rejections"] == 2 and solo["retry_after_mean_s"] == 3.5
+    assert acme["retry_after_mean_s"] is None
+    assert len(tenant_rows(_policy(), t, limit=1)) == 1
+
+
+def test_lane_rows() -> None:
+    t = Totals(admitted={("chat", "interactive"): 4}, shed={("chat", "batch"): 1})
+    assert lane_rows(t) == [
+        {"pool": "chat", "lane": "batch", "admitted": 0, "queued": 0, "shed": 1},
+        {"pool": "chat", "lane": "interactive", "admitted": 4, "queued": 0, "shed": 0},
+    ]
+
+
+class _NoFetch:
+    async def metrics(self, endpoint: str, timeout_s: float) -> str:
+        raise AssertionError("not scraped in this test")
+
+
+def test_overview_document_has_every_section() -> None:
+    d = Dashboard(
+        _NoFetch(),
+        pools=lambda: {"version": 3, "pools": {}},
+        nodes=lambda: [{"node": "edge-0"}],
+        wall_clock=lambda: 1000.0,
+    )
+    d.on_policy(_policy())
+    o = d.overview(tenants=2)
+    assert o["api_version"] == 1 and o["time"] == 1000.0
+    assert o["pools"]["version"] == 3 and o["envoys"] == [{"node": "edge-0"}]
+    assert [t["tenant"] for t in o["tenants"]] == ["acme", "bigco"] and o["tenant_count"] == 3
+    assert [s["name"] for s in o["sources"]][:1] == ["filters#0"]
+    assert o["sources"][0]["ok"] is False and o["series"] == []
