@@ -70,6 +70,6 @@ def test_dashboard_shape() -> None:
     assert len(ids) == len(set(ids))
     for p in dash["panels"]:
         g = p["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24
         for t in p.get("targets", []):
             assert t["expr"].count("(") == t["expr"].count(")"), t["expr"]
