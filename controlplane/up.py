@@ -206,6 +206,12 @@ class Mesh:
                 if em.cache_tokens is not None:
                     argv += ["--cache-tokens", str(em.cache_tokens)]
                 argv += _kv_event_args(pool.routing, addr)
+                if self.policy.tracing is not None:  # as SGLang: a span per request
+                    argv += [
+                        "--enable-trace",
+                        "--otlp-traces-endpoint",
+                        str(self.policy.tracing.collector),
+                    ]
                 await self._spawn(
                     Child(f"emulator {name}#{i}", argv, self.run_dir / f"emulator-{name}-{i}.log"),
                     addr,

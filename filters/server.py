@@ -35,9 +35,11 @@ from filters.protocol import (
 )
 from filters.registry import RouteEntry
 from filters.sse import SETTLE_KEY
+from filters.tracing import end_stream_span, reply_status
 from runtime.drain import Inflight
 from runtime.grpc_health import AioHealth
 from runtime.health import HealthState
+from runtime.tracing import Tracing
 
 __all__ = ["FilterServer", "FilterServicer"]
 
@@ -84,8 +86,10 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         metrics: FilterMetrics,
         inflight: Inflight | None = None,
         message_timeout: float = 0.2,
+        tracing: Tracing | None = None,
     ) -> None:
         self._routes = dict(routes)
+        self._tracing = tracing  # None: no span, no propagator on the hot path
         self._clock = clock
         self._metrics = metrics
         self.inflight = inflight if inflight is not None else Inflight()
@@ -125,6 +129,11 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
                     self._metrics.rejected("oversize", "too_large", 413)
                     await write(oversize_reply(limit))
                 return
+        tracing = self._tracing
+        span = None if tracing is None else tracing.start(
+            f"ext_proc {name}", context.invocation_metadata() or ()
+        )  # fmt: skip
+        status: int | None = None
         try:
             while True:
                 req = await read()
@@ -133,12 +142,16 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
                 resp = await self._answer(req, entry, name, ctx, write)
                 if isinstance(resp, tuple):
                     ctx, resp = resp
+                if span is not None and status is None:
+                    status = reply_status(resp)
                 await write(resp)
                 if entry is None:
                     return
         finally:
             if ctx is not None and entry is not None:
                 await entry.chain.stream_end(ctx)
+            if span is not None:
+                end_stream_span(span, name, ctx, status)
 
     async def _answer(
         self,

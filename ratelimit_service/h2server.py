@@ -28,7 +28,8 @@ class H2Server(GrpcH2Server):
         *,
         health: HealthState | None = None,
         limits: Limits | None = None,
+        traced: Callable[[bytes, tuple[tuple[str, str], ...]], Awaitable[bytes]] | None = None,
     ) -> None:
-        super().__init__(
-            {SHOULD_RATE_LIMIT_PATH: Method(unary=handler)}, health=health, limits=limits
-        )
+        """``traced``: used instead of ``handler`` when given (it also gets the metadata)."""
+        method = Method(unary=handler, unary_metadata=traced)
+        super().__init__({SHOULD_RATE_LIMIT_PATH: method}, health=health, limits=limits)

@@ -28,11 +28,13 @@ from ratelimit_service.redis_client import connect_redis
 from ratelimit_service.resp import fast_path_url
 from ratelimit_service.responses import error_response, ok_response
 from ratelimit_service.store import RedisStore
+from ratelimit_service.tracing import end_call_span
 from runtime.grpc_health import AioHealth
 from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
 from runtime.tasks import stop_task
+from runtime.tracing import Tracing, tracing_for
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics
 
 __all__ = ["RateLimitServicer", "Service", "ServiceSettings", "decider_settings", "prepare"]
@@ -89,12 +91,32 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
     """gRPC boundary: every answer comes from the Decider; an unexpected error is logged, counted
     and answered per the failure mode (never a gRPC error Envoy would silently fail open on)."""
 
-    def __init__(self, decider: Decider) -> None:
+    def __init__(self, decider: Decider, tracing: Tracing | None = None) -> None:
         self.decider = decider
+        self.tracing = tracing  # None: no span, no propagator on the hot path
 
     async def ShouldRateLimit(
         self, request: rls_pb2.RateLimitRequest, context: Any
     ) -> rls_pb2.RateLimitResponse:
+        if self.tracing is None:
+            return await self._decide(request)
+        meta = (context.invocation_metadata() or ()) if context is not None else ()
+        return await self._traced(request, meta)
+
+    async def _traced(
+        self, request: rls_pb2.RateLimitRequest, metadata: Any
+    ) -> rls_pb2.RateLimitResponse:
+        assert self.tracing is not None
+        span = self.tracing.start("ratelimit ShouldRateLimit", metadata)
+        response: rls_pb2.RateLimitResponse | None = None
+        try:
+            response = await self._decide(request)
+        finally:  # a call Envoy gave up on (its timeout) is cancelled: its span ends too
+            if span is not None:
+                end_call_span(span, request, response)
+        return response
+
+    async def _decide(self, request: rls_pb2.RateLimitRequest) -> rls_pb2.RateLimitResponse:
         try:
             return await self.decider.decide(request)
         except Exception:
@@ -106,15 +128,24 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
                 "Internal error in the quota service.", "internal_error", "server_error", 1
             )
 
-    async def handle_bytes(self, message: bytes) -> bytes:
-        """The same method for the h2 transport: serialized request in, serialized answer out."""
+    def _parse(self, message: bytes) -> rls_pb2.RateLimitRequest:
         try:
-            request = rls_pb2.RateLimitRequest.FromString(message)
+            return rls_pb2.RateLimitRequest.FromString(message)
         except DecodeError:
             log.warning("undecodable RateLimitRequest (%d bytes)", len(message))
             self.decider.metrics.bad_requests.labels("undecodable").inc()
-            request = rls_pb2.RateLimitRequest()  # answered as missing descriptors
-        response = await self.ShouldRateLimit(request, None)
+            return rls_pb2.RateLimitRequest()  # answered as missing descriptors
+
+    async def handle_bytes(self, message: bytes) -> bytes:
+        """The same method for the h2 transport: serialized request in, serialized answer out."""
+        response = await self._decide(self._parse(message))
+        return response.SerializeToString()
+
+    async def handle_bytes_traced(
+        self, message: bytes, metadata: tuple[tuple[str, str], ...]
+    ) -> bytes:
+        """``handle_bytes`` with a span (the h2 transport when the policy has ``tracing``)."""
+        response = await self._traced(self._parse(message), metadata)
         return response.SerializeToString()
 
 
@@ -129,6 +160,7 @@ class Service:
         self.store: RedisStore | None = None
         self.health: RedisHealth | None = None
         self.decider: Decider | None = None
+        self.tracing: Tracing | None = None
         self.server: grpc.aio.Server | None = None
         self.h2: H2Server | None = None
         self.port = 0
@@ -183,12 +215,15 @@ class Service:
             health=self.health,
             metrics=self.metrics,
         )
-        servicer = RateLimitServicer(self.decider)
+        # tracing follows the policy the service started with (a change needs a restart)
+        self.tracing = tracing_for(self.policy, "tokenweir-ratelimit")
+        servicer = RateLimitServicer(self.decider, self.tracing)
         listen = self.settings.listen or str(rl.address)
         host, _, port = listen.rpartition(":")
         transport = transport_for(self.settings.transport, host)
         if transport == "h2":
-            self.h2 = H2Server(servicer.handle_bytes, health=self.serving)
+            traced = servicer.handle_bytes_traced if self.tracing is not None else None
+            self.h2 = H2Server(servicer.handle_bytes, health=self.serving, traced=traced)
             self.port = await self.h2.start(host.strip("[]"), int(port))
         else:
             self.server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
@@ -291,3 +326,6 @@ class Service:
             await self.store.aclose()
         if self.redis is not None:
             await self.redis.aclose()
+        if self.tracing is not None:
+            await self.tracing.aclose()
+            self.tracing = None

@@ -57,6 +57,12 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
         help='SGLang\'s KV-event publisher as JSON, e.g. \'{"publisher": "zmq", "endpoint": '
         '"tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\' (docs/emulator.md)',
     )
+    p.add_argument(
+        "--enable-trace", action="store_true", help="export a span per request over OTLP (SGLang)"
+    )
+    p.add_argument(
+        "--otlp-traces-endpoint", default="localhost:4317", help="OTLP/gRPC collector host:port"
+    )
     sg = p.add_argument_group("accepted for command-line compatibility with sglang.launch_server")
     sg.add_argument("--enable-metrics", action="store_true", help="always on")
     sg.add_argument(
@@ -94,6 +100,8 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
             slow_start_s=a.slow_start,
             exit_on_crash=True,
             kv_events=kv_events,
+            enable_trace=a.enable_trace,
+            otlp_traces_endpoint=a.otlp_traces_endpoint,
         )
     except ValueError as exc:
         p.error(str(exc))

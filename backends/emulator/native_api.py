@@ -131,7 +131,7 @@ class _NativeApi:
         rid = body.get("rid")
         rid = rid if isinstance(rid, str) and rid else self.server.next_id()
         try:
-            req = await self.server.open_request(params, rid)
+            req = await self.server.open_request(params, rid, request)
         except QueueFullError as exc:
             if not parse_bool(body, "stream"):
                 raise

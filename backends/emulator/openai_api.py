@@ -94,7 +94,9 @@ class _OpenAIApi:
         params = self._params(body, encode(render_chat(body.get("messages"))))
         stream, include_usage = self._stream_flags(body)
         try:
-            req = await self.server.open_request(params, "chatcmpl-" + self.server.next_id())
+            req = await self.server.open_request(
+                params, "chatcmpl-" + self.server.next_id(), request
+            )
         except QueueFullError as exc:
             if not stream:
                 raise
@@ -122,7 +124,7 @@ class _OpenAIApi:
         params = self._params(body, _prompt_ids(body.get("prompt")))
         stream, include_usage = self._stream_flags(body)
         try:
-            req = await self.server.open_request(params, "cmpl-" + self.server.next_id())
+            req = await self.server.open_request(params, "cmpl-" + self.server.next_id(), request)
         except QueueFullError as exc:
             if not stream:
                 raise

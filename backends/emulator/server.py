@@ -27,12 +27,14 @@ from backends.emulator.protocol import error_body
 from backends.emulator.request import EmuRequest, GenerationParams
 from backends.emulator.scheduler import Scheduler
 from backends.emulator.settings import EmulatorSettings
+from backends.emulator.tracing import end_request_span, start_request_span
 from backends.errors import (
     InjectedFaultError,
     QueueFullError,
     RequestError,
     ServerClosingError,
 )
+from runtime.tracing import Tracing
 
 __all__ = ["EmulatorServer", "start_emulator"]
 
@@ -67,6 +69,12 @@ class EmulatorServer:
         self.clock = clock
         self.wall_clock = wall_clock
         self.metrics = EmulatorMetrics(settings.model)
+        # SGLang's --enable-trace: one span per request, parent from the caller's traceparent
+        self.tracing = (
+            Tracing(settings.otlp_traces_endpoint, "sglang-emulator")
+            if settings.enable_trace
+            else None
+        )
         kv = settings.kv_events
         self.kv_events = (
             KvEventPublisher(kv, wall_clock=wall_clock) if kv is not None and kv.enabled else None
@@ -109,10 +117,15 @@ class EmulatorServer:
             transport = request.transport
             if transport is not None:
                 self._inflight.add(transport)
+            status: int | None = None
             try:
-                return await _map_errors(request, handler)
+                response = await _map_errors(request, handler)
+                status = response.status
+                return response
             finally:
                 self._inflight.discard(transport)
+                if self.tracing is not None:
+                    end_request_span(request, status)
 
         app = web.Application(middlewares=[track], client_max_size=64 * 1024**2)
         app.add_routes(openai_api.routes(self))
@@ -143,6 +156,8 @@ class EmulatorServer:
             self._runner = None
         if self.kv_events is not None:
             await self.kv_events.aclose()
+        if self.tracing is not None:
+            await self.tracing.aclose()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -188,8 +203,12 @@ class EmulatorServer:
     def next_id(self) -> str:
         return f"{self.port:x}{next(self._ids):08x}"
 
-    async def open_request(self, params: GenerationParams, rid: str) -> EmuRequest:
-        """Admit a request to the scheduler after the fault checks (may hang on purpose)."""
+    async def open_request(
+        self, params: GenerationParams, rid: str, http: web.Request | None = None
+    ) -> EmuRequest:
+        """Admit a request to the scheduler after the fault checks (may hang on purpose).
+        With tracing on, ``http`` (the HTTP request) gets the request's span, ended by the
+        middleware once the answer is written."""
         if self.closing:
             raise ServerClosingError("the server is shutting down")
         if not self.available():
@@ -206,7 +225,10 @@ class EmulatorServer:
             rng=self.scheduler.words.rng_for(self.settings.seed, params.prompt_ids),
             arrival=self.clock(),
         )
-        return self.scheduler.add(req)
+        req = self.scheduler.add(req)
+        if self.tracing is not None and http is not None:
+            start_request_span(self.tracing, http, req, self.settings.model)
+        return req
 
     async def run_to_end(self, req: EmuRequest) -> None:
         """Wait for a non-streamed request; abort it if the client goes away."""

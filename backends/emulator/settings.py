@@ -35,6 +35,8 @@ class EmulatorSettings:
     slow_factor: float = 1.0
     slow_start_s: float = 0.0
     exit_on_crash: bool = False  # the process exits on a crash fault (set by __main__)
+    enable_trace: bool = False  # --enable-trace: OTLP spans per request (as SGLang)
+    otlp_traces_endpoint: str = "localhost:4317"  # --otlp-traces-endpoint (gRPC)
     kv_events: KvEventsConfig | None = None  # --kv-events-config (publisher "zmq" turns it on)
 
     def __post_init__(self) -> None:

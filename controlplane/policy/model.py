@@ -33,6 +33,7 @@ from controlplane.policy.safety import CollapsingPolicy, IdempotencyPolicy, Rout
 from controlplane.policy.saturation import PoolCapacity, PoolStateScrape, SaturationPolicy
 from controlplane.policy.servers import ControlPlane, FiltersServer, RateLimitServer, Replicas
 from controlplane.policy.tenancy import QuotaLimits, Quotas, Tenant, Tier
+from controlplane.policy.tracing import Tracing
 
 __all__ = [
     "LANES",
@@ -80,6 +81,7 @@ __all__ = [
     "Thresholds",
     "Tier",
     "Timeouts",
+    "Tracing",
 ]
 
 
@@ -368,6 +370,7 @@ class Policy:
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     idempotency: IdempotencyPolicy = field(default_factory=IdempotencyPolicy)
     collapsing: CollapsingPolicy = field(default_factory=CollapsingPolicy)
+    tracing: Tracing | None = None
     planner: dict[str, Any] = field(
         default_factory=dict
     )  # `tokenweir plan` inputs (docs/capacity.md)

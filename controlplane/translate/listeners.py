@@ -56,7 +56,10 @@ def route_hooks(
 
 
 def gateway_listener(
-    node: str, gw: Gateway, extra_filters: list[hcm_pb2.HttpFilter]
+    node: str,
+    gw: Gateway,
+    extra_filters: list[hcm_pb2.HttpFilter],
+    tracing: hcm_pb2.HttpConnectionManager.Tracing | None = None,
 ) -> listener_pb2.Listener:
     return _listener(
         names.listener_name(node, "gateway"),
@@ -66,11 +69,16 @@ def gateway_listener(
         edge=True,
         max_headers_kb=gw.max_request_headers_kb,
         downstream=gw.downstream,
+        tracing=tracing,
     )
 
 
 def sidecar_listener(
-    node: str, kind: str, listen: Address, downstream: Downstream
+    node: str,
+    kind: str,
+    listen: Address,
+    downstream: Downstream,
+    tracing: hcm_pb2.HttpConnectionManager.Tracing | None = None,
 ) -> listener_pb2.Listener:
     return _listener(
         names.listener_name(node, kind),
@@ -79,6 +87,7 @@ def sidecar_listener(
         [],
         edge=False,
         downstream=downstream,
+        tracing=tracing,
     )
 
 
@@ -91,6 +100,7 @@ def _listener(
     edge: bool,
     downstream: Downstream,
     max_headers_kb: int = 60,
+    tracing: hcm_pb2.HttpConnectionManager.Tracing | None = None,
 ) -> listener_pb2.Listener:
     router = hcm_pb2.HttpFilter(
         name="envoy.filters.http.router", typed_config=any_of(router_pb2.Router())
@@ -109,6 +119,8 @@ def _listener(
             idle_timeout=dur(downstream.idle_timeout)
         ),
     )
+    if tracing is not None:  # policy `tracing`: controlplane.translate.tracing
+        hcm.tracing.CopyFrom(tracing)
     if edge:
         hcm.early_header_mutation_extensions.append(strip_internal_headers())
         hcm.local_reply_config.CopyFrom(openai_local_replies())

@@ -6,6 +6,7 @@ __all__ = [
     "COLLAPSE_CLUSTER",
     "FILTERS_CLUSTER",
     "RATELIMIT_CLUSTER",
+    "TRACING_CLUSTER",
     "fallback_cluster",
     "listener_name",
     "local_cluster",
@@ -17,6 +18,7 @@ __all__ = [
 RATELIMIT_CLUSTER = "tokenweir_ratelimit"
 FILTERS_CLUSTER = "tokenweir_filters"
 COLLAPSE_CLUSTER = "tokenweir_collapse"  # followers of a collapsed request (ORIGINAL_DST)
+TRACING_CLUSTER = "tokenweir_otel_collector"
 
 
 def pool_cluster(pool: str) -> str:

@@ -25,6 +25,7 @@ from controlplane.translate.routes import (
     sidecar_inbound_routes,
     sidecar_outbound_routes,
 )
+from controlplane.translate.tracing import hcm_tracing
 from controlplane.xds.types import CLUSTER, ENDPOINT, LISTENER, ROUTE
 
 __all__ = ["CLUSTER", "ENDPOINT", "LISTENER", "ROUTE", "Resources", "render"]
@@ -40,7 +41,7 @@ def render(policy: Policy) -> dict[str, Resources]:
     for node, gw in policy.gateways.items():
         res = _empty()
         hooks, per_route = route_hooks(policy, gw.routes)
-        listener = gateway_listener(node, gw, hooks)
+        listener = gateway_listener(node, gw, hooks, _tracing(policy, node, res))
         if policy.replicas.gateway > 1:  # the replicas share the port; the kernel spreads clients
             listener.enable_reuse_port.value = True
         _add(res, LISTENER, listener)
@@ -64,11 +65,19 @@ def render(policy: Policy) -> dict[str, Resources]:
                 CLUSTER,
                 clusters.static_cluster(names.local_cluster(node), sc.inbound.local, http2=False),
             )
-            _add(res, LISTENER, sidecar_listener(node, "inbound", sc.inbound.listen, sc.downstream))
+            tracing = _tracing(policy, node, res)
+            _add(
+                res,
+                LISTENER,
+                sidecar_listener(node, "inbound", sc.inbound.listen, sc.downstream, tracing),
+            )
             _add(res, ROUTE, sidecar_inbound_routes(node, sc))
         if sc.outbound is not None:
+            tracing = _tracing(policy, node, res)
             _add(
-                res, LISTENER, sidecar_listener(node, "outbound", sc.outbound.listen, sc.downstream)
+                res,
+                LISTENER,
+                sidecar_listener(node, "outbound", sc.outbound.listen, sc.downstream, tracing),
             )
             _add(res, ROUTE, sidecar_outbound_routes(policy, node, sc))
             for up in sc.outbound.upstreams:
@@ -78,6 +87,18 @@ def render(policy: Policy) -> dict[str, Resources]:
                     _pool(policy, res, up)
         out[node] = res
     return out
+
+
+def _tracing(policy: Policy, node: str, res: Resources):  # type: ignore[no-untyped-def]
+    """The HCM tracing of ``node``'s listeners (and its collector cluster), or None."""
+    if policy.tracing is None:
+        return None
+    _add(
+        res,
+        CLUSTER,
+        clusters.static_cluster(names.TRACING_CLUSTER, policy.tracing.collector, http2=True),
+    )
+    return hcm_tracing(policy.tracing, node)
 
 
 def _empty() -> Resources:

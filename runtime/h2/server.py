@@ -34,15 +34,18 @@ __all__ = ["GrpcH2Server", "Method", "is_loopback", "transport_for"]
 log = logging.getLogger(__name__)
 
 Unary = Callable[[bytes], Awaitable[bytes]]
+UnaryWithMetadata = Callable[[bytes, tuple[tuple[str, str], ...]], Awaitable[bytes]]
 Streaming = Callable[[Stream], Coroutine[Any, Any, None]]
 
 
 @dataclass(frozen=True)
 class Method:
-    """A unary method (request bytes → reply bytes) or a streaming one (given the call)."""
+    """A unary method (request bytes → reply bytes; ``unary_metadata`` also gets the call's
+    metadata, e.g. ``traceparent``) or a streaming one (given the call)."""
 
     unary: Unary | None = None
     streaming: Streaming | None = None
+    unary_metadata: UnaryWithMetadata | None = None
 
 
 def transport_for(requested: str, host: str) -> str:
@@ -141,11 +144,14 @@ class GrpcH2Server:
             if method.streaming is not None:
                 await method.streaming(s)
             else:
-                assert method.unary is not None
                 if len(s.inbox) != 1:
                     n = len(s.inbox)
                     raise GrpcError(Status.INTERNAL, f"expected one request message, got {n}")
-                reply = await method.unary(s.take())
+                if method.unary_metadata is not None:
+                    reply = await method.unary_metadata(s.take(), s.metadata)
+                else:
+                    assert method.unary is not None
+                    reply = await method.unary(s.take())
                 s.task = None  # ending the stream below must not cancel this very task
                 if conn.reply(s, reply):  # the common case: headers, message, trailers at once
                     return
