@@ -213,10 +213,11 @@ class Decider:
             counter = self.metrics.decisions.labels("ok" if v.ok else "over_limit", quota)
             self._counters[key] = counter
         counter.inc()
-        if not v.ok and call.phase == "reserve" and call.tenant:
+        if call.phase == "reserve" and not v.ok and v.retry_us >= 0 and call.tenant:
             # only known tenants get here (an unknown one is a bad request): bounded labels
-            retry = max(1, math.ceil(v.retry_us / 1e6)) if v.retry_us >= 0 else 0
-            self.metrics.retry_after.labels(call.tenant).observe(retry)
+            self.metrics.retry_after.labels(call.tenant).observe(
+                max(1, math.ceil(v.retry_us / 1e6))
+            )
         for q in v.shadow_denied:
             self.metrics.shadow_denials.labels(q).inc()
         if v.ok and call.phase == "reserve":

@@ -71,9 +71,9 @@ class Metrics:
         )
         self.retry_after = Histogram(
             "tokenweir_ratelimit_retry_after_seconds",
-            "Retry-After given with over-limit answers, by tenant (its count: the rejections)",
+            "Retry-After given with a denial, per tenant",
             ["tenant"],
-            buckets=(1, 2, 5, 10, 30, 60, 300, 900, 3600, 86400),
+            buckets=(1, 2, 5, 10, 30, 60, 300, 900, 3600, 86400, 2678400),
             registry=r,
         )
         self.redis_up.set(1)
