@@ -42,6 +42,10 @@ def _until(what: str, check, timeout: float = 30.0) -> None:  # type: ignore[no-
 
 def test_dashboard_in_chromium_shows_the_mesh_and_moves_with_traffic(tmp_path: Path) -> None:
     text, gw = example_policy()
+    # a loaded 2-core CI box: the example's 200 ms ext_proc and 50 ms RLS timeouts would fail
+    # requests (504) or let them through unchecked (fail open)
+    text = text.replace("message_timeout: 200ms", "message_timeout: 2s")
+    text = text.replace("timeout: 50ms", "timeout: 1s")
     policy_path = tmp_path / "mesh.yaml"
     policy_path.write_text(text)
     metrics = load_policy(policy_path).control_plane.metrics

@@ -44,6 +44,10 @@ def _of(trace: list[ReceivedSpan], service: str) -> list[ReceivedSpan]:
 
 def test_one_connected_trace_per_request_across_every_hop(tmp_path: Path) -> None:
     text, gw = example_policy()
+    # a loaded 2-core CI box: the example's 200 ms ext_proc and 50 ms RLS timeouts would fail
+    # requests (504) or let them through unchecked (fail open)
+    text = text.replace("message_timeout: 200ms", "message_timeout: 2s")
+    text = text.replace("timeout: 50ms", "timeout: 1s")
     port = free_port()
     text += f"\ntracing: {{collector: 127.0.0.1:{port}, flush_interval: 200ms}}\n"
     (tmp_path / "mesh.yaml").write_text(text)
