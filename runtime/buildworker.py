@@ -153,7 +153,7 @@ class BuildWorker:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-        return await proc.wait()
+        return await _reaped(proc)
 
     async def aclose(self) -> None:
         proc, self._proc = self._proc, None
@@ -161,13 +161,21 @@ class BuildWorker:
             return
         if proc.stdin is not None:
             proc.stdin.close()  # the child exits at end of input
-        try:
-            async with asyncio.timeout(2.0):
-                await proc.wait()
-        except TimeoutError:
+        if await _reaped(proc) is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            await proc.wait()
+            await _reaped(proc)
+
+
+async def _reaped(proc: asyncio.subprocess.Process, timeout: float = 2.0) -> int | None:
+    """The child's exit status, waiting at most ``timeout`` s: never hang a shutdown on it (a
+    rate-limit service under ``tokenweir up`` once never learned its worker's exit and never
+    stopped)."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await proc.wait()
+    except TimeoutError:
+        return proc.returncode
 
 
 # -- the child ---------------------------------------------------------------------------------
