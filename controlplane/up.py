@@ -3,7 +3,8 @@
 Starts, in order: a private redis-server (when the policy has a rate-limit section and names no
 Redis), the SGLang emulator replicas of pools marked ``emulated``, the rate-limit service, the
 filter server, the control plane (in this process), and one Envoy per gateway and sidecar fed
-over ADS. Prints every URL.
+over ADS, and, when Debian's ``prometheus`` is installed, a Prometheus scraping all of them with
+the repository's recording rules and alerts (``controlplane.prometheus``). Prints every URL.
 
 Ctrl-C (or SIGTERM) drains, in this order (``docs/operations.md``): the control plane reports
 NOT_SERVING; every Envoy fails its health check, drains its listeners and gets up to
@@ -39,6 +40,7 @@ from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
 from controlplane.policy import Address, Policy
 from controlplane.policy.routing import RoutingPolicy
 from controlplane.policy.servers import Replicas, replica_addresses
+from controlplane.prometheus import Prometheus, prometheus_binary, render_config, scrape_targets
 from controlplane.restarter import Restarter
 from runtime.children import Child, ChildError, wait_child_port
 from runtime.errors import PortTimeout
@@ -79,6 +81,7 @@ class Mesh:
         delta: bool,
         state_dir: Path | None = None,
         replicas: Replicas | None = None,
+        prometheus: tuple[int, float] | None = None,
     ) -> None:
         self.config = config.resolve()
         self.override = replicas  # --replicas (the control planes apply it on every reload)
@@ -96,6 +99,9 @@ class Mesh:
         self.xds: list[Address] = []
         self.restarter = Restarter()  # replicas that die are started again
         self.lines: list[str] = []
+        self.prometheus_settings = prometheus  # (port or 0 for a free one, scrape interval s)
+        self.prometheus: Prometheus | None = None
+        self.admin_ports: dict[str, int] = {}
 
     async def start(self) -> None:
         p = self.policy
@@ -116,11 +122,45 @@ class Mesh:
                 "filters", "filters", p.filters.address, p.filters.metrics_port,
                 count=n.filters, processes=p.filters.processes,
             )  # fmt: skip
+        # before the control plane: a fork from a process running gRPC threads can crash the child
+        if self.prometheus_settings is not None:
+            await self._start_prometheus(*self.prometheus_settings)
         if n.controlplane == 1:
             await self._start_plane()
         else:
             await self._start_planes(n.controlplane)
         await self._start_envoys()
+
+    async def _start_prometheus(self, port: int, interval: float) -> None:
+        binary = prometheus_binary()
+        if binary is None:
+            self.lines.append("prometheus      not installed (apt install prometheus): not started")
+            return
+        admins = {n: f"127.0.0.1:{port}" for n, port in self._admin_ports().items()}
+        config = render_config(scrape_targets(self.policy, admins), interval_s=interval)
+        prom = Prometheus(binary, self.run_dir, "127.0.0.1", port or free_port(), config)
+        await prom.start()
+        self.prometheus = prom
+        self.children.append(prom.child)
+        self.lines.append(f"prometheus      {prom.url}  (rules and alerts: deploy/prometheus/)")
+
+    def _envoy_nodes(self) -> list[tuple[str, Address, str, int]]:
+        nodes = [
+            (n, g.listen, "gateway", self.replicas.gateway) for n, g in self.policy.gateways.items()
+        ]
+        for n, sc in self.policy.sidecars.items():
+            side = sc.outbound or sc.inbound
+            assert side is not None  # the loader requires one of them
+            nodes.append((n, side.listen, "sidecar", 1))
+        return nodes
+
+    def _admin_ports(self) -> dict[str, int]:
+        """Each Envoy's admin port, chosen before anything starts (Prometheus scrapes them)."""
+        if not self.admin_ports:
+            for node, _, _, count in self._envoy_nodes():
+                for i in range(count):
+                    self.admin_ports[node if count == 1 else f"{node}#{i}"] = free_port()
+        return self.admin_ports
 
     async def _start_plane(self) -> None:
         cp = self.policy.control_plane
@@ -255,14 +295,7 @@ class Mesh:
         await wait_child_port(addr.host, addr.port, child)
 
     async def _start_envoys(self) -> None:
-        nodes = [
-            (n, g.listen, "gateway", self.replicas.gateway) for n, g in self.policy.gateways.items()
-        ]
-        for n, sc in self.policy.sidecars.items():
-            side = sc.outbound or sc.inbound
-            assert side is not None  # the loader requires one of them
-            nodes.append((n, side.listen, "sidecar", 1))
-        for node, listen, role, count in nodes:
+        for node, listen, role, count in self._envoy_nodes():
             for i in range(count):
                 key = node if count == 1 else f"{node}#{i}"
                 envoy = await self._start_envoy(node, key, listen, i)
@@ -286,6 +319,7 @@ class Mesh:
             xds_port=first.port, xds_more=tuple((a.host, a.port) for a in more),
             base_id=_base_id(self.run_dir, f"{key}/{generation}"), delta=self.delta,
             max_downstream_connections=_connection_cap(self.policy, node),
+            admin_port=self._admin_ports().get(key, 0),
         )  # fmt: skip
         envoy = EnvoyProcess(settings, self.run_dir)
         await envoy.start()

@@ -45,6 +45,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="how many of each to start: gateway=N,filters=N,ratelimit=N,controlplane=N "
         "(default: the policy's replicas; docs/deploy.md)",
     )
+    p.add_argument(
+        "--no-prometheus", action="store_true", help="do not start Prometheus even if installed"
+    )
+    p.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=0,
+        help="Prometheus on 127.0.0.1:PORT (default: a free port)",
+    )
+    p.add_argument(
+        "--scrape-interval", type=float, default=5.0, help="Prometheus scrape interval, seconds"
+    )
     p.set_defaults(func=_run)
 
 
@@ -77,6 +89,7 @@ def _run(args: argparse.Namespace) -> int:
         delta=policy.control_plane.delta and not args.sotw,
         state_dir=state_dir,
         replicas=replicas,
+        prometheus=None if args.no_prometheus else (args.prometheus_port, args.scrape_interval),
     )
 
     drain = args.drain_timeout

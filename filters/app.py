@@ -99,6 +99,7 @@ class FilterApp:
         self.metrics = FilterMetrics()
         self.policy: Policy = load_policy(settings.policy_path)
         # admission state outlives policy reloads (requests in flight keep their slots)
+        self.metrics.configure(self.policy)  # label values folded to the policy's names
         self.gates = Gates(
             clock=clock, wall=wall, registry=self.metrics.registry, rng=random.Random()
         )
@@ -281,6 +282,7 @@ class FilterApp:
         if self._keys is not None:
             self._keys.update_fallback(built.keys)
         self._budget_reader = built.services.budget
+        self.metrics.configure(built.policy)
         self.gates.configure(built.policy)
         self.ladders.configure(built.policy)
         if self.server is not None:

@@ -1,4 +1,8 @@
-"""Prometheus metrics of the filter server, on a registry the caller owns (no global state)."""
+"""Prometheus metrics of the filter server, on a registry the caller owns (no global state).
+
+Every name is in docs/metrics.md. Tenant, model, lane and cost-center label values are folded
+through the policy (``configure``): a value the policy does not name becomes ``other``.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,27 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from runtime.labels import PolicyLabels
+
 __all__ = ["FilterMetrics"]
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _GAP = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 _RATE = (1, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
+_DURATION = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _RATIO = (0.5, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 2.0)
 
 
 class FilterMetrics:
     """Counters and histograms; label values are route, tenant, model, plugin, reason."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, policy: Any = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.labels: PolicyLabels | None = None
+        self._policy: Any = None
+        self._tenant: Any = _same
+        self._model: Any = _same
+        self._lane: Any = _same
         r = self.registry
         p = "tokenweir_filters_"
         self.streams = Counter(p + "streams", "ext_proc streams by route", ["route"], registry=r)
@@ -39,10 +51,10 @@ class FilterMetrics:
         )
         self.ttft = Histogram(
             p + "ttft_seconds", "time to first token (request start to first body chunk)",
-            ["tenant", "model"], buckets=_LATENCY, registry=r,
+            ["tenant", "model", "lane"], buckets=_LATENCY, registry=r,
         )  # fmt: skip
         self.tbt = Histogram(
-            p + "tbt_seconds", "time between streamed chunks", ["tenant", "model"],
+            p + "tbt_seconds", "time between streamed chunks", ["tenant", "model", "lane"],
             buckets=_GAP, registry=r,
         )  # fmt: skip
         self.tokens_per_second = Histogram(
@@ -83,13 +95,56 @@ class FilterMetrics:
             "(canary, baseline, or ignored: tenant not allowed)", ["pool", "outcome"], registry=r,
         )  # fmt: skip
 
-        self._timers: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self.requests = Counter(
+            p + "requests", "finished LLM requests by outcome (ok, rejected, rate_limited, "
+            "error, no_output)", ["route", "lane", "model", "tenant", "outcome"], registry=r,
+        )  # fmt: skip
+        self.duration = Histogram(
+            p + "request_duration_seconds", "request start to the end of its response",
+            ["route", "lane", "model"], buckets=_DURATION, registry=r,
+        )  # fmt: skip
+        self.cost = Counter(
+            p + "cost_usd", "money spent at the policy's prices (usage the backends reported)",
+            ["tenant", "cost_center", "model"], registry=r,
+        )  # fmt: skip
+
+        self._timers: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self._streams: dict[str, Any] = {}
         self._counters: dict[tuple[str, str], tuple[Any, ...]] = {}
+        if policy is not None:
+            self.configure(policy)
 
-    def stream_timers(self, tenant: str | None, model: str | None) -> tuple[Any, Any]:
-        """The (ttft, tbt) histogram children of one tenant and model, looked up once."""
-        key = (tenant or "unknown", model or "unknown")
+    def configure(self, policy: Any) -> None:
+        """Fold label values through ``policy`` from now on (at start and on every reload)."""
+        self.labels = PolicyLabels.of(policy)
+        self._policy = policy
+        self._tenant, self._model, self._lane = (
+            self.labels.tenant,
+            self.labels.model,
+            self.labels.lane,
+        )
+        self._timers.clear()
+        self._counters.clear()
+
+    def tenant_label(self, tenant: str | None) -> str:
+        return str(self._tenant(tenant or "unknown"))
+
+    def model_label(self, model: str | None) -> str:
+        return str(self._model(model or "unknown"))
+
+    def lane_label(self, lane: str | None) -> str:
+        return str(self._lane(lane or "unknown"))
+
+    def cost_center_label(self, tenant: str | None) -> str:
+        if self.labels is None:
+            return "other"
+        return self.labels.cost_center_of(self._policy, tenant)
+
+    def stream_timers(
+        self, tenant: str | None, model: str | None, lane: str | None = None
+    ) -> tuple[Any, Any]:
+        """The (ttft, tbt) histogram children of one tenant, model and lane, looked up once."""
+        key = (self.tenant_label(tenant), self.model_label(model), self.lane_label(lane))
         timers = self._timers.get(key)
         if timers is None:
             if len(self._timers) > 10_000:
@@ -99,7 +154,7 @@ class FilterMetrics:
 
     def token_counters(self, tenant: str | None, model: str | None) -> tuple[Any, Any, Any]:
         """The (prompt, completion, cached) token counter children of one tenant and model."""
-        key = (tenant or "unknown", model or "unknown")
+        key = (self.tenant_label(tenant), self.model_label(model))
         c = self._counters.get(key)
         if c is None:
             if len(self._counters) > 10_000:
@@ -122,3 +177,21 @@ class FilterMetrics:
 
     def plugin_failed(self, route: str, plugin: str, phase: str) -> None:
         self.plugin_errors.labels(route, plugin, phase).inc()
+
+    def request_done(
+        self, route: str, lane: str | None, model: str | None, tenant: str | None,
+        outcome: str, seconds: float,
+    ) -> None:  # fmt: skip
+        """One finished request: the RED counter and its duration."""
+        ln, md = self.lane_label(lane), self.model_label(model)
+        self.requests.labels(route, ln, md, self.tenant_label(tenant), outcome).inc()
+        self.duration.labels(route, ln, md).observe(seconds)
+
+    def spent(self, tenant: str | None, model: str | None, usd: float) -> None:
+        if usd > 0:
+            t = self.tenant_label(tenant)
+            self.cost.labels(t, self.cost_center_label(tenant), self.model_label(model)).inc(usd)
+
+
+def _same(value: str) -> str:
+    return value

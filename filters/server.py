@@ -23,6 +23,7 @@ from filters.api import Context, openai_error
 from filters.chain import Outcome
 from filters.metrics import FilterMetrics
 from filters.oversize import drain_body, oversize_limit, oversize_reply
+from filters.plugins.usage import OUTCOME_KEY
 from filters.protocol import (
     CONTINUE_REQUEST_BODY,
     CONTINUE_RESPONSE_BODY,
@@ -150,8 +151,20 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         finally:
             if ctx is not None and entry is not None:
                 await entry.chain.stream_end(ctx)
+                self._done(entry, ctx)
             if span is not None:
                 end_stream_span(span, name, ctx, status)
+
+    def _done(self, entry: RouteEntry, ctx: Context) -> None:
+        """RED per route, lane, model and tenant (docs/metrics.md)."""
+        if ctx.status is not None and ctx.status >= 400:
+            outcome = "rejected"
+        else:
+            outcome = ctx.scratch.get(OUTCOME_KEY) or "no_output"
+        model = ctx.model or (entry.info.models[0] if entry.info.models else None)
+        lane = ctx.lane or entry.info.lane
+        seconds = max(0.0, self._clock() - ctx.started)
+        self._metrics.request_done(entry.info.name, lane, model, ctx.tenant, outcome, seconds)
 
     async def _answer(
         self,
@@ -213,6 +226,8 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         ctx.method = headers.get(":method", "")
         ctx.path = headers.get(":path", "")
         out = await entry.chain.request_headers(ctx, dict(headers), msg.end_of_stream)
+        if out.reply is not None:
+            ctx.status = out.reply.status
         out.remove_headers[:0] = strip
         if strip and out.reply is None:
             # Envoy picked the route on the client's headers: pick again without them (a
@@ -235,6 +250,8 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         if not entry.chain.needs("request_body") and not entry.info.rate_limited:
             return CONTINUE_REQUEST_BODY
         out = await entry.chain.request_body(ctx, msg.body)
+        if out.reply is not None:
+            ctx.status = out.reply.status
         if entry.info.rate_limited and out.reply is None:
             # tenant and lane were set with the headers; the body decides model and reserve
             d = _descriptor_headers(ctx)

@@ -203,21 +203,23 @@ class Decider:
             res = await self.local.reserve(record, rid is not None, checks, now_us, ttl)
         v = verdict(res, limits, checks, call.hits, now_us, subject)
         self._count(v, call)
+        if call.phase == "reserve":
+            self.metrics.observe_quota(subject, limits, res.outcomes)
         return v
 
     def _count(self, v: Verdict, call: Call) -> None:
         key = (v.ok, v.quota, v.unit)
         counter = self._counters.get(key)
         if counter is None:
-            quota = f"{v.quota}.{v.unit}" if v.quota else ""
+            quota = f"{self.metrics.labels.quota(v.quota)}.{v.unit}" if v.quota else ""
             counter = self.metrics.decisions.labels("ok" if v.ok else "over_limit", quota)
             self._counters[key] = counter
         counter.inc()
-        if call.phase == "reserve" and not v.ok and v.retry_us >= 0 and call.tenant:
-            # only known tenants get here (an unknown one is a bad request): bounded labels
-            self.metrics.retry_after.labels(call.tenant).observe(
-                max(1, math.ceil(v.retry_us / 1e6))
-            )
+        if call.phase == "reserve":
+            tenant = self.metrics.tenant_label(call.tenant)
+            self.metrics.tenant_decisions.labels(tenant, "ok" if v.ok else "over_limit").inc()
+            if not v.ok and v.retry_us >= 0:
+                self.metrics.retry_after.labels(tenant).observe(max(1, math.ceil(v.retry_us / 1e6)))
         for q in v.shadow_denied:
             self.metrics.shadow_denials.labels(q).inc()
         if v.ok and call.phase == "reserve":

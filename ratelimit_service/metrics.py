@@ -1,8 +1,17 @@
-"""Prometheus metrics of one service process (its own registry: no global state)."""
+"""Prometheus metrics of one service process (its own registry: no global state).
+
+Every name is in docs/metrics.md. Tenant and quota label values are folded through the policy
+(``configure``): a tenant the policy does not name counts as ``other`` and gets no quota gauges.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from runtime.labels import OTHER, PolicyLabels
 
 __all__ = ["Metrics"]
 
@@ -69,6 +78,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.tenant_decisions = Counter(
+            "tokenweir_ratelimit_tenant_decisions",
+            "Reserve decisions per tenant (ok, over_limit); unknown tenants count as other",
+            ["tenant", "result"],
+            registry=r,
+        )
         self.retry_after = Histogram(
             "tokenweir_ratelimit_retry_after_seconds",
             "Retry-After given with a denial, per tenant",
@@ -76,7 +91,47 @@ class Metrics:
             buckets=(1, 2, 5, 10, 30, 60, 300, 900, 3600, 86400, 2678400),
             registry=r,
         )
+        self.quota_limit = Gauge(
+            "tokenweir_quota_limit",
+            "Size of a tenant's limit (tokens; usd limits in micro-USD) as last checked",
+            ["tenant", "quota", "unit"],
+            registry=r,
+        )
+        self.quota_remaining = Gauge(
+            "tokenweir_quota_remaining",
+            "What a tenant's limit still admits, as of its last check (may go negative: debt)",
+            ["tenant", "quota", "unit"],
+            registry=r,
+        )
         self.redis_up.set(1)
+        self.labels = PolicyLabels.empty()
+        self._quota_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+
+    def configure(self, policy: Any) -> None:
+        """Fold label values through ``policy`` from now on (at start and on every reload)."""
+        self.labels = PolicyLabels.of(policy)
+        self._quota_children.clear()
+
+    def tenant_label(self, tenant: str | None) -> str:
+        return self.labels.tenant(tenant)
+
+    def observe_quota(self, tenant: str, limits: Sequence[Any], outcomes: Sequence[Any]) -> None:
+        """Limit and remaining of every limit a reserve of a policy tenant checked."""
+        if self.labels.tenant(tenant) == OTHER:
+            return
+        for lim, o in zip(limits, outcomes, strict=False):
+            key = (tenant, lim.quota, lim.unit)
+            pair = self._quota_children.get(key)
+            if pair is None:
+                if len(self._quota_children) > 50_000:
+                    self._quota_children.clear()
+                q = self.labels.quota(lim.quota)
+                pair = self._quota_children[key] = (
+                    self.quota_limit.labels(tenant, q, lim.unit),
+                    self.quota_remaining.labels(tenant, q, lim.unit),
+                )
+            pair[0].set(lim.limit)
+            pair[1].set(o.remaining)
 
     def observe_batch(self, seconds: float, size: int) -> None:
         self.redis_seconds.observe(seconds)

@@ -160,6 +160,7 @@ class Service:
         self.settings = settings
         self.policy = policy
         self.metrics = Metrics()
+        self.metrics.configure(policy)  # label values folded to the policy's names
         self.redis: Any = None
         self.store: RedisStore | None = None
         self.health: RedisHealth | None = None
@@ -279,6 +280,7 @@ class Service:
     def _swap(self, built: _Built) -> None:
         """On the loop: later decisions use the new quotas; Redis is seeded in the background."""
         self.policy = built.policy
+        self.metrics.configure(built.policy)
         if self.decider is not None:
             self.decider.settings = built.settings
             if self.store is not None:

@@ -5,6 +5,8 @@ set -euo pipefail
 NEEDED=(
   "redis-server redis-server"
   "chromium chromium"  # the dashboard's browser test (Playwright drives the system browser)
+  "prometheus prometheus"
+  "promtool prometheus"
 )
 missing=()
 for entry in "${NEEDED[@]}"; do

@@ -66,6 +66,39 @@ class _Metrics:
             "tokenweir_pool_state_version", "Version of the published pool state",
             registry=registry,
         )  # fmt: skip
+        labels = ["pool", "endpoint"]
+        self.running = Gauge(
+            "tokenweir_replica_running", "Requests running on a replica (its last scrape)",
+            labels, registry=registry,
+        )  # fmt: skip
+        self.queued = Gauge(
+            "tokenweir_replica_queued", "Requests waiting on a replica (its last scrape)",
+            labels, registry=registry,
+        )  # fmt: skip
+        self.cache_hit = Gauge(
+            "tokenweir_replica_cache_hit_ratio", "Prefix-cache hit rate a replica reports, 0..1",
+            labels, registry=registry,
+        )  # fmt: skip
+        self.kv_usage = Gauge(
+            "tokenweir_replica_kv_usage", "KV-cache usage a replica reports, 0..1",
+            labels, registry=registry,
+        )  # fmt: skip
+        self.up = Gauge(
+            "tokenweir_replica_up", "1 while a replica's last /metrics scrape answered and is fresh",
+            labels, registry=registry,
+        )  # fmt: skip
+        self.degraded = Gauge(
+            "tokenweir_replica_degraded", "1 while a replica is marked saturated (EDS weight down)",
+            labels, registry=registry,
+        )  # fmt: skip
+        self.pool_queued = Gauge(
+            "tokenweir_pool_queued", "Requests waiting on a pool's fresh replicas", ["pool"],
+            registry=registry,
+        )  # fmt: skip
+        self.pool_cache_hit = Gauge(
+            "tokenweir_pool_cache_hit_ratio", "Mean prefix-cache hit rate of a pool's fresh replicas",
+            ["pool"], registry=registry,
+        )  # fmt: skip
 
 
 class PoolScraper:
@@ -191,10 +224,21 @@ class PoolScraper:
         if self._metrics is None:
             return
         self._metrics.version.set(self.state.version)
+        m = self._metrics
         for pool, summary in self.state.pools.items():
-            self._metrics.pool.labels(pool).set(summary.saturation)
+            m.pool.labels(pool).set(summary.saturation)
+            fresh = summary.fresh
+            m.pool_queued.labels(pool).set(sum(r.queued for r in fresh))
+            hit = sum(r.cache_hit_rate for r in fresh) / len(fresh) if fresh else 0.0
+            m.pool_cache_hit.labels(pool).set(hit)
             for ep, r in summary.endpoints.items():
-                self._metrics.replica.labels(pool, ep).set(r.saturation)
+                m.replica.labels(pool, ep).set(r.saturation)
+                m.running.labels(pool, ep).set(r.running)
+                m.queued.labels(pool, ep).set(r.queued)
+                m.cache_hit.labels(pool, ep).set(r.cache_hit_rate)
+                m.kv_usage.labels(pool, ep).set(r.token_usage)
+                m.up.labels(pool, ep).set(1 if r.healthy and not r.stale else 0)
+                m.degraded.labels(pool, ep).set(1 if r.degraded else 0)
 
     # ---- readers -----------------------------------------------------------------------------
     async def wait_newer(self, after_version: int, timeout_s: float) -> PoolState:

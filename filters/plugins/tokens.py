@@ -155,7 +155,8 @@ class TokensPlugin(BasePlugin):
         if rewrite:
             _set_max_tokens(req, final)
             if ctx.tenant is not None:
-                self.services.metrics.clamped.labels(ctx.tenant, why).inc()
+                m = self.services.metrics
+                m.clamped.labels(m.tenant_label(ctx.tenant), why).inc()
         fallback = served_model(ctx)  # the degradation ladder sends it to the fallback pool
         if fallback is not None and kind != "generate" and req.data.get("model") != fallback:
             req.data["model"] = fallback

@@ -33,7 +33,9 @@ from filters.sse import (
     usage_of,
 )
 
-__all__ = ["UsagePlugin"]
+__all__ = ["OUTCOME_KEY", "UsagePlugin"]
+
+OUTCOME_KEY = "outcome"  # ctx.scratch: how the answer ended (tokenweir_filters_requests_total)
 
 _MAX_TAIL = 65536  # bytes of an incomplete SSE event kept between chunks
 
@@ -71,7 +73,7 @@ class UsagePlugin(BasePlugin):
     def _start(self, ctx: Context, chunk: bytes) -> _State:
         sse = ctx.stream or chunk.lstrip().startswith((b"data:", b":", b"event:"))
         kind = getattr(ctx.body, "kind", None)
-        ttft, tbt = self.services.metrics.stream_timers(ctx.tenant, ctx.model)
+        ttft, tbt = self.services.metrics.stream_timers(ctx.tenant, ctx.model, ctx.lane)
         st = _State(
             sse=sse,
             drop_usage=sse and ctx.stream and not ctx.client_wants_usage and kind != "generate",
@@ -98,6 +100,7 @@ class UsagePlugin(BasePlugin):
             st.last = now
             st.chunks += 1
         if st.sse:
+            ctx.scratch[OUTCOME_KEY] = "ok"
             result = self._sse(ctx, st, chunk, end_of_stream)
             return self._produced(ctx, st, chunk, result) if ctx.usage is None else result
         if not st.too_big:
@@ -106,6 +109,7 @@ class UsagePlugin(BasePlugin):
                 st.too_big, st.buf = True, bytearray()
         if not end_of_stream:
             return None
+        ctx.scratch[OUTCOME_KEY] = _json_outcome(st)
         found = None if st.too_big else self._settle(ctx, usage_from_json(bytes(st.buf)))
         if found is None and ctx.usage is None and not _is_error(st):
             # an answer without usage (or too large to read): its cost is unknown, so the
@@ -200,6 +204,15 @@ def _is_error(st: _State) -> bool:
     """An error answer (OpenAI's or SGLang's JSON error, or not JSON at all): nothing produced."""
     head = bytes(st.buf[:4096]).lstrip()
     return not st.too_big and (not head.startswith((b"{", b"[")) or b'"error"' in head)
+
+
+def _json_outcome(st: _State) -> str:
+    """ok, or error / rate_limited for an error answer (the rate-limit service's 429 body says
+    ``rate_limit_exceeded``; the usage plugin sees no status line, only the body)."""
+    if not _is_error(st):
+        return "ok"
+    head = bytes(st.buf[:4096])
+    return "rate_limited" if b"rate_limit_exceeded" in head else "error"
 
 
 def _tail_after_events(data: bytes) -> bytes:

@@ -99,7 +99,8 @@ async def test_json_usage_and_metrics(services: Services, clock: FakeClock) -> N
     )
     assert (
         reg.get_sample_value(
-            "tokenweir_filters_ttft_seconds_count", {"tenant": "demo-pro", "model": "m"}
+            "tokenweir_filters_ttft_seconds_count",
+            {"tenant": "demo-pro", "model": "m", "lane": ctx.lane or "unknown"},
         )
         == 1
     )
