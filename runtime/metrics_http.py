@@ -7,6 +7,7 @@ NOT_SERVING (a plain-HTTP twin of ``grpc.health.v1.Health``, for probes that spe
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from aiohttp import web
@@ -56,7 +57,9 @@ class MetricsServer:
         return self.port
 
     async def _metrics(self, _request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
+        # rendered off the event loop: a large page (many tenants) must not stall the requests
+        # this process serves while Prometheus scrapes it
+        body = await asyncio.to_thread(generate_latest, self.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, _request: web.Request) -> web.Response:
