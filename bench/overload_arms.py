@@ -167,7 +167,7 @@ class Tokenweir(Arm):
         self.queue_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         argv = [
             str(Path(sys.executable).parent / "tokenweir"), "--log-level", "warning", "up",
-            "-c", str(path), "--run-dir", str(self.run_dir / "tokenweir-up"),
+            "--no-prometheus", "-c", str(path), "--run-dir", str(self.run_dir / "tokenweir-up"),
             "--drain-timeout", "1",
         ]  # fmt: skip
         child = self._spawn("tokenweir-up", argv)

@@ -76,7 +76,10 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]
     text, gw = example_policy()
     (tmp / "mesh.yaml").write_text(text)
     proc, banner = start_up(
-        tmp / "mesh.yaml", tmp / "run", extra_args=("--fresh", "--scrape-interval", "1")
+        tmp / "mesh.yaml",
+        tmp / "run",
+        extra_args=("--fresh", "--scrape-interval", "1"),
+        prometheus=True,
     )
     try:
         assert "tokenweir up: ready" in banner, banner

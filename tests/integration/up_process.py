@@ -16,12 +16,19 @@ TOKENWEIR = Path(sys.executable).parent / "tokenweir"
 
 
 def start_up(
-    policy: Path, run_dir: Path, timeout: float = 90.0, extra_args: tuple[str, ...] = ()
+    policy: Path,
+    run_dir: Path,
+    timeout: float = 90.0,
+    extra_args: tuple[str, ...] = (),
+    *,
+    prometheus: bool = False,
 ) -> tuple[subprocess.Popen[str], str]:
     """Start ``tokenweir up -c policy``; return it and its output up to ``tokenweir up: ready``
-    (or up to its exit or the timeout: the caller asserts on the banner)."""
+    (or up to its exit or the timeout: the caller asserts on the banner). Prometheus only when
+    asked (it would add a scraper to every test's load)."""
+    extra = extra_args if prometheus else (*extra_args, "--no-prometheus")
     proc = subprocess.Popen(
-        [str(TOKENWEIR), "up", "-c", str(policy), "--run-dir", str(run_dir), *extra_args],
+        [str(TOKENWEIR), "up", "-c", str(policy), "--run-dir", str(run_dir), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
     )  # fmt: skip
     assert proc.stdout is not None
