@@ -233,6 +233,7 @@ class EnvoyProcess:
             "--log-level", s.log_level,
             "--drain-time-s", str(s.drain_time_s),
             "--admin-address-path", str(self._admin_path),
+            "--file-flush-interval-msec", "1000",  # access log lines within a second
         ]  # fmt: skip
 
     async def start(self, *, timeout: float = 30.0, wait_ready: bool = True) -> None:
@@ -242,7 +243,10 @@ class EnvoyProcess:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.bootstrap_path.write_text(json.dumps(render_bootstrap(self.settings), indent=1))
         self._admin_path.unlink(missing_ok=True)
-        with self.log_path.open("wb") as log:
+        self.log_path.write_bytes(b"")
+        # append mode: the JSON access log (path /dev/stdout) writes into this file through its
+        # own descriptor, and O_APPEND on both keeps lines from overwriting each other
+        with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
                 self.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )

@@ -233,6 +233,10 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
             # Envoy picked the route on the client's headers: pick again without them (a
             # client's x-tokenweir-degrade or -lane must not choose a route)
             out.clear_route_cache = True
+        if ctx.tenant is not None and out.reply is None:  # for the access log (never a header)
+            out.metadata.setdefault("tenant", ctx.tenant)
+            out.metadata.setdefault("tier", ctx.tier or "")
+            out.metadata.setdefault("lane", ctx.lane or ctx.route.lane or "interactive")
         if entry.info.rate_limited and out.reply is None:
             for k, v in _descriptor_headers(ctx).items():
                 out.set_headers.setdefault(k, v)
@@ -258,6 +262,8 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
             out.set_headers.setdefault("x-tokenweir-model", d["x-tokenweir-model"])
             out.set_headers.setdefault("x-tokenweir-reserve", d["x-tokenweir-reserve"])
             out.clear_route_cache = True
+            out.metadata.setdefault("model", d["x-tokenweir-model"])
+            out.metadata.setdefault("reserve", ctx.reserve or 0)
             if not _meters_usage(entry):  # nobody will count: the worst case stays charged
                 out.metadata.setdefault(SETTLE_KEY, ctx.reserve or 0)
         return body_response("request_body", _finish(out))

@@ -25,6 +25,7 @@ from ratelimit_service.metrics import Metrics
 from ratelimit_service.plan import WindowClock, checks_for, scaled
 from ratelimit_service.responses import Verdict, error_response, response
 from ratelimit_service.store import MemoryStore, QuotaStore
+from runtime.cost import worst_case_micro_usd
 from runtime.quota.config import Limit, SubjectQuotas, limits_for_service, limits_for_tenant
 from runtime.quota.keys import record_key, service_subject
 
@@ -49,6 +50,7 @@ def verdict(
     hits: int,
     now_us: int,
     subject: str,
+    usd: int = 0,
 ) -> Verdict:
     """Report the denying limit with the longest wait, else the tightest enforced limit."""
     outcomes = res.outcomes
@@ -85,8 +87,8 @@ def verdict(
         remaining=o.remaining,
         reset_us=max(0, reset),
         retry_us=o.retry_us,
-        requested=hits if lim.tokens else 1,
-        kind="tokens" if lim.tokens else "requests",
+        requested=usd if lim.money else hits if lim.tokens else 1,
+        kind="usd" if lim.money else "tokens" if lim.tokens else "requests",
         subject=subject,
         shadow_denied=shadow,
     )
@@ -175,10 +177,13 @@ class Decider:
             self._limits[key] = (sq, limits)
         if call.request_id is None:
             self._log_limited("no_request_id", "reserve without request_id: it cannot be settled")
-        return await self._reserve(tenant, limits, call, call.request_id)
+        usd = 0
+        if any(x.money for x in limits):  # the worst case: every token at the dearer price
+            usd = worst_case_micro_usd(self.directory.policy, call.model, call.hits)
+        return await self._reserve(tenant, limits, call, call.request_id, usd)
 
     async def _reserve(
-        self, subject: str, limits: list[Limit], call: Call, rid: str | None
+        self, subject: str, limits: list[Limit], call: Call, rid: str | None, usd: int = 0
     ) -> Verdict:
         if not limits:
             self.metrics.decisions.labels("ok", "").inc()
@@ -188,7 +193,7 @@ class Decider:
         ttl = self.settings.reservation_ttl_ms
         res: ReserveResult | None = None
         if self.store is not None and (self.health is None or self.health.up):
-            checks = checks_for(subject, limits, call.hits, now_us, self._windows)
+            checks = checks_for(subject, limits, call.hits, now_us, self._windows, usd=usd)
             try:
                 res = await self.store.reserve(record, rid is not None, checks, now_us, ttl)
             except (StoreUnavailable, TimeoutError) as exc:
@@ -199,9 +204,9 @@ class Decider:
             if self.settings.failure_mode == "closed":
                 raise StoreUnavailable("redis unavailable")
             limits = scaled(limits, self.settings.replicas)
-            checks = checks_for(subject, limits, call.hits, now_us, self._windows)
+            checks = checks_for(subject, limits, call.hits, now_us, self._windows, usd=usd)
             res = await self.local.reserve(record, rid is not None, checks, now_us, ttl)
-        v = verdict(res, limits, checks, call.hits, now_us, subject)
+        v = verdict(res, limits, checks, call.hits, now_us, subject, usd)
         self._count(v, call)
         if call.phase == "reserve":
             self.metrics.observe_quota(subject, limits, res.outcomes)
@@ -232,12 +237,15 @@ class Decider:
             return
         record = record_key(call.tenant or "", call.request_id)
         now_us = int(self.clock() * 1_000_000)
+        usd = call.usd
+        if usd is None:  # no price from the filter server: what the reserve charged for this many
+            usd = worst_case_micro_usd(self.directory.policy, call.model, call.hits)
         if self.local.has_record(record):
-            res = await self.local.settle(record, call.hits, now_us)
+            res = await self.local.settle(record, call.hits, now_us, usd)
             result = "local"
         elif self.store is not None and (self.health is None or self.health.up):
             try:
-                res = await self.store.settle(record, call.hits, now_us)
+                res = await self.store.settle(record, call.hits, now_us, usd)
             except (StoreUnavailable, TimeoutError) as exc:
                 if self.health is not None:
                     self.health.failed(exc)

@@ -29,6 +29,7 @@ class Call:
     request_id: str | None = None
     service: str | None = None
     remote_address: str | None = None
+    usd: int | None = None  # settle: the real price in micro-USD (entry ``usd``; "-" = unknown)
 
 
 def _call(entries: dict[str, str], hits: int) -> Call:
@@ -52,7 +53,15 @@ def _call(entries: dict[str, str], hits: int) -> Call:
         model=entries.get("model") or None,
         lane=entries.get("lane") or None,
         request_id=entries.get("request_id") or None,
+        usd=_micro_usd(entries.get("usd")),
     )
+
+
+def _micro_usd(text: str | None) -> int | None:
+    """The ``usd`` entry (micro-USD) the settle descriptor carries; None when absent or "-"."""
+    if not text or not text.isdigit():
+        return None
+    return min(int(text), MAX_HITS * 1000)
 
 
 def parse_request(request: Any, domain: str) -> list[Call]:

@@ -54,6 +54,10 @@ class QuotaDirectory:
         self._live: dict[tuple[str, str], dict[str, str]] = {}
         self._pending: dict[tuple[str, str], asyncio.Future[SubjectQuotas]] = {}
 
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
     def update_policy(self, policy: Policy) -> None:
         self._policy = policy
         self._cache.clear()

@@ -50,6 +50,7 @@ class Check:
     reset_us: int
     shadow: bool
     settle: bool
+    money: bool = False  # a usd limit: settled with the real price, not the token count
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,7 @@ class MemoryState:
 
     buckets: dict[str, tuple[float, int, int]] = field(default_factory=dict)  # tk, ts, expire
     windows: dict[str, tuple[int, int]] = field(default_factory=dict)  # used, expire
+    # record → (expire, counter key → [charged, is_bucket, cap, rate, is_money])
     records: dict[str, tuple[int, dict[str, list[float]]]] = field(default_factory=dict)
 
     def purge(self, now_us: int) -> None:
@@ -155,22 +157,29 @@ def reserve(
             expire, entries = state.records.get(record, (0, {}))
             if expire <= now_us:
                 entries = {}
-            entry = entries.setdefault(c.key, [0, 0, 0, 0.0])
+            entry = entries.setdefault(c.key, [0, 0, 0, 0.0, 0])
             entry[0] += c.cost
             if c.kind == "b":
                 entry[1], entry[2], entry[3] = 1, c.limit, c.rate
+            if c.money:
+                entry[4] = 1
             state.records[record] = (now_us + ttl_ms * 1000, entries)
     return ReserveResult(admitted, tuple(outcomes))
 
 
-def settle(state: MemoryState, record: str, actual: int, now_us: int) -> SettleResult:
+def settle(
+    state: MemoryState, record: str, actual: int, now_us: int, actual_usd: int = 0
+) -> SettleResult:
     item = state.records.pop(record, None)
     if item is None or item[0] <= now_us:
         return SettleResult(False)
     reserved = 0
-    for key, (charged, is_bucket, cap_f, rate) in item[1].items():
-        delta = actual - int(charged)
-        reserved = max(reserved, int(charged))
+    for key, (charged, is_bucket, cap_f, rate, money) in item[1].items():
+        if money:
+            delta = actual_usd - int(charged)
+        else:
+            delta = actual - int(charged)
+            reserved = max(reserved, int(charged))
         if is_bucket:
             cap = int(cap_f)
             tk, ts = refill(*state.bucket(key, cap, now_us), now_us, cap, rate)

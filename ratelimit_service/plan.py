@@ -36,18 +36,21 @@ def checks_for(
     tokens: int,
     now_us: int,
     window_of: Callable[[str, int], tuple[int, int]] = window,
+    *,
+    usd: int = 0,
 ) -> list[Check]:
-    """Token limits cost ``tokens``, request-count limits cost 1."""
+    """Token limits cost ``tokens``, money limits ``usd`` (micro-USD), request-count limits 1."""
     out = []
     for lim in limits:
-        cost = tokens if lim.tokens else 1
+        cost = usd if lim.money else tokens if lim.tokens else 1
         if lim.unit == "bucket":
             key = bucket_key(subject, lim.quota)
             out.append(Check(key, "b", cost, lim.limit, lim.rate, 0, lim.shadow, lim.tokens))
         else:
             index, reset_us = window_of(lim.unit, now_us)
             key = window_key(subject, lim.quota, lim.unit, index)
-            out.append(Check(key, "w", cost, lim.limit, 0.0, reset_us, lim.shadow, lim.tokens))
+            c = Check(key, "w", cost, lim.limit, 0.0, reset_us, lim.shadow, lim.tokens, lim.money)
+            out.append(c)
     return out
 
 
@@ -56,6 +59,14 @@ def scaled(limits: Iterable[Limit], replicas: int) -> list[Limit]:
     if replicas <= 1:
         return list(limits)
     return [
-        Limit(x.quota, x.unit, max(1, x.limit // replicas), x.rate / replicas, x.shadow, x.tokens)
+        Limit(
+            x.quota,
+            x.unit,
+            max(1, x.limit // replicas),
+            x.rate / replicas,
+            x.shadow,
+            x.tokens,
+            x.money,
+        )
         for x in limits
     ]

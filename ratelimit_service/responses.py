@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ratelimit.v3 import rls_pb2
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, struct_pb2
 
 __all__ = ["U32_MAX", "Verdict", "error_response", "ok_response", "response"]
 
@@ -74,18 +74,31 @@ def _header(key: str, value: str) -> base_pb2.HeaderValue:
     return base_pb2.HeaderValue(key=key, value=value)
 
 
+def _amount(v: Verdict, value: int) -> str:
+    return f"${value / 1e6:.6f}" if v.kind == "usd" else str(value)
+
+
 def _message(v: Verdict) -> str:
     what = f"{v.quota} ({'token bucket' if v.unit == 'bucket' else 'per ' + v.unit})"
     if v.retry_us < 0:
         return (
-            f"Request for {v.requested} {v.kind} exceeds quota {what} of {v.subject}, which allows "
-            f"at most {v.limit}; lower max_tokens or shorten the prompt."
+            f"Request for {_amount(v, v.requested)} {v.kind} exceeds quota {what} of {v.subject}, "
+            f"which allows at most {_amount(v, v.limit)}; lower max_tokens or shorten the prompt."
         )
     return (
-        f"Rate limit reached for {v.subject} on quota {what}: limit {v.limit}, remaining "
-        f"{max(0, v.remaining)}, requested {v.requested}. Please try again in "
-        f"{math.ceil(v.retry_us / 1e6)}s."
+        f"Rate limit reached for {v.subject} on quota {what}: limit {_amount(v, v.limit)}, "
+        f"remaining {_amount(v, max(0, v.remaining))}, requested {_amount(v, v.requested)}. "
+        f"Please try again in {math.ceil(v.retry_us / 1e6)}s."
     )
+
+
+def _decision(decision: str, reason: str, retry_s: int | None = None) -> struct_pb2.Struct:
+    """Dynamic metadata for Envoy's access log (namespace envoy.filters.http.ratelimit)."""
+    md = struct_pb2.Struct()
+    md.update({"decision": decision, "reason": reason})
+    if retry_s is not None:
+        md.update({"retry_after_s": retry_s})
+    return md
 
 
 def error_response(
@@ -96,6 +109,7 @@ def error_response(
     if retry_s is not None:
         headers.append(_header("retry-after", str(retry_s)))
     return _RL(
+        dynamic_metadata=_decision("error", code, retry_s),
         overall_code=OVER_LIMIT,
         response_headers_to_add=headers,
         raw_body=json.dumps(body).encode(),
@@ -103,7 +117,13 @@ def error_response(
 
 
 def ok_response(verdicts: list[Verdict]) -> rls_pb2.RateLimitResponse:
-    resp = _RL(overall_code=OK, statuses=[_status(v) for v in verdicts])
+    tight = next((v for v in verdicts if v.quota), None)
+    reason = f"{tight.quota}.{tight.unit}" if tight is not None else "unlimited"
+    resp = _RL(
+        overall_code=OK,
+        statuses=[_status(v) for v in verdicts],
+        dynamic_metadata=_decision("ok", reason),
+    )
     shadow = sorted({q for v in verdicts for q in v.shadow_denied})
     if shadow:
         resp.response_headers_to_add.append(
@@ -121,18 +141,20 @@ def response(verdicts: list[Verdict]) -> rls_pb2.RateLimitResponse:
         _header("content-type", "application/json"),
         _header("x-ratelimit-quota", f"{v.quota}.{v.unit}"),
     ]
-    if v.retry_us >= 0:
-        headers.append(_header("retry-after", str(max(1, math.ceil(v.retry_us / 1e6)))))
+    retry_s = max(1, math.ceil(v.retry_us / 1e6)) if v.retry_us >= 0 else None
+    if retry_s is not None:
+        headers.append(_header("retry-after", str(retry_s)))
     body = {
         "error": {
             "message": _message(v),
             "type": v.kind,
-            "param": "max_tokens" if v.retry_us < 0 and v.kind == "tokens" else None,
+            "param": "max_tokens" if v.retry_us < 0 and v.kind != "requests" else None,
             "code": "rate_limit_exceeded",
             "quota": f"{v.quota}.{v.unit}",
         }
     }
     return _RL(
+        dynamic_metadata=_decision("over_limit", f"{v.quota}.{v.unit}", retry_s),
         overall_code=OVER_LIMIT,
         statuses=[_status(x) for x in verdicts],
         response_headers_to_add=headers,

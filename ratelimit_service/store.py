@@ -42,7 +42,9 @@ class QuotaStore(Protocol):
         self, record: str, has_record: bool, checks: list[Check], now_us: int, ttl_ms: int
     ) -> ReserveResult: ...
 
-    async def settle(self, record: str, actual: int, now_us: int) -> SettleResult: ...
+    async def settle(
+        self, record: str, actual: int, now_us: int, actual_usd: int = 0
+    ) -> SettleResult: ...
 
 
 def reserve_args(
@@ -59,7 +61,7 @@ def reserve_args(
             c.limit,
             c.rate,
             c.reset_us,
-            (1 if c.shadow else 0) | (2 if c.settle else 0),
+            (1 if c.shadow else 0) | (2 if c.settle else 0) | (4 if c.money else 0),
         ]
     return keys, args
 
@@ -89,8 +91,10 @@ class MemoryStore:
             self.state.purge(now_us)
         return reserve(self.state, record if has_record else None, checks, now_us, ttl_ms)
 
-    async def settle(self, record: str, actual: int, now_us: int) -> SettleResult:
-        return settle(self.state, record, actual, now_us)
+    async def settle(
+        self, record: str, actual: int, now_us: int, actual_usd: int = 0
+    ) -> SettleResult:
+        return settle(self.state, record, actual, now_us, actual_usd)
 
 
 _Entry = tuple[tuple[Any, ...], "asyncio.Future[Any]", "asyncio.TimerHandle | None"]
@@ -145,8 +149,10 @@ class RedisStore:
         raw = await self._call(("EVALSHA", "reserve", len(keys), *keys, *args))
         return _reserve_result(raw)
 
-    async def settle(self, record: str, actual: int, now_us: int) -> SettleResult:
-        raw = await self._call(("EVALSHA", "settle", 1, record, now_us, actual))
+    async def settle(
+        self, record: str, actual: int, now_us: int, actual_usd: int = 0
+    ) -> SettleResult:
+        raw = await self._call(("EVALSHA", "settle", 1, record, now_us, actual, actual_usd))
         return SettleResult(bool(raw[0]), int(raw[1]))
 
     async def hgetall(self, key: str) -> dict[Any, Any]:

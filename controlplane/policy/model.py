@@ -32,11 +32,12 @@ from controlplane.policy.routing import RoutingPolicy
 from controlplane.policy.safety import CollapsingPolicy, IdempotencyPolicy, RouteShadow
 from controlplane.policy.saturation import PoolCapacity, PoolStateScrape, SaturationPolicy
 from controlplane.policy.servers import ControlPlane, FiltersServer, RateLimitServer, Replicas
-from controlplane.policy.tenancy import QuotaLimits, Quotas, Tenant, Tier
+from controlplane.policy.tenancy import MoneyLimits, Price, QuotaLimits, Quotas, Tenant, Tier
 from controlplane.policy.tracing import Tracing
 
 __all__ = [
     "LANES",
+    "AccessLog",
     "Address",
     "AdmissionPolicy",
     "Affinity",
@@ -57,11 +58,13 @@ __all__ = [
     "Lane",
     "LaneAdmission",
     "LlmPool",
+    "MoneyLimits",
     "OutlierDetection",
     "PluginRef",
     "Policy",
     "PoolCapacity",
     "PoolStateScrape",
+    "Price",
     "QuotaLimits",
     "Quotas",
     "RateLimitServer",
@@ -321,6 +324,14 @@ class Downstream:
 
 
 @dataclass(frozen=True)
+class AccessLog:
+    """JSON access log lines of a gateway (docs/operations.md "Access logs")."""
+
+    enabled: bool = True
+    path: str = "/dev/stdout"
+
+
+@dataclass(frozen=True)
 class Gateway:
     """An edge Envoy; every instance with node cluster == this name gets these resources."""
 
@@ -328,6 +339,7 @@ class Gateway:
     routes: tuple[Route, ...] = ()
     max_request_headers_kb: Annotated[int, Range(1, 8192)] = 60
     downstream: Downstream = field(default_factory=Downstream)
+    access_log: AccessLog = field(default_factory=AccessLog)
 
 
 @dataclass(frozen=True)
@@ -364,6 +376,7 @@ class Policy:
     sidecars: dict[str, Sidecar] = field(default_factory=dict)
     tiers: dict[str, Tier] = field(default_factory=dict)
     tenants: dict[str, Tenant] = field(default_factory=dict)
+    prices: dict[str, Price] = field(default_factory=dict)  # per model, USD per 1k tokens
     ratelimit: RateLimitServer | None = None
     filters: FiltersServer | None = None
     replicas: Replicas = field(default_factory=Replicas)  # servers side by side (docs/deploy.md)

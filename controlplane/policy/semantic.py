@@ -22,6 +22,7 @@ def check_policy(policy: Policy) -> list[tuple[str, str]]:
         *_gateways(policy),
         *_sidecars(policy),
         *_tenants(policy),
+        *_prices(policy),
         *_ports(policy),
     ]
 
@@ -203,6 +204,22 @@ def _sidecars(policy: Policy) -> Iterator[tuple[str, str]]:
                         f"{path}.outbound.upstreams[{i}]",
                         f"unknown upstream {up!r}; it must name a service or a pool",
                     )
+
+
+def _prices(policy: Policy) -> Iterator[tuple[str, str]]:
+    served = sorted({m for p in policy.pools.values() for m in p.models})
+    for model in policy.prices:
+        if model not in served:
+            yield (
+                f"prices.{model}",
+                f"no pool serves model {model!r}; prices are for the models pools serve: {served}",
+            )
+    for tname, t in policy.tenants.items():
+        if t.cost_center is not None:
+            try:
+                check_name(t.cost_center, "cost center")
+            except ValueError as exc:
+                yield f"tenants.{tname}.cost_center", str(exc)
 
 
 def _tenants(policy: Policy) -> Iterator[tuple[str, str]]:

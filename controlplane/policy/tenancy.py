@@ -8,7 +8,10 @@ from typing import Annotated
 from controlplane.policy.common import LANES, Lane, Positive
 from controlplane.policy.decode import Range
 
-__all__ = ["QuotaLimits", "Quotas", "Tenant", "Tier"]
+__all__ = ["MoneyLimits", "Price", "QuotaLimits", "Quotas", "Tenant", "Tier"]
+
+_USD = Annotated[float, Range(0.000001, 1e9)]  # a budget in USD (at least one micro-dollar)
+_PRICE = Annotated[float, Range(0, 1e6)]  # USD per 1,000 tokens
 
 
 @dataclass(frozen=True)
@@ -29,11 +32,34 @@ class QuotaLimits:
 
 
 @dataclass(frozen=True)
+class MoneyLimits:
+    """A money budget: USD per calendar window (UTC), reserved and settled like token windows
+    (docs/quotas.md "Money"). ``shadow`` decides and reports but never denies."""
+
+    per_minute: _USD | None = None
+    per_hour: _USD | None = None
+    per_day: _USD | None = None
+    per_month: _USD | None = None
+    shadow: bool = False
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per 1,000 tokens of one model: prompt, cached prompt (default: the prompt price) and
+    completion tokens."""
+
+    prompt: _PRICE
+    completion: _PRICE
+    cached: _PRICE | None = None
+
+
+@dataclass(frozen=True)
 class Quotas:
     tokens: QuotaLimits | None = None
     requests: QuotaLimits | None = None
     models: dict[str, QuotaLimits] = field(default_factory=dict)
     lanes: dict[str, QuotaLimits] = field(default_factory=dict)
+    usd: MoneyLimits | None = None
 
     def __post_init__(self) -> None:
         bad = [k for k in self.lanes if k not in LANES]
@@ -54,3 +80,4 @@ class Tenant:
     tier: str
     api_keys: tuple[str, ...] = ()
     quotas: Quotas | None = None
+    cost_center: str | None = None  # groups tenants in cost metrics (docs/metrics.md)

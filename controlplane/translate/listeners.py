@@ -13,6 +13,7 @@ Every listener bounds its clients (policy ``downstream``): the request head must
 
 from __future__ import annotations
 
+from envoy.config.accesslog.v3 import accesslog_pb2
 from envoy.config.core.v3 import protocol_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
@@ -23,6 +24,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 
 from controlplane.policy.model import Address, Downstream, Gateway, Policy, Route
 from controlplane.translate import names
+from controlplane.translate.access_log import access_logs
 from controlplane.translate.edge import openai_local_replies, strip_internal_headers
 from controlplane.translate.protos import ads_source, any_of, dur, socket_address
 from controlplane.translate.routes import PerRoute
@@ -70,6 +72,7 @@ def gateway_listener(
         max_headers_kb=gw.max_request_headers_kb,
         downstream=gw.downstream,
         tracing=tracing,
+        access_log=access_logs(gw.access_log),
     )
 
 
@@ -101,6 +104,7 @@ def _listener(
     downstream: Downstream,
     max_headers_kb: int = 60,
     tracing: hcm_pb2.HttpConnectionManager.Tracing | None = None,
+    access_log: list[accesslog_pb2.AccessLog] | None = None,
 ) -> listener_pb2.Listener:
     router = hcm_pb2.HttpFilter(
         name="envoy.filters.http.router", typed_config=any_of(router_pb2.Router())
@@ -118,6 +122,7 @@ def _listener(
         common_http_protocol_options=protocol_pb2.HttpProtocolOptions(
             idle_timeout=dur(downstream.idle_timeout)
         ),
+        access_log=access_log or [],
     )
     if tracing is not None:  # policy `tracing`: controlplane.translate.tracing
         hcm.tracing.CopyFrom(tracing)

@@ -26,6 +26,7 @@ from envoy.extensions.filters.http.ratelimit.v3 import rate_limit_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
+from envoy.type.metadata.v3 import metadata_pb2
 
 from controlplane.policy.model import Policy, RateLimitServer, Route
 from controlplane.translate.names import RATELIMIT_CLUSTER
@@ -44,6 +45,9 @@ __all__ = [
 RATELIMIT_FILTER = "envoy.filters.http.ratelimit"
 RESERVE_FORMAT = "%REQ(x-tokenweir-reserve)%"
 SETTLE_FORMAT = "%DYNAMIC_METADATA(tokenweir:settle_tokens)%"
+SETTLE_USD_KEY = (
+    "settle_usd_micros"  # the real price, micro-USD; "-" when the filter server has none
+)
 _HEADERS = (
     ("x-tokenweir-tenant", "tenant"),
     ("x-tokenweir-model", "model"),
@@ -66,8 +70,18 @@ def llm_rate_limits() -> list[rc.RateLimit]:
         actions=[*actions, _phase("reserve")],
         hits_addend=rc.RateLimit.HitsAddend(format=RESERVE_FORMAT),
     )
+    usd = _A(
+        metadata=_A.MetaData(
+            descriptor_key="usd",
+            metadata_key=metadata_pb2.MetadataKey(
+                key="tokenweir", path=[metadata_pb2.MetadataKey.PathSegment(key=SETTLE_USD_KEY)]
+            ),
+            default_value="-",
+            source=_A.MetaData.DYNAMIC,
+        )
+    )
     settle = rc.RateLimit(
-        actions=[*actions, _phase("settle")],
+        actions=[*actions, usd, _phase("settle")],
         hits_addend=rc.RateLimit.HitsAddend(format=SETTLE_FORMAT),
         apply_on_stream_done=True,
     )

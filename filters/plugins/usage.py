@@ -32,8 +32,13 @@ from filters.sse import (
     usage_from_json,
     usage_of,
 )
+from runtime.cost import cost_usd, micro_usd
 
-__all__ = ["OUTCOME_KEY", "UsagePlugin"]
+__all__ = ["OUTCOME_KEY", "SETTLE_USD_KEY", "UsagePlugin"]
+
+# dynamic metadata: the real price the settle charges, micro-USD as a *string* (Envoy's metadata
+# rate-limit action reads only string values; a number would yield its default "-")
+SETTLE_USD_KEY = "settle_usd_micros"
 
 OUTCOME_KEY = "outcome"  # ctx.scratch: how the answer ended (tokenweir_filters_requests_total)
 
@@ -90,6 +95,16 @@ class UsagePlugin(BasePlugin):
         st: _State | None = ctx.scratch.get("usage")
         if st is None:
             st = self._start(ctx, chunk)
+        first = bool(chunk) and st.chunks == 0
+        result = self._chunk(ctx, st, chunk, end_of_stream)
+        if not first:
+            return result
+        ttft = {"ttft_ms": round((st.first - ctx.started) * 1000, 1)}  # for the access log
+        if result is None:
+            return Result(metadata=ttft)
+        return Result(body=result.body, metadata={**ttft, **result.metadata})
+
+    def _chunk(self, ctx: Context, st: _State, chunk: bytes, end_of_stream: bool) -> Result | None:
         if chunk:
             now = self.services.clock()
             if st.chunks == 0:
@@ -126,7 +141,9 @@ class UsagePlugin(BasePlugin):
         if st.events == 0:
             return result
         out = min(st.events, ctx.max_tokens) if ctx.max_tokens else st.events
-        metadata = {SETTLE_KEY: (ctx.prompt_tokens or 0) + out}
+        prompt = ctx.prompt_tokens or 0
+        usd = micro_usd(self.services.policy, ctx.model, prompt, out)
+        metadata = {SETTLE_KEY: prompt + out, SETTLE_USD_KEY: str(usd)}
         if result is None:
             return Result(metadata=metadata)
         return Result(body=result.body, metadata={**metadata, **result.metadata})
@@ -179,7 +196,18 @@ class UsagePlugin(BasePlugin):
         if usage is None or (ctx.usage is not None and usage.total <= ctx.usage.total):
             return None
         ctx.usage = usage
-        return Result(metadata={SETTLE_KEY: usage.total})
+        policy, model = self.services.policy, ctx.model
+        p, c, k = usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
+        return Result(
+            metadata={
+                SETTLE_KEY: usage.total,
+                SETTLE_USD_KEY: str(micro_usd(policy, model, p, c, k)),
+                "prompt_tokens": p,
+                "completion_tokens": c,
+                "cached_tokens": k,
+                "cost_usd": round(cost_usd(policy, model, p, c, k), 8),
+            }
+        )
 
     async def stream_end(self, ctx: Context) -> None:
         u = ctx.usage
@@ -191,6 +219,8 @@ class UsagePlugin(BasePlugin):
         prompt.inc(u.prompt_tokens)
         completion.inc(u.completion_tokens)
         cached.inc(u.cached_tokens)
+        p, c, k = u.prompt_tokens, u.completion_tokens, u.cached_tokens
+        m.spent(ctx.tenant, ctx.model, cost_usd(self.services.policy, ctx.model, p, c, k))
         st: _State | None = ctx.scratch.get("usage")
         if st is not None and st.chunks > 1 and st.last > st.first and u.completion_tokens > 1:
             m.tokens_per_second.labels(tenant, model).observe(

@@ -2,7 +2,8 @@
 -- Twin: ratelimit_service/limiter.py:reserve (same double arithmetic, same order).
 -- KEYS[1] reservation record, KEYS[2..] one per limit
 -- ARGV: now_us, ttl_ms, has_record, then 6 per limit: kind(b|w) cost limit rate reset_us flags
---   flags: 1 = shadow, 2 = settled later (token limit: written into the record)
+--   flags: 1 = shadow, 2 = settled later (token limit: written into the record),
+--          4 = money (a usd limit: settled with the real price; marked key#u in the record)
 -- returns {admitted, then per limit: ok, remaining, retry_us}
 local now = tonumber(ARGV[1])
 local n = #KEYS - 1
@@ -92,6 +93,9 @@ for i = 1, n do
     redis.call('HINCRBY', record, key, cost)
     if ARGV[a + 1] == 'b' then
       redis.call('HSET', record, key .. '#c', ARGV[a + 3], key .. '#r', ARGV[a + 4])
+    end
+    if flags >= 4 then
+      redis.call('HSET', record, key .. '#u', '1')
     end
     wrote = true
   end

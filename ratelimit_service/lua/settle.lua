@@ -1,20 +1,26 @@
 -- tokenweir settle: refund or charge the difference between the real cost and what was reserved.
 -- Twin: ratelimit_service/limiter.py:settle. Idempotent: the record is deleted on first use.
 -- KEYS[1] reservation record (all keys it names share its hash tag)
--- ARGV: now_us, actual tokens
--- returns {found, actual - reserved} (reserved: the largest charge in the record)
+-- ARGV: now_us, actual tokens, actual micro-USD (usd limits, marked key#u, settle with it)
+-- returns {found, actual - reserved} (reserved: the largest token charge in the record)
 local rec = redis.call('HGETALL', KEYS[1])
 if #rec == 0 then return {0, 0} end
 redis.call('DEL', KEYS[1])
 local now = tonumber(ARGV[1])
 local actual = tonumber(ARGV[2])
+local actual_usd = tonumber(ARGV[3] or '0')
 local map = {}
 for i = 1, #rec, 2 do map[rec[i]] = rec[i + 1] end
 local reserved = 0
 for key, v in pairs(map) do
   if string.sub(key, -2, -2) ~= '#' then
-    local delta = actual - tonumber(v)
-    if tonumber(v) > reserved then reserved = tonumber(v) end
+    local delta
+    if map[key .. '#u'] then
+      delta = actual_usd - tonumber(v)
+    else
+      delta = actual - tonumber(v)
+      if tonumber(v) > reserved then reserved = tonumber(v) end
+    end
     local capv = map[key .. '#c']
     if capv then
       local cap = tonumber(capv)

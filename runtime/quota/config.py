@@ -3,7 +3,7 @@ and the list of limits one request is checked against. Pure functions, no I/O.
 
 A subject's quota fields are ``<quota>.<attribute>`` strings, for example ``tokens.burst``,
 ``tokens.per_month``, ``requests.refill_per_second``, ``models.llama-3.1-8b.per_day``,
-``lanes.batch.shadow``. The same names are used in Redis (``tw:{tenant}:quota``), by
+``lanes.batch.shadow``, ``usd.per_month`` (money, in USD). The same names are used in Redis (``tw:{tenant}:quota``), by
 ``tokenweir quota`` and in docs/quotas.md.
 """
 
@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.policy.model import Policy, QuotaLimits, Quotas
+from controlplane.policy.model import Policy, Quotas
+from runtime.cost import MICRO
 from runtime.quota.errors import QuotaConfigError
 from runtime.quota.windows import UNITS
 
@@ -46,6 +47,7 @@ ATTRIBUTES: tuple[str, ...] = (
     "shadow",
 )
 _INT_ATTRS = frozenset({"burst", "per_minute", "per_hour", "per_day", "per_month"})
+_MONEY_ATTRS = frozenset({"per_minute", "per_hour", "per_day", "per_month", "shadow"})
 _OFF = frozenset({"", "none", "off", "null", "-"})
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -69,7 +71,8 @@ class QuotaSpec:
 @dataclass(frozen=True, slots=True)
 class Limit:
     """One counter a request is checked against. ``unit`` is ``bucket`` or a window unit;
-    ``tokens`` limits are charged the reservation and settled, the others count requests."""
+    ``tokens`` limits are charged the reservation and settled, the others count requests;
+    ``money`` limits (quota ``usd``, in micro-USD) are charged the reservation's price."""
 
     quota: str
     unit: str
@@ -77,6 +80,7 @@ class Limit:
     rate: float
     shadow: bool
     tokens: bool
+    money: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,11 +101,11 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def _flatten(prefix: str, q: QuotaLimits | None, out: dict[str, str]) -> None:
+def _flatten(prefix: str, q: Any, out: dict[str, str]) -> None:
     if q is None:
         return
     for attr in ATTRIBUTES:
-        value = getattr(q, attr)
+        value = getattr(q, attr, None)
         if value is not None and not (attr == "shadow" and value is False):
             out[f"{prefix}.{attr}"] = format_value(value)
 
@@ -110,6 +114,7 @@ def _quota_fields(tier_q: Quotas, own: Quotas | None) -> dict[str, str]:
     out: dict[str, str] = {}
     _flatten("tokens", own.tokens if own and own.tokens else tier_q.tokens, out)
     _flatten("requests", own.requests if own and own.requests else tier_q.requests, out)
+    _flatten("usd", own.usd if own and own.usd else tier_q.usd, out)
     models = {**tier_q.models, **(own.models if own else {})}
     lanes = {**tier_q.lanes, **(own.lanes if own else {})}
     for name, q in sorted(models.items()):
@@ -138,7 +143,7 @@ def service_defaults(policy: Policy, service: str) -> dict[str, str] | None:
     return out
 
 
-def _parse_value(attr: str, text: str) -> Any:
+def _parse_value(attr: str, text: str, money: bool = False) -> Any:
     t = text.strip().lower()
     if t in _OFF and attr != "shadow":
         return None
@@ -152,6 +157,10 @@ def _parse_value(attr: str, text: str) -> Any:
         number = float(t)
     except ValueError:
         raise QuotaConfigError(f"expected a number or 'none', got {text!r}") from None
+    if money:
+        if not math.isfinite(number) or number < 0 or number > 1e9:
+            raise QuotaConfigError(f"expected USD in 0..1e9 or 'none', got {text!r}")
+        return round(number * MICRO)  # budgets are kept in micro-USD
     if not math.isfinite(number) or number < 0 or number > MAX_LIMIT:
         raise QuotaConfigError(f"expected a number in 0..{MAX_LIMIT}, got {text!r}")
     if attr in _INT_ATTRS:
@@ -164,7 +173,7 @@ def _split(name: str) -> tuple[str, str] | None:
     if attr not in ATTRIBUTES or not quota:
         return None
     head = quota.split(".", 1)[0]
-    if quota in ("tokens", "requests") or (head in ("models", "lanes") and "." in quota):
+    if quota in ("tokens", "requests", "usd") or (head in ("models", "lanes") and "." in quota):
         return quota, attr
     return None
 
@@ -178,8 +187,14 @@ def parse_quota_fields(fields: Mapping[str, str]) -> tuple[dict[str, QuotaSpec],
         if parts is None:
             problems.append(f"{name}: unknown quota field")
             continue
+        money = parts[0] == "usd"
+        if money and parts[1] not in _MONEY_ATTRS:
+            problems.append(
+                f"{name}: a usd budget has per_minute, per_hour, per_day, per_month (USD) and shadow"
+            )
+            continue
         try:
-            values.setdefault(parts[0], {})[parts[1]] = _parse_value(parts[1], text)
+            values.setdefault(parts[0], {})[parts[1]] = _parse_value(parts[1], text, money)
         except QuotaConfigError as exc:
             problems.append(f"{name}: {exc}")
     return {q: QuotaSpec(**attrs) for q, attrs in values.items()}, problems
@@ -194,7 +209,9 @@ def effective_quotas(defaults: Mapping[str, str] | None, live: Mapping[str, str]
     return SubjectQuotas(known=True, quotas=specs, problems=tuple(problems))
 
 
-def _limits(quota: str, spec: QuotaSpec, tokens: bool, out: list[Limit]) -> None:
+def _limits(
+    quota: str, spec: QuotaSpec, tokens: bool, out: list[Limit], money: bool = False
+) -> None:
     if spec.burst is not None and spec.refill_per_second is not None:
         out.append(
             Limit(quota, "bucket", spec.burst, float(spec.refill_per_second), spec.shadow, tokens)
@@ -202,7 +219,7 @@ def _limits(quota: str, spec: QuotaSpec, tokens: bool, out: list[Limit]) -> None
     for unit in UNITS:
         value = getattr(spec, f"per_{unit}")
         if value is not None:
-            out.append(Limit(quota, unit, value, 0.0, spec.shadow, tokens))
+            out.append(Limit(quota, unit, value, 0.0, spec.shadow, tokens, money))
 
 
 def limits_for_tenant(sq: SubjectQuotas, model: str | None, lane: str | None) -> list[Limit]:
@@ -217,6 +234,8 @@ def limits_for_tenant(sq: SubjectQuotas, model: str | None, lane: str | None) ->
         _limits(f"lanes.{lane}", q[f"lanes.{lane}"], True, out)
     if "requests" in q:
         _limits("requests", q["requests"], False, out)
+    if "usd" in q:
+        _limits("usd", q["usd"], True, out, money=True)
     return out
 
 
@@ -231,5 +250,5 @@ def all_limits(sq: SubjectQuotas) -> list[Limit]:
     """Every limit of a subject, whatever model or lane a request names (for reports)."""
     out: list[Limit] = []
     for quota, spec in sorted(sq.quotas.items()):
-        _limits(quota, spec, quota != "requests", out)
+        _limits(quota, spec, quota != "requests", out, money=quota == "usd")
     return out

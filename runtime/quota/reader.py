@@ -79,7 +79,11 @@ class QuotaReader:
         results = await self._peek(keys)
         results[0] = dict(zip(results[0][::2], results[0][1::2], strict=True))
         sq = effective_quotas(tenant_defaults(self._policy, tenant), decode_map(results[0]))
-        limits = [x for x in limits_for_tenant(sq, model, lane) if x.tokens and not x.shadow]
+        limits = [
+            x
+            for x in limits_for_tenant(sq, model, lane)
+            if x.tokens and not x.money and not x.shadow
+        ]
         if not limits:
             return None
         state = {}

@@ -94,11 +94,13 @@ async def test_full_request_and_streamed_response(policy: Policy, services: Serv
     dropped = out[4]
     assert dropped.response_body.response.body_mutation.body == b""
     md = json_format.MessageToDict(dropped.dynamic_metadata)
-    assert md == {"tokenweir": {"settle_tokens": 8.0}}
+    assert md["tokenweir"]["settle_tokens"] == 8.0
     # the settlement has a value from the start (0: nothing produced yet), then what the
     # stream produced so far (prompt estimate + one token per event), then the real usage
     first = json_format.MessageToDict(out[0].dynamic_metadata)
-    assert first == {"tokenweir": {"settle_tokens": 0.0}}
+    assert first["tokenweir"]["settle_tokens"] == 0.0
+    # who the request is for, for the access log: from the API key, never from a header
+    assert first["tokenweir"]["tenant"] == "demo-free" and first["tokenweir"]["lane"] == "batch"
     running = json_format.MessageToDict(out[3].dynamic_metadata)["tokenweir"]["settle_tokens"]
     assert running == int(hb["x-tokenweir-reserve"]) - 256 + 1
 

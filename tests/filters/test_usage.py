@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.policy import load_policy
-from filters.api import Usage
+from filters.api import Result, Usage
 from filters.bodies import parse_request
 from filters.plugins.usage import UsagePlugin
 from filters.services import Services
@@ -37,6 +38,11 @@ def streaming_ctx(wants_usage: bool):  # type: ignore[no-untyped-def]
     return ctx
 
 
+def quiet(r: Result | None) -> bool:
+    """Nothing changed and nothing settled: at most the first chunk's TTFT for the access log."""
+    return r is None or (r.body is None and set(r.metadata) <= {"ttft_ms"})
+
+
 async def run(plugin: UsagePlugin, ctx, chunks: list[bytes], clock: FakeClock):  # type: ignore[no-untyped-def]
     out, meta = [], {}
     for i, c in enumerate(chunks):
@@ -54,7 +60,7 @@ async def test_usage_chunk_dropped_when_client_did_not_ask(
 ) -> None:
     ctx = streaming_ctx(False)
     body, meta = await run(UsagePlugin({}, services), ctx, CHUNKS, clock)
-    assert meta == {"settle_tokens": 13}
+    assert meta["settle_tokens"] == 13
     assert ctx.usage == Usage(11, 2, 4)
     assert b'"usage": {' not in body and body.endswith(b"data: [DONE]\n\n")
     assert body == b"".join(c for i, c in enumerate(CHUNKS) if i != 3)
@@ -63,7 +69,7 @@ async def test_usage_chunk_dropped_when_client_did_not_ask(
 async def test_usage_chunk_kept_when_client_asked(services: Services, clock: FakeClock) -> None:
     ctx = streaming_ctx(True)
     body, meta = await run(UsagePlugin({}, services), ctx, CHUNKS, clock)
-    assert body == b"".join(CHUNKS) and meta == {"settle_tokens": 13}
+    assert body == b"".join(CHUNKS) and meta["settle_tokens"] == 13
 
 
 async def test_usage_event_split_across_chunks(services: Services, clock: FakeClock) -> None:
@@ -72,7 +78,7 @@ async def test_usage_event_split_across_chunks(services: Services, clock: FakeCl
     for wants in (False, True):
         ctx = streaming_ctx(wants)
         body, meta = await run(UsagePlugin({}, services), ctx, pieces, clock)
-        assert meta == {"settle_tokens": 13}
+        assert meta["settle_tokens"] == 13
         expected = (
             b"".join(CHUNKS) if wants else b"".join(c for i, c in enumerate(CHUNKS) if i != 3)
         )
@@ -85,9 +91,9 @@ async def test_json_usage_and_metrics(services: Services, clock: FakeClock) -> N
     body = json.dumps(
         {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}
     ).encode()
-    assert await plugin.response_chunk(ctx, body[:20], False) is None
+    assert quiet(await plugin.response_chunk(ctx, body[:20], False))
     r = await plugin.response_chunk(ctx, body[20:], True)
-    assert r is not None and r.metadata == {"settle_tokens": 15}
+    assert r is not None and r.metadata["settle_tokens"] == 15
     await plugin.stream_end(ctx)
     reg = services.metrics.registry
     assert (
@@ -117,14 +123,14 @@ async def test_generate_stream_settles_from_last_meta_info(
         b"data: [DONE]\n\n",
     ]
     body, meta = await run(UsagePlugin({}, services), ctx, chunks, clock)
-    assert meta == {"settle_tokens": 5} and body == b"".join(chunks)
+    assert meta["settle_tokens"] == 5 and body == b"".join(chunks)
 
 
 async def test_error_bodies_settle_nothing(services: Services) -> None:
     ctx = make_ctx()
     plugin = UsagePlugin({}, services)
     body = b'{"error":{"message":"overloaded","type":"server_error","code":503}}'
-    assert await plugin.response_chunk(ctx, body, True) is None
+    assert quiet(await plugin.response_chunk(ctx, body, True))
     assert ctx.usage is None
 
 
@@ -149,10 +155,10 @@ async def test_json_without_usage_keeps_the_worst_case(services: Services) -> No
     ctx.reserve = 300
     plugin = UsagePlugin({}, services)
     r = await plugin.response_chunk(ctx, b'{"choices":[{"text":"hi"}]}', True)
-    assert r is not None and r.metadata == {"settle_tokens": 300}
+    assert r is not None and r.metadata["settle_tokens"] == 300
     other = make_ctx()
     other.reserve = 300
-    assert await plugin.response_chunk(other, b"Internal Server Error", True) is None
+    assert quiet(await plugin.response_chunk(other, b"Internal Server Error", True))
 
 
 def test_split_events() -> None:
@@ -172,7 +178,7 @@ async def test_any_chunking_gives_the_same_stream_and_usage(cuts: list[int], wan
     services = make_services(load_policy(ROOT / "examples" / "mesh.yaml"), FakeClock())
     ctx = streaming_ctx(wants)
     body, meta = await run(UsagePlugin({}, services), ctx, pieces, FakeClock())
-    assert meta == {"settle_tokens": 13}
+    assert meta["settle_tokens"] == 13
     assert body == (stream if wants else b"".join(c for i, c in enumerate(CHUNKS) if i != 3))
 
 
@@ -197,3 +203,29 @@ async def test_a_stream_without_event_ends_is_not_held_back(
         r = await plugin.response_chunk(ctx, b"x" * 40_000, False)
         sent += b"x" * 40_000 if r is None or r.body is None else r.body
     assert len(sent) >= 80_000  # at most one chunk's worth is waiting
+
+
+async def test_usage_is_priced_for_the_settle_the_log_and_the_cost_metric(
+    services: Services, clock: FakeClock
+) -> None:
+    """examples/mesh.yaml: llama-3.1-8b costs $0.0002 prompt, $0.0001 cached, $0.0006 completion
+    per 1k tokens; demo-pro's cost center is research."""
+    ctx = make_ctx(tenant="demo-pro", model="llama-3.1-8b", prompt_tokens=1000)
+    plugin = UsagePlugin({}, services)
+    usage = {"prompt_tokens": 1000, "completion_tokens": 500,
+             "prompt_tokens_details": {"cached_tokens": 400}}  # fmt: skip
+    r = await plugin.response_chunk(ctx, json.dumps({"usage": usage}).encode(), True)
+    assert r is not None
+    # 600 x 0.2 + 400 x 0.1 + 500 x 0.6 micro-USD
+    assert r.metadata["settle_usd_micros"] == str(120 + 40 + 300)
+    assert r.metadata["cost_usd"] == 0.00046
+    assert (r.metadata["prompt_tokens"], r.metadata["completion_tokens"]) == (1000, 500)
+    assert r.metadata["cached_tokens"] == 400 and "ttft_ms" in r.metadata
+    await plugin.stream_end(ctx)
+    services.metrics.configure(services.policy)  # what the app does (label folding)
+    await plugin.stream_end(ctx)
+    got = services.metrics.registry.get_sample_value(
+        "tokenweir_filters_cost_usd_total",
+        {"tenant": "demo-pro", "cost_center": "research", "model": "llama-3.1-8b"},
+    )
+    assert got == pytest.approx(0.00046)
