@@ -17,7 +17,6 @@ Without a replay endpoint a replica is known only while batches keep arriving wi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -78,9 +77,8 @@ class KvEventSubscriber:
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if tasks:  # a cancel of aclose itself (a caller's time limit) is passed on
+            await asyncio.wait(tasks)
         if self._ctx is not None:
             self._ctx.destroy(linger=0)  # closes any socket a cancelled task left open
             self._ctx = None
@@ -143,7 +141,10 @@ class KvEventSubscriber:
             start = self.index.resync_from(feed.name)
             await dealer.send_multipart([b"", encode_seq(start)])
             while True:
-                frames = await asyncio.wait_for(dealer.recv_multipart(), self._replay_timeout_s)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the answer and
+                # drops a cancel that arrives as it completes, so aclose waited forever
+                async with asyncio.timeout(self._replay_timeout_s):
+                    frames = await dealer.recv_multipart()
                 if len(frames) != 3:
                     raise KvEventDecodeError(f"replay answer has {len(frames)} parts, 3 expected")
                 seq = decode_seq(frames[1])

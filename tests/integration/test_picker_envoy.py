@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -182,5 +185,60 @@ async def test_picker_sends_a_shared_prefix_to_its_replica_and_skips_a_dead_one(
     finally:
         if app is not None:
             await app.aclose()
+        for c in children.values():
+            c.close()
+
+
+def _children_of(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+async def test_filter_server_with_a_busy_picker_exits_on_sigterm(tmp_path: Path) -> None:
+    """Traffic through the picker (its worker process spawned, prompts mapped, the KV-event
+    subscriber connected), then SIGTERM to the filter server's process group (the worker's too): it drains and exits within
+    seconds and leaves no worker process behind."""
+    gw, fp = free_port(), free_port()
+    replicas = await _free_port_block()
+    children = {p: _emulator(tmp_path, i, p) for i, p in enumerate(replicas)}
+    server: ChildProcess | None = None
+    try:
+        for p in replicas:
+            await asyncio.to_thread(wait_for_port, p, 30.0)
+        async with mesh(tmp_path, policy_text(gw, fp, replicas), {"edge": gw}) as m:
+            argv = [sys.executable, "-m", "filters", "--policy", str(m.policy_path)]
+            argv += ["--drain-timeout", "2", "--metrics-port", str(free_port())]
+            server = ChildProcess(argv, log=tmp_path / "filters.log")
+            await asyncio.to_thread(wait_for_port, fp, 30.0)
+            url = f"http://127.0.0.1:{gw}/generate"
+            async with aiohttp.ClientSession() as http:
+                for i in range(4):
+                    body = {
+                        "text": _doc(f"t{i}x", 400) + " question",
+                        "sampling_params": {"max_new_tokens": 2},
+                    }
+                    async with http.post(url, json=body) as r:
+                        assert r.status == 200, (r.status, await r.text(), server.output())
+            pid = server.proc.pid
+            await _until(lambda: bool(_children_of(pid)), lambda: "no worker process spawned")
+            await asyncio.sleep(0.5)  # the worker maps the prompts
+            workers = _children_of(pid)
+            os.killpg(pid, signal.SIGTERM)  # its process group, as `tokenweir up` stops it
+            try:
+                code = await asyncio.to_thread(server.proc.wait, 8.0)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"still running 8s after SIGTERM:\n{server.output()}")
+            assert code == 0, server.output()
+            await _until(
+                lambda: not any(Path(f"/proc/{w}").exists() for w in workers),
+                lambda: f"worker processes left: {workers}",
+                timeout=5,
+            )
+    finally:
+        if server is not None:
+            server.close()
         for c in children.values():
             c.close()
