@@ -230,7 +230,9 @@ async def test_filter_server_with_a_busy_picker_exits_on_sigterm(tmp_path: Path)
             try:
                 code = await asyncio.to_thread(server.proc.wait, 8.0)
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"still running 8s after SIGTERM:\n{server.output()}") from None
+                raise AssertionError(
+                    f"still running 8s after SIGTERM:\n{server.output()}"
+                ) from None
             assert code == 0, server.output()
             await _until(
                 lambda: not any(Path(f"/proc/{w}").exists() for w in workers),
