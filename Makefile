@@ -9,6 +9,11 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	# xds-protos ships an old copy of opentelemetry/proto/*_pb2.py; whichever wheel pip installs
+	# last wins, so put opentelemetry-proto's own (newer) files back, or the OTLP exporter fails
+	# to import (InstrumentationScope missing).
+	$(PY) -m pip install -q --force-reinstall --no-deps \
+	  "opentelemetry-proto==$$($(PY) -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	touch $(STAMP)
 
 venv: $(STAMP)

