@@ -147,7 +147,9 @@ async def test_a_worker_that_keeps_dying_fails_the_reload_not_the_watcher(
         while not _value(registry, "tokenweir_config_reloads_total", result="error"):
             await asyncio.sleep(0.02)
         assert owner.applied == [1]
-        assert any("build worker died (exit code 137)" in r.getMessage() for r in caplog.records)
+        # 137 as the worker exited; asyncio reports 255 when its child watcher lost the race to
+        # reap it (seen once in a fresh-clone CI run): either way the death is reported
+        assert any("build worker died (exit code" in r.getMessage() for r in caplog.records)
         _write(path, GOOD.format(n=3))  # the next edit is built by a new worker
         while owner.applied != [1, 3]:
             await asyncio.sleep(0.02)
