@@ -200,29 +200,8 @@ class PrefixIndex:
 
     def query_blocks(self, block_ids: Sequence[int], now: float) -> dict[str, int | None]:
         """As ``query``, for a prompt already hashed (``prefix_block_ids``)."""
-        out: dict[str, int | None] = {}
-        known: dict[int, str] = {}
-        for name, r in self._replicas.items():
-            if self._known(r, now):
-                known[r.bit] = name
-            else:
-                out[name] = None
-        mask = sum(known)
-        depth = 0
-        holders = self._holders
-        for h in block_ids:
-            if not mask:
-                break
-            held = holders.get(h, 0) & mask
-            for bit in _bits(mask & ~held):
-                out[known[bit]] = depth * self.page_size
-            mask = held
-            if held:
-                holders.move_to_end(h)
-                depth += 1
-        for bit in _bits(mask):
-            out[known[bit]] = depth * self.page_size
-        return out
+        runs = self._runs(block_ids, now, touch=True)
+        return {n: None if c is None else c * self.page_size for n, c in runs.items()}
 
     def query_chain(self, block_ids: Sequence[int], now: float) -> dict[str, int | None]:
         """Per replica: how many of ``block_ids`` (hashes of *some* pages of one prompt, in
@@ -232,6 +211,11 @@ class PrefixIndex:
         at their granularity; a block dropped by the memory bound ends the run (lower, never
         higher).
         """
+        return self._runs(block_ids, now, touch=False)
+
+    def _runs(self, block_ids: Sequence[int], now: float, *, touch: bool) -> dict[str, int | None]:
+        """Per replica: leading ``block_ids`` held in a row, or None (unknown); ``touch`` marks
+        the held blocks recently used (the memory bound drops the least recent)."""
         out: dict[str, int | None] = {}
         known: dict[int, str] = {}
         for name, r in self._replicas.items():
@@ -250,6 +234,8 @@ class PrefixIndex:
                 out[known[bit]] = count
             mask = held
             if held:
+                if touch:
+                    holders.move_to_end(h)
                 count += 1
         for bit in _bits(mask):
             out[known[bit]] = count
