@@ -38,7 +38,11 @@ class LaneAdmission:
 
     ``max_wait`` defaults to half of ``ttft_budget`` (the rest is left for the prefill);
     ``max_queue_per_tenant`` defaults to half of ``max_queue`` (one tenant cannot fill a lane);
-    ``max_share`` is the fraction of the pool's running slots this lane may hold at once.
+    ``max_share`` is the fraction of the pool's running slots this lane may hold at once;
+    ``leave_for_higher`` (a headroom fraction, or None for off) makes the lane leave free the
+    slots the lanes above it are measured to need (offered rate × hold time × (1 + headroom)):
+    a lower lane's stream cannot be preempted once started, so without it a burst of batch can
+    make interactive wait for whole batch streams. It has no effect on the highest lane.
     """
 
     ttft_budget: Annotated[float, Duration(0.001, 3600)] = 1.0
@@ -46,6 +50,7 @@ class LaneAdmission:
     max_queue: Annotated[int, Range(0, 1_000_000)] = 256
     max_queue_per_tenant: Positive | None = None
     max_share: Annotated[float, Range(0.01, 1.0)] = 1.0
+    leave_for_higher: Annotated[float, Range(0.0, 10.0)] | None = 0.25
 
     def __post_init__(self) -> None:
         if self.max_wait is not None and self.max_wait > self.ttft_budget:

@@ -4,7 +4,9 @@
   highest lane with a waiting ticket that fits; a lower lane never overtakes a higher one.
 * Inside a lane, tenants share by weight (:class:`~filters.admission.queues.LaneQueue`).
 * Capacity: in-flight requests (and, when declared, in-flight tokens) against the pool's
-  limit; each lane may hold at most ``max_share`` of the running slots.
+  limit; each lane may hold at most ``max_share`` of the running slots, and a lane with
+  ``leave_for_higher`` leaves free the slots the lanes above it are measured to need (their
+  offered rate × hold time, plus that headroom: :mod:`filters.admission.demand`).
 * Each lane's queue has a bound, a per-tenant bound and a longest wait. A ticket that cannot
   start in time is shed at once: queue full, or the wait predicted from the lane's measured
   drain rate is longer than it may wait. ``Retry-After`` comes from that drain rate.
@@ -20,6 +22,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from filters.admission.demand import Demand
 from filters.admission.drain import DrainMeter
 from filters.admission.herd import Promises
 from filters.admission.queues import LaneQueue, Ticket
@@ -37,6 +40,7 @@ class LaneConfig:
     max_queue_per_tenant: int
     max_wait: float
     max_share: float = 1.0
+    leave_for_higher: float | None = None  # headroom over the higher lanes' demand; None: off
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,7 @@ class Admission:
         self.lane_in_flight = dict.fromkeys(self.order, 0)
         self.granted = {c.name: DrainMeter(window) for c in lanes}
         self.completed = DrainMeter(window)
+        self.demand = {c.name: Demand(window) for c in lanes}
         self.told = {c.name: Promises() for c in lanes}
         self.rng = rng  # None: no jitter (deterministic answers)
         self._seq = itertools.count()
@@ -96,13 +101,14 @@ class Admission:
     ) -> Ticket | Shed:
         """A new request: admitted (``state == "admitted"``), queued, or shed at once."""
         cfg = self.lanes[lane]
+        self.demand[lane].offer(now)
         if deadline is not None and deadline <= now:
             return Shed(504, "deadline", self.retry_after(now, lane))
         start_by = now + cfg.max_wait
         if deadline is not None:
             start_by = min(start_by, deadline)
         t = Ticket(next(self._seq), lane, tenant, weight, tokens, now, start_by, deadline)
-        if not self._waiting_at_or_above(lane) and self._fits(t):
+        if not self._waiting_at_or_above(lane) and self._fits(t, now):
             self._grant(now, t)
             return t
         q = self.queues[lane]
@@ -118,7 +124,7 @@ class Admission:
                 self.retry_after(now, lane, extra=self._ahead(lane, tenant, weight)),
             )
         q.push(t)
-        if q.peek() is t and not self._waiting_above(lane) and self._fits(t):
+        if q.peek() is t and not self._waiting_above(lane) and self._fits(t, now):
             # tenant fairness can make a newcomer the head of a lane whose old head does not
             # fit (too many tokens): the newcomer starts now if it fits
             q.pop()
@@ -138,6 +144,7 @@ class Admission:
         self.in_flight_tokens -= ticket.tokens
         self.lane_in_flight[ticket.lane] -= 1
         self.completed.record(now)
+        self.demand[ticket.lane].held(now - ticket.granted_at)
         return self.pump(now)
 
     def drop(self, now: float, ticket: Ticket) -> tuple[Shed | None, list[Ticket]]:
@@ -167,7 +174,7 @@ class Admission:
             while len(q):
                 head = q.peek()
                 assert head is not None
-                if not self._fits(head):
+                if not self._fits(head, now):
                     break
                 q.pop()
                 self._grant(now, head)
@@ -178,22 +185,43 @@ class Admission:
 
     def _grant(self, now: float, t: Ticket) -> None:
         t.state = "admitted"
+        t.granted_at = now
         self.in_flight += 1
         self.in_flight_tokens += t.tokens
         self.lane_in_flight[t.lane] += 1
         self.granted[t.lane].record(now)
 
-    def _fits(self, t: Ticket) -> bool:
+    def _fits(self, t: Ticket, now: float) -> bool:
         if self.max_requests is not None:
             if self.in_flight >= self.max_requests:
                 return False
-            share = max(1, math.floor(self.max_requests * self.lanes[t.lane].max_share))
+            cfg = self.lanes[t.lane]
+            share = max(1, math.floor(self.max_requests * cfg.max_share))
             if self.lane_in_flight[t.lane] >= share:
+                return False
+            # an empty pool always starts its head: nothing in flight would wake it later
+            reserved = self.reserved_above(now, t.lane) if self.in_flight else 0
+            if self.in_flight + 1 + reserved > self.max_requests:
                 return False
         if self.max_tokens is not None and self.in_flight > 0:
             # a request larger than the whole budget still runs, alone
             return self.in_flight_tokens + t.tokens <= self.max_tokens
         return True
+
+    def reserved_above(self, now: float, lane: str) -> int:
+        """Free slots ``lane`` leaves for the lanes above it: what each is measured to need
+        (offered rate × hold time, times 1 + ``leave_for_higher``) beyond what it holds now;
+        0 when the lane does not leave room (``leave_for_higher`` None) or nothing is measured."""
+        headroom = self.lanes[lane].leave_for_higher
+        if headroom is None or self.max_requests is None:
+            return 0
+        need = 0
+        for name in self.order:
+            if name == lane:
+                break
+            want = math.ceil(self.demand[name].slots(now) * (1.0 + headroom))
+            need += max(0, want - self.lane_in_flight[name])
+        return min(need, self.max_requests)
 
     def _waiting_above(self, lane: str) -> bool:
         return any(len(self.queues[name]) for name in self.order[: self.order.index(lane)])

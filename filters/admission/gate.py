@@ -33,6 +33,12 @@ class AdmissionMetrics:
         self.queued = Gauge(p + "queued", "requests waiting", ["pool", "lane"], registry=r)
         self.in_flight = Gauge(p + "in_flight", "admitted requests running", ["pool"], registry=r)
         self.limit = Gauge(p + "limit", "requests this process may admit", ["pool"], registry=r)
+        self.reserved = Gauge(
+            p + "reserved",
+            "free slots a lane leaves for the lanes above it (their measured demand)",
+            ["pool", "lane"],
+            registry=r,
+        )
         self.admitted = Counter(
             p + "admitted", "requests admitted", ["pool", "lane", "how"], registry=r
         )
@@ -119,10 +125,16 @@ class PoolGate:
         self._wake(self.core.set_capacity(self.clock(), max_requests, max_tokens))
 
     def observe(self, saturation: float | None) -> None:
-        """Admit fewer while the pool is saturated (pool state), the policy's limit again after."""
+        """Admit fewer while the pool is saturated (pool state), the policy's limit again after;
+        and start waiters the passing of time lets in (a higher lane's reserve fades as its
+        measured demand falls: no release need come first)."""
         limit = saturated_limit(self.base_limit, saturation)
         if limit != self.core.max_requests:
             self._wake(self.core.set_capacity(self.clock(), limit, self.base_tokens))
+        elif self._waiters:
+            started = self.core.pump(self.clock())
+            if started:
+                self._wake(started)
 
     def set_lanes(self, lanes: list[LaneConfig]) -> None:
         for cfg in lanes:
@@ -151,6 +163,9 @@ class PoolGate:
             m.queued.labels(self.name, lane).set(len(q))
         m.in_flight.labels(self.name).set(self.core.in_flight)
         m.limit.labels(self.name).set(self.core.max_requests or 0)
+        now = self.clock()
+        for lane in self.core.order[1:]:
+            m.reserved.labels(self.name, lane).set(self.core.reserved_above(now, lane))
 
 
 class Gates:
@@ -188,6 +203,6 @@ class Gates:
 
     def gate(self, pool: str) -> PoolGate | None:
         g = self._gates.get(pool)
-        if g is not None and self.saturation is not None:
-            g.observe(self.saturation(pool))
+        if g is not None:
+            g.observe(self.saturation(pool) if self.saturation is not None else None)
         return g

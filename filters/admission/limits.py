@@ -51,5 +51,14 @@ def lane_configs(policy: Any) -> list[LaneConfig]:
     out = []
     for name in ("interactive", "batch"):
         lane = policy.admission.lane(name)
-        out.append(LaneConfig(name, lane.max_queue, lane.tenant_queue, lane.wait, lane.max_share))
+        out.append(
+            LaneConfig(
+                name,
+                lane.max_queue,
+                lane.tenant_queue,
+                lane.wait,
+                lane.max_share,
+                lane.leave_for_higher,
+            )
+        )
     return out

@@ -27,6 +27,7 @@ class Ticket:
     start_by: float  # the latest time it may start: min(arrived + lane wait, deadline)
     deadline: float | None = None  # the client's own deadline (same clock), if it sent one
     state: str = "queued"  # queued | admitted | done | dropped
+    granted_at: float = 0.0  # when it was admitted (same clock)
 
 
 @dataclass(slots=True)

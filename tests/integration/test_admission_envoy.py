@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -69,7 +70,9 @@ class HoldBackend:
             await self._runner.cleanup()
 
 
-def policy(gw: int, fp: int, backend: int, *, gateways: int = 1, cap: int = 2) -> str:
+def policy(
+    gw: int, fp: int, backend: int, *, gateways: int = 1, cap: int = 2, leave: str = "0.25"
+) -> str:
     return f"""
 version: 1
 control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
@@ -77,7 +80,8 @@ filters: {{address: 127.0.0.1:{fp}, message_timeout: 500ms}}
 admission:
   gateways: {gateways}
   interactive: {{ttft_budget: 20s, max_wait: 10s, max_queue: 4, max_queue_per_tenant: 2}}
-  batch: {{ttft_budget: 60s, max_wait: 10s, max_queue: 4, max_queue_per_tenant: 2}}
+  batch: {{ttft_budget: 60s, max_wait: 10s, max_queue: 4, max_queue_per_tenant: 2,
+          leave_for_higher: {leave}}}
   tier_weights: {{pro: 1, free: 1}}
 pools:
   chat:
@@ -120,7 +124,7 @@ class Gateway:
 
 
 @contextlib.asynccontextmanager
-async def gateway(tmp_path: Path, backend: HoldBackend, **kw: int) -> AsyncIterator[Gateway]:
+async def gateway(tmp_path: Path, backend: HoldBackend, **kw: Any) -> AsyncIterator[Gateway]:
     gw, fp = free_port(), free_port()
     tmp_path.mkdir(parents=True, exist_ok=True)
     async with mesh(tmp_path, policy(gw, fp, backend.port, **kw), {"edge": gw}) as m:
@@ -369,3 +373,50 @@ async def test_expired_deadlines_never_reach_an_emulated_sglang(tmp_path: Path) 
             assert await finished() == before + 1  # only the long one reached the emulator
     finally:
         await emu.aclose()
+
+
+async def _interactive_demand(s: aiohttp.ClientSession, g: Gateway, b: HoldBackend) -> None:
+    """Two interactive streams at a time, each held ~0.15 s, for a dozen rounds: the gate
+    measures interactive as needing about two of the pool's slots."""
+    for _ in range(12):
+        pair = [asyncio.create_task(call(s, g.url, who)) for who in ("alice", "erin")]
+        await until(lambda: b.running == 2)
+        await asyncio.sleep(0.15)
+        b.release(2)
+        assert [r[0] for r in await asyncio.gather(*pair)] == [200, 200]
+
+
+@pytest.mark.parametrize("leave", ["0.25", "null"])
+async def test_batch_leaves_the_slots_interactive_is_measured_to_need(
+    tmp_path: Path, leave: str
+) -> None:
+    """A batch burst on a pool of 4 that interactive was just using: with ``leave_for_higher``
+    batch starts on fewer than 4 slots and a new interactive request starts at once, while
+    batch requests wait; with it off (null) batch takes all 4 and interactive queues."""
+    async with (
+        started_backend() as b,
+        gateway(tmp_path, b, cap=4, leave=leave) as g,
+        aiohttp.ClientSession() as s,
+    ):
+        await _interactive_demand(s, g, b)
+        batch = [asyncio.create_task(call(s, g.url, who)) for who in ("bob", "bob", "carol")]
+        batch += [asyncio.create_task(call(s, g.url, "dave"))]
+        await until(lambda: b.running + queued(g, "batch") == 4)
+        await asyncio.sleep(0.2)  # every batch request has been seen: started or queued
+        batch_running = b.running
+        inter = asyncio.create_task(call(s, g.url, "alice"))
+        if leave == "null":
+            assert batch_running == 4
+            await until(lambda: queued(g, "interactive") == 1)  # no slot: it waits
+            b.release()
+            await until(lambda: b.arrivals[-1]["x-tokenweir-tenant"] == "alice")
+        else:
+            assert 0 < batch_running < 4, batch_running
+            assert queued(g, "batch") == 4 - batch_running
+            await until(lambda: b.running == batch_running + 1)  # started without a release
+            assert b.arrivals[-1]["x-tokenweir-tenant"] == "alice"
+            assert queued(g, "interactive") == 0
+        b.hold = False
+        b.release(20)
+        results = await asyncio.gather(inter, *batch)
+        assert all(r[0] == 200 for r in results), results

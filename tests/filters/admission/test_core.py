@@ -24,11 +24,12 @@ def admission(
     wait: float = 5.0,
     batch_share: float = 1.0,
     tokens: int | None = None,
+    leave: float | None = None,
 ) -> Admission:
     return Admission(
         [
             LaneConfig("interactive", queue, per_tenant, wait),
-            LaneConfig("batch", queue, per_tenant, wait * 10, batch_share),
+            LaneConfig("batch", queue, per_tenant, wait * 10, batch_share, leave),
         ],
         max_requests=cap,
         max_tokens=tokens,
@@ -40,7 +41,7 @@ def ticket(x: Ticket | Shed) -> Ticket:
     return x
 
 
-def check_invariants(a: Admission) -> None:
+def check_invariants(a: Admission, now: float) -> None:
     for name, q in a.queues.items():
         assert len(q) <= a.lanes[name].max_queue
         assert all(n <= a.lanes[name].max_queue_per_tenant for n in q.tenants().values())
@@ -55,7 +56,7 @@ def check_invariants(a: Admission) -> None:
         q = a.queues[name]
         if len(q):
             head = q.peek()
-            assert head is not None and not a._fits(head)
+            assert head is not None and not a._fits(head, now)
             break
 
 
@@ -71,16 +72,30 @@ ops = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(ops, st.integers(1, 6), st.floats(0.1, 1.0), st.sampled_from([None, 60, 100]))
+@given(
+    ops,
+    st.integers(1, 6),
+    st.floats(0.1, 1.0),
+    st.sampled_from([None, 60, 100]),
+    st.sampled_from([None, 0.0, 0.25]),
+)
 def test_bounds_and_strict_priority_hold_under_any_sequence(
-    seq: list[tuple[str, str, str, int]], cap: int, share: float, max_tokens: int | None
+    seq: list[tuple[str, str, str, int]],
+    cap: int,
+    share: float,
+    max_tokens: int | None,
+    leave: float | None,
 ) -> None:
-    a = admission(cap, queue=6, per_tenant=3, batch_share=share, tokens=max_tokens)
+    a = admission(cap, queue=6, per_tenant=3, batch_share=share, tokens=max_tokens, leave=leave)
     now = 0.0
     admitted: list[Ticket] = []
     queued: list[Ticket] = []
     for op, lane, tenant, pick in seq:
         now += 0.01
+        # the gate pumps on every request it sees (a higher lane's reserve fades with time)
+        woken = a.pump(now)
+        admitted += woken
+        queued = [q for q in queued if q.state == "queued"]
         if op == "offer":
             had_higher = any(len(a.queues[n]) for n in a.order[: a.order.index(lane)])
             r = a.offer(now, lane, tenant, weight=1 + pick % 3, tokens=pick % 50)
@@ -106,7 +121,8 @@ def test_bounds_and_strict_priority_hold_under_any_sequence(
                 assert all(len(a.queues[n]) == 0 for n in higher)
             if fits_interactive and before["interactive"]:
                 assert (started and started[0].lane == "interactive") or not a._fits(
-                    a.queues["interactive"].peek()  # type: ignore[arg-type]
+                    a.queues["interactive"].peek(),  # type: ignore[arg-type]
+                    now,
                 )
             admitted += started
             queued = [q for q in queued if q.state == "queued"]
@@ -118,7 +134,9 @@ def test_bounds_and_strict_priority_hold_under_any_sequence(
             queued = [q for q in queued if q.state == "queued"]
         elif op == "tick":
             now += pick / 100
-        check_invariants(a)
+            admitted += a.pump(now)
+            queued = [q for q in queued if q.state == "queued"]
+        check_invariants(a, now)
 
 
 @settings(max_examples=100, deadline=None)
@@ -312,3 +330,69 @@ def test_a_newcomer_that_fits_starts_when_the_old_head_does_not() -> None:
     newcomer = ticket(a.offer(0.2, "interactive", "t2", tokens=0))
     assert newcomer.state == "admitted"
     assert last.state == "queued"
+
+
+def _measured_interactive(a: Admission, *, rate: float, hold: float, until: float) -> float:
+    """Interactive requests offered at ``rate``/s, each released after ``hold`` seconds."""
+    now, running = 0.0, []
+    while now < until:
+        running.append((now + hold, ticket(a.offer(now, "interactive", "i"))))
+        now += 1.0 / rate
+        for end, t in [x for x in running if x[0] <= now]:
+            a.release(end, t)
+            running.remove((end, t))
+    for _, t in running:  # everything ends: only the measurement stays
+        a.release(now, t)
+    return now
+
+
+def test_batch_leaves_the_slots_interactive_is_measured_to_need() -> None:
+    """Interactive offered at 4/s holding 1 s each needs 4 slots; with 25% headroom 5. On 8
+    slots batch may then hold 3, though its max_share (1.0) would let it take all 8."""
+    a = admission(8, queue=20, per_tenant=20, leave=0.25)
+    now = _measured_interactive(a, rate=4.0, hold=1.0, until=5.0)
+    assert a.in_flight == 0 and a.reserved_above(now, "batch") == 5
+    started = [a.offer(now, "batch", "b") for _ in range(8)]
+    assert [ticket(t).state for t in started].count("admitted") == 3
+    # interactive arrivals find their slots free at once
+    assert all(ticket(a.offer(now, "interactive", "i")).state == "admitted" for _ in range(5))
+
+
+def test_without_leave_for_higher_batch_takes_every_slot_its_share_allows() -> None:
+    a = admission(8, queue=20, per_tenant=20, leave=None)
+    now = _measured_interactive(a, rate=4.0, hold=1.0, until=5.0)
+    assert a.reserved_above(now, "batch") == 0
+    started = [ticket(a.offer(now, "batch", "b")) for _ in range(8)]
+    assert all(t.state == "admitted" for t in started)
+
+
+def test_the_reserve_fades_when_interactive_stops_asking() -> None:
+    a = admission(8, queue=20, per_tenant=20, leave=0.25)
+    now = _measured_interactive(a, rate=4.0, hold=1.0, until=5.0)
+    assert a.reserved_above(now + 30.0, "batch") == 0  # the window (10 s) saw no offer
+    started = [ticket(a.offer(now + 30.0, "batch", "b")) for _ in range(8)]
+    assert all(t.state == "admitted" for t in started)
+
+
+def test_a_queued_batch_head_starts_on_an_empty_pool_whatever_is_reserved() -> None:
+    """Nothing in flight would ever wake a batch ticket held back by the reserve: an empty
+    pool starts it."""
+    a = admission(2, queue=20, per_tenant=20, leave=1.0)
+    now = _measured_interactive(a, rate=4.0, hold=1.0, until=5.0)
+    assert a.reserved_above(now, "batch") == 2 and a.in_flight == 0
+    first = ticket(a.offer(now, "batch", "b"))
+    second = ticket(a.offer(now, "batch", "b"))
+    assert (first.state, second.state) == ("admitted", "queued")
+
+
+def test_interactive_held_slots_count_against_its_own_reserve() -> None:
+    """Slots interactive already holds are part of what it needs: batch is kept out of the
+    rest of the reserve only."""
+    a = admission(8, queue=20, per_tenant=20, leave=0.0)
+    now = _measured_interactive(a, rate=4.0, hold=1.0, until=5.0)
+    held = [ticket(a.offer(now, "interactive", "i")) for _ in range(3)]
+    assert all(t.state == "admitted" for t in held)
+    need = math.ceil(a.demand["interactive"].slots(now))
+    assert need > 3 and a.reserved_above(now, "batch") == need - 3  # what it does not hold
+    started = [ticket(a.offer(now, "batch", "b")) for _ in range(8)]
+    assert [t.state for t in started].count("admitted") == 8 - need
