@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 LAG_TICK = 0.02  # seconds between the client's loop-lag probes
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
-from overload_arms import ARMS, MODEL, Arm, EmulatorPool, PoolSpec, make_arm, scrape  # noqa: E402
+from overload_arms import ARMS, EXTRA_ARMS, MODEL, Arm, EmulatorPool, PoolSpec, make_arm, scrape  # noqa: E402
 from overload_client import Behaviour, Client  # noqa: E402
 from overload_report import write_outputs  # noqa: E402
 from overload_stats import summarize, targets, timeline  # noqa: E402
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run (CI)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply slots and durations")
     ap.add_argument("--levels", type=float, nargs="+", default=[0.25, 1.0, 2.0, 3.0])
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS + EXTRA_ARMS)
     ap.add_argument("--storm-arms", nargs="*", default=["envoy", "tokenweir"], choices=ARMS)
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--running", type=int, default=16, help="max running requests per replica")

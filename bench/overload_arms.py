@@ -31,11 +31,14 @@ from controlplane.envoy_launcher import envoy_binary
 from runtime.children import Child, wait_child_port
 from runtime.ports import free_port
 
-__all__ = ["ARMS", "Arm", "EmulatorPool", "PoolSpec", "make_arm", "scrape"]
+__all__ = ["ARMS", "EXTRA_ARMS", "Arm", "EmulatorPool", "PoolSpec", "make_arm", "scrape"]
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = Path(__file__).resolve().parent / "overload_policy.yaml"
 ARMS = ("envoy", "sglang-router", "tokenweir")
+# not run by default: the tokenweir arm with batch taking every slot its share allows
+# (``leave_for_higher: null``), for the before/after of the higher lanes' reserve
+EXTRA_ARMS = ("tokenweir-no-reserve",)
 MODEL = "llama-3.1-8b"
 
 
@@ -175,6 +178,11 @@ class Tokenweir(Arm):
         await _wait_for_line(self.run_dir / "tokenweir-up.log", "tokenweir up: ready", child)
 
 
+class TokenweirNoReserve(Tokenweir):
+    name = "tokenweir-no-reserve"
+    overrides: dict[str, Any] = {"admission": {"batch": {"leave_for_higher": None}}}  # noqa: RUF012
+
+
 async def _wait_for_line(log: Path, text: str, child: Child, timeout: float = 60.0) -> None:
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
@@ -286,6 +294,7 @@ def make_arm(name: str, pool: EmulatorPool, run_dir: Path) -> Arm:
         "envoy": PlainEnvoy,
         "sglang-router": SglangRouter,
         "tokenweir": Tokenweir,
+        "tokenweir-no-reserve": TokenweirNoReserve,
     }
     return kinds[name](pool, run_dir)
 
