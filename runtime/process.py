@@ -4,8 +4,11 @@
 ``tokenweir serve``. The first SIGTERM or SIGINT (Ctrl-C) starts the drain: workers of the
 supervisor get SIGTERM, the service reports NOT_SERVING on ``grpc.health.v1.Health`` and stops
 taking new work, and work in flight gets up to ``drain_timeout`` seconds to finish. A second
-signal cuts the drain short. Whatever fails while stopping is logged as one line; the exit
-status says it (0: clean, 1: something failed while stopping).
+signal cuts the drain short, and the close after it too: a close still running
+``CLOSE_GRACE`` seconds after the second signal (or past its own limit, the drain timeout plus
+that grace) is cancelled, and a close that will not even be cancelled ends the process. Whatever
+fails while stopping is logged as one line; the exit status says it (0: clean, 1: something
+failed while stopping).
 """
 
 from __future__ import annotations
@@ -13,16 +16,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from runtime.supervisor import WorkerSupervisor
 
-__all__ = ["Drainable", "Signals", "run", "serve"]
+__all__ = ["CLOSE_GRACE", "Drainable", "Signals", "run", "serve"]
 
 log = logging.getLogger(__name__)
+
+CLOSE_GRACE = 5.0  # seconds a close may still take after a second signal
 
 
 class Drainable(Protocol):
@@ -67,8 +73,10 @@ async def serve(
     drain_timeout: float,
     workers: WorkerSupervisor | None = None,
     ready: Callable[[], str] | None = None,
+    hard_exit: Callable[[int], NoReturn] = os._exit,
 ) -> int:
-    """Run ``service`` until a signal, then drain and stop it (and the workers). Exit status."""
+    """Run ``service`` until a signal, then drain and stop it (and the workers). Exit status.
+    ``hard_exit`` ends the process when a close cut short refuses to be cancelled."""
     signals = Signals()
     try:
         await service.start()
@@ -77,13 +85,50 @@ async def serve(
         if ready is not None:
             print(ready(), flush=True)
         await signals.first.wait()
-        return await _stop(service, signals, drain_timeout, workers)
+        return await _stop(service, signals, drain_timeout, workers, hard_exit)
     finally:
         signals.close()
 
 
+async def _close(
+    service: Drainable, signals: Signals, timeout: float, hard_exit: Callable[[int], NoReturn]
+) -> int:
+    """``service.aclose()``, bounded: by the drain timeout plus ``CLOSE_GRACE``, and by
+    ``CLOSE_GRACE`` after a second signal. Exit status (1: it failed or was cut short)."""
+    close = asyncio.create_task(service.aclose(), name="aclose")
+    cut = asyncio.create_task(signals.second.wait(), name="second-signal")
+    try:
+        await asyncio.wait(
+            {close, cut}, timeout=timeout + CLOSE_GRACE, return_when=asyncio.FIRST_COMPLETED
+        )
+        if not close.done():
+            await asyncio.wait({close}, timeout=CLOSE_GRACE)
+    finally:
+        cut.cancel()
+    if close.done():
+        exc = close.exception() if not close.cancelled() else None
+        if exc is None:
+            return 0
+        log.error("stopping failed: %s: %s", type(exc).__name__, str(exc)[:300])
+        return 1
+    close.cancel()
+    await asyncio.wait({close}, timeout=1.0)
+    if not close.done():  # it swallows its cancellation: nothing else will stop it
+        log.error("stopping cut short: the close did not end, even cancelled; exiting")
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        hard_exit(1)
+    log.error("stopping cut short: the close was still running; cancelled")
+    return 1
+
+
 async def _stop(
-    service: Drainable, signals: Signals, timeout: float, workers: WorkerSupervisor | None
+    service: Drainable,
+    signals: Signals,
+    timeout: float,
+    workers: WorkerSupervisor | None,
+    hard_exit: Callable[[int], NoReturn],
 ) -> int:
     started = time.monotonic()
     if workers is not None:
@@ -101,11 +146,7 @@ async def _stop(
         except Exception as exc:  # report, then stop anyway
             log.error("drain failed: %s: %s", type(exc).__name__, str(exc)[:300])
             status = 1
-    try:
-        await service.aclose()
-    except Exception as exc:  # one line, never a traceback
-        log.error("stopping failed: %s: %s", type(exc).__name__, str(exc)[:300])
-        status = 1
+    status = max(status, await _close(service, signals, timeout, hard_exit))
     if workers is not None:
         left = 0.0 if signals.second.is_set() else timeout - (time.monotonic() - started)
         await workers.aclose(max(1.0, left + 1.0))

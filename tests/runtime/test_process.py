@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+from typing import NoReturn
 
 import pytest
 
+from runtime import process
 from runtime.process import serve
 from runtime.tasks import stop_task
 
@@ -93,3 +96,63 @@ async def test_stop_task_passes_on_its_own_cancellation() -> None:
     outer.cancel()
     with pytest.raises(asyncio.CancelledError):
         await outer
+
+
+class StuckClose(FakeService):
+    """A close that never ends; with ``deaf`` it also swallows its cancellation."""
+
+    def __init__(self, *, deaf: bool = False) -> None:
+        super().__init__()
+        self.deaf = deaf
+        self.close_cancelled = False
+
+    async def drain(self, timeout: float) -> None:
+        self.calls.append("drain")
+
+    async def aclose(self) -> None:
+        self.calls.append("aclose")
+        asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGTERM)  # again
+        while True:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.close_cancelled = True
+                if not self.deaf:
+                    raise
+
+
+class HardExit(Exception):
+    pass
+
+
+def _hard_exit(code: int) -> NoReturn:
+    raise HardExit(code)
+
+
+async def test_a_second_signal_cuts_a_stuck_close_short(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(process, "CLOSE_GRACE", 0.2)
+    svc = StuckClose()
+    with caplog.at_level(logging.ERROR):
+        assert await serve(svc, drain_timeout=3600, hard_exit=_hard_exit) == 1
+    assert svc.close_cancelled
+    (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "cut short" in record.getMessage() and record.exc_info is None
+
+
+async def test_a_close_that_will_not_be_cancelled_ends_the_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(process, "CLOSE_GRACE", 0.2)
+    svc = StuckClose(deaf=True)
+    with pytest.raises(HardExit) as info:
+        await serve(svc, drain_timeout=3600, hard_exit=_hard_exit)
+    assert info.value.args == (1,)
+    # the deaf task is still pending: end it for the test loop's sake
+    svc.deaf = False
+    for t in asyncio.all_tasks():
+        if t.get_name() == "aclose":
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
