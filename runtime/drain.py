@@ -38,5 +38,6 @@ class Inflight:
         if self.count:
             self._idle = asyncio.Event()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for (bpo-42130)
+                    await self._idle.wait()
         return self.count

@@ -124,7 +124,8 @@ async def wait_port(
 
 async def _connects(host: str, port: int, timeout: float = 0.2) -> bool:
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        async with asyncio.timeout(timeout):  # not wait_for: it can drop a cancel (bpo-42130)
+            _, writer = await asyncio.open_connection(host, port)
     except (OSError, TimeoutError):
         return False
     writer.close()

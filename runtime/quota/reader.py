@@ -99,7 +99,10 @@ class QuotaReader:
         self._waiting.append((keys, fut))
         if self._running is None or self._running.done():
             self._running = asyncio.create_task(self._drain_queue(), name="quota-peek")
-        return await asyncio.wait_for(asyncio.shield(fut), self._timeout)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can return the answer and drop
+        # a cancel that arrives as it completes (bpo-42130), so a cancelled caller ran on
+        async with asyncio.timeout(self._timeout):
+            return await asyncio.shield(fut)
 
     async def _drain_queue(self) -> None:
         """One pipeline per round, for everything that queued up meanwhile."""
