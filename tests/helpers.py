@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from runtime.children import die_with_parent
 from runtime.ports import free_port as _free_port
 from runtime.ports import free_port_block as _free_port_block
 from runtime.ports import port_open
@@ -37,8 +36,7 @@ def wait_for_port(port: int, timeout: float = 15.0, host: str = LOOPBACK) -> Non
 
 
 class ChildProcess:
-    """A child process in its own process group, stopped (TERM, then KILL) on close, and sent
-    SIGTERM by the kernel if the test process dies first (``PR_SET_PDEATHSIG``)."""
+    """A child process in its own process group, stopped (TERM, then KILL) on close."""
 
     def __init__(self, argv: list[str], *, log: Path, env: dict[str, str] | None = None) -> None:
         self.argv = argv
@@ -50,7 +48,6 @@ class ChildProcess:
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
             start_new_session=True,
-            preexec_fn=die_with_parent,  # a test run killed by a timeout leaves nothing behind
         )
 
     def alive(self) -> bool:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import httpx
 
-from runtime.children import die_with_parent
 from tests.helpers import ChildProcess, free_port, free_port_block, wait_for_port
 from tests.integration.up_process import ROOT, TOKENWEIR
 
@@ -133,12 +132,7 @@ def replica_mesh(tmp: Path, replicas: str, *, backends: int = 3) -> Iterator[Rep
                 "--state-dir", str(tmp / "state"), "--fresh", "--replicas", replicas,
                 "--drain-timeout", "1"]  # fmt: skip
         proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=ROOT,
-            preexec_fn=die_with_parent,
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
         )
         assert proc.stdout is not None
         lines: list[str] = []

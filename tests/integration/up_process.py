@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-from runtime.children import die_with_parent
-
 __all__ = ["ROOT", "TOKENWEIR", "start_up", "stop_up"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +30,6 @@ def start_up(
     proc = subprocess.Popen(
         [str(TOKENWEIR), "up", "-c", str(policy), "--run-dir", str(run_dir), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-        preexec_fn=die_with_parent,
     )  # fmt: skip
     assert proc.stdout is not None
     lines: list[str] = []
