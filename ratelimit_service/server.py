@@ -24,7 +24,6 @@ from ratelimit_service.directory import QuotaDirectory, SeedPlan, seed_defaults,
 from ratelimit_service.h2server import H2Server
 from ratelimit_service.health import RedisHealth
 from ratelimit_service.metrics import Metrics
-from ratelimit_service.redis_client import connect_redis
 from ratelimit_service.resp import fast_path_url
 from ratelimit_service.responses import error_response, ok_response
 from ratelimit_service.store import RedisStore
@@ -33,6 +32,7 @@ from runtime.grpc_health import AioHealth
 from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
+from runtime.redis_connect import connect_redis
 from runtime.tasks import stop_task
 from runtime.tracing import Tracing, tracing_for
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics
