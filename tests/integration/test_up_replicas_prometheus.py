@@ -1,6 +1,7 @@
 """Prometheus scrapes every replica `tokenweir up --replicas` starts (issue 13): two of each
 server (gateway Envoys, filter servers, rate-limit services, control planes) and two emulators;
-Debian's prometheus must list every one of their /metrics endpoints as a target, all ``up``."""
+Debian's prometheus must list every one of their /metrics endpoints as a target, all ``up``; and
+each control plane's dashboard reads the tenants' budgets from the Redis ``up`` started."""
 
 from __future__ import annotations
 
@@ -91,5 +92,16 @@ def test_prometheus_scrapes_every_replica_up_starts(tmp_path: Path) -> None:
             "envoy": 2,
         }
         assert set(health) == want | envoys
+        # each control plane's dashboard reads the tenants' budgets from up's Redis
+        planes = re.findall(
+            r"control plane#\d+ .*metrics http://(127\.0\.0\.1:\d+)/metrics", banner
+        )
+        assert len(planes) == 2, banner
+        for plane in planes:
+            with urllib.request.urlopen(f"http://{plane}/api/v1/overview", timeout=5) as r:
+                o = json.loads(r.read())
+            assert (o["quota_source"], o["quota_error"]) == ("redis", None), plane
+            (acme,) = o["tenants"]
+            assert acme["budget"]["used"] == 0 and acme["budget"]["limit"] == 100000
     finally:
         stop_up(proc, timeout=60)
