@@ -17,9 +17,13 @@ from typing import Any
 
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
 
+from controlplane.dashboard.quota import QuotaWindows
 from controlplane.policy import load_policy
+from controlplane.policy.loader import load_policy_text
 from runtime.quota.keys import bucket_key, window_key
+from tests.helpers import free_port
 from tests.integration.test_e2e_first_contact import call, example_policy
 from tests.integration.test_up_state import cli
 from tests.integration.up_process import start_up, stop_up
@@ -119,3 +123,17 @@ def test_overview_budgets_follow_the_quota_in_redis(tmp_path: Path) -> None:
         assert reset["since_start"]["tokens"] == since > 0
     finally:
         stop_up(proc)
+
+
+async def test_an_unreachable_redis_is_reported_and_counted() -> None:
+    """Redis down: the answer still comes, budgets without ``used``, the error named, counted."""
+    text, _ = example_policy()
+    registry = CollectorRegistry()
+    quotas = QuotaWindows(f"redis://127.0.0.1:{free_port()}/0", registry=registry, timeout=0.2)
+    quotas.on_policy(load_policy_text(text))
+    try:
+        windows, error = await quotas.read(["demo-free", "demo-pro"])
+        assert windows == {} and error is not None and error.startswith("redis: "), error
+        assert registry.get_sample_value("tokenweir_dashboard_quota_read_errors_total") == 1
+    finally:
+        await quotas.aclose()
