@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from controlplane.canary import CanaryWatcher, OverrideCache
 from controlplane.canary.shadow import ShadowWatcher
 from controlplane.dashboard.api import Dashboard
+from controlplane.dashboard.quota import QuotaWindows
 from controlplane.policy import Address, Policy
 from controlplane.policy.servers import Replicas
 from controlplane.reloader import PolicyCheck, Reloader, ReloadResult
@@ -47,6 +48,7 @@ class ControlPlaneSettings:
     metrics: Address
     debounce: float = 0.1
     replicas: Replicas | None = None  # overrides the policy's `replicas:` (`up --replicas`)
+    redis_url: str | None = None  # the quotas' Redis (the dashboard); else ratelimit.redis_url
 
 
 class ControlPlane:
@@ -93,7 +95,10 @@ class ControlPlane:
         )
         self.fetcher = HttpFetcher()
         self.dashboard = Dashboard(
-            self.fetcher, pools=lambda: self.scraper.state.to_json(), nodes=self.xds.nodes
+            self.fetcher,
+            pools=lambda: self.scraper.state.to_json(),
+            nodes=self.xds.nodes,
+            quotas=QuotaWindows(settings.redis_url, registry=self.registry),
         )
         self.metrics = MetricsServer(
             self.registry,

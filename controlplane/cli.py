@@ -59,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
         "--replicas",
         help="override the policy's replicas (gateway=N,filters=N,ratelimit=N,controlplane=N)",
     )
+    s.add_argument(
+        "--redis-url",
+        help="the rate-limit service's Redis, read by the dashboard for the tenants' budgets "
+        "(default: ratelimit.redis_url)",
+    )
     s.set_defaults(func=_serve)
 
     b = sub.add_parser(
@@ -184,8 +189,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"--replicas: {exc}", file=sys.stderr)
         return 2
     settings = ControlPlaneSettings(
-        args.config, args.xds or cp.xds, args.metrics or cp.metrics, cp.debounce, replicas
-    )
+        args.config, args.xds or cp.xds, args.metrics or cp.metrics, cp.debounce, replicas,
+        redis_url=args.redis_url,
+    )  # fmt: skip
 
     from controlplane.check import service_issues
     from runtime.process import run, serve

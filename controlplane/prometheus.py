@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controlplane.policy import Policy
+from controlplane.policy.servers import replica_addresses, worker_metrics_ports
 from runtime.children import Child, wait_child_port
 
 __all__ = [
@@ -41,21 +42,23 @@ class Target:
 
 
 def scrape_targets(policy: Policy, envoy_admins: Mapping[str, str]) -> list[Target]:
-    """Every component of the mesh `up` starts: control plane, rate-limit service and filter
-    server processes (one /metrics port each), emulator replicas, and each Envoy's admin
-    ``/stats/prometheus`` (``envoy_admins``: node name → ``host:port``)."""
+    """Every component of the mesh `up` starts: each control plane, each rate-limit service and
+    filter server replica and each of its worker processes (one /metrics port each: replica ``r``,
+    worker ``w`` on ``metrics_port + r * processes + w``, as ``up`` gives them), every emulator
+    replica, and each Envoy's admin ``/stats/prometheus`` (``envoy_admins``: node name, or
+    ``node#i`` for a gateway's replicas, → ``host:port``). ``policy.replicas`` says how many
+    servers of each kind run (``up`` puts ``--replicas`` there)."""
+    n = policy.replicas
     cp = policy.control_plane
-    out = [Target("controlplane", f"{cp.metrics.host}:{cp.metrics.port}")]
-    rl = policy.ratelimit
+    out = [
+        Target("controlplane", str(a), (("replica", str(i)),) if n.controlplane > 1 else ())
+        for i, a in enumerate(replica_addresses(cp.metrics, n.controlplane))
+    ]
+    rl, fs = policy.ratelimit, policy.filters
     if rl is not None and rl.metrics_port is not None:
-        for i in range(rl.replicas):
-            out.append(
-                Target("ratelimit", f"127.0.0.1:{rl.metrics_port + i}", (("worker", str(i)),))
-            )
-    fs = policy.filters
+        out += _worker_targets("ratelimit", rl.metrics_port, n.ratelimit, rl.replicas)
     if fs is not None and fs.metrics_port is not None:
-        for i in range(fs.processes):
-            out.append(Target("filters", f"127.0.0.1:{fs.metrics_port + i}", (("worker", str(i)),)))
+        out += _worker_targets("filters", fs.metrics_port, n.filters, fs.processes)
     for name, pool in policy.pools.items():
         em = pool.emulated
         if em is None or em.base_port is None:
@@ -65,6 +68,16 @@ def scrape_targets(policy: Policy, envoy_admins: Mapping[str, str]) -> list[Targ
             out.append(Target("emulator", f"127.0.0.1:{em.base_port + i}", labels))
     for node, admin in envoy_admins.items():
         out.append(Target("envoy", admin, (("node", node),), "/stats/prometheus"))
+    return out
+
+
+def _worker_targets(job: str, first: int, replicas: int, workers: int) -> list[Target]:
+    out = []
+    for r, w, port in worker_metrics_ports(first, replicas, workers):
+        labels = (
+            (("worker", str(w)),) if replicas == 1 else (("replica", str(r)), ("worker", str(w)))
+        )
+        out.append(Target(job, f"127.0.0.1:{port}", labels))
     return out
 
 

@@ -165,7 +165,9 @@ class Mesh:
     async def _start_plane(self) -> None:
         cp = self.policy.control_plane
         self.plane = ControlPlane(
-            ControlPlaneSettings(self.config, cp.xds, cp.metrics, cp.debounce, self.override),
+            ControlPlaneSettings(
+                self.config, cp.xds, cp.metrics, cp.debounce, self.override, self.redis_url
+            ),
             check=service_issues,
             build_worker="controlplane.check:reloader_prepare",
         )
@@ -189,6 +191,7 @@ class Mesh:
             argv = [
                 sys.executable, "-m", "controlplane.cli", "serve", "-c", str(self.config),
                 "--xds", str(x), "--metrics", str(m), "--replicas", str(self.replicas),
+                *(["--redis-url", self.redis_url] if self.redis_url else []),
             ]  # fmt: skip
             child = Child(f"controlplane#{i}", argv, self.run_dir / f"controlplane-{i}.log")
             await self._spawn(child, x, service=False, into=self.planes)

@@ -38,7 +38,7 @@ from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
 from runtime.tasks import stop_task
-from runtime.tracing import Tracing, tracing_for
+from runtime.tracing import TracingSwitch
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics, ReloadOutcome
 
 __all__ = ["FilterApp", "Settings", "prepare"]
@@ -132,7 +132,7 @@ class FilterApp:
         self.health = HealthState(["envoy.service.ext_proc.v3.ExternalProcessor"])
         self._metrics_server: MetricsServer | None = None
         self.server: FilterServer | H2FilterServer | None = None
-        self.tracing: Tracing | None = None
+        self.tracing = TracingSwitch("tokenweir-filters")
         self.metrics_port: int | None = None
 
     def _redis_url(self) -> str | None:
@@ -204,8 +204,7 @@ class FilterApp:
         services = self._services()
         self._budget_reader = services.budget
         timeout = self.policy.filters.message_timeout if self.policy.filters is not None else 0.2
-        # tracing follows the policy the server started with (a change needs a restart)
-        self.tracing = tracing_for(self.policy, "tokenweir-filters")
+        await self.tracing.update(self.policy.tracing)  # and on every reload (``_swap``)
         servicer = FilterServicer(
             build_routes(self.policy, services),
             clock=self._clock,
@@ -285,6 +284,7 @@ class FilterApp:
         self.metrics.configure(built.policy)
         self.gates.configure(built.policy)
         self.ladders.configure(built.policy)
+        self.tracing.apply(built.policy.tracing)  # built off the loop, swapped whole
         if self.server is not None:
             self.server.servicer.swap(built.routes)
         self._tasks.append(
@@ -329,9 +329,7 @@ class FilterApp:
         if self._fanout is not None:
             await self._fanout.aclose()
             self._fanout = None
-        if self.tracing is not None:
-            await self.tracing.aclose()
-            self.tracing = None
+        await self.tracing.aclose()
         if isinstance(self._budget_reader, CachedBudget):
             await self._budget_reader.aclose()
         if self._keys is not None:

@@ -40,7 +40,7 @@ from filters.tracing import end_stream_span, reply_status
 from runtime.drain import Inflight
 from runtime.grpc_health import AioHealth
 from runtime.health import HealthState
-from runtime.tracing import Tracing
+from runtime.tracing import Tracing, TracingSwitch
 
 __all__ = ["FilterServer", "FilterServicer"]
 
@@ -87,10 +87,13 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         metrics: FilterMetrics,
         inflight: Inflight | None = None,
         message_timeout: float = 0.2,
-        tracing: Tracing | None = None,
+        tracing: TracingSwitch | Tracing | None = None,
     ) -> None:
         self._routes = dict(routes)
-        self._tracing = tracing  # None: no span, no propagator on the hot path
+        # current None: no span, no propagator on the hot path (it follows policy reloads)
+        self.tracing = (
+            tracing if isinstance(tracing, TracingSwitch) else TracingSwitch.fixed(tracing)
+        )
         self._clock = clock
         self._metrics = metrics
         self.inflight = inflight if inflight is not None else Inflight()
@@ -130,7 +133,7 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
                     self._metrics.rejected("oversize", "too_large", 413)
                     await write(oversize_reply(limit))
                 return
-        tracing = self._tracing
+        tracing = self.tracing.current
         span = None if tracing is None else tracing.start(
             f"ext_proc {name}", context.invocation_metadata() or ()
         )  # fmt: skip

@@ -29,9 +29,19 @@ from runtime.cost import worst_case_micro_usd
 from runtime.quota.config import Limit, SubjectQuotas, limits_for_service, limits_for_tenant
 from runtime.quota.keys import record_key, service_subject
 
-__all__ = ["Decider", "DeciderSettings", "verdict"]
+__all__ = ["CallTrace", "Decider", "DeciderSettings", "verdict"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class CallTrace:
+    """A traced call (tracing on only): ``incoming``, the traceparent it carried, is kept with
+    the reservation it makes; ``settled``, what its settlement found there (Envoy 1.40's
+    stream-done call carries no trace context of its own)."""
+
+    incoming: str | None = None
+    settled: str | None = None
 
 
 @dataclass(frozen=True)
@@ -127,17 +137,21 @@ class Decider:
             self._last_log[key] = now
             log.warning(msg, *args)
 
-    async def decide(self, request: rls_pb2.RateLimitRequest) -> rls_pb2.RateLimitResponse:
+    async def decide(
+        self, request: rls_pb2.RateLimitRequest, trace: CallTrace | None = None
+    ) -> rls_pb2.RateLimitResponse:
         started = time.perf_counter()
         try:
-            return await self._decide(request)
+            return await self._decide(request, trace)
         finally:
             self._decision_seconds.observe(time.perf_counter() - started)
 
-    async def _decide(self, request: rls_pb2.RateLimitRequest) -> rls_pb2.RateLimitResponse:
+    async def _decide(
+        self, request: rls_pb2.RateLimitRequest, trace: CallTrace | None
+    ) -> rls_pb2.RateLimitResponse:
         try:
             calls = parse_request(request, self.settings.domain)
-            verdicts = [await self._one(call) for call in calls]
+            verdicts = [await self._one(call, trace) for call in calls]
         except BadRequest as exc:
             self.metrics.bad_requests.labels(exc.code).inc()
             self.metrics.decisions.labels("invalid", "").inc()
@@ -154,9 +168,9 @@ class Decider:
             )
         return response(verdicts)
 
-    async def _one(self, call: Call) -> Verdict:
+    async def _one(self, call: Call, trace: CallTrace | None = None) -> Verdict:
         if call.phase == "settle":
-            await self._settle(call)
+            await self._settle(call, trace)
             return Verdict(ok=True)
         if call.phase == "requests":
             sq = await self.directory.service(call.service or "")
@@ -180,10 +194,17 @@ class Decider:
         usd = 0
         if any(x.money for x in limits):  # the worst case: every token at the dearer price
             usd = worst_case_micro_usd(self.directory.policy, call.model, call.hits)
-        return await self._reserve(tenant, limits, call, call.request_id, usd)
+        tp = trace.incoming if trace is not None and call.request_id is not None else None
+        return await self._reserve(tenant, limits, call, call.request_id, usd, tp)
 
     async def _reserve(
-        self, subject: str, limits: list[Limit], call: Call, rid: str | None, usd: int = 0
+        self,
+        subject: str,
+        limits: list[Limit],
+        call: Call,
+        rid: str | None,
+        usd: int = 0,
+        trace: str | None = None,
     ) -> Verdict:
         if not limits:
             self.metrics.decisions.labels("ok", "").inc()
@@ -195,7 +216,7 @@ class Decider:
         if self.store is not None and (self.health is None or self.health.up):
             checks = checks_for(subject, limits, call.hits, now_us, self._windows, usd=usd)
             try:
-                res = await self.store.reserve(record, rid is not None, checks, now_us, ttl)
+                res = await self.store.reserve(record, rid is not None, checks, now_us, ttl, trace)
             except (StoreUnavailable, TimeoutError) as exc:
                 if self.health is not None:
                     self.health.failed(exc)
@@ -205,7 +226,7 @@ class Decider:
                 raise StoreUnavailable("redis unavailable")
             limits = scaled(limits, self.settings.replicas)
             checks = checks_for(subject, limits, call.hits, now_us, self._windows, usd=usd)
-            res = await self.local.reserve(record, rid is not None, checks, now_us, ttl)
+            res = await self.local.reserve(record, rid is not None, checks, now_us, ttl, trace)
         v = verdict(res, limits, checks, call.hits, now_us, subject, usd)
         self._count(v, call)
         if call.phase == "reserve":
@@ -230,7 +251,7 @@ class Decider:
         if v.ok and call.phase == "reserve":
             self._reserved.inc(call.hits)
 
-    async def _settle(self, call: Call) -> None:
+    async def _settle(self, call: Call, trace: CallTrace | None = None) -> None:
         if call.request_id is None:
             self._log_limited("settle_no_id", "settle without request_id: ignored")
             self.metrics.settles.labels("lost").inc()
@@ -256,6 +277,8 @@ class Decider:
             self.metrics.settles.labels("lost").inc()
             return
         self.metrics.settles.labels(result).inc()
+        if trace is not None:
+            trace.settled = res.trace
         if res.found:
             self.metrics.tokens.labels("settled").inc(call.hits)
             if res.delta < 0:

@@ -72,6 +72,7 @@ class ReserveResult:
 class SettleResult:
     found: bool
     delta: int = 0
+    trace: str | None = None  # the traceparent stored with the reservation (tracing on)
 
 
 @dataclass
@@ -82,6 +83,7 @@ class MemoryState:
     windows: dict[str, tuple[int, int]] = field(default_factory=dict)  # used, expire
     # record → (expire, counter key → [charged, is_bucket, cap, rate, is_money])
     records: dict[str, tuple[int, dict[str, list[float]]]] = field(default_factory=dict)
+    traces: dict[str, str] = field(default_factory=dict)  # record → traceparent at reserve
 
     def purge(self, now_us: int) -> None:
         for key in [k for k, v in self.buckets.items() if 0 <= v[2] <= now_us]:
@@ -90,6 +92,8 @@ class MemoryState:
             del self.windows[key]
         for key in [k for k, v in self.records.items() if v[0] <= now_us]:
             del self.records[key]
+        for key in [k for k in self.traces if k not in self.records]:
+            del self.traces[key]
 
     def bucket(self, key: str, cap: int, now_us: int) -> tuple[float, int]:
         st = self.buckets.get(key)
@@ -122,7 +126,12 @@ def retry_after_us(cost: int, tk: float, cap: int, rate: float) -> int:
 
 
 def reserve(
-    state: MemoryState, record: str | None, checks: list[Check], now_us: int, ttl_ms: int
+    state: MemoryState,
+    record: str | None,
+    checks: list[Check],
+    now_us: int,
+    ttl_ms: int,
+    trace: str | None = None,
 ) -> ReserveResult:
     admitted = True
     seen: list[tuple[bool, float, int]] = []  # ok, tk or used, ts
@@ -155,8 +164,9 @@ def reserve(
             outcomes.append(Outcome(ok, c.limit - used, retry))
         if charge and c.settle and record is not None:
             expire, entries = state.records.get(record, (0, {}))
-            if expire <= now_us:
+            if expire <= now_us:  # gone in Redis, with the trace it kept
                 entries = {}
+                state.traces.pop(record, None)
             entry = entries.setdefault(c.key, [0, 0, 0, 0.0, 0])
             entry[0] += c.cost
             if c.kind == "b":
@@ -164,6 +174,8 @@ def reserve(
             if c.money:
                 entry[4] = 1
             state.records[record] = (now_us + ttl_ms * 1000, entries)
+            if trace is not None:
+                state.traces[record] = trace
     return ReserveResult(admitted, tuple(outcomes))
 
 
@@ -171,6 +183,7 @@ def settle(
     state: MemoryState, record: str, actual: int, now_us: int, actual_usd: int = 0
 ) -> SettleResult:
     item = state.records.pop(record, None)
+    trace = state.traces.pop(record, None)
     if item is None or item[0] <= now_us:
         return SettleResult(False)
     reserved = 0
@@ -194,4 +207,4 @@ def settle(
             if used < 0:
                 used = 0
             state.windows[key] = (used, state.windows[key][1])
-    return SettleResult(True, actual - reserved)
+    return SettleResult(True, actual - reserved, trace)

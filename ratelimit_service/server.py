@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,11 @@ from redis.asyncio.cluster import RedisCluster
 
 from controlplane.policy import Policy, load_policy
 from controlplane.policy.model import RateLimitServer
-from ratelimit_service.decider import Decider, DeciderSettings
+from ratelimit_service.decider import CallTrace, Decider, DeciderSettings
 from ratelimit_service.directory import QuotaDirectory, SeedPlan, seed_defaults, seed_plan
 from ratelimit_service.h2server import H2Server
 from ratelimit_service.health import RedisHealth
 from ratelimit_service.metrics import Metrics
-from ratelimit_service.redis_client import connect_redis
 from ratelimit_service.resp import fast_path_url
 from ratelimit_service.responses import error_response, ok_response
 from ratelimit_service.store import RedisStore
@@ -33,8 +33,9 @@ from runtime.grpc_health import AioHealth
 from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
+from runtime.redis_connect import connect_redis
 from runtime.tasks import stop_task
-from runtime.tracing import Tracing, tracing_for
+from runtime.tracing import Tracing, TracingSwitch
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics
 
 __all__ = ["RateLimitServicer", "Service", "ServiceSettings", "decider_settings", "prepare"]
@@ -95,34 +96,47 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
     """gRPC boundary: every answer comes from the Decider; an unexpected error is logged, counted
     and answered per the failure mode (never a gRPC error Envoy would silently fail open on)."""
 
-    def __init__(self, decider: Decider, tracing: Tracing | None = None) -> None:
+    def __init__(self, decider: Decider, tracing: TracingSwitch | Tracing | None = None) -> None:
         self.decider = decider
-        self.tracing = tracing  # None: no span, no propagator on the hot path
+        # current None: no span, no propagator on the hot path (it follows policy reloads)
+        self.tracing = (
+            tracing if isinstance(tracing, TracingSwitch) else TracingSwitch.fixed(tracing)
+        )
 
     async def ShouldRateLimit(
         self, request: rls_pb2.RateLimitRequest, context: Any
     ) -> rls_pb2.RateLimitResponse:
-        if self.tracing is None:
+        tracer = self.tracing.current
+        if tracer is None:
             return await self._decide(request)
         meta = (context.invocation_metadata() or ()) if context is not None else ()
-        return await self._traced(request, meta)
+        return await self._traced(tracer, request, meta)
 
     async def _traced(
-        self, request: rls_pb2.RateLimitRequest, metadata: Any
+        self, tracer: Tracing, request: rls_pb2.RateLimitRequest, metadata: Any
     ) -> rls_pb2.RateLimitResponse:
-        assert self.tracing is not None
-        span = self.tracing.start("ratelimit ShouldRateLimit", metadata)
+        """A span for the call: a child of its ``traceparent``; a call without one (Envoy 1.40's
+        stream-done settlement) gets one only when its reservation kept the request's."""
+        incoming = next((v for k, v in metadata if k == "traceparent"), None)
+        trace = CallTrace(incoming)
+        name = "ratelimit ShouldRateLimit"
+        started = time.time_ns()
+        span = tracer.start(name, metadata) if incoming is not None else None
         response: rls_pb2.RateLimitResponse | None = None
         try:
-            response = await self._decide(request)
+            response = await self._decide(request, trace)
         finally:  # a call Envoy gave up on (its timeout) is cancelled: its span ends too
+            if span is None and trace.settled is not None:
+                span = tracer.start(name, (("traceparent", trace.settled),), None, started)
             if span is not None:
                 end_call_span(span, request, response)
         return response
 
-    async def _decide(self, request: rls_pb2.RateLimitRequest) -> rls_pb2.RateLimitResponse:
+    async def _decide(
+        self, request: rls_pb2.RateLimitRequest, trace: CallTrace | None = None
+    ) -> rls_pb2.RateLimitResponse:
         try:
-            return await self.decider.decide(request)
+            return await self.decider.decide(request, trace)
         except Exception:
             log.exception("internal error while deciding")
             self.decider.metrics.decisions.labels("internal_error", "").inc()
@@ -148,8 +162,13 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
     async def handle_bytes_traced(
         self, message: bytes, metadata: tuple[tuple[str, str], ...]
     ) -> bytes:
-        """``handle_bytes`` with a span (the h2 transport when the policy has ``tracing``)."""
-        response = await self._traced(self._parse(message), metadata)
+        """``handle_bytes`` with the call's metadata (the h2 transport): a span while tracing
+        is on (``tracing.current``), the plain path while it is off."""
+        tracer = self.tracing.current
+        if tracer is None:
+            response = await self._decide(self._parse(message))
+        else:
+            response = await self._traced(tracer, self._parse(message), metadata)
         return response.SerializeToString()
 
 
@@ -165,7 +184,7 @@ class Service:
         self.store: RedisStore | None = None
         self.health: RedisHealth | None = None
         self.decider: Decider | None = None
-        self.tracing: Tracing | None = None
+        self.tracing = TracingSwitch("tokenweir-ratelimit")
         self.server: grpc.aio.Server | None = None
         self.h2: H2Server | None = None
         self.port = 0
@@ -220,14 +239,13 @@ class Service:
             health=self.health,
             metrics=self.metrics,
         )
-        # tracing follows the policy the service started with (a change needs a restart)
-        self.tracing = tracing_for(self.policy, "tokenweir-ratelimit")
+        await self.tracing.update(self.policy.tracing)  # and on every reload (``_swap``)
         servicer = RateLimitServicer(self.decider, self.tracing)
         listen = self.settings.listen or str(rl.address)
         host, _, port = listen.rpartition(":")
         transport = transport_for(self.settings.transport, host)
         if transport == "h2":
-            traced = servicer.handle_bytes_traced if self.tracing is not None else None
+            traced = servicer.handle_bytes_traced  # it checks whether tracing is on per call
             self.h2 = H2Server(servicer.handle_bytes, health=self.serving, traced=traced)
             self.port = await self.h2.start(host.strip("[]"), int(port))
         else:
@@ -281,6 +299,7 @@ class Service:
         """On the loop: later decisions use the new quotas; Redis is seeded in the background."""
         self.policy = built.policy
         self.metrics.configure(built.policy)
+        self.tracing.apply(built.policy.tracing)  # built off the loop, swapped whole
         if self.decider is not None:
             self.decider.settings = built.settings
             if self.store is not None:
@@ -332,6 +351,4 @@ class Service:
             await self.store.aclose()
         if self.redis is not None:
             await self.redis.aclose()
-        if self.tracing is not None:
-            await self.tracing.aclose()
-            self.tracing = None
+        await self.tracing.aclose()

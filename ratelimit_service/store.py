@@ -38,8 +38,17 @@ def load_script(name: str) -> str:
 
 
 class QuotaStore(Protocol):
+    """``trace``: a traceparent kept with the reservation record (same call, same TTL) and
+    handed back by ``settle``: Envoy's stream-done call carries none (docs/tracing.md)."""
+
     async def reserve(
-        self, record: str, has_record: bool, checks: list[Check], now_us: int, ttl_ms: int
+        self,
+        record: str,
+        has_record: bool,
+        checks: list[Check],
+        now_us: int,
+        ttl_ms: int,
+        trace: str | None = None,
     ) -> ReserveResult: ...
 
     async def settle(
@@ -48,9 +57,14 @@ class QuotaStore(Protocol):
 
 
 def reserve_args(
-    record: str, has_record: bool, checks: list[Check], now_us: int, ttl_ms: int
+    record: str,
+    has_record: bool,
+    checks: list[Check],
+    now_us: int,
+    ttl_ms: int,
+    trace: str | None = None,
 ) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of reserve.lua."""
+    """KEYS and ARGV of reserve.lua (``trace`` last, only when tracing)."""
     keys = [record]
     args: list[Any] = [now_us, ttl_ms, 1 if has_record else 0]
     for c in checks:
@@ -63,7 +77,13 @@ def reserve_args(
             c.reset_us,
             (1 if c.shadow else 0) | (2 if c.settle else 0) | (4 if c.money else 0),
         ]
+    if trace is not None:
+        args.append(trace)
     return keys, args
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _reserve_result(raw: list[Any]) -> ReserveResult:
@@ -84,12 +104,19 @@ class MemoryStore:
         return record in self.state.records
 
     async def reserve(
-        self, record: str, has_record: bool, checks: list[Check], now_us: int, ttl_ms: int
+        self,
+        record: str,
+        has_record: bool,
+        checks: list[Check],
+        now_us: int,
+        ttl_ms: int,
+        trace: str | None = None,
     ) -> ReserveResult:
         self._calls += 1
         if self._calls % 4096 == 0:
             self.state.purge(now_us)
-        return reserve(self.state, record if has_record else None, checks, now_us, ttl_ms)
+        rec = record if has_record else None
+        return reserve(self.state, rec, checks, now_us, ttl_ms, trace)
 
     async def settle(
         self, record: str, actual: int, now_us: int, actual_usd: int = 0
@@ -143,9 +170,15 @@ class RedisStore:
         self.calls = 0
 
     async def reserve(
-        self, record: str, has_record: bool, checks: list[Check], now_us: int, ttl_ms: int
+        self,
+        record: str,
+        has_record: bool,
+        checks: list[Check],
+        now_us: int,
+        ttl_ms: int,
+        trace: str | None = None,
     ) -> ReserveResult:
-        keys, args = reserve_args(record, has_record, checks, now_us, ttl_ms)
+        keys, args = reserve_args(record, has_record, checks, now_us, ttl_ms, trace)
         raw = await self._call(("EVALSHA", "reserve", len(keys), *keys, *args))
         return _reserve_result(raw)
 
@@ -153,7 +186,8 @@ class RedisStore:
         self, record: str, actual: int, now_us: int, actual_usd: int = 0
     ) -> SettleResult:
         raw = await self._call(("EVALSHA", "settle", 1, record, now_us, actual, actual_usd))
-        return SettleResult(bool(raw[0]), int(raw[1]))
+        trace = raw[2] if len(raw) > 2 else None
+        return SettleResult(bool(raw[0]), int(raw[1]), _text(trace) if trace else None)
 
     async def hgetall(self, key: str) -> dict[Any, Any]:
         raw = await self._call(("HGETALL", key))

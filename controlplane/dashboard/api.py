@@ -17,13 +17,14 @@ from typing import Any
 from aiohttp import web
 
 from controlplane.dashboard.collector import MetricsSource, ServiceCollector
-from controlplane.dashboard.view import lane_rows, sources_from_policy, tenant_rows
+from controlplane.dashboard.quota import QuotaWindows
+from controlplane.dashboard.view import lane_rows, sources_from_policy, tenant_rows, with_windows
 from controlplane.policy import Policy
 
 __all__ = ["OVERVIEW_PATH", "Dashboard"]
 
 OVERVIEW_PATH = "/api/v1/overview"
-API_VERSION = 1
+API_VERSION = 2  # 2: tenants' budgets windowed from Redis, since-start totals apart
 _STATIC = {
     "index.html": "text/html",
     "dashboard.js": "text/javascript",
@@ -58,8 +59,10 @@ class Dashboard:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         interval: float = 1.0,
+        quotas: QuotaWindows | None = None,
     ) -> None:
         self.collector = ServiceCollector(fetch, clock=wall_clock, interval=interval)
+        self.quotas = quotas or QuotaWindows(None)
         self._pools = pools
         self._nodes = nodes
         self._clock = clock
@@ -69,17 +72,22 @@ class Dashboard:
     def on_policy(self, policy: Policy) -> None:
         self._policy = policy
         self.collector.configure(sources_from_policy(policy))
+        self.quotas.on_policy(policy)
 
-    def overview(self, tenants: int = 50, points: int = 120) -> dict[str, Any]:
+    async def overview(self, tenants: int = 50, points: int = 120) -> dict[str, Any]:
         totals = self.collector.totals
         policy = self._policy
         series = list(self.collector.points)[-points:] if points else []
+        rows = tenant_rows(policy, totals, tenants) if policy is not None else []
+        windows, quota_error = await self.quotas.read([r["tenant"] for r in rows])
         return {
             "api_version": API_VERSION,
             "time": round(self._wall(), 3),
             "pools": self._pools(),
             "lanes": lane_rows(totals),
-            "tenants": tenant_rows(policy, totals, tenants) if policy is not None else [],
+            "tenants": with_windows(rows, windows),
+            "quota_source": "redis" if self.quotas.configured else None,
+            "quota_error": quota_error,
             "tenant_count": len(policy.tenants) if policy is not None else 0,
             "rejections": {k: int(v) for k, v in sorted(totals.rejections.items())},
             "decisions": {k: int(v) for k, v in sorted(totals.decisions.items())},
@@ -96,7 +104,7 @@ class Dashboard:
             except ValueError as exc:
                 return _bad(f"bad query: {exc} (tenants: 0..100000, points: 0..300)")
             return web.Response(
-                text=json.dumps(self.overview(tenants, points), separators=(",", ":")),
+                text=json.dumps(await self.overview(tenants, points), separators=(",", ":")),
                 content_type="application/json",
                 headers={"Cache-Control": "no-store"},
             )
@@ -124,3 +132,4 @@ class Dashboard:
 
     async def aclose(self) -> None:
         await self.collector.aclose()
+        await self.quotas.aclose()

@@ -27,6 +27,7 @@ __all__ = [
     "RateLimitServer",
     "Replicas",
     "replica_addresses",
+    "worker_metrics_ports",
 ]
 
 
@@ -97,3 +98,9 @@ class Replicas:
 def replica_addresses(first: Address, count: int) -> tuple[Address, ...]:
     """Where ``count`` replicas of a server listen: ``first``, then the next ports."""
     return tuple(Address(first.host, first.port + i) for i in range(count))
+
+
+def worker_metrics_ports(first: int, replicas: int, workers: int) -> list[tuple[int, int, int]]:
+    """``(replica, worker, port)`` of every /metrics page of ``replicas`` servers of ``workers``
+    processes each: replica ``r``'s worker ``w`` on ``first + r * workers + w``."""
+    return [(r, w, first + r * workers + w) for r in range(replicas) for w in range(workers)]

@@ -1,7 +1,8 @@
 -- tokenweir reserve: check every limit, charge all of them or none (shadow limits never deny).
 -- Twin: ratelimit_service/limiter.py:reserve (same double arithmetic, same order).
 -- KEYS[1] reservation record, KEYS[2..] one per limit
--- ARGV: now_us, ttl_ms, has_record, then 6 per limit: kind(b|w) cost limit rate reset_us flags
+-- ARGV: now_us, ttl_ms, has_record, then 6 per limit: kind(b|w) cost limit rate reset_us flags,
+--   then (tracing on only) the call's traceparent, kept in the record as '#t' for the settle span
 --   flags: 1 = shadow, 2 = settled later (token limit: written into the record),
 --          4 = money (a usd limit: settled with the real price; marked key#u in the record)
 -- returns {admitted, then per limit: ok, remaining, retry_us}
@@ -100,5 +101,9 @@ for i = 1, n do
     wrote = true
   end
 end
-if wrote then redis.call('PEXPIRE', record, ARGV[2]) end
+if wrote then
+  local trace = ARGV[4 + 6 * n]
+  if trace then redis.call('HSET', record, '#t', trace) end
+  redis.call('PEXPIRE', record, ARGV[2])
+end
 return out

@@ -2,7 +2,8 @@
 -- Twin: ratelimit_service/limiter.py:settle. Idempotent: the record is deleted on first use.
 -- KEYS[1] reservation record (all keys it names share its hash tag)
 -- ARGV: now_us, actual tokens, actual micro-USD (usd limits, marked key#u, settle with it)
--- returns {found, actual - reserved} (reserved: the largest token charge in the record)
+-- returns {found, actual - reserved, traceparent stored at reserve or nil} (reserved: the largest
+-- token charge in the record; fields whose second-last character is '#' are not counters)
 local rec = redis.call('HGETALL', KEYS[1])
 if #rec == 0 then return {0, 0} end
 redis.call('DEL', KEYS[1])
@@ -57,4 +58,4 @@ for key, v in pairs(map) do
     end
   end
 end
-return {1, actual - reserved}
+return {1, actual - reserved, map['#t'] or false}

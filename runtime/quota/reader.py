@@ -13,6 +13,7 @@ import hashlib
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -20,15 +21,50 @@ from redis.exceptions import NoScriptError, RedisError
 
 from controlplane.policy.model import Policy
 from runtime.quota.buckets import refill
-from runtime.quota.config import Limit, effective_quotas, limits_for_tenant, tenant_defaults
+from runtime.quota.config import (
+    Limit,
+    SubjectQuotas,
+    effective_quotas,
+    limits_for_tenant,
+    tenant_defaults,
+)
 from runtime.quota.errors import QuotaUnavailable
 from runtime.quota.keys import bucket_key, config_key, window_key
 from runtime.quota.windows import UNITS, window
 
-__all__ = ["PEEK_LUA", "QuotaReader", "decode_map", "limit_remaining"]
+__all__ = ["PEEK_LUA", "QuotaReader", "WindowUsage", "decode_map", "limit_remaining"]
 
 PEEK_LUA = resources.files("runtime.quota").joinpath("peek.lua").read_text()
 _PEEK_SHA = hashlib.sha1(PEEK_LUA.encode()).hexdigest()
+
+
+_WINDOW_NAMES = {"bucket": "bucket", **{u: f"per_{u}" for u in UNITS}}
+
+
+@dataclass(frozen=True)
+class WindowUsage:
+    """One token limit of a tenant now. ``window``: ``bucket``, ``per_minute`` … ``per_month``;
+    ``reset_s``: a window's seconds until the next one starts, a bucket's seconds until it is
+    full again (None when it does not refill); ``rate``: a bucket's refill per second."""
+
+    window: str
+    limit: int
+    used: int
+    remaining: int
+    reset_s: float | None
+    rate: float
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "window": self.window,
+            "limit": self.limit,
+            "used": self.used,
+            "remaining": self.remaining,
+            "resets_in_s": None if self.reset_s is None else round(self.reset_s, 3),
+        }
+        if self.window == "bucket":
+            out["refill_per_second"] = self.rate
+        return out
 
 
 def _s(value: Any) -> str:
@@ -72,13 +108,7 @@ class QuotaReader:
             quotas.append(f"models.{model}")
         if lane is not None:
             quotas.append(f"lanes.{lane}")
-        keys = [config_key(tenant)]
-        for q in quotas:
-            keys.append(bucket_key(tenant, q))
-            keys += [window_key(tenant, q, unit, window(unit, now_us)[0]) for unit in UNITS]
-        results = await self._peek(keys)
-        results[0] = dict(zip(results[0][::2], results[0][1::2], strict=True))
-        sq = effective_quotas(tenant_defaults(self._policy, tenant), decode_map(results[0]))
+        sq, state = await self._state(tenant, quotas, now_us)
         limits = [
             x
             for x in limits_for_tenant(sq, model, lane)
@@ -86,13 +116,48 @@ class QuotaReader:
         ]
         if not limits:
             return None
+        return max(0, min(limit_remaining(x, state[(x.quota, x.unit)], now_us) for x in limits))
+
+    async def usage(self, tenant: str) -> list[WindowUsage]:
+        """The tenant-wide token quota's state now, one entry per enforced or shadow limit (its
+        bucket, then minute, hour, day, month windows): what this window has spent (a bucket:
+        capacity minus its level), in Redis's own accounting, reservations in flight included."""
+        now_us = int(self._clock() * 1_000_000)
+        sq, state = await self._state(tenant, ["tokens"], now_us)
+        out = []
+        for x in limits_for_tenant(sq, None, None):
+            if x.quota != "tokens":
+                continue
+            raw = state[(x.quota, x.unit)]
+            if x.unit == "bucket":
+                left = max(0, min(x.limit, limit_remaining(x, raw, now_us)))
+                used = x.limit - left
+                reset = used / x.rate if x.rate > 0 else None
+            else:
+                used = int(_s(raw)) if raw is not None else 0
+                left = max(0, x.limit - used)
+                reset = (window(x.unit, now_us)[1] - now_us) / 1e6
+            out.append(WindowUsage(_WINDOW_NAMES[x.unit], x.limit, used, left, reset, x.rate))
+        return out
+
+    async def _state(
+        self, tenant: str, quotas: list[str], now_us: int
+    ) -> tuple[SubjectQuotas, dict[tuple[str, str], Any]]:
+        """One peek: the tenant's effective quotas and the raw state of each quota's counters."""
+        keys = [config_key(tenant)]
+        for q in quotas:
+            keys.append(bucket_key(tenant, q))
+            keys += [window_key(tenant, q, unit, window(unit, now_us)[0]) for unit in UNITS]
+        results = await self._peek(keys)
+        fields = dict(zip(results[0][::2], results[0][1::2], strict=True))
+        sq = effective_quotas(tenant_defaults(self._policy, tenant), decode_map(fields))
         state = {}
         for i, q in enumerate(quotas):
             base = 1 + i * (1 + len(UNITS))
             state[(q, "bucket")] = results[base]
             for j, unit in enumerate(UNITS):
                 state[(q, unit)] = results[base + 1 + j]
-        return max(0, min(limit_remaining(x, state[(x.quota, x.unit)], now_us) for x in limits))
+        return sq, state
 
     async def _peek(self, keys: list[str]) -> list[Any]:
         fut: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()

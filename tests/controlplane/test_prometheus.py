@@ -3,6 +3,7 @@ file `promtool check config` accepts (with the repository's rules)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.policy import load_policy
+from controlplane.policy.servers import Replicas
 from controlplane.prometheus import RULES_DIR, render_config, scrape_targets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +34,34 @@ def test_every_component_of_the_policy_is_a_target() -> None:
         ("filters", "127.0.0.1:18096", "/metrics", None),
         ("ratelimit", "127.0.0.1:18091", "/metrics", None),
     ]
+
+
+def test_every_replica_and_worker_of_every_server_is_a_target() -> None:
+    """``up --replicas`` (or ``replicas:``): each control plane, each rate-limit service and
+    filter server replica with each of its worker processes, each gateway Envoy."""
+    policy = dataclasses.replace(
+        POLICY,
+        replicas=Replicas(gateway=2, filters=2, ratelimit=3, controlplane=2),
+        filters=dataclasses.replace(POLICY.filters, processes=2),
+    )
+    admins = {"edge#0": "127.0.0.1:9901", "edge#1": "127.0.0.1:9902"}
+    got = sorted((t.job, t.address, dict(t.labels).get("replica"), dict(t.labels).get("worker"))
+                 for t in scrape_targets(policy, admins) if t.job != "emulator")  # fmt: skip
+    assert got == [
+        ("controlplane", "127.0.0.1:18001", "0", None),
+        ("controlplane", "127.0.0.1:18002", "1", None),
+        ("envoy", "127.0.0.1:9901", None, None),
+        ("envoy", "127.0.0.1:9902", None, None),
+        # replica r's worker w on metrics_port + r * processes + w
+        ("filters", "127.0.0.1:18096", "0", "0"),
+        ("filters", "127.0.0.1:18097", "0", "1"),
+        ("filters", "127.0.0.1:18098", "1", "0"),
+        ("filters", "127.0.0.1:18099", "1", "1"),
+        ("ratelimit", "127.0.0.1:18091", "0", "0"),
+        ("ratelimit", "127.0.0.1:18092", "1", "0"),
+        ("ratelimit", "127.0.0.1:18093", "2", "0"),
+    ]
+    assert len({t.address for t in scrape_targets(policy, admins)}) == 14  # no port twice
 
 
 def test_config_groups_jobs_and_loads_the_rules(tmp_path: Path) -> None:

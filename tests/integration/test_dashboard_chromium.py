@@ -96,6 +96,20 @@ def test_dashboard_in_chromium_shows_the_mesh_and_moves_with_traffic(tmp_path: P
 
             pro_tokens = "#tenants tr[data-tenant=demo-pro] td.tokens"
             _until("demo-pro's tokens move", lambda: _text(page, pro_tokens) not in ("0", "–"))
+            pro_since = "#tenants tr[data-tenant=demo-pro] td.since-start"
+            _until("demo-pro's tokens since start", lambda: _text(page, pro_since) != "0")
+
+            def window_used() -> str:  # the API's number, as the page formats it
+                with urllib.request.urlopen(f"http://{metrics}/api/v1/overview") as r:
+                    rows = json.loads(r.read())["tenants"]
+                (pro,) = [t for t in rows if t["tenant"] == "demo-pro"]
+                assert pro["budget"]["window"] == "per_month"  # the longest window of its quota
+                return f"{pro['budget']['used']:,}"
+
+            # the page shows the budget's window as the quota counts it (Redis), not since start
+            _until("demo-pro's month as the API has it",
+                   lambda: _text(page, pro_tokens) == window_used())  # fmt: skip
+            assert "per_month" in _text(page, "#tenants tr[data-tenant=demo-pro] td.budget")
             free_rej = "#tenants tr[data-tenant=demo-free] td.rejections"
             want = str(codes.count(429))  # every 429 is a requests-quota denial with Retry-After
             _until(f"demo-free's {want} rejections", lambda: _text(page, free_rej) == want)

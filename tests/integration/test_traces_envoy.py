@@ -1,7 +1,8 @@
 """Traces end to end (issue 13 item 4): the example mesh under ``tokenweir up`` with a
 ``tracing`` section; a test OTLP/gRPC receiver collects what real Envoy, the filter server,
 the rate-limit service and the emulator export. Every request is one connected trace (one
-root, every parent present) across all four, with the GenAI attributes on the spans."""
+root, every parent present) across all four, with the GenAI attributes on the spans; a served
+request's stream-done settlement is in its trace too."""
 
 from __future__ import annotations
 
@@ -42,6 +43,14 @@ def _of(trace: list[ReceivedSpan], service: str) -> list[ReceivedSpan]:
     return [s for s in trace if s.service == service]
 
 
+def _settles(trace: list[ReceivedSpan]) -> list[ReceivedSpan]:
+    return [
+        s
+        for s in _of(trace, "tokenweir-ratelimit")
+        if s.attributes.get("tokenweir.phase") == "settle"
+    ]
+
+
 def test_one_connected_trace_per_request_across_every_hop(tmp_path: Path) -> None:
     text, gw = example_policy()
     # a loaded 2-core CI box: the example's 200 ms ext_proc and 50 ms RLS timeouts would fail
@@ -77,7 +86,7 @@ def test_one_connected_trace_per_request_across_every_hop(tmp_path: Path) -> Non
                 complete = all(
                     _of(t, "tokenweir-filters") and _of(t, "tokenweir-ratelimit")
                     for t in traces.values()
-                )
+                ) and all(_settles(t) for t in served)
                 if len(traces) >= sent and len(served) >= 2 + codes.count(200) and complete:
                     break
                 if time.monotonic() > deadline:
@@ -117,6 +126,15 @@ def test_one_connected_trace_per_request_across_every_hop(tmp_path: Path) -> Non
         # "cancelled": Envoy's RLS timeout fired first (a loaded box) and it failed open
         assert reserve and reserve[0].attributes["tokenweir.decision"] in ("ok", "cancelled")
         assert reserve[0].attributes["tokenweir.tenant"] == f.attributes["tokenweir.tenant"]
+        # the stream-done settlement (no trace context from Envoy 1.40) joins the request's
+        # trace through what its reservation kept: the real usage, under the reserve call
+        (settle,) = _settles(trace)
+        assert settle.attributes["tokenweir.tenant"] == f.attributes["tokenweir.tenant"]
+        assert settle.attributes["tokenweir.hits"] > 0
+        assert settle.attributes["tokenweir.decision"] == "ok"
+        assert settle.parent_id == next(
+            s.parent_id for s in reserve
+        )  # a sibling of the reserve span, under Envoy's rate-limit call span
         (e,) = _of(trace, "sglang-emulator")
         assert (
             e.attributes["gen_ai.usage.output_tokens"] == f.attributes["gen_ai.usage.output_tokens"]

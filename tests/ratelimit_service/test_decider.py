@@ -58,7 +58,7 @@ class BrokenStore:
         self.calls = 0
 
     async def reserve(
-        self, record: str, has: bool, checks: list[Check], now: int, ttl: int
+        self, record: str, has: bool, checks: list[Check], now: int, ttl: int, trace: object = None
     ) -> ReserveResult:
         self.calls += 1
         raise StoreUnavailable("connection refused")

@@ -134,3 +134,30 @@ async def test_a_redis_error_is_quota_unavailable(policy: Policy, tenant: str) -
 
     with pytest.raises(QuotaUnavailable, match="connection refused"):
         await QuotaReader(Broken(), policy).remaining(tenant)
+
+
+async def test_usage_is_the_quota_windows_own_accounting(
+    aredis: aioredis.Redis, policy: Policy, tenant: str
+) -> None:
+    """The dashboard's windowed numbers: a bucket's capacity minus its level, a window's counter
+    (reservations included), live edits applied; one entry per limit of the tokens quota."""
+    store = RedisStore(aredis)
+    try:
+        now = time.time()
+        reader = QuotaReader(aredis, policy, clock=lambda: now)
+        fresh = await reader.usage(tenant)
+        assert [(u.window, u.limit, u.used, u.remaining) for u in fresh] == [
+            ("bucket", 1000, 0, 1000),
+            ("per_day", 5000, 0, 5000),
+        ]
+        assert await _reserve(store, policy, tenant, 250, model="big")
+        await aredis.hset(config_key(tenant), "tokens.refill_per_second", "10")
+        later = QuotaReader(aredis, policy, clock=lambda: time.time() + 5)
+        bucket, day = await later.usage(tenant)
+        assert 190 <= bucket.used <= 200 and bucket.remaining == 1000 - bucket.used  # refilled 50
+        assert bucket.rate == 10.0 and bucket.reset_s is not None and 19 <= bucket.reset_s <= 20
+        assert (day.used, day.remaining) == (250, 4750)  # a window does not refill
+        assert day.reset_s is not None and 0 < day.reset_s <= 86400 + 5
+        assert await reader.usage(f"{tenant}-open") == []
+    finally:
+        await store.aclose()

@@ -17,9 +17,9 @@ import redis.asyncio as aioredis
 
 from ratelimit_service.errors import StoreUnavailable
 from ratelimit_service.limiter import Check
-from ratelimit_service.redis_client import connect_redis
 from ratelimit_service.resp import RespConnection, fast_path_url
 from ratelimit_service.store import RedisStore
+from runtime.redis_connect import connect_redis
 from tests.helpers import redis_server
 
 

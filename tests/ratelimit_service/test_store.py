@@ -97,3 +97,24 @@ def test_pack_is_resp() -> None:
     assert pack([("SET", "k", 1.5), ("INCRBY", b"k", 3)]) == (
         b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\n1.5\r\n*3\r\n$6\r\nINCRBY\r\n$1\r\nk\r\n$1\r\n3\r\n"
     )
+
+
+async def test_the_reservation_keeps_the_trace_for_its_settlement(
+    store: RedisStore, aredis: aioredis.Redis
+) -> None:
+    """Tracing on: the traceparent rides in the reserve script's own call (no extra round
+    trip), lives and expires with the record, and the settle script hands it back once."""
+    t = uuid.uuid4().hex
+    now = int(time.time() * 1e6)
+    tp = f"00-{t}-00f067aa0ba902b7-01"
+    calls = store.calls
+    res = await store.reserve(f"tw:{{{t}}}:r:1", True, _checks(t), now, 60_000, tp)
+    assert res.admitted and store.calls == calls + 1
+    assert await aredis.hget(f"tw:{{{t}}}:r:1", "#t") == tp.encode()
+    assert 0 < await aredis.pttl(f"tw:{{{t}}}:r:1") <= 60_000
+    await store.reserve(f"tw:{{{t}}}:r:2", True, _checks(t), now, 60_000)  # tracing off
+    assert await aredis.hget(f"tw:{{{t}}}:r:2", "#t") is None
+    first = await store.settle(f"tw:{{{t}}}:r:1", 40, now)
+    assert (first.found, first.delta, first.trace) == (True, -60, tp)
+    assert (await store.settle(f"tw:{{{t}}}:r:2", 40, now)).trace is None
+    assert (await store.settle(f"tw:{{{t}}}:r:1", 40, now)).found is False

@@ -51,6 +51,38 @@ async def test_grpc_and_h2_calls_make_child_spans_with_the_decision(policy: Any)
 async def test_without_tracing_no_span_is_made(policy: Any) -> None:  # noqa: F811
     decider, _ = make(policy)
     servicer = RateLimitServicer(decider)
-    assert servicer.tracing is None
+    assert servicer.tracing.current is None
     resp = await servicer.ShouldRateLimit(rls.llm("acme", 100), _Context(()))
     assert resp.overall_code != OVER
+    raw = await servicer.handle_bytes_traced(
+        rls.llm("acme", 1, rid="r2").SerializeToString(), (("traceparent", PARENT),)
+    )
+    assert raw  # the h2 path while tracing is off: answered, no span, nothing kept
+    assert not decider.store.state.traces
+
+
+async def test_the_settlement_joins_the_trace_its_reservation_kept(policy: Any) -> None:  # noqa: F811
+    """Envoy 1.40's stream-done call carries no traceparent: the reservation kept the
+    request's, and the settle span is its child, timed from when the call arrived."""
+    decider, _ = make(policy)
+    exporter = InMemorySpanExporter()
+    tracing = Tracing("unused:1", "tokenweir-ratelimit", exporter=exporter)
+    servicer = RateLimitServicer(decider, tracing)
+    await servicer.ShouldRateLimit(
+        rls.llm("acme", 100, rid="q1"), _Context((("traceparent", PARENT),))
+    )
+    await servicer.ShouldRateLimit(rls.llm("acme", 1, rid="q2"), _Context(()))  # untraced
+    assert list(decider.store.state.traces.values()) == [PARENT]  # kept with q1 only
+    settle = rls.llm("acme", 40, rid="q1", phase="settle")
+    await servicer.ShouldRateLimit(settle, _Context(()))
+    await servicer.ShouldRateLimit(rls.llm("acme", 5, rid="q2", phase="settle"), _Context(()))
+    await servicer.ShouldRateLimit(settle, _Context(()))  # settled already: nothing to join
+    await tracing.aclose()
+    reserve, settled = exporter.get_finished_spans()
+    assert settled.attributes["tokenweir.phase"] == "settle"
+    assert settled.attributes["tokenweir.hits"] == 40
+    assert settled.context.trace_id == reserve.context.trace_id
+    assert settled.parent is not None and f"{settled.parent.span_id:016x}" == "00f067aa0ba902b7"
+    assert settled.start_time is not None and settled.end_time is not None
+    assert settled.start_time <= settled.end_time
+    assert not decider.store.state.traces

@@ -95,8 +95,9 @@ def test_lua_and_twin_agree(client: redis.Redis, limits: list[tuple], ops: list[
             _, _, which, cost, rid, has_record = op
             record = f"{subject}:r:{rid}"
             checks = _checks(subject, limits, which, cost, now)
-            want = reserve(state, record if has_record else None, checks, now, TTL_MS)
-            keys, args = reserve_args(record, has_record, checks, now, TTL_MS)
+            trace = f"00-{run}-{rid}-01" if cost % 2 else None  # kept when tracing is on
+            want = reserve(state, record if has_record else None, checks, now, TTL_MS, trace)
+            keys, args = reserve_args(record, has_record, checks, now, TTL_MS, trace)
             raw = client.evalsha(reserve_sha, len(keys), *keys, *args)
             got = (
                 bool(raw[0]),
@@ -111,7 +112,8 @@ def test_lua_and_twin_agree(client: redis.Redis, limits: list[tuple], ops: list[
             record = f"{subject}:r:{rid}"
             want_s = settle(state, record, actual, now)
             raw = client.evalsha(settle_sha, 1, record, now, actual)
-            assert (bool(raw[0]), int(raw[1])) == (want_s.found, want_s.delta)
+            trace = raw[2].decode() if len(raw) > 2 and raw[2] is not None else None
+            assert (bool(raw[0]), int(raw[1]), trace) == (want_s.found, want_s.delta, want_s.trace)
 
 
 def test_settle_is_idempotent_and_refunds(client: redis.Redis) -> None:
@@ -123,6 +125,6 @@ def test_settle_is_idempotent_and_refunds(client: redis.Redis) -> None:
     keys, args = reserve_args(f"{subject}:r:1", True, checks, now, 60_000)
     raw = client.evalsha(sha_r, len(keys), *keys, *args)
     assert raw[:3] == [1, 1, 400]
-    assert client.evalsha(sha_s, 1, f"{subject}:r:1", now, 100) == [1, -500]
+    assert client.evalsha(sha_s, 1, f"{subject}:r:1", now, 100) == [1, -500, None]  # no trace
     assert client.evalsha(sha_s, 1, f"{subject}:r:1", now, 100) == [0, 0]  # second: no-op
     assert float(client.hget(f"{subject}:b:tokens", "tk")) == 900.0  # 1000 - 100 real cost

@@ -3,13 +3,14 @@ nothing; a process whose policy has no ``tracing`` never imports the trace SDK o
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from runtime.tracing import Tracing
+from runtime.tracing import Tracing, TracingSwitch
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -56,3 +57,65 @@ def test_services_without_tracing_never_load_the_trace_sdk() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+async def test_the_switch_follows_the_section_on_off_and_to_another_collector() -> None:
+    """A reload turns tracing on (a tracer built off the loop), changes it (the old one flushed
+    at once, shut down later: a span it started still ends and exports) and turns it off."""
+    from controlplane.policy.common import Address
+    from controlplane.policy.tracing import Tracing as Section
+
+    exporters: list[InMemorySpanExporter] = []
+
+    def factory(section: Section | None, service: str) -> Tracing | None:
+        if section is None:
+            return None
+        exporters.append(InMemorySpanExporter())
+        return Tracing(str(section.collector), service, exporter=exporters[-1])
+
+    switch = TracingSwitch("svc", factory=factory, retire_after=0.2)
+    parent = {"traceparent": f"00-{TRACE_ID}-{PARENT}-01"}
+    one, two = Section(Address("127.0.0.1", 4317)), Section(Address("127.0.0.1", 4318), 50.0)
+    await switch.update(None)
+    assert switch.current is None and switch.changes == 0
+    switch.apply(one)
+    switch.apply(one)  # the same section again: nothing to do
+    for _ in range(200):
+        if switch.current is not None:
+            break
+        await asyncio.sleep(0.01)
+    first = switch.current
+    assert first is not None and switch.changes == 1
+    open_span = first.start("in flight", parent)
+    assert open_span is not None
+    await switch.update(two)
+    assert switch.current is not first and switch.section == two and switch.changes == 2
+    open_span.end()  # after the swap, before the old tracer retires
+    await switch.update(None)
+    assert switch.current is None and switch.changes == 3
+    await asyncio.sleep(0.4)  # both retired: flushed and shut down
+    assert [s.name for s in exporters[0].get_finished_spans()] == ["in flight"]
+    assert len(exporters) == 2
+    await switch.aclose()
+
+
+async def test_the_last_section_asked_for_wins() -> None:
+    from controlplane.policy.common import Address
+    from controlplane.policy.tracing import Tracing as Section
+
+    built: list[str] = []
+
+    def factory(section: Section | None, service: str) -> Tracing | None:
+        if section is None:
+            return None
+        built.append(str(section.collector))
+        return Tracing(str(section.collector), service, exporter=InMemorySpanExporter())
+
+    switch = TracingSwitch("svc", factory=factory)
+    for port in (1, 2, 3):
+        switch.apply(Section(Address("127.0.0.1", port)))
+    switch.apply(None)
+    await asyncio.sleep(0.3)
+    assert switch.current is None and switch.section is None
+    await switch.aclose()
+    assert built == []  # reloads that came in before the change ran: none was ever built

@@ -77,17 +77,23 @@ function renderEnvoys(envoys) {
 
 function renderTenants(tenants, count) {
   fill("tenants", tenants.map((t) => {
-    const limit = t.budget ? t.budget.tokens : null;
-    const share = limit ? Math.min(1, t.tokens / limit) : 0;
+    const b = t.budget;
+    const used = b ? b.used : null;
+    const share = b && used !== null && b.limit ? Math.min(1, used / b.limit) : 0;
     const bar = el("div", { class: share > 0.9 ? "bar hot" : "bar" });
     const inner = el("i", {});
     inner.style.width = (100 * share).toFixed(1) + "%";
     bar.append(inner);
+    const reset = b && b.resets_in_s !== null && b.resets_in_s !== undefined
+      ? `${b.window === "bucket" ? "full" : "resets"} in ${fmt(b.resets_in_s, 0)} s` : "";
     return el("tr", { "data-tenant": t.tenant },
       el("td", {}, t.tenant), el("td", {}, t.tier || "–"),
-      el("td", { class: "tokens" }, fmt(t.tokens)),
-      el("td", {}, limit ? `${fmt(limit)} ${t.budget.window}` : "none"), el("td", {}, bar),
-      el("td", {}, fmt(t.cached_tokens)), el("td", { class: "rejections" }, fmt(t.rejections)),
+      el("td", { class: "tokens" }, used === null ? "–" : fmt(used)),
+      el("td", { class: "budget", title: reset }, b ? `${fmt(b.limit)} ${b.window}` : "none"),
+      el("td", {}, bar),
+      el("td", { class: "since-start" }, fmt(t.since_start.tokens)),
+      el("td", {}, fmt(t.since_start.cached_tokens)),
+      el("td", { class: "rejections" }, fmt(t.rejections)),
       el("td", {}, t.retry_after_mean_s === null ? "–" : `${fmt(t.retry_after_mean_s, 1)} s`));
   }));
   document.getElementById("tenant-count").textContent = `(${count} in the policy)`;
@@ -132,11 +138,16 @@ function renderCharts(series) {
   drawChart("chart-tps", series, ["completion_tokens_per_s", "prompt_tokens_per_s"], c);
 }
 
-function renderSources(sources) {
+function renderSources(sources, quotaSource, quotaError) {
   const box = document.getElementById("sources");
-  box.replaceChildren(...sources.map((s) =>
+  const spans = sources.map((s) =>
     el("span", { class: s.ok ? "src" : "src bad", title: s.error || s.endpoint },
-      `${s.name} ${s.ok ? "✓" : "✗"}`)));
+      `${s.name} ${s.ok ? "✓" : "✗"}`));
+  if (quotaSource) {  // the tenants' budgets, read from the rate-limit service's Redis
+    spans.push(el("span", { class: quotaError ? "src bad" : "src", title: quotaError || "budgets" },
+      `quotas (${quotaSource}) ${quotaError ? "✗" : "✓"}`));
+  }
+  box.replaceChildren(...spans);
 }
 
 let updates = 0;
@@ -152,7 +163,7 @@ async function poll() {
     renderEnvoys(o.envoys);
     renderTenants(o.tenants, o.tenant_count);
     renderCharts(o.series);
-    renderSources(o.sources);
+    renderSources(o.sources, o.quota_source, o.quota_error);
     updates += 1;
     status.textContent = `updated ${new Date(o.time * 1000).toLocaleTimeString()}`;
     status.dataset.updates = String(updates);

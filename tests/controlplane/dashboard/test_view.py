@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from typing import Any
 
 from controlplane.dashboard.api import Dashboard
 from controlplane.dashboard.collector import Source
 from controlplane.dashboard.summary import Totals
-from controlplane.dashboard.view import lane_rows, sources_from_policy, tenant_rows
+from controlplane.dashboard.view import lane_rows, sources_from_policy, tenant_rows, with_windows
 from controlplane.policy.loader import load_policy_text
+from controlplane.policy.servers import Replicas
+from runtime.quota.reader import WindowUsage
 
 POLICY = """
 version: 1
@@ -44,6 +48,22 @@ def test_sources_are_every_worker_of_both_services() -> None:
     ]
 
 
+def test_sources_are_every_worker_of_every_replica() -> None:
+    policy = dataclasses.replace(_policy(), replicas=Replicas(filters=2, ratelimit=2))
+    assert sources_from_policy(policy) == [
+        Source("filters#0.0", "127.0.0.1:7200"),
+        Source("filters#0.1", "127.0.0.1:7201"),
+        Source("filters#0.2", "127.0.0.1:7202"),
+        Source("filters#1.0", "127.0.0.1:7203"),
+        Source("filters#1.1", "127.0.0.1:7204"),
+        Source("filters#1.2", "127.0.0.1:7205"),
+        Source("ratelimit#0.0", "127.0.0.1:7100"),
+        Source("ratelimit#0.1", "127.0.0.1:7101"),
+        Source("ratelimit#1.0", "127.0.0.1:7102"),
+        Source("ratelimit#1.1", "127.0.0.1:7103"),
+    ]
+
+
 def test_tenant_rows_use_own_quota_then_tier_and_sort_by_use() -> None:
     t = Totals(
         tokens={("acme", "prompt"): 40, ("acme", "completion"): 60, ("acme", "cached"): 8},
@@ -53,13 +73,37 @@ def test_tenant_rows_use_own_quota_then_tier_and_sort_by_use() -> None:
     rows = tenant_rows(_policy(), t)
     assert [r["tenant"] for r in rows] == ["acme", "solo", "bigco"]
     acme, solo, bigco = rows
-    assert acme["tokens"] == 100 and acme["cached_tokens"] == 8
-    assert acme["budget"] == {"window": "per_day", "tokens": 1000}
-    assert bigco["budget"] == {"window": "per_month", "tokens": 90000}
-    assert solo["budget"] == {"window": "bucket", "tokens": 500, "refill_per_second": 5}
+    assert acme["since_start"] == {
+        "prompt_tokens": 40, "completion_tokens": 60, "cached_tokens": 8, "tokens": 100
+    }  # fmt: skip
+    # not read from Redis: the policy's budget, nothing claimed about its use
+    assert acme["budget"] == {"window": "per_day", "limit": 1000, "used": None, "remaining": None}
+    assert bigco["budget"]["window"] == "per_month" and bigco["budget"]["limit"] == 90000
+    assert solo["budget"] == {"window": "bucket", "limit": 500, "used": None, "remaining": None,
+                              "refill_per_second": 5}  # fmt: skip
+    assert acme["windows"] is None
     assert solo["rejections"] == 2 and solo["retry_after_mean_s"] == 3.5
     assert acme["retry_after_mean_s"] is None
     assert len(tenant_rows(_policy(), t, limit=1)) == 1
+
+
+def test_with_windows_shows_the_longest_window_as_redis_counts_it() -> None:
+    rows = tenant_rows(_policy(), Totals(tokens={("acme", "prompt"): 900}))
+    read = {
+        "acme": [
+            WindowUsage("per_minute", 100, 30, 70, 12.0, 0.0),
+            WindowUsage("per_day", 1000, 130, 870, 3600.0, 0.0),
+        ],
+        "solo": [WindowUsage("bucket", 500, 50, 450, 10.0, 5.0)],
+    }
+    acme, bigco, solo = with_windows(rows, read)  # by tokens since start, then name
+    # 130 spent in this day, not the 900 since start
+    assert acme["budget"] == {"window": "per_day", "limit": 1000, "used": 130, "remaining": 870,
+                              "resets_in_s": 3600.0}  # fmt: skip
+    assert [w["window"] for w in acme["windows"]] == ["per_minute", "per_day"]
+    assert acme["since_start"]["tokens"] == 900
+    assert solo["budget"]["used"] == 50 and solo["budget"]["refill_per_second"] == 5.0
+    assert bigco["budget"]["used"] is None  # not read
 
 
 def test_lane_rows() -> None:
@@ -83,8 +127,9 @@ def test_overview_document_has_every_section() -> None:
         wall_clock=lambda: 1000.0,
     )
     d.on_policy(_policy())
-    o = d.overview(tenants=2)
-    assert o["api_version"] == 1 and o["time"] == 1000.0
+    o = asyncio.run(d.overview(tenants=2))
+    assert o["api_version"] == 2 and o["time"] == 1000.0
+    assert o["quota_source"] is None and o["quota_error"] is None  # no Redis named
     assert o["pools"]["version"] == 3 and o["envoys"] == [{"node": "edge-0"}]
     assert [t["tenant"] for t in o["tenants"]] == ["acme", "bigco"] and o["tenant_count"] == 3
     assert [s["name"] for s in o["sources"]][:1] == ["filters#0"]

@@ -1,4 +1,5 @@
-"""Connecting to Redis or Redis Cluster (detected with INFO cluster, or forced by ``?cluster=1``)."""
+"""Connecting to Redis or Redis Cluster (detected with INFO cluster, or forced by ``?cluster=1``):
+the rate-limit service and the control plane's dashboard share it."""
 
 from __future__ import annotations
 

@@ -1,0 +1,104 @@
+"""The tenants' token budgets as the quota itself counts them: read from Redis, the rate-limit
+service's own state (``runtime.quota.reader``: the tenant's live quota fields over the policy's,
+its bucket level and this window's counters), not from counters since a process started.
+
+One read per overview answer, for the tenants the answer shows (at most :data:`MAX_TENANTS`):
+the peeks of one answer go to Redis in one pipeline. Redis is the one ``tokenweir up`` started
+(``ControlPlaneSettings.redis_url``), else the policy's ``ratelimit.redis_url``; without either
+the budgets' ``used`` stay ``null``. A failed read is counted in
+``tokenweir_dashboard_quota_read_errors_total`` and reported in the answer's ``quota_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+from redis.exceptions import RedisError
+
+from controlplane.policy import Policy
+from runtime.quota.errors import QuotaUnavailable
+from runtime.quota.reader import QuotaReader, WindowUsage
+from runtime.redis_connect import connect_redis
+
+__all__ = ["MAX_TENANTS", "QuotaWindows"]
+
+log = logging.getLogger("tokenweir.dashboard")
+
+MAX_TENANTS = 500  # tenants read per answer; rows past it show the budget without `used`
+
+
+class QuotaWindows:
+    """``read(tenants)`` → each tenant's token windows now, or an error text; ``aclose()``."""
+
+    def __init__(
+        self,
+        redis_url: str | None,
+        *,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+        timeout: float = 1.0,
+    ) -> None:
+        self._given = redis_url
+        self._url: str | None = redis_url
+        self._clock = clock
+        self._timeout = timeout
+        self._client: Any = None
+        self._reader: QuotaReader | None = None
+        self._policy: Policy | None = None
+        self.errors = Counter(
+            "tokenweir_dashboard_quota_read_errors_total",
+            "dashboard reads of the tenants' quota state in Redis that failed",
+            registry=registry,
+        )
+
+    def on_policy(self, policy: Policy) -> None:
+        self._policy = policy
+        url = self._given or (policy.ratelimit.redis_url if policy.ratelimit else None)
+        if url != self._url:  # a new Redis: the next read connects to it
+            self._url, self._reader = url, None
+        if self._reader is not None:
+            self._reader.update_policy(policy)
+
+    @property
+    def configured(self) -> bool:
+        return self._url is not None and self._policy is not None
+
+    async def read(self, tenants: Sequence[str]) -> tuple[dict[str, list[WindowUsage]], str | None]:
+        if not self.configured or not tenants:
+            return {}, None
+        names = list(tenants)[:MAX_TENANTS]
+        try:
+            reader = await self._connect()
+            found = await asyncio.gather(*(reader.usage(t) for t in names))
+        except (QuotaUnavailable, RedisError, OSError, TimeoutError) as exc:
+            self.errors.inc()
+            text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            log.warning("dashboard: reading quotas from redis: %s", text)
+            return {}, f"redis: {text}"
+        return dict(zip(names, found, strict=True)), None
+
+    async def _connect(self) -> QuotaReader:
+        if self._reader is None:
+            assert self._url is not None and self._policy is not None
+            await self._drop_client()
+            self._client = await connect_redis(self._url, timeout=self._timeout)
+            self._reader = QuotaReader(
+                self._client, self._policy, clock=self._clock, timeout=self._timeout
+            )
+        return self._reader
+
+    async def _drop_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def aclose(self) -> None:
+        if self._reader is not None:
+            await self._reader.aclose()
+            self._reader = None
+        await self._drop_client()
