@@ -84,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
 
     from controlplane.planner.cli import register as register_plan
     from controlplane.quota_cli import register as register_quota
+    from controlplane.shadow_cli import register as register_shadow
     from controlplane.status_cli import register as register_status
     from controlplane.up_cli import register as register_up
 
@@ -91,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     register_plan(sub)
     register_quota(sub)
     register_status(sub)
+    register_shadow(sub)
     k = sub.add_parser(
         "keys",
         help="give, revoke and show API keys live in Redis (see `tokenweir keys --help`)",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.policy import Policy, load_policy
-from controlplane.policy.phases import uses_collapse
+from controlplane.policy.phases import uses_collapse, uses_shadow_pairs
 from filters.admission.gate import Gates
 from filters.admission.signal import admission_source, pool_state_reader, saturation_source
 from filters.budget import Budget, CachedBudget, NoBudget, quota_reader_budget
@@ -34,6 +34,8 @@ from filters.redis_pool import redis_client
 from filters.registry import RouteEntry, build_routes, iter_routes
 from filters.server import FilterServer, FilterServicer
 from filters.services import Services, default_services
+from filters.shadow.metrics import ShadowMetrics
+from filters.shadow.recorder import ShadowRecorder
 from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
@@ -129,6 +131,8 @@ class FilterApp:
         # collapsed runs outlive policy reloads; followers are streamed by the fan-out endpoint
         self.collapser = Hub(clock)
         self._fanout: FanoutServer | None = None
+        self._wall = wall
+        self.shadow: ShadowRecorder | None = None  # mirrors of the shadow plugin (started once)
         self.health = HealthState(["envoy.service.ext_proc.v3.ExternalProcessor"])
         self._metrics_server: MetricsServer | None = None
         self.server: FilterServer | H2FilterServer | None = None
@@ -187,6 +191,7 @@ class FilterApp:
             self.pickers,
             redis=self._redis,
             collapser=self.collapser,
+            shadow=self.shadow,
         )
 
     async def start(self) -> None:
@@ -201,6 +206,12 @@ class FilterApp:
                 self.collapser, host, idle_timeout=self.policy.collapsing.follower_timeout
             )
             await self._fanout.start()
+        if any(uses_shadow_pairs(r) for g in self.policy.gateways.values() for r in g.routes):
+            self.shadow = ShadowRecorder(
+                host, metrics=ShadowMetrics(self.metrics.registry), redis=self._redis,
+                clock=self._clock, wall=self._wall,
+            )  # fmt: skip
+            await self.shadow.start()
         services = self._services()
         self._budget_reader = services.budget
         timeout = self.policy.filters.message_timeout if self.policy.filters is not None else 0.2
@@ -329,6 +340,9 @@ class FilterApp:
         if self._fanout is not None:
             await self._fanout.aclose()
             self._fanout = None
+        if self.shadow is not None:
+            await self.shadow.aclose()
+            self.shadow = None
         await self.tracing.aclose()
         if isinstance(self._budget_reader, CachedBudget):
             await self._budget_reader.aclose()

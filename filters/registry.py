@@ -27,6 +27,7 @@ from filters.plugins.prefix import PrefixPlugin
 from filters.plugins.tokens import TokensPlugin
 from filters.plugins.usage import UsagePlugin
 from filters.services import Services
+from filters.shadow.plugin import ShadowPlugin
 
 __all__ = ["BUILTINS", "RouteEntry", "build_routes", "iter_routes", "load_factory", "route_info"]
 
@@ -43,6 +44,7 @@ BUILTINS: Mapping[str, Factory] = {
     "idempotency": IdempotencyPlugin,
     "collapse": CollapsePlugin,
     "canary": CanaryPlugin,
+    "shadow": ShadowPlugin,
 }
 
 

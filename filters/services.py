@@ -29,6 +29,7 @@ class Services:
     pickers: Any = None  # filters.picker.registry.Pickers: prefix indexes kept across reloads
     redis: Any = None  # the server's asyncio Redis client (None: no Redis configured)
     collapser: Any = None  # filters.collapse.hub.Hub: in-flight collapsed runs across reloads
+    shadow: Any = None  # filters.shadow.recorder.ShadowRecorder: open primary/shadow pairs
 
 
 def default_services(policy: Any, clock: Callable[[], float]) -> Services:

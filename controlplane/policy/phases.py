@@ -17,9 +17,14 @@ __all__ = [
     "COLLAPSE_TO_HEADER",
     "OVERSIZE_ROUTE_PREFIX",
     "ROUTE_HEADER",
+    "SHADOW_CLUSTER",
+    "SHADOW_CLUSTER_HEADER",
+    "SHADOW_ID_HEADER",
+    "SHADOW_TO_HEADER",
     "VERSION_HEADER",
     "route_hooks",
     "uses_collapse",
+    "uses_shadow_pairs",
 ]
 
 ROUTE_HEADER = "x-tokenweir-route"  # gRPC initial metadata naming the route (set per route)
@@ -31,6 +36,14 @@ OVERSIZE_ROUTE_PREFIX = "tokenweir.oversize:"
 # (host:port, an ORIGINAL_DST cluster), which streams the leader's answer; the id names the run
 COLLAPSE_TO_HEADER = "x-tokenweir-collapse-to"
 COLLAPSE_ID_HEADER = "x-tokenweir-collapse-id"
+# set by the shadow plugin on a request it samples for mirroring (clients' are stripped first):
+# the route's mirror policy reads the cluster name from the first (Envoy mirrors nothing when it
+# is absent), that cluster (ORIGINAL_DST) sends the mirror to the host:port in the second (the
+# sampling filter process's shadow recorder), and the id pairs the mirror with its primary
+SHADOW_CLUSTER_HEADER = "x-tokenweir-shadow-cluster"
+SHADOW_CLUSTER = "tokenweir_shadow"  # the value: the recorders' ORIGINAL_DST cluster
+SHADOW_TO_HEADER = "x-tokenweir-shadow-to"
+SHADOW_ID_HEADER = "x-tokenweir-shadow-id"
 # set by the canary plugin for tenants allowed to force a version: "canary" or "baseline"
 CANARY_HEADER = "x-tokenweir-canary"
 # added by Envoy to every response of a pool with a canary: which version answered
@@ -52,6 +65,9 @@ BUILTIN_HOOKS: dict[str, frozenset[str]] = {
         {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}
     ),
     "canary": frozenset({"request_headers", "response_headers"}),
+    "shadow": frozenset(
+        {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}
+    ),
     "collapse": frozenset(
         {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}
     ),
@@ -72,3 +88,15 @@ def uses_collapse(route: object) -> bool:
     """Whether a policy route lists the ``collapse`` plugin (and has its filters on)."""
     f = getattr(route, "filters", None)
     return f is not None and f.enabled and any(p.name == "collapse" for p in f.plugins)
+
+
+def uses_shadow_pairs(route: object) -> bool:
+    """Whether a route mirrors to a shadow pool through the ``shadow`` plugin (pairs recorded);
+    a route with ``shadow:`` but without the plugin is mirrored by Envoy alone."""
+    f = getattr(route, "filters", None)
+    return (
+        getattr(route, "shadow", None) is not None
+        and f is not None
+        and f.enabled
+        and any(p.name == "shadow" for p in f.plugins)
+    )

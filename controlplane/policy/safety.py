@@ -73,7 +73,19 @@ class CollapsingPolicy:
 class RouteShadow:
     """Mirror ``fraction`` of a pool route's requests to the pool ``pool`` (Envoy
     ``request_mirror_policies``): the shadow's answers are discarded, never charged, and never
-    wait the primary; the control plane compares the two pools (``GET /api/v1/shadow``)."""
+    wait the primary; the control plane compares the two pools (``GET /api/v1/shadow``).
+
+    With the ``shadow`` plugin in the route's chain the filter server samples instead of Envoy
+    and each mirror passes through its shadow recorder, which compares it with its primary
+    request by request (``tokenweir shadow``): ``timeout`` is the longest a shadow answer may
+    take (past it, a shadow error), ``max_inflight`` the shadow requests one filter process
+    carries at once (more are dropped and counted as shadow errors), ``keep`` the pairs kept
+    per route in Redis (the newest; for ``ttl``).
+    """
 
     pool: str
     fraction: Annotated[float, Range(0.0, 1.0)] = 0.1
+    timeout: Annotated[float, Duration(0.1, 3600)] = 60.0
+    max_inflight: Annotated[int, Range(1, 10_000)] = 64
+    keep: Annotated[int, Range(1, 100_000)] = 1000
+    ttl: Annotated[float, Duration(1, 30 * 86400)] = 86400.0

@@ -185,6 +185,19 @@ def _gateways(policy: Policy) -> Iterator[tuple[str, str]]:
                     "the collapse plugin needs failure_mode: closed (an open route would let "
                     "a client name the collapse target itself)",
                 )
+            if f is not None and f.enabled and any(p.name == "shadow" for p in f.plugins):
+                if route.shadow is None:
+                    yield (
+                        f"{path}.filters.plugins",
+                        "the shadow plugin needs the route's 'shadow:' section (the pool it "
+                        "mirrors to)",
+                    )
+                elif not rl_on and f.failure_mode != "closed":
+                    yield (
+                        f"{path}.filters.failure_mode",
+                        "the shadow plugin needs failure_mode: closed (an open route would let "
+                        "a client name the mirror's cluster itself)",
+                    )
 
 
 def _sidecars(policy: Policy) -> Iterator[tuple[str, str]]:

@@ -26,7 +26,7 @@ from controlplane.policy.model import (
     Retries,
     Thresholds,
 )
-from controlplane.policy.phases import COLLAPSE_TO_HEADER
+from controlplane.policy.phases import COLLAPSE_TO_HEADER, SHADOW_TO_HEADER
 from controlplane.policy.routing import ENDPOINT_HEADER
 from controlplane.translate import names
 from controlplane.translate.dns import is_dns, resolve_by_dns
@@ -236,6 +236,22 @@ def collapse_cluster() -> cluster_pb2.Cluster:
         connect_timeout=dur(1.0),
         original_dst_lb_config=cluster_pb2.Cluster.OriginalDstLbConfig(
             use_http_header=True, http_header_name=COLLAPSE_TO_HEADER
+        ),
+    )
+    _http1(c, idle=60.0)
+    return c
+
+
+def shadow_cluster() -> cluster_pb2.Cluster:
+    """Mirrors sampled by the shadow plugin: ORIGINAL_DST on the header it sets to its own
+    shadow recorder (host:port of the filter process that holds the primary's side)."""
+    c = cluster_pb2.Cluster(
+        name=names.SHADOW_CLUSTER,
+        type=cluster_pb2.Cluster.ORIGINAL_DST,
+        lb_policy=cluster_pb2.Cluster.CLUSTER_PROVIDED,
+        connect_timeout=dur(1.0),
+        original_dst_lb_config=cluster_pb2.Cluster.OriginalDstLbConfig(
+            use_http_header=True, http_header_name=SHADOW_TO_HEADER
         ),
     )
     _http1(c, idle=60.0)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from controlplane.policy.phases import SHADOW_CLUSTER  # mirrors to a shadow recorder
+
 __all__ = [
     "COLLAPSE_CLUSTER",
     "FILTERS_CLUSTER",
     "RATELIMIT_CLUSTER",
+    "SHADOW_CLUSTER",
     "TRACING_CLUSTER",
     "fallback_cluster",
     "listener_name",

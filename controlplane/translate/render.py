@@ -14,7 +14,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from controlplane.policy.model import Policy
-from controlplane.policy.phases import uses_collapse
+from controlplane.policy.phases import uses_collapse, uses_shadow_pairs
 from controlplane.policy.servers import replica_addresses
 from controlplane.translate import clusters, names
 from controlplane.translate.dns import is_dns, resolve_by_dns
@@ -56,6 +56,8 @@ def render(policy: Policy) -> dict[str, Resources]:
         _servers(policy, res, hooks_used={f.name for f in hooks})
         if any(uses_collapse(r) for r in gw.routes):
             _add(res, CLUSTER, clusters.collapse_cluster())
+        if any(uses_shadow_pairs(r) for r in gw.routes):
+            _add(res, CLUSTER, clusters.shadow_cluster())
         out[node] = res
     for node, sc in policy.sidecars.items():
         res = _empty()

@@ -31,8 +31,10 @@ from controlplane.policy.model import (
 from controlplane.policy.phases import (
     CANARY_HEADER,
     COLLAPSE_TO_HEADER,
+    SHADOW_CLUSTER_HEADER,
     VERSION_HEADER,
     uses_collapse,
+    uses_shadow_pairs,
 )
 from controlplane.translate import names
 from controlplane.translate.edge import too_large_route
@@ -155,7 +157,7 @@ def _policy_route(policy: Policy, route: Route, per_route: list[PerRoute]) -> li
     out.append(_route(route.name, route, main, configs))
     if route.shadow is not None:
         for r in out[first:]:  # the routes that reach the pool (not forced, collapsed, 413)
-            r.route.request_mirror_policies.append(_mirror(route.shadow))
+            r.route.request_mirror_policies.append(_mirror(route.shadow, uses_shadow_pairs(route)))
     if _degrades_to_fallback(route, pool) and pool.fallback is not None:
         # the degrade plugin sets the header (a client's is deleted first) and re-picks the route
         small = policy.pools[pool.fallback]
@@ -280,10 +282,14 @@ def _split(baseline: str, weight: int) -> rc.WeightedCluster:
     )
 
 
-def _mirror(shadow: RouteShadow) -> rc.RouteAction.RequestMirrorPolicy:
+def _mirror(shadow: RouteShadow, paired: bool) -> rc.RouteAction.RequestMirrorPolicy:
     """Envoy sends the sampled share to the shadow pool and discards its answer; the primary
     never waits for it. The mirrored request passed every filter with the primary (one
-    reservation, the primary's), so it costs the tenant nothing."""
+    reservation, the primary's), so it costs the tenant nothing. ``paired`` (the shadow
+    plugin): the filter server samples, and names the mirror's cluster (its recorder's) in a
+    header; a request without the header is not mirrored."""
+    if paired:
+        return rc.RouteAction.RequestMirrorPolicy(cluster_header=SHADOW_CLUSTER_HEADER)
     share = FractionalPercent(
         numerator=round(shadow.fraction * 1_000_000), denominator=FractionalPercent.MILLION
     )

@@ -48,6 +48,7 @@ def policy_text(
     metrics_port: int | None = None,
     shadow: list[int] | None = None,
     retries: bool = False,
+    shadow_opts: str = "",
 ) -> str:
     eps = ", ".join(f"127.0.0.1:{p}" for p in replicas)
     metrics = f", metrics_port: {metrics_port}" if metrics_port else ""
@@ -56,7 +57,7 @@ def policy_text(
         seps = ", ".join(f"127.0.0.1:{p}" for p in shadow)
         shadow_pool = (f"  shadow: {{models: [m1], endpoints: [{seps}], "
                        "health_check: {enabled: false}, retries: {enabled: false}}")  # fmt: skip
-        shadow_route = "        shadow: {pool: shadow, fraction: 1.0}"
+        shadow_route = f"        shadow: {{pool: shadow, fraction: 1.0{shadow_opts}}}"
     tenants = "\n".join(f"  {t}: {{tier: mid, api_keys: [{k}]}}" for t, k in KEYS.items())
     return f"""
 version: 1
@@ -141,6 +142,7 @@ async def safety_stack(
     canary_replicas: int = 0,
     shadow_replicas: int = 0,
     shadow_slow: float = 1.0,
+    shadow_opts: str = "",
     retries: bool = False,
 ) -> AsyncIterator[SafetyStack]:
     """``canary``: the pool's canary section without its endpoints (``weight: 30, ...``); its
@@ -173,7 +175,8 @@ async def safety_stack(
             canary_yaml = f"    canary: {{endpoints: [{ceps}], {canary}}}"
             mport = free_port()
         text = policy_text(
-            gw, fp, rp, redis_url, base, extra, plugins, canary_yaml, mport, shadow_ports, retries
+            gw, fp, rp, redis_url, base, extra, plugins, canary_yaml, mport, shadow_ports, retries,
+            shadow_opts,
         )
         async with mesh(tmp_path, text, {"edge": gw}) as m:
             argv = [sys.executable, "-m", "ratelimit_service", "--policy", str(m.policy_path)]
