@@ -175,7 +175,17 @@ async def safety_stack(
             canary_yaml = f"    canary: {{endpoints: [{ceps}], {canary}}}"
             mport = free_port()
         text = policy_text(
-            gw, fp, rp, redis_url, base, extra, plugins, canary_yaml, mport, shadow_ports, retries,
+            gw,
+            fp,
+            rp,
+            redis_url,
+            base,
+            extra,
+            plugins,
+            canary_yaml,
+            mport,
+            shadow_ports,
+            retries,
             shadow_opts,
         )
         async with mesh(tmp_path, text, {"edge": gw}) as m:
