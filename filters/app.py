@@ -202,9 +202,11 @@ class FilterApp:
         await self.pickers.configure(self.policy)
         host, port = self._listen()
         if any(uses_collapse(r) for g in self.policy.gateways.values() for r in g.routes):
+            knobs = self.policy.collapsing
             self._fanout = FanoutServer(
-                self.collapser, host, idle_timeout=self.policy.collapsing.follower_timeout
-            )
+                self.collapser, host, idle_timeout=knobs.follower_timeout,
+                max_buffer_bytes=knobs.max_buffer_bytes, redis=self._redis,
+            )  # fmt: skip
             await self._fanout.start()
         if any(uses_shadow_pairs(r) for g in self.policy.gateways.values() for r in g.routes):
             self.shadow = ShadowRecorder(

@@ -1,29 +1,39 @@
-"""The fan-out endpoint: where Envoy sends a follower of a collapsed request.
+"""The fan-out endpoint: where Envoy sends every caller of a collapsed request, leader included.
 
-The collapse plugin points a follower at this endpoint (an ORIGINAL_DST cluster on the header
+The collapse plugin points each caller at this endpoint (an ORIGINAL_DST cluster on the header
 ``x-tokenweir-collapse-to``, set only by the filter server) with the run's id in
-``x-tokenweir-collapse-id``. The answer is the leader's: its status and content type, then
-every chunk of its body from the first, each written as soon as the leader's response passes
-the filter. A leader cut off mid-stream ends the follower's SSE stream with an error event
-(a JSON answer is cut, as the leader's was). Listens on the filter server's host, on a port
-the kernel picks when it binds (the plugin names that port in the header itself, so nothing
-else has to know it in advance and no other process can take it first).
+``x-tokenweir-collapse-id``. The first caller to arrive starts the run's *origin*: this endpoint
+sends the backend request itself, straight to one of the pool's replicas (the next one when a
+replica refuses the connection), and appends each chunk of the answer to the run as it comes.
+Every caller gets the answer's status and content type, then every chunk from the first. The
+origin belongs to the run, not to a caller: a caller that goes away closes only its own stream,
+and the origin is cancelled only when no caller is left (``Hub.on_idle``). An origin cut off
+mid-stream ends each caller's SSE stream with an error event (a JSON answer is cut, as it was).
+Listens on the filter server's host, on a port the kernel picks (the plugin names it in the
+header itself, so no other process can take it first).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
+from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from controlplane.policy.phases import COLLAPSE_ID_HEADER
 from filters.collapse.errors import CollapseError
-from filters.collapse.hub import Hub, Run
+from filters.collapse.hub import Hub, Run, registry_key
+from runtime.tasks import stop_task
 
 __all__ = ["FanoutServer"]
 
 _log = logging.getLogger(__name__)
+# delete the registry entry only while it still names this run
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end"
 _CUT = {
     "error": {
         "message": "the shared backend answer this request joined was cut off; retry",
@@ -34,12 +44,26 @@ _CUT = {
 
 
 class FanoutServer:
-    def __init__(self, hub: Hub, host: str, *, idle_timeout: float) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        host: str,
+        *,
+        idle_timeout: float,
+        max_buffer_bytes: int = 4 * 1024**2,
+        redis: Any = None,
+    ) -> None:
         self.hub = hub
         self.host = host
         self.idle_timeout = idle_timeout
+        self.max_buffer_bytes = max_buffer_bytes
         self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._origins: dict[str, asyncio.Task[None]] = {}
+        self._releases: set[asyncio.Task[None]] = set()
+        self.redis = redis
         self.port = 0
+        hub.on_idle, hub.on_finish = self._cancel, self._unpublish
 
     async def start(self) -> str:
         """Bind and serve; returns ``host:port`` (also set as the hub's address)."""
@@ -55,13 +79,46 @@ class FanoutServer:
         server = site._server
         assert server is not None
         self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        timeout = aiohttp.ClientTimeout(connect=5.0, sock_read=self.idle_timeout)
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=timeout, auto_decompress=False
+        )
         self.hub.address = f"{self.host}:{self.port}"
         return self.hub.address
 
     async def aclose(self) -> None:
+        for task in [*self._origins.values(), *self._releases]:
+            await stop_task(task, log=_log)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _unpublish(self, run: Run) -> None:
+        """The run ended: other filter processes must not find it any more (Redis)."""
+        run.published = False
+        if self.redis is None:
+            return
+        task = asyncio.create_task(self._release(run), name="collapse-unpublish")
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release(self, run: Run) -> None:
+        try:
+            key = registry_key(run.key)
+            await self.redis.eval(_RELEASE, 1, key, f"{self.hub.address} {run.id}")
+        except Exception as exc:  # the entry expires on its own (collapsing.follower_timeout)
+            _log.warning("collapsed run %s not unpublished: %s", run.id, exc)
+
+    def _ended(self, run_id: str, _task: asyncio.Task[None]) -> None:
+        self._origins.pop(run_id, None)
+
+    def _cancel(self, run: Run) -> None:
+        task = self._origins.pop(run.id, None)
+        if task is not None:
+            task.cancel()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         await request.read()
@@ -69,9 +126,43 @@ class FanoutServer:
         if run is None:
             return _gone()
         try:
+            if not run.started and not run.done and run.origin is not None:
+                run.started = True
+                task = asyncio.create_task(self._origin(run), name="collapse-origin")
+                self._origins[run.id] = task
+                task.add_done_callback(functools.partial(self._ended, run.id))
             return await self._stream(request, run)
         finally:
             self.hub.detach(run)
+
+    async def _origin(self, run: Run) -> None:
+        """The run's backend request; every outcome ends the run (cancelled: as cut)."""
+        o = run.origin
+        assert o is not None and self._session is not None
+        try:
+            for i, endpoint in enumerate(o.endpoints):
+                try:
+                    async with self._session.request(
+                        o.method, f"http://{endpoint}{o.path}", headers=list(o.headers),
+                        data=o.body,
+                    ) as resp:  # fmt: skip
+                        run.headers(resp.status, resp.headers.get("content-type", ""))
+                        async for chunk in resp.content.iter_any():
+                            run.feed(chunk, limit=self.max_buffer_bytes)
+                    self.hub.finish(run, complete=True)
+                    return
+                except aiohttp.ClientConnectorError as exc:  # refused: the next replica
+                    _log.warning("collapsed run %s: %s refused (%s)", run.id, endpoint, exc)
+                    if i == len(o.endpoints) - 1:
+                        raise
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            _log.warning("collapsed run %s cut: %s", run.id, exc)
+            if not run.status:
+                run.headers(502, "application/json")
+                run.feed(json.dumps(_CUT).encode(), limit=self.max_buffer_bytes)
+                self.hub.finish(run, complete=True)
+        finally:
+            self.hub.finish(run, complete=False)  # a no-op when it already ended
 
     async def _stream(self, request: web.Request, run: Run) -> web.StreamResponse:
         try:
@@ -88,10 +179,12 @@ class FanoutServer:
                 await resp.write(chunk)
         except TimeoutError:
             _log.warning("collapsed run %s sent nothing for %.0fs", run.id, self.idle_timeout)
+        except ConnectionResetError:  # this caller left; the run goes on for the others
+            return resp
         if not run.complete:
             if not run.content_type.startswith("text/event-stream"):
                 if request.transport is not None:
-                    request.transport.close()  # the client sees the cut, as the leader's did
+                    request.transport.close()  # the client sees the cut, as the origin's was
                 return resp
             await resp.write(b"data: " + json.dumps(_CUT).encode() + b"\n\n")
         await resp.write_eof()

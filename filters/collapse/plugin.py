@@ -4,31 +4,44 @@ Opt-in per route: list it after ``tokens`` (it keys on the body as it will reach
 clamp included) and before ``usage``. A request collapses when it is deterministic
 (``temperature`` 0, or a fixed integer ``seed``; for ``/generate`` in ``sampling_params``) and
 an identical one (same path, same body after the clamp, same tenant unless
-``collapsing.share_across_tenants``) is running in this filter process. The first is the
-*leader* and runs as usual; each later one is a *follower*: the plugin sets
-``x-tokenweir-collapse-to`` (this process's fan-out endpoint) and ``x-tokenweir-collapse-id``
-(the run) and Envoy routes it there (the ``ROUTE/collapsed`` route, an ORIGINAL_DST cluster),
-where it is streamed the leader's answer chunk by chunk as the leader's response passes the
-filter. A follower still passes the rate-limit filter and the usage plugin: it is charged what
-it received (the leader's usage, as reported in the stream it got), like any request.
+``collapsing.share_across_tenants``) is running. The first is the run's *leader*, each later
+one a *follower*; the plugin points both at a fan-out endpoint (``x-tokenweir-collapse-to``,
+``x-tokenweir-collapse-id``; Envoy routes them there by the ``ROUTE/collapsed`` route, an
+ORIGINAL_DST cluster) that sends the one backend request itself and streams its answer to every
+caller, chunk by chunk. A caller that leaves never cuts the others; the backend request is
+cancelled only when no caller is left.
+
+Across filter processes (``replicas.filters`` or ``filters.processes`` > 1, or several hosts):
+a leader publishes its run in Redis (``tw:{collapse}:<fingerprint>`` → fan-out address and run
+id, for ``collapsing.follower_timeout`` at most, removed when the answer ends), so an identical
+request that lands on another filter process follows it there. Without Redis, or while it
+fails, runs are found within one filter process only.
+
+Every caller still passes the rate-limit filter and the usage plugin: it is charged what it
+received (the whole answer, or what reached it before it left), like any request.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from controlplane.policy.phases import COLLAPSE_ID_HEADER, COLLAPSE_TO_HEADER
 from filters.api import BasePlugin, Context, Result
-from filters.collapse.hub import Hub, Run
+from filters.collapse.hub import Hub, Origin, Run, registry_key
 from filters.errors import ConfigError
 from filters.services import Services
 
-__all__ = ["CollapsePlugin", "collapse_key", "is_deterministic"]
+__all__ = ["CollapsePlugin", "collapse_key", "is_deterministic", "replica_order"]
 
+_log = logging.getLogger(__name__)
 _SCRATCH = "collapse"
+_HOP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "host", "content-length"}
+)
 
 
 def is_deterministic(obj: Any) -> bool:
@@ -49,9 +62,14 @@ def collapse_key(scope: str, path: str, obj: Any) -> str:
     return hashlib.sha256(f"{scope}\0{path}\0{canonical}".encode()).hexdigest()
 
 
+def replica_order(key: str, endpoints: tuple[str, ...]) -> tuple[str, ...]:
+    """Rendezvous order: identical requests try the same replica first (its prefix cache)."""
+    return tuple(sorted(endpoints, key=lambda e: hashlib.sha256(f"{key}\0{e}".encode()).digest()))
+
+
 class CollapsePlugin(BasePlugin):
     name = "collapse"
-    bounded = True  # no I/O
+    bounded = True  # its one Redis read has the client's timeout
 
     def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
         if settings:
@@ -63,63 +81,95 @@ class CollapsePlugin(BasePlugin):
         self.services = services
         hub = getattr(services, "collapser", None)
         self.hub: Hub = hub if hub is not None else Hub(services.clock)
+        self.redis = services.redis
 
     async def request_body(self, ctx: Context, body: bytes) -> Result | None:
         try:
             obj = json.loads(body)
         except (ValueError, RecursionError):
             return None
-        if not is_deterministic(obj):
+        if not is_deterministic(obj) or self.hub.address is None:
             return None
         scope = "*" if self.policy.share_across_tenants else f"t:{ctx.tenant or 'anonymous'}"
         key = collapse_key(scope, ctx.path, obj)
         metrics = self.services.metrics.collapsed
         run = self.hub.join(key, max_followers=self.policy.max_followers)
-        if run is not None and self.hub.address is not None:
+        if run is not None:
             ctx.scratch[_SCRATCH] = ("follower", run)
             metrics.labels(ctx.route.name, "follower").inc()
-            return Result(
-                set_headers={COLLAPSE_TO_HEADER: self.hub.address, COLLAPSE_ID_HEADER: run.id},
-                clear_route_cache=True,
-            )
-        ctx.scratch[_SCRATCH] = ("leader", self.hub.lead(key))
+            return _to(self.hub.address, run.id)
+        remote = await self._find(key)
+        if remote is not None:
+            ctx.scratch[_SCRATCH] = ("remote", None)
+            metrics.labels(ctx.route.name, "follower").inc()
+            return _to(*remote)
+        origin = self._origin(ctx, key, body)
+        if origin is None:
+            return None
+        run = self.hub.lead(key, origin)
+        ctx.scratch[_SCRATCH] = ("leader", run)
         metrics.labels(ctx.route.name, "leader").inc()
-        return None
+        await self._publish(run)
+        return _to(self.hub.address, run.id)
 
-    def _leader(self, ctx: Context) -> Run | None:
-        held = ctx.scratch.get(_SCRATCH)
-        return held[1] if held is not None and held[0] == "leader" else None
+    def _origin(self, ctx: Context, key: str, body: bytes) -> Origin | None:
+        pool = self.services.policy.pools.get(ctx.route.pool) if ctx.route.pool else None
+        if pool is None or not pool.endpoints:
+            return None
+        headers = tuple(
+            (k, v) for k, v in ctx.request_headers.items()
+            if not k.startswith(":") and k not in _HOP and not k.startswith("x-tokenweir-")
+        )  # fmt: skip
+        endpoints = replica_order(key, tuple(str(e) for e in pool.endpoints))
+        return Origin(ctx.method or "POST", ctx.path, headers, body, endpoints)
 
-    async def response_headers(self, ctx: Context, headers: Mapping[str, str]) -> Result | None:
-        run = self._leader(ctx)
-        if run is not None:
-            try:
-                status = int(headers.get(":status", "0"))
-            except ValueError:
-                status = 502
-            run.headers(status, headers.get("content-type", ""))
-        return None
+    async def _find(self, key: str) -> tuple[str, str] | None:
+        """Another filter process's run of ``key`` (its fan-out address and run id), if any."""
+        if self.redis is None:
+            return None
+        try:
+            raw = await self.redis.get(registry_key(key))
+        except Exception as exc:  # Redis failing: collapse within this process only
+            _log.debug("collapse registry unreadable: %s", exc)
+            return None
+        if not raw:
+            return None
+        address, _, run_id = (raw.decode() if isinstance(raw, bytes) else str(raw)).partition(" ")
+        if not run_id or address == self.hub.address:
+            return None  # ours (ended or full here, since join found nothing): lead anew
+        return address, run_id
+
+    async def _publish(self, run: Run) -> None:
+        if self.redis is None:
+            return
+        value = f"{self.hub.address} {run.id}"
+        ttl_ms = max(1, int(self.policy.follower_timeout * 1000))
+        try:
+            if await self.redis.set(registry_key(run.key), value, nx=True, px=ttl_ms):
+                run.published = True  # unpublished by the fan-out endpoint when the run ends
+        except Exception as exc:  # Redis failing: the run is found within this process only
+            _log.debug("collapse run not published: %s", exc)
 
     async def response_chunk(
         self, ctx: Context, chunk: bytes, end_of_stream: bool
     ) -> Result | None:
-        run = self._leader(ctx)
-        if run is not None:
-            run.feed(chunk, limit=self.policy.max_buffer_bytes)
-            if end_of_stream:
-                self.hub.finish(run, complete=True)
-        return None
+        return None  # listed so Envoy keeps the stream open to the response's end (stream_end)
 
     async def stream_end(self, ctx: Context) -> None:
         held = ctx.scratch.pop(_SCRATCH, None)
         if held is None:
             return
         role, run = held
-        if role == "leader":
-            if not run.done:
-                self.hub.finish(run, complete=False)
-            return
-        if ctx.usage is not None:
+        if run is not None:
+            self.hub.leave(run)
+        if role != "leader" and ctx.usage is not None:
             self.services.metrics.tokens_saved.labels(ctx.route.name, "collapse").inc(
                 ctx.usage.total
             )
+
+
+def _to(address: str, run_id: str) -> Result:
+    return Result(
+        set_headers={COLLAPSE_TO_HEADER: address, COLLAPSE_ID_HEADER: run_id},
+        clear_route_cache=True,
+    )

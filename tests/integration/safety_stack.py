@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from controlplane.policy import load_policy
 from filters.app import FilterApp, Settings
 from runtime.quota.reader import QuotaReader
-from tests.helpers import ChildProcess, free_port, wait_for_port
+from tests.helpers import ChildProcess, free_port, free_port_block, wait_for_port
 from tests.integration.mesh_harness import Mesh, mesh
 
 __all__ = ["BUDGET", "KEYS", "SafetyStack", "backend_requests", "safety_stack"]
@@ -129,6 +129,21 @@ class SafetyStack:
                 **extra}  # fmt: skip
 
 
+async def _filter_servers(
+    tmp_path: Path, redis_url: str, fp: int, count: int, children: list[ChildProcess]
+) -> FilterApp:
+    """The first filter server in this process (returned), the others as child processes."""
+    policy = tmp_path / "mesh.yaml"
+    app = FilterApp(Settings(policy_path=policy, redis_url=redis_url), clock=time.monotonic)
+    await app.start()
+    for i in range(1, count):
+        argv = [sys.executable, "-m", "filters", "--policy", str(policy), "--redis-url",
+                redis_url, "--listen", f"127.0.0.1:{fp + i}", "--log-level", "WARNING"]  # fmt: skip
+        children.append(ChildProcess(argv, log=tmp_path / f"filters{i}.log"))
+        await asyncio.to_thread(wait_for_port, fp + i, 30.0)
+    return app
+
+
 @contextlib.asynccontextmanager
 async def safety_stack(
     tmp_path: Path,
@@ -144,13 +159,19 @@ async def safety_stack(
     shadow_slow: float = 1.0,
     shadow_opts: str = "",
     retries: bool = False,
+    filter_replicas: int = 1,
 ) -> AsyncIterator[SafetyStack]:
     """``canary``: the pool's canary section without its endpoints (``weight: 30, ...``); its
-    ``canary_replicas`` emulators are the last ports of ``SafetyStack.replicas``."""
+    ``canary_replicas`` emulators are the last ports of ``SafetyStack.replicas``.
+    ``filter_replicas``: filter servers on consecutive ports (``replicas.filters``); the first
+    runs in this process (its metrics are read directly), the others are child processes."""
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     r = aioredis.Redis.from_url(redis_url)
     await r.flushdb()
-    gw, fp, rp = free_port(), free_port(), free_port()
+    gw, rp = free_port(), free_port()
+    fp = free_port_block(filter_replicas)
+    if filter_replicas > 1:
+        extra += f"\nreplicas: {{filters: {filter_replicas}}}\n"
     ports = [free_port() for _ in range(replicas + canary_replicas + shadow_replicas)]
     children = [
         ChildProcess(
@@ -188,14 +209,23 @@ async def safety_stack(
             retries,
             shadow_opts,
         )
+        early = filter_replicas > 1  # every filter server up before Envoy's first health check
+        if early:
+            (tmp_path / "mesh.yaml").write_text(text)  # the file mesh() writes, written first
+            app = await _filter_servers(tmp_path, redis_url, fp, filter_replicas, children)
         async with mesh(tmp_path, text, {"edge": gw}) as m:
             argv = [sys.executable, "-m", "ratelimit_service", "--policy", str(m.policy_path)]
             children.append(ChildProcess(argv, log=tmp_path / "ratelimit.log"))
             await asyncio.to_thread(wait_for_port, rp, 30.0)
-            app = FilterApp(
-                Settings(policy_path=m.policy_path, redis_url=redis_url), clock=time.monotonic
-            )
-            await app.start()
+            if not early:
+                app = await _filter_servers(tmp_path, redis_url, fp, 1, children)
+            if filter_replicas > 1:  # Envoy's health checks must have found every one
+                want = [f"tokenweir_filters::127.0.0.1:{fp + i}::health_flags::healthy"
+                        for i in range(filter_replicas)]  # fmt: skip
+                end = time.monotonic() + 30.0
+                while not all(w in text for text in [await m.clusters_text("edge")] for w in want):
+                    assert time.monotonic() < end, "a filter server never became healthy"
+                    await asyncio.sleep(0.1)
             reader = QuotaReader(r, load_policy(m.policy_path), timeout=5.0)
             emulators = dict(zip(ports, children, strict=False))
             yield SafetyStack(f"http://127.0.0.1:{gw}", m, app, reader, ports, session, emulators)

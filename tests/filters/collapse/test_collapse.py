@@ -14,9 +14,9 @@ from controlplane.policy import Policy, load_policy_text
 from controlplane.policy.phases import COLLAPSE_ID_HEADER, COLLAPSE_TO_HEADER
 from controlplane.translate import render
 from filters.collapse.hub import Hub
-from filters.collapse.plugin import CollapsePlugin, is_deterministic
+from filters.collapse.plugin import CollapsePlugin, is_deterministic, replica_order
 from filters.errors import ConfigError
-from tests.filters.conftest import FakeClock, make_ctx, make_services
+from tests.filters.conftest import ROUTE, FakeClock, make_ctx, make_services
 
 
 async def test_a_follower_gets_every_chunk_from_the_first_as_it_comes() -> None:
@@ -53,14 +53,61 @@ def test_joins_are_bounded_and_runs_forgotten() -> None:
     assert hub.join("j", max_followers=5) is None  # past the buffer bound
     hub.finish(run, complete=True)
     assert hub.join("k", max_followers=5) is None  # done: nothing to join
-    assert hub.attach(run.id) is run  # the follower that joined still reads it
+    assert hub.attach(run.id) is run  # a caller on its way still reads it
     hub.detach(run)
-    assert hub.attach(run.id) is None  # read by all: forgotten
+    hub.leave(run)
+    assert hub.attach(run.id) is run  # one member is still open
+    hub.detach(run)
+    hub.leave(run)
+    assert hub.attach(run.id) is None  # read by all, every member gone: forgotten
     hub.finish(other, complete=False)
     clock.now += 11
     hub.lead("z")  # sweeps
     assert hub.attach(other.id) is None
     assert Hub(clock).join("z", max_followers=5) is None  # no fan-out endpoint: no followers
+
+
+def test_the_origin_runs_while_any_caller_remains_and_stops_when_none_does() -> None:
+    clock = FakeClock()
+    hub = Hub(clock, address="127.0.0.1:9")
+    idle: list[str] = []
+    hub.on_idle = lambda r: idle.append(r.id)
+    run = hub.lead("k")  # the leader, a member
+    assert hub.join("k", max_followers=3) is run
+    for _ in range(2):
+        assert hub.attach(run.id) is run
+    run.started = True
+    hub.detach(run)  # the leader's client went away ...
+    hub.leave(run)
+    assert not run.done and idle == []  # ... the follower still reads: the origin goes on
+    remote = hub.attach(run.id)  # a caller of another filter process (no member here)
+    assert remote is run
+    hub.detach(run)
+    hub.leave(run)
+    assert not run.done and idle == []  # the remote reader keeps it running
+    hub.detach(run)
+    assert run.done and not run.complete and idle == [run.id]  # nobody left: cancelled
+    never = hub.lead("j")  # a leader refused before the fan-out (never started)
+    hub.leave(never)
+    assert never.done and idle == [run.id] and hub.attach(never.id) is None
+
+
+def test_a_published_run_lingers_briefly_for_followers_of_other_processes() -> None:
+    clock = FakeClock()
+    hub = Hub(clock, address="127.0.0.1:9", remote_linger=5)
+    unpublished: list[str] = []
+    hub.on_finish = lambda r: unpublished.append(r.id)
+    run = hub.lead("k")
+    run.published = True
+    run.feed(b"all", limit=100)
+    hub.finish(run, complete=True)
+    hub.leave(run)
+    assert unpublished == [run.id]
+    assert hub.attach(run.id) is run  # a remote follower that read the registry just before
+    hub.detach(run)
+    clock.now += 6
+    hub.lead("z")
+    assert hub.attach(run.id) is None
 
 
 @pytest.mark.parametrize(
@@ -85,30 +132,48 @@ def plugin(policy: Policy, clock: FakeClock, hub: Hub, **knobs: Any) -> Collapse
     return CollapsePlugin({}, dataclasses.replace(make_services(p, clock), collapser=hub))
 
 
-async def test_the_plugin_makes_one_leader_and_points_followers_at_the_fanout(
+async def test_the_plugin_points_the_leader_and_its_followers_at_the_fanout(
     policy: Policy, clock: FakeClock
 ) -> None:
     hub = Hub(clock, address="127.0.0.1:9")
     p = plugin(policy, clock, hub)
     body = json.dumps({"model": "m", "temperature": 0, "messages": []}).encode()
-    lead = make_ctx(tenant="acme")
-    assert await p.request_body(lead, body) is None
-    follower = make_ctx(tenant="acme")
+    lead = make_ctx(tenant="acme", route=ROUTE)
+    lead.request_headers = {":path": "/v1/chat/completions", "authorization": "Bearer k",
+                            "x-tokenweir-tenant": "acme", "content-type": "application/json"}  # fmt: skip
+    r = await p.request_body(lead, body)
+    assert r is not None and r.set_headers[COLLAPSE_TO_HEADER] == "127.0.0.1:9"
+    run = lead.scratch["collapse"][1]
+    assert r.set_headers[COLLAPSE_ID_HEADER] == run.id
+    assert run.origin is not None and run.origin.body == body
+    assert dict(run.origin.headers) == {"authorization": "Bearer k",
+                                        "content-type": "application/json"}  # fmt: skip
+    assert set(run.origin.endpoints) == {str(e) for e in policy.pools["chat"].endpoints}
+    follower = make_ctx(tenant="acme", route=ROUTE)
     r = await p.request_body(follower, body)
     assert r is not None and r.clear_route_cache
-    assert r.set_headers[COLLAPSE_TO_HEADER] == "127.0.0.1:9"
-    assert r.set_headers[COLLAPSE_ID_HEADER] == lead.scratch["collapse"][1].id
-    assert await p.request_body(make_ctx(tenant="globex"), body) is None  # another tenant leads
+    assert r.set_headers[COLLAPSE_ID_HEADER] == run.id
+    other = await p.request_body(make_ctx(tenant="globex", route=ROUTE), body)
+    assert other is not None and other.set_headers[COLLAPSE_ID_HEADER] != run.id
     shared = plugin(policy, clock, Hub(clock, address="127.0.0.1:9"), share_across_tenants=True)
-    await shared.request_body(make_ctx(tenant="acme"), body)
-    assert await shared.request_body(make_ctx(tenant="globex"), body) is not None
-    await p.response_headers(lead, {":status": "200", "content-type": "text/event-stream"})
-    await p.response_chunk(lead, b"data: x\n\n", True)
+    first = await shared.request_body(make_ctx(tenant="acme", route=ROUTE), body)
+    second = await shared.request_body(make_ctx(tenant="globex", route=ROUTE), body)
+    assert first is not None and second is not None
+    assert first.set_headers[COLLAPSE_ID_HEADER] == second.set_headers[COLLAPSE_ID_HEADER]
+    hot = json.dumps({"model": "m", "temperature": 0.7, "messages": []}).encode()
+    assert await p.request_body(make_ctx(tenant="acme", route=ROUTE), hot) is None
     await p.stream_end(lead)
-    run = lead.scratch.get("collapse")
-    assert run is None
+    await p.stream_end(follower)
+    assert run.done and not run.complete  # both left before the fan-out: never started
     with pytest.raises(ConfigError):
         CollapsePlugin({"x": 1}, make_services(policy, clock))
+
+
+def test_identical_requests_try_the_same_replica_first() -> None:
+    eps = ("h:1", "h:2", "h:3", "h:4")
+    assert replica_order("a", eps) == replica_order("a", tuple(reversed(eps)))
+    assert sorted(replica_order("a", eps)) == sorted(eps)
+    assert len({replica_order(k, eps)[0] for k in "abcdefghij"}) > 1
 
 
 POLICY = """
