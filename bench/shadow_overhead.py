@@ -4,7 +4,7 @@ costs the primary, side by side with no shadow at all.
     flock /tmp/tokenweir-bench.lock nice -n 5 .venv/bin/python bench/shadow_overhead.py
 
 Arms, each on a fresh stack (real Envoy, control plane, filter server, rate-limit service, Redis,
-SGLang emulators; the integration tests' harness), run in the order off, on, off, on so a drift
+SGLang emulators; the integration tests' harness), run in the order off, on, off, on, ... (``--rounds`` pairs) so a drift
 in the machine's load falls on both: ``off`` has no shadow; ``on`` lists the shadow plugin with
 ``fraction: 1.0`` (every request mirrored, recorded and paired) to a shadow emulator as fast as
 the primary. Each arm sends ``--requests`` streamed chat requests from ``--concurrency`` clients
@@ -90,11 +90,12 @@ async def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=2, help="off/on pairs of arms")
     args = p.parse_args()
     load = os.getloadavg()
     runs = []
     with redis_server() as redis_port:
-        for on in (False, True, False, True):
+        for on in (False, True) * args.rounds:
             runs.append(await arm(on, args, redis_port))
             print(json.dumps(runs[-1]))
 

@@ -68,9 +68,8 @@ BUILTIN_HOOKS: dict[str, frozenset[str]] = {
     "shadow": frozenset(
         {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}
     ),
-    "collapse": frozenset(
-        {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}
-    ),
+    # response_chunk keeps the stream open to the response's end, where the caller leaves
+    "collapse": frozenset({"request_headers", "request_body", "response_chunk", "stream_end"}),
 }
 _ALL = frozenset(
     {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}

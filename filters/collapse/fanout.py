@@ -26,7 +26,7 @@ from aiohttp import web
 
 from controlplane.policy.phases import COLLAPSE_ID_HEADER
 from filters.collapse.errors import CollapseError
-from filters.collapse.hub import Hub, Run, registry_key
+from filters.collapse.hub import Hub, Origin, Run, registry_key
 from runtime.tasks import stop_task
 
 __all__ = ["FanoutServer"]
@@ -138,23 +138,12 @@ class FanoutServer:
     async def _origin(self, run: Run) -> None:
         """The run's backend request; every outcome ends the run (cancelled: as cut)."""
         o = run.origin
-        assert o is not None and self._session is not None
+        assert o is not None
         try:
-            for i, endpoint in enumerate(o.endpoints):
-                try:
-                    async with self._session.request(
-                        o.method, f"http://{endpoint}{o.path}", headers=list(o.headers),
-                        data=o.body,
-                    ) as resp:  # fmt: skip
-                        run.headers(resp.status, resp.headers.get("content-type", ""))
-                        async for chunk in resp.content.iter_any():
-                            run.feed(chunk, limit=self.max_buffer_bytes)
-                    self.hub.finish(run, complete=True)
-                    return
-                except aiohttp.ClientConnectorError as exc:  # refused: the next replica
-                    _log.warning("collapsed run %s: %s refused (%s)", run.id, endpoint, exc)
-                    if i == len(o.endpoints) - 1:
-                        raise
+            if not await self._send(run, o) and o.fallback is not None:
+                # the other filter process's run was gone: ask the pool ourselves
+                await self._send(run, o.fallback)
+            self.hub.finish(run, complete=True)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             _log.warning("collapsed run %s cut: %s", run.id, exc)
             if not run.status:
@@ -163,6 +152,29 @@ class FanoutServer:
                 self.hub.finish(run, complete=True)
         finally:
             self.hub.finish(run, complete=False)  # a no-op when it already ended
+
+    async def _send(self, run: Run, o: Origin) -> bool:
+        """Stream ``o``'s answer into the run; False (nothing fed) when ``o`` reads another
+        process's run that is gone or unreachable, so the caller may fall back."""
+        assert self._session is not None
+        for i, endpoint in enumerate(o.endpoints):
+            try:
+                async with self._session.request(
+                    o.method, f"http://{endpoint}{o.path}", headers=list(o.headers), data=o.body
+                ) as resp:
+                    if o.fallback is not None and resp.status == 503:
+                        return False  # collapsed_run_gone
+                    run.headers(resp.status, resp.headers.get("content-type", ""))
+                    async for chunk in resp.content.iter_any():
+                        run.feed(chunk, limit=self.max_buffer_bytes)
+                return True
+            except aiohttp.ClientConnectorError as exc:  # refused: the next replica
+                _log.warning("collapsed run %s: %s refused (%s)", run.id, endpoint, exc)
+                if o.fallback is not None:
+                    return False
+                if i == len(o.endpoints) - 1:
+                    raise
+        return True
 
     async def _stream(self, request: web.Request, run: Run) -> web.StreamResponse:
         try:

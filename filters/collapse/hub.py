@@ -40,6 +40,9 @@ class Origin:
     headers: tuple[tuple[str, str], ...]
     body: bytes
     endpoints: tuple[str, ...]  # the pool's replicas, in the order to try them
+    # set when another filter process already runs it: read that run's fan-out stream instead
+    # (``endpoints`` is then that endpoint, ``headers`` name its run), and this if it is gone
+    fallback: Origin | None = None
 
 
 @dataclass(eq=False)

@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from controlplane.policy.phases import COLLAPSE_ID_HEADER, COLLAPSE_TO_HEADER
@@ -98,18 +99,14 @@ class CollapsePlugin(BasePlugin):
             ctx.scratch[_SCRATCH] = ("follower", run)
             metrics.labels(ctx.route.name, "follower").inc()
             return _to(self.hub.address, run.id)
-        remote = await self._find(key)
-        if remote is not None:
-            ctx.scratch[_SCRATCH] = ("remote", None)
-            metrics.labels(ctx.route.name, "follower").inc()
-            return _to(*remote)
         origin = self._origin(ctx, key, body)
         if origin is None:
             return None
+        # the run exists before any wait: an identical request arriving meanwhile joins it
         run = self.hub.lead(key, origin)
-        ctx.scratch[_SCRATCH] = ("leader", run)
-        metrics.labels(ctx.route.name, "leader").inc()
-        await self._publish(run)
+        role = "follower" if await self._publish(run) else "leader"
+        ctx.scratch[_SCRATCH] = (role, run)
+        metrics.labels(ctx.route.name, role).inc()
         return _to(self.hub.address, run.id)
 
     def _origin(self, ctx: Context, key: str, body: bytes) -> Origin | None:
@@ -123,32 +120,31 @@ class CollapsePlugin(BasePlugin):
         endpoints = replica_order(key, tuple(str(e) for e in pool.endpoints))
         return Origin(ctx.method or "POST", ctx.path, headers, body, endpoints)
 
-    async def _find(self, key: str) -> tuple[str, str] | None:
-        """Another filter process's run of ``key`` (its fan-out address and run id), if any."""
-        if self.redis is None:
-            return None
-        try:
-            raw = await self.redis.get(registry_key(key))
-        except Exception as exc:  # Redis failing: collapse within this process only
-            _log.debug("collapse registry unreadable: %s", exc)
-            return None
-        if not raw:
-            return None
-        address, _, run_id = (raw.decode() if isinstance(raw, bytes) else str(raw)).partition(" ")
-        if not run_id or address == self.hub.address:
-            return None  # ours (ended or full here, since join found nothing): lead anew
-        return address, run_id
-
-    async def _publish(self, run: Run) -> None:
-        if self.redis is None:
-            return
-        value = f"{self.hub.address} {run.id}"
+    async def _publish(self, run: Run) -> bool:
+        """Make the run findable by other filter processes (Redis ``SET NX GET``). When another
+        process already runs the same request, this run reads that one's fan-out stream
+        instead of the backend (one backend request mesh-wide); returns True then."""
+        if self.redis is None or run.origin is None:
+            return False
+        key, value = registry_key(run.key), f"{self.hub.address} {run.id}"
         ttl_ms = max(1, int(self.policy.follower_timeout * 1000))
         try:
-            if await self.redis.set(registry_key(run.key), value, nx=True, px=ttl_ms):
-                run.published = True  # unpublished by the fan-out endpoint when the run ends
+            old = await self.redis.set(key, value, nx=True, px=ttl_ms, get=True)
+            if old is not None:
+                text = old.decode() if isinstance(old, bytes) else str(old)
+                address, _, other = text.partition(" ")
+                if other and address != self.hub.address:
+                    o = run.origin
+                    run.origin = replace(
+                        o, endpoints=(address,), headers=((COLLAPSE_ID_HEADER, other),),
+                        fallback=o,
+                    )  # fmt: skip
+                    return True
+                await self.redis.set(key, value, px=ttl_ms)  # ours, already ended: take it
+            run.published = True  # unpublished by the fan-out endpoint when the run ends
         except Exception as exc:  # Redis failing: the run is found within this process only
             _log.debug("collapse run not published: %s", exc)
+        return False
 
     async def response_chunk(
         self, ctx: Context, chunk: bytes, end_of_stream: bool

@@ -204,3 +204,60 @@ def test_translation_adds_the_follower_route_and_cluster() -> None:
 def test_an_open_route_cannot_collapse() -> None:
     with pytest.raises(Exception, match="collapse plugin needs failure_mode: closed"):
         load_policy_text(POLICY.replace("FAIL", "open"))
+
+
+class SlowRegistry:
+    """A Redis stand-in for the registry: ``SET NX GET`` that takes a while to answer."""
+
+    def __init__(self, existing: dict[str, bytes] | None = None) -> None:
+        self.data = dict(existing or {})
+
+    async def set(self, key: str, value: str, **kw: Any) -> bytes | None:
+        await asyncio.sleep(0.01)
+        old = self.data.get(key)
+        if not kw.get("nx") or old is None:
+            self.data[key] = value.encode()
+        return old if kw.get("get") else None
+
+
+async def test_identical_requests_arriving_while_the_registry_answers_still_collapse(
+    policy: Policy, clock: FakeClock
+) -> None:
+    hub = Hub(clock, address="127.0.0.1:9")
+    redis = SlowRegistry()
+    p = CollapsePlugin({}, dataclasses.replace(make_services(policy, clock), collapser=hub,
+                                               redis=redis))  # fmt: skip
+    body = json.dumps({"model": "m", "temperature": 0, "messages": []}).encode()
+    ctxs = [make_ctx(tenant="acme", route=ROUTE) for _ in range(3)]
+    got = await asyncio.gather(*(p.request_body(c, body) for c in ctxs))
+    assert len({r.set_headers[COLLAPSE_ID_HEADER] for r in got if r is not None}) == 1
+    assert [c.scratch["collapse"][0] for c in ctxs] == ["leader", "follower", "follower"]
+    run = ctxs[0].scratch["collapse"][1]
+    assert run.published and redis.data == {
+        f"tw:{{collapse}}:{run.key}": f"127.0.0.1:9 {run.id}".encode()
+    }
+
+
+async def test_a_run_another_process_leads_is_read_from_its_fanout(
+    policy: Policy, clock: FakeClock
+) -> None:
+    body = json.dumps({"model": "m", "temperature": 0, "messages": []}).encode()
+    hub = Hub(clock, address="127.0.0.1:9")
+    p = CollapsePlugin({}, dataclasses.replace(make_services(policy, clock), collapser=hub,
+                                               redis=SlowRegistry()))  # fmt: skip
+    ctx = make_ctx(tenant="acme", route=ROUTE)
+    await p.request_body(ctx, body)
+    mine = ctx.scratch["collapse"][1]
+    other_hub = Hub(clock, address="127.0.0.1:10")
+    registry = SlowRegistry({f"tw:{{collapse}}:{mine.key}": f"127.0.0.1:9 {mine.id}".encode()})
+    q = CollapsePlugin({}, dataclasses.replace(make_services(policy, clock), collapser=other_hub,
+                                               redis=registry))  # fmt: skip
+    ctx2 = make_ctx(tenant="acme", route=ROUTE)
+    r = await q.request_body(ctx2, body)
+    role, run = ctx2.scratch["collapse"]
+    assert (
+        role == "follower" and r is not None and r.set_headers[COLLAPSE_TO_HEADER] == "127.0.0.1:10"
+    )
+    assert run.origin.endpoints == ("127.0.0.1:9",)  # read from the leader's fan-out
+    assert run.origin.headers == ((COLLAPSE_ID_HEADER, mine.id),)
+    assert run.origin.fallback is not None and not run.published
