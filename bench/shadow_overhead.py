@@ -4,10 +4,12 @@ costs the primary, side by side with no shadow at all.
     flock /tmp/tokenweir-bench.lock nice -n 5 .venv/bin/python bench/shadow_overhead.py
 
 Arms, each on a fresh stack (real Envoy, control plane, filter server, rate-limit service, Redis,
-SGLang emulators; the integration tests' harness), run in the order off, on, off, on, ... (``--rounds`` pairs) so a drift
-in the machine's load falls on both: ``off`` has no shadow; ``on`` lists the shadow plugin with
-``fraction: 1.0`` (every request mirrored, recorded and paired) to a shadow emulator as fast as
-the primary. Each arm sends ``--requests`` streamed chat requests from ``--concurrency`` clients
+SGLang emulators; the integration tests' harness), run in turn (off, mirror, pairs, off, ...;
+``--rounds`` times) so a drift in the machine's load falls on all: ``off`` has no shadow;
+``mirror`` mirrors every request with Envoy alone (``shadow: {fraction: 1.0}``, no plugin) to a
+shadow emulator as fast as the primary, on the same two cores; ``pairs`` lists the shadow plugin
+too (every request sampled, passed through the shadow recorder and paired). ``pairs`` against
+``mirror`` is the recorder's own cost; against ``off`` the whole cost on this one box. Each arm sends ``--requests`` streamed chat requests from ``--concurrency`` clients
 and measures, at the client, time to first byte and to the end of the stream. Writes
 ``bench/results/shadow_overhead.json``.
 """
@@ -33,6 +35,7 @@ from tests.integration.safety_stack import SafetyStack, safety_stack  # noqa: E4
 
 PLAIN = "identity, tokens, lane, usage"
 SHADOW = "identity, tokens, lane, shadow, usage"
+MODES = ("off", "mirror", "pairs")
 
 
 async def one(st: SafetyStack, i: int) -> tuple[float, float]:
@@ -54,10 +57,10 @@ def _q(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def arm(on: bool, args: argparse.Namespace, redis_port: int) -> dict[str, Any]:
+async def arm(mode: str, args: argparse.Namespace, redis_port: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        async with safety_stack(Path(tmp), redis_port, shadow_replicas=1 if on else 0,
-                                plugins=SHADOW if on else PLAIN) as st:  # fmt: skip
+        async with safety_stack(Path(tmp), redis_port, shadow_replicas=0 if mode == "off" else 1,
+                                plugins=SHADOW if mode == "pairs" else PLAIN) as st:  # fmt: skip
             for i in range(10):  # warm-up: connections, caches
                 await one(st, i)
             sem = asyncio.Semaphore(args.concurrency)
@@ -75,7 +78,7 @@ async def arm(on: bool, args: argparse.Namespace, redis_port: int) -> dict[str, 
     ttfb = [g[0] for g in got]
     total = [g[1] for g in got]
     return {
-        "shadow": on,
+        "mode": mode,
         "requests": len(got),
         "ttfb_p50_ms": round(statistics.median(ttfb) * 1000, 2),
         "ttfb_p95_ms": round(_q(ttfb, 0.95) * 1000, 2),
@@ -95,18 +98,18 @@ async def main() -> None:
     load = os.getloadavg()
     runs = []
     with redis_server() as redis_port:
-        for on in (False, True) * args.rounds:
-            runs.append(await arm(on, args, redis_port))
+        for mode in MODES * args.rounds:
+            runs.append(await arm(mode, args, redis_port))
             print(json.dumps(runs[-1]))
 
-    def mean(on: bool, key: str) -> float:
-        return statistics.mean(r[key] for r in runs if r["shadow"] == on)
+    def mean(mode: str, key: str) -> float:
+        return statistics.mean(r[key] for r in runs if r["mode"] == mode)
 
-    summary = {
-        k: {"off": round(mean(False, k), 2), "on": round(mean(True, k), 2),
-            "ratio": round(mean(True, k) / mean(False, k), 3)}
-        for k in ("ttfb_p50_ms", "ttfb_p95_ms", "total_p50_ms", "total_p95_ms")
-    }  # fmt: skip
+    keys = ("ttfb_p50_ms", "ttfb_p95_ms", "total_p50_ms", "total_p95_ms", "filter_process_cpu_s")
+    summary: dict[str, Any] = {k: {m: round(mean(m, k), 3) for m in MODES} for k in keys}
+    for k in keys:
+        summary[k]["pairs/off"] = round(mean("pairs", k) / mean("off", k), 3)
+        summary[k]["pairs/mirror"] = round(mean("pairs", k) / mean("mirror", k), 3)
     out = {"load_average_at_start": [round(x, 2) for x in load], "args": vars(args),
            "runs": runs, "summary": summary,
            "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip

@@ -226,6 +226,7 @@ async def safety_stack(
                 while not all(w in text for text in [await m.clusters_text("edge")] for w in want):
                     assert time.monotonic() < end, "a filter server never became healthy"
                     await asyncio.sleep(0.1)
+            assert app is not None
             reader = QuotaReader(r, load_policy(m.policy_path), timeout=5.0)
             emulators = dict(zip(ports, children, strict=False))
             yield SafetyStack(f"http://127.0.0.1:{gw}", m, app, reader, ports, session, emulators)
