@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import socket
@@ -279,23 +280,26 @@ async def one(http: aiohttp.ClientSession, url: str, job: Job) -> tuple[float | 
     t0 = time.perf_counter()
     ttft = None
     out = 0
-    async with http.post(url, json=body) as r:
-        if r.status != 200:
-            await r.read()
-            return None, 0, False
-        async for raw in r.content:
-            line = raw.strip()
-            if not line.startswith(b"data:") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if (
-                ttft is None
-                and chunk.get("choices")
-                and chunk["choices"][0]["delta"].get("content")
-            ):
-                ttft = time.perf_counter() - t0
-            if chunk.get("usage"):
-                out = chunk["usage"].get("completion_tokens", 0)
+    try:
+        async with http.post(url, json=body) as r:
+            if r.status != 200:
+                await r.read()
+                return None, 0, False
+            async for raw in r.content:
+                line = raw.strip()
+                if not line.startswith(b"data:") or line == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if (
+                    ttft is None
+                    and chunk.get("choices")
+                    and chunk["choices"][0]["delta"].get("content")
+                ):
+                    ttft = time.perf_counter() - t0
+                if chunk.get("usage"):
+                    out = chunk["usage"].get("completion_tokens", 0)
+    except aiohttp.ClientError:  # a stream cut short counts as failed, the run goes on
+        return None, 0, False
     return ttft, out, True
 
 
@@ -413,7 +417,13 @@ async def main_async(a: argparse.Namespace) -> int:
     else:
         jobs, ceiling = docs_jobs(a.requests, a.docs, a.doc_words, seed=a.start)
     results: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="tw-routing-") as tmp:
+    keep = a.run_dir is not None  # logs kept there for a post-mortem
+    tmp_dir = (
+        contextlib.nullcontext(tempfile.mkdtemp(prefix="tw-routing-", dir=a.run_dir))
+        if keep
+        else tempfile.TemporaryDirectory(prefix="tw-routing-")
+    )
+    with tmp_dir as tmp:
         for arm in a.arms:
             print(f"arm {arm} ...", flush=True)
             results[arm] = await run_arm(arm, jobs, a, Path(tmp))
@@ -449,6 +459,7 @@ def main() -> int:
     ap.add_argument("--cache-tokens", type=int, default=460_000)
     ap.add_argument("--pending-ttl", type=float, default=1.0, help="picker: routing.pending_ttl")
     ap.add_argument("--cache-weight", type=float, default=0.7, help="picker: routing.cache_weight")
+    ap.add_argument("--run-dir", help="keep the run's logs in a new folder under this one")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     return asyncio.run(main_async(ap.parse_args()))
 

@@ -192,11 +192,14 @@ def test_the_memory_bound_only_lowers_answers() -> None:
         index.heard(name, 0.0)
         index.apply(name, 0, _batch(AllBlocksCleared()))
     index.apply("r", 1, _batch(BlockStored([1, 2, 3], None, [1, 2, 3], 1, None)))
-    assert index.query_blocks([1, 2, 3], 0.0) == {"r": 3, "s": 0}
-    index.apply("s", 1, _batch(BlockStored([4], None, [9], 1, None)))  # evicts block 1
-    assert len(index) == 3 and index.evicted_blocks == 1
-    assert index.query_blocks([1, 2, 3], 0.0) == {"r": 0, "s": 0}
-    assert index.query_blocks([4], 0.0) == {"r": 0, "s": 1}
+    index.apply("s", 1, _batch(BlockStored([1, 4], None, [1, 9], 1, None)))
+    assert index.query_blocks([1, 2, 3], 0.0) == {"r": 3, "s": 1}
+    assert len(index) == 5 and index.evicted_blocks == 0  # the bound is per replica
+    index.apply("r", 2, _batch(BlockStored([5, 6], 3, [4, 5], 1, None)))  # r: 5 > 3 blocks
+    assert index.evicted_blocks == 2 and index.view("r", 0.0).blocks == 3
+    answer = index.query_blocks([1, 2, 3, 5, 6], 0.0)
+    assert answer["r"] is not None and answer["r"] < 5  # lower, never higher
+    assert answer["s"] == 1  # another replica's blocks are untouched
 
 
 def test_removing_a_replica_frees_its_slot_and_blocks() -> None:
