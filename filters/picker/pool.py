@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from controlplane.policy.model import Address, LlmPool
 from controlplane.policy.routing import RoutingPolicy
-from filters.picker.mapper import CheckpointMap, Point, map_points
+from filters.picker.mapper import ROOT, CheckpointMap, Point, map_points
 from filters.picker.metrics import PickerMetrics
 from filters.picker.prompt import checkpoints
 from filters.picker.score import Candidate, Pick, Weights, choose
@@ -145,7 +145,7 @@ class PoolPicker:
                     known=count is not None,
                     healthy=healthy(name) if healthy is not None else True,
                     matched_bytes=k * step,
-                    matched_tokens=_tokens_at(prompt.points, k, step),
+                    matched_tokens=self._tokens_at(prompt.points, k),
                     inflight=self.inflight.get(name, 0),
                 )
             )
@@ -171,6 +171,19 @@ class PoolPicker:
                 self._queue.put_nowait(prompt)
             except asyncio.QueueFull:
                 self.metrics.map_dropped.labels(self.pool).inc()
+
+    def _tokens_at(self, points: Sequence[Point], k: int) -> int:
+        """Backend tokens (whole pages) covered by the first ``k`` checkpoints. Past the mapped
+        ones (a prefix just sent, its text not hashed yet) they are estimated from the bytes per
+        token measured by the map, not from a fixed ratio: a wrong ratio over-predicted 1.5x."""
+        if k <= 0:
+            return 0
+        if k <= len(points):
+            return points[k - 1].cached_tokens
+        base = points[-1] if points else ROOT
+        more = (k * self.routing.checkpoint_bytes - base.resume) / self.map.bytes_per_token()
+        tokens = base.tokens + int(more)
+        return tokens - tokens % self.routing.page_size
 
     def done(self, name: str) -> None:
         if self.inflight.get(name, 0) > 0:
@@ -236,12 +249,3 @@ class PoolPicker:
                         max(0.0, wall - view.last_ts)
                     )
             await asyncio.sleep(1.0)
-
-
-def _tokens_at(points: Sequence[Point], k: int, step: int) -> int:
-    """Backend tokens covered by the first ``k`` checkpoints (estimated past the known ones)."""
-    if k <= 0:
-        return 0
-    if k <= len(points):
-        return points[k - 1].cached_tokens
-    return k * step // 4

@@ -47,7 +47,8 @@ class Applied(Enum):
 class _Replica:
     blocks: set[int] = field(default_factory=set)
     last_seq: int | None = None  # last batch applied in sequence since a baseline
-    highest_seen: int = -1  # highest seq seen on the live stream
+    highest_seen: int = -1  # highest seq seen, live or replayed
+    live_seen: int = -1  # highest seq seen on the live stream (a restart sends it back)
     last_heard: float | None = None
     last_ts: float | None = None  # the publisher's timestamp of the last batch applied
     reason: str = "no baseline yet"  # why unknown (when it is)
@@ -101,6 +102,7 @@ class PrefixIndex:
         replica.blocks = set()
         replica.last_seq = None
         replica.highest_seen = -1
+        replica.live_seen = -1
         replica.reason = reason
 
     def heard(self, name: str, now: float) -> None:
@@ -117,9 +119,13 @@ class PrefixIndex:
         """Apply one batch of ``name``'s events, received live (PUB) or from a replay."""
         r = self._replicas[name]
         if live:
-            if r.last_seq is not None and seq <= r.last_seq:
-                r.restarts += 1  # a live stream never repeats: the publisher started again
+            # a live stream never repeats itself: going back means the publisher started again.
+            # A live batch at or below ``last_seq`` but above ``live_seen`` is one a replay got
+            # first (the probe ran while it sat in the SUB socket): a duplicate, not a restart.
+            if seq <= r.live_seen:
+                r.restarts += 1
                 self.forget(name, "publisher restarted")
+            r.live_seen = seq
             r.highest_seen = max(r.highest_seen, seq) if r.last_seq is not None else seq
         clear_at = max(
             (i for i, e in enumerate(batch.events) if isinstance(e, AllBlocksCleared)), default=-1

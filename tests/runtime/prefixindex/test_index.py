@@ -209,3 +209,21 @@ def test_removing_a_replica_frees_its_slot_and_blocks() -> None:
     assert len(index) == 0 and index.replicas() == []
     index.add_replica("t")
     assert index.query_blocks([1], 0.0) == {"t": None}
+
+
+def test_a_live_batch_a_replay_already_applied_is_a_duplicate_not_a_restart() -> None:
+    """The subscriber's probe replays up to the newest batch while the same batches still sit
+    in the SUB socket; when they arrive live they are duplicates. Taking them for a restart made
+    the index forget the replica about once a second under load (cold picks, full re-replays)."""
+    index = _index()  # seq 0 (the baseline) came live
+    index.apply("r", 1, _batch(BlockStored([1], None, [5], 1, None)), live=False)
+    index.apply("r", 2, _batch(BlockStored([2], 1, [6], 1, None)), live=False)
+    assert index.apply("r", 1, _batch(BlockStored([1], None, [5], 1, None))) is Applied.DUPLICATE
+    assert index.apply("r", 2, _batch(BlockStored([2], 1, [6], 1, None))) is Applied.DUPLICATE
+    assert index.view("r", 1.0).restarts == 0
+    assert index.query_blocks([1, 2], 1.0) == {"r": 2}
+    assert index.apply("r", 3, _batch(BlockRemoved([2]))) is Applied.APPLIED
+    assert index.query_blocks([1, 2], 1.0) == {"r": 1}
+    # the live stream itself going back is still a restart
+    assert index.apply("r", 0, _batch(AllBlocksCleared())) is Applied.APPLIED
+    assert index.view("r", 1.0).restarts == 1 and index.query_blocks([1], 1.0) == {"r": 0}
