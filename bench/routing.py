@@ -206,9 +206,11 @@ class Gateway:
             await wait_child_port("127.0.0.1", self.port, child, timeout=90)
             return
         fp, mp = free_port(), free_port()
+        a = self.pool.a
         policy = tokenweir_policy(
-            self.pool, self.port, fp, mp, self.arm == "picker", self.pool.a.scale
-        )
+            self.pool, self.port, fp, mp, self.arm == "picker", a.scale, a.pending_ttl,
+            a.cache_weight,
+        )  # fmt: skip
         path = self.run_dir / f"policy-{self.arm}.yaml"
         path.write_text(yaml.safe_dump(policy, sort_keys=False))
         self.metrics_url = f"http://127.0.0.1:{mp}/metrics"
