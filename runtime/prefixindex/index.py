@@ -207,6 +207,10 @@ class PrefixIndex:
             out[name] = count
         return out
 
+    def blocks_of(self, name: str) -> int:
+        """Block hashes held for ``name`` (its radix tree's size in pages, when exact)."""
+        return len(self._replicas[name].blocks)
+
     def view(self, name: str, now: float) -> ReplicaView:
         r = self._replicas[name]
         known = self._known(r, now)
