@@ -75,7 +75,7 @@ def choose(
     def useful(c: Candidate) -> bool:
         return c.matched_tokens >= weights.min_prefix_tokens and c.matched_bytes > 0
 
-    def score(c: Candidate) -> tuple[float, int]:
+    def score(c: Candidate) -> tuple[float, int, int]:
         share = min(c.matched_bytes / size, 1.0) if useful(c) else 0.0
         value = w * share - (1 - w) * c.inflight / (mean + 1)
         return (value, -c.cached_blocks, _rendezvous(tie_key, c.name))
