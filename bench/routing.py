@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import random
 import socket
 import statistics
 import sys
@@ -46,7 +45,8 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backends.emulator.trace import TraceRecord, ideal_cached_tokens, load_trace, prompt_text  # noqa: E402
+from backends.emulator.trace import TraceRecord, load_trace  # noqa: E402
+from bench.routing_jobs import Job, combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
 from runtime.children import Child, wait_child_port  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
@@ -239,37 +239,6 @@ class Gateway:
             await c.aclose(2.0)
 
 
-Job = tuple[str, int]  # (prompt text, max tokens)
-
-
-def trace_jobs(records: list[TraceRecord], scale: int) -> tuple[list[Job], float]:
-    """The trace slice as jobs, and the hit ratio of one infinite cache on it."""
-    ideal = ideal_cached_tokens(records, scale)
-    ceiling = sum(c for _, c in ideal) / max(1, sum(p for p, _ in ideal))
-    jobs = [(prompt_text(r, scale), max(1, r.output_length // scale)) for r in records]
-    return jobs, ceiling
-
-
-def docs_jobs(n: int, docs: int, words: int, seed: int) -> tuple[list[Job], float]:
-    """Agents over shared long documents: each request is one of ``docs`` documents (Zipf-like
-    popularity) followed by its own question; the infinite-cache ceiling counts each document's
-    words once."""
-    rng = random.Random(seed)
-    weights = [1 / (i + 1) for i in range(docs)]
-    texts = [" ".join(f"doc{d}w{i}" for i in range(words)) for d in range(docs)]
-    jobs: list[Job] = []
-    seen: set[int] = set()
-    cached = total = 0
-    for i in range(n):
-        d = rng.choices(range(docs), weights)[0]
-        question = " ".join(f"q{i}w{j}" for j in range(rng.randint(20, 80)))
-        jobs.append((f"{texts[d]} {question}", rng.randint(16, 128)))
-        total += words + 80
-        cached += words if d in seen else 0
-        seen.add(d)
-    return jobs, cached / total
-
-
 async def one(http: aiohttp.ClientSession, url: str, job: Job) -> tuple[float | None, int, bool]:
     """(TTFT s, output tokens, ok) of one streamed chat completion."""
     body = {
@@ -418,6 +387,8 @@ async def main_async(a: argparse.Namespace) -> int:
         jobs, ceiling = trace_jobs(load_trace(TRACE)[a.start : a.start + a.requests], a.scale)
     else:
         jobs, ceiling = docs_jobs(a.requests, a.docs, a.doc_words, seed=a.start)
+    lru = combined_lru_hit_ratio(jobs, a.replicas * (a.cache_tokens // a.scale))
+    print(f"infinite-cache ceiling {ceiling:.3f}, one LRU cache of the pool's size {lru:.3f}")
     results: dict[str, dict[str, Any]] = {}
     keep = a.run_dir is not None  # logs kept there for a post-mortem
     tmp_dir = (
@@ -437,7 +408,12 @@ async def main_async(a: argparse.Namespace) -> int:
                 f"  failed {r['failed']}  per replica {r['per_replica_requests']}",
                 flush=True,
             )
-    out = {"config": vars(a), "infinite_cache_hit_ratio": ceiling, "arms": results}
+    out = {
+        "config": vars(a),
+        "infinite_cache_hit_ratio": ceiling,
+        "combined_lru_hit_ratio": lru,
+        "arms": results,
+    }
     (ROOT / "bench" / "results").mkdir(exist_ok=True)
     name = f"routing-{a.workload}"
     (ROOT / "bench" / "results" / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")

@@ -48,7 +48,8 @@ from backends.emulator.scheduler import Scheduler  # noqa: E402
 from backends.emulator.tokenizer import encode, render_chat  # noqa: E402
 from backends.emulator.trace import load_trace  # noqa: E402
 from backends.profiles import get_profile  # noqa: E402
-from bench.routing import TRACE, docs_jobs, trace_jobs  # noqa: E402
+from bench.routing import TRACE  # noqa: E402
+from bench.routing_jobs import combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
 from controlplane.policy.model import Address, LlmPool  # noqa: E402
 from controlplane.policy.routing import RoutingPolicy  # noqa: E402
 from filters.picker.metrics import PickerMetrics  # noqa: E402
@@ -306,6 +307,8 @@ def make_jobs(a: argparse.Namespace) -> tuple[list[Job], float]:
         texts, ceiling = trace_jobs(load_trace(TRACE)[a.start : a.start + a.requests], a.scale)
     else:
         texts, ceiling = docs_jobs(a.requests, a.docs, a.doc_words, seed=a.start)
+    lru = combined_lru_hit_ratio(texts, a.replicas * (a.cache_tokens // a.scale))
+    print(f"one LRU cache of the pool's size: {lru:.3f}")
     jobs = []
     for text, max_tokens in texts:
         rendered = render_chat([{"role": "user", "content": text}])
