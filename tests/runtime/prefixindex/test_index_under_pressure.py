@@ -71,9 +71,10 @@ class PressureMachine(RuleBasedStateMachine):
     def finish_prefill(self, pick: int) -> None:
         todo = [r for r in self.running if not r.committed]
         r = todo[pick % len(todo)]
-        uncached = r.reserved - 1
-        self.cache.release(uncached)
-        r.reserved -= uncached
+        tail = len(r.prompt) % self.cache.page_size  # a partial page stays with the request
+        moved = r.reserved - 1 - tail
+        self.cache.release(moved)
+        r.reserved -= moved
         inserted = self.cache.insert(r.prompt)
         self.cache.lock(inserted.node)
         self.cache.unlock(r.node)
