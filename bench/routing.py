@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
-import random
 import socket
 import statistics
 import sys
@@ -45,7 +45,8 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backends.emulator.trace import TraceRecord, ideal_cached_tokens, load_trace, prompt_text  # noqa: E402
+from backends.emulator.trace import TraceRecord, load_trace  # noqa: E402
+from bench.routing_jobs import Job, combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
 from runtime.children import Child, wait_child_port  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
@@ -205,9 +206,11 @@ class Gateway:
             await wait_child_port("127.0.0.1", self.port, child, timeout=90)
             return
         fp, mp = free_port(), free_port()
+        a = self.pool.a
         policy = tokenweir_policy(
-            self.pool, self.port, fp, mp, self.arm == "picker", self.pool.a.scale
-        )
+            self.pool, self.port, fp, mp, self.arm == "picker", a.scale, a.pending_ttl,
+            a.cache_weight,
+        )  # fmt: skip
         path = self.run_dir / f"policy-{self.arm}.yaml"
         path.write_text(yaml.safe_dump(policy, sort_keys=False))
         self.metrics_url = f"http://127.0.0.1:{mp}/metrics"
@@ -236,37 +239,6 @@ class Gateway:
             await c.aclose(2.0)
 
 
-Job = tuple[str, int]  # (prompt text, max tokens)
-
-
-def trace_jobs(records: list[TraceRecord], scale: int) -> tuple[list[Job], float]:
-    """The trace slice as jobs, and the hit ratio of one infinite cache on it."""
-    ideal = ideal_cached_tokens(records, scale)
-    ceiling = sum(c for _, c in ideal) / max(1, sum(p for p, _ in ideal))
-    jobs = [(prompt_text(r, scale), max(1, r.output_length // scale)) for r in records]
-    return jobs, ceiling
-
-
-def docs_jobs(n: int, docs: int, words: int, seed: int) -> tuple[list[Job], float]:
-    """Agents over shared long documents: each request is one of ``docs`` documents (Zipf-like
-    popularity) followed by its own question; the infinite-cache ceiling counts each document's
-    words once."""
-    rng = random.Random(seed)
-    weights = [1 / (i + 1) for i in range(docs)]
-    texts = [" ".join(f"doc{d}w{i}" for i in range(words)) for d in range(docs)]
-    jobs: list[Job] = []
-    seen: set[int] = set()
-    cached = total = 0
-    for i in range(n):
-        d = rng.choices(range(docs), weights)[0]
-        question = " ".join(f"q{i}w{j}" for j in range(rng.randint(20, 80)))
-        jobs.append((f"{texts[d]} {question}", rng.randint(16, 128)))
-        total += words + 80
-        cached += words if d in seen else 0
-        seen.add(d)
-    return jobs, cached / total
-
-
 async def one(http: aiohttp.ClientSession, url: str, job: Job) -> tuple[float | None, int, bool]:
     """(TTFT s, output tokens, ok) of one streamed chat completion."""
     body = {
@@ -279,23 +251,26 @@ async def one(http: aiohttp.ClientSession, url: str, job: Job) -> tuple[float | 
     t0 = time.perf_counter()
     ttft = None
     out = 0
-    async with http.post(url, json=body) as r:
-        if r.status != 200:
-            await r.read()
-            return None, 0, False
-        async for raw in r.content:
-            line = raw.strip()
-            if not line.startswith(b"data:") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if (
-                ttft is None
-                and chunk.get("choices")
-                and chunk["choices"][0]["delta"].get("content")
-            ):
-                ttft = time.perf_counter() - t0
-            if chunk.get("usage"):
-                out = chunk["usage"].get("completion_tokens", 0)
+    try:
+        async with http.post(url, json=body) as r:
+            if r.status != 200:
+                await r.read()
+                return None, 0, False
+            async for raw in r.content:
+                line = raw.strip()
+                if not line.startswith(b"data:") or line == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if (
+                    ttft is None
+                    and chunk.get("choices")
+                    and chunk["choices"][0]["delta"].get("content")
+                ):
+                    ttft = time.perf_counter() - t0
+                if chunk.get("usage"):
+                    out = chunk["usage"].get("completion_tokens", 0)
+    except aiohttp.ClientError:  # a stream cut short counts as failed, the run goes on
+        return None, 0, False
     return ttft, out, True
 
 
@@ -412,8 +387,16 @@ async def main_async(a: argparse.Namespace) -> int:
         jobs, ceiling = trace_jobs(load_trace(TRACE)[a.start : a.start + a.requests], a.scale)
     else:
         jobs, ceiling = docs_jobs(a.requests, a.docs, a.doc_words, seed=a.start)
+    lru = combined_lru_hit_ratio(jobs, a.replicas * (a.cache_tokens // a.scale))
+    print(f"infinite-cache ceiling {ceiling:.3f}, one LRU cache of the pool's size {lru:.3f}")
     results: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="tw-routing-") as tmp:
+    keep = a.run_dir is not None  # logs kept there for a post-mortem
+    tmp_dir = (
+        contextlib.nullcontext(tempfile.mkdtemp(prefix="tw-routing-", dir=a.run_dir))
+        if keep
+        else tempfile.TemporaryDirectory(prefix="tw-routing-")
+    )
+    with tmp_dir as tmp:
         for arm in a.arms:
             print(f"arm {arm} ...", flush=True)
             results[arm] = await run_arm(arm, jobs, a, Path(tmp))
@@ -425,7 +408,12 @@ async def main_async(a: argparse.Namespace) -> int:
                 f"  failed {r['failed']}  per replica {r['per_replica_requests']}",
                 flush=True,
             )
-    out = {"config": vars(a), "infinite_cache_hit_ratio": ceiling, "arms": results}
+    out = {
+        "config": vars(a),
+        "infinite_cache_hit_ratio": ceiling,
+        "combined_lru_hit_ratio": lru,
+        "arms": results,
+    }
     (ROOT / "bench" / "results").mkdir(exist_ok=True)
     name = f"routing-{a.workload}"
     (ROOT / "bench" / "results" / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
@@ -449,6 +437,7 @@ def main() -> int:
     ap.add_argument("--cache-tokens", type=int, default=460_000)
     ap.add_argument("--pending-ttl", type=float, default=1.0, help="picker: routing.pending_ttl")
     ap.add_argument("--cache-weight", type=float, default=0.7, help="picker: routing.cache_weight")
+    ap.add_argument("--run-dir", help="keep the run's logs in a new folder under this one")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     return asyncio.run(main_async(ap.parse_args()))
 

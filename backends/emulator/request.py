@@ -38,6 +38,7 @@ class EmuRequest:
     prefilled: int = 0  # prompt tokens computed or matched so far
     node: CacheNode | None = None  # locked cache node of the matched or inserted prompt
     reserved: int = 0  # tokens allocated outside the tree and not yet committed
+    held_tail: int = 0  # prompt tokens of a partial last page, held until the finish
     recomputed: int = 0  # output tokens prefilled again after a retraction (part of the fill)
     output_ids: list[int] = field(default_factory=list)
     output_words: list[str] = field(default_factory=list)

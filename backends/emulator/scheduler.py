@@ -386,10 +386,13 @@ class Scheduler:
 
     def _commit_prompt(self, req: EmuRequest) -> None:
         """Prefill done: move the fill (prompt, output so far) into the tree and lock it there."""
-        uncached = req.fill_len - req.cached_tokens
-        self.cache.release(uncached)
-        req.reserved -= uncached
-        self._uncommitted -= uncached
+        # the tree takes whole pages: a partial last page stays the request's until its finish
+        # (released earlier, the finish's insert of prompt + output grew the tree past capacity)
+        req.held_tail = req.fill_len % self.cache.page_size
+        moved = req.fill_len - req.cached_tokens - req.held_tail
+        self.cache.release(moved)
+        req.reserved -= moved
+        self._uncommitted -= moved
         inserted = self.cache.insert(req.fill_ids)
         self.cache.lock(inserted.node)
         if req.node is not None:
@@ -399,7 +402,8 @@ class Scheduler:
     def _release(self, req: EmuRequest, *, commit: bool) -> None:
         """Free the request's reservation; with ``commit`` insert prompt + output first."""
         self.cache.release(req.reserved)
-        computed = req.prefilled - req.cached_tokens if not req.prefill_done else 0
+        computed = req.prefilled - req.cached_tokens if not req.prefill_done else req.held_tail
+        req.held_tail = 0
         outputs = len(req.output_ids) - req.recomputed  # recomputed ones went into the tree
         self._uncommitted -= computed + outputs + (req.matched_stop is not None)
         req.reserved = 0

@@ -102,6 +102,7 @@ class CheckpointMap:
         self.max_points = max_points
         self._points: collections.OrderedDict[bytes, Point] = collections.OrderedDict()
         self.tokens_hashed = 0  # work done, for metrics and the benchmark
+        self.bytes_mapped = 0  # the text those tokens came from (bytes_per_token)
 
     def __len__(self) -> int:
         return len(self._points)
@@ -131,6 +132,14 @@ class CheckpointMap:
             self._put(marks[first + i], point)
         if points:
             self.tokens_hashed += points[-1].tokens - start.tokens
+            self.bytes_mapped += points[-1].resume - start.resume
+
+    def bytes_per_token(self) -> float:
+        """Bytes of prompt text per backend token, measured over what was mapped (4 before
+        anything was: a common average of BPE tokenizers on English)."""
+        if self.tokens_hashed <= 0:
+            return 4.0
+        return self.bytes_mapped / self.tokens_hashed
 
     def extend(self, data: bytes, marks: Sequence[bytes], known: int, budget: int) -> int:
         """In this process: compute up to ``budget`` more points of ``data`` after its first

@@ -30,7 +30,10 @@ class PickerMetrics:
             ["pool"], registry=r,
         )  # fmt: skip
         self.index_blocks = Gauge(
-            p + "index_blocks", "distinct block hashes in the prefix index", ["pool"], registry=r
+            p + "index_blocks",
+            "block hashes in the prefix index, summed over replicas",
+            ["pool"],
+            registry=r,
         )
         self.known = Gauge(
             p + "replica_known", "1 while the index follows the replica's KV events",

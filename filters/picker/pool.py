@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from controlplane.policy.model import Address, LlmPool
 from controlplane.policy.routing import RoutingPolicy
-from filters.picker.mapper import CheckpointMap, Point, map_points
+from filters.picker.mapper import ROOT, CheckpointMap, Point, map_points
 from filters.picker.metrics import PickerMetrics
 from filters.picker.prompt import checkpoints
 from filters.picker.score import Candidate, Pick, Weights, choose
@@ -36,6 +36,7 @@ __all__ = ["PoolPicker", "Prompt", "feeds_for"]
 
 _log = logging.getLogger(__name__)
 _SLICE = 64  # checkpoints per call of the worker process
+_MAP_GRACE_S = 30.0  # longest a pending pick waits for its prompt to be mapped
 
 
 def feeds_for(endpoints: Sequence[Address], routing: RoutingPolicy) -> list[ReplicaFeed]:
@@ -145,8 +146,9 @@ class PoolPicker:
                     known=count is not None,
                     healthy=healthy(name) if healthy is not None else True,
                     matched_bytes=k * step,
-                    matched_tokens=_tokens_at(prompt.points, k, step),
+                    matched_tokens=self._tokens_at(prompt.points, k),
                     inflight=self.inflight.get(name, 0),
+                    cached_blocks=self.index.blocks_of(name),
                 )
             )
         tie = prompt.marks[0] if prompt.marks else prompt.data[:64]
@@ -158,19 +160,45 @@ class PoolPicker:
         if name is None:
             return
         self.inflight[name] = self.inflight.get(name, 0) + 1
+        queued = False
+        if len(prompt.points) < len(prompt.marks) and self._queue is not None:
+            try:
+                self._queue.put_nowait(prompt)
+                queued = True
+            except asyncio.QueueFull:
+                self.metrics.map_dropped.labels(self.pool).inc()
         if self.routing.pending_ttl > 0:
-            until = self._clock() + self.routing.pending_ttl
+            # until its text is mapped the index cannot see the prefix at all: the pending pick
+            # holds until then (the mapper lags seconds on a busy box), pending_ttl after that
+            until = self._clock() + self.routing.pending_ttl + (_MAP_GRACE_S if queued else 0.0)
             for mark in prompt.marks:
                 entry = self._pending.setdefault(mark, {})
                 entry[name] = until
                 self._pending.move_to_end(mark)
             while len(self._pending) > self.map.max_points:
                 self._pending.popitem(last=False)
-        if len(prompt.points) < len(prompt.marks) and self._queue is not None:
-            try:
-                self._queue.put_nowait(prompt)
-            except asyncio.QueueFull:
-                self.metrics.map_dropped.labels(self.pool).inc()
+
+    def _mapped(self, prompt: Prompt) -> None:
+        """``prompt``'s text is mapped: its pending picks expire ``pending_ttl`` from now."""
+        until = self._clock() + self.routing.pending_ttl
+        for mark in prompt.marks:
+            entry = self._pending.get(mark)
+            if entry:
+                for name, old in entry.items():
+                    entry[name] = min(old, until)
+
+    def _tokens_at(self, points: Sequence[Point], k: int) -> int:
+        """Backend tokens (whole pages) covered by the first ``k`` checkpoints. Past the mapped
+        ones (a prefix just sent, its text not hashed yet) they are estimated from the bytes per
+        token measured by the map, not from a fixed ratio: a wrong ratio over-predicted 1.5x."""
+        if k <= 0:
+            return 0
+        if k <= len(points):
+            return points[k - 1].cached_tokens
+        base = points[-1] if points else ROOT
+        more = (k * self.routing.checkpoint_bytes - base.resume) / self.map.bytes_per_token()
+        tokens = base.tokens + int(more)
+        return tokens - tokens % self.routing.page_size
 
     def done(self, name: str) -> None:
         if self.inflight.get(name, 0) > 0:
@@ -223,6 +251,7 @@ class PoolPicker:
                 self.map.store(prompt.marks, known, start, points)
                 self.metrics.mapped_tokens.labels(self.pool).inc(points[-1].tokens - start.tokens)
                 known += count
+            self._mapped(prompt)
 
     async def _gauges(self) -> None:
         while True:
@@ -236,12 +265,3 @@ class PoolPicker:
                         max(0.0, wall - view.last_ts)
                     )
             await asyncio.sleep(1.0)
-
-
-def _tokens_at(points: Sequence[Point], k: int, step: int) -> int:
-    """Backend tokens covered by the first ``k`` checkpoints (estimated past the known ones)."""
-    if k <= 0:
-        return 0
-    if k <= len(points):
-        return points[k - 1].cached_tokens
-    return k * step // 4

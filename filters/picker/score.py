@@ -9,8 +9,11 @@ flight. Then:
    prefix never piles the pool onto one replica);
 2. a share below ``min_prefix_tokens`` counts as 0 (a shared system prompt alone says nothing);
 3. ``score = w × share − (1 − w) × inflight / (mean + 1)``, ``w = cache_weight``; the best
-   score wins, ties broken by a rendezvous hash of the prompt's first checkpoint (so every
-   gateway replica breaks them alike: the mesh stays active-active).
+   score wins; ties go to the replica whose radix tree is smallest (as sglang-router's
+   ``cache_aware`` places a prefix it has not seen: new documents spread over the pool's cache
+   instead of piling into one replica and evicting each other), then to a rendezvous hash of
+   the prompt's first checkpoint (every gateway replica follows the same events and breaks them
+   alike: the mesh stays active-active).
 
 Reasons (metric label ``reason``): ``cache`` (the winner holds ≥ ``min_prefix_tokens``),
 ``load`` (no useful match, or the replica that has it is too busy: the least loaded wins),
@@ -37,6 +40,7 @@ class Candidate:
     matched_bytes: int = 0  # leading prompt bytes it holds (checkpoint granularity)
     matched_tokens: int = 0  # the same, in backend tokens (whole pages), for min_prefix_tokens
     inflight: int = 0
+    cached_blocks: int = 0  # blocks the index holds for it (the size of its radix tree)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +75,10 @@ def choose(
     def useful(c: Candidate) -> bool:
         return c.matched_tokens >= weights.min_prefix_tokens and c.matched_bytes > 0
 
-    def score(c: Candidate) -> tuple[float, int]:
+    def score(c: Candidate) -> tuple[float, int, int]:
         share = min(c.matched_bytes / size, 1.0) if useful(c) else 0.0
         value = w * share - (1 - w) * c.inflight / (mean + 1)
-        return (value, _rendezvous(tie_key, c.name))
+        return (value, -c.cached_blocks, _rendezvous(tie_key, c.name))
 
     best = max(allowed, key=score)
     if useful(best):

@@ -13,11 +13,14 @@ the tree, so two replicas with the same page size and tokenizer give the same ha
 
 from __future__ import annotations
 
+import array
 import hashlib
+import sys
 from collections.abc import Iterator, Sequence
 
 __all__ = ["block_id", "chain_digests", "page_digest", "prefix_block_ids"]
 
+_SWAP = sys.byteorder != "little"  # token ids hash as 4-byte little-endian
 _SIGN = 1 << 63
 _WRAP = 1 << 64
 
@@ -44,9 +47,18 @@ def chain_digests(
     if page_size <= 0:
         raise ValueError("page_size must be > 0")
     whole = len(tokens) - len(tokens) % page_size
-    for start in range(0, whole, page_size):
-        prior = page_digest(tokens[start : start + page_size], prior)
-        yield prior
+    if not whole:
+        return
+    packed = array.array("I", tokens[:whole])  # one pass in C instead of a join per page
+    if _SWAP:
+        packed.byteswap()
+    raw = packed.tobytes()
+    width = 4 * page_size
+    sha = hashlib.sha256
+    digest = prior or b""
+    for begin in range(0, len(raw), width):
+        digest = sha(digest + raw[begin : begin + width]).digest()
+        yield digest
 
 
 def prefix_block_ids(tokens: Sequence[int], page_size: int) -> list[int]:

@@ -11,9 +11,13 @@ how many leading tokens of the prompt it has cached, or ``None`` (unknown). Guar
   sequence number seen on its live stream, and it was heard from within ``stale_after_s``. A gap
   (seq jump), a restart (seq going back on the live stream) or silence makes it unknown; a replay
   that fills the gap, or a new ``AllBlocksCleared``, makes it known again.
-- **Bounded memory**: at most ``max_blocks`` distinct block hashes; past that the least recently
-  stored or queried ones are dropped for every replica. Dropping only ever *lowers* an answer
+- **Bounded memory**: at most ``max_blocks`` block hashes per replica (a replica's radix tree
+  bounds it already: its capacity in pages; the bound guards against a stream that never removes).
+  Past it, arbitrary blocks of that replica are dropped. Dropping only ever *lowers* an answer
   (the walk stops at a missing block), it never raises one.
+- **Cheap to feed**: each replica's blocks are one ``set``; a batch is applied with set updates
+  at C speed (page size 1 means one hash per token: a 30k-token prompt is one 30k-hash event),
+  and a query walks each known replica's set only as far as its run of held blocks goes.
 
 Block hashing must match the backend's: ``page_size`` and the token ids of the pool's tokenizer
 (``runtime.prefixindex.hashing``).
@@ -21,7 +25,6 @@ Block hashing must match the backend's: ``page_size`` and the token ids of the p
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -42,10 +45,10 @@ class Applied(Enum):
 
 @dataclass(slots=True)
 class _Replica:
-    bit: int
     blocks: set[int] = field(default_factory=set)
     last_seq: int | None = None  # last batch applied in sequence since a baseline
-    highest_seen: int = -1  # highest seq seen on the live stream
+    highest_seen: int = -1  # highest seq seen, live or replayed
+    live_seen: int = -1  # highest seq seen on the live stream (a restart sends it back)
     last_heard: float | None = None
     last_ts: float | None = None  # the publisher's timestamp of the last batch applied
     reason: str = "no baseline yet"  # why unknown (when it is)
@@ -80,21 +83,15 @@ class PrefixIndex:
         self.max_blocks = max_blocks
         self.stale_after_s = stale_after_s
         self._replicas: dict[str, _Replica] = {}
-        self._holders: collections.OrderedDict[int, int] = collections.OrderedDict()  # hash→bits
-        self.evicted_blocks = 0
+        self.evicted_blocks = 0  # dropped by the memory bound
 
     # ---- replicas ----------------------------------------------------------------------------
     def add_replica(self, name: str) -> None:
-        if name in self._replicas:
-            return
-        used = {r.bit for r in self._replicas.values()}
-        bit = next(1 << i for i in range(len(used) + 1) if 1 << i not in used)
-        self._replicas[name] = _Replica(bit=bit)
+        if name not in self._replicas:
+            self._replicas[name] = _Replica()
 
     def remove_replica(self, name: str) -> None:
-        replica = self._replicas.pop(name, None)
-        if replica is not None:
-            self._clear(replica)
+        self._replicas.pop(name, None)
 
     def replicas(self) -> list[str]:
         return list(self._replicas)
@@ -102,9 +99,10 @@ class PrefixIndex:
     def forget(self, name: str, reason: str) -> None:
         """Drop what is known of ``name`` (its process restarted, its stream cannot be trusted)."""
         replica = self._replicas[name]
-        self._clear(replica)
+        replica.blocks = set()
         replica.last_seq = None
         replica.highest_seen = -1
+        replica.live_seen = -1
         replica.reason = reason
 
     def heard(self, name: str, now: float) -> None:
@@ -121,9 +119,13 @@ class PrefixIndex:
         """Apply one batch of ``name``'s events, received live (PUB) or from a replay."""
         r = self._replicas[name]
         if live:
-            if r.last_seq is not None and seq <= r.last_seq:
-                r.restarts += 1  # a live stream never repeats: the publisher started again
+            # a live stream never repeats itself: going back means the publisher started again.
+            # A live batch at or below ``last_seq`` but above ``live_seen`` is one a replay got
+            # first (the probe ran while it sat in the SUB socket): a duplicate, not a restart.
+            if seq <= r.live_seen:
+                r.restarts += 1
                 self.forget(name, "publisher restarted")
+            r.live_seen = seq
             r.highest_seen = max(r.highest_seen, seq) if r.last_seq is not None else seq
         clear_at = max(
             (i for i, e in enumerate(batch.events) if isinstance(e, AllBlocksCleared)), default=-1
@@ -131,7 +133,7 @@ class PrefixIndex:
         if r.last_seq is not None and seq <= r.last_seq:
             return Applied.DUPLICATE
         if clear_at >= 0:
-            self._clear(r)  # a baseline: whatever came before no longer matters
+            r.blocks = set()  # a baseline: whatever came before no longer matters
             events = batch.events[clear_at + 1 :]
         elif r.last_seq is not None and seq == r.last_seq + 1:
             events = batch.events
@@ -151,35 +153,16 @@ class PrefixIndex:
         return Applied.APPLIED
 
     def _store(self, r: _Replica, hashes: Iterable[int]) -> None:
-        holders = self._holders
-        for h in hashes:
-            holders[h] = holders.get(h, 0) | r.bit
-            holders.move_to_end(h)
-            r.blocks.add(h)
-        while len(holders) > self.max_blocks:
-            h, bits = holders.popitem(last=False)
-            self.evicted_blocks += 1
-            for other in self._replicas.values():
-                if bits & other.bit:
-                    other.blocks.discard(h)
+        blocks = r.blocks
+        blocks.update(hashes)
+        excess = len(blocks) - self.max_blocks
+        if excess > 0:
+            self.evicted_blocks += excess
+            for _ in range(excess):
+                blocks.pop()
 
     def _remove(self, r: _Replica, hashes: Iterable[int]) -> None:
-        for h in hashes:
-            if h in r.blocks:
-                r.blocks.discard(h)
-                self._drop_bit(h, r.bit)
-
-    def _drop_bit(self, h: int, bit: int) -> None:
-        bits = self._holders.get(h, 0) & ~bit
-        if bits:
-            self._holders[h] = bits
-        else:
-            self._holders.pop(h, None)
-
-    def _clear(self, r: _Replica) -> None:
-        for h in r.blocks:
-            self._drop_bit(h, r.bit)
-        r.blocks = set()
+        r.blocks.difference_update(hashes)
 
     # ---- questions ---------------------------------------------------------------------------
     def known(self, name: str, now: float) -> bool:
@@ -200,7 +183,7 @@ class PrefixIndex:
 
     def query_blocks(self, block_ids: Sequence[int], now: float) -> dict[str, int | None]:
         """As ``query``, for a prompt already hashed (``prefix_block_ids``)."""
-        runs = self._runs(block_ids, now, touch=True)
+        runs = self.query_chain(block_ids, now)
         return {n: None if c is None else c * self.page_size for n, c in runs.items()}
 
     def query_chain(self, block_ids: Sequence[int], now: float) -> dict[str, int | None]:
@@ -211,35 +194,22 @@ class PrefixIndex:
         at their granularity; a block dropped by the memory bound ends the run (lower, never
         higher).
         """
-        return self._runs(block_ids, now, touch=False)
-
-    def _runs(self, block_ids: Sequence[int], now: float, *, touch: bool) -> dict[str, int | None]:
-        """Per replica: leading ``block_ids`` held in a row, or None (unknown); ``touch`` marks
-        the held blocks recently used (the memory bound drops the least recent)."""
         out: dict[str, int | None] = {}
-        known: dict[int, str] = {}
         for name, r in self._replicas.items():
-            if self._known(r, now):
-                known[r.bit] = name
-            else:
+            if not self._known(r, now):
                 out[name] = None
-        mask = sum(known)
-        count = 0
-        holders = self._holders
-        for h in block_ids:
-            if not mask:
-                break
-            held = holders.get(h, 0) & mask
-            for bit in _bits(mask & ~held):
-                out[known[bit]] = count
-            mask = held
-            if held:
-                if touch:
-                    holders.move_to_end(h)
+                continue
+            blocks, count = r.blocks, 0
+            for h in block_ids:
+                if h not in blocks:
+                    break
                 count += 1
-        for bit in _bits(mask):
-            out[known[bit]] = count
+            out[name] = count
         return out
+
+    def blocks_of(self, name: str) -> int:
+        """Block hashes held for ``name`` (its radix tree's size in pages, when exact)."""
+        return len(self._replicas[name].blocks)
 
     def view(self, name: str, now: float) -> ReplicaView:
         r = self._replicas[name]
@@ -258,12 +228,5 @@ class PrefixIndex:
         )
 
     def __len__(self) -> int:
-        """Distinct block hashes held (by any replica)."""
-        return len(self._holders)
-
-
-def _bits(mask: int) -> Iterable[int]:
-    while mask:
-        low = mask & -mask
-        yield low
-        mask ^= low
+        """Block hashes held, summed over the replicas (a block two replicas hold counts twice)."""
+        return sum(len(r.blocks) for r in self._replicas.values())

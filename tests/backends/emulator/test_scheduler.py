@@ -265,6 +265,32 @@ async def test_many_concurrent_requests_keep_accounting_exact() -> None:
     await sched.aclose()
 
 
+def test_a_partial_last_page_stays_reserved_until_the_finish_inserts_it() -> None:
+    """The tree takes whole pages: at the end of prefill a prompt's partial last page is not
+    cached. Its slots were released there, so the finish's insert of prompt + output grew the tree
+    past the KV pool when the pool was full (found by the state machine in
+    tests/runtime/prefixindex/test_index_under_pressure.py)."""
+    clock = FakeClock()
+    sched = Scheduler(_profile(page_size=4, max_total_tokens=40), clock=clock, sleep=clock.sleep)
+    req = _req(clock, list(range(6)), 2)  # one whole page and a 2-token tail
+    assert sched._admit(req, 0.0) is not None
+    req.prefilled = req.fill_len  # as the prefill steps do
+    sched._uncommitted += req.fill_len - req.cached_tokens
+    sched._commit_prompt(req)
+    assert sched.cache.total_size == 4 and sched.cache.allocated == 2 + 1  # tail + next token
+    req.output_ids.extend([7, 8])
+    assert sched.cache.allocate(1)  # the second output token's slot
+    req.reserved += 1
+    sched._uncommitted += 2
+    other = sched.cache.free
+    assert sched.cache.allocate(other)  # everything else is taken: the pool is full
+    req.finish_reason = "length"
+    sched._release(req, commit=True)  # inserts 6 + 2 tokens: two whole pages
+    sched.cache.check_invariants()
+    assert sched.cache.total_size == 8 and sched.cache.allocated == other
+    assert sched._uncommitted == 0
+
+
 async def test_a_failing_step_aborts_requests_and_marks_unhealthy() -> None:
     clock = FakeClock()
 

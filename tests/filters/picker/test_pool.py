@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import CollectorRegistry
 
 from backends.emulator.radix_cache import RadixCache
@@ -164,3 +166,45 @@ def test_once_a_prompt_is_mapped_the_index_beats_a_pending_pick() -> None:
     # the replica's events never showed the document (evicted, or never stored): no cache claim
     pick = picker.pick(picker.prompt(doc + b" again"))
     assert pick.reason == "load" and pick.predicted_tokens == 0
+
+
+def test_a_pending_prefix_is_counted_in_tokens_at_the_measured_bytes_per_token() -> None:
+    """The mapper lags (worker process on a busy box): a follow-up of a prompt sent moments ago
+    is credited from the pending pick; its tokens were estimated at 4 bytes each, so prompts of
+    longer words were over-predicted (1.5x on the Mooncake slice)."""
+    clock = Clock()
+    picker, _ = _picker(clock, pending_ttl=5.0, min_prefix_tokens=0)
+    seen = _text("calibrationwordsab", 400)  # mapped earlier: teaches the map the ratio
+    old = picker.prompt(seen)
+    picker.map.extend(old.data, old.marks, 0, len(old.marks))
+    doc = _text("longerwordsthanfou", 400)  # ~22 bytes a word, one token each
+    prompt = picker.prompt(doc)
+    picker.record(prompt, Pick(NAMES[2], "load"))  # sent; not mapped yet
+    picker.done(NAMES[2])
+    follow = picker.pick(picker.prompt(doc + b" next turn"))
+    assert follow.replica == NAMES[2]
+    whole = len(prompt.marks) * 64  # bytes of the pending checkpoints
+    words_in_prefix = len(doc[:whole].split())
+    assert 0.95 * words_in_prefix <= follow.predicted_tokens <= 1.05 * words_in_prefix
+
+
+def test_a_pending_pick_waits_for_its_prompt_to_be_mapped_then_expires() -> None:
+    """The mapper lagged ~20 s behind the trace on the benchmark box: a follow-up turn found its
+    pending pick expired (1 s) and the index blind (text not mapped), and went elsewhere."""
+    clock = Clock()
+    picker, _ = _picker(clock, pending_ttl=1.0)
+    picker._queue = asyncio.Queue(8)  # as start() makes it; nothing maps in this test
+    doc = _text("slowmap", 200)
+    prompt = picker.prompt(doc)
+    picker.record(prompt, Pick(NAMES[1], "load"))
+    picker.done(NAMES[1])
+    clock.now += 10.0  # far past pending_ttl, still not mapped
+    for n in NAMES:
+        picker.index.heard(n, clock.now)
+    follow = picker.pick(picker.prompt(doc + b" next turn"))
+    assert (follow.replica, follow.reason) == (NAMES[1], "cache")
+    picker._mapped(prompt)  # the mapper caught up: pending_ttl from now on
+    clock.now += 1.5
+    for n in NAMES:
+        picker.index.heard(n, clock.now)
+    assert picker.pick(picker.prompt(doc + b" later")).reason == "load"

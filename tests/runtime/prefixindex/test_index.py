@@ -192,11 +192,14 @@ def test_the_memory_bound_only_lowers_answers() -> None:
         index.heard(name, 0.0)
         index.apply(name, 0, _batch(AllBlocksCleared()))
     index.apply("r", 1, _batch(BlockStored([1, 2, 3], None, [1, 2, 3], 1, None)))
-    assert index.query_blocks([1, 2, 3], 0.0) == {"r": 3, "s": 0}
-    index.apply("s", 1, _batch(BlockStored([4], None, [9], 1, None)))  # evicts block 1
-    assert len(index) == 3 and index.evicted_blocks == 1
-    assert index.query_blocks([1, 2, 3], 0.0) == {"r": 0, "s": 0}
-    assert index.query_blocks([4], 0.0) == {"r": 0, "s": 1}
+    index.apply("s", 1, _batch(BlockStored([1, 4], None, [1, 9], 1, None)))
+    assert index.query_blocks([1, 2, 3], 0.0) == {"r": 3, "s": 1}
+    assert len(index) == 5 and index.evicted_blocks == 0  # the bound is per replica
+    index.apply("r", 2, _batch(BlockStored([5, 6], 3, [4, 5], 1, None)))  # r: 5 > 3 blocks
+    assert index.evicted_blocks == 2 and index.view("r", 0.0).blocks == 3
+    answer = index.query_blocks([1, 2, 3, 5, 6], 0.0)
+    assert answer["r"] is not None and answer["r"] < 5  # lower, never higher
+    assert answer["s"] == 1  # another replica's blocks are untouched
 
 
 def test_removing_a_replica_frees_its_slot_and_blocks() -> None:
@@ -206,3 +209,21 @@ def test_removing_a_replica_frees_its_slot_and_blocks() -> None:
     assert len(index) == 0 and index.replicas() == []
     index.add_replica("t")
     assert index.query_blocks([1], 0.0) == {"t": None}
+
+
+def test_a_live_batch_a_replay_already_applied_is_a_duplicate_not_a_restart() -> None:
+    """The subscriber's probe replays up to the newest batch while the same batches still sit
+    in the SUB socket; when they arrive live they are duplicates. Taking them for a restart made
+    the index forget the replica about once a second under load (cold picks, full re-replays)."""
+    index = _index()  # seq 0 (the baseline) came live
+    index.apply("r", 1, _batch(BlockStored([1], None, [5], 1, None)), live=False)
+    index.apply("r", 2, _batch(BlockStored([2], 1, [6], 1, None)), live=False)
+    assert index.apply("r", 1, _batch(BlockStored([1], None, [5], 1, None))) is Applied.DUPLICATE
+    assert index.apply("r", 2, _batch(BlockStored([2], 1, [6], 1, None))) is Applied.DUPLICATE
+    assert index.view("r", 1.0).restarts == 0
+    assert index.query_blocks([1, 2], 1.0) == {"r": 2}
+    assert index.apply("r", 3, _batch(BlockRemoved([2]))) is Applied.APPLIED
+    assert index.query_blocks([1, 2], 1.0) == {"r": 1}
+    # the live stream itself going back is still a restart
+    assert index.apply("r", 0, _batch(AllBlocksCleared())) is Applied.APPLIED
+    assert index.view("r", 1.0).restarts == 1 and index.query_blocks([1], 1.0) == {"r": 0}
