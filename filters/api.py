@@ -103,6 +103,8 @@ class RouteInfo:
     max_body_bytes: int = 1024**2
     failure_mode: Literal["open", "closed"] = "closed"
     rate_limited: bool = False
+    # Envoy's Lua usage meter reads the response (controlplane.policy.phases.meters_usage)
+    metered_in_envoy: bool = False
 
 
 @dataclass(frozen=True, slots=True)

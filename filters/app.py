@@ -36,6 +36,7 @@ from filters.server import FilterServer, FilterServicer
 from filters.services import Services, default_services
 from filters.shadow.metrics import ShadowMetrics
 from filters.shadow.recorder import ShadowRecorder
+from filters.usage_log import UsageLog
 from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
@@ -226,12 +227,17 @@ class FilterApp:
             tracing=self.tracing,
         )
         transport = transport_for(self.settings.transport, host)
+        usage_log = UsageLog(self.metrics, lambda: self.policy)  # Envoy's usage meter reports
         if transport == "h2":
             body = self.policy.filters.max_body_bytes if self.policy.filters else 1024**2
             limits = replace(LIMITS, max_message=max(4 * 1024**2, body + 64 * 1024))
-            self.server = H2FilterServer(servicer, host, port, health=self.health, limits=limits)
+            self.server = H2FilterServer(
+                servicer, host, port, health=self.health, limits=limits, usage_log=usage_log
+            )
         else:
-            self.server = FilterServer(servicer, host, port, health=self.health)
+            self.server = FilterServer(
+                servicer, host, port, health=self.health, usage_log=usage_log
+            )
         await self.server.start()
         mport = self.settings.metrics_port
         if mport is None and self.policy.filters is not None:

@@ -5,13 +5,15 @@ half of the filter server's budget. Envoy multiplexes every stream on a few HTTP
 the shared HTTP/2 layer (:mod:`runtime.h2`) reads them with one syscall, runs each stream's
 :meth:`FilterServicer.Process` as a task on the event loop and writes everything produced in one
 loop iteration with one syscall. Each stream gets a :class:`StreamContext` (``read``, ``write``,
-``invocation_metadata``). It also answers ``grpc.health.v1.Health``.
+``invocation_metadata``). It also answers ``grpc.health.v1.Health`` and Envoy's gRPC access log
+(``StreamAccessLogs``: the usage meter's metrics, :mod:`filters.usage_log`).
 """
 
 from __future__ import annotations
 
 from filters.h2stream import EOF, StreamContext
 from filters.server import FilterServicer
+from filters.usage_log import ALS_PATH, UsageLog
 from runtime.h2 import GrpcH2Server, Limits, Method, Stream
 from runtime.health import HealthState
 
@@ -33,12 +35,17 @@ class H2FilterServer:
         *,
         health: HealthState | None = None,
         limits: Limits | None = None,
+        usage_log: UsageLog | None = None,
     ) -> None:
         self.servicer = servicer
         self.host = host
         self.port = port
+        methods = {PROCESS_PATH: Method(streaming=self._process)}
+        if usage_log is not None:
+            methods[ALS_PATH] = Method(streaming=self._access_log)
+        self.usage_log = usage_log
         self.grpc = GrpcH2Server(
-            {PROCESS_PATH: Method(streaming=self._process)},
+            methods,
             health=health,
             limits=limits or LIMITS,
         )
@@ -51,3 +58,11 @@ class H2FilterServer:
 
     async def _process(self, stream: Stream) -> None:
         await self.servicer.Process(None, StreamContext(stream))
+
+    async def _access_log(self, stream: Stream) -> None:
+        """Envoy's gRPC access log (Envoy's usage meter, filters/usage_log.py): one stream of
+        batches per Envoy worker, answered with an empty message when Envoy ends it."""
+        assert self.usage_log is not None
+        while (message := await stream.read()) is not None:
+            self.usage_log.handle(message)
+        await stream.write(b"")

@@ -15,6 +15,8 @@ from runtime.labels import PolicyLabels
 __all__ = ["FilterMetrics"]
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# the tbt buckets; Envoy's usage meter counts gaps in the same ones (GAP_BUCKETS, rendered by
+# controlplane/translate/usage_meter.py; tests/filters/test_usage_log.py checks they agree)
 _GAP = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 _RATE = (1, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 _DURATION = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -186,6 +188,20 @@ class FilterMetrics:
         ln, md = self.lane_label(lane), self.model_label(model)
         self.requests.labels(route, ln, md, self.tenant_label(tenant), outcome).inc()
         self.duration.labels(route, ln, md).observe(seconds)
+
+    @staticmethod
+    def add_observations(child: Any, counts: list[int], total: float) -> None:
+        """Add to a histogram child what ``observe`` would have added for values that fell
+        ``counts[i]`` times into bucket ``i`` (the first bound each was under, as ``observe``
+        counts) and summed to ``total`` — Envoy's usage meter counts chunk gaps that way."""
+        buckets = child._buckets
+        if len(counts) != len(buckets):
+            raise ValueError(f"{len(counts)} bucket counts for a histogram of {len(buckets)}")
+        child._raise_if_not_observable()
+        child._sum.inc(total)
+        for bucket, n in zip(buckets, counts, strict=True):
+            if n > 0:
+                bucket.inc(n)
 
     def spent(self, tenant: str | None, model: str | None, usd: float) -> None:
         if usd > 0:

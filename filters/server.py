@@ -23,7 +23,7 @@ from filters.api import Context, openai_error
 from filters.chain import Outcome
 from filters.metrics import FilterMetrics
 from filters.oversize import drain_body, oversize_limit, oversize_reply
-from filters.plugins.usage import OUTCOME_KEY
+from filters.plugins.usage import METERED, OUTCOME_KEY
 from filters.protocol import (
     CONTINUE_REQUEST_BODY,
     CONTINUE_RESPONSE_BODY,
@@ -162,6 +162,8 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         """RED per route, lane, model and tenant (docs/metrics.md)."""
         if ctx.status is not None and ctx.status >= 400:
             outcome = "rejected"
+        elif METERED in ctx.scratch:  # Envoy's usage meter reports it (filters/usage_log.py)
+            return
         else:
             outcome = ctx.scratch.get(OUTCOME_KEY) or "no_output"
         model = ctx.model or (entry.info.models[0] if entry.info.models else None)
@@ -254,11 +256,19 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
     async def _request_body(
         self, entry: RouteEntry, ctx: Context, msg: pb.HttpBody
     ) -> pb.ProcessingResponse:
-        if not entry.chain.needs("request_body") and not entry.info.rate_limited:
+        info = entry.info
+        if not entry.chain.needs("request_body") and not (
+            info.rate_limited or info.metered_in_envoy
+        ):
             return CONTINUE_REQUEST_BODY
         out = await entry.chain.request_body(ctx, msg.body)
         if out.reply is not None:
             ctx.status = out.reply.status
+        elif info.metered_in_envoy:
+            meter = _usage_plugin(entry)
+            if meter is not None:
+                out.metadata.update(meter.envoy_inputs(ctx))
+                ctx.scratch[METERED] = True
         if entry.info.rate_limited and out.reply is None:
             # tenant and lane were set with the headers; the body decides model and reserve
             d = _descriptor_headers(ctx)
@@ -288,7 +298,11 @@ def _holder(
 
 
 def _meters_usage(entry: RouteEntry) -> bool:
-    return any(getattr(p, "name", "") == "usage" for p in entry.chain.plugins)
+    return _usage_plugin(entry) is not None
+
+
+def _usage_plugin(entry: RouteEntry) -> Any:
+    return next((p for p in entry.chain.plugins if getattr(p, "name", "") == "usage"), None)
 
 
 def _continue(which: str | None) -> pb.ProcessingResponse:
@@ -312,7 +326,13 @@ class FilterServer:
     (health checks keep being answered meanwhile); ``aclose()`` stops the server."""
 
     def __init__(
-        self, servicer: FilterServicer, host: str, port: int, *, health: HealthState | None = None
+        self,
+        servicer: FilterServicer,
+        host: str,
+        port: int,
+        *,
+        health: HealthState | None = None,
+        usage_log: Any = None,
     ) -> None:
         self.servicer = servicer
         self.health = AioHealth(health if health is not None else HealthState())
@@ -323,6 +343,8 @@ class FilterServer:
         ]
         self._server = grpc.aio.server(options=options)
         pb_grpc.add_ExternalProcessorServicer_to_server(servicer, self._server)
+        if usage_log is not None:  # Envoy's gRPC access log: filters/usage_log.py
+            self._server.add_generic_rpc_handlers((_access_log_handler(usage_log),))
         self.health.add_to(self._server)
         self.port = self._server.add_insecure_port(f"{host}:{port}")
         if self.port == 0:
@@ -340,3 +362,14 @@ class FilterServer:
 
     async def aclose(self, grace: float = 1.0) -> None:
         await self._server.stop(grace)
+
+
+def _access_log_handler(usage_log: Any) -> grpc.GenericRpcHandler:
+    async def stream(requests: Any, context: Any) -> bytes:
+        await usage_log.consume(requests)
+        return b""
+
+    return grpc.method_handlers_generic_handler(
+        "envoy.service.accesslog.v3.AccessLogService",
+        {"StreamAccessLogs": grpc.stream_unary_rpc_method_handler(stream)},
+    )

@@ -22,6 +22,7 @@ __all__ = [
     "SHADOW_ID_HEADER",
     "SHADOW_TO_HEADER",
     "VERSION_HEADER",
+    "meters_usage",
     "route_hooks",
     "uses_collapse",
     "uses_shadow_pairs",
@@ -81,6 +82,20 @@ def route_hooks(plugin_names: Iterable[str]) -> frozenset[str]:
     for name in plugin_names:
         hooks |= BUILTIN_HOOKS.get(name, _ALL)
     return frozenset(hooks)
+
+
+def meters_usage(route: object) -> bool:
+    """Whether Envoy's Lua usage meter (controlplane/translate/usage_meter.py) meters a policy
+    route: a pool route whose enabled plugins list ``usage`` and no plugin that reads the
+    response body in Python (admission, picker, idempotency, collapse, custom ones read the
+    usage the Python usage plugin finds: there the body stays STREAMED through ext_proc and the
+    Python plugin meters; tests/integration/test_usage_twin.py drives both with the same streams)."""
+    f = getattr(route, "filters", None)
+    if getattr(route, "pool", None) is None or f is None or not f.enabled:
+        return False
+    names = [p.name for p in f.plugins]
+    others = [n for n in names if n != "usage"]
+    return "usage" in names and "response_chunk" not in route_hooks(others)
 
 
 def uses_collapse(route: object) -> bool:

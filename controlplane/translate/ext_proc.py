@@ -25,7 +25,12 @@ from google.protobuf import wrappers_pb2
 
 from controlplane.policy.admission import hold_slack
 from controlplane.policy.model import FiltersServer, Policy, Route
-from controlplane.policy.phases import OVERSIZE_ROUTE_PREFIX, ROUTE_HEADER, route_hooks
+from controlplane.policy.phases import (
+    OVERSIZE_ROUTE_PREFIX,
+    ROUTE_HEADER,
+    meters_usage,
+    route_hooks,
+)
 from controlplane.translate.names import FILTERS_CLUSTER
 from controlplane.translate.protos import any_of, dur
 
@@ -57,7 +62,11 @@ def _mode(
 def route_mode(route: Route) -> processing_mode_pb2.ProcessingMode:
     """The phases a route's plugins need (request headers always: internal headers are stripped)."""
     names = [p.name for p in route.filters.plugins] if route.filters is not None else []
-    hooks = route_hooks(names)
+    if meters_usage(route):  # the Lua usage meter reads the response in Envoy
+        names = [n for n in names if n != "usage"]
+        hooks = route_hooks(names) | {"request_body"}  # the meter's inputs are set there
+    else:
+        hooks = route_hooks(names)
     return _mode(
         "request_body" in hooks,
         "response_headers" in hooks,

@@ -1,8 +1,8 @@
 """Listeners: one HTTP connection manager per gateway listener and per sidecar direction.
 
-Routes come over RDS (ADS). The HTTP filter chain is ext_proc (filter server) → ratelimit →
-router; the first two are present only when some route of the listener uses them, and are
-switched off per route through ``typed_per_filter_config`` (an LDS change would not reach open
+Routes come over RDS (ADS). The HTTP filter chain is the Lua usage meter (``usage_meter``) →
+ext_proc (filter server) → ratelimit → router; the first three are present only when some route
+of the listener uses them, and are switched off per route through ``typed_per_filter_config`` (an LDS change would not reach open
 keep-alive connections; an RDS change does).
 
 Every listener bounds its clients (policy ``downstream``): the request head must arrive within
@@ -28,6 +28,13 @@ from controlplane.translate.access_log import access_logs
 from controlplane.translate.edge import openai_local_replies, strip_internal_headers
 from controlplane.translate.protos import ads_source, any_of, dur, socket_address
 from controlplane.translate.routes import PerRoute
+from controlplane.translate.usage_meter import (
+    LUA_FILTER,
+    meters_usage,
+    usage_access_log,
+    usage_http_filter,
+    usage_per_route,
+)
 
 __all__ = ["gateway_listener", "route_hooks", "sidecar_listener"]
 
@@ -45,6 +52,9 @@ def route_hooks(
     ):
         from controlplane.translate.ext_proc import ext_proc_http_filter, ext_proc_per_route
 
+        if any(meters_usage(r) for r in routes):
+            filters.append(usage_http_filter())
+            per_route.append(usage_per_route)
         filters.append(ext_proc_http_filter(policy))
         per_route.append(ext_proc_per_route)
     if policy.ratelimit is not None and any(
@@ -72,7 +82,8 @@ def gateway_listener(
         max_headers_kb=gw.max_request_headers_kb,
         downstream=gw.downstream,
         tracing=tracing,
-        access_log=access_logs(gw.access_log),
+        access_log=access_logs(gw.access_log)
+        + ([usage_access_log()] if any(f.name == LUA_FILTER for f in extra_filters) else []),
     )
 
 

@@ -11,6 +11,13 @@ plugin forced it upstream), the usage-only event is cut out of the chunk that ca
 cleanly the chunk is answered with its complete events and an incomplete trailing event (bytes
 no SSE client can use yet) goes out with the next chunk.
 
+On a route Envoy's Lua usage meter covers (``RouteInfo.metered_in_envoy``: no other plugin
+reads the response body), Envoy does all of the above itself (``controlplane/translate/usage.lua``)
+and this plugin only hands it its inputs (:meth:`UsagePlugin.envoy_inputs`, set as dynamic
+metadata at the request body); the metrics come back through the access log
+(``filters/usage_log.py``). ``tests/integration/test_usage_twin.py`` drives both meters with the
+same streams and demands the same settlement and bytes.
+
 Settings: ``max_json_bytes`` (default 8 MiB: larger JSON answers are not parsed).
 """
 
@@ -34,13 +41,14 @@ from filters.sse import (
 )
 from runtime.cost import cost_usd, micro_usd
 
-__all__ = ["OUTCOME_KEY", "SETTLE_USD_KEY", "UsagePlugin"]
+__all__ = ["METERED", "OUTCOME_KEY", "SETTLE_USD_KEY", "UsagePlugin"]
 
 # dynamic metadata: the real price the settle charges, micro-USD as a *string* (Envoy's metadata
 # rate-limit action reads only string values; a number would yield its default "-")
 SETTLE_USD_KEY = "settle_usd_micros"
 
 OUTCOME_KEY = "outcome"  # ctx.scratch: how the answer ended (tokenweir_filters_requests_total)
+METERED = "metered_in_envoy"  # ctx.scratch: Envoy's usage meter reports this request
 
 _MAX_TAIL = 65536  # bytes of an incomplete SSE event kept between chunks
 
@@ -74,6 +82,30 @@ class UsagePlugin(BasePlugin):
             raise ConfigError(f"usage: max_json_bytes must be a positive integer, got {limit!r}")
         self.max_json_bytes = limit
         self.services = services
+
+    def envoy_inputs(self, ctx: Context) -> dict[str, Any]:
+        """Dynamic metadata for Envoy's Lua usage meter (``controlplane/translate/usage.lua``):
+        what this plugin would know at the response, and the model's prices."""
+        kind = getattr(ctx.body, "kind", None)
+        out: dict[str, Any] = {
+            "meter": True,
+            "route": ctx.route.name,
+            "prompt": ctx.prompt_tokens or 0,
+            "max_tokens": ctx.max_tokens or 0,
+            "stream": ctx.stream,
+            "cut": ctx.stream and not ctx.client_wants_usage and kind != "generate",
+            "reserve": ctx.reserve or 0,
+            "json_max": self.max_json_bytes,
+        }
+        if ctx.model is not None:
+            out["model"] = ctx.model
+        prices = getattr(self.services.policy, "prices", None) or {}
+        price = prices.get(ctx.model) if ctx.model is not None else None
+        if price is not None:
+            out["price_prompt"] = price.prompt
+            out["price_cached"] = price.prompt if price.cached is None else price.cached
+            out["price_completion"] = price.completion
+        return out
 
     def _start(self, ctx: Context, chunk: bytes) -> _State:
         sse = ctx.stream or chunk.lstrip().startswith((b"data:", b":", b"event:"))

@@ -128,7 +128,7 @@ def test_example_policy_with_filters_and_ratelimit_is_accepted_by_envoy(node: st
     assert ok, message
 
 
-def test_example_gateway_chain_is_ext_proc_then_ratelimit_then_router() -> None:
+def test_example_gateway_chain_is_lua_meter_ext_proc_ratelimit_router() -> None:
     from envoy.extensions.filters.network.http_connection_manager.v3 import (
         http_connection_manager_pb2 as hcm_pb2,
     )
@@ -146,6 +146,7 @@ def test_example_gateway_chain_is_ext_proc_then_ratelimit_then_router() -> None:
     assert hcm.request_headers_timeout.seconds == 10
     assert hcm.common_http_protocol_options.idle_timeout.seconds == 300
     assert [f.name for f in hcm.http_filters] == [
+        "envoy.filters.http.lua",
         "envoy.filters.http.ext_proc",
         "envoy.filters.http.ratelimit",
         "envoy.filters.http.router",
@@ -157,6 +158,15 @@ def test_example_gateway_chain_is_ext_proc_then_ratelimit_then_router() -> None:
     assert routes["chat-completions/interactive"]["route"]["priority"] == "HIGH"
     inventory_cfg = routes["inventory"].get("typedPerFilterConfig", {})
     assert inventory_cfg, "the plain service route must switch the LLM filters off per route"
+    assert inventory_cfg["envoy.filters.http.lua"]["disabled"] is True
+    chat = routes["chat-completions/interactive"]["typedPerFilterConfig"]
+    assert "envoy.filters.http.lua" not in chat  # the usage meter runs there
+    mode = chat["envoy.filters.http.ext_proc"]["overrides"]["processingMode"]
+    # the response body no longer goes to the filter server: Envoy's Lua meter reads it
+    assert mode.get("responseBodyMode", "NONE") == "NONE"
+    assert mode["requestBodyMode"] == "BUFFERED"
+    logs = [a["name"] for a in MessageToDict(hcm)["accessLog"]]
+    assert "envoy.access_loggers.http_grpc" in logs
 
 
 def test_multi_process_servers_get_several_http2_connections() -> None:

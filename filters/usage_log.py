@@ -1,0 +1,114 @@
+"""The gateway metrics of requests Envoy's Lua usage meter covered, from Envoy's gRPC access log.
+
+On a route the meter covers (``RouteInfo.metered_in_envoy``) the response body no longer passes
+through the filter server, so the metrics it used to record per chunk arrive once per request,
+batched: Envoy's ``envoy.access_loggers.http_grpc`` streams ``StreamAccessLogs`` to this server
+(``controlplane/translate/usage_meter.py``), each entry carrying the request's dynamic metadata
+(namespace ``tokenweir``): what the filter server set at the request (tenant, lane, model, route,
+prompt estimate) and what the meter set at the response (``stream`` = chunks, first and last
+chunk times, the chunk-gap bucket counts; ``outcome``; the reported usage). Abandoned streams are
+logged too (Envoy logs every request). :func:`record` turns one entry into the same metric
+updates the Python usage plugin makes (docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from envoy.service.accesslog.v3 import als_pb2
+from google.protobuf import struct_pb2
+
+from filters.metrics import FilterMetrics
+from runtime.cost import cost_usd
+
+__all__ = ["ALS_PATH", "UsageLog", "record"]
+
+ALS_PATH = "/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs"
+
+
+def _value(v: struct_pb2.Value) -> Any:
+    kind = v.WhichOneof("kind")
+    if kind == "number_value":
+        return v.number_value
+    if kind == "string_value":
+        return v.string_value
+    if kind == "bool_value":
+        return v.bool_value
+    return None
+
+
+def _fields(entry: Any) -> dict[str, Any]:
+    st = entry.common_properties.metadata.filter_metadata.get("tokenweir")
+    if st is None:
+        return {}
+    return {k: _value(v) for k, v in st.fields.items()}
+
+
+def _seconds(d: Any) -> float:
+    return float(d.seconds) + d.nanos / 1e9
+
+
+def record(metrics: FilterMetrics, policy: Any, entry: Any) -> None:
+    """The metrics of one finished (or abandoned) metered request."""
+    md = _fields(entry)
+    if not md.get("meter"):
+        return
+    tenant, model, lane = md.get("tenant"), md.get("model"), md.get("lane")
+    common = entry.common_properties
+    duration = common.duration if common.HasField("duration") else None
+    if duration is None and common.HasField("time_to_last_downstream_tx_byte"):
+        duration = common.time_to_last_downstream_tx_byte
+    route = str(md.get("route") or common.route_name)
+    outcome = str(md.get("outcome") or "no_output")
+    metrics.request_done(
+        route, lane, model, tenant, outcome, _seconds(duration) if duration is not None else 0.0
+    )
+    stream = str(md.get("stream") or "")
+    first = last = 0.0
+    chunks = 0
+    if stream:
+        parts = [int(x) for x in stream.split(",")]
+        chunks, first_us, last_us, gap_sum = parts[0], parts[1], parts[2], parts[3]
+        first, last = first_us / 1e6, last_us / 1e6
+        ttft, tbt = metrics.stream_timers(tenant, model, lane)
+        t0 = md.get("t0_us")
+        if chunks > 0 and isinstance(t0, float):
+            ttft.observe(max(0.0, first - t0 / 1e6))
+        if chunks > 1:
+            metrics.add_observations(tbt, parts[4:], gap_sum / 1e6)
+    if not isinstance(md.get("completion_tokens"), float):
+        return
+    p, c = int(md.get("prompt_tokens") or 0), int(md["completion_tokens"])
+    k = int(md.get("cached_tokens") or 0)
+    prompt_c, completion_c, cached_c = metrics.token_counters(tenant, model)
+    prompt_c.inc(p)
+    completion_c.inc(c)
+    cached_c.inc(k)
+    metrics.spent(tenant, model, cost_usd(policy, model, p, c, k))
+    t_label, m_label = metrics.tenant_label(tenant), metrics.model_label(model)
+    if chunks > 1 and last > first and c > 1:
+        metrics.tokens_per_second.labels(t_label, m_label).observe((c - 1) / (last - first))
+    estimate = md.get("prompt")
+    if isinstance(estimate, float) and estimate > 0 and p:
+        metrics.estimate_ratio.labels(m_label).observe(estimate / p)
+
+
+class UsageLog:
+    """The ``StreamAccessLogs`` handler: a client stream of batches, answered at its end."""
+
+    def __init__(self, metrics: FilterMetrics, policy: Callable[[], Any]) -> None:
+        self.metrics = metrics
+        self.policy = policy
+        self.entries = 0
+
+    def handle(self, message: bytes) -> None:
+        msg = als_pb2.StreamAccessLogsMessage.FromString(message)
+        policy = self.policy()
+        for entry in msg.http_logs.log_entry:
+            self.entries += 1
+            record(self.metrics, policy, entry)
+
+    async def consume(self, messages: AsyncIterator[bytes]) -> None:
+        async for m in messages:
+            self.handle(m)
