@@ -5,7 +5,7 @@ through the filter server, so the metrics it used to record per chunk arrive onc
 batched: Envoy's ``envoy.access_loggers.http_grpc`` streams ``StreamAccessLogs`` to this server
 (``controlplane/translate/usage_meter.py``), each entry carrying the request's dynamic metadata
 (namespace ``tokenweir``): what the filter server set at the request (tenant, lane, model, route,
-prompt estimate) and what the meter set at the response (``stream`` = chunks, first and last
+prompt estimate) and what the meter set at the response (``timing`` = chunks, first and last
 chunk times, the chunk-gap bucket counts; ``outcome``; the reported usage). Abandoned streams are
 logged too (Envoy logs every request). :func:`record` turns one entry into the same metric
 updates the Python usage plugin makes (docs/metrics.md).
@@ -64,7 +64,7 @@ def record(metrics: FilterMetrics, policy: Any, entry: Any) -> None:
     metrics.request_done(
         route, lane, model, tenant, outcome, _seconds(duration) if duration is not None else 0.0
     )
-    stream = str(md.get("stream") or "")
+    stream = str(md.get("timing") or "")
     first = last = 0.0
     chunks = 0
     if stream:

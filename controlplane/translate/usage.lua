@@ -9,7 +9,7 @@
 --     at most max_tokens; the usage the backend reports replaces the estimate; a JSON answer
 --     is read at its end; an error answer keeps the 0 set at the request);
 --   * cuts the usage-only event when the client did not ask for usage;
---   * keeps a summary for the metrics, `stream` = "chunks,first_us,last_us,gap_sum_us,b1..b12"
+--   * keeps a summary for the metrics, `timing` = "chunks,first_us,last_us,gap_sum_us,b1..b12"
 --     (chunk gaps counted in the buckets of filters/metrics.py _GAP, the last one +Inf), and
 --     `outcome`; the filter server reads it from the gRPC access log entry at stream end.
 local TW = "tokenweir"
@@ -19,7 +19,7 @@ local MAX_TAIL = 65536
 local find, sub, match, format = string.find, string.sub, string.match, string.format
 
 function envoy_on_request(h)
-  h:streamInfo():dynamicMetadata():set(TW, "t0_us", h:timestamp(EnvoyTimestampResolution.MICROSECOND))
+  h:streamInfo():dynamicMetadata():set(TW, "t0_us", tonumber(h:timestampString(EnvoyTimestampResolution.MICROSECOND)))
 end
 
 local function count_events(s)
@@ -106,6 +106,9 @@ function envoy_on_response(h)
   local md = h:streamInfo():dynamicMetadata()
   local tw = md:get(TW)
   if tw == nil or tw.meter ~= true then return end
+  local headers = h:headers()
+  local ok_status = (tonumber(headers:get(":status")) or 200) < 400
+  local event_stream = find(headers:get("content-type") or "", "event-stream", 1, true) ~= nil
   local prompt, maxt = tw.prompt or 0, tw.max_tokens or 0
   local cut, json_max = tw.cut == true, tw.json_max or 8388608
   local t0 = tw.t0_us or 0
@@ -116,12 +119,14 @@ function envoy_on_response(h)
   for chunk in h:bodyChunks() do
     local n = chunk:length()
     if n > 0 then
-      local now = h:timestamp(EnvoyTimestampResolution.MICROSECOND)
+      md = h:streamInfo():dynamicMetadata() -- a wrapper lives only until the next yield
+      local now = tonumber(h:timestampString(EnvoyTimestampResolution.MICROSECOND))
       local s = chunk:getBytes(0, n)
       if chunks == 0 then
         first = now
-        sse = tw.stream == true or find(s, "^%s*data:") ~= nil or find(s, "^%s*:") ~= nil
-          or find(s, "^%s*event:") ~= nil
+        -- an error answer is JSON even when a stream was asked for
+        sse = ok_status and (event_stream or find(s, "^%s*data:") ~= nil
+          or find(s, "^%s*:") ~= nil or find(s, "^%s*event:") ~= nil)
         md:set(TW, "ttft_ms", math.floor((now - t0) / 100 + 0.5) / 10)
         if sse then md:set(TW, "outcome", "ok") end
       else
@@ -169,11 +174,12 @@ function envoy_on_response(h)
         size = size + n
         if size > json_max then too_big, body = true, {} else body[#body + 1] = s end
       end
-      md:set(TW, "stream", format("%d,%d,%d,%d,%s", chunks, first, last, gapsum,
+      md:set(TW, "timing", format("%d,%d,%d,%d,%s", chunks, first, last, gapsum,
         table.concat(b, ",", 1, NGAP + 1)))
     end
   end
   if sse or chunks == 0 then return end
+  md = h:streamInfo():dynamicMetadata()
   if too_big then
     md:set(TW, "outcome", "ok")
     md:set(TW, "settle_tokens", tw.reserve or 0)
