@@ -188,7 +188,14 @@ async def _python(case: str) -> tuple[bytes, dict[str, Any]]:
 async def _envoy(url: str, case: str, inputs: dict[str, Any]) -> bytes:
     headers = {"x-twin-case": case, "x-twin-stream": "1" if inputs["stream"] else "0",
                "x-twin-cut": "1" if inputs["cut"] else "0"}  # fmt: skip
-    for k in ("prompt", "max_tokens", "reserve", "price_prompt", "price_cached", "price_completion"):
+    for k in (
+        "prompt",
+        "max_tokens",
+        "reserve",
+        "price_prompt",
+        "price_cached",
+        "price_completion",
+    ):
         headers[f"x-twin-{k}"] = repr(inputs[k])
     async with aiohttp.ClientSession() as s, s.post(f"{url}/{case}", headers=headers) as r:
         return await r.read()
@@ -228,7 +235,9 @@ async def test_the_usage_event_is_cut_when_not_asked_and_kept_when_asked(
         row = await _logged(log, case)
         assert row["settle_tokens"] == 34 and row["outcome"] == "ok"  # the backend's report
         usd = ((31 - 8) * PRICE.prompt + 8 * PRICE.cached + 3 * PRICE.completion) / 1000
-        assert int(row["settle_usd_micros"]) > 0 and abs(int(row["settle_usd_micros"]) - usd * 1e6) < 1
+        assert (
+            int(row["settle_usd_micros"]) > 0 and abs(int(row["settle_usd_micros"]) - usd * 1e6) < 1
+        )
         assert int(row["timing"].split(",")[0]) == len(SPLIT)
 
 
