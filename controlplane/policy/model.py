@@ -282,6 +282,9 @@ class RouteFilters:
     enabled: bool = True
     plugins: tuple[PluginRef, ...] = ()
     failure_mode: Literal["open", "closed"] = "closed"
+    # where the usage plugin reads responses: Envoy's Lua meter, or the Python plugin (every
+    # chunk an ext_proc message; docs/policy.md "usage_meter")
+    usage_meter: Literal["envoy", "python"] = "envoy"
 
 
 @dataclass(frozen=True)

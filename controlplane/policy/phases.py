@@ -93,6 +93,8 @@ def meters_usage(route: object) -> bool:
     f = getattr(route, "filters", None)
     if getattr(route, "pool", None) is None or f is None or not f.enabled:
         return False
+    if getattr(f, "usage_meter", "envoy") != "envoy":
+        return False
     names = [p.name for p in f.plugins]
     others = [n for n in names if n != "usage"]
     return "usage" in names and "response_chunk" not in route_hooks(others)
