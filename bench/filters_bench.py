@@ -2,7 +2,10 @@
 
 One gateway Envoy (1 worker, static config rendered by our translation) serves both paths side by
 side: ``/plain/...`` goes straight to the backend, ``/v1/...`` runs every plugin and the
-token-aware rate limit, ``/f/v1/...`` runs the plugins without the rate limit. The backend for
+token-aware rate limit, ``/f/v1/...`` runs the plugins without the rate limit, ``/py/v1/...``
+is the full path with ``usage_meter: python`` (each response chunk through ext_proc, as before
+Envoy's Lua usage meter) beside ``/v1/`` (the Lua meter), and ``/s/`` vs ``/sp/`` the same for
+streams, with the CPU per streamed request of every process. The backend for
 requests/s is an Envoy answering with a canned completion (so the backend is not the bottleneck);
 the streaming backend writes its wall time into every chunk, so the per-chunk delay the path adds
 can be measured. k6 drives the requests/s phases, alternating plain and full; a Python client
@@ -62,6 +65,7 @@ def policy_text(
     gw: int, fp: int, rp: int, redis_port: int, canned: int, sse: int, procs: int
 ) -> str:
     full = "rate_limit: {enabled: true}\n        filters: {plugins: [identity, tokens, prefix, lane, usage]}"
+    full_py = full[:-1] + ", usage_meter: python}"  # every response chunk through ext_proc
     return f"""
 version: 1
 control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
@@ -80,6 +84,14 @@ gateways:
         match: {{prefix: /s/}}
         pool: stream
         {full}
+      - name: full-stream-python
+        match: {{prefix: /sp/}}
+        pool: stream
+        {full_py}
+      - name: full-python
+        match: {{prefix: /py/}}
+        pool: chat
+        {full_py}
       - name: filters-only
         match: {{prefix: /f/}}
         pool: chat
@@ -270,6 +282,7 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
                         k6(url + "/v1/chat/completions", 1, ns.vus, tmp)  # warm-up
                     for name, path in (("envoy_alone", "/plain/v1/chat/completions"),
                                        ("full_path", "/v1/chat/completions"),
+                                       ("full_path_python", "/py/v1/chat/completions"),
                                        ("filters_only", "/f/v1/chat/completions")):  # fmt: skip
                         key = name if len(transports) == 1 else f"{name}@{tr}"
                         res.setdefault(key, []).append(
@@ -279,10 +292,17 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
                 if len(transports) > 1:
                     start_filters(tr)
                 for name, path in (("stream_envoy_alone", "/ps/v1/chat/completions"),
-                                   ("stream_full_path", "/s/v1/chat/completions")):  # fmt: skip
+                                   ("stream_full_path", "/s/v1/chat/completions"),
+                                   ("stream_full_path_python", "/sp/v1/chat/completions")):  # fmt: skip
                     key = name if len(transports) == 1 else f"{name}@{tr}"
                     await streams(url + path, 10, ns.streams, ns.chunks)  # warm-up
+                    before = cpu_seconds(pids)
                     res[key] = await streams(url + path, ns.stream_requests, ns.streams, ns.chunks)
+                    after = cpu_seconds(pids)
+                    for k in after:  # CPU per streamed request, per process
+                        res[key][f"cpu_ms_per_stream_{k}"] = (
+                            (after[k] - before[k]) * 1000 / ns.stream_requests
+                        )
             res["loadavg_after"] = os.getloadavg()
             if ns.diag:
                 admin = boot["admin"]["address"]["socket_address"]["port_value"]
@@ -312,12 +332,15 @@ def summarize(res: dict[str, Any], suffix: str = "") -> dict[str, float]:
         return statistics.median(r["rps"] / e["rps"] for r, e in pairs)
 
     a, f, fo = (mean(n, "rps") for n in ("envoy_alone", "full_path", "filters_only"))
+    fpy = mean("full_path_python", "rps")
     sa, sf = res["stream_envoy_alone" + suffix], res["stream_full_path" + suffix]
     return {
         "filters_cpu_ms_per_req_full": cpu("full_path"),
         "filters_cpu_ms_per_req_filters_only": cpu("filters_only"),
         "envoy_alone_rps": a, "full_path_rps": f, "filters_only_rps": fo,
         "full_over_alone": f / a, "filters_only_over_alone": fo / a,
+        "full_python_meter_over_alone": fpy / a,
+        "full_python_meter_over_alone_median": median_ratio("full_path_python"),
         "full_over_alone_median": median_ratio("full_path"),
         "filters_only_over_alone_median": median_ratio("filters_only"),
         "filters_cpu_ms_per_req_full_median": statistics.median(r.get("cpu_ms_per_req_filters", 0.0) for r in res["full_path" + suffix]),
@@ -367,7 +390,11 @@ def main() -> None:
         print(f"{k:36s}" + "".join(f"{res['summary'][n][k]:12.3f}" for n in names))
     print("load average before/after:", res["loadavg_before"], res["loadavg_after"])
     for sfx in suffixes:
-        for name in ("envoy_alone", "full_path", "filters_only"):
+        for name in ("stream_envoy_alone", "stream_full_path", "stream_full_path_python"):
+            cpu = {k[len("cpu_ms_per_stream_") :]: round(v, 3)
+                   for k, v in res[name + sfx].items() if k.startswith("cpu_ms")}  # fmt: skip
+            print(f"cpu ms/stream {name + sfx:24s} {cpu}")
+        for name in ("envoy_alone", "full_path", "full_path_python", "filters_only"):
             cpu = {
                 k[len("cpu_ms_per_req_") :]: round(v, 3)
                 for k, v in res[name + sfx][-1].items()
