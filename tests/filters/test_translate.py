@@ -25,6 +25,14 @@ gateways:
         pool: chat
         match: {prefix: /v1/}
         filters: {plugins: [identity, tokens, prefix, lane, usage], failure_mode: open}
+      - name: python-meter
+        pool: chat
+        match: {prefix: /p/}
+        filters: {plugins: [identity, tokens, usage], usage_meter: python}
+      - name: usage-and-custom
+        pool: chat
+        match: {prefix: /uc/}
+        filters: {plugins: [identity, usage, "examples.plugins.redact:RedactPlugin"]}
       - name: auth-only
         pool: chat
         match: {prefix: /a/}
@@ -37,6 +45,9 @@ gateways:
         service: inv
         match: {prefix: /inv/}
 """
+
+
+from controlplane.policy.phases import meters_usage  # noqa: E402
 
 
 def per_route(name: str) -> ext_proc_pb2.ExtProcPerRoute:
@@ -69,8 +80,14 @@ def test_per_route_modes_route_name_and_failure_mode() -> None:
     assert [(h.key, h.value) for h in o.grpc_initial_metadata] == [("x-tokenweir-route", "full")]
     assert o.failure_mode_allow.value is True
     assert o.processing_mode.request_body_mode == PM.BUFFERED
-    assert o.processing_mode.response_header_mode == PM.SKIP  # usage needs only the body
-    assert o.processing_mode.response_body_mode == PM.STREAMED
+    assert o.processing_mode.response_header_mode == PM.SKIP
+    # the usage plugin's response is read by Envoy's Lua meter: no chunk to the filter server
+    assert o.processing_mode.response_body_mode == PM.NONE
+    py = per_route("python-meter").overrides.processing_mode
+    assert py.response_body_mode == PM.STREAMED and py.response_header_mode == PM.SKIP
+    # a custom plugin reads the body: the Python usage plugin meters there, STREAMED
+    both = per_route("usage-and-custom").overrides.processing_mode
+    assert both.response_body_mode == PM.STREAMED
     auth = per_route("auth-only").overrides
     assert auth.failure_mode_allow.value is False
     assert auth.processing_mode.request_body_mode == PM.NONE
@@ -78,6 +95,9 @@ def test_per_route_modes_route_name_and_failure_mode() -> None:
     custom = per_route("custom").overrides.processing_mode  # an imported plugin: every phase
     assert custom.request_body_mode == PM.BUFFERED and custom.response_header_mode == PM.SEND
     assert per_route("inventory").disabled
+    policy = load_policy_text(POLICY)
+    metered = {r.name for r in policy.gateways["edge"].routes if meters_usage(r)}
+    assert metered == {"full"}
 
 
 def test_a_body_over_the_limit_has_its_own_413_route_before_any_filter() -> None:
