@@ -18,6 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from controlplane.policy import load_policy
+from controlplane.policy.phases import meters_usage
 from runtime.quota.reader import QuotaReader
 from tests.filters.fake_openai import FakeOpenAI
 from tests.helpers import ChildProcess, free_port, wait_for_port
@@ -127,3 +128,6 @@ async def test_an_abandoned_stream_settles_what_was_produced(
         # a few events past what the client read were in flight; far from the reservation
         assert prompt < cut < prompt + 25, (whole, cut)
         assert "hits_addend" not in st.envoy_log()
+        # measured by Envoy's Lua usage meter: no response chunk went to the filter server
+        routes = load_policy(st.mesh.policy_path).gateways["edge"].routes
+        assert all(meters_usage(r) for r in routes if r.pool is not None)

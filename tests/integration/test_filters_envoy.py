@@ -162,6 +162,20 @@ async def test_openai_client_identity_clamp_and_usage(tmp_path: Path, transport:
             await asyncio.sleep(0.05)
         assert m.get_sample_value("tokenweir_filters_tokens_total", labels) == 15
 
+        def total(name: str) -> float:  # over every lane and outcome, alice's samples
+            return sum(
+                s.value
+                for fam in m.collect()
+                for s in fam.samples
+                if s.name == name and s.labels.get("tenant") == "alice"
+            )
+
+        # measured in Envoy (the Lua usage meter), recorded here from the gRPC access log: a
+        # time to first token for each answer, gaps between the stream's chunks
+        assert total("tokenweir_filters_ttft_seconds_count") >= 3
+        assert total("tokenweir_filters_tbt_seconds_count") >= 4
+        assert total("tokenweir_filters_requests_total") >= 3
+
 
 async def test_spoofed_internal_headers_are_ignored(tmp_path: Path, transport: str) -> None:
     async with stack(tmp_path, transport) as st, aiohttp.ClientSession() as s:
