@@ -34,7 +34,7 @@ from runtime.ports import free_port
 
 __all__ = ["ARMS", "BUDGET_KEYS", "MODEL", "BudgetSpec", "Emulators", "PeerArm", "make_arm"]
 
-ARMS = ("direct", "envoy", "tokenweir", "litellm", "sglang-router")
+ARMS = ("direct", "envoy", "tokenweir", "litellm", "sglang-router", "tokenweir-python-meter")
 MODEL = "llama-3.1-8b"
 BUDGET_KEYS = ("tw-peers-budget-0", "tw-peers-budget-1")  # one fresh key per budget burst
 
@@ -153,6 +153,7 @@ class PlainEnvoy(PeerArm):
 class Tokenweir(PeerArm):
     name = "tokenweir"
     limits_tokens = True
+    usage_meter = "envoy"  # the Lua usage meter; "python": every response chunk via ext_proc
 
     async def start(self) -> None:
         path = self.run_dir / "tokenweir-policy.yaml"
@@ -228,7 +229,10 @@ def tokenweir_policy(arm: PeerArm) -> dict[str, Any]:
                         "match": {"prefix": "/v1/"},
                         "pool": "chat",
                         "rate_limit": {"enabled": True},
-                        "filters": {"plugins": ["identity", "lane", "tokens", "prefix", "usage"]},
+                        "filters": {
+                            "plugins": ["identity", "lane", "tokens", "prefix", "usage"],
+                            "usage_meter": getattr(arm, "usage_meter", "envoy"),
+                        },
                     }
                 ],
             }
@@ -297,6 +301,14 @@ async def wait_for_line(log: Path, text: str, child: Child, timeout: float = 90.
     raise RuntimeError(f"{child.name} did not get ready:\n{child.log_tail()}")
 
 
+class TokenweirPythonMeter(Tokenweir):
+    """tokenweir with ``usage_meter: python`` (before Envoy's Lua meter): not in the default
+    run; ``--arms tokenweir tokenweir-python-meter`` measures the two side by side."""
+
+    name = "tokenweir-python-meter"
+    usage_meter = "python"
+
+
 def make_arm(
     name: str, emus: Emulators, run_dir: Path, budget: BudgetSpec, redis_port: int
 ) -> PeerArm:
@@ -306,6 +318,7 @@ def make_arm(
         "direct": Direct,
         "envoy": PlainEnvoy,
         "tokenweir": Tokenweir,
+        "tokenweir-python-meter": TokenweirPythonMeter,
         "sglang-router": SglangRouter,
     }
     return kinds[name](emus, run_dir, budget)

@@ -171,9 +171,9 @@ async def test_openai_client_identity_clamp_and_usage(tmp_path: Path, transport:
             )
 
         # measured in Envoy (the Lua usage meter), recorded here from the gRPC access log: a
-        # time to first token for each answer, gaps between the stream's chunks
+        # time to first token for each answer (chunk gaps depend on how the backend's writes
+        # coalesce: tests/integration/test_usage_twin.py and tests/filters/test_usage_log.py)
         assert total("tokenweir_filters_ttft_seconds_count") >= 3
-        assert total("tokenweir_filters_tbt_seconds_count") >= 4
         assert total("tokenweir_filters_requests_total") >= 3
 
 
