@@ -113,6 +113,7 @@ class FilterMetrics:
         self._timers: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self._streams: dict[str, Any] = {}
         self._counters: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._children: dict[tuple[Any, ...], Any] = {}
         if policy is not None:
             self.configure(policy)
 
@@ -127,6 +128,17 @@ class FilterMetrics:
         )
         self._timers.clear()
         self._counters.clear()
+        self._children.clear()
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once (label values already folded)."""
+        key = (id(metric), *labels)
+        c = self._children.get(key)
+        if c is None:
+            if len(self._children) > 10_000:
+                self._children.clear()
+            c = self._children[key] = metric.labels(*labels)
+        return c
 
     def tenant_label(self, tenant: str | None) -> str:
         return str(self._tenant(tenant or "unknown"))
@@ -186,8 +198,8 @@ class FilterMetrics:
     ) -> None:  # fmt: skip
         """One finished request: the RED counter and its duration."""
         ln, md = self.lane_label(lane), self.model_label(model)
-        self.requests.labels(route, ln, md, self.tenant_label(tenant), outcome).inc()
-        self.duration.labels(route, ln, md).observe(seconds)
+        self.child(self.requests, route, ln, md, self.tenant_label(tenant), outcome).inc()
+        self.child(self.duration, route, ln, md).observe(seconds)
 
     @staticmethod
     def add_observations(child: Any, counts: list[int], total: float) -> None:
@@ -206,7 +218,8 @@ class FilterMetrics:
     def spent(self, tenant: str | None, model: str | None, usd: float) -> None:
         if usd > 0:
             t = self.tenant_label(tenant)
-            self.cost.labels(t, self.cost_center_label(tenant), self.model_label(model)).inc(usd)
+            cc, md = self.cost_center_label(tenant), self.model_label(model)
+            self.child(self.cost, t, cc, md).inc(usd)
 
 
 def _same(value: str) -> str:

@@ -38,11 +38,16 @@ def _value(v: struct_pb2.Value) -> Any:
     return None
 
 
+_KEYS = ("meter", "tenant", "model", "lane", "route", "outcome", "timing", "t0_us", "prompt",
+         "prompt_tokens", "completion_tokens", "cached_tokens")  # fmt: skip
+
+
 def _fields(entry: Any) -> dict[str, Any]:
     st = entry.common_properties.metadata.filter_metadata.get("tokenweir")
     if st is None:
         return {}
-    return {k: _value(v) for k, v in st.fields.items()}
+    fields = st.fields
+    return {k: _value(fields[k]) for k in _KEYS if k in fields}
 
 
 def _seconds(d: Any) -> float:
@@ -88,10 +93,10 @@ def record(metrics: FilterMetrics, policy: Any, entry: Any) -> None:
     metrics.spent(tenant, model, cost_usd(policy, model, p, c, k))
     t_label, m_label = metrics.tenant_label(tenant), metrics.model_label(model)
     if chunks > 1 and last > first and c > 1:
-        metrics.tokens_per_second.labels(t_label, m_label).observe((c - 1) / (last - first))
+        metrics.child(metrics.tokens_per_second, t_label, m_label).observe((c - 1) / (last - first))
     estimate = md.get("prompt")
     if isinstance(estimate, float) and estimate > 0 and p:
-        metrics.estimate_ratio.labels(m_label).observe(estimate / p)
+        metrics.child(metrics.estimate_ratio, m_label).observe(estimate / p)
 
 
 class UsageLog:
