@@ -134,6 +134,8 @@ class FilterApp:
         self._fanout: FanoutServer | None = None
         self._wall = wall
         self.shadow: ShadowRecorder | None = None  # mirrors of the shadow plugin (started once)
+        # registered whether or not a route pairs shadows: the metrics catalog lists them
+        self._shadow_metrics = ShadowMetrics(self.metrics.registry)
         self.health = HealthState(["envoy.service.ext_proc.v3.ExternalProcessor"])
         self._metrics_server: MetricsServer | None = None
         self.server: FilterServer | H2FilterServer | None = None
@@ -211,7 +213,7 @@ class FilterApp:
             await self._fanout.start()
         if any(uses_shadow_pairs(r) for g in self.policy.gateways.values() for r in g.routes):
             self.shadow = ShadowRecorder(
-                host, metrics=ShadowMetrics(self.metrics.registry), redis=self._redis,
+                host, metrics=self._shadow_metrics, redis=self._redis,
                 clock=self._clock, wall=self._wall,
             )  # fmt: skip
             await self.shadow.start()
