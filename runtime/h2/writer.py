@@ -28,6 +28,8 @@ class Writer:
     closed: bool
     table_update: bytes
     window_waiters: list[asyncio.Future[None]]
+    limits: f.Limits
+    resets: float  # the rapid-reset guard's tokens (runtime.h2.control.on_rst_stream)
 
     def drop(self, s: Stream) -> None:
         raise NotImplementedError
@@ -38,7 +40,7 @@ class Writer:
     async def send(self, s: Stream, data: bytes) -> None:
         """DATA for ``s`` as the peer's windows allow (waits for WINDOW_UPDATE)."""
         if not s.headers_sent:
-            s.headers_sent = True
+            self._answering(s)
             self.out.append(f.frame(f.HEADERS, f.END_HEADERS, s.id, self._headers()))
         view, pos, size = memoryview(data), 0, len(data)
         while pos < size:
@@ -66,7 +68,7 @@ class Writer:
         if s.headers_sent or n > self.peer_max_frame or n > self.send_window or n > s.send_window:
             return False
         self.send_window -= n
-        s.headers_sent = True
+        self._answering(s)
         self.out.append(f.frame(f.HEADERS, f.END_HEADERS, s.id, self._headers()))
         self.out.append(f.frame(f.DATA, 0, s.id, b"\x00" + (n - 5).to_bytes(4, "big") + message))
         self.finish(s, f.OK_TRAILERS)
@@ -77,12 +79,19 @@ class Writer:
         if s.closed or self.closed:
             return
         if not s.headers_sent:
+            self._answering(s)
             block = self._headers() + block  # trailers-only
         self.out.append(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, s.id, block))
         if not s.remote_closed:
             self.out.append(f.rst_stream(s.id, ErrorCode.NO_ERROR))
         self.schedule()
         self.drop(s)
+
+    def _answering(self, s: Stream) -> None:
+        """The first frame of our answer on ``s``: a reset of it is no longer premature, and
+        it earns the rapid-reset guard one token back."""
+        s.headers_sent = True
+        self.resets = min(float(self.limits.reset_burst), self.resets + 1.0)
 
     def _headers(self) -> bytes:
         block, self.table_update = self.table_update + f.RESPONSE_HEADERS, b""
