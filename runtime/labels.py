@@ -8,7 +8,7 @@ request, an attacker's garbage) is folded into ``other``, so a metric has at mos
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +20,18 @@ OTHER = "other"
 
 
 class LabelFold:
-    """``fold(value)``: the value when known, else ``other`` (``None`` and "" fold too)."""
+    """``fold(value)``: the value when known, else ``other`` (``None`` and "" fold too).
+
+    A mapping or set is kept as it is, not copied: the tenant fold answers from the policy's
+    own (frozen) ``tenants`` dict, so configuring the metrics on a reload costs O(1) on the
+    event loop however many tenants there are (a copy of 10,000 names there was a stall)."""
 
     __slots__ = ("known",)
 
     def __init__(self, known: Iterable[str] = ()) -> None:
-        self.known = frozenset(known)
+        self.known: Collection[str] = (
+            known if isinstance(known, (Mapping, Set)) else frozenset(known)  # type: ignore[assignment]
+        )
 
     def __call__(self, value: str | None) -> str:
         return value if value in self.known else OTHER  # type: ignore[return-value]
@@ -38,28 +44,26 @@ class PolicyLabels:
     tenant: LabelFold
     model: LabelFold
     lane: LabelFold
-    cost_center: LabelFold
 
     @classmethod
     def of(cls, policy: Any) -> PolicyLabels:
+        """O(pools) on the event loop: nothing here walks the tenants (see :class:`LabelFold`)."""
         models = {m for pool in policy.pools.values() for m in pool.models}
-        centers = {
-            c for t in policy.tenants.values() if (c := getattr(t, "cost_center", None)) is not None
-        }
         return cls(
             tenant=LabelFold(policy.tenants),
             model=LabelFold(models),
             lane=LabelFold(LANES),
-            cost_center=LabelFold(centers),
         )
 
     @classmethod
     def empty(cls) -> PolicyLabels:
-        return cls(LabelFold(), LabelFold(), LabelFold(LANES), LabelFold())
+        return cls(LabelFold(), LabelFold(), LabelFold(LANES))
 
-    def cost_center_of(self, policy: Any, tenant: str | None) -> str:
+    @staticmethod
+    def cost_center_of(policy: Any, tenant: str | None) -> str:
+        """The policy tenant's own cost center (a name the policy holds), else ``other``."""
         t = policy.tenants.get(tenant) if tenant else None
-        return self.cost_center(getattr(t, "cost_center", None)) if t is not None else OTHER
+        return getattr(t, "cost_center", None) or OTHER
 
     def quota(self, name: str) -> str:
         """A quota name with its model or lane folded (``models.<m>``, ``lanes.<l>``)."""

@@ -71,3 +71,25 @@ async def test_dispose_gives_up_after_its_patience_and_drops_the_value() -> None
     holder, policy = _value()
     await asyncio.wait_for(dispose(holder, retry=0.01, patience=0.05), 5)
     assert holder == [] and len(policy.tenants) == 1000
+
+
+@dataclass(frozen=True)
+class _Route:
+    name: str
+    plugins: tuple[str, ...] = ("identity",)
+
+
+async def test_the_walk_over_a_large_skeleton_lets_requests_run_between_slices() -> None:
+    """A value with many small objects (routes) is walked a slice at a time: the loop turns
+    before anything is taken apart (walked in one go, 10k tenants and 100 routes held the loop
+    7-14 ms)."""
+    policy = _Policy({f"t{i}": i for i in range(1000)}, routes=tuple(f"r{i}" for i in range(50)))
+    routes = [_Route(f"r{i}", (f"p{i}",)) for i in range(2000)]
+    keys = {f"k{i}": f"t{i}" for i in range(1000)}
+    holder: list[Any] = [_Built(policy, keys, extra=[tuple(routes)]), [policy.tenants, keys]]
+    del policy, routes, keys  # only the holder refers to the value
+    task = asyncio.create_task(dispose(holder, retry=0.01, patience=60))
+    await asyncio.sleep(0)  # the first turn the dispose task gives back
+    assert sorted(len(p) for p in holder[1]) == [1000, 1000]  # still walking: nothing taken apart
+    await asyncio.wait_for(task, 5)
+    assert holder == []

@@ -74,3 +74,11 @@ def test_ratelimit_metrics_have_at_most_policy_names_plus_other() -> None:
         m.observe_quota(tenant, lim, [Outcome(True, 5, 0)] * 3)
     assert label_values(m.registry, "tenant") == {"demo-pro", OTHER}
     assert label_values(m.registry, "quota") == {"models.other"}
+
+
+def test_the_tenant_fold_answers_from_the_policy_itself_without_copying_it() -> None:
+    """Configuring the metrics on a reload must not walk every tenant on the event loop."""
+    labels = PolicyLabels.of(POLICY)
+    assert labels.tenant.known is POLICY.tenants
+    tenant = next(iter(POLICY.tenants))
+    assert labels.tenant(tenant) == tenant and labels.tenant("nobody") == OTHER
