@@ -60,10 +60,13 @@ class ServiceSettings:
     quota_cache_ttl: float = 0.5
     transport: str = "h2"  # "h2" (h2server.py: one method, ~4x less CPU) or "grpc" (grpc.aio)
     instances: int | None = None  # services side by side; default: the policy's replicas.ratelimit
-    # reloads build in a child process (runtime.buildworker). Off for now: with it, a service
-    # stopped right after a 10k-tenant reload hung in its drain (3 of 3 runs under `up`; cause
-    # not found); it builds in a thread as before (its build is the lightest of the three)
-    build_worker: bool = False
+    # reloads build in a child process (runtime.buildworker), as in the filter server. It was
+    # off for a while: a service stopped right after a 10k-tenant reload hung (3 of 3 under
+    # `up`): the worker had exited and been reaped, but the loop never resolved its wait(),
+    # which had no bound. The waits are bounded now (tests/integration/test_reload_shutdown.py
+    # reproduces the hang with the unbounded wait); in a thread the build held this process's
+    # GIL for seconds (rate-limit calls past Envoy's 50 ms: unrated requests)
+    build_worker: bool = True
 
 
 def decider_settings(rl: RateLimitServer, instances: int = 1) -> DeciderSettings:

@@ -193,3 +193,20 @@ async def test_a_killed_worker_is_noticed(tmp_path: Path) -> None:
 def test_the_worker_errors_are_build_failures() -> None:
     err: Any = WorkerCrashed("x: the build worker died")
     assert isinstance(err, BuildFailed) and err.problems == ("x: the build worker died",)
+
+
+async def test_closing_a_worker_that_gets_no_cpu_does_not_hang(tmp_path: Path) -> None:
+    """The rate-limit service that never stopped (issue 9): after a 10k-tenant reload its
+    worker, at SCHED_IDLE on a saturated box, got no CPU to read the end of its input and
+    exit, and ``aclose`` waited for that exit without bound. A stopped child stands in for a
+    starved one: closing waits a bounded time, then kills it."""
+    import signal
+
+    path = tmp_path / "mesh.yaml"
+    path.write_text("")
+    worker = BuildWorker("tests.runtime.build_targets:pid_and_nice")
+    (pid, _nice), _files, _parts = await worker.build(path)
+    os.kill(pid, signal.SIGSTOP)  # it cannot run: it will not see its input close
+    await asyncio.wait_for(worker.aclose(), 15)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # gone (killed and reaped), not left stopped

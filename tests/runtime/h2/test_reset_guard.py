@@ -13,8 +13,16 @@ import struct
 from hpack import Encoder
 
 from runtime.h2 import GrpcH2Server, Method, Stream
-from runtime.h2.frames import DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, RST_STREAM, frame
-from runtime.h2.frames import Limits
+from runtime.h2.frames import (
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    RST_STREAM,
+    Limits,
+    frame,
+)
 from tests.runtime.h2.wire import frames, grpc_msg, open_conn, replies, request_headers, settle
 
 PATH = "/t.T/Process"
