@@ -9,7 +9,7 @@ from pathlib import Path
 from controlplane.policy import Policy, load_policy
 from runtime.watcher import Loaded
 
-__all__ = ["crash_on_marker", "pid_and_nice", "policy", "slow", "tenant_table"]
+__all__ = ["autogroup", "crash_on_marker", "pid_and_nice", "policy", "slow", "tenant_table"]
 
 
 def policy(path: Path) -> Loaded[Policy]:
@@ -18,6 +18,11 @@ def policy(path: Path) -> Loaded[Policy]:
 
 def pid_and_nice(path: Path) -> Loaded[tuple[int, int]]:
     return Loaded((os.getpid(), os.nice(0)))
+
+
+def autogroup(path: Path) -> Loaded[str]:
+    """The worker's scheduling group, as Linux shows it (``/autogroup-N nice K``)."""
+    return Loaded(Path("/proc/self/autogroup").read_text().strip())
 
 
 def crash_on_marker(path: Path) -> Loaded[Policy]:

@@ -210,3 +210,21 @@ async def test_closing_a_worker_that_gets_no_cpu_does_not_hang(tmp_path: Path) -
     await asyncio.wait_for(worker.aclose(), 15)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # gone (killed and reaped), not left stopped
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/autogroup"), reason="the kernel has no scheduler autogroups"
+)
+async def test_the_worker_session_gets_the_lowest_cpu_weight(tmp_path: Path) -> None:
+    """Autogroups share the CPU between sessions: the worker's own session must weigh least,
+    or three workers building at once outweigh the serving processes."""
+    path = tmp_path / "mesh.yaml"
+    path.write_text("")
+    worker = BuildWorker("tests.runtime.build_targets:autogroup", nice=10)
+    try:
+        group, _files, _parts = await worker.build(path)
+    finally:
+        await worker.aclose()
+    mine = Path("/proc/self/autogroup").read_text().split()[0]
+    assert group.split()[0] != mine  # a session of its own
+    assert group.endswith("nice 19"), group
