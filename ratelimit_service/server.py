@@ -60,13 +60,13 @@ class ServiceSettings:
     quota_cache_ttl: float = 0.5
     transport: str = "h2"  # "h2" (h2server.py: one method, ~4x less CPU) or "grpc" (grpc.aio)
     instances: int | None = None  # services side by side; default: the policy's replicas.ratelimit
-    # reloads build in a child process (runtime.buildworker), as in the filter server. It was
-    # off for a while: a service stopped right after a 10k-tenant reload hung (3 of 3 under
-    # `up`): the worker had exited and been reaped, but the loop never resolved its wait(),
-    # which had no bound. The waits are bounded now (tests/integration/test_reload_shutdown.py
-    # reproduces the hang with the unbounded wait); in a thread the build held this process's
-    # GIL for seconds (rate-limit calls past Envoy's 50 ms: unrated requests)
-    build_worker: bool = True
+    # reloads build in a child process (runtime.buildworker) when on. Still off: with it, a
+    # service stopped right after a 10k-tenant reload hung with an idle loop. Bounding every
+    # wait for the worker's exit (it had exited and been reaped, but the wait never resolved)
+    # fixed the 3-of-3 case, yet tests/integration/test_reload_shutdown.py with the worker on
+    # still hung 4 of 9 runs (an idle loop after SIGTERM; never with a 1 ms timer running in
+    # the loop: a lost wakeup, not understood). In a thread: 0 of 5.
+    build_worker: bool = False
 
 
 def decider_settings(rl: RateLimitServer, instances: int = 1) -> DeciderSettings:

@@ -1,9 +1,8 @@
 """Shutdown right after a big reload (issue 9): ``python -m ratelimit_service`` (real Redis,
-the built-in h2 transport, the policy built in its build worker process) reloads 100 -> 10,000
-tenants, gets SIGTERM while it seeds Redis, and exits 0 within its drain limit, leaving no
-build worker behind. With the worker on, this service once hung here 3 runs of 3 under
-``tokenweir up`` (its wait for the worker's exit had no bound; a worker at SCHED_IDLE on a
-saturated box may not run for a long time)."""
+the built-in h2 transport) reloads 100 -> 10,000 tenants, gets SIGTERM while it seeds Redis,
+and exits 0 within its drain limit, leaving no build worker behind. With the build worker's
+unbounded wait for its child this hung 1 run of 1; with the bounded waits and the worker on it
+still hung 4 of 9 (idle loop; not understood), so the service builds in a thread (0 of 5)."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ def test_sigterm_right_after_a_10k_tenant_reload_stops_within_the_drain_limit(
                 assert child.alive(), child.output()[-3000:]
                 assert time.monotonic() < deadline, "the 10k-tenant policy was not applied"
                 time.sleep(0.1)
-            workers = _children(child.proc.pid)
-            assert workers, "no build worker process"  # the reload was built in it
+            workers = _children(child.proc.pid)  # its build worker, when it builds in one
             child.proc.send_signal(signal.SIGTERM)  # while Redis is being seeded
             try:
                 code = child.proc.wait(DRAIN_S + 10)
