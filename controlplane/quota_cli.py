@@ -13,12 +13,12 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
 
+from controlplane.admin_args import add_mesh_redis_args
 from controlplane.policy import Policy, PolicyError, load_policy
 from ratelimit_service.store import load_script
 from runtime.quota.config import (
@@ -38,11 +38,7 @@ __all__ = ["register"]
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     q = subparsers.add_parser("quota", help="show and edit tenant quotas live in Redis")
-    q.add_argument("-c", "--config", type=Path, default=Path("examples/mesh.yaml"), help="policy")
-    q.add_argument(
-        "--redis-url", default=None, help="default: the running mesh's, else the policy's"
-    )
-    q.add_argument("--state-dir", type=Path, help="of `tokenweir up` (default: next to the policy)")
+    add_mesh_redis_args(q)
     q.add_argument("--json", action="store_true", help="machine-readable output")
     qs = q.add_subparsers(metavar="ACTION", required=True)
     g = qs.add_parser("get", help="effective quotas of a tenant and what each still admits")

@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import redis
 
+from controlplane.admin_args import add_mesh_redis_args
 from controlplane.policy import PolicyError, load_policy
 from runtime.shadow import Pair, Side, decode_pair, pairs_key, summarize
 from runtime.statedir import default_state_dir, find_redis, unreachable
@@ -27,11 +27,7 @@ __all__ = ["format_pairs", "read_pairs", "register"]
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s = subparsers.add_parser("shadow", help="primary vs shadow answers, pair by pair")
-    s.add_argument("-c", "--config", type=Path, default=Path("examples/mesh.yaml"), help="policy")
-    s.add_argument(
-        "--redis-url", default=None, help="default: the running mesh's, else the policy's"
-    )
-    s.add_argument("--state-dir", type=Path, help="of `tokenweir up` (default: next to the policy)")
+    add_mesh_redis_args(s)
     s.add_argument("--route", help="only this route")
     s.add_argument("--last", type=int, default=20, help="pairs to list per route (default 20)")
     s.add_argument("--json", action="store_true", help="machine-readable output (every pair)")

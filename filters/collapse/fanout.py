@@ -27,6 +27,7 @@ from aiohttp import web
 from controlplane.policy.phases import COLLAPSE_ID_HEADER
 from filters.collapse.errors import CollapseError
 from filters.collapse.hub import Hub, Origin, Run, registry_key
+from runtime.local_http import serve_any_path
 from runtime.tasks import stop_task
 
 __all__ = ["FanoutServer"]
@@ -67,18 +68,10 @@ class FanoutServer:
 
     async def start(self) -> str:
         """Bind and serve; returns ``host:port`` (also set as the hub's address)."""
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
         try:
-            await site.start()
+            self._runner, self.port = await serve_any_path(self._handle, self.host)
         except OSError as exc:
             raise CollapseError(f"fan-out endpoint cannot listen on {self.host}: {exc}") from exc
-        server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
         timeout = aiohttp.ClientTimeout(connect=5.0, sock_read=self.idle_timeout)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0), timeout=timeout, auto_decompress=False

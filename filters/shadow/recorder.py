@@ -28,6 +28,7 @@ from filters.errors import FiltersError
 from filters.shadow.book import Book, Pending
 from filters.shadow.metrics import ShadowMetrics
 from filters.shadow.scan import UsageScan
+from runtime.local_http import serve_any_path
 from runtime.shadow import Pair, Side, judge, pairs_key
 from runtime.tasks import stop_task
 
@@ -64,18 +65,12 @@ class ShadowRecorder:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> str:
-        app = web.Application(client_max_size=256 * 1024**2)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
         try:
-            await site.start()
+            self._runner, port = await serve_any_path(
+                self._handle, self.host, client_max_size=256 * 1024**2
+            )
         except OSError as exc:
             raise FiltersError(f"shadow recorder cannot listen on {self.host}: {exc}") from exc
-        server = site._server
-        assert server is not None
-        port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
         self.address = f"{self.host}:{port}"
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0), auto_decompress=False
