@@ -75,6 +75,7 @@ class Dashboard:
         self.quotas.on_policy(policy)
 
     async def overview(self, tenants: int = 50, points: int = 120) -> dict[str, Any]:
+        await self.collector.read()
         totals = self.collector.totals
         policy = self._policy
         series = list(self.collector.points)[-points:] if points else []

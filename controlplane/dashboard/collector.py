@@ -5,6 +5,11 @@ and a chart point per round over the last ``window`` rounds (a smoother line tha
 One owner: :meth:`ServiceCollector.start` / :meth:`aclose`. Clock injected; a source that does
 not answer is reported in :meth:`sources` and left out of the round (its counters come back
 with it, and deltas never go below zero).
+
+It scrapes only while somebody reads it (:meth:`read`, called by every ``/api/v1/overview``):
+after ``idle_after`` seconds without a reader it sleeps, and the next reader gets a fresh round
+before its answer. Parsing a busy filter server's page (hundreds of KB) every second costs the
+control plane a good share of a core, taken from the serving processes on a small machine.
 """
 
 from __future__ import annotations
@@ -47,10 +52,15 @@ class ServiceCollector:
         interval: float = 1.0,
         window: int = 5,
         keep: int = 300,
+        idle_after: float | None = 60.0,
     ) -> None:
         self._fetch = fetch
         self._clock = clock
         self.interval = interval
+        self.idle_after = idle_after  # None: scrape all the time
+        self._last_read: float | None = None
+        self._wake = asyncio.Event()
+        self.rounds = 0  # scrape rounds made
         self._rounds: deque[tuple[float, Totals]] = deque(maxlen=window + 1)
         self.points: deque[Point] = deque(maxlen=keep)
         self.totals = Totals()
@@ -91,6 +101,23 @@ class ServiceCollector:
             self.points.append(point_between(old, t_old, totals, now))
         self._rounds.append((now, totals))
         self.totals = totals
+        self.rounds += 1
+
+    def _idle(self) -> bool:
+        if self.idle_after is None:
+            return False
+        last = self._last_read
+        return last is None or self._clock() - last > self.idle_after
+
+    async def read(self) -> None:
+        """A reader is here: scrape on (or again); the first reader after a pause gets a fresh
+        round before its answer (the chart's rates restart from it)."""
+        was_idle = self._idle()
+        self._last_read = self._clock()
+        if was_idle and self._task is not None:
+            self._rounds.clear()
+            await self.scrape_once()
+            self._wake.set()
 
     def start(self) -> None:
         if self._task is None:
@@ -98,6 +125,11 @@ class ServiceCollector:
 
     async def _loop(self) -> None:
         while True:
+            if self._idle():
+                self._wake.clear()
+                await self._wake.wait()
+                await asyncio.sleep(self.interval)  # the reader's round was just made
+                continue
             await self.scrape_once()
             await asyncio.sleep(self.interval)
 
