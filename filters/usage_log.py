@@ -8,7 +8,10 @@ batched: Envoy's ``envoy.access_loggers.http_grpc`` streams ``StreamAccessLogs``
 prompt estimate) and what the meter set at the response (``timing`` = chunks, first and last
 chunk times, the chunk-gap bucket counts; ``outcome``; the reported usage). Abandoned streams are
 logged too (Envoy logs every request). :func:`record` turns one entry into the same metric
-updates the Python usage plugin makes (docs/metrics.md).
+updates the Python usage plugin makes (docs/metrics.md). With tracing on, an entry whose request
+carried a ``traceparent`` (logged with it) also becomes the request's ``usage`` span: the
+GenAI token attributes the filter server's own span can no longer know when it ends (its
+ext_proc stream closes before the response does), from the request's start to its end.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from envoy.service.accesslog.v3 import als_pb2
 from google.protobuf import struct_pb2
 
 from filters.metrics import FilterMetrics
+from runtime import tracing as t
 from runtime.cost import cost_usd
+from runtime.tracing import TracingSwitch
 
 __all__ = ["ALS_PATH", "UsageLog", "record"]
 
@@ -99,12 +104,50 @@ def record(metrics: FilterMetrics, policy: Any, entry: Any) -> None:
         metrics.child(metrics.estimate_ratio, m_label).observe(estimate / p)
 
 
+def _ns(ts: Any) -> int:
+    return int(ts.seconds) * 1_000_000_000 + int(ts.nanos)
+
+
+def usage_span(switch: TracingSwitch, entry: Any) -> None:
+    """The request's ``usage`` span (child of its ``traceparent``), when tracing is on and the
+    request was traced; nothing otherwise."""
+    tracing = switch.current
+    headers = entry.request.request_headers
+    if tracing is None or "traceparent" not in headers:
+        return
+    md = _fields(entry)
+    common = entry.common_properties
+    start = _ns(common.start_time) if common.HasField("start_time") else None
+    attrs: dict[str, Any] = {}
+    for key, name in (("model", t.REQUEST_MODEL), ("tenant", t.TENANT), ("lane", t.LANE)):
+        if isinstance(md.get(key), str):
+            attrs[name] = md[key]
+    if isinstance(md.get("completion_tokens"), float):
+        attrs[t.INPUT_TOKENS] = int(md.get("prompt_tokens") or 0)
+        attrs[t.OUTPUT_TOKENS] = int(md["completion_tokens"])
+        attrs[t.CACHED_TOKENS] = int(md.get("cached_tokens") or 0)
+    attrs["tokenweir.outcome"] = str(md.get("outcome") or "no_output")
+    span = tracing.start("usage", dict(headers), attrs, start_time_ns=start)
+    if span is None:
+        return
+    end = None
+    if start is not None and common.HasField("duration"):
+        end = start + _ns(common.duration)
+    span.end(end_time=end)
+
+
 class UsageLog:
     """The ``StreamAccessLogs`` handler: a client stream of batches, answered at its end."""
 
-    def __init__(self, metrics: FilterMetrics, policy: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        metrics: FilterMetrics,
+        policy: Callable[[], Any],
+        tracing: TracingSwitch | None = None,
+    ) -> None:
         self.metrics = metrics
         self.policy = policy
+        self.tracing = tracing
         self.entries = 0
 
     def handle(self, message: bytes) -> None:
@@ -113,6 +156,8 @@ class UsageLog:
         for entry in msg.http_logs.log_entry:
             self.entries += 1
             record(self.metrics, policy, entry)
+            if self.tracing is not None:
+                usage_span(self.tracing, entry)
 
     async def consume(self, messages: AsyncIterator[bytes]) -> None:
         async for m in messages:

@@ -92,7 +92,9 @@ def usage_access_log() -> accesslog_pb2.AccessLog:
             transport_api_version=config_source_pb2.V3,
             buffer_flush_interval=dur(0.2),
             buffer_size_bytes=u32(65536),
-        )
+        ),
+        # the filter server makes the request's usage span from the entry (its trace's parent)
+        additional_request_headers_to_log=["traceparent", "tracestate"],
     )
     return accesslog_pb2.AccessLog(
         name="envoy.access_loggers.http_grpc",

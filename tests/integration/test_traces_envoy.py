@@ -113,14 +113,20 @@ def test_one_connected_trace_per_request_across_every_hop(tmp_path: Path) -> Non
     assert len(served) == 2 + codes.count(200)
     for trace in served:
         assert {s.service for s in trace} >= SERVICES
-        (f,) = _of(trace, "tokenweir-filters")
+        filters = _of(trace, "tokenweir-filters")
+        (f,) = [s for s in filters if s.name != "usage"]
         assert f.attributes["gen_ai.request.model"] == MODEL
         assert f.attributes["tokenweir.tenant"] in ("demo-pro", "demo-free")
         assert f.attributes["tokenweir.lane"] in ("interactive", "batch")
         assert f.attributes["tokenweir.decision"] == "admitted"
-        assert f.attributes["gen_ai.usage.input_tokens"] > 0
-        assert f.attributes["gen_ai.usage.output_tokens"] in (12, 16)
-        assert "gen_ai.usage.cache_read.input_tokens" in f.attributes
+        # the usage Envoy's meter read from the stream: the filter server's usage span, made
+        # from the request's access-log entry (its ext_proc stream ends before the response)
+        (u,) = [s for s in filters if s.name == "usage"]
+        assert u.attributes["tokenweir.tenant"] == f.attributes["tokenweir.tenant"]
+        assert u.attributes["gen_ai.request.model"] == MODEL
+        assert u.attributes["gen_ai.usage.input_tokens"] > 0
+        assert u.attributes["gen_ai.usage.output_tokens"] in (12, 16)
+        assert "gen_ai.usage.cache_read.input_tokens" in u.attributes
         reserve = [s for s in _of(trace, "tokenweir-ratelimit")
                    if s.attributes.get("tokenweir.phase") != "settle"]  # fmt: skip
         # "cancelled": Envoy's RLS timeout fired first (a loaded box) and it failed open
@@ -137,7 +143,7 @@ def test_one_connected_trace_per_request_across_every_hop(tmp_path: Path) -> Non
         )  # a sibling of the reserve span, under Envoy's rate-limit call span
         (e,) = _of(trace, "sglang-emulator")
         assert (
-            e.attributes["gen_ai.usage.output_tokens"] == f.attributes["gen_ai.usage.output_tokens"]
+            e.attributes["gen_ai.usage.output_tokens"] == u.attributes["gen_ai.usage.output_tokens"]
         )
         assert e.attributes["gen_ai.request.model"] == MODEL
 
