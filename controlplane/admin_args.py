@@ -7,7 +7,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["add_mesh_redis_args"]
+import redis
+
+from runtime.statedir import RedisTarget, unreachable
+
+__all__ = ["REDIS_FAILURES", "add_mesh_redis_args", "redis_failure"]
+
+REDIS_FAILURES = (redis.RedisError, OSError)  # what an admin CLI's Redis call may raise
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+def redis_failure(target: RedisTarget, exc: BaseException) -> str:
+    """The one line an admin CLI prints for a failed Redis call: where it looked and what to
+    change when Redis cannot be reached, the URL and Redis's own error otherwise."""
+    if isinstance(exc, _UNREACHABLE):
+        return unreachable(target, exc)
+    return f"redis at {target.url}: {exc}"
 
 
 def add_mesh_redis_args(parser: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from controlplane.admin_args import add_mesh_redis_args
+from controlplane.admin_args import REDIS_FAILURES, add_mesh_redis_args, redis_failure
 from controlplane.policy import Policy, PolicyError, load_policy
 from ratelimit_service.store import load_script
 from runtime.quota.config import (
@@ -31,7 +31,7 @@ from runtime.quota.config import (
 from runtime.quota.keys import bucket_key, config_key, seed_key, window_key
 from runtime.quota.reader import decode_map, limit_remaining
 from runtime.quota.windows import window
-from runtime.statedir import RedisTarget, default_state_dir, find_redis, unreachable
+from runtime.statedir import RedisTarget, default_state_dir, find_redis
 
 __all__ = ["register"]
 
@@ -76,9 +76,6 @@ def _connect(policy: Policy, target: RedisTarget) -> Any:
     return client
 
 
-_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
-
-
 def _run(args: argparse.Namespace, action: Any) -> int:
     try:
         policy = load_policy(args.config)
@@ -88,19 +85,13 @@ def _run(args: argparse.Namespace, action: Any) -> int:
     target = _target(args, policy)
     try:
         client = _connect(policy, target)
-    except _UNREACHABLE as exc:
-        print(unreachable(target, exc), file=sys.stderr)
-        return 1
-    except redis.RedisError as exc:
-        print(f"redis at {target.url}: {exc}", file=sys.stderr)
+    except REDIS_FAILURES as exc:
+        print(redis_failure(target, exc), file=sys.stderr)
         return 1
     try:
         return int(action(args, policy, client))
-    except _UNREACHABLE as exc:
-        print(unreachable(target, exc), file=sys.stderr)
-        return 1
-    except redis.RedisError as exc:
-        print(f"redis at {target.url}: {exc}", file=sys.stderr)
+    except REDIS_FAILURES as exc:
+        print(redis_failure(target, exc), file=sys.stderr)
         return 1
     finally:
         client.close()

@@ -17,10 +17,10 @@ from typing import Any
 
 import redis
 
-from controlplane.admin_args import add_mesh_redis_args
+from controlplane.admin_args import REDIS_FAILURES, add_mesh_redis_args, redis_failure
 from controlplane.policy import PolicyError, load_policy
 from runtime.shadow import Pair, Side, decode_pair, pairs_key, summarize
-from runtime.statedir import default_state_dir, find_redis, unreachable
+from runtime.statedir import default_state_dir, find_redis
 
 __all__ = ["format_pairs", "read_pairs", "register"]
 
@@ -101,11 +101,8 @@ def _main(args: argparse.Namespace) -> int:
     client = redis.Redis.from_url(target.url.partition("?")[0], socket_connect_timeout=2)
     try:
         found = {r: read_pairs(client, r) for r in routes}
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        print(unreachable(target, exc), file=sys.stderr)
-        return 1
-    except redis.RedisError as exc:
-        print(f"redis at {target.url}: {exc}", file=sys.stderr)
+    except REDIS_FAILURES as exc:
+        print(redis_failure(target, exc), file=sys.stderr)
         return 1
     finally:
         client.close()

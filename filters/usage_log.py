@@ -59,9 +59,12 @@ def _seconds(d: Any) -> float:
     return float(d.seconds) + d.nanos / 1e9
 
 
-def record(metrics: FilterMetrics, policy: Any, entry: Any) -> None:
-    """The metrics of one finished (or abandoned) metered request."""
-    md = _fields(entry)
+def record(
+    metrics: FilterMetrics, policy: Any, entry: Any, md: dict[str, Any] | None = None
+) -> None:
+    """The metrics of one finished (or abandoned) metered request (``md``: the entry's
+    ``tokenweir`` fields, when the caller already read them)."""
+    md = _fields(entry) if md is None else md
     if not md.get("meter"):
         return
     tenant, model, lane = md.get("tenant"), md.get("model"), md.get("lane")
@@ -108,14 +111,13 @@ def _ns(ts: Any) -> int:
     return int(ts.seconds) * 1_000_000_000 + int(ts.nanos)
 
 
-def usage_span(switch: TracingSwitch, entry: Any) -> None:
+def usage_span(switch: TracingSwitch, entry: Any, md: dict[str, Any]) -> None:
     """The request's ``usage`` span (child of its ``traceparent``), when tracing is on and the
-    request was traced; nothing otherwise."""
+    request was traced; nothing otherwise. ``md``: the entry's ``tokenweir`` fields."""
     tracing = switch.current
     headers = entry.request.request_headers
     if tracing is None or "traceparent" not in headers:
         return
-    md = _fields(entry)
     common = entry.common_properties
     start = _ns(common.start_time) if common.HasField("start_time") else None
     attrs: dict[str, Any] = {}
@@ -155,9 +157,10 @@ class UsageLog:
         policy = self.policy()
         for entry in msg.http_logs.log_entry:
             self.entries += 1
-            record(self.metrics, policy, entry)
+            md = _fields(entry)
+            record(self.metrics, policy, entry, md)
             if self.tracing is not None:
-                usage_span(self.tracing, entry)
+                usage_span(self.tracing, entry, md)
 
     async def consume(self, messages: AsyncIterator[bytes]) -> None:
         async for m in messages:
