@@ -22,6 +22,7 @@ from runtime.quota.config import (
 )
 from runtime.quota.keys import config_key, seed_key, service_subject
 from runtime.quota.reader import decode_map
+from runtime.tasks import honour_cancel
 
 __all__ = ["QuotaDirectory", "SeedPlan", "seed_defaults", "seed_plan"]
 
@@ -155,6 +156,7 @@ async def seed_defaults(
         for keys, args in calls[start : start + batch]:
             await script(keys=keys, args=args, client=pipe)  # queued, sent by execute()
         changed += sum(int(n) for n in await pipe.execute())
+        honour_cancel()  # redis-py's pipeline can swallow a cancel that lands mid-execute
         if rest:
             await asyncio.sleep((loop.time() - began) * rest)
     return changed

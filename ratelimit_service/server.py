@@ -34,7 +34,7 @@ from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
 from runtime.redis_connect import connect_redis
-from runtime.tasks import stop_task
+from runtime.tasks import honour_cancel, stop_task
 from runtime.tracing import Tracing, TracingSwitch
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics
 
@@ -60,13 +60,12 @@ class ServiceSettings:
     quota_cache_ttl: float = 0.5
     transport: str = "h2"  # "h2" (h2server.py: one method, ~4x less CPU) or "grpc" (grpc.aio)
     instances: int | None = None  # services side by side; default: the policy's replicas.ratelimit
-    # reloads build in a child process (runtime.buildworker) when on. Still off: with it, a
-    # service stopped right after a 10k-tenant reload hung with an idle loop. Bounding every
-    # wait for the worker's exit (it had exited and been reaped, but the wait never resolved)
-    # fixed the 3-of-3 case, yet tests/integration/test_reload_shutdown.py with the worker on
-    # still hung 4 of 9 runs (an idle loop after SIGTERM; never with a 1 ms timer running in
-    # the loop: a lost wakeup, not understood). In a thread: 0 of 5.
-    build_worker: bool = False
+    # reloads build in a child process (runtime.buildworker), so the build never holds the
+    # GIL the decisions need. It was off for a while: a service stopped right after a
+    # 10k-tenant reload hung 4 of 9 times. The cause was not the worker but the Redis seeder:
+    # redis-py's pipeline swallowed the cancel SIGTERM sent mid-seed, so the close waited on
+    # the seeder forever (runtime.tasks now cancels again, and the seeder honours the request).
+    build_worker: bool = True
 
 
 def decider_settings(rl: RateLimitServer, instances: int = 1) -> DeciderSettings:
@@ -261,7 +260,9 @@ class Service:
             await self.server.start()
         await self._start_metrics(rl)
         self.watcher.start()
-        self._seeder = asyncio.get_running_loop().create_task(self._seed_loop())
+        self._seeder = asyncio.get_running_loop().create_task(
+            self._seed_loop(), name="quota-seeder"
+        )
         log.info(
             "rate-limit service on port %d (transport %s, redis %s)",
             self.port,
@@ -325,8 +326,10 @@ class Service:
                     await seed_defaults(
                         self.redis, self.policy, plan=self._seed, batch=SEED_BATCH, rest=SEED_REST
                     )
+                    honour_cancel()  # a stop that arrived mid-pipeline (redis-py can swallow it)
                     continue
                 except Exception as exc:  # Redis down: retried after a pause
+                    honour_cancel()
                     log.debug("seeding deferred: %s", exc)
             self._seed_wanted.set()
             await asyncio.sleep(self.settings.reload_interval)

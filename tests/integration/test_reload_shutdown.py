@@ -1,8 +1,8 @@
 """Shutdown right after a big reload (issue 9): ``python -m ratelimit_service`` (real Redis,
-the built-in h2 transport) reloads 100 -> 10,000 tenants, gets SIGTERM while it seeds Redis,
-and exits 0 within its drain limit, leaving no build worker behind. With the build worker's
-unbounded wait for its child this hung 1 run of 1; with the bounded waits and the worker on it
-still hung 4 of 9 (idle loop; not understood), so the service builds in a thread (0 of 5)."""
+the built-in h2 transport, building in its worker process) reloads 100 -> 10,000 tenants, gets
+SIGTERM while it seeds Redis, and exits 0 within its drain limit, leaving no build worker
+behind. It hung 4 of 9 runs until the cause was found: redis-py's pipeline swallowed the
+seeder's cancellation mid-seed and the close waited on the seeder forever (0 of 18 since)."""
 
 from __future__ import annotations
 
