@@ -16,7 +16,6 @@ counted by ``on_error`` and logged at most once per ``log_interval``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -25,6 +24,7 @@ from redis.exceptions import RedisError
 
 from runtime.quota.errors import QuotaUnavailable
 from runtime.quota.reader import QuotaReader
+from runtime.tasks import stop_task
 from runtime.throttled_log import ThrottledLog
 
 __all__ = ["Budget", "CachedBudget", "NoBudget", "quota_reader_budget"]
@@ -124,9 +124,7 @@ class CachedBudget:
 
     async def aclose(self) -> None:
         for task in list(self._pending.values()):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task, log=_log)
 
     def note_reserved(self, tenant: str, model: str | None, lane: str | None, tokens: int) -> None:
         hit = self._cache.get((tenant, model, lane))

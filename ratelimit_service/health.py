@@ -9,12 +9,12 @@ one slow moment (or a busy event loop) falls back for the calls it hit and nothi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from ratelimit_service.metrics import Metrics
+from runtime.tasks import stop_task
 
 __all__ = ["RedisHealth"]
 
@@ -78,7 +78,5 @@ class RedisHealth:
             log.warning("redis answers again")
 
     async def aclose(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe
+        probe, self._probe = self._probe, None
+        await stop_task(probe, log=log)

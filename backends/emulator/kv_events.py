@@ -34,6 +34,7 @@ from runtime.prefixindex.wire import (
     encode_seq,
     should_bind,
 )
+from runtime.tasks import stop_task
 
 __all__ = ["KvEventPublisher"]
 
@@ -113,10 +114,7 @@ class KvEventPublisher:
 
     async def aclose(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task, log=log)
         for sock in (self._pub, self._replay):
             if sock is not None:
                 sock.close(linger=0)

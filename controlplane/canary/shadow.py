@@ -19,6 +19,7 @@ from controlplane.canary.judge import Buckets, p95
 from controlplane.canary.sample import replica_counters, replica_histograms
 from controlplane.policy.model import Address, Policy
 from controlplane.saturation.errors import ScrapeError
+from runtime.tasks import stop_task
 
 __all__ = ["SHADOW_PATH", "ShadowWatcher", "compare"]
 
@@ -120,8 +121,5 @@ class ShadowWatcher:
             await self._sleep(self._interval)
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await stop_task(task, log=log)

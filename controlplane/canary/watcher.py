@@ -22,6 +22,7 @@ from controlplane.canary.overrides import OverrideCache
 from controlplane.canary.sample import gateway_counts, replica_histograms, version_counts
 from controlplane.policy.model import CanaryPolicy, Policy
 from controlplane.saturation.errors import ScrapeError
+from runtime.tasks import stop_task
 
 __all__ = ["CANARY_PATH", "CanaryWatcher"]
 
@@ -162,8 +163,5 @@ class CanaryWatcher:
             await self._sleep(min(intervals, default=1.0))
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await stop_task(task, log=log)

@@ -32,6 +32,7 @@ from runtime.poolstate import (
     replica_state,
     summarize_pool,
 )
+from runtime.tasks import stop_task
 
 __all__ = ["PoolScraper"]
 
@@ -268,9 +269,6 @@ class PoolScraper:
             await self._sleep(max(self.settings.interval_s - spent, 0.0))
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await stop_task(task, log=log)
         await self._fetcher.aclose()

@@ -18,6 +18,7 @@ import aiohttp
 
 from runtime.poolstate.errors import PoolStateDecodeError
 from runtime.poolstate.state import SATURATED, PoolState, PoolSummary
+from runtime.tasks import stop_task
 
 __all__ = ["POOLS_PATH", "PoolStateReader", "mark_stale", "pools_url"]
 
@@ -137,8 +138,5 @@ class PoolStateReader:
                     await self._sleep(self.retry_s)
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await stop_task(task, log=log)

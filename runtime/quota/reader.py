@@ -31,6 +31,7 @@ from runtime.quota.config import (
 from runtime.quota.errors import QuotaUnavailable
 from runtime.quota.keys import bucket_key, config_key, window_key
 from runtime.quota.windows import UNITS, window
+from runtime.tasks import stop_task
 
 __all__ = ["PEEK_LUA", "QuotaReader", "WindowUsage", "decode_map", "limit_remaining"]
 
@@ -209,13 +210,7 @@ class QuotaReader:
     async def aclose(self) -> None:
         task, self._running = self._running, None
         if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
+            await stop_task(task)
 
 
 def limit_remaining(lim: Limit, raw: Any, now_us: int) -> int:
