@@ -43,8 +43,8 @@ def _value(v: struct_pb2.Value) -> Any:
     return None
 
 
-_KEYS = ("meter", "tenant", "model", "lane", "route", "outcome", "timing", "t0_us", "prompt",
-         "prompt_tokens", "completion_tokens", "cached_tokens")  # fmt: skip
+_KEYS = ("meter", "tenant", "model", "lane", "route", "pool", "outcome", "timing", "t0_us",
+         "prompt", "prompt_tokens", "completion_tokens", "cached_tokens")  # fmt: skip
 
 
 def _fields(entry: Any) -> dict[str, Any]:
@@ -146,10 +146,14 @@ class UsageLog:
         metrics: FilterMetrics,
         policy: Callable[[], Any],
         tracing: TracingSwitch | None = None,
+        on_cached: Callable[[str, int], None] | None = None,
     ) -> None:
+        """``on_cached(pool, tokens)``: the cached prompt tokens of each metered request whose
+        backend reported usage (the endpoint pickers' predicted-vs-actual count)."""
         self.metrics = metrics
         self.policy = policy
         self.tracing = tracing
+        self.on_cached = on_cached
         self.entries = 0
 
     def handle(self, message: bytes) -> None:
@@ -159,6 +163,9 @@ class UsageLog:
             self.entries += 1
             md = _fields(entry)
             record(self.metrics, policy, entry, md)
+            pool, cached = md.get("pool"), md.get("cached_tokens")
+            if self.on_cached is not None and isinstance(pool, str) and isinstance(cached, float):
+                self.on_cached(pool, int(cached))
             if self.tracing is not None:
                 usage_span(self.tracing, entry, md)
 

@@ -50,18 +50,23 @@ CANARY_HEADER = "x-tokenweir-canary"
 # added by Envoy to every response of a pool with a canary: which version answered
 VERSION_HEADER = "x-tokenweir-version"
 
+# ``response_end`` (not a plugin hook): the plugin's ``stream_end`` must come at the response's
+# end, but it reads no chunk. Envoy ends the ext_proc stream right after the last phase it
+# sends; with the response body NONE and the response trailers SEND, it keeps the stream open
+# to the response's end (and sends trailers only if the backend has some): ``stream_end`` then
+# comes when the response is done, with no message per chunk. Measured on Envoy 1.40:
+# tests/integration/test_response_end.py.
 BUILTIN_HOOKS: dict[str, frozenset[str]] = {
     "identity": frozenset({"request_headers"}),
     "lane": frozenset({"request_headers"}),
     "tokens": frozenset({"request_headers", "request_body"}),
     "prefix": frozenset({"request_body"}),
     "usage": frozenset({"response_chunk", "stream_end"}),
-    # response_chunk: Envoy closes the ext_proc stream after the last phase it sends; the
-    # response body keeps it open to the response's end, where the admission slot is freed
-    "admission": frozenset({"request_headers", "response_chunk"}),
+    # the admission slot is freed at the response's end
+    "admission": frozenset({"request_headers", "response_end", "stream_end"}),
     "degrade": frozenset({"request_headers", "response_headers"}),
-    # response_chunk keeps the stream open to the response's end, where in-flight load drops
-    "picker": frozenset({"request_body", "response_chunk", "stream_end"}),
+    # in-flight load drops at the response's end
+    "picker": frozenset({"request_body", "response_end", "stream_end"}),
     "idempotency": frozenset(
         {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}
     ),
@@ -89,7 +94,9 @@ def meters_usage(route: object) -> bool:
     route: a pool route whose enabled plugins list ``usage`` and no plugin that reads the
     response body in Python (admission, picker, idempotency, collapse, custom ones read the
     usage the Python usage plugin finds: there the body stays STREAMED through ext_proc and the
-    Python plugin meters; tests/integration/test_usage_twin.py drives both with the same streams)."""
+    Python plugin meters; tests/integration/test_usage_twin.py drives both with the same streams).
+    Admission and the picker need only the response's end (``response_end``): Envoy meters
+    there."""
     f = getattr(route, "filters", None)
     if getattr(route, "pool", None) is None or f is None or not f.enabled:
         return False

@@ -47,15 +47,19 @@ _PM = processing_mode_pb2.ProcessingMode
 
 
 def _mode(
-    request_body: bool, response_headers: bool, response_body: bool
+    request_body: bool, response_headers: bool, response_body: bool, response_end: bool = False
 ) -> processing_mode_pb2.ProcessingMode:
+    """``response_end`` without ``response_body``: no chunk is sent, but the response trailers
+    are asked for, which keeps Envoy's ext_proc stream open to the response's end (where the
+    filter server's ``stream_end`` runs); Envoy sends a trailers message only when the backend
+    sent trailers (controlplane/policy/phases.py)."""
     return _PM(
         request_header_mode=_PM.SEND,
         request_body_mode=_PM.BUFFERED if request_body else _PM.NONE,
         response_header_mode=_PM.SEND if response_headers else _PM.SKIP,
         response_body_mode=_PM.STREAMED if response_body else _PM.NONE,
         request_trailer_mode=_PM.SKIP,
-        response_trailer_mode=_PM.SKIP,
+        response_trailer_mode=_PM.SEND if response_end and not response_body else _PM.SKIP,
     )
 
 
@@ -71,6 +75,7 @@ def route_mode(route: Route) -> processing_mode_pb2.ProcessingMode:
         "request_body" in hooks,
         "response_headers" in hooks,
         "response_chunk" in hooks,
+        "response_end" in hooks,
     )
 
 

@@ -39,6 +39,13 @@ class Pickers:
         entry = self._pools.get(pool) if pool is not None else None
         return entry[1] if entry is not None else None
 
+    def reported(self, pool: str, cached_tokens: int) -> None:
+        """The cached prompt tokens a backend reported for a request of ``pool``, read by
+        Envoy's usage meter (filters/usage_log.py): the picker's stream end does not see them
+        there."""
+        if cached_tokens > 0 and pool in self._pools:
+            self.metrics.actual_tokens.labels(pool).inc(cached_tokens)
+
     async def configure(self, policy: Any) -> None:
         wanted = {
             name: pool

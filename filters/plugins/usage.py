@@ -99,6 +99,8 @@ class UsagePlugin(BasePlugin):
         }
         if ctx.model is not None:
             out["model"] = ctx.model
+        if ctx.route.pool is not None:
+            out["pool"] = ctx.route.pool
         prices = getattr(self.services.policy, "prices", None) or {}
         price = prices.get(ctx.model) if ctx.model is not None else None
         if price is not None:

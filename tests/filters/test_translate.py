@@ -41,6 +41,18 @@ gateways:
         pool: chat
         match: {prefix: /c/}
         filters: {plugins: ["examples.plugins.redact:RedactPlugin"]}
+      - name: admitted
+        pool: chat
+        match: {prefix: /ad/}
+        filters: {plugins: [identity, lane, admission]}
+      - name: admitted-metered
+        pool: chat
+        match: {prefix: /am/}
+        filters: {plugins: [identity, tokens, lane, admission, usage]}
+      - name: admitted-python-meter
+        pool: chat
+        match: {prefix: /ap/}
+        filters: {plugins: [identity, tokens, admission, usage], usage_meter: python}
       - name: inventory
         service: inv
         match: {prefix: /inv/}
@@ -97,7 +109,7 @@ def test_per_route_modes_route_name_and_failure_mode() -> None:
     assert per_route("inventory").disabled
     policy = load_policy_text(POLICY)
     metered = {r.name for r in policy.gateways["edge"].routes if meters_usage(r)}
-    assert metered == {"full"}
+    assert metered == {"full", "admitted-metered"}
 
 
 def test_a_body_over_the_limit_has_its_own_413_route_before_any_filter() -> None:
@@ -129,3 +141,22 @@ def test_a_body_over_the_limit_has_its_own_413_route_before_any_filter() -> None
     assert oversize.overrides.failure_mode_allow.value  # no filter server: the direct 413
     ok, message = validate(static_bootstrap(groups["edge"], node_id="edge"))
     assert ok, message
+
+
+def test_admission_asks_for_the_response_end_not_its_chunks() -> None:
+    """Admission frees its slot at the response's end: no chunk goes to the filter server, but
+    the response trailers are asked for, which keeps Envoy's ext_proc stream open to the end
+    (tests/integration/test_response_end.py)."""
+    only = per_route("admitted").overrides.processing_mode
+    assert only.response_body_mode == PM.NONE and only.response_trailer_mode == PM.SEND
+    # with usage beside it, Envoy's Lua meter meters: still no chunk to the filter server
+    metered = per_route("admitted-metered").overrides.processing_mode
+    assert metered.response_body_mode == PM.NONE and metered.response_trailer_mode == PM.SEND
+    policy = load_policy_text(POLICY)
+    routes = {r.name: r for r in policy.gateways["edge"].routes}
+    assert meters_usage(routes["admitted-metered"]) and not meters_usage(routes["admitted"])
+    # the Python meter reads every chunk: STREAMED, and no trailers needed for the end
+    py = per_route("admitted-python-meter").overrides.processing_mode
+    assert py.response_body_mode == PM.STREAMED and py.response_trailer_mode == PM.SKIP
+    # routes that need no end keep trailers skipped
+    assert per_route("auth-only").overrides.processing_mode.response_trailer_mode == PM.SKIP

@@ -118,3 +118,33 @@ def test_bucket_counts_add_what_observe_would_have() -> None:
     assert sa == sb
     with pytest.raises(ValueError):
         FilterMetrics.add_observations(b, counts[:-1], 1.0)
+
+
+def test_cached_tokens_reach_the_pickers_count_with_their_pool() -> None:
+    """On routes Envoy meters, the picker's stream end sees no usage: the cached prompt tokens
+    the backend reported come from the access-log entry, with the pool the request went to."""
+    from prometheus_client import CollectorRegistry
+
+    from filters.picker.registry import Pickers
+
+    seen: list[tuple[str, int]] = []
+    log = UsageLog(
+        FilterMetrics(policy=POLICY), lambda: POLICY, on_cached=lambda p, k: seen.append((p, k))
+    )
+    usage = {"prompt_tokens": 31, "completion_tokens": 9, "cached_tokens": 8}
+    log.handle(
+        als_pb2.StreamAccessLogsMessage(
+            http_logs=als_pb2.StreamAccessLogsMessage.HTTPAccessLogEntries(
+                log_entry=[
+                    entry({**BASE, "pool": "chat", **usage}),
+                    entry({**BASE, **usage}),  # no pool named: not counted
+                    entry({**BASE, "pool": "chat"}),  # no usage reported: not counted
+                ]
+            )
+        ).SerializeToString()
+    )
+    assert seen == [("chat", 8)]
+    registry = CollectorRegistry()
+    Pickers(registry=registry).reported("chat", 8)  # a pool without a picker: nothing counted
+    name = "tokenweir_picker_actual_cached_tokens_total"
+    assert registry.get_sample_value(name, {"pool": "chat"}) is None
