@@ -46,14 +46,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from backends.emulator.trace import TraceRecord, load_trace  # noqa: E402
+from bench.peers_cpu import per_request_ms, snapshot  # noqa: E402
 from bench.routing_jobs import Job, combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
+from bench.routing_report import picker_metrics, plot  # noqa: E402
 from runtime.children import Child, wait_child_port  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
 TRACE = ROOT / "bench" / "data" / "mooncake_conversation_every12th.jsonl"
 MODEL = "llama-3.1-8b"
 OFFSET = 1000  # KV events on replica port + OFFSET, replay on + OFFSET + 1
-ARMS = ("ring_hash", "picker", "sglang-router")
+# picker-chunks: the picker route as before the response's end was asked for without chunks
+# (usage metered in Python: every response chunk through ext_proc)
+ARMS = ("ring_hash", "picker", "picker-chunks", "sglang-router")
 
 
 def _kv_port_ok(p: int) -> bool:
@@ -132,6 +136,7 @@ def tokenweir_policy(
     scale: int,
     a_pending: float = 5.0,
     cache_weight: float = 0.7,
+    meter: str = "envoy",
 ) -> dict[str, Any]:
     plugins: list[Any] = [{"name": "identity", "settings": {"require": False}}, "tokens", "prefix"]
     if picker:
@@ -178,7 +183,7 @@ def tokenweir_policy(
                         "name": "chat",
                         "match": {"prefix": "/v1/"},
                         "pool": "chat",
-                        "filters": {"plugins": plugins},
+                        "filters": {"plugins": plugins, "usage_meter": meter},
                     }
                 ],
             }
@@ -208,8 +213,8 @@ class Gateway:
         fp, mp = free_port(), free_port()
         a = self.pool.a
         policy = tokenweir_policy(
-            self.pool, self.port, fp, mp, self.arm == "picker", a.scale, a.pending_ttl,
-            a.cache_weight,
+            self.pool, self.port, fp, mp, self.arm.startswith("picker"), a.scale, a.pending_ttl,
+            a.cache_weight, "python" if self.arm == "picker-chunks" else "envoy",
         )  # fmt: skip
         path = self.run_dir / f"policy-{self.arm}.yaml"
         path.write_text(yaml.safe_dump(policy, sort_keys=False))
@@ -322,12 +327,16 @@ async def run_arm(
         await gw.start()
         await asyncio.sleep(2.0)  # the picker's subscribers connect and resync
         url = f"http://127.0.0.1:{gw.port}/v1/chat/completions"
+        roots = [p for p in (c.pid for c in gw.children) if p is not None]
+        cpu0 = snapshot(roots)
         res = await drive(url, records, a)
+        # the gateway's CPU per request, per process kind (Envoy, filters, control plane...)
+        res["gateway_cpu_ms_per_request"] = per_request_ms(cpu0, snapshot(roots), res["requests"])
         async with aiohttp.ClientSession() as http:
             counts = await pool.counters(http)
             if gw.metrics_url:
                 async with http.get(gw.metrics_url) as r:
-                    res["gateway_metrics"] = _picker_metrics(await r.text())
+                    res["gateway_metrics"] = picker_metrics(await r.text())
         prompt = sum(c.get("sglang:prompt_tokens_total", 0) for c in counts)
         cached = sum(c.get("sglang:cached_tokens_total", 0) for c in counts)
         reqs = [c.get("sglang:num_requests_total", 0) for c in counts]
@@ -338,48 +347,6 @@ async def run_arm(
     finally:
         await gw.aclose()
         await pool.aclose()
-
-
-def _picker_metrics(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name.startswith("tokenweir_picker_") and s.name.endswith("_total"):
-                key = s.name + ("{" + s.labels["reason"] + "}" if "reason" in s.labels else "")
-                out[key] = out.get(key, 0.0) + s.value
-    return out
-
-
-def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    arms = list(results)
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
-    panels = [
-        ("prefix-cache hit ratio", [results[x]["hit_ratio"] for x in arms]),
-        ("TTFT p50 / p95 (ms)", None),
-        ("max/mean requests per replica", [results[x]["max_over_mean"] for x in arms]),
-    ]
-    for ax, (title, vals) in zip(axes, panels, strict=True):
-        if vals is None:
-            xs = range(len(arms))
-            ax.bar(
-                [i - 0.2 for i in xs], [results[x]["ttft_p50_ms"] for x in arms], 0.4, label="p50"
-            )
-            ax.bar(
-                [i + 0.2 for i in xs], [results[x]["ttft_p95_ms"] for x in arms], 0.4, label="p95"
-            )
-            ax.set_xticks(list(xs), arms)
-            ax.legend()
-        else:
-            ax.bar(arms, vals)
-        ax.set_title(title, fontsize=10)
-        ax.tick_params(axis="x", labelsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 async def main_async(a: argparse.Namespace) -> int:
@@ -405,7 +372,8 @@ async def main_async(a: argparse.Namespace) -> int:
                 f"  hit {r['hit_ratio']:.3f}  ttft p50 {r['ttft_p50_ms']:.0f} p95 {r['ttft_p95_ms']:.0f}"
                 f" p99 {r['ttft_p99_ms']:.0f} ms  {r['req_per_s']:.2f} req/s"
                 f" {r['out_tok_per_s']:.0f} tok/s  max/mean {r['max_over_mean']:.2f}"
-                f"  failed {r['failed']}  per replica {r['per_replica_requests']}",
+                f"  failed {r['failed']}  per replica {r['per_replica_requests']}"
+                f"  gateway CPU ms/request {r['gateway_cpu_ms_per_request']}",
                 flush=True,
             )
     out = {
@@ -415,7 +383,7 @@ async def main_async(a: argparse.Namespace) -> int:
         "arms": results,
     }
     (ROOT / "bench" / "results").mkdir(exist_ok=True)
-    name = f"routing-{a.workload}"
+    name = f"routing-{a.workload}" + (f"-{a.tag}" if a.tag else "")
     (ROOT / "bench" / "results" / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
     plot(results, ROOT / "docs" / "img" / f"{name}.png")
     print(f"infinite-cache ceiling on this slice: {ceiling:.3f}")
@@ -439,6 +407,7 @@ def main() -> int:
     ap.add_argument("--cache-weight", type=float, default=0.7, help="picker: routing.cache_weight")
     ap.add_argument("--run-dir", help="keep the run's logs in a new folder under this one")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--tag", help="results as routing-WORKLOAD-TAG.{json,png}")
     return asyncio.run(main_async(ap.parse_args()))
 
 
