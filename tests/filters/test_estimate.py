@@ -3,6 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from filters.errors import ConfigError
 from filters.estimate import HeuristicEstimator, TokenizerEstimator, load_estimator
@@ -43,3 +45,48 @@ def test_tokenizer_file(tmp_path: Path) -> None:
     bad.write_text("{}")
     with pytest.raises(ConfigError):
         TokenizerEstimator(bad)
+
+
+def _regex_count(h: HeuristicEstimator, text: str) -> int:
+    """The estimator as it was first written: six regex scans (the oracle for :func:`pieces`)."""
+    from filters.estimate import _DIGITS, _LONG_WORD, _NEWLINES, _NON_ASCII, _SYMBOL, _WORD
+
+    if not text:
+        return 0
+    total = len(_WORD.findall(text)) * h.word_tokens
+    total += sum(len(w) - h.word_free_chars for w in _LONG_WORD.findall(text)) / h.word_chars
+    d = h.digits_per_token
+    total += sum(-(-len(r) // d) for r in _DIGITS.findall(text)) * h.digit_weight
+    total += len(_SYMBOL.findall(text)) * h.symbol_tokens
+    if not text.isascii():
+        total += len(_NON_ASCII.findall(text)) * (h.non_ascii_tokens - h.symbol_tokens)
+    total += len(_NEWLINES.findall(text)) * h.newline_tokens
+    return max(1, round(total))
+
+
+_TRICKY = "aZ09 \t\n\r\x0b\x0c\x1c\x1f\x7f\x80\x85\xa0é日\u2003\u3000\U0001f600\ud800.,{}\"'"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.sampled_from(_TRICKY), max_size=200) | st.text(max_size=200))
+def test_the_byte_table_counts_equal_the_regex_counts(text: str) -> None:
+    """Letter, digit, space and newline runs from byte tables over the UTF-8 text count exactly
+    what the regular expressions find, for any text (non-ASCII spaces, lone surrogates)."""
+    from filters.estimate import _DIGITS, _NEWLINES, _NON_ASCII, _SYMBOL, _WORD, pieces
+
+    words, digits, symbols, wide, newlines = pieces(text)
+    assert words == [len(w) for w in _WORD.findall(text)]
+    assert digits == [len(r) for r in _DIGITS.findall(text)]
+    assert symbols == len(_SYMBOL.findall(text))
+    assert wide == len(_NON_ASCII.findall(text))
+    assert newlines == len(_NEWLINES.findall(text))
+    h = HeuristicEstimator()
+    assert h.count(text) == _regex_count(h, text)
+
+
+def test_the_wide_spaces_are_what_the_regex_engine_calls_space() -> None:
+    import re
+
+    from filters.estimate import _WIDE_SPACE
+
+    assert "".join(c for c in map(chr, range(0x80, 0x110000)) if re.match(r"\s", c)) == _WIDE_SPACE
