@@ -61,8 +61,11 @@ def test_admission_keeps_the_stream_open_to_the_response_end() -> None:
     policy = load_policy_text(POLICY.format(plugins="identity, lane, admission"))
     msg = ext_proc_pb2.ExtProcPerRoute()
     assert ext_proc_per_route(policy.gateways["edge"].routes[0])[EXT_PROC_FILTER].Unpack(msg)
-    assert msg.overrides.processing_mode.response_body_mode == PM.STREAMED
-    assert msg.overrides.processing_mode.request_body_mode == PM.NONE
+    # no chunk to the filter server: the response trailers, asked for, keep the stream open to
+    # the response's end (tests/integration/test_response_end.py)
+    mode = msg.overrides.processing_mode
+    assert mode.response_body_mode == PM.NONE and mode.response_trailer_mode == PM.SEND
+    assert mode.request_body_mode == PM.NONE
 
 
 class Stream:
