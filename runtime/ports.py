@@ -16,6 +16,7 @@ from pathlib import Path
 from runtime.errors import ChildError, PortTimeout
 
 __all__ = [
+    "RESERVED",
     "candidate_ranges",
     "ephemeral_range",
     "free_port",
@@ -28,6 +29,14 @@ __all__ = [
 _EPHEMERAL_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _FALLBACK_EPHEMERAL = (32768, 60999)
 _LOWEST = 10000
+# the ports tokenweir's own components default to (a policy's gateway listener 10000, control
+# plane 18000/18001, rate limit 18081, filters 18082, an Envoy admin 9901, the emulator 30000,
+# and a few above each for replicas): never handed out, or a test's gateway on a picked port
+# 18001 collides with the control plane's default metrics port of the policy it starts
+# (fresh-clone CI: "port 18001 is already used by control_plane.metrics")
+RESERVED = frozenset(
+    p for base in (9901, 10000, 18000, 18081, 30000) for p in range(base, base + 16)
+)
 _handed_out: set[int] = set()
 _rng = random.Random()
 
@@ -79,7 +88,9 @@ def free_port_block(count: int = 1, host: str = "127.0.0.1", tries: int = 200) -
             continue
         base = _rng.randrange(low, high - count + 2)
         block = range(base, base + count)
-        if _handed_out.intersection(block) or not _bindable(host, block):
+        if RESERVED.intersection(block) or _handed_out.intersection(block):
+            continue
+        if not _bindable(host, block):
             continue
         _handed_out.update(block)
         return base

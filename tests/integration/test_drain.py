@@ -112,7 +112,13 @@ async def test_filter_server_drains_streams_in_flight_and_reports_not_serving(
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await new.write(_headers())
                 await new.read()
-            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            # refused: UNAVAILABLE; grpc.aio's own server, stopping, sometimes resets the new
+            # stream before its status reaches the client, which grpc core then reports as
+            # INTERNAL "Internal error from Core" (seen in a fresh-clone CI run on a busy box)
+            allowed = {grpc.StatusCode.UNAVAILABLE}
+            if transport == "grpc":
+                allowed.add(grpc.StatusCode.INTERNAL)
+            assert refused.value.code() in allowed, refused.value
 
             # the stream opened before the signal is still served, chunk after chunk
             for i in range(3):

@@ -56,3 +56,19 @@ def test_an_unreadable_range_file_falls_back(tmp_path: Path) -> None:
     bad.write_text("nonsense")
     assert ephemeral_range(bad) == (32768, 60999)
     assert ephemeral_range(tmp_path / "missing") == (32768, 60999)
+
+
+def test_the_default_ports_of_a_policy_are_never_handed_out() -> None:
+    """A picked port must not be one the policy's components default to: a test's gateway on
+    a picked 18001 was refused as "already used by control_plane.metrics"."""
+    from controlplane.policy import load_policy_text
+    from runtime.ports import RESERVED
+
+    policy = load_policy_text("version: 1\ngateways: {edge: {routes: []}}\n")
+    cp = policy.control_plane
+    defaults = {cp.xds.port, cp.metrics.port, policy.gateways["edge"].listen.port}
+    from controlplane.policy.servers import FiltersServer, RateLimitServer
+
+    defaults |= {FiltersServer().address.port, RateLimitServer().address.port, 9901, 30000}
+    assert defaults <= RESERVED
+    assert not RESERVED.intersection(free_port() for _ in range(300))
