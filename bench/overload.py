@@ -186,7 +186,9 @@ async def wait_idle(arm: Arm, timeout: float = 90.0) -> bool:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             q = await scrape(probe, arm)
-            if sum(q.values()) == 0 and await arm.pool.flush(probe):
+            # the reserve gauge keeps its last value until the gateway sees a request again
+            busy = sum(v for k, v in q.items() if not k.startswith("gateway_reserved"))
+            if busy == 0 and await arm.pool.flush(probe):
                 return True
             await asyncio.sleep(0.25)
     return False

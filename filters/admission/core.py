@@ -14,7 +14,8 @@
   not from the lane's grant rate alone, which is measured over a window and lags. A queued
   ticket whose predicted start has moved past its wait budget is shed then (:meth:`sweep`,
   ``fell_behind``), not when the budget is gone; ``timed_out`` stays the last resort.
-  ``Retry-After`` comes from the same prediction.
+  ``Retry-After`` comes from the lane's measured drain rate; a lane blocked by the lanes above
+  is told no sooner than their need could fade.
 
 Every method takes ``now`` (the caller's clock); nothing here sleeps or does I/O.
 """
@@ -286,8 +287,9 @@ class Admission:
 
     def room(self, now: float, lane: str) -> int | None:
         """Slots ``lane`` may hold in steady state: its share, less the slots it leaves for the
-        lanes above (with ``leave_for_higher``: their measured need); None without a request
-        limit. Slots the lanes above hold beyond that come back to it as they end."""
+        lanes above (with ``leave_for_higher``: their need, as the last seconds measure it when
+        that is more: the reserve follows a rising demand within its window); None without a
+        request limit. Slots the lanes above hold beyond that come back to it as they end."""
         if self.max_requests is None:
             return None
         cfg = self.lanes[lane]
@@ -295,7 +297,7 @@ class Admission:
         above = 0
         if cfg.leave_for_higher is not None:
             for name in self.order[: self.order.index(lane)]:
-                above += math.ceil(self.demand[name].slots(now) * (1.0 + cfg.leave_for_higher))
+                above += math.ceil(self.demand[name].rising(now) * (1.0 + cfg.leave_for_higher))
         return max(0, min(share, self.max_requests - above))
 
     def outlook(self, now: float, lane: str) -> Outlook | None:
@@ -325,38 +327,28 @@ class Admission:
             return None
         return (self._ahead(lane, tenant, weight) + 1) / rate
 
-    def lane_rate(self, now: float, lane: str, outlook: Outlook | None = None) -> float | None:
-        """Requests/s the lane is expected to start: the lower of its measured drain rate and
-        its room over its hold time (0: blocked by the lanes above; None: nothing measured)."""
-        outlook = outlook if outlook is not None else self.outlook(now, lane)
-        measured = self.drain_rate(now, lane)
-        if outlook is None:
-            return measured
-        return outlook.rate if measured is None else min(measured, outlook.rate)
-
     def retry_after(self, now: float, lane: str, *, extra: int = 0) -> float:
         """When to come back, for a client shed now: the time the lane's queue (and the ones
         above it, or ``extra`` requests ahead) plus every client already told to come back
-        take to start at the rate the lane is expected to start (:meth:`lane_rate`), stretched by up to ``JITTER`` (with an
-        rng); the lane's longest wait when nothing was measured yet. A lane blocked by the
-        lanes above is told no sooner than their demand could fade, and after the clients
-        queued or told in them and in it, at the pool's completion rate. The answer is
-        remembered: the next client shed is told a later time."""
+        take to start at the measured drain rate, stretched by up to ``JITTER`` (with an rng);
+        the lane's longest wait when nothing was measured yet. A lane blocked by the lanes
+        above (no room) is told no sooner than their measured need could fade, and than the
+        clients queued or told at or above it take at the pool's completion rate. The answer
+        is remembered: the next client shed is told a later time."""
         outlook = self.outlook(now, lane)
-        rate = self.lane_rate(now, lane, outlook)
+        rate = self.drain_rate(now, lane)
         told = self.told[lane]
         queued = 0
         for name in self.order:
             queued += len(self.queues[name])
             if name == lane:
                 break
-        if rate is None or (rate <= 0 and outlook is None):
-            wait = max(self.lanes[lane].max_wait, 1.0)
-        elif rate > 0:
-            wait = (max(extra, queued) + told.outstanding(now) + 1) / rate
-        else:
-            assert outlook is not None
+        if outlook is not None and outlook.room <= 0:
             wait = self._blocked_wait(now, lane, outlook, max(extra, queued))
+        elif rate is None or rate <= 0:
+            wait = max(self.lanes[lane].max_wait, 1.0)
+        else:
+            wait = (max(extra, queued) + told.outstanding(now) + 1) / rate
         if self.rng is not None:
             wait *= 1.0 + self.rng.uniform(0.0, JITTER)
         wait = min(MAX_RETRY_AFTER, wait)

@@ -207,7 +207,7 @@ def test_full_queue_is_shed_at_once_with_retry_after_from_the_drain_rate() -> No
     a.offer(1.0, "interactive", "b")
     shed = a.offer(1.0, "interactive", "c")
     assert isinstance(shed, Shed) and (shed.status, shed.reason) == (503, "queue_full")
-    assert shed.retry_after == 3 / a.lane_rate(1.0, "interactive")  # type: ignore[operator]
+    assert shed.retry_after == 3 / a.drain_rate(1.0, "interactive")  # type: ignore[operator]
 
 
 def measured(rate: float, **kw: int) -> Admission:
@@ -230,7 +230,7 @@ def test_each_client_shed_in_a_burst_is_told_a_later_time() -> None:
         shed = a.offer(1.0, "interactive", who)
         assert isinstance(shed, Shed) and shed.reason == "queue_full"
         waits.append(shed.retry_after)
-    rate = a.lane_rate(1.0, "interactive")
+    rate = a.drain_rate(1.0, "interactive")
     assert rate is not None
     # the k-th client shed is told the time for the queue (2) and the k told before it
     assert waits == [pytest.approx((3 + k) / rate) for k in range(5)]
@@ -243,7 +243,7 @@ def test_told_waits_are_jittered_within_a_tenth() -> None:
     a = measured(10.0, queue=0, per_tenant=1)
     a.rng = random.Random(7)
     told = [a.retry_after(1.0, "interactive") for _ in range(50)]
-    bare = [(1 + k) / a.lane_rate(1.0, "interactive") for k in range(50)]  # type: ignore[operator]
+    bare = [(1 + k) / a.drain_rate(1.0, "interactive") for k in range(50)]  # type: ignore[operator]
     assert all(b <= t <= b * 1.1 for b, t in zip(bare, told, strict=True))
     assert len({round(t / b, 6) for b, t in zip(bare, told, strict=True)}) > 1
 
