@@ -528,3 +528,25 @@ def test_the_forecast_reads_the_lanes_room_not_only_its_grant_rate() -> None:
     assert under.wait(3) == pytest.approx(4 / 4.0 + 2 / 4.0 + 2 * 2.0 / 4)
     assert fade(10.0, want_above=10.0, free=7) == pytest.approx(3.0)
     assert fade(10.0, want_above=5.0, free=7) == 0.0
+
+
+def test_the_forecast_sees_an_interactive_spike_before_the_reserve_has_measured_it() -> None:
+    """Interactive asked 1/s for 10 s, then 20 times in one second. The reserve (10 s window)
+    has only begun to rise, but it will take every slot within seconds: a batch ticket that
+    would wait behind six running batch requests is shed now rather than queued to be shed."""
+    a = Admission(
+        [LaneConfig("interactive", 0, 0, 5.0), LaneConfig("batch", 20, 20, 50.0, 1.0, 0.25)],
+        max_requests=8,
+    )
+    now = _run_batch(a, 0.0)
+    for k in range(10):
+        i = ticket(a.offer(now + k, "interactive", "i"))
+        a.release(now + k + 1.0, i)
+    now += 10.0
+    assert all(ticket(a.offer(now, "batch", "b")).state == "admitted" for _ in range(6))
+    for k in range(20):
+        a.offer(now + 0.05 * k, "interactive", "i")  # two start, the rest find no queue
+    now += 1.0
+    assert a.reserved_above(now, "batch") <= 2  # the 10 s window: 3/s so far
+    shed = a.offer(now, "batch", "b")
+    assert isinstance(shed, Shed) and shed.reason == "wait_too_long"
