@@ -107,9 +107,9 @@ class PoolGate:
             if r.state == "admitted":  # woken at the very end: keep it
                 self._admitted(r, "queued", self.clock())
                 return r
-            if fut.done() and fut.result() is not None:  # swept at the very end
-                early = fut.result()
-                assert early is not None
+            # swept at the very end (the timeout cancels the future it interrupts, otherwise)
+            early = fut.result() if fut.done() and not fut.cancelled() else None
+            if early is not None:
                 self._shed(lane, early)
                 return early
             shed, started = self.core.drop(self.clock(), r)

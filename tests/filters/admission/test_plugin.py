@@ -130,6 +130,20 @@ async def test_deadlines_passed_are_504_and_remaining_budgets_go_upstream() -> N
     assert info.value.status == 400
 
 
+async def test_a_waiter_whose_wait_runs_out_is_answered_with_retry_after() -> None:
+    """Its bounded wait ends (the fake clock stands still: 503 timed_out, not 504): an
+    answer, not a cancelled handler (Envoy would answer its own 504 without Retry-After)."""
+    s = Setup(cap=1)
+    for _ in range(2):  # one slot per replica
+        await s.headers(s.ctx())
+    r = await asyncio.wait_for(s.headers(s.ctx("b"), **{"x-request-timeout-ms": "50"}), 5.0)
+    assert r is not None and r.reply is not None and r.reply.status == 503
+    assert int(r.reply.headers["retry-after"]) >= 1
+    assert json.loads(r.reply.body)["error"]["code"] == "timed_out"
+    gate = s.gates.gate("chat")
+    assert gate is not None and len(gate.core.queues["interactive"]) == 0
+
+
 async def test_tier_weights_reach_the_queue() -> None:
     s = Setup(cap=1)
     for _ in range(2):
