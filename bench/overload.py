@@ -6,6 +6,9 @@ then a retry storm (a spike, with clients that honour Retry-After and clients th
     .venv/bin/python bench/overload.py            # the full run (about 8 minutes here)
     .venv/bin/python bench/overload.py --smoke    # seconds: CI runs it (tests/bench)
     .venv/bin/python bench/overload.py --scale 4  # 4x the replicas' slots and the durations
+    # before/after a change, in one run: main's code in the tokenweir-baseline arm
+    git archive main | tar -x -C /tmp/tw-main
+    .venv/bin/python bench/overload.py --arms tokenweir-baseline tokenweir --baseline-src /tmp/tw-main
 
 Writes ``bench/results/overload.json``, ``bench/results/overload.md`` and PNG plots in
 ``docs/img/`` (``--out-dir`` / ``--img-dir`` move them). docs/benchmarks.md ("Overload") explains
@@ -183,7 +186,9 @@ async def wait_idle(arm: Arm, timeout: float = 90.0) -> bool:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             q = await scrape(probe, arm)
-            if sum(q.values()) == 0 and await arm.pool.flush(probe):
+            # the reserve gauge keeps its last value until the gateway sees a request again
+            busy = sum(v for k, v in q.items() if not k.startswith("gateway_reserved"))
+            if busy == 0 and await arm.pool.flush(probe):
                 return True
             await asyncio.sleep(0.25)
     return False
@@ -234,7 +239,9 @@ def _level_key(m: float) -> str:
     return f"{m:g}x"
 
 
-async def run(cfg: Config, out_dir: Path, img_dir: Path) -> dict[str, Any]:
+async def run(
+    cfg: Config, out_dir: Path, img_dir: Path, baseline: Path | None = None
+) -> dict[str, Any]:
     profile = get_profile("llama-3.1-8b-h100")
     records = load_sample()
     mean_p, mean_o = mean_lengths(records, cfg.length_scale)
@@ -265,6 +272,7 @@ async def run(cfg: Config, out_dir: Path, img_dir: Path) -> dict[str, Any]:
         "mean_output_tokens": round(mean_o, 2),
         "load_average_start": os.getloadavg(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "baseline_src": str(baseline) if baseline is not None else None,
         "levels": {},
         "storm": {},
         "samples": {},
@@ -277,7 +285,7 @@ async def run(cfg: Config, out_dir: Path, img_dir: Path) -> dict[str, Any]:
             for name in cfg.arms:
                 run_dir = Path(tmp) / name
                 run_dir.mkdir()
-                arms[name] = make_arm(name, EmulatorPool(spec, run_dir), run_dir)
+                arms[name] = make_arm(name, EmulatorPool(spec, run_dir), run_dir, baseline)
             await asyncio.gather(*(_start(arm) for arm in arms.values()))
             print(f"[{time.monotonic() - _T0:6.1f}s] arms started", flush=True)
             for m in cfg.levels:
@@ -376,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-scale", type=float, default=5.0, help="emulated durations x this")
     ap.add_argument("--length-scale", type=int, default=16, help="trace lengths / this")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--baseline-src", type=Path, default=None,
+        help="a checkout (e.g. `git archive main`) whose code the tokenweir-baseline arm runs",
+    )  # fmt: skip
     ap.add_argument("--out-dir", type=Path, default=HERE / "results")
     ap.add_argument("--img-dir", type=Path, default=HERE.parent / "docs" / "img")
     a = ap.parse_args(argv)
@@ -386,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency
         runner = asyncio.run
-    result = runner(run(cfg, a.out_dir, a.img_dir))
+    result = runner(run(cfg, a.out_dir, a.img_dir, a.baseline_src))
     print(json.dumps(result["targets"], indent=1))
     return 0
 

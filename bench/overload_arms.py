@@ -7,6 +7,8 @@
   ``--queue-timeout-secs``, ``--rate-limit-tokens-per-second`` = the pool's capacity in req/s.
 - ``tokenweir``: ``tokenweir up`` on ``bench/overload_policy.yaml`` with this run's ports and
   endpoints (lanes, tiers, quotas in Redis, admission, pool state: whatever main has).
+- ``tokenweir-baseline``: the same, but every tokenweir process imports the code of another
+  checkout (``--baseline-src``, e.g. ``git archive main``): before/after of a change in one run.
 
 Every process is a ``runtime.children.Child`` (own process group, dies with the benchmark) and
 is stopped by ``aclose``. ``server_queues`` reads the backends' ``sglang:num_queue_reqs`` /
@@ -38,7 +40,7 @@ POLICY = Path(__file__).resolve().parent / "overload_policy.yaml"
 ARMS = ("envoy", "sglang-router", "tokenweir")
 # not run by default: the tokenweir arm with batch taking every slot its share allows
 # (``leave_for_higher: null``), for the before/after of the higher lanes' reserve
-EXTRA_ARMS = ("tokenweir-no-reserve",)
+EXTRA_ARMS = ("tokenweir-no-reserve", "tokenweir-baseline")
 MODEL = "llama-3.1-8b"
 
 
@@ -97,9 +99,10 @@ class Arm:
 
     name = ""
 
-    def __init__(self, pool: EmulatorPool, run_dir: Path) -> None:
+    def __init__(self, pool: EmulatorPool, run_dir: Path, src: Path | None = None) -> None:
         self.pool = pool
         self.run_dir = run_dir
+        self.src = src  # the checkout whose code the gateway's processes import (None: this one)
         self.port = free_port()
         self.children: list[Child] = []
         self.queue_metrics_url: str | None = None  # a /metrics page with gateway queues
@@ -117,7 +120,10 @@ class Arm:
         await self.pool.aclose()
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
-        child = Child(name, argv, self.run_dir / f"{name}.log")
+        # ``python -m`` imports from the cwd before PYTHONPATH: both point at the other checkout
+        src = self.src.resolve() if self.src is not None else None
+        env = {"PYTHONPATH": str(src)} if src is not None else {}
+        child = Child(name, argv, self.run_dir / f"{name}.log", env=env, cwd=src)
         child.start()
         self.children.append(child)
         return child
@@ -181,6 +187,10 @@ class Tokenweir(Arm):
 class TokenweirNoReserve(Tokenweir):
     name = "tokenweir-no-reserve"
     overrides: dict[str, Any] = {"admission": {"batch": {"leave_for_higher": None}}}  # noqa: RUF012
+
+
+class TokenweirBaseline(Tokenweir):
+    name = "tokenweir-baseline"
 
 
 async def _wait_for_line(log: Path, text: str, child: Child, timeout: float = 60.0) -> None:
@@ -289,13 +299,18 @@ def plain_envoy_bootstrap(listen_port: int, backend_ports: list[int]) -> dict[st
     }
 
 
-def make_arm(name: str, pool: EmulatorPool, run_dir: Path) -> Arm:
+def make_arm(name: str, pool: EmulatorPool, run_dir: Path, baseline: Path | None = None) -> Arm:
     kinds: dict[str, type[Arm]] = {
         "envoy": PlainEnvoy,
         "sglang-router": SglangRouter,
         "tokenweir": Tokenweir,
         "tokenweir-no-reserve": TokenweirNoReserve,
+        "tokenweir-baseline": TokenweirBaseline,
     }
+    if name == "tokenweir-baseline":
+        if baseline is None:
+            raise ValueError("the tokenweir-baseline arm needs --baseline-src")
+        return kinds[name](pool, run_dir, baseline)
     return kinds[name](pool, run_dir)
 
 
@@ -317,9 +332,12 @@ async def scrape(http: aiohttp.ClientSession, arm: Arm) -> dict[str, float]:
                         out["backend_queued"] += s.value
                     elif s.name == "sglang:num_running_reqs":
                         out["backend_running"] += s.value
-                elif s.name == "tokenweir_admission_queued":
-                    key = f"gateway_queued_{s.labels.get('lane', 'all')}"
+                elif s.name in ("tokenweir_admission_queued", "tokenweir_admission_reserved"):
+                    kind = s.name.removeprefix("tokenweir_admission_")
+                    key = f"gateway_{kind}_{s.labels.get('lane', 'all')}"
                     out[key] = out.get(key, 0.0) + s.value
+                elif s.name == "tokenweir_admission_in_flight":
+                    out["gateway_in_flight"] = out.get("gateway_in_flight", 0.0) + s.value
     return out
 
 

@@ -46,7 +46,8 @@ def _pct(v: float | None) -> str:
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         "| arm | load | lane | goodput tok/s | TTFT p50 / p95 / p99 ms | TBT p50 / p95 / p99 ms "
-        "| success (first try) | rejections | rejection p99 ms | with Retry-After "
+        "| success (first try) | rejections | rejection p99 ms (by reason: n: p50 / p99) "
+        "| with Retry-After "
         "| Retry-After accuracy |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -100,6 +101,12 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def _by_reason(s: dict[str, Any]) -> str:
+    """Per reason: how many, p50 / p99 ms (older results: p99 only, where two reasons or more)."""
+    full = s.get("rejection_ms_by_reason")
+    if full:
+        return " (" + ", ".join(
+            f"{k} {v['n']}: {_f(v['p50'], 1)} / {_f(v['p99'], 1)}" for k, v in full.items()
+        ) + ")"  # fmt: skip
     by = s.get("rejection_ms_p99_by_reason") or {}
     if len(by) < 2:
         return ""

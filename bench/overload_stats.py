@@ -88,6 +88,10 @@ def summarize(
                 code: _ms(percentile([a.answered - a.sent for a in group if a.answered], 0.99))
                 for code, group in _group(rejected).items()
             },
+            "rejection_ms_by_reason": {
+                code: _latencies([a.answered - a.sent for a in group if a.answered is not None])
+                for code, group in _group(rejected).items()
+            },
             "rejections_with_retry_after": _share(
                 sum(1 for a in rejected if a.retry_after is not None), len(rejected)
             ),
@@ -96,6 +100,15 @@ def summarize(
             "attempts_per_success": round(len(flat) / len(ok), 3) if ok else None,
         }
     return out
+
+
+def _latencies(values: Sequence[float]) -> dict[str, Any]:
+    """How many, and their p50 / p99 in ms."""
+    return {
+        "n": len(values),
+        "p50": _ms(percentile(values, 0.5)),
+        "p99": _ms(percentile(values, 0.99)),
+    }
 
 
 def _group(attempts: Iterable[Attempt]) -> dict[str, list[Attempt]]:

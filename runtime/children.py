@@ -28,14 +28,16 @@ class Child:
     argv: list[str]
     log_path: Path | None  # None: share the parent's stdout and stderr
     env: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None  # None: the parent's (``python -m`` imports from the cwd first)
     _proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = {**os.environ, **self.env}
         if self.log_path is None:
             self._proc = subprocess.Popen(
-                self.argv, start_new_session=True, env=env, preexec_fn=die_with_parent
-            )
+                self.argv, start_new_session=True, env=env, cwd=self.cwd,
+                preexec_fn=die_with_parent,
+            )  # fmt: skip
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
@@ -45,6 +47,7 @@ class Child:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env=env,
+                cwd=self.cwd,
                 preexec_fn=die_with_parent,
             )
 

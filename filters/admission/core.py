@@ -8,8 +8,14 @@
   ``leave_for_higher`` leaves free the slots the lanes above it are measured to need (their
   offered rate × hold time, plus that headroom: :mod:`filters.admission.demand`).
 * Each lane's queue has a bound, a per-tenant bound and a longest wait. A ticket that cannot
-  start in time is shed at once: queue full, or the wait predicted from the lane's measured
-  drain rate is longer than it may wait. ``Retry-After`` comes from that drain rate.
+  start in time is shed at once: queue full, or its predicted wait is longer than it may wait.
+  The wait is predicted from what holds the pool now (:mod:`filters.admission.forecast`: the
+  lane's room under the lanes above and their reserve, its hold time, the pool's completions),
+  not from the lane's grant rate alone, which is measured over a window and lags. A queued
+  ticket whose predicted start has moved past its wait budget is shed then (:meth:`sweep`,
+  ``fell_behind``), not when the budget is gone; ``timed_out`` stays the last resort.
+  ``Retry-After`` comes from the lane's measured drain rate; a lane blocked by the lanes above
+  is told no sooner than their need could fade.
 
 Every method takes ``now`` (the caller's clock); nothing here sleeps or does I/O.
 """
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 
 from filters.admission.demand import Demand
 from filters.admission.drain import DrainMeter
+from filters.admission.forecast import Outlook, fade
 from filters.admission.herd import Promises
 from filters.admission.queues import LaneQueue, Ticket
 
@@ -48,8 +55,9 @@ class Shed:
     """A request answered at once instead of queued: 503 (capacity) or 504 (deadline)."""
 
     status: int
-    reason: str  # queue_full | tenant_queue_full | wait_too_long | timed_out | deadline
-    retry_after: float  # seconds, from the lane's measured drain rate
+    # queue_full | tenant_queue_full | wait_too_long | fell_behind | timed_out | deadline
+    reason: str
+    retry_after: float  # seconds, from the lane's predicted drain rate
 
     @property
     def retry_after_s(self) -> int:
@@ -158,6 +166,34 @@ class Admission:
             shed = Shed(503, "timed_out", self.retry_after(now, ticket.lane))
         return shed, self.release(now, ticket)
 
+    def sweep(self, now: float) -> list[tuple[Ticket, Shed]]:
+        """Queued tickets whose predicted start has moved past the latest they may start (the
+        pool slowed, the lanes above asked for more), taken out of their queues with the
+        answer each gets: 503 ``fell_behind`` (504 ``deadline`` where the client's deadline is
+        what runs out). Call :meth:`pump` after: a new head may fit where the old one did not."""
+        out: list[tuple[Ticket, Shed]] = []
+        for lane in self.order:  # a higher lane's sheds shorten the waits below it
+            q = self.queues[lane]
+            if not len(q):
+                continue
+            outlook = self.outlook(now, lane)
+            if outlook is None:  # nothing measured: their wait bound decides
+                continue
+            gone = 0
+            for t, ahead in q.ranked():
+                if now + outlook.wait(max(0, ahead - gone)) <= t.start_by:
+                    continue
+                gone += 1
+                q.remove(t)
+                t.state = "dropped"
+                late_for_client = t.deadline is not None and t.deadline == t.start_by
+                out.append((t, Shed(
+                    504 if late_for_client else 503,
+                    "deadline" if late_for_client else "fell_behind",
+                    self.retry_after(now, lane, extra=ahead),
+                )))  # fmt: skip
+        return out
+
     def set_capacity(
         self, now: float, max_requests: int | None, max_tokens: int | None
     ) -> list[Ticket]:
@@ -249,9 +285,43 @@ class Admission:
         rate = self.granted[lane].rate(now)
         return rate if rate is not None else self.completed.rate(now)
 
+    def room(self, now: float, lane: str) -> int | None:
+        """Slots ``lane`` may hold in steady state: its share, less the slots it leaves for the
+        lanes above (with ``leave_for_higher``: their need, as the last seconds measure it when
+        that is more: the reserve follows a rising demand within its window); None without a
+        request limit. Slots the lanes above hold beyond that come back to it as they end."""
+        if self.max_requests is None:
+            return None
+        cfg = self.lanes[lane]
+        share = max(1, math.floor(self.max_requests * cfg.max_share))
+        above = 0
+        if cfg.leave_for_higher is not None:
+            for name in self.order[: self.order.index(lane)]:
+                above += math.ceil(self.demand[name].rising(now) * (1.0 + cfg.leave_for_higher))
+        return max(0, min(share, self.max_requests - above))
+
+    def outlook(self, now: float, lane: str) -> Outlook | None:
+        """What holds ``lane``'s queue back now (:mod:`filters.admission.forecast`); None until
+        the lane's hold time and the pool's completions are measured."""
+        room = self.room(now, lane)
+        hold = self.demand[lane].hold
+        if room is None or hold is None or hold <= 0:
+            return None
+        pool = self.completed.rate(now)
+        if pool is None and self.in_flight:
+            pool = self.in_flight / hold
+        if pool is None or pool <= 0:
+            return None
+        above = sum(len(self.queues[n]) for n in self.order[: self.order.index(lane)])
+        return Outlook(room, self.lane_in_flight[lane], hold, pool, above)
+
     def predicted_wait(self, now: float, lane: str, tenant: str, weight: float) -> float | None:
-        """Seconds until a new ticket would start, from the measured drain rate (None: no
-        measurement yet; the ticket may queue and its wait bound decides)."""
+        """Seconds until a new ticket would start (``inf``: not while the lanes above need
+        the room); from the measured drain rate while the outlook is not measured yet (None:
+        nothing measured; the ticket may queue and its wait bound decides)."""
+        outlook = self.outlook(now, lane)
+        if outlook is not None:
+            return outlook.wait(self.queues[lane].ahead_of_new(tenant, weight))
         rate = self.drain_rate(now, lane)
         if rate is None or rate <= 0:
             return None
@@ -260,22 +330,38 @@ class Admission:
     def retry_after(self, now: float, lane: str, *, extra: int = 0) -> float:
         """When to come back, for a client shed now: the time the lane's queue (and the ones
         above it, or ``extra`` requests ahead) plus every client already told to come back
-        take to start at the measured rate, stretched by up to ``JITTER`` (with an rng); the
-        lane's longest wait when nothing was measured yet. The answer is remembered: the next
-        client shed is told a later time."""
+        take to start at the measured drain rate, stretched by up to ``JITTER`` (with an rng);
+        the lane's longest wait when nothing was measured yet. A lane blocked by the lanes
+        above (no room) is told no sooner than their measured need could fade, and than the
+        clients queued or told at or above it take at the pool's completion rate. The answer
+        is remembered: the next client shed is told a later time."""
+        outlook = self.outlook(now, lane)
         rate = self.drain_rate(now, lane)
         told = self.told[lane]
-        if rate is None or rate <= 0:
+        queued = 0
+        for name in self.order:
+            queued += len(self.queues[name])
+            if name == lane:
+                break
+        if outlook is not None and outlook.room <= 0:
+            wait = self._blocked_wait(now, lane, outlook, max(extra, queued))
+        elif rate is None or rate <= 0:
             wait = max(self.lanes[lane].max_wait, 1.0)
         else:
-            queued = 0
-            for name in self.order:
-                queued += len(self.queues[name])
-                if name == lane:
-                    break
             wait = (max(extra, queued) + told.outstanding(now) + 1) / rate
         if self.rng is not None:
             wait *= 1.0 + self.rng.uniform(0.0, JITTER)
         wait = min(MAX_RETRY_AFTER, wait)
         told.add(now + wait)
         return wait
+
+    def _blocked_wait(self, now: float, lane: str, outlook: Outlook, queued: int) -> float:
+        above = self.order[: self.order.index(lane) + 1]
+        promised = sum(self.told[n].outstanding(now) for n in above)
+        drain = (queued + promised + 1) / outlook.pool_rate
+        headroom = self.lanes[lane].leave_for_higher
+        if headroom is None or self.max_requests is None:
+            return drain
+        want = sum(self.demand[n].slots(now) for n in above[:-1]) * (1.0 + headroom)
+        free = self.max_requests - outlook.running - 1
+        return max(drain, fade(self.demand[lane].offered.window, want, free))

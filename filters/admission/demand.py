@@ -16,6 +16,7 @@ __all__ = ["Demand"]
 
 _WARMUP = 20  # hold-time samples averaged plainly before the moving average takes over
 _ALPHA = 0.05  # weight of a new sample in the moving average afterwards
+RECENT = 2.0  # seconds: the short window that sees a rising demand before the long one does
 
 
 class Demand:
@@ -23,11 +24,13 @@ class Demand:
 
     def __init__(self, window: float = 10.0) -> None:
         self.offered = DrainMeter(window)
+        self.recent = DrainMeter(min(window, RECENT))
         self.hold: float | None = None  # mean seconds an admitted request holds its slot
         self._samples = 0
 
     def offer(self, now: float) -> None:
         self.offered.record(now)
+        self.recent.record(now)
 
     def held(self, seconds: float) -> None:
         """An admitted request ended after holding its slot this long."""
@@ -45,3 +48,9 @@ class Demand:
         if rate is None or self.hold is None:
             return 0.0
         return rate * self.hold
+
+    def rising(self, now: float) -> float:
+        """The slots it is about to be measured to need: :meth:`slots`, or more where the last
+        ``RECENT`` seconds asked for more (the long window follows within its length)."""
+        rate = max(self.offered.rate(now) or 0.0, self.recent.rate(now) or 0.0)
+        return 0.0 if self.hold is None else rate * self.hold

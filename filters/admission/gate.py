@@ -2,14 +2,17 @@
 into awaitable slots; :class:`Gates` holds them across policy reloads (in-flight requests keep
 their slots when the policy changes).
 
-A waiter is woken by a release (no timer task per waiter runs except its own bounded wait); a
-waiter cancelled (client abort: Envoy resets the ext_proc stream) leaves the queue or frees
-the slot it was just given.
+A waiter is woken by a release (no timer task per waiter runs except its own bounded wait), or
+answered early when the core's :meth:`~filters.admission.core.Admission.sweep` finds it can no
+longer start in time (run at most every ``SWEEP_EVERY`` seconds, as requests arrive); a waiter
+cancelled (client abort: Envoy resets the ext_proc stream) leaves the queue or frees the slot it
+was just given.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +26,7 @@ from filters.admission.queues import LaneQueue, Ticket
 __all__ = ["AdmissionMetrics", "Gates", "PoolGate", "SaturationSource"]
 
 SaturationSource = Callable[[str], float | None]  # pool name → saturation (None: unknown)
+SWEEP_EVERY = 0.05  # seconds between two looks at the queued tickets' predicted starts
 _WAIT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -68,7 +72,8 @@ class PoolGate:
         self.metrics = metrics
         self.base_limit = core.max_requests
         self.base_tokens = core.max_tokens
-        self._waiters: dict[Ticket, asyncio.Future[None]] = {}
+        self._waiters: dict[Ticket, asyncio.Future[Shed | None]] = {}
+        self._swept = -math.inf
 
     async def acquire(
         self,
@@ -90,18 +95,23 @@ class PoolGate:
         if r.state == "admitted":
             self._admitted(r, "at_once", now)
             return r
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Shed | None] = asyncio.get_running_loop().create_future()
         self._waiters[r] = fut
         self._gauges()
         try:
             if on_wait is not None:
                 await on_wait(r.start_by - now)
             async with asyncio.timeout(max(0.0, r.start_by - self.clock())):
-                await fut
+                early = await fut
         except TimeoutError:
             if r.state == "admitted":  # woken at the very end: keep it
                 self._admitted(r, "queued", self.clock())
                 return r
+            # swept at the very end (the timeout cancels the future it interrupts, otherwise)
+            early = fut.result() if fut.done() and not fut.cancelled() else None
+            if early is not None:
+                self._shed(lane, early)
+                return early
             shed, started = self.core.drop(self.clock(), r)
             self._wake(started)
             assert shed is not None
@@ -113,6 +123,9 @@ class PoolGate:
         finally:
             self._waiters.pop(r, None)
             self._gauges()
+        if early is not None:  # swept: it could no longer start in time
+            self._shed(lane, early)
+            return early
         self._admitted(r, "queued", self.clock())
         return r
 
@@ -128,13 +141,25 @@ class PoolGate:
         """Admit fewer while the pool is saturated (pool state), the policy's limit again after;
         and start waiters the passing of time lets in (a higher lane's reserve fades as its
         measured demand falls: no release need come first)."""
+        now = self.clock()
         limit = saturated_limit(self.base_limit, saturation)
         if limit != self.core.max_requests:
-            self._wake(self.core.set_capacity(self.clock(), limit, self.base_tokens))
+            self._wake(self.core.set_capacity(now, limit, self.base_tokens))
         elif self._waiters:
-            started = self.core.pump(self.clock())
+            started = self.core.pump(now)
             if started:
                 self._wake(started)
+        if self._waiters and now - self._swept >= SWEEP_EVERY:
+            self._swept = now
+            self.sweep(now)
+
+    def sweep(self, now: float) -> None:
+        """Answer at once the waiters that can no longer start in time; start who fits then."""
+        for ticket, shed in self.core.sweep(now):
+            fut = self._waiters.get(ticket)
+            if fut is not None and not fut.done():
+                fut.set_result(shed)
+        self._wake(self.core.pump(now))
 
     def set_lanes(self, lanes: list[LaneConfig]) -> None:
         for cfg in lanes:

@@ -2,8 +2,9 @@
 
 The request waits here, holding Envoy's request headers, until its pool has a free slot;
 interactive before batch, tenants weighted by tier inside a lane. A full queue or a wait it
-cannot afford is answered at once: 503 with ``Retry-After`` from the lane's measured drain rate
-and an OpenAI-style body naming the reason; a client deadline that passes is answered 504. The
+cannot afford is answered at once: 503 with ``Retry-After`` from the lane's predicted drain rate
+and an OpenAI-style body naming the reason, and so is a waiting request as soon as its predicted
+start moves past its budget (``fell_behind``); a client deadline that passes is answered 504. The
 slot is freed at the end of the stream (or when the client goes away).
 
 The lane is the one the lane plugin chose from the tenant's tier (a client header cannot raise
@@ -35,6 +36,8 @@ _MESSAGES = {
     "queue_full": "the {lane} queue of this model is full",
     "tenant_queue_full": "you have too many {lane} requests waiting for this model",
     "wait_too_long": "this model cannot start a {lane} request within its wait budget",
+    "fell_behind": "this model fell behind: your queued {lane} request can no longer start "
+    "within its wait budget",
     "timed_out": "this model had no free slot for your {lane} request within its wait budget",
     "deadline": "the request deadline passed before this model could start it",
     "degraded": "this model is overloaded and sheds {lane} requests of your tier for now",

@@ -128,5 +128,22 @@ class LaneQueue:
             total += min(len(t.queue), share)
         return total
 
+    def ranked(self) -> list[tuple[Ticket, int]]:
+        """Every queued ticket with about how many of this lane weighted fairness serves before
+        it (the same estimate as :meth:`ahead_of_new` gave it when it joined), fewest first."""
+        heads = [(len(t.queue), t.queue[0].weight) for t in self._tenants.values() if t.queue]
+        out = []
+        for t in self._tenants.values():
+            if not t.queue:
+                continue
+            mine = len(t.queue)
+            w = t.queue[0].weight
+            for i, ticket in enumerate(t.queue):
+                others = sum(min(n, math.ceil((i + 1) * wo / w)) for n, wo in heads)
+                others -= min(mine, math.ceil((i + 1) * w / w))  # itself, counted in heads
+                out.append((ticket, i + others))
+        out.sort(key=lambda x: (x[1], x[0].seq))
+        return out
+
     def all(self) -> list[Ticket]:
         return [x for t in self._tenants.values() for x in t.queue]

@@ -13,7 +13,7 @@ import pytest
 from controlplane.policy import Policy, load_policy_text
 from filters.admission.gate import Gates
 from filters.admission.limits import pool_limits, saturated_limit
-from filters.admission.plugin import AdmissionPlugin
+from filters.admission.plugin import AdmissionPlugin, shed_reply
 from filters.api import Context, Result, RouteInfo
 from filters.errors import ClientError
 from tests.filters.conftest import FakeClock, make_services
@@ -130,6 +130,20 @@ async def test_deadlines_passed_are_504_and_remaining_budgets_go_upstream() -> N
     assert info.value.status == 400
 
 
+async def test_a_waiter_whose_wait_runs_out_is_answered_with_retry_after() -> None:
+    """Its bounded wait ends (the fake clock stands still: 503 timed_out, not 504): an
+    answer, not a cancelled handler (Envoy would answer its own 504 without Retry-After)."""
+    s = Setup(cap=1)
+    for _ in range(2):  # one slot per replica
+        await s.headers(s.ctx())
+    r = await asyncio.wait_for(s.headers(s.ctx("b"), **{"x-request-timeout-ms": "50"}), 5.0)
+    assert r is not None and r.reply is not None and r.reply.status == 503
+    assert int(r.reply.headers["retry-after"]) >= 1
+    assert json.loads(r.reply.body)["error"]["code"] == "timed_out"
+    gate = s.gates.gate("chat")
+    assert gate is not None and len(gate.core.queues["interactive"]) == 0
+
+
 async def test_tier_weights_reach_the_queue() -> None:
     s = Setup(cap=1)
     for _ in range(2):
@@ -166,3 +180,45 @@ async def test_a_saturated_pool_admits_fewer() -> None:
     s.gates.gate("chat")
     await settle()
     assert waiting.done()
+
+
+async def test_a_waiter_that_falls_behind_is_answered_then_not_at_the_end_of_its_wait() -> None:
+    """A queued batch request whose predicted start moves past its 50 s budget (interactive
+    now asks for every slot) gets its 503 with Retry-After as the gate next looks, on the
+    fake clock long before its wait would end (the real wait would be 50 s)."""
+    from prometheus_client import CollectorRegistry
+
+    from filters.admission.core import Admission, LaneConfig, Shed
+    from filters.admission.gate import AdmissionMetrics, PoolGate
+
+    clock = FakeClock(0.0)
+    core = Admission(
+        [LaneConfig("interactive", 20, 20, 5.0), LaneConfig("batch", 20, 20, 50.0, 1.0, 0.25)],
+        max_requests=4,
+    )
+    gate = PoolGate("chat", core, clock=clock, metrics=AdmissionMetrics(CollectorRegistry()))
+    i = core.offer(0.0, "interactive", "i")
+    assert not isinstance(i, Shed)
+    core.release(1.0, i)  # interactive's hold time is measured
+    for t in (15.0, 16.0, 17.0):  # so are batch's and the pool's completions
+        b = core.offer(t, "batch", "b")
+        assert not isinstance(b, Shed)
+        core.release(t + 1.0, b)
+    clock.now = 18.0
+    for _ in range(4):
+        assert not isinstance(await gate.acquire("batch", "b"), Shed)
+    waiter = asyncio.create_task(gate.acquire("batch", "b"))
+    await asyncio.sleep(0)
+    assert len(core.queues["batch"]) == 1  # due in 0.25 s: it queues
+    gate.observe(None)
+    assert not waiter.done()
+    clock.now += 0.1  # the gate looks again (every 50 ms at most)
+    for _ in range(40):
+        core.offer(clock.now, "interactive", "i")
+    gate.observe(None)
+    shed = await asyncio.wait_for(waiter, 1.0)
+    assert isinstance(shed, Shed) and (shed.status, shed.reason) == (503, "fell_behind")
+    assert shed.retry_after_s >= 1 and len(core.queues["batch"]) == 0
+    reply = shed_reply(shed, "batch")
+    assert reply.status == 503 and int(reply.headers["retry-after"]) == shed.retry_after_s
+    assert json.loads(reply.body)["error"]["code"] == "fell_behind"
