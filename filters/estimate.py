@@ -8,7 +8,9 @@ JSON, and its error is measured by ``bench/filters_estimate.py`` (numbers in doc
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -69,6 +71,31 @@ def pieces(text: str) -> tuple[list[int], list[int], int, int, int]:
     return words, digits, symbols, wide, len(b.translate(_ONLY_NEWLINES).split())
 
 
+_TABLE = 512  # runs up to this length are looked up; a longer one (rare) is computed
+
+
+def _long_rule(free: int) -> Callable[[int], int]:
+    return lambda n: n - free if n >= 7 else 0
+
+
+def _digit_rule(per_token: int) -> Callable[[int], int]:
+    return lambda n: -(-n // per_token)
+
+
+@functools.lru_cache(maxsize=16)
+def _table(kind: str, k: int) -> tuple[int, ...]:
+    rule = _long_rule(k) if kind == "long" else _digit_rule(k)
+    return tuple(map(rule, range(_TABLE)))
+
+
+def _summed(kind: str, k: int, lengths: list[int]) -> int:
+    """The sum of ``kind``'s rule over ``lengths``: letters past ``k`` in runs of 7 or more
+    ("long"), or ``ceil(n / k)`` tokens per digit run ("digits")."""
+    if lengths and max(lengths) >= _TABLE:
+        return sum(map(_long_rule(k) if kind == "long" else _digit_rule(k), lengths))
+    return sum(map(_table(kind, k).__getitem__, lengths))
+
+
 @dataclass(frozen=True, slots=True)
 class HeuristicEstimator:
     """Piecewise BPE cost model, computed from byte tables (:func:`pieces`; no regex scan).
@@ -96,12 +123,12 @@ class HeuristicEstimator:
         if not text:
             return 0
         words, digits, symbols, wide, newlines = pieces(text)
-        free = self.word_free_chars
-        long_extra = sum(n - free for n in words if n >= 7)  # _LONG_WORD: runs of 7 or more
+        # letters past word_free_chars in runs of 7 or more (_LONG_WORD), and each digit run's
+        # tokens, by table lookups in C (a generator per run was a fifth of the estimate)
+        long_extra = _summed("long", self.word_free_chars, words)
         total = len(words) * self.word_tokens
         total += long_extra / self.word_chars
-        d = self.digits_per_token
-        total += sum(-(-n // d) for n in digits) * self.digit_weight
+        total += _summed("digits", self.digits_per_token, digits) * self.digit_weight
         total += symbols * self.symbol_tokens
         if wide:
             total += wide * (self.non_ascii_tokens - self.symbol_tokens)

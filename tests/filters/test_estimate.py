@@ -90,3 +90,11 @@ def test_the_wide_spaces_are_what_the_regex_engine_calls_space() -> None:
     from filters.estimate import _WIDE_SPACE
 
     assert "".join(c for c in map(chr, range(0x80, 0x110000)) if re.match(r"\s", c)) == _WIDE_SPACE
+
+
+@pytest.mark.parametrize(
+    "h", [HeuristicEstimator(), HeuristicEstimator(word_free_chars=4, digits_per_token=2)]
+)
+def test_runs_longer_than_the_lookup_tables_count_as_the_regexes_do(h: HeuristicEstimator) -> None:
+    text = "a" * 600 + " 12 " + "7" * 700 + " word " + "b" * 511 + " " + "9" * 512 + " tiny"
+    assert h.count(text) == _regex_count(h, text)
