@@ -74,25 +74,23 @@ def pieces(text: str) -> tuple[list[int], list[int], int, int, int]:
 _TABLE = 512  # runs up to this length are looked up; a longer one (rare) is computed
 
 
-def _long_rule(free: int) -> Callable[[int], int]:
-    return lambda n: n - free if n >= 7 else 0
-
-
-def _digit_rule(per_token: int) -> Callable[[int], int]:
-    return lambda n: -(-n // per_token)
+def _rule(kind: str, k: int) -> Callable[[int], int]:
+    """Letters past ``k`` in a run of 7 or more ("long"), or ``ceil(n / k)`` tokens per digit
+    run ("digits")."""
+    if kind == "long":
+        return lambda n: n - k if n >= 7 else 0
+    return lambda n: -(-n // k)
 
 
 @functools.lru_cache(maxsize=16)
 def _table(kind: str, k: int) -> tuple[int, ...]:
-    rule = _long_rule(k) if kind == "long" else _digit_rule(k)
-    return tuple(map(rule, range(_TABLE)))
+    return tuple(map(_rule(kind, k), range(_TABLE)))
 
 
 def _summed(kind: str, k: int, lengths: list[int]) -> int:
-    """The sum of ``kind``'s rule over ``lengths``: letters past ``k`` in runs of 7 or more
-    ("long"), or ``ceil(n / k)`` tokens per digit run ("digits")."""
+    """``kind``'s rule summed over ``lengths``: looked up in C, computed past the table."""
     if lengths and max(lengths) >= _TABLE:
-        return sum(map(_long_rule(k) if kind == "long" else _digit_rule(k), lengths))
+        return sum(map(_rule(kind, k), lengths))
     return sum(map(_table(kind, k).__getitem__, lengths))
 
 

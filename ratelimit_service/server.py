@@ -326,10 +326,9 @@ class Service:
                     await seed_defaults(
                         self.redis, self.policy, plan=self._seed, batch=SEED_BATCH, rest=SEED_REST
                     )
-                    honour_cancel()  # a stop that arrived mid-pipeline (redis-py can swallow it)
                     continue
                 except Exception as exc:  # Redis down: retried after a pause
-                    honour_cancel()
+                    honour_cancel()  # or a stop redis-py turned into an error
                     log.debug("seeding deferred: %s", exc)
             self._seed_wanted.set()
             await asyncio.sleep(self.settings.reload_interval)

@@ -109,14 +109,12 @@ class PoolGate:
                 return r
             # swept at the very end (the timeout cancels the future it interrupts, otherwise)
             early = fut.result() if fut.done() and not fut.cancelled() else None
-            if early is not None:
-                self._shed(lane, early)
-                return early
-            shed, started = self.core.drop(self.clock(), r)
-            self._wake(started)
-            assert shed is not None
-            self._shed(lane, shed)
-            return shed
+            if early is None:
+                shed, started = self.core.drop(self.clock(), r)
+                self._wake(started)
+                assert shed is not None
+                self._shed(lane, shed)
+                return shed
         except BaseException:  # cancelled (client gone): leave the queue or free the slot
             self.release(r)
             raise

@@ -140,7 +140,7 @@ class LaneQueue:
             w = t.queue[0].weight
             for i, ticket in enumerate(t.queue):
                 others = sum(min(n, math.ceil((i + 1) * wo / w)) for n, wo in heads)
-                others -= min(mine, math.ceil((i + 1) * w / w))  # itself, counted in heads
+                others -= min(mine, i + 1)  # its own tenant, counted in heads
                 out.append((ticket, i + others))
         out.sort(key=lambda x: (x[1], x[0].seq))
         return out

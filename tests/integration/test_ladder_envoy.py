@@ -20,6 +20,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from filters.app import FilterApp, Settings
+from runtime.local_http import serve_any_path
 from tests.helpers import free_port
 from tests.integration.mesh_harness import mesh
 
@@ -38,12 +39,7 @@ class ModelBackend:
     _runner: web.AppRunner | None = None
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        self.port = free_port()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        self._runner, self.port = await serve_any_path(self._handle, "127.0.0.1")
 
     async def _handle(self, request: web.Request) -> web.Response:
         if not request.path.startswith("/v1/"):
