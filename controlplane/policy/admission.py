@@ -13,7 +13,7 @@ from typing import Annotated
 from controlplane.policy.common import Positive
 from controlplane.policy.decode import Duration, Range
 
-__all__ = ["HOLD_SLACK", "AdmissionPolicy", "LaneAdmission", "hold_slack"]
+__all__ = ["DEFAULT_PRIORITY", "HOLD_SLACK", "AdmissionPolicy", "LaneAdmission", "hold_slack"]
 
 # Seconds a held request's answer may come after its queue wait ends: the shed answer of a
 # request whose wait ran out is written then, and a busy filter server (its event loop behind
@@ -30,6 +30,7 @@ def hold_slack(message_timeout: float) -> float:
 
 
 Weight = Annotated[int, Range(1, 1000)]
+DEFAULT_PRIORITY = {"interactive": 100, "batch": 0}
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,12 @@ class LaneAdmission:
     ``max_share`` is the fraction of the pool's running slots this lane may hold at once;
     ``leave_for_higher`` (a headroom fraction, or None for off) makes the lane leave free the
     slots the lanes above it are measured to need (offered rate × hold time × (1 + headroom)):
-    a lower lane's stream cannot be preempted once started, so without it a burst of batch can
-    make interactive wait for whole batch streams. It has no effect on the highest lane.
+    a lower lane's stream cannot be preempted once started (unless the pool preempts:
+    ``pools.NAME.priority_scheduling``), so without it a burst of batch can make interactive
+    wait for whole batch streams. It has no effect on the highest lane. ``priority`` is the
+    request priority (SGLang's ``priority`` field) the lane's requests carry to a pool that
+    schedules by priority; default 100 for interactive, 0 for batch (apart by more than
+    SGLang's default preemption threshold, 10). Larger ranks higher.
     """
 
     ttft_budget: Annotated[float, Duration(0.001, 3600)] = 1.0
@@ -51,6 +56,7 @@ class LaneAdmission:
     max_queue_per_tenant: Positive | None = None
     max_share: Annotated[float, Range(0.01, 1.0)] = 1.0
     leave_for_higher: Annotated[float, Range(0.0, 10.0)] | None = 0.25
+    priority: Annotated[int, Range(-1_000_000, 1_000_000)] | None = None
 
     def __post_init__(self) -> None:
         if self.max_wait is not None and self.max_wait > self.ttft_budget:
@@ -93,6 +99,19 @@ class AdmissionPolicy:
 
     def lane(self, name: str) -> LaneAdmission:
         return self.batch if name == "batch" else self.interactive
+
+    def priority(self, lane: str) -> int:
+        """The request priority ``lane`` carries to a pool that schedules by priority."""
+        given = self.lane(lane).priority
+        if given is not None:
+            return given
+        return DEFAULT_PRIORITY["batch" if lane == "batch" else "interactive"]
+
+    def __post_init__(self) -> None:
+        if self.priority("interactive") <= self.priority("batch"):
+            raise ValueError(
+                "interactive.priority must be larger than batch.priority (larger ranks higher)"
+            )
 
     def weight(self, tier: str | None) -> int:
         return self.tier_weights.get(tier, self.default_weight) if tier else self.default_weight

@@ -16,6 +16,12 @@
   ``fell_behind``), not when the budget is gone; ``timed_out`` stays the last resort.
   ``Retry-After`` comes from the lane's measured drain rate; a lane blocked by the lanes above
   is told no sooner than their need could fade.
+* Preemptive pools (``preemptive``: the backends schedule by request priority and preempt a
+  running lower-priority request for a higher one, SGLang's ``--enable-priority-scheduling``):
+  a lane above the lowest counts only the slots its own and the higher lanes hold against the
+  pool's declared limit (``preempt_limit``, not lowered by saturation: the backends' queues then
+  hold the preempted lower-lane requests), so a batch burst never makes interactive wait. The
+  lowest lane still counts every slot against the limit as lowered by saturation.
 
 Every method takes ``now`` (the caller's clock); nothing here sleeps or does I/O.
 """
@@ -89,6 +95,9 @@ class Admission:
         self.in_flight = 0
         self.in_flight_tokens = 0
         self.lane_in_flight = dict.fromkeys(self.order, 0)
+        self.lane_tokens = dict.fromkeys(self.order, 0)
+        self.preemptive = False  # the backends preempt lower-priority running requests
+        self.preempt_limit: int | None = None  # the lanes that preempt count to this (None: max)
         self.granted = {c.name: DrainMeter(window) for c in lanes}
         self.completed = DrainMeter(window)
         self.demand = {c.name: Demand(window) for c in lanes}
@@ -151,6 +160,7 @@ class Admission:
         self.in_flight -= 1
         self.in_flight_tokens -= ticket.tokens
         self.lane_in_flight[ticket.lane] -= 1
+        self.lane_tokens[ticket.lane] -= ticket.tokens
         self.completed.record(now)
         self.demand[ticket.lane].held(now - ticket.granted_at)
         return self.pump(now)
@@ -225,23 +235,47 @@ class Admission:
         self.in_flight += 1
         self.in_flight_tokens += t.tokens
         self.lane_in_flight[t.lane] += 1
+        self.lane_tokens[t.lane] += t.tokens
         self.granted[t.lane].record(now)
 
+    def preempts(self, lane: str) -> bool:
+        """Whether ``lane`` takes its slots from the lanes below it (a preemptive pool, a lane
+        above the lowest): then only the slots at or above it count against its limit."""
+        return self.preemptive and lane != self.order[-1]
+
+    def limit_for(self, lane: str) -> int | None:
+        """The request limit ``lane`` counts against (None: no request limit)."""
+        if self.max_requests is None:
+            return None
+        if self.preempts(lane) and self.preempt_limit is not None:
+            return self.preempt_limit
+        return self.max_requests
+
+    def _held(self, lane: str) -> tuple[int, int]:
+        """(slots, tokens) that count against ``lane``'s limit: every lane's, or, where it
+        preempts the lanes below, its own and the higher lanes'."""
+        if not self.preempts(lane):
+            return self.in_flight, self.in_flight_tokens
+        top = self.order[: self.order.index(lane) + 1]
+        return sum(self.lane_in_flight[n] for n in top), sum(self.lane_tokens[n] for n in top)
+
     def _fits(self, t: Ticket, now: float) -> bool:
-        if self.max_requests is not None:
-            if self.in_flight >= self.max_requests:
+        limit = self.limit_for(t.lane)
+        held, tokens = self._held(t.lane)
+        if limit is not None:
+            if held >= limit:
                 return False
             cfg = self.lanes[t.lane]
-            share = max(1, math.floor(self.max_requests * cfg.max_share))
+            share = max(1, math.floor(limit * cfg.max_share))
             if self.lane_in_flight[t.lane] >= share:
                 return False
             # an empty pool always starts its head: nothing in flight would wake it later
-            reserved = self.reserved_above(now, t.lane) if self.in_flight else 0
-            if self.in_flight + 1 + reserved > self.max_requests:
+            reserved = self.reserved_above(now, t.lane) if held else 0
+            if held + 1 + reserved > limit:
                 return False
-        if self.max_tokens is not None and self.in_flight > 0:
+        if self.max_tokens is not None and held > 0:
             # a request larger than the whole budget still runs, alone
-            return self.in_flight_tokens + t.tokens <= self.max_tokens
+            return tokens + t.tokens <= self.max_tokens
         return True
 
     def reserved_above(self, now: float, lane: str) -> int:
@@ -290,15 +324,16 @@ class Admission:
         lanes above (with ``leave_for_higher``: their need, as the last seconds measure it when
         that is more: the reserve follows a rising demand within its window); None without a
         request limit. Slots the lanes above hold beyond that come back to it as they end."""
-        if self.max_requests is None:
+        limit = self.limit_for(lane)
+        if limit is None:
             return None
         cfg = self.lanes[lane]
-        share = max(1, math.floor(self.max_requests * cfg.max_share))
+        share = max(1, math.floor(limit * cfg.max_share))
         above = 0
         if cfg.leave_for_higher is not None:
             for name in self.order[: self.order.index(lane)]:
                 above += math.ceil(self.demand[name].rising(now) * (1.0 + cfg.leave_for_higher))
-        return max(0, min(share, self.max_requests - above))
+        return max(0, min(share, limit - above))
 
     def outlook(self, now: float, lane: str) -> Outlook | None:
         """What holds ``lane``'s queue back now (:mod:`filters.admission.forecast`); None until

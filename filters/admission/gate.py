@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from filters.admission.core import Admission, LaneConfig, Shed
-from filters.admission.limits import lane_configs, pool_limits, saturated_limit
+from filters.admission.limits import lane_configs, pool_limits, preemptive, saturated_limit
 from filters.admission.queues import LaneQueue, Ticket
 
 __all__ = ["AdmissionMetrics", "Gates", "PoolGate", "SaturationSource"]
@@ -133,6 +133,7 @@ class PoolGate:
 
     def set_limits(self, max_requests: int | None, max_tokens: int | None) -> None:
         self.base_limit, self.base_tokens = max_requests, max_tokens
+        self.core.preempt_limit = max_requests
         self._wake(self.core.set_capacity(self.clock(), max_requests, max_tokens))
 
     def observe(self, saturation: float | None) -> None:
@@ -222,7 +223,8 @@ class Gates:
                 gate.metrics.limit.labels(name).set(limit or 0)
             else:
                 gate.set_lanes(lanes)
-                gate.set_limits(limit, tokens)
+            gate.core.preemptive = preemptive(policy, name)
+            gate.set_limits(limit, tokens)
 
     def gate(self, pool: str) -> PoolGate | None:
         g = self._gates.get(pool)

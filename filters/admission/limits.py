@@ -8,7 +8,7 @@ from typing import Any
 
 from filters.admission.core import LaneConfig
 
-__all__ = ["lane_configs", "pool_limits", "saturated_limit"]
+__all__ = ["lane_configs", "pool_limits", "preemptive", "saturated_limit"]
 
 
 def _replicas(pool: Any) -> int:
@@ -35,6 +35,15 @@ def pool_limits(policy: Any, pool_name: str) -> tuple[int | None, int | None]:
         return max(1, (per_replica * replicas) // split)
 
     return share(cap.max_running_requests), share(cap.max_total_tokens)
+
+
+def preemptive(policy: Any, pool_name: str) -> bool:
+    """Whether the pool's backends schedule by request priority and preempt running
+    lower-priority requests (``pools.NAME.priority_scheduling``): the gateway writes each lane's
+    priority into the body, and the lanes above the lowest are admitted past the slots the
+    lower lanes hold (:class:`~filters.admission.core.Admission`, ``preemptive``)."""
+    ps = getattr(policy.pools[pool_name], "priority_scheduling", None)
+    return bool(ps is not None and ps.enabled)
 
 
 def saturated_limit(limit: int | None, saturation: float | None) -> int | None:

@@ -4,7 +4,10 @@ The clamp: ``max_tokens`` ≤ the tier's ``max_tokens`` and ≤ what the tenant'
 holds after the prompt (never below 1: an empty budget is the rate-limit service's to refuse,
 with its 429 and Retry-After). The body is rewritten when the value changes or is absent, and
 streamed chat/completions get ``stream_options.include_usage`` so the usage plugin can settle.
-``x-tokenweir-reserve`` = estimated prompt tokens + the clamped max_tokens.
+``x-tokenweir-reserve`` = estimated prompt tokens + the clamped max_tokens. Where the pool
+schedules by priority (``pools.NAME.priority_scheduling``), the body carries the lane's
+``priority`` (``admission.LANE.priority``); a ``priority`` the client sent is replaced, or
+removed where the pool does not schedule by it: the gateway, not the client, ranks requests.
 
 Settings: ``extra_fields`` (body fields to accept besides the known ones), ``reject_unknown``
 (default true), ``default_max_tokens`` (cap when the tenant has no tier; default 4096),
@@ -19,6 +22,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from filters.admission.limits import preemptive
 from filters.api import BasePlugin, Context, Result
 from filters.bodies import (
     Kind,
@@ -29,11 +33,11 @@ from filters.bodies import (
     parse_request,
 )
 from filters.errors import ClientError, ConfigError
-from filters.ladder.scratch import max_tokens_cap, served_model
+from filters.ladder.scratch import max_tokens_cap, served_model, served_pool
 from filters.services import Services
 from runtime.throttled_log import ThrottledLog
 
-__all__ = ["TokensPlugin", "estimate_prompt"]
+__all__ = ["TokensPlugin", "backend_priority", "estimate_prompt"]
 
 _log = logging.getLogger(__name__)
 _PER_MESSAGE = 4  # role markers and separators a chat template adds per message
@@ -46,6 +50,17 @@ def estimate_prompt(req: LlmRequest, services: Services) -> int:
     if req.kind == "chat":
         n += _PER_MESSAGE * len(req.data.get("messages") or ()) + 3
     return max(1, n)
+
+
+def backend_priority(ctx: Context, policy: Any) -> int | None:
+    """The ``priority`` this request carries to its pool's backends: its lane's, where the
+    pool schedules by priority; None elsewhere."""
+    pool = served_pool(ctx)
+    if pool is None or pool not in policy.pools or not preemptive(policy, pool):
+        return None
+    lane = policy.admission.lane(ctx.lane or ctx.route.lane or "interactive")
+    low_first = policy.pools[pool].priority_scheduling.low_values_first
+    return -lane.priority if low_first else lane.priority
 
 
 def _too_large(size: int, limit: int) -> ClientError:
@@ -160,6 +175,13 @@ class TokensPlugin(BasePlugin):
         fallback = served_model(ctx)  # the degradation ladder sends it to the fallback pool
         if fallback is not None and kind != "generate" and req.data.get("model") != fallback:
             req.data["model"] = fallback
+            rewrite = True
+        priority = backend_priority(ctx, self.services.policy)
+        if req.data.get("priority", None) != priority:
+            if priority is None:
+                del req.data["priority"]
+            else:
+                req.data["priority"] = priority
             rewrite = True
         if req.stream and kind != "generate" and not req.include_usage:
             opts = req.data.get("stream_options")

@@ -264,3 +264,14 @@ async def test_slow_budget_reads_are_logged_once_per_interval_not_per_request(
         )
     assert len([r for r in caplog.records if "budget" in r.getMessage()]) == 1
     assert services.metrics.redis_errors._value.get() == 20
+
+
+async def test_tokens_removes_a_client_priority_where_the_pool_does_not_rank(
+    services: Services,
+) -> None:
+    # the gateway, not the client, ranks requests: a priority a client slips through is dropped
+    plugin = TokensPlugin({"extra_fields": ["priority"]}, services)
+    ctx = make_ctx(tenant="demo-pro", tier="pro", lane="interactive")
+    r = await plugin.request_body(ctx, _chat(max_tokens=10, priority=1_000_000))
+    assert r is not None and r.body is not None
+    assert "priority" not in json.loads(r.body)
