@@ -40,8 +40,10 @@ POLICY = Path(__file__).resolve().parent / "overload_policy.yaml"
 ARMS = ("envoy", "sglang-router", "tokenweir")
 # not run by default: the tokenweir arm with batch taking every slot its share allows
 # (``leave_for_higher: null``), for the before/after of the higher lanes' reserve
-EXTRA_ARMS = ("tokenweir-no-reserve", "tokenweir-baseline")
+# (``tokenweir-no-priority``: the backends do not schedule by priority, for the before/after)
+EXTRA_ARMS = ("tokenweir-no-reserve", "tokenweir-no-priority", "tokenweir-baseline")
 MODEL = "llama-3.1-8b"
+DROP = object()  # an override that removes the key from the bench policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,7 @@ class EmulatorPool:
     run_dir: Path
     ports: list[int] = field(default_factory=list)
     children: list[Child] = field(default_factory=list)
+    extra_args: tuple[str, ...] = ()  # more emulator flags (the arm's: priority scheduling)
 
     @property
     def urls(self) -> list[str]:
@@ -73,7 +76,7 @@ class EmulatorPool:
                 sys.executable, "-m", "backends.emulator", "--host", "127.0.0.1",
                 "--port", str(port), "--model", MODEL, "--profile", s.profile,
                 "--time-scale", str(s.time_scale), "--max-running-requests", str(s.running),
-                "--seed", str(i), "--log-level", "WARNING",
+                "--seed", str(i), "--log-level", "WARNING", *self.extra_args,
             ]  # fmt: skip
             child = Child(f"emulator {label}#{i}", argv, self.run_dir / f"emu-{label}-{i}.log")
             child.start()
@@ -98,9 +101,11 @@ class Arm:
     """One gateway in front of its own emulator pool."""
 
     name = ""
+    emulator_args: tuple[str, ...] = ()  # flags of this arm's emulators
 
     def __init__(self, pool: EmulatorPool, run_dir: Path, src: Path | None = None) -> None:
         self.pool = pool
+        pool.extra_args = self.emulator_args
         self.run_dir = run_dir
         self.src = src  # the checkout whose code the gateway's processes import (None: this one)
         self.port = free_port()
@@ -166,6 +171,8 @@ class SglangRouter(Arm):
 
 class Tokenweir(Arm):
     name = "tokenweir"
+    # the policy's pools.chat.priority_scheduling: the backends rank by the lane's priority
+    emulator_args = ("--enable-priority-scheduling",)
     overrides: dict[str, Any] = {}  # noqa: RUF012 - replaced per instance, never mutated
 
     async def start(self) -> None:
@@ -189,8 +196,17 @@ class TokenweirNoReserve(Tokenweir):
     overrides: dict[str, Any] = {"admission": {"batch": {"leave_for_higher": None}}}  # noqa: RUF012
 
 
+class TokenweirNoPriority(Tokenweir):
+    name = "tokenweir-no-priority"
+    emulator_args = ()
+    overrides: dict[str, Any] = {"pools": {"chat": {"priority_scheduling": DROP}}}  # noqa: RUF012
+
+
 class TokenweirBaseline(Tokenweir):
     name = "tokenweir-baseline"
+    # another checkout's code: it may not know the knob, so the pool does not rank by priority
+    emulator_args = ()
+    overrides = TokenweirNoPriority.overrides
 
 
 async def _wait_for_line(log: Path, text: str, child: Child, timeout: float = 60.0) -> None:
@@ -224,7 +240,9 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """``base`` with ``extra``'s keys set, mappings merged key by key."""
     out = dict(base)
     for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if value is DROP:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value)
         else:
             out[key] = value
@@ -305,6 +323,7 @@ def make_arm(name: str, pool: EmulatorPool, run_dir: Path, baseline: Path | None
         "sglang-router": SglangRouter,
         "tokenweir": Tokenweir,
         "tokenweir-no-reserve": TokenweirNoReserve,
+        "tokenweir-no-priority": TokenweirNoPriority,
         "tokenweir-baseline": TokenweirBaseline,
     }
     if name == "tokenweir-baseline":
