@@ -5,7 +5,9 @@ Exception tree::
     BackendError
     ├── UnknownProfileError (also KeyError)   an unknown profile name
     ├── RequestError                           a request the server rejects with 400
-    ├── QueueFullError                         the waiting queue is full (503, as SGLang)
+    ├── SchedulerAbortError                    the scheduler refused the request (503, SGLang's
+    │   │                                      AbortReq; e.g. a priority while priority is off)
+    │   └── QueueFullError                     the waiting queue is full (503, as SGLang)
     ├── ServerClosingError                     the server is stopping or starting (503)
     ├── InjectedFaultError                     an error injected on purpose (500)
     └── LauncherError                          the real-SGLang launcher failed
@@ -21,6 +23,7 @@ __all__ = [
     "LauncherError",
     "QueueFullError",
     "RequestError",
+    "SchedulerAbortError",
     "ServerClosingError",
     "UnknownProfileError",
 ]
@@ -51,7 +54,11 @@ class RequestError(BackendError):
         super().__init__(message)
 
 
-class QueueFullError(BackendError):
+class SchedulerAbortError(BackendError):
+    """The scheduler refused the request with SGLang's message (HTTP 503)."""
+
+
+class QueueFullError(SchedulerAbortError):
     """The scheduler's waiting queue is at ``max_queued_requests``."""
 
 

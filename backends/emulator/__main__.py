@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from backends.emulator.priority import DEFAULT_PREEMPTION_THRESHOLD, PriorityConfig
 from backends.emulator.server import start_emulator
 from backends.emulator.settings import EmulatorSettings
 from backends.profiles import profile_names
@@ -63,6 +64,13 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
     p.add_argument(
         "--otlp-traces-endpoint", default="localhost:4317", help="OTLP/gRPC collector host:port"
     )
+    pr = p.add_argument_group("priority scheduling (SGLang's flags and defaults)")
+    pr.add_argument("--enable-priority-scheduling", action="store_true")
+    pr.add_argument("--schedule-low-priority-values-first", action="store_true")
+    pr.add_argument(
+        "--priority-scheduling-preemption-threshold", type=int, default=DEFAULT_PREEMPTION_THRESHOLD
+    )
+    pr.add_argument("--abort-on-priority-when-disabled", action="store_true")
     sg = p.add_argument_group("accepted for command-line compatibility with sglang.launch_server")
     sg.add_argument("--enable-metrics", action="store_true", help="always on")
     sg.add_argument(
@@ -102,6 +110,12 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
             kv_events=kv_events,
             enable_trace=a.enable_trace,
             otlp_traces_endpoint=a.otlp_traces_endpoint,
+            priority=PriorityConfig(
+                enabled=a.enable_priority_scheduling,
+                low_values_first=a.schedule_low_priority_values_first,
+                preemption_threshold=a.priority_scheduling_preemption_threshold,
+                abort_when_disabled=a.abort_on_priority_when_disabled,
+            ),
         )
     except ValueError as exc:
         p.error(str(exc))

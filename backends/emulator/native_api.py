@@ -20,12 +20,13 @@ from backends.emulator.protocol import (
     parse_bool,
     parse_json_object,
     parse_max_tokens,
+    parse_priority,
     parse_stop,
     sse,
 )
 from backends.emulator.request import EmuRequest, GenerationParams
 from backends.emulator.tokenizer import encode
-from backends.errors import QueueFullError, RequestError, ServerClosingError
+from backends.errors import RequestError, SchedulerAbortError, ServerClosingError
 
 if TYPE_CHECKING:
     from backends.emulator.server import EmulatorServer
@@ -58,6 +59,8 @@ def _finish_reason(req: EmuRequest) -> dict[str, Any] | None:
         return {"type": "length", "length": len(req.output_ids)}
     if req.finish_reason == "stop":
         return {"type": "stop", "matched": req.matched_stop}
+    if req.finish_reason == "abort" and req.abort_message is not None:  # the scheduler's abort
+        return {"type": "abort", "message": req.abort_message, "status_code": 503}
     if req.finish_reason == "abort":
         return {"type": "abort", "message": "request aborted"}
     return None
@@ -90,6 +93,7 @@ class _NativeApi:
             context_length=self.server.profile.context_length,
             ignore_eos=parse_bool(sp, "ignore_eos"),
             stop=parse_stop(sp.get("stop")),
+            priority=parse_priority(body),
         )
 
     def _result(self, req: EmuRequest) -> dict[str, Any]:
@@ -132,12 +136,14 @@ class _NativeApi:
         rid = rid if isinstance(rid, str) and rid else self.server.next_id()
         try:
             req = await self.server.open_request(params, rid, request)
-        except QueueFullError as exc:
+        except SchedulerAbortError as exc:
             if not parse_bool(body, "stream"):
                 raise
             return await self._rejected_stream(request, rid, params, str(exc))
         if not parse_bool(body, "stream"):
             await self.server.run_to_end(req)
+            if req.abort_message is not None:  # a more urgent request took its queue place
+                raise SchedulerAbortError(req.abort_message)
             return web.json_response(self._result(req))
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -194,6 +200,10 @@ class _NativeApi:
             "page_size": p.page_size,
             "context_length": p.context_length,
             "schedule_policy": "fcfs",
+            "enable_priority_scheduling": s.priority.enabled,
+            "schedule_low_priority_values_first": s.priority.low_values_first,
+            "priority_scheduling_preemption_threshold": s.priority.preemption_threshold,
+            "abort_on_priority_when_disabled": s.priority.abort_when_disabled,
             "enable_metrics": True,
             "enable_cache_report": s.enable_cache_report,
             "random_seed": s.seed,

@@ -21,6 +21,7 @@ from backends.emulator.protocol import (
     parse_bool,
     parse_json_object,
     parse_max_tokens,
+    parse_priority,
     parse_stop,
     sse,
     stream_error_event,
@@ -28,7 +29,7 @@ from backends.emulator.protocol import (
 )
 from backends.emulator.request import EmuRequest, GenerationParams
 from backends.emulator.tokenizer import encode, render_chat
-from backends.errors import QueueFullError, RequestError
+from backends.errors import RequestError, SchedulerAbortError
 
 if TYPE_CHECKING:
     from backends.emulator.server import EmulatorServer
@@ -79,6 +80,7 @@ class _OpenAIApi:
             context_length=self.server.profile.context_length,
             ignore_eos=parse_bool(body, "ignore_eos"),
             stop=parse_stop(body.get("stop")),
+            priority=parse_priority(body),
         )
 
     @staticmethod
@@ -97,7 +99,7 @@ class _OpenAIApi:
             req = await self.server.open_request(
                 params, "chatcmpl-" + self.server.next_id(), request
             )
-        except QueueFullError as exc:
+        except SchedulerAbortError as exc:
             if not stream:
                 raise
             return await _rejected_stream(request, str(exc))
@@ -105,6 +107,7 @@ class _OpenAIApi:
         if stream:
             return await self._stream(request, req, model, include_usage, chat=True)
         await self.server.run_to_end(req)
+        _raise_scheduler_abort(req)
         choice = {
             "index": 0,
             "message": {
@@ -125,7 +128,7 @@ class _OpenAIApi:
         stream, include_usage = self._stream_flags(body)
         try:
             req = await self.server.open_request(params, "cmpl-" + self.server.next_id(), request)
-        except QueueFullError as exc:
+        except SchedulerAbortError as exc:
             if not stream:
                 raise
             return await _rejected_stream(request, str(exc))
@@ -133,6 +136,7 @@ class _OpenAIApi:
         if stream:
             return await self._stream(request, req, model, include_usage, chat=False)
         await self.server.run_to_end(req)
+        _raise_scheduler_abort(req)
         choice = {
             "index": 0,
             "text": output_text(req.output_words),
@@ -219,6 +223,9 @@ class _OpenAIApi:
             if not req.done:
                 self.server.scheduler.abort(req)
         if req.finish_reason == "abort":
+            if req.abort_message is not None:  # as one refused at once, after what it streamed
+                await resp.write(stream_error_event(503, req.abort_message))
+                await resp.write_eof()
             return
         key = "delta" if chat else "text"
         empty = "{}" if chat else '""'
@@ -235,6 +242,13 @@ class _OpenAIApi:
         tail.append(DONE)
         await resp.write(b"".join(tail))
         await resp.write_eof()
+
+
+def _raise_scheduler_abort(req: EmuRequest) -> None:
+    """A request the scheduler aborted after taking it (a more urgent one took its place in
+    the queue) is answered as one it refused: 503 with SGLang's message."""
+    if req.abort_message is not None:
+        raise SchedulerAbortError(req.abort_message)
 
 
 async def _rejected_stream(request: web.Request, message: str) -> web.StreamResponse:

@@ -22,6 +22,7 @@ __all__ = [
     "parse_bool",
     "parse_json_object",
     "parse_max_tokens",
+    "parse_priority",
     "parse_stop",
     "sse",
     "stream_error_event",
@@ -87,6 +88,14 @@ def parse_max_tokens(body: dict[str, Any], keys: Sequence[str]) -> int | None:
     return None
 
 
+def parse_priority(body: dict[str, Any]) -> int | None:
+    """The request's ``priority`` (SGLang: an optional integer at the top of the body)."""
+    value = body.get("priority")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise RequestError(f"priority must be an integer, got {value!r}", "priority")
+    return value
+
+
 def parse_stop(value: Any) -> frozenset[str]:
     if value is None:
         return frozenset()
@@ -114,6 +123,7 @@ def context_check(
     context_length: int,
     ignore_eos: bool,
     stop: frozenset[str],
+    priority: int | None = None,
 ) -> GenerationParams:
     """Build the request's parameters; 400 (SGLang's message) when the context is exceeded."""
     prompt_len = len(prompt_ids)
@@ -131,7 +141,11 @@ def context_check(
             f"within the limit."
         )
     return GenerationParams(
-        prompt_ids=tuple(prompt_ids), max_new_tokens=max_new, ignore_eos=ignore_eos, stop=stop
+        prompt_ids=tuple(prompt_ids),
+        max_new_tokens=max_new,
+        ignore_eos=ignore_eos,
+        stop=stop,
+        priority=priority,
     )
 
 

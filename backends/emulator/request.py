@@ -19,6 +19,7 @@ class GenerationParams:
     max_new_tokens: int
     ignore_eos: bool = False
     stop: frozenset[str] = frozenset()
+    priority: int | None = None  # the body's ``priority`` (SGLang: GenerateReqInput.priority)
 
 
 @dataclass(eq=False, slots=True)
@@ -44,6 +45,9 @@ class EmuRequest:
     output_words: list[str] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     matched_stop: str | None = None
+    priority: int = 0  # as the scheduler ranks it (``priority.PriorityConfig.resolve``)
+    queue_seq: int = 0  # order of the latest entry into the waiting queue
+    abort_message: str | None = None  # the scheduler aborted it: SGLang's message (503)
     # handler side
     event: asyncio.Event = field(default_factory=asyncio.Event)
     read_upto: int = 0

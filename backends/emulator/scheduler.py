@@ -19,18 +19,18 @@ Each step (one forward pass of the emulated GPU):
 
 Prefill and decode share a step (mixed chunked prefill); the waiting queue is bounded as
 SGLang's ``--max-queued-requests`` (``QueueFullError``, "The request queue is full." → 503;
-retracted requests re-enter without that check). With no work the task waits on an event.
+retracted requests re-enter without that check). With priority scheduling on (``priority``) the
+queue is sorted by priority each step, a full batch lets a more urgent request preempt running
+ones (they recompute later, as retracted ones), and a full queue aborts its least urgent request
+for a more urgent one. With no work the task waits on an event.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 from backends.emulator.kv_budget import (
     CLIP_MAX_NEW_TOKENS,
@@ -40,10 +40,14 @@ from backends.emulator.kv_budget import (
     retraction_order,
     running_expectation,
 )
+from backends.emulator.observer import SchedulerObserver, SchedulerStats
+from backends.emulator.priority import ABORTED_BY_PRIORITY, PriorityConfig, preemption_victims
 from backends.emulator.radix_cache import RadixCache
 from backends.emulator.request import EmuRequest
+from backends.emulator.throughput import GenThroughput
 from backends.emulator.tokenizer import OutputWords
-from backends.errors import QueueFullError, RequestError, ServerClosingError
+from backends.emulator.waiting import WaitingQueue
+from backends.errors import QueueFullError, RequestError, SchedulerAbortError, ServerClosingError
 from backends.profiles import BackendProfile
 from runtime.prefixindex.wire import KvEvent
 
@@ -52,28 +56,7 @@ __all__ = ["Scheduler", "SchedulerObserver", "SchedulerStats"]
 log = logging.getLogger("backends.emulator")
 
 _LATE_SLACK_S = 0.05  # behind schedule by less than this: catch up; more: start afresh
-_THROUGHPUT_WINDOW_S = 5.0
-
-
-class SchedulerObserver(Protocol):
-    """Receives events for metrics (implemented with prometheus in ``metrics.py``)."""
-
-    def on_admit(self, req: EmuRequest, queue_time_s: float) -> None: ...
-    def on_first_token(self, req: EmuRequest, ttft_s: float) -> None: ...
-    def on_decode(self, tokens: int, itls_s: list[float]) -> None: ...
-    def on_finish(self, req: EmuRequest, e2e_s: float) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerStats:
-    num_running_reqs: int
-    num_queue_reqs: int
-    num_used_tokens: int
-    max_total_num_tokens: int
-    token_usage: float
-    cache_hit_rate: float
-    gen_throughput: float
-    cached_tokens_in_tree: int
+_QUEUE_FULL = "The request queue is full."  # SGLang's words
 
 
 class Scheduler:
@@ -90,6 +73,7 @@ class Scheduler:
         clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         kv_sink: Callable[[list[KvEvent]], None] | None = None,
+        priority: PriorityConfig | None = None,
     ) -> None:
         self.profile = profile
         self.time_scale = time_scale
@@ -104,18 +88,20 @@ class Scheduler:
         self._observer = observer
         self._clock = clock
         self._sleep = sleep
-        self.waiting: collections.deque[EmuRequest] = collections.deque()
+        self.priority = priority or PriorityConfig()
+        self.waiting = WaitingQueue(profile.max_queued_requests, self.priority)
         self.running: list[EmuRequest] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._target = 0.0
         self._uncommitted = 0  # tokens computed by running requests, not yet in the tree
-        self._tp: collections.deque[tuple[float, int]] = collections.deque()
+        self._tp = GenThroughput()
         self.prompt_tokens_total = 0
         self.cached_tokens_total = 0
         self.new_token_ratio = NewTokenRatio()
         self.retracted_total = 0
+        self.preempted_total = 0
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -149,16 +135,29 @@ class Scheduler:
                 f"prompt ({req.prompt_len}) + max_new_tokens ({req.params.max_new_tokens}) "
                 f"exceed the KV cache ({self.profile.max_total_tokens} tokens)"
             )
-        if len(self.waiting) >= self.profile.max_queued_requests:
-            raise QueueFullError("The request queue is full.")  # SGLang's words
-        self.waiting.append(req)
+        try:
+            resolved = self.priority.resolve(req.params.priority)
+        except ValueError as exc:
+            raise SchedulerAbortError(str(exc)) from exc
+        req.priority = resolved if resolved is not None else 0
+        if not self._enqueue(req):
+            raise QueueFullError(_QUEUE_FULL)
         self._wake.set()
         return req
 
-    def abort(self, req: EmuRequest) -> None:
-        """Drop a request (client gone or shutdown); frees what it holds."""
+    def _enqueue(self, req: EmuRequest) -> bool:
+        """Into the bounded queue (SGLang's _abort_on_queued_limit); False: refused."""
+        queued, evicted = self.waiting.offer(req)
+        if evicted is not None:
+            self.abort(evicted, ABORTED_BY_PRIORITY)
+        return queued
+
+    def abort(self, req: EmuRequest, message: str | None = None) -> None:
+        """Drop a request (client gone, shutdown, or ``message``: the scheduler's own abort,
+        answered 503 with it); frees what it holds."""
         if req.done:
             return
+        req.abort_message = message
         if req in self.waiting:
             self.waiting.remove(req)
         elif req in self.running:
@@ -199,7 +198,7 @@ class Scheduler:
                 if self.prompt_tokens_total
                 else 0.0
             ),
-            gen_throughput=self._gen_throughput(),
+            gen_throughput=self._tp.value(),
             cached_tokens_in_tree=self.cache.total_size,
         )
 
@@ -255,9 +254,20 @@ class Scheduler:
                 n = min(req.fill_len - req.prefilled, budget)
                 prefill.append((req, n))
                 budget -= n
-        reserved = running_expectation(self.running, self.new_token_ratio.value)
-        while self.waiting and budget > 0 and len(self.running) < self.profile.max_running_requests:
-            req = self.waiting[0]
+        ratio = self.new_token_ratio.value
+        reserved = running_expectation(self.running, ratio)
+        self.waiting.sort()
+        preempted: list[EmuRequest] = []
+        while self.waiting and budget > 0:
+            req = self.waiting.head()
+            if len(self.running) >= self.profile.max_running_requests:
+                victims = self._preemption_victims(req, reserved) if self.priority.enabled else []
+                if not victims:
+                    break
+                for victim in victims:
+                    self._free_for_recompute(victim)
+                reserved -= running_expectation(victims, ratio)
+                preempted += victims
             taken = self._admit(req, reserved)
             if taken is None:
                 break
@@ -267,7 +277,31 @@ class Scheduler:
             n = min(req.fill_len - req.prefilled, budget)
             prefill.append((req, n))
             budget -= n
+        if preempted:
+            decode = [r for r in decode if r not in preempted]
+            self._requeue_preempted(preempted)
         return prefill, decode
+
+    def _preemption_victims(self, req: EmuRequest, reserved: float) -> list[EmuRequest]:
+        fill = req.fill_ids
+        uncached = len(fill) - self.cache.match_prefix(fill[: len(fill) - 1]).length
+        decoding = [r for r in self.running if r.prefill_done]
+        return preemption_victims(
+            self.priority,
+            req,
+            uncached,
+            decoding,
+            self.cache.available - reserved,
+            self.new_token_ratio.value,
+        )
+
+    def _requeue_preempted(self, preempted: list[EmuRequest]) -> None:
+        """Back to the waiting queue through its bound (SGLang's _add_request_to_queue)."""
+        self.preempted_total += len(preempted)
+        for req in preempted:
+            log.debug("preempted %s after %d output tokens", req.rid, len(req.output_ids))
+            if not self._enqueue(req):
+                self.abort(req, _QUEUE_FULL)
 
     def _reserve_decode(self, decode: list[EmuRequest]) -> list[EmuRequest]:
         """One KV slot per decoding request; retract requests (SGLang's order) when none is left."""
@@ -292,14 +326,18 @@ class Scheduler:
         return decode
 
     def _retract(self, req: EmuRequest) -> None:
-        """Free what ``req`` holds (nothing inserted) and queue it to prefill prompt + output."""
+        """Free what ``req`` holds and queue it (unbounded) to prefill prompt + output."""
+        self._free_for_recompute(req)
+        self.waiting.push(req)
+        self.retracted_total += 1
+        log.debug("retracted %s after %d output tokens", req.rid, len(req.output_ids))
+
+    def _free_for_recompute(self, req: EmuRequest) -> None:
+        """Out of the batch, its KV freed (nothing inserted); it keeps its output so far."""
         self.running.remove(req)
         self._release(req, commit=False)
         req.recomputed = len(req.output_ids)
         req.prefilled = 0
-        self.waiting.append(req)
-        self.retracted_total += 1
-        log.debug("retracted %s after %d output tokens", req.rid, len(req.output_ids))
 
     def _admit(self, req: EmuRequest, reserved: float) -> int | None:
         """Admit ``req`` if SGLang's budget allows; the tokens it takes from this step's budget."""
@@ -353,9 +391,7 @@ class Scheduler:
                     continue
                 self._emit_token(req, now)
                 produced += 1
-        self._tp.append((now, produced))
-        while self._tp and self._tp[0][0] < now - _THROUGHPUT_WINDOW_S:
-            self._tp.popleft()
+        self._tp.record(now, produced)
         if self._observer is not None and produced:
             self._observer.on_decode(produced, itls)
         finished = [r for r in self.running if r.finish_reason is not None]
@@ -412,10 +448,3 @@ class Scheduler:
         if req.node is not None:
             self.cache.unlock(req.node)
             req.node = None
-
-    def _gen_throughput(self) -> float:
-        if len(self._tp) < 2:
-            return 0.0
-        span = self._tp[-1][0] - self._tp[0][0]
-        tokens = sum(n for _, n in self._tp) - self._tp[0][1]
-        return tokens / span if span > 0 else 0.0

@@ -1,7 +1,7 @@
 """The emulator's HTTP server: aiohttp app, request admission (faults, queue), lifecycle.
 
 Errors become HTTP answers in one place (``_map_errors``): ``RequestError`` → 400,
-``QueueFullError`` and ``ServerClosingError`` → 503, ``InjectedFaultError`` → 500, each with
+``SchedulerAbortError`` (the queue is full, ...) and ``ServerClosingError`` → 503, ``InjectedFaultError`` → 500, each with
 SGLang's error object.
 """
 
@@ -30,8 +30,8 @@ from backends.emulator.settings import EmulatorSettings
 from backends.emulator.tracing import end_request_span, start_request_span
 from backends.errors import (
     InjectedFaultError,
-    QueueFullError,
     RequestError,
+    SchedulerAbortError,
     ServerClosingError,
 )
 from runtime.tracing import Tracing
@@ -48,7 +48,7 @@ async def _map_errors(request: web.Request, handler: _Handler) -> web.StreamResp
         return await handler(request)
     except RequestError as exc:
         return web.json_response(error_body(400, exc.message, exc.param), status=400)
-    except (QueueFullError, ServerClosingError) as exc:
+    except (SchedulerAbortError, ServerClosingError) as exc:
         return web.json_response(error_body(503, str(exc)), status=503)
     except InjectedFaultError as exc:
         return web.json_response(error_body(500, str(exc)), status=500)
@@ -87,6 +87,7 @@ class EmulatorServer:
             observer=self.metrics,
             clock=clock,
             kv_sink=self.kv_events.publish if self.kv_events is not None else None,
+            priority=settings.priority,
         )
         self.metrics.bind(self.scheduler.stats)
         self.faults = FaultConfig(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from backends.emulator.priority import PriorityConfig
 from backends.profiles import BackendProfile, get_profile
 from runtime.prefixindex.wire import KvEventsConfig
 
@@ -38,6 +39,8 @@ class EmulatorSettings:
     enable_trace: bool = False  # --enable-trace: OTLP spans per request (as SGLang)
     otlp_traces_endpoint: str = "localhost:4317"  # --otlp-traces-endpoint (gRPC)
     kv_events: KvEventsConfig | None = None  # --kv-events-config (publisher "zmq" turns it on)
+    # --enable-priority-scheduling, --schedule-low-priority-values-first, ... (SGLang)
+    priority: PriorityConfig = field(default_factory=PriorityConfig)
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0:
