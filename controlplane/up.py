@@ -249,6 +249,7 @@ class Mesh:
                 if em.cache_tokens is not None:
                     argv += ["--cache-tokens", str(em.cache_tokens)]
                 argv += _kv_event_args(pool.routing, addr)
+                argv += pool.priority_scheduling.server_flags()  # as a real SGLang gets them
                 if self.policy.tracing is not None:  # as SGLang: a span per request
                     argv += [
                         "--enable-trace",

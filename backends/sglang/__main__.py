@@ -49,6 +49,9 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchConfig:
         help="publish KV-cache events (ZMQ PUB on tcp://*:PORT; docs/emulator.md)",
     )  # fmt: skip
     p.add_argument("--kv-events-replay-port", type=int, help="serve event replays on this port")
+    p.add_argument("--enable-priority-scheduling", action="store_true")
+    p.add_argument("--priority-scheduling-preemption-threshold", type=int)
+    p.add_argument("--schedule-low-priority-values-first", action="store_true")
     p.add_argument("--server-module", default="sglang.launch_server")
     p.add_argument("--health-timeout", type=float, default=900.0)
     p.add_argument("--drain-timeout", type=float, default=60.0)
@@ -72,6 +75,9 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchConfig:
         tp_size=a.tp_size,
         kv_events_port=a.kv_events_port,
         kv_events_replay_port=a.kv_events_replay_port,
+        enable_priority_scheduling=a.enable_priority_scheduling,
+        priority_scheduling_preemption_threshold=a.priority_scheduling_preemption_threshold,
+        schedule_low_priority_values_first=a.schedule_low_priority_values_first,
         extra_args=tuple(a.extra),
         server_module=a.server_module,
         health_timeout_s=a.health_timeout,

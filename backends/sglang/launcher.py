@@ -57,6 +57,10 @@ class LaunchConfig:
     tp_size: int = 1
     kv_events_port: int | None = None  # publish KV-cache events (SGLang's --kv-events-config)
     kv_events_replay_port: int | None = None  # and serve replays (needs kv_events_port)
+    # SGLang's priority scheduling (pools.NAME.priority_scheduling; emitted only when enabled)
+    enable_priority_scheduling: bool = False
+    priority_scheduling_preemption_threshold: int | None = None  # None: SGLang's default (10)
+    schedule_low_priority_values_first: bool = False
     extra_args: tuple[str, ...] = ()
     python: str = field(default_factory=lambda: sys.executable)
     server_module: str = "sglang.launch_server"
@@ -128,7 +132,19 @@ def build_command(cfg: LaunchConfig) -> list[str]:
     kv = cfg.kv_events_config()
     if kv is not None:
         argv += ["--kv-events-config", kv.to_json()]
-    return argv + list(cfg.extra_args)
+    return argv + _priority_flags(cfg) + list(cfg.extra_args)
+
+
+def _priority_flags(cfg: LaunchConfig) -> list[str]:
+    if not cfg.enable_priority_scheduling:
+        return []
+    flags = ["--enable-priority-scheduling"]
+    if cfg.priority_scheduling_preemption_threshold is not None:
+        threshold = str(cfg.priority_scheduling_preemption_threshold)
+        flags += ["--priority-scheduling-preemption-threshold", threshold]
+    if cfg.schedule_low_priority_values_first:
+        flags.append("--schedule-low-priority-values-first")
+    return flags
 
 
 async def _queue_depth(http: aiohttp.ClientSession, url: str) -> float:

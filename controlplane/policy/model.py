@@ -31,6 +31,7 @@ from controlplane.policy.degradation import DegradationPolicy, LadderStep
 from controlplane.policy.routing import RoutingPolicy
 from controlplane.policy.safety import CollapsingPolicy, IdempotencyPolicy, RouteShadow
 from controlplane.policy.saturation import PoolCapacity, PoolStateScrape, SaturationPolicy
+from controlplane.policy.scheduling import PriorityScheduling
 from controlplane.policy.servers import ControlPlane, FiltersServer, RateLimitServer, Replicas
 from controlplane.policy.tenancy import MoneyLimits, Price, QuotaLimits, Quotas, Tenant, Tier
 from controlplane.policy.tracing import Tracing
@@ -65,6 +66,7 @@ __all__ = [
     "PoolCapacity",
     "PoolStateScrape",
     "Price",
+    "PriorityScheduling",
     "QuotaLimits",
     "Quotas",
     "RateLimitServer",
@@ -220,6 +222,7 @@ class LlmPool:
     max_body_bytes: Annotated[int, Size(1024, 64 * 1024**2)] = 1024**2
     capacity: PoolCapacity = field(default_factory=PoolCapacity)
     saturation: SaturationPolicy = field(default_factory=SaturationPolicy)
+    priority_scheduling: PriorityScheduling = field(default_factory=PriorityScheduling)
     degradation: DegradationPolicy | None = None
     canary: CanaryPolicy | None = None
 
