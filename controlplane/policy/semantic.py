@@ -185,6 +185,16 @@ def _gateways(policy: Policy) -> Iterator[tuple[str, str]]:
                     "the collapse plugin needs failure_mode: closed (an open route would let "
                     "a client name the collapse target itself)",
                 )
+            ranked = route.pool in policy.pools and policy.pools[route.pool].priority_scheduling
+            plugins = [p.name for p in f.plugins] if f is not None and f.enabled else []
+            if ranked and ranked.enabled and "admission" in plugins and "tokens" not in plugins:
+                yield (
+                    f"{path}.filters.plugins",
+                    f"pool {route.pool!r} schedules by priority and admission lets its higher "
+                    "lanes past the lower lanes' slots: the route needs the tokens plugin, which "
+                    "writes each request's priority (without it interactive would queue behind "
+                    "batch in the backend)",
+                )
             if f is not None and f.enabled and any(p.name == "shadow" for p in f.plugins):
                 if route.shadow is None:
                     yield (

@@ -6,7 +6,7 @@ with its 429 and Retry-After). The body is rewritten when the value changes or i
 streamed chat/completions get ``stream_options.include_usage`` so the usage plugin can settle.
 ``x-tokenweir-reserve`` = estimated prompt tokens + the clamped max_tokens. Where the pool
 schedules by priority (``pools.NAME.priority_scheduling``), the body carries the lane's
-``priority`` (``admission.LANE.priority``); a ``priority`` the client sent is replaced, or
+``priority`` (``admission.LANE.priority``, negated for ``low_values_first``); a ``priority`` the client sent is replaced, or
 removed where the pool does not schedule by it: the gateway, not the client, ranks requests.
 
 Settings: ``extra_fields`` (body fields to accept besides the known ones), ``reject_unknown``
@@ -58,9 +58,9 @@ def backend_priority(ctx: Context, policy: Any) -> int | None:
     pool = served_pool(ctx)
     if pool is None or pool not in policy.pools or not preemptive(policy, pool):
         return None
-    lane = policy.admission.lane(ctx.lane or ctx.route.lane or "interactive")
+    value: int = policy.admission.priority(ctx.lane or ctx.route.lane or "interactive")
     low_first = policy.pools[pool].priority_scheduling.low_values_first
-    return -lane.priority if low_first else lane.priority
+    return -value if low_first else value
 
 
 def _too_large(size: int, limit: int) -> ClientError:

@@ -3,9 +3,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import replace
 
 import pytest
 
+from controlplane.policy import Policy
+from controlplane.policy.scheduling import PriorityScheduling
 from filters.api import RouteInfo
 from filters.errors import ClientError, ConfigError
 from filters.plugins.identity import IdentityPlugin
@@ -275,3 +278,33 @@ async def test_tokens_removes_a_client_priority_where_the_pool_does_not_rank(
     r = await plugin.request_body(ctx, _chat(max_tokens=10, priority=1_000_000))
     assert r is not None and r.body is not None
     assert "priority" not in json.loads(r.body)
+
+
+def _ranked(policy: Policy, *, low_first: bool = False) -> Policy:
+    chat = replace(
+        policy.pools["chat"],
+        priority_scheduling=PriorityScheduling(enabled=True, low_values_first=low_first),
+    )
+    return replace(policy, pools={**policy.pools, "chat": chat})
+
+
+@pytest.mark.parametrize("low_first", [False, True])
+async def test_tokens_writes_the_lanes_priority_where_the_pool_ranks_by_it(
+    policy: Policy, clock: FakeClock, low_first: bool
+) -> None:
+    services = make_services(_ranked(policy, low_first=low_first), clock)
+    plugin = TokensPlugin({"extra_fields": ["priority"]}, services)
+    sent = {}
+    for lane in ("interactive", "batch"):
+        ctx = make_ctx(tenant="demo-pro", tier="pro", lane=lane)
+        # a client's own priority never survives: the lane decides
+        r = await plugin.request_body(ctx, _chat(max_tokens=10, priority=-5))
+        assert r is not None and r.body is not None
+        sent[lane] = json.loads(r.body)["priority"]
+        assert r.set_headers["content-length"] == str(len(r.body))
+    sign = -1 if low_first else 1
+    assert sent == {"interactive": 100 * sign, "batch": 0}
+    ctx = make_ctx(tenant="demo-pro", tier="pro", lane="interactive")
+    body = _chat(max_tokens=10, priority=100 * sign)
+    r = await TokensPlugin({"extra_fields": ["priority"]}, services).request_body(ctx, body)
+    assert r is not None and r.body is None  # already right: no rewrite
