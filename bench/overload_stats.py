@@ -84,6 +84,17 @@ def summarize(
             "rejection_ms_p99": _ms(
                 percentile([a.answered - a.sent for a in rejected if a.answered is not None], 0.99)
             ),
+            # answered at arrival (queue full, wait too long, deadline, quota), not after a wait
+            "immediate_rejection_ms_p99": _ms(
+                percentile(
+                    [
+                        a.answered - a.sent
+                        for a in rejected
+                        if a.answered is not None and a.error not in QUEUED_SHEDS
+                    ],
+                    0.99,
+                )
+            ),
             "rejection_ms_p99_by_reason": {
                 code: _ms(percentile([a.answered - a.sent for a in group if a.answered], 0.99))
                 for code, group in _group(rejected).items()
@@ -109,6 +120,10 @@ def _latencies(values: Sequence[float]) -> dict[str, Any]:
         "p50": _ms(percentile(values, 0.5)),
         "p99": _ms(percentile(values, 0.99)),
     }
+
+
+# a request answered after it waited in a gateway queue: its wait is part of its answer time
+QUEUED_SHEDS = frozenset({"fell_behind", "timed_out"})
 
 
 def _group(attempts: Iterable[Attempt]) -> dict[str, list[Attempt]]:
@@ -173,6 +188,7 @@ def targets(levels: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]
         return {"name": name, "target": target, "measured": measured, "met": ok}
 
     rej_p99 = tb["rejection_ms_p99"]
+    at_once = tb.get("immediate_rejection_ms_p99")
     ra_share = tb["rejections_with_retry_after"]
     acc = tb["retry_after_accuracy"]
     return [
@@ -189,7 +205,16 @@ def targets(levels: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]
             None if ti["success_rate"] is None else ti["success_rate"] >= 0.99,
         ),
         row(
-            "rejection latency p99", "< 10 ms", rej_p99, None if rej_p99 is None else rej_p99 < 10.0
+            "rejection latency p99, answered at arrival",
+            "< 10 ms",
+            at_once,
+            None if at_once is None else at_once < 10.0,
+        ),
+        row(
+            "rejection latency p99, queued then shed included",
+            "< 10 ms",
+            rej_p99,
+            None if rej_p99 is None else rej_p99 < 10.0,
         ),
         row(
             "rejections with Retry-After",

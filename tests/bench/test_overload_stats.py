@@ -61,12 +61,22 @@ def test_summary_counts_per_lane_and_follows_retries() -> None:
     assert b["rejections"] == 3 and b["rejection_statuses"] == {"503": 3}
     assert b["rejection_ms_p99"] == 4.0
     assert b["rejection_ms_p99_by_reason"] == {"queue_full": 4.0}
+    assert b["immediate_rejection_ms_p99"] == 4.0
+
     assert b["rejections_with_retry_after"] == round(2 / 3, 4)
     assert b["retries_after_retry_after"] == 2 and b["retry_after_accuracy"] == 0.5
     assert b["abandoned"] == 1 and b["attempts_per_success"] == 5.0
     assert a["requests"] == 4 and a["goodput_tok_s"] == 0.6  # 6 tokens in 10 s
     narrow = summarize(attempts, window=(3.0, 4.0))["all"]
     assert narrow["goodput_tok_s"] == 3.0  # only request 1's tokens fall in [3, 4)
+
+
+def test_a_shed_after_a_wait_in_the_queue_is_not_an_immediate_one() -> None:
+    late = shed(1, "batch", 1.0, 2.0)
+    late.error, late.answered = "fell_behind", 1.9
+    s = summarize([shed(0, "batch", 1.0, 2.0), late], window=(0.0, 10.0))["batch"]
+    assert s["rejection_ms_p99"] == 900.0
+    assert s["immediate_rejection_ms_p99"] == 4.0
 
 
 def test_timeline_rates_per_bucket() -> None:
@@ -90,11 +100,13 @@ def _level(
     rej99: float | None,
     ra: float | None,
     acc: float | None,
+    at_once99: float | None = None,
 ) -> dict:  # type: ignore[type-arg]
     lane = {
         "ttft_ms": {"p50": None, "p95": ttft95, "p99": None}, "success_rate": success,
         "goodput_tok_s": goodput, "rejection_ms_p99": rej99, "rejections_with_retry_after": ra,
         "retry_after_accuracy": acc,
+        "immediate_rejection_ms_p99": rej99 if at_once99 is None else at_once99,
     }  # fmt: skip
     return {"interactive": lane, "batch": lane, "all": lane}
 
@@ -111,9 +123,14 @@ def test_targets_at_3x() -> None:
     assert rows["pool goodput vs 1x"]["measured"] == 0.97
     levels["3x"] = _level(250.0, 0.9, 150.0, 12.0, 0.5, 0.5)
     assert not any(r["met"] for r in targets(levels))
+    # sheds answered at arrival are fast; the ones shed after a wait in the queue are not
+    levels["3x"] = _level(190.0, 0.995, 194.0, 900.0, 1.0, 0.93, at_once99=4.0)
+    rows = {r["name"]: r for r in targets(levels)}
+    assert rows["rejection latency p99, answered at arrival"]["met"] is True
+    assert rows["rejection latency p99, queued then shed included"]["met"] is False
     levels["3x"] = _level(150.0, 1.0, 200.0, None, None, None)  # nothing was rejected
     rows = {r["name"]: r for r in targets(levels)}
-    assert rows["rejection latency p99"]["met"] is None
+    assert rows["rejection latency p99, answered at arrival"]["met"] is None
     assert targets({"0.25x": levels["0.25x"]}) == []
 
 
