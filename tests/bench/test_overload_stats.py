@@ -62,7 +62,6 @@ def test_summary_counts_per_lane_and_follows_retries() -> None:
     assert b["rejection_ms_p99"] == 4.0
     assert b["rejection_ms_p99_by_reason"] == {"queue_full": 4.0}
     assert b["immediate_rejection_ms_p99"] == 4.0
-
     assert b["rejections_with_retry_after"] == round(2 / 3, 4)
     assert b["retries_after_retry_after"] == 2 and b["retry_after_accuracy"] == 0.5
     assert b["abandoned"] == 1 and b["attempts_per_success"] == 5.0
