@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from runtime.prefixindex.hashing import prefix_block_ids
-from runtime.prefixindex.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from runtime.prefixindex.wire import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    IndexBatch,
+    KVEventBatch,
+    StoredBlocks,
+)
 
 __all__ = ["Applied", "PrefixIndex", "ReplicaView"]
 
@@ -115,7 +122,9 @@ class PrefixIndex:
         return 0 if last is None else last + 1
 
     # ---- events ------------------------------------------------------------------------------
-    def apply(self, name: str, seq: int, batch: KVEventBatch, *, live: bool = True) -> Applied:
+    def apply(
+        self, name: str, seq: int, batch: KVEventBatch | IndexBatch, *, live: bool = True
+    ) -> Applied:
         """Apply one batch of ``name``'s events, received live (PUB) or from a replay."""
         r = self._replicas[name]
         if live:
@@ -143,7 +152,7 @@ class PrefixIndex:
                 r.reason = f"gap after seq {r.last_seq} (got {seq})"
             return Applied.NEEDS_RESYNC
         for event in events:
-            if isinstance(event, BlockStored):
+            if isinstance(event, StoredBlocks | BlockStored):
                 self._store(r, event.block_hashes)
             elif isinstance(event, BlockRemoved):
                 self._remove(r, event.block_hashes)

@@ -28,7 +28,13 @@ from zmq.utils.monitor import parse_monitor_message
 
 from runtime.prefixindex.errors import KvEventDecodeError
 from runtime.prefixindex.index import Applied, PrefixIndex
-from runtime.prefixindex.wire import END_SEQ, decode_batch, decode_frame, decode_seq, encode_seq
+from runtime.prefixindex.wire import (
+    END_SEQ,
+    decode_for_index,
+    decode_index_frame,
+    decode_seq,
+    encode_seq,
+)
 
 __all__ = ["KvEventSubscriber", "ReplicaFeed"]
 
@@ -123,7 +129,7 @@ class KvEventSubscriber:
     def _on_message(self, feed: ReplicaFeed, parts: list[bytes]) -> bool:
         """Apply one live batch; True when the replica needs a replay."""
         try:
-            _, seq, batch = decode_frame(parts)
+            seq, batch = decode_index_frame(parts)
         except KvEventDecodeError as exc:
             self.decode_errors += 1
             log.warning("KV events from %s: %s", feed.name, exc)
@@ -150,7 +156,7 @@ class KvEventSubscriber:
                 seq = decode_seq(frames[1])
                 if seq == END_SEQ:
                     break
-                self.index.apply(feed.name, seq, decode_batch(frames[2]), live=False)
+                self.index.apply(feed.name, seq, decode_for_index(frames[2]), live=False)
             self.index.heard(feed.name, self._clock())
         except TimeoutError:
             log.debug("KV events: replay from %s timed out", feed.name)

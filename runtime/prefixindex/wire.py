@@ -14,6 +14,11 @@ array whose first element is its class name::
 every buffered batch with ``seq >= start``, then ``(b"", -1 as 8 signed bytes, b"")``.
 
 ``KvEventsConfig`` is the ``--kv-events-config`` JSON, with SGLang's keys and defaults.
+
+The index reads batches with :func:`decode_for_index`: the same wire format, but a stored
+block's ``token_ids`` stay undecoded (``msgspec.Raw``; the index keys on block hashes only). At
+page size 1 a stored prompt carries one token id per block hash, so building that list was about
+half of decoding a batch.
 """
 
 from __future__ import annotations
@@ -33,12 +38,16 @@ __all__ = [
     "AllBlocksCleared",
     "BlockRemoved",
     "BlockStored",
+    "IndexBatch",
     "KVEventBatch",
     "KvEvent",
     "KvEventsConfig",
+    "StoredBlocks",
     "connect_address",
     "decode_batch",
+    "decode_for_index",
     "decode_frame",
+    "decode_index_frame",
     "decode_seq",
     "encode_batch",
     "encode_frame",
@@ -80,8 +89,27 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     events: list[KvEvent]
 
 
+class StoredBlocks(_Event, tag="BlockStored"):
+    """A ``BlockStored`` as the index reads it: ``token_ids`` kept as the raw msgpack bytes."""
+
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: msgspec.Raw
+    block_size: int
+    lora_id: int | None
+    medium: str | None = None
+
+
+class IndexBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A ``KVEventBatch`` as the index reads it (:class:`StoredBlocks` for stored blocks)."""
+
+    ts: float
+    events: list[StoredBlocks | BlockRemoved | AllBlocksCleared]
+
+
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+_INDEX_DECODER = msgspec.msgpack.Decoder(IndexBatch)
 
 
 def encode_batch(batch: KVEventBatch) -> bytes:
@@ -91,6 +119,14 @@ def encode_batch(batch: KVEventBatch) -> bytes:
 def decode_batch(payload: bytes) -> KVEventBatch:
     try:
         return _DECODER.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise KvEventDecodeError(f"not a KVEventBatch: {exc}") from exc
+
+
+def decode_for_index(payload: bytes) -> IndexBatch:
+    """One batch as the index reads it (token ids not decoded); checked like :func:`decode_batch`."""
+    try:
+        return _INDEX_DECODER.decode(payload)
     except msgspec.DecodeError as exc:
         raise KvEventDecodeError(f"not a KVEventBatch: {exc}") from exc
 
@@ -112,9 +148,19 @@ def encode_frame(topic: str, seq: int, batch: KVEventBatch) -> list[bytes]:
 
 def decode_frame(parts: Sequence[bytes]) -> tuple[str, int, KVEventBatch]:
     """``(topic, seq, batch)`` of one PUB message."""
+    _check_parts(parts)
+    return parts[0].decode(errors="replace"), decode_seq(parts[1]), decode_batch(parts[2])
+
+
+def decode_index_frame(parts: Sequence[bytes]) -> tuple[int, IndexBatch]:
+    """``(seq, batch)`` of one PUB message, as the index reads it."""
+    _check_parts(parts)
+    return decode_seq(parts[1]), decode_for_index(parts[2])
+
+
+def _check_parts(parts: Sequence[bytes]) -> None:
     if len(parts) != 3:
         raise KvEventDecodeError(f"KV-event message has {len(parts)} parts, 3 expected")
-    return parts[0].decode(errors="replace"), decode_seq(parts[1]), decode_batch(parts[2])
 
 
 def should_bind(endpoint: str) -> bool:

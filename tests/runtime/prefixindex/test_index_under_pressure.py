@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from backends.emulator.radix_cache import CacheNode, RadixCache
 from runtime.prefixindex.index import Applied, PrefixIndex
-from runtime.prefixindex.wire import KVEventBatch, decode_batch, encode_batch
+from runtime.prefixindex.wire import KVEventBatch, decode_for_index, encode_batch
 
 NOW = 50.0
 prompts = st.lists(st.integers(0, 4), min_size=2, max_size=16)
@@ -51,7 +51,7 @@ class PressureMachine(RuleBasedStateMachine):
         events = self.cache.take_events()
         if events:
             raw = encode_batch(KVEventBatch(ts=float(self.seq), events=events))
-            assert self.index.apply("r", self.seq, decode_batch(raw)) is Applied.APPLIED
+            assert self.index.apply("r", self.seq, decode_for_index(raw)) is Applied.APPLIED
             self.seq += 1
 
     @rule(prompt=prompts)

@@ -18,8 +18,11 @@ from runtime.prefixindex.wire import (
     BlockStored,
     KVEventBatch,
     KvEventsConfig,
+    StoredBlocks,
     decode_batch,
+    decode_for_index,
     decode_frame,
+    decode_index_frame,
     encode_frame,
     should_bind,
 )
@@ -67,6 +70,29 @@ def test_decodes_sglang_batches_old_and_new_shapes() -> None:
         BlockStored([8], 7, [3], 1, None, "GPU"),
         AllBlocksCleared(),
     ]
+
+
+def test_the_index_reads_the_same_batches_without_decoding_token_ids() -> None:
+    old = msgspec.msgpack.encode(
+        [1.5, [["BlockStored", [7, 9], None, [1, 2], 1, None], ["BlockRemoved", [7]]]]
+    )
+    new = msgspec.msgpack.encode(
+        [2.0, [["BlockStored", [8], 7, [3], 1, None, "GPU"], ["AllBlocksCleared"]]]
+    )
+    a = decode_for_index(old)
+    stored = a.events[0]
+    assert isinstance(stored, StoredBlocks)
+    assert (stored.block_hashes, stored.parent_block_hash, stored.block_size) == ([7, 9], None, 1)
+    assert msgspec.msgpack.decode(stored.token_ids) == [1, 2]  # kept, raw
+    assert a.ts == 1.5 and a.events[1] == BlockRemoved([7])
+    b = decode_for_index(new)
+    assert isinstance(b.events[0], StoredBlocks) and b.events[0].medium == "GPU"
+    assert b.events[1] == AllBlocksCleared()
+    parts = encode_frame("kv", 3, decode_batch(new))
+    seq, again = decode_index_frame(parts)
+    assert seq == 3 and again.events[0].block_hashes == [8]  # type: ignore[union-attr]
+    with pytest.raises(KvEventDecodeError):
+        decode_for_index(msgspec.msgpack.encode([1.0, [["BlockStored", "x"]]]))
 
 
 def test_frame_round_trip_and_wire_layout() -> None:
