@@ -57,7 +57,8 @@ MODEL = "llama-3.1-8b"
 OFFSET = 1000  # KV events on replica port + OFFSET, replay on + OFFSET + 1
 # picker-chunks: the picker route as before the response's end was asked for without chunks
 # (usage metered in Python: every response chunk through ext_proc)
-ARMS = ("ring_hash", "picker", "picker-chunks", "sglang-router")
+# picker-baseline: the picker route run from another checkout's code (--baseline-src), side by side
+ARMS = ("ring_hash", "picker", "picker-chunks", "picker-baseline", "sglang-router")
 
 
 def _kv_port_ok(p: int) -> bool:
@@ -234,7 +235,13 @@ class Gateway:
             await asyncio.sleep(0.2)
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
-        child = Child(name, argv, self.run_dir / f"{name}.log")
+        # ``python -m`` imports from the cwd before PYTHONPATH: both point at the other checkout
+        src = self.pool.a.baseline_src if self.arm == "picker-baseline" else None
+        if self.arm == "picker-baseline" and src is None:
+            raise ValueError("the picker-baseline arm needs --baseline-src")
+        env = {"PYTHONPATH": str(Path(src).resolve())} if src is not None else {}
+        cwd = Path(src).resolve() if src is not None else None
+        child = Child(name, argv, self.run_dir / f"{name}.log", env=env, cwd=cwd)
         child.start()
         self.children.append(child)
         return child
@@ -406,8 +413,11 @@ def main() -> int:
     ap.add_argument("--pending-ttl", type=float, default=1.0, help="picker: routing.pending_ttl")
     ap.add_argument("--cache-weight", type=float, default=0.7, help="picker: routing.cache_weight")
     ap.add_argument("--run-dir", help="keep the run's logs in a new folder under this one")
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument(
+        "--arms", nargs="+", default=[x for x in ARMS if x != "picker-baseline"], choices=ARMS
+    )
     ap.add_argument("--tag", help="results as routing-WORKLOAD-TAG.{json,png}")
+    ap.add_argument("--baseline-src", help="a checkout whose code the picker-baseline arm runs")
     return asyncio.run(main_async(ap.parse_args()))
 
 
