@@ -36,8 +36,10 @@ def test_tokenizer_file(tmp_path: Path) -> None:
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
-    est = load_estimator(str(path))
+    sampled = load_estimator(str(path))
+    est = getattr(sampled, "inner", None)  # long prompts are counted on a sample of it
     assert isinstance(est, TokenizerEstimator)
+    assert sampled.count("hello world weir river") == 4
     assert est.count("hello world weir river") == 4
     assert est.prefix_chars("hello world weir", 2) == len("hello world")
     assert est.prefix_chars("hello", 5) == 5
@@ -98,3 +100,65 @@ def test_the_wide_spaces_are_what_the_regex_engine_calls_space() -> None:
 def test_runs_longer_than_the_lookup_tables_count_as_the_regexes_do(h: HeuristicEstimator) -> None:
     text = "a" * 600 + " 12 " + "7" * 700 + " word " + "b" * 511 + " " + "9" * 512 + " tiny"
     assert h.count(text) == _regex_count(h, text)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _corpus(kind: str, size: int) -> str:
+    """Real text of the repository: prose (docs), Python source, JSON (bench results)."""
+    pattern = {"prose": "docs/*.md", "code": "filters/**/*.py", "json": "bench/results/*.json"}
+    files = sorted(ROOT.glob(pattern[kind]))
+    text = "\n".join(f.read_text(errors="replace") for f in files)
+    assert len(text) >= size, (kind, len(text))
+    return text[:size]
+
+
+@pytest.mark.parametrize("kind", ["prose", "code", "json"])
+@pytest.mark.parametrize("size", [20_000, 71_000, 300_000])
+def test_long_prompts_counted_on_a_sample_stay_within_3_percent(kind: str, size: int) -> None:
+    from filters.estimate import Sampled
+
+    text = _corpus(kind, size)
+    exact = HeuristicEstimator().count(text)
+    sampled = Sampled(HeuristicEstimator()).count(text)
+    assert abs(sampled - exact) <= 0.03 * exact, (sampled, exact)
+
+
+class _Counting:
+    """An estimator that counts the characters it was asked to count."""
+
+    def __init__(self) -> None:
+        self.chars = 0
+
+    def count(self, text: str) -> int:
+        self.chars += len(text)
+        return HeuristicEstimator().count(text)
+
+    def prefix_chars(self, text: str, tokens: int) -> int:
+        return tokens * 4
+
+
+@pytest.mark.parametrize(
+    "text", ["word " * 60_000, "x" * 300_000, ("y" * 5_000 + " ") * 60, "short text"]
+)
+def test_the_sample_is_bounded_and_short_texts_are_counted_whole(text: str) -> None:
+    from filters.estimate import Sampled
+
+    inner = _Counting()
+    s = Sampled(inner, exact_up_to=16_384, windows=64, window_chars=256)
+    n = s.count(text)
+    if len(text) <= 16_384:
+        assert inner.chars == len(text) and n == HeuristicEstimator().count(text)
+    else:
+        assert inner.chars <= 64 * 2 * 256  # never the whole text, whatever its shape
+        assert n == s.count(text)  # deterministic
+        assert abs(n - HeuristicEstimator().count(text)) <= 0.05 * HeuristicEstimator().count(text)
+
+
+def test_load_estimator_samples_long_prompts() -> None:
+    from filters.estimate import Sampled
+
+    est = load_estimator(None)
+    assert isinstance(est, Sampled) and isinstance(est.inner, HeuristicEstimator)
+    assert est.prefix_chars("abcdefgh", 1) == 4  # the prefix cut is the inner estimator's
