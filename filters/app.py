@@ -20,7 +20,12 @@ from typing import Any
 from controlplane.policy import Policy, load_policy
 from controlplane.policy.phases import uses_collapse, uses_shadow_pairs
 from filters.admission.gate import Gates
-from filters.admission.signal import admission_source, pool_state_reader, saturation_source
+from filters.admission.signal import (
+    admission_source,
+    alive_source,
+    pool_state_reader,
+    saturation_source,
+)
 from filters.budget import Budget, CachedBudget, NoBudget, quota_reader_budget
 from filters.collapse.fanout import FanoutServer
 from filters.collapse.hub import Hub
@@ -265,6 +270,7 @@ class FilterApp:
             return
         self._pool_state.start()
         self.gates.saturation = admission_source(self._pool_state)
+        self.gates.alive = alive_source(self._pool_state)
         self.ladders.saturation = saturation_source(self._pool_state)
         if not await self._pool_state.first(BOOT_WAIT_S):
             _log.warning("no pool state after %.1fs: serving on the policy's capacity", BOOT_WAIT_S)

@@ -136,12 +136,21 @@ class PoolGate:
         self.core.preempt_limit = max_requests
         self._wake(self.core.set_capacity(self.clock(), max_requests, max_tokens))
 
-    def observe(self, saturation: float | None) -> None:
+    def observe(self, saturation: float | None, alive: float | None = None) -> None:
         """Admit fewer while the pool is saturated (pool state), the policy's limit again after;
         and start waiters the passing of time lets in (a higher lane's reserve fades as its
-        measured demand falls: no release need come first)."""
+        measured demand falls: no release need come first). ``alive`` (the share of replicas
+        that answer) scales the limit of the lanes that preempt lower ones: saturation does not
+        lower theirs (the replicas' queues may hold preempted batch), a dead replica does."""
         now = self.clock()
         limit = saturated_limit(self.base_limit, saturation)
+        preempt = self.base_limit
+        if preempt is not None and alive is not None:
+            preempt = max(1, math.floor(preempt * min(1.0, max(0.0, alive))))
+        if preempt != self.core.preempt_limit:
+            self.core.preempt_limit = preempt
+            if limit == self.core.max_requests:
+                self._wake(self.core.pump(now))
         if limit != self.core.max_requests:
             self._wake(self.core.set_capacity(now, limit, self.base_tokens))
         elif self._waiters:
@@ -203,11 +212,13 @@ class Gates:
         registry: CollectorRegistry | None = None,
         saturation: SaturationSource | None = None,
         rng: random.Random | None = None,
+        alive: SaturationSource | None = None,
     ) -> None:
         self.clock = clock
         self.rng = rng  # jitter of the Retry-After told to shed clients (None: none)
         self.wall = wall
         self.saturation = saturation
+        self.alive = alive  # pool → share of its replicas that answer (preemptive lanes)
         self.metrics = AdmissionMetrics(registry if registry is not None else CollectorRegistry())
         self._gates: dict[str, PoolGate] = {}
 
@@ -229,5 +240,6 @@ class Gates:
     def gate(self, pool: str) -> PoolGate | None:
         g = self._gates.get(pool)
         if g is not None:
-            g.observe(self.saturation(pool) if self.saturation is not None else None)
+            alive = self.alive(pool) if self.alive is not None else None
+            g.observe(self.saturation(pool) if self.saturation is not None else None, alive)
         return g

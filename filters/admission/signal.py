@@ -15,8 +15,10 @@ from filters.admission.gate import SaturationSource
 from runtime.poolstate.reader import PoolStateReader, pools_url
 
 __all__ = [
+    "admission_alive",
     "admission_saturation",
     "admission_source",
+    "alive_source",
     "pool_state_reader",
     "saturation_source",
     "uses_admission",
@@ -74,6 +76,31 @@ def admission_source(reader: PoolStateReader) -> SaturationSource:
         return admission_saturation([r.saturation for r in summary.endpoints.values()])
 
     return saturation
+
+
+def admission_alive(replicas: list[tuple[bool, bool]]) -> float | None:
+    """Pure: the share of a pool's replicas that answer (``(healthy, stale)`` per replica:
+    the last scrape answered, and one did within ``stale_after``); None without replicas.
+    The lanes that preempt lower ones count against the declared limit times this share: a
+    busy replica still counts (its queue may be preempted batch), a dead one does not."""
+    if not replicas:
+        return None
+    return sum(1 for healthy, stale in replicas if healthy and not stale) / len(replicas)
+
+
+def alive_source(reader: PoolStateReader) -> SaturationSource:
+    """Per pool, the share of its replicas that answer (:func:`admission_alive`); None while
+    the pool state is stale."""
+
+    def alive(pool: str) -> float | None:
+        if reader.stale:
+            return None
+        summary = reader.state.pools.get(pool)
+        if summary is None:
+            return None
+        return admission_alive([(r.healthy, r.stale) for r in summary.endpoints.values()])
+
+    return alive
 
 
 def saturation_source(reader: PoolStateReader) -> SaturationSource:

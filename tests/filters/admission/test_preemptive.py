@@ -4,11 +4,16 @@ the higher lanes' slots; the lowest lane counts every slot."""
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from filters.admission.core import Admission, LaneConfig, Shed
+from filters.admission.gate import AdmissionMetrics, PoolGate
 from filters.admission.queues import Ticket
+from filters.admission.signal import admission_alive
 
 
 def pool(cap: int = 4, *, tokens: int | None = None, preemptive: bool = True) -> Admission:
@@ -120,3 +125,22 @@ def test_preempting_lanes_never_hold_more_than_the_limit(ops: list[tuple[str, in
         if len(q):  # work conserving: a waiting interactive head cannot start
             head = q.peek()
             assert head is not None and a.lane_in_flight["interactive"] >= 3
+
+
+async def test_a_dead_replica_lowers_the_preempting_lanes_limit_a_queue_does_not() -> None:
+    a = pool(4)
+    ticks = itertools.count()
+    gate = PoolGate(
+        "chat", a, clock=lambda: float(next(ticks)), metrics=AdmissionMetrics(CollectorRegistry())
+    )
+    # two replicas answer, their queues full of preempted batch (saturation 2): batch is
+    # lowered, interactive keeps the declared limit
+    gate.observe(2.0, admission_alive([(True, False), (True, False)]))
+    assert a.preempt_limit == 4 and a.max_requests is not None and a.max_requests < 4
+    gate.observe(2.0, admission_alive([(True, False), (False, False)]))  # one is dead
+    assert a.preempt_limit == 2
+    gate.observe(None, admission_alive([(True, True), (False, False)]))  # none answers
+    assert a.preempt_limit == 1
+    gate.observe(None, None)  # no pool state: the declared limit
+    assert a.preempt_limit == 4
+    assert admission_alive([]) is None
