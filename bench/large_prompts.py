@@ -58,7 +58,7 @@ def policy(gateway: int) -> tuple[dict[str, Any], int]:
     p["gateways"]["edge"]["routes"] = [
         r for r in p["gateways"]["edge"]["routes"] if r.get("service") is None
     ]
-    huge = {"burst": 10**12, "refill_per_second": 10**9}
+    huge = {"burst": 10**9, "refill_per_second": 10**8}
     p["tiers"]["pro"]["quotas"] = {"tokens": huge}
     return p, emu
 

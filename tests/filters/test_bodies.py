@@ -109,7 +109,9 @@ def test_unknown_fields_can_be_allowed() -> None:
 
 
 @pytest.mark.parametrize(
-    "content", [b'"\\ud800"', b'"a\\udfffb"', b'"x\\uDBFF"', b'"\\udc00\\ud800"']
+    "content",
+    # the last: an escaped backslash, then a real lone surrogate escape
+    [b'"\\ud800"', b'"a\\udfffb"', b'"x\\uDBFF"', b'"\\udc00\\ud800"', b'"\\\\\\ud800"'],
 )
 def test_lone_surrogates_are_rejected(content: bytes) -> None:
     # a backend cannot encode them: SGLang's tokenizer fails with a 500 that ejects the replica
@@ -124,6 +126,21 @@ def test_surrogate_pairs_and_escaped_backslashes_pass() -> None:
     req = parse_request("chat", body)
     assert req.data["messages"][0]["content"] == "\U0001f600 \\ud800"
     assert json.loads(dump_body(req.data)) == req.data
+
+
+def test_text_that_only_mentions_a_surrogate_escape_is_not_walked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # "\\ud800" in JSON is the text \ud800: no surrogate can be in the decoded strings, so
+    # the whole-body check (a full encode of a long prompt) must not run
+    import filters.bodies as bodies
+
+    def boom(data: object) -> None:
+        raise AssertionError("walked")
+
+    monkeypatch.setattr(bodies, "_check_surrogates", boom)
+    body = b'{"model":"m","messages":[{"role":"user","content":"see \\\\ud800 and \\\\uDFFF"}]}'
+    assert parse_request("chat", body).data["messages"][0]["content"] == "see \\ud800 and \\uDFFF"
 
 
 @pytest.mark.parametrize("body", [b"", b"  \r\n"])
