@@ -146,7 +146,7 @@ def decode_json(body: bytes) -> dict[str, Any]:
         raise _bad(f"the request body is not valid JSON: {exc}", "bad_json") from exc
     if not isinstance(data, dict):
         raise _bad("the request body must be a JSON object", "bad_json")
-    if _SURROGATE_ESCAPE.search(text) is not None:
+    if _has_surrogate_escape(text):
         _check_surrogates(data)
     return data
 
@@ -154,7 +154,21 @@ def decode_json(body: bytes) -> dict[str, Any]:
 # a \uD800-\uDFFF escape (not preceded by an escaped backslash: ``\\ud800`` is the text
 # "\ud800"); only then can the decoded strings hold a surrogate (a pair decodes to one astral
 # character, a lone one stays a surrogate that UTF-8 cannot encode)
-_SURROGATE_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u[dD][89abcdefABCDEF]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")  # a literal prefix: a fast scan
+
+
+def _has_surrogate_escape(text: str) -> bool:
+    """A ``\\uD800``-``\\uDFFF`` escape preceded by an even number of backslashes."""
+    m = _SURROGATE_ESCAPE.search(text)
+    while m is not None:
+        i = m.start()
+        j = i
+        while j > 0 and text[j - 1] == "\\":
+            j -= 1
+        if (i - j) % 2 == 0:
+            return True
+        m = _SURROGATE_ESCAPE.search(text, i + 1)
+    return False
 
 
 def _check_surrogates(data: dict[str, Any]) -> None:
