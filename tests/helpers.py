@@ -1,24 +1,43 @@
-"""Shared test helpers: free loopback ports, child processes that always stop, a private Redis."""
+"""Shared test helpers: free loopback ports, child processes that always stop, a private Redis,
+the JSON events of an SSE answer."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 from runtime.ports import free_port as _free_port
 from runtime.ports import free_port_block as _free_port_block
 from runtime.ports import port_open
 
-__all__ = ["ChildProcess", "free_port", "free_port_block", "redis_server", "wait_for_port"]
+__all__ = [
+    "ChildProcess",
+    "free_port",
+    "free_port_block",
+    "redis_server",
+    "sse_events",
+    "wait_for_port",
+]
 
 LOOPBACK = "127.0.0.1"
+
+
+async def sse_events(lines: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
+    """The JSON events of an SSE answer's lines (``aiohttp``'s ``response.content``), without
+    blank lines and the final ``[DONE]``."""
+    async for line in lines:
+        data = line.decode().strip().removeprefix("data: ")
+        if data and data != "[DONE]":
+            yield json.loads(data)
 
 
 def free_port() -> int:

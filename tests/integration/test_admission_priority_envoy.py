@@ -10,7 +10,6 @@ stream to end (the order of events decides, not a time threshold)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -21,7 +20,7 @@ import aiohttp
 import pytest
 
 from filters.app import FilterApp, Settings
-from tests.helpers import ChildProcess, free_port, wait_for_port
+from tests.helpers import ChildProcess, free_port, sse_events, wait_for_port
 from tests.integration.mesh_harness import mesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -86,11 +85,7 @@ async def stream(http: aiohttp.ClientSession, url: str, tier: str, n: int, out: 
     headers = {"authorization": f"Bearer {KEYS[tier]}"}
     async with http.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
         assert r.status == 200, await r.text()
-        async for line in r.content:
-            data = line.decode().strip().removeprefix("data: ")
-            if not data or data == "[DONE]":
-                continue
-            event = json.loads(data)
+        async for event in sse_events(r.content):
             if event.get("usage"):
                 out.completion_tokens = event["usage"]["completion_tokens"]
             for choice in event["choices"]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.helpers import ChildProcess, free_port, wait_for_port
+from tests.helpers import ChildProcess, free_port, sse_events, wait_for_port
 
 pytestmark = pytest.mark.integration
 
@@ -54,11 +54,7 @@ async def _chat_stream(http: aiohttp.ClientSession, url: str, out: Stream) -> No
     }
     async with http.post(url + "/v1/chat/completions", json=body) as r:
         assert r.status == 200
-        async for line in r.content:
-            data = line.decode().strip().removeprefix("data: ")
-            if not data or data == "[DONE]":
-                continue
-            event = json.loads(data)
+        async for event in sse_events(r.content):
             if event.get("usage"):
                 out.usage = event["usage"]
             for choice in event["choices"]:
