@@ -239,8 +239,7 @@ class Admission:
         self.granted[t.lane].record(now)
 
     def preempts(self, lane: str) -> bool:
-        """Whether ``lane`` takes its slots from the lanes below it (a preemptive pool, a lane
-        above the lowest): then only the slots at or above it count against its limit."""
+        """``lane`` takes its slots from the lanes below it (a preemptive pool, not the lowest)."""
         return self.preemptive and lane != self.order[-1]
 
     def limit_for(self, lane: str) -> int | None:
@@ -252,8 +251,7 @@ class Admission:
         return self.max_requests
 
     def _held(self, lane: str) -> tuple[int, int]:
-        """(slots, tokens) that count against ``lane``'s limit: every lane's, or, where it
-        preempts the lanes below, its own and the higher lanes'."""
+        """(slots, tokens) counted against ``lane``'s limit: all, or those at or above it."""
         if not self.preempts(lane):
             return self.in_flight, self.in_flight_tokens
         top = self.order[: self.order.index(lane) + 1]
