@@ -112,11 +112,15 @@ async def test_filter_server_drains_streams_in_flight_and_reports_not_serving(
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await new.write(_headers())
                 await new.read()
-            # refused: UNAVAILABLE; grpc.aio's own server, stopping, sometimes resets the new
-            # stream before its status reaches the client, which grpc core then reports as
-            # INTERNAL "Internal error from Core" (seen in a fresh-clone CI run on a busy box)
+            # refused: UNAVAILABLE. Two client-side races report INTERNAL "Internal error from
+            # Core" instead (both seen in fresh-clone CI runs): grpc.aio's own server, stopping,
+            # resets the new stream before its status arrives; and the h2 transport's refusal
+            # (GOAWAY, then RST_STREAM REFUSED_STREAM at the new stream's headers) can end the
+            # stream while the client's first message is still being sent, and grpc.aio then
+            # overwrites the call's status with its failed send ("SendMessageOperation")
             allowed = {grpc.StatusCode.UNAVAILABLE}
-            if transport == "grpc":
+            failed_send = "SendMessageOperation" in (refused.value.debug_error_string() or "")
+            if transport == "grpc" or failed_send:
                 allowed.add(grpc.StatusCode.INTERNAL)
             assert refused.value.code() in allowed, refused.value
 
