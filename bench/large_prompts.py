@@ -179,8 +179,8 @@ async def main_async(a: argparse.Namespace) -> int:
             )
     out = {"config": vars(a), "results": res}
     name = "large_prompts" + (f"-{a.tag}" if a.tag else "")
-    (ROOT / "bench" / "results").mkdir(exist_ok=True)
-    (ROOT / "bench" / "results" / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    (a.out_dir / f"{name}.json").write_text(json.dumps(out, indent=1, default=str) + "\n")
     return 0
 
 
@@ -190,7 +190,8 @@ def main() -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[3, 71, 300], help="body KB")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--baseline-src", help="a checkout whose code a second gateway runs")
-    ap.add_argument("--tag", help="results as bench/results/large_prompts-TAG.json")
+    ap.add_argument("--tag", help="results as large_prompts-TAG.json")
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
     try:
         import uvloop
 
