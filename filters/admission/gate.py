@@ -147,10 +147,7 @@ class PoolGate:
         preempt = self.base_limit
         if preempt is not None and alive is not None:
             preempt = max(1, math.floor(preempt * min(1.0, max(0.0, alive))))
-        if preempt != self.core.preempt_limit:
-            self.core.preempt_limit = preempt
-            if limit == self.core.max_requests:
-                self._wake(self.core.pump(now))
+        self.core.preempt_limit = preempt  # the pump below admits who it lets in
         if limit != self.core.max_requests:
             self._wake(self.core.set_capacity(now, limit, self.base_tokens))
         elif self._waiters:

@@ -42,8 +42,7 @@ def preemptive(policy: Any, pool_name: str) -> bool:
     lower-priority requests (``pools.NAME.priority_scheduling``): the gateway writes each lane's
     priority into the body, and the lanes above the lowest are admitted past the slots the
     lower lanes hold (:class:`~filters.admission.core.Admission`, ``preemptive``)."""
-    ps = getattr(policy.pools[pool_name], "priority_scheduling", None)
-    return bool(ps is not None and ps.enabled)
+    return bool(policy.pools[pool_name].priority_scheduling.enabled)
 
 
 def saturated_limit(limit: int | None, saturation: float | None) -> int | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from filters.admission.gate import SaturationSource
 from runtime.poolstate.reader import PoolStateReader, pools_url
+from runtime.poolstate.state import PoolSummary
 
 __all__ = [
     "admission_alive",
@@ -64,18 +65,25 @@ def admission_saturation(saturations: list[float]) -> float | None:
     return 2.0 - sum(shares) / len(shares)
 
 
-def admission_source(reader: PoolStateReader) -> SaturationSource:
-    """Per-replica saturation for admission (:func:`admission_saturation`); None while stale."""
+def _per_pool(
+    reader: PoolStateReader, figure: Callable[[PoolSummary], float | None]
+) -> SaturationSource:
+    """pool → ``figure`` of its summary; None while the pool state is stale or lacks the pool."""
 
-    def saturation(pool: str) -> float | None:
+    def source(pool: str) -> float | None:
         if reader.stale:
             return None
         summary = reader.state.pools.get(pool)
-        if summary is None:
-            return None
-        return admission_saturation([r.saturation for r in summary.endpoints.values()])
+        return None if summary is None else figure(summary)
 
-    return saturation
+    return source
+
+
+def admission_source(reader: PoolStateReader) -> SaturationSource:
+    """Per-replica saturation for admission (:func:`admission_saturation`); None while stale."""
+    return _per_pool(
+        reader, lambda s: admission_saturation([r.saturation for r in s.endpoints.values()])
+    )
 
 
 def admission_alive(replicas: list[tuple[bool, bool]]) -> float | None:
@@ -91,23 +99,10 @@ def admission_alive(replicas: list[tuple[bool, bool]]) -> float | None:
 def alive_source(reader: PoolStateReader) -> SaturationSource:
     """Per pool, the share of its replicas that answer (:func:`admission_alive`); None while
     the pool state is stale."""
-
-    def alive(pool: str) -> float | None:
-        if reader.stale:
-            return None
-        summary = reader.state.pools.get(pool)
-        if summary is None:
-            return None
-        return admission_alive([(r.healthy, r.stale) for r in summary.endpoints.values()])
-
-    return alive
+    return _per_pool(
+        reader, lambda s: admission_alive([(r.healthy, r.stale) for r in s.endpoints.values()])
+    )
 
 
 def saturation_source(reader: PoolStateReader) -> SaturationSource:
-    def saturation(pool: str) -> float | None:
-        if reader.stale:
-            return None
-        summary = reader.state.pools.get(pool)
-        return summary.saturation if summary is not None and summary.endpoints else None
-
-    return saturation
+    return _per_pool(reader, lambda s: s.saturation if s.endpoints else None)

@@ -6,8 +6,9 @@ with its 429 and Retry-After). The body is rewritten when the value changes or i
 streamed chat/completions get ``stream_options.include_usage`` so the usage plugin can settle.
 ``x-tokenweir-reserve`` = estimated prompt tokens + the clamped max_tokens. Where the pool
 schedules by priority (``pools.NAME.priority_scheduling``), the body carries the lane's
-``priority`` (``admission.LANE.priority``, negated for ``low_values_first``); a ``priority`` the client sent is replaced, or
-removed where the pool does not schedule by it: the gateway, not the client, ranks requests.
+``priority`` (``admission.LANE.priority``, negated for ``low_values_first``); a ``priority``
+the client sent is replaced, or removed where the pool does not schedule by it: the gateway,
+not the client, ranks requests.
 
 Settings: ``extra_fields`` (body fields to accept besides the known ones), ``reject_unknown``
 (default true), ``default_max_tokens`` (cap when the tenant has no tier; default 4096),
