@@ -33,7 +33,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runtime.children import Child, wait_child_port  # noqa: E402
+from runtime.children import Child, wait_child_line, wait_child_port  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
 KEY = "tw-demo-pro-key"
@@ -84,12 +84,7 @@ class Arm:
         self.child = Child(f"up-{self.name}", argv, self.run / "up.log", env=env, cwd=src)
         self.child.start()
         await wait_child_port("127.0.0.1", self.port, self.child, timeout=120)
-        log = self.run / "up.log"
-        end = time.monotonic() + 90
-        while "tokenweir up: ready" not in log.read_text(errors="replace"):
-            if time.monotonic() > end or not self.child.alive():
-                raise RuntimeError(f"{self.name}: tokenweir up did not get ready")
-            await asyncio.sleep(0.2)
+        await wait_child_line(self.child, "tokenweir up: ready", timeout=90)
 
     async def aclose(self) -> None:
         if self.child is not None:

@@ -30,7 +30,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.envoy_launcher import envoy_binary
-from runtime.children import Child, wait_child_port
+from runtime.children import Child, wait_child_line, wait_child_port
 from runtime.ports import free_port
 
 __all__ = ["ARMS", "EXTRA_ARMS", "Arm", "EmulatorPool", "PoolSpec", "make_arm", "scrape"]
@@ -188,7 +188,7 @@ class Tokenweir(Arm):
         ]  # fmt: skip
         child = self._spawn("tokenweir-up", argv)
         await wait_child_port("127.0.0.1", self.port, child, timeout=90)
-        await _wait_for_line(self.run_dir / "tokenweir-up.log", "tokenweir up: ready", child)
+        await wait_child_line(child, "tokenweir up: ready")
 
 
 class TokenweirNoReserve(Tokenweir):
@@ -207,18 +207,6 @@ class TokenweirBaseline(Tokenweir):
     # another checkout's code: it may not know the knob, so the pool does not rank by priority
     emulator_args = ()
     overrides = TokenweirNoPriority.overrides
-
-
-async def _wait_for_line(log: Path, text: str, child: Child, timeout: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while loop.time() < end:
-        if text in log.read_text(errors="replace"):
-            return
-        if not child.alive():
-            break
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"{child.name} did not get ready:\n{child.log_tail()}")
 
 
 def bench_policy(pool: EmulatorPool, gateway_port: int, spec: PoolSpec) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from peers_litellm import LITELLM_ENV, litellm_command, write_litellm_config
 from peers_workload import tenant_keys
 
 from controlplane.envoy_launcher import envoy_binary
-from runtime.children import Child, wait_child_port
+from runtime.children import Child, wait_child_line, wait_child_port
 from runtime.ports import free_port
 
 __all__ = ["ARMS", "BUDGET_KEYS", "MODEL", "BudgetSpec", "Emulators", "PeerArm", "make_arm"]
@@ -165,7 +165,7 @@ class Tokenweir(PeerArm):
         ]  # fmt: skip
         child = self._spawn("tokenweir-up", argv)
         await wait_child_port("127.0.0.1", self.port, child, timeout=120)
-        await wait_for_line(self.run_dir / "tokenweir-up.log", "tokenweir up: ready", child)
+        await wait_child_line(child, "tokenweir up: ready", timeout=90)
 
 
 def tokenweir_policy(arm: PeerArm) -> dict[str, Any]:
@@ -287,18 +287,6 @@ class SglangRouter(PeerArm):
         child = self._spawn("sglang-router-budget", self._argv(port, slots, rate, 0))
         await wait_child_port("127.0.0.1", port, child, timeout=60)
         return [f"http://127.0.0.1:{port}/v1/chat/completions"]
-
-
-async def wait_for_line(log: Path, text: str, child: Child, timeout: float = 90.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while loop.time() < end:
-        if log.exists() and text in log.read_text(errors="replace"):
-            return
-        if not child.alive():
-            break
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"{child.name} did not get ready:\n{child.log_tail()}")
 
 
 class TokenweirPythonMeter(Tokenweir):

@@ -49,7 +49,7 @@ from backends.emulator.trace import TraceRecord, load_trace  # noqa: E402
 from bench.peers_cpu import per_request_ms, snapshot  # noqa: E402
 from bench.routing_jobs import Job, combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
 from bench.routing_report import picker_metrics, plot  # noqa: E402
-from runtime.children import Child, wait_child_port  # noqa: E402
+from runtime.children import Child, wait_child_line, wait_child_port  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
 TRACE = ROOT / "bench" / "data" / "mooncake_conversation_every12th.jsonl"
@@ -227,12 +227,7 @@ class Gateway:
         ]  # fmt: skip
         child = self._spawn(f"up-{self.arm}", argv)
         await wait_child_port("127.0.0.1", self.port, child, timeout=120)
-        log = self.run_dir / f"up-{self.arm}.log"
-        end = time.monotonic() + 90
-        while "tokenweir up: ready" not in log.read_text(errors="replace"):
-            if time.monotonic() > end or not child.alive():
-                raise RuntimeError(f"tokenweir up did not get ready:\n{child.log_tail()}")
-            await asyncio.sleep(0.2)
+        await wait_child_line(child, "tokenweir up: ready", timeout=90)
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
         # ``python -m`` imports from the cwd before PYTHONPATH: both point at the other checkout

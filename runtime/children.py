@@ -19,7 +19,7 @@ from pathlib import Path
 from runtime.errors import ChildError, PortTimeout
 from runtime.ports import wait_port
 
-__all__ = ["Child", "ChildError", "die_with_parent", "wait_child_port"]
+__all__ = ["Child", "ChildError", "die_with_parent", "wait_child_line", "wait_child_port"]
 
 
 @dataclass
@@ -105,6 +105,21 @@ def die_with_parent() -> None:
 def _killpg(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+async def wait_child_line(child: Child, text: str, timeout: float = 60.0) -> None:
+    """Wait until ``child``'s log holds ``text`` (e.g. ``tokenweir up: ready``); fail early,
+    with its log, if it exits, or after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    log = child.log_path
+    while log is not None and loop.time() < end:
+        if log.exists() and text in log.read_text(errors="replace"):
+            return
+        if not child.alive():
+            break
+        await asyncio.sleep(0.1)
+    raise ChildError(f"{child.name} did not get ready:\n{child.log_tail()}")
 
 
 async def wait_child_port(host: str, port: int, child: Child, timeout: float = 30.0) -> None:

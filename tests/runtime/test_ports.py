@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import socket
+import sys
 from pathlib import Path
 
 import pytest
 
-from runtime.children import Child, ChildError, wait_child_port
+from runtime.children import Child, ChildError, wait_child_line, wait_child_port
 from runtime.errors import PortTimeout
 from runtime.ports import candidate_ranges, ephemeral_range, free_port, free_port_block, wait_port
 
@@ -28,6 +29,22 @@ async def test_wait_child_port_names_the_child_and_shows_its_log(tmp_path: Path)
     child = Child("ratelimit", ["true"], log)  # never started: not alive
     with pytest.raises(ChildError, match=r"ratelimit exited with None:\nboom: bad config"):
         await wait_child_port("127.0.0.1", 9, child)
+
+
+async def test_wait_child_line_returns_on_the_line_and_fails_when_the_child_exits(
+    tmp_path: Path,
+) -> None:
+    code = "import sys, time; print('up: ready', flush=True); time.sleep(30)"
+    child = Child("up", [sys.executable, "-c", code], tmp_path / "up.log")
+    child.start()
+    try:
+        await wait_child_line(child, "up: ready", timeout=20)
+    finally:
+        await child.aclose(1.0)
+    gone = Child("gone", [sys.executable, "-c", "print('boom: bad config')"], tmp_path / "g.log")
+    gone.start()
+    with pytest.raises(ChildError, match=r"gone did not get ready:\nboom: bad config"):
+        await wait_child_line(gone, "up: ready", timeout=20)
 
 
 def test_ports_come_from_outside_the_ephemeral_range(tmp_path: Path) -> None:
