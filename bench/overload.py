@@ -36,10 +36,20 @@ HERE = Path(__file__).resolve().parent
 LAG_TICK = 0.02  # seconds between the client's loop-lag probes
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
-from overload_arms import ARMS, EXTRA_ARMS, MODEL, Arm, EmulatorPool, PoolSpec, make_arm, scrape  # noqa: E402
+from overload_arms import (  # noqa: E402
+    ARMS,
+    EXTRA_ARMS,
+    MODEL,
+    Arm,
+    EmulatorPool,
+    PoolSpec,
+    make_arm,
+    replica_states,
+    scrape,
+)
 from overload_client import Behaviour, Client  # noqa: E402
 from overload_report import write_outputs  # noqa: E402
-from overload_stats import summarize, targets, timeline  # noqa: E402
+from overload_stats import replica_lane_summary, summarize, targets, timeline  # noqa: E402
 from overload_workload import (  # noqa: E402
     Arrival,
     Phase,
@@ -55,6 +65,7 @@ from backends.emulator.trace import prompt_text  # noqa: E402
 from backends.profiles import get_profile  # noqa: E402
 
 _T0 = time.monotonic()
+INTERACTIVE_PRIORITY = 100  # bench/overload_policy.yaml's interactive lane (the default)
 KEYS = {
     "interactive": [f"tw-bench-interactive-{i}" for i in range(4)],
     "batch": [f"tw-bench-batch-{i}" for i in range(4)],
@@ -127,6 +138,7 @@ async def drive(
         )  # fmt: skip
         client.start()
         samples: list[dict[str, float]] = []
+        replicas: list[list[dict[str, Any] | None]] = []  # each emulator's own view, per sample
         stop = asyncio.Event()
 
         async def sampler() -> None:
@@ -138,6 +150,7 @@ async def drive(
                 }
                 row.update(await scrape(probe, arm))
                 samples.append(row)
+                replicas.append(await replica_states(probe, arm))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), sample_every)
 
@@ -162,6 +175,7 @@ async def drive(
     return {
         "attempts": client.attempts,
         "samples": samples,
+        "replicas": replicas,
         "end": client.now(),
         "client_lag_ms": lag_summary(lags),
     }
@@ -304,6 +318,8 @@ async def run(
                     summary = summarize(got["attempts"], window=(cfg.warmup, cfg.duration))
                     result["levels"].setdefault(name, {})[key] = summary
                     result["samples"].setdefault(name, {})[key] = got["samples"]
+                    lanes = result.setdefault("replica_lanes", {}).setdefault(name, {})
+                    lanes[key] = replica_lane_summary(got["replicas"], INTERACTIVE_PRIORITY)
                     lag = result.setdefault("client_lag_ms", {}).setdefault(name, {})
                     lag[key] = got["client_lag_ms"]
                     _print_row(name, key, len(arrivals), summary)

@@ -41,7 +41,13 @@ ARMS = ("envoy", "sglang-router", "tokenweir")
 # not run by default: the tokenweir arm with batch taking every slot its share allows
 # (``leave_for_higher: null``), for the before/after of the higher lanes' reserve
 # (``tokenweir-no-priority``: the backends do not schedule by priority, for the before/after)
-EXTRA_ARMS = ("tokenweir-no-reserve", "tokenweir-no-priority", "tokenweir-baseline")
+# (``tokenweir-ring``: the ranked pool balanced by Envoy's ring hash, not by lane)
+EXTRA_ARMS = (
+    "tokenweir-no-reserve",
+    "tokenweir-no-priority",
+    "tokenweir-ring",
+    "tokenweir-baseline",
+)
 MODEL = "llama-3.1-8b"
 DROP = object()  # an override that removes the key from the bench policy
 
@@ -202,6 +208,13 @@ class TokenweirNoPriority(Tokenweir):
     overrides: dict[str, Any] = {"pools": {"chat": {"priority_scheduling": DROP}}}  # noqa: RUF012
 
 
+class TokenweirRing(Tokenweir):
+    name = "tokenweir-ring"
+    overrides: dict[str, Any] = {  # noqa: RUF012
+        "pools": {"chat": {"priority_scheduling": {"enabled": True, "balance": "ring"}}}
+    }
+
+
 class TokenweirBaseline(Tokenweir):
     name = "tokenweir-baseline"
     # another checkout's code: it may not know the knob, so the pool does not rank by priority
@@ -312,6 +325,7 @@ def make_arm(name: str, pool: EmulatorPool, run_dir: Path, baseline: Path | None
         "tokenweir": Tokenweir,
         "tokenweir-no-reserve": TokenweirNoReserve,
         "tokenweir-no-priority": TokenweirNoPriority,
+        "tokenweir-ring": TokenweirRing,
         "tokenweir-baseline": TokenweirBaseline,
     }
     if name == "tokenweir-baseline":
@@ -319,6 +333,15 @@ def make_arm(name: str, pool: EmulatorPool, run_dir: Path, baseline: Path | None
             raise ValueError("the tokenweir-baseline arm needs --baseline-src")
         return kinds[name](pool, run_dir, baseline)
     return kinds[name](pool, run_dir)
+
+
+async def replica_states(http: aiohttp.ClientSession, arm: Arm) -> list[dict[str, Any] | None]:
+    """Each emulator's own view now (``/_emulator/state``: priorities running, prefilling and
+    waiting, preemptions so far); None for a replica that did not answer."""
+    pages = await asyncio.gather(
+        *(_get(http, u + "/_emulator/state") for u in arm.pool.urls), return_exceptions=True
+    )
+    return [json.loads(p) if isinstance(p, str) else None for p in pages]
 
 
 async def scrape(http: aiohttp.ClientSession, arm: Arm) -> dict[str, float]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from overload_client import Attempt
 
-__all__ = ["percentile", "summarize", "targets", "timeline"]
+__all__ = ["percentile", "replica_lane_summary", "summarize", "targets", "timeline"]
 
 LANES = ("interactive", "batch")
 
@@ -225,3 +225,52 @@ def targets(levels: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]
         row("Retry-After accuracy", ">= 90%", acc, None if acc is None else acc >= 0.9),
         row("pool goodput vs 1x", ">= 95%", gr, None if gr is None else gr >= 0.95),
     ]
+
+
+def replica_lane_summary(
+    samples: Sequence[Sequence[dict[str, Any] | None]], interactive: int
+) -> dict[str, Any]:
+    """Where interactive waits, from the emulators' own views (``/_emulator/state``) sampled
+    during a level: the mean interactive requests waiting inside the replicas, the mean gap
+    between the replicas running the most and the fewest interactive requests, and the share
+    of samples in which interactive waited on one replica while another decoded batch it could
+    have preempted."""
+    key = str(interactive)
+    waiting: list[int] = []
+    gaps: list[int] = []
+    misplaced = busy = 0
+    for states in samples:
+        if not states or any(s is None for s in states):
+            continue
+        views = [s for s in states if s is not None]
+        run = [v["running"].get(key, 0) for v in views]
+        wait = [v["waiting"].get(key, 0) for v in views]
+        decoding_batch = [
+            sum(n for p, n in v["running"].items() if p != key)
+            - sum(n for p, n in v["prefilling"].items() if p != key)
+            for v in views
+        ]
+        if not any(run) and not any(wait):
+            continue  # idle: nothing to place
+        busy += 1
+        waiting.append(sum(wait))
+        gaps.append(max(run) - min(run))
+        if any(
+            w and any(b for j, b in enumerate(decoding_batch) if j != i) for i, w in enumerate(wait)
+        ):
+            misplaced += 1
+    return {
+        "samples": busy,
+        "interactive_waiting_in_replicas_mean": _mean(waiting),
+        "interactive_running_gap_mean": _mean(gaps),
+        "interactive_waiting_beside_preemptable_batch": _share(misplaced, busy),
+        "preempted": _preempted(samples[-1]) - _preempted(samples[0]) if samples else 0,
+    }
+
+
+def _preempted(states: Sequence[dict[str, Any] | None]) -> int:
+    return sum(int((s or {}).get("preempted_total", 0)) for s in states)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return round(sum(values) / len(values), 2) if values else None

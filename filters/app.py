@@ -26,6 +26,7 @@ from filters.admission.signal import (
     pool_state_reader,
     saturation_source,
 )
+from filters.admission.spread import LaneBalance, down_source
 from filters.budget import Budget, CachedBudget, NoBudget, quota_reader_budget
 from filters.collapse.fanout import FanoutServer
 from filters.collapse.hub import Hub
@@ -112,6 +113,8 @@ class FilterApp:
             clock=clock, wall=wall, registry=self.metrics.registry, rng=random.Random()
         )
         self.gates.configure(self.policy)
+        self.balance = LaneBalance(self.metrics.registry)  # ranked pools: requests in flight per replica and lane
+        self.balance.configure(self.policy)
         self.ladders = Ladders(clock=clock, registry=self.metrics.registry)
         self.ladders.configure(self.policy)
         # endpoint pickers (prefix indexes) outlive reloads too; started in start()
@@ -200,6 +203,7 @@ class FilterApp:
             redis=self._redis,
             collapser=self.collapser,
             shadow=self.shadow,
+            balance=self.balance,
         )
 
     async def start(self) -> None:
@@ -271,6 +275,7 @@ class FilterApp:
         self._pool_state.start()
         self.gates.saturation = admission_source(self._pool_state)
         self.gates.alive = alive_source(self._pool_state)
+        self.balance.down = down_source(self._pool_state)
         self.ladders.saturation = saturation_source(self._pool_state)
         if not await self._pool_state.first(BOOT_WAIT_S):
             _log.warning("no pool state after %.1fs: serving on the policy's capacity", BOOT_WAIT_S)
@@ -312,6 +317,7 @@ class FilterApp:
         self._budget_reader = built.services.budget
         self.metrics.configure(built.policy)
         self.gates.configure(built.policy)
+        self.balance.configure(built.policy)
         self.ladders.configure(built.policy)
         self.tracing.apply(built.policy.tracing)  # built off the loop, swapped whole
         if self.server is not None:

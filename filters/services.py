@@ -30,6 +30,7 @@ class Services:
     redis: Any = None  # the server's asyncio Redis client (None: no Redis configured)
     collapser: Any = None  # filters.collapse.hub.Hub: in-flight collapsed runs across reloads
     shadow: Any = None  # filters.shadow.recorder.ShadowRecorder: open primary/shadow pairs
+    balance: Any = None  # filters.admission.spread.LaneBalance: ranked pools' replica loads
 
 
 def default_services(policy: Any, clock: Callable[[], float]) -> Services:

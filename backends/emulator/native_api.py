@@ -50,6 +50,7 @@ def routes(server: EmulatorServer) -> list[web.RouteDef]:
         web.get("/flush_cache", api.flush_cache),
         web.get("/metrics", api.metrics),
         web.get("/_emulator/faults", api.get_faults),
+        web.get("/_emulator/state", api.state),
         web.post("/_emulator/faults", api.post_faults),
     ]
 
@@ -252,6 +253,26 @@ class _NativeApi:
                     "num_tokens": st.num_used_tokens,
                 }
             ]
+        )
+
+    async def state(self, request: web.Request) -> web.StreamResponse:
+        """The emulator's own view (not SGLang's): the priorities running and waiting, and the
+        requests preempted so far; benchmarks sample it to show where a lane waits."""
+        sched = self.server.scheduler
+
+        def by_priority(reqs: Any) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for r in reqs:
+                out[str(r.priority)] = out.get(str(r.priority), 0) + 1
+            return out
+
+        return web.json_response(
+            {
+                "running": by_priority(sched.running),
+                "prefilling": by_priority(r for r in sched.running if not r.prefill_done),
+                "waiting": by_priority(sched.waiting),
+                "preempted_total": sched.preempted_total,
+            }
         )
 
     async def flush_cache(self, request: web.Request) -> web.StreamResponse:

@@ -226,6 +226,19 @@ class LlmPool:
     degradation: DegradationPolicy | None = None
     canary: CanaryPolicy | None = None
 
+    def __post_init__(self) -> None:
+        if self.routing.mode == "prefix_index" and self.priority_scheduling.balance == "lane":
+            raise ValueError(
+                "priority_scheduling.balance: lane applies to ring_hash pools; with routing.mode "
+                "prefix_index the endpoint picker chooses the replica"
+            )
+
+    @property
+    def balances_lanes(self) -> bool:
+        """The filter server names each request's replica by lane (ranked ring_hash pools)."""
+        ps = self.priority_scheduling
+        return ps.enabled and self.routing.mode == "ring_hash" and ps.balance != "ring"
+
 
 # -- ordinary HTTP services -------------------------------------------------------------------
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ def pool_cluster(name: str, pool: LlmPool) -> cluster_pb2.Cluster:
     _outliers(c, pool.outlier_detection)
     _health(c, pool.health_check)
     _http1(c, idle=pool.timeouts.stream_idle)
-    if pool.routing.mode == "prefix_index":
+    if pool.routing.mode == "prefix_index" or pool.balances_lanes:
         c.load_balancing_policy.CopyFrom(override_host_policy(pool))
         return c
     c.lb_policy = cluster_pb2.Cluster.RING_HASH
@@ -68,9 +68,10 @@ def pool_cluster(name: str, pool: LlmPool) -> cluster_pb2.Cluster:
 
 
 def override_host_policy(pool: LlmPool) -> cluster_pb2.LoadBalancingPolicy:
-    """The endpoint picker's policy: the host named in ``x-tokenweir-endpoint`` (set by the
-    filter server's picker) when it is in the cluster and healthy, else ring hash on the route's
-    hash policy (session / prefix headers) with the pool's bounded load."""
+    """The host named in ``x-tokenweir-endpoint`` (set by the filter server: the endpoint
+    picker, or admission's lane balance of a ranked pool) when it is in the cluster and healthy,
+    else ring hash on the route's hash policy (session / prefix headers) with the pool's bounded
+    load."""
     aff = pool.affinity
     ring = ring_hash_pb2.RingHash(
         hash_function=ring_hash_pb2.RingHash.XX_HASH,

@@ -10,6 +10,10 @@ slot is freed at the end of the stream (or when the client goes away).
 The lane is the one the lane plugin chose from the tenant's tier (a client header cannot raise
 it); a client deadline only shortens the wait, it never moves a request forward.
 
+For a ranked pool (``pool.balances_lanes``) it also names the admitted request's replica
+(``x-tokenweir-endpoint``, Envoy's override-host): the one with the fewest requests in flight
+this request cannot preempt (:mod:`filters.admission.spread`).
+
 Settings: ``tokens_from_length`` (default true: with ``capacity.max_total_tokens`` declared, a
 request counts ``content-length / 4`` tokens against it).
 """
@@ -19,19 +23,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from controlplane.policy.routing import ENDPOINT_HEADER
 from filters.admission.core import Shed
 from filters.admission.deadline import DEADLINE_HEADER, TIMEOUT_HEADER, remaining_seconds
 from filters.admission.gate import Gates, PoolGate
 from filters.admission.queues import Ticket
+from filters.admission.spread import LaneBalance
 from filters.api import BasePlugin, Context, Reply, Result, openai_error
 from filters.errors import ConfigError
 from filters.ladder.scratch import served_pool
+from filters.plugins.tokens import backend_priority
 from filters.services import Services
 
 __all__ = ["AdmissionPlugin", "shed_reply"]
 
 UPSTREAM_TIMEOUT = "x-envoy-upstream-rq-timeout-ms"  # Envoy's router ends the request then
 _SCRATCH = "admission"
+_BALANCED = "admission.replica"
 _MESSAGES = {
     "queue_full": "the {lane} queue of this model is full",
     "tenant_queue_full": "you have too many {lane} requests waiting for this model",
@@ -84,6 +92,11 @@ class AdmissionPlugin(BasePlugin):
             gates.configure(services.policy)
         self.gates: Gates = gates
         self.policy = services.policy.admission
+        balance = getattr(services, "balance", None)
+        if balance is None:  # no shared balance (a bare Services): this plugin's own
+            balance = LaneBalance()
+            balance.configure(services.policy)
+        self.balance: LaneBalance = balance
 
     async def request_headers(
         self, ctx: Context, headers: Mapping[str, str], end_of_stream: bool
@@ -108,13 +121,27 @@ class AdmissionPlugin(BasePlugin):
             self.services.metrics.rejected(ctx.route.name, result.reason, result.status)
             return Result(reply=shed_reply(result, lane))
         ctx.scratch[_SCRATCH] = (gate, result)
+        set_headers = self._replica(ctx, pool, headers)
         if deadline is None:
-            return None
+            return Result(set_headers=set_headers) if set_headers else None
         left_ms = str(max(1, int((deadline - self.gates.clock()) * 1000)))
-        return Result(
-            set_headers={TIMEOUT_HEADER: left_ms, UPSTREAM_TIMEOUT: left_ms},
-            remove_headers=(DEADLINE_HEADER,),
-        )
+        set_headers.update({TIMEOUT_HEADER: left_ms, UPSTREAM_TIMEOUT: left_ms})
+        return Result(set_headers=set_headers, remove_headers=(DEADLINE_HEADER,))
+
+    def _replica(
+        self, ctx: Context, pool: str | None, headers: Mapping[str, str]
+    ) -> dict[str, str]:
+        """The replica header for a ranked pool balanced by lane (else none)."""
+        if pool is None or pool not in self.balance.pools:
+            return {}
+        priority = backend_priority(ctx, self.services.policy)
+        if priority is None:
+            return {}
+        name = self.balance.pick(pool, priority, headers)
+        if name is None:
+            return {}
+        ctx.scratch[_BALANCED] = (pool, name, priority)
+        return {ENDPOINT_HEADER: name}
 
     def _tokens(self, gate: PoolGate, headers: Mapping[str, str]) -> int:
         if not self.tokens_from_length or gate.core.max_tokens is None:
@@ -125,6 +152,9 @@ class AdmissionPlugin(BasePlugin):
             return 0
 
     async def stream_end(self, ctx: Context) -> None:
+        placed: tuple[str, str, int] | None = ctx.scratch.pop(_BALANCED, None)
+        if placed is not None:
+            self.balance.done(*placed)
         held: tuple[PoolGate, Ticket] | None = ctx.scratch.pop(_SCRATCH, None)
         if held is not None:
             gate, ticket = held

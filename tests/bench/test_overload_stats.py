@@ -182,3 +182,33 @@ def test_the_plain_envoy_arm_is_round_robin_with_no_governance() -> None:
     assert [f["name"] for f in hcm["http_filters"]] == ["envoy.filters.http.router"]
     route = hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
     assert route["timeout"] == "0s"  # streams are never cut by a route timeout
+
+
+def test_replica_lane_summary_finds_interactive_waiting_beside_preemptable_batch() -> None:
+    from overload_stats import replica_lane_summary
+
+    def view(
+        running: dict[str, int],
+        waiting: dict[str, int],
+        prefilling: dict[str, int] | None = None,
+        pre: int = 0,
+    ) -> dict:
+        return {
+            "running": running,
+            "waiting": waiting,
+            "prefilling": prefilling or {},
+            "preempted_total": pre,
+        }
+
+    samples = [
+        [view({}, {}), view({}, {})],  # idle: not counted
+        [view({"100": 4}, {"100": 2}, pre=1), view({"0": 3}, {})],  # misplaced
+        [view({"100": 2}, {"100": 1}), view({"0": 3}, {}, prefilling={"0": 3})],  # batch prefilling
+        [view({"100": 2, "0": 1}, {}, pre=3), view({"100": 2}, {}, pre=2)],
+    ]
+    out = replica_lane_summary(samples, 100)
+    assert out["samples"] == 3
+    assert out["interactive_waiting_beside_preemptable_batch"] == round(1 / 3, 4)
+    assert out["interactive_waiting_in_replicas_mean"] == 1.0
+    assert out["interactive_running_gap_mean"] == round((4 + 2 + 0) / 3, 2)
+    assert out["preempted"] == 5

@@ -1,7 +1,9 @@
-"""pools.NAME.routing.mode prefix_index → the override-host load balancer with ring hash behind it."""
+"""pools.NAME.routing.mode prefix_index, and a ranked pool balanced by lane
+(priority_scheduling, balance lane) → the override-host load balancer with ring hash behind it."""
 
 from __future__ import annotations
 
+import pytest
 from google.protobuf.json_format import MessageToDict
 
 from controlplane.envoy_launcher import validate
@@ -19,6 +21,7 @@ pools:
     endpoints: [127.0.0.1:30001, 127.0.0.1:30002]
     affinity: {hash_balance_factor: 125}
     routing: {mode: MODE}
+    priority_scheduling: RANKED
 gateways:
   edge:
     routes:
@@ -26,13 +29,21 @@ gateways:
 """
 
 
-def _cluster(mode: str) -> tuple[dict, dict]:
-    groups = render(load_policy_text(POLICY.replace("MODE", mode), "mesh.yaml"))
+def _cluster(mode: str, ranked: str = "{enabled: false}") -> tuple[dict, dict]:
+    text = POLICY.replace("MODE", mode).replace("RANKED", ranked)
+    groups = render(load_policy_text(text, "mesh.yaml"))
     return MessageToDict(groups["edge"][CLUSTER]["pool_chat"]), groups["edge"]
 
 
-def test_prefix_index_renders_override_host_with_bounded_ring_hash_fallback() -> None:
-    c, edge = _cluster("prefix_index")
+@pytest.mark.parametrize(
+    ("mode", "ranked"),
+    [("prefix_index", "{enabled: false}"), ("ring_hash", "{enabled: true}")],
+    ids=["prefix_index", "ranked_lane_balance"],
+)
+def test_named_hosts_render_override_host_with_bounded_ring_hash_fallback(
+    mode: str, ranked: str
+) -> None:
+    c, edge = _cluster(mode, ranked)
     assert "lbPolicy" not in c  # the typed policy replaces the enum
     (policy,) = c["loadBalancingPolicy"]["policies"]
     override = policy["typedExtensionConfig"]
@@ -48,6 +59,7 @@ def test_prefix_index_renders_override_host_with_bounded_ring_hash_fallback() ->
     assert ok, message
 
 
-def test_ring_hash_mode_is_unchanged() -> None:
-    c, _ = _cluster("ring_hash")
+@pytest.mark.parametrize("ranked", ["{enabled: false}", "{enabled: true, balance: ring}"])
+def test_ring_hash_mode_is_unchanged(ranked: str) -> None:
+    c, _ = _cluster("ring_hash", ranked)
     assert c["lbPolicy"] == "RING_HASH" and "loadBalancingPolicy" not in c
