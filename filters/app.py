@@ -113,7 +113,9 @@ class FilterApp:
             clock=clock, wall=wall, registry=self.metrics.registry, rng=random.Random()
         )
         self.gates.configure(self.policy)
-        self.balance = LaneBalance(self.metrics.registry)  # ranked pools: requests in flight per replica and lane
+        self.balance = LaneBalance(
+            self.metrics.registry
+        )  # ranked pools: requests in flight per replica and lane
         self.balance.configure(self.policy)
         self.ladders = Ladders(clock=clock, registry=self.metrics.registry)
         self.ladders.configure(self.policy)

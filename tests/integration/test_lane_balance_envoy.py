@@ -110,9 +110,7 @@ async def test_each_replica_runs_one_of_each_lane_and_the_next_interactive_preem
                         loads.append((await r.json())[0])
                     async with http.get(f"http://127.0.0.1:{port}/_emulator/state") as r:
                         states.append(await r.json())
-                placed = {
-                    name: dict(c) for name, c in app.balance.pools["chat"].inflight.items()
-                }
+                placed = {name: dict(c) for name, c in app.balance.pools["chat"].inflight.items()}
                 urgent = Stream()
                 await stream(http, url, "pro", 5, urgent)
                 await asyncio.wait_for(asyncio.gather(*tasks), 120)
