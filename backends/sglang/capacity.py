@@ -3,12 +3,16 @@
 SGLang reports server arguments at the top level and scheduler facts (``max_total_num_tokens``,
 ``max_running_requests``) either at the top level (older versions) or in ``internal_states[0]``
 (newer). ``parse_server_info`` reads both; the control plane can make limits follow the server.
+It also reads how the server orders its queue (``enable_priority_scheduling``,
+``priority_scheduling_preemption_threshold``, ``schedule_low_priority_values_first``,
+``disable_priority_preemption``: :class:`~runtime.poolstate.ranking.Ranking`); a field the
+server does not report stays None (unknown), never false.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,7 @@ import aiohttp
 
 from backends.errors import LauncherError
 from backends.sglang.endpoints import file_lock, write_atomic
+from runtime.poolstate.ranking import Ranking
 
 __all__ = ["CapacityHints", "fetch_capacity", "parse_server_info", "write_capacity_file"]
 
@@ -30,11 +35,16 @@ class CapacityHints:
     page_size: int | None
     # where the server publishes its KV-cache events: {"endpoint": .., "replay_endpoint": ..}
     kv_events: dict[str, str | None] | None = None
+    ranking: Ranking = field(
+        default_factory=Ranking
+    )  # its priority scheduling (SGLang's server args)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         if self.kv_events is None:
             out.pop("kv_events")
+        if not self.ranking.known:
+            out.pop("ranking")
         return out
 
 
@@ -64,6 +74,28 @@ def parse_server_info(info: dict[str, Any]) -> CapacityHints:
         chunked_prefill_size=pick("chunked_prefill_size"),
         context_length=pick("context_length", "max_model_len"),
         page_size=pick("page_size"),
+        ranking=_ranking(state, info),
+    )
+
+
+def _ranking(*sources: dict[str, Any]) -> Ranking:
+    def first(key: str) -> Any:
+        for source in sources:
+            if source.get(key) is not None:
+                return source[key]
+        return None
+
+    def flag(key: str) -> bool | None:
+        v = first(key)
+        return v if isinstance(v, bool) else None
+
+    thr = first("priority_scheduling_preemption_threshold")
+    no_preempt = flag("disable_priority_preemption")
+    return Ranking(
+        enabled=flag("enable_priority_scheduling"),
+        preemption_threshold=thr if isinstance(thr, int) and not isinstance(thr, bool) else None,
+        low_values_first=flag("schedule_low_priority_values_first"),
+        preempts=None if no_preempt is None else not no_preempt,
     )
 
 

@@ -3,8 +3,11 @@
 
 The version grows only when something a reader acts on changed (saturation, counts, flags;
 not the ages), so long-polling readers wake on change. Capacity is the policy's, completed
-once per replica from ``/get_server_info``. A replica that does not answer keeps its last good
-sample until ``stale_after``; then it is published stale and saturated.
+once per replica from ``/get_server_info``, with how the replica orders its queue (SGLang's
+priority-scheduling arguments, published per replica as ``rank``); read again when a replica
+answers after it did not (it may have restarted with other flags). A replica that does not
+answer keeps its last good sample until ``stale_after``; then it is published stale and
+saturated.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -26,9 +29,11 @@ from runtime.poolstate import (
     Capacity,
     MetricsTextError,
     PoolState,
+    Ranking,
     ReplicaSample,
     ReplicaState,
     parse_metrics_text,
+    replica_mismatch,
     replica_state,
     summarize_pool,
 )
@@ -47,6 +52,8 @@ class _Replica:
     answered: bool = False
     info: Capacity | None = None
     info_next_try: float = 0.0
+    ranking: Ranking = field(default_factory=Ranking)
+    reread: bool = False  # read the server info again once it answers (it may have restarted)
 
 
 class _Metrics:
@@ -100,6 +107,11 @@ class _Metrics:
             "tokenweir_pool_cache_hit_ratio", "Mean prefix-cache hit rate of a pool's fresh replicas",
             ["pool"], registry=registry,
         )  # fmt: skip
+        self.ranked = Gauge(
+            "tokenweir_replica_ranked",
+            "Pools with priority_scheduling: 1 the replica schedules by priority as declared, "
+            "0 it differs, -1 it does not say", labels, registry=registry,
+        )  # fmt: skip
 
 
 class PoolScraper:
@@ -127,6 +139,7 @@ class PoolScraper:
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[PoolState], None]] = []
         self._task: asyncio.Task[None] | None = None
+        self._mismatch: dict[tuple[str, str], str | None] = {}  # (pool, endpoint) → last logged
 
     # ---- configuration ----------------------------------------------------------------------
     def configure(self, settings: ScrapeSettings, targets: dict[str, PoolTargets]) -> None:
@@ -151,25 +164,34 @@ class PoolScraper:
         now = self._clock()
         timeout = self.settings.timeout_s
         if rep.info is None and now >= rep.info_next_try:
-            rep.info_next_try = now + _INFO_RETRY_S
-            try:
-                hints = parse_server_info(await self._fetcher.server_info(ep, timeout))
-                rep.info = Capacity(
-                    hints.max_running_requests, hints.max_queued_requests, hints.max_total_tokens
-                )
-            except ScrapeError as exc:
-                log.debug("no server info yet: %s", exc)
+            await self._read_info(ep, rep, now)
         try:
             sample = parse_metrics_text(await self._fetcher.metrics(ep, timeout))
         except (ScrapeError, MetricsTextError) as exc:
             rep.answered = False
+            rep.reread = rep.info is not None
             self._count("error")
             log.debug("scrape failed: %s", exc)
             return
+        if rep.reread:  # back after a failure: the server may have restarted with other flags
+            rep.reread = False
+            await self._read_info(ep, rep, now)
         rep.answered = sample.complete
         self._count("ok" if sample.complete else "incomplete")
         if sample.complete:
             rep.sample, rep.sample_at = sample, self._clock()
+
+    async def _read_info(self, ep: str, rep: _Replica, now: float) -> None:
+        rep.info_next_try = now + _INFO_RETRY_S
+        try:
+            hints = parse_server_info(await self._fetcher.server_info(ep, self.settings.timeout_s))
+        except ScrapeError as exc:  # a re-read that fails keeps what the last one said
+            log.debug("no server info yet: %s", exc)
+            return
+        rep.info = Capacity(
+            hints.max_running_requests, hints.max_queued_requests, hints.max_total_tokens
+        )
+        rep.ranking = hints.ranking
 
     def _count(self, result: str) -> None:
         if self._metrics is not None:
@@ -192,7 +214,7 @@ class PoolScraper:
                     answered=rep.answered,
                 )
                 deg = t.hysteresis.next(was, rs.saturation) if t.hysteresis else False
-                reps[ep] = replace(rs, degraded=deg)
+                reps[ep] = replace(rs, degraded=deg, ranking=rep.ranking)
             out[pool] = reps
         return out
 
@@ -217,6 +239,7 @@ class PoolScraper:
         self._changed.set()
         self._changed = asyncio.Event()
         self._export()
+        self._check_ranking()
         for listener in self._listeners:
             listener(self.state)
         return self.state
@@ -240,6 +263,28 @@ class PoolScraper:
                 m.kv_usage.labels(pool, ep).set(r.token_usage)
                 m.up.labels(pool, ep).set(1 if r.healthy and not r.stale else 0)
                 m.degraded.labels(pool, ep).set(1 if r.degraded else 0)
+
+    def _check_ranking(self) -> None:
+        """Per replica of a pool that declares priority scheduling: whether it schedules as
+        declared (gauge), and a warning each time what differs changes."""
+        seen: dict[tuple[str, str], str | None] = {}
+        for pool, summary in self.state.pools.items():
+            want = self.targets[pool].priority if pool in self.targets else None
+            if want is None:
+                continue
+            for ep, r in summary.endpoints.items():
+                why = replica_mismatch(r.ranking, want)
+                if self._metrics is not None:
+                    value = -1 if not r.ranking.known else 0 if why else 1
+                    self._metrics.ranked.labels(pool, ep).set(value)
+                seen[(pool, ep)] = why
+                if why is not None and self._mismatch.get((pool, ep)) != why:
+                    log.warning(
+                        "pool %s replica %s %s, but pools.%s.priority_scheduling is enabled: "
+                        "admission stops admitting interactive past batch for the pool",
+                        pool, ep, why, pool,
+                    )  # fmt: skip
+        self._mismatch = seen
 
     # ---- readers -----------------------------------------------------------------------------
     async def wait_newer(self, after_version: int, timeout_s: float) -> PoolState:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from controlplane.policy import Policy
+from controlplane.policy.scheduling import PriorityScheduling
 from runtime.poolstate import Capacity, Hysteresis
 
 __all__ = ["PoolTargets", "ScrapeSettings", "targets_from_policy"]
@@ -25,6 +26,8 @@ class PoolTargets:
     capacity: Capacity = field(default_factory=Capacity)
     hysteresis: Hysteresis | None = field(default_factory=Hysteresis)
     degraded_weight: int = 0  # percent of the ring weight a marked replica keeps; 0: DEGRADED
+    # the replicas must schedule by priority like this (None: the pool does not declare it)
+    priority: PriorityScheduling | None = None
 
 
 def targets_from_policy(policy: Policy) -> tuple[ScrapeSettings, dict[str, PoolTargets]]:
@@ -40,5 +43,6 @@ def targets_from_policy(policy: Policy) -> tuple[ScrapeSettings, dict[str, PoolT
             ),
             hysteresis=Hysteresis(sat.degrade_at, sat.recover_at) if sat.enabled else None,
             degraded_weight=sat.degraded_weight,
+            priority=pool.priority_scheduling if pool.priority_scheduling.enabled else None,
         )
     return settings, pools

@@ -7,14 +7,22 @@ answered early when the core's :meth:`~filters.admission.core.Admission.sweep` f
 longer start in time (run at most every ``SWEEP_EVERY`` seconds, as requests arrive); a waiter
 cancelled (client abort: Envoy resets the ext_proc stream) leaves the queue or frees the slot it
 was just given.
+
+A pool that declares ``priority_scheduling`` is admitted preemptively only while no replica
+that answers reports otherwise (:meth:`PoolGate.check_ranking`, from the pool state): one
+that runs without SGLang's ``--enable-priority-scheduling`` (or with another threshold or
+order) would queue interactive requests behind batch, so admission then counts every slot
+for every lane, as for a pool that does not rank. Unknown (no pool state, a replica that does
+not say) keeps the policy's word.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -22,10 +30,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from filters.admission.core import Admission, LaneConfig, Shed
 from filters.admission.limits import lane_configs, pool_limits, preemptive, saturated_limit
 from filters.admission.queues import LaneQueue, Ticket
+from runtime.poolstate.ranking import Declared, pool_mismatch
+from runtime.poolstate.state import ReplicaState
 
-__all__ = ["AdmissionMetrics", "Gates", "PoolGate", "SaturationSource"]
+__all__ = ["AdmissionMetrics", "Gates", "PoolGate", "RankingSource", "SaturationSource"]
+
+log = logging.getLogger("tokenweir.admission")
 
 SaturationSource = Callable[[str], float | None]  # pool name → saturation (None: unknown)
+# pool name → its replicas as the pool state last said (None: unknown, the policy is trusted)
+RankingSource = Callable[[str], Mapping[str, ReplicaState] | None]
 SWEEP_EVERY = 0.05  # seconds between two looks at the queued tickets' predicted starts
 _WAIT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -53,6 +67,12 @@ class AdmissionMetrics:
             p + "wait_seconds", "time admitted requests waited", ["pool", "lane"],
             buckets=_WAIT, registry=r,
         )  # fmt: skip
+        self.ranked = Gauge(
+            p + "ranked",
+            "1 while the lanes above the lowest are admitted past the slots lower lanes hold "
+            "(priority_scheduling declared, no answering replica contradicts it)",
+            ["pool"], registry=r,
+        )  # fmt: skip
 
 
 class PoolGate:
@@ -72,6 +92,10 @@ class PoolGate:
         self.metrics = metrics
         self.base_limit = core.max_requests
         self.base_tokens = core.max_tokens
+        self.declared: Declared | None = None  # the pool's priority scheduling, when enabled
+        self.unranked: str | None = None  # which replica contradicts it and how (None: none)
+        # what the last check read (held, so that ``is`` means the same state)
+        self._ranking_seen: tuple[object, object] | None = None
         self._waiters: dict[Ticket, asyncio.Future[Shed | None]] = {}
         self._swept = -math.inf
 
@@ -158,6 +182,35 @@ class PoolGate:
             self._swept = now
             self.sweep(now)
 
+    def check_ranking(self, replicas: Mapping[str, ReplicaState] | None) -> None:
+        """Preemptive admission while the pool declares priority scheduling and no answering
+        replica in ``replicas`` (the pool state; None: unknown) reports otherwise; a warning
+        each time what differs changes, not per request."""
+        want = self.declared
+        seen = self._ranking_seen
+        if seen is not None and seen[0] is replicas and seen[1] is want:
+            return  # the same pool state as last time (the reader keeps it until a new one)
+        self._ranking_seen = (replicas, want)
+        why = pool_mismatch(replicas, want) if want is not None and replicas else None
+        if why != self.unranked:
+            if why is not None:
+                log.warning(
+                    "pool %s: replica %s, but pools.%s.priority_scheduling is enabled: admission "
+                    "counts every slot for every lane until the replicas rank as declared",
+                    self.name, why, self.name,
+                )  # fmt: skip
+            else:
+                log.warning(
+                    "pool %s: no answering replica contradicts priority_scheduling now%s: "
+                    "interactive is admitted past the slots batch holds again",
+                    self.name, "" if replicas is not None else " (no fresh pool state)",
+                )  # fmt: skip
+            self.unranked = why
+        ranked = want is not None and why is None
+        if ranked != self.core.preemptive:
+            self.core.preemptive = ranked
+            self.metrics.ranked.labels(self.name).set(1 if ranked else 0)
+
     def sweep(self, now: float) -> None:
         """Answer at once the waiters that can no longer start in time; start who fits then."""
         for ticket, shed in self.core.sweep(now):
@@ -210,12 +263,14 @@ class Gates:
         saturation: SaturationSource | None = None,
         rng: random.Random | None = None,
         alive: SaturationSource | None = None,
+        ranking: RankingSource | None = None,
     ) -> None:
         self.clock = clock
         self.rng = rng  # jitter of the Retry-After told to shed clients (None: none)
         self.wall = wall
         self.saturation = saturation
         self.alive = alive  # pool → share of its replicas that answer (preemptive lanes)
+        self.ranking = ranking  # pool → its replicas' priority scheduling (preemptive pools)
         self.metrics = AdmissionMetrics(registry if registry is not None else CollectorRegistry())
         self._gates: dict[str, PoolGate] = {}
 
@@ -231,12 +286,17 @@ class Gates:
                 gate.metrics.limit.labels(name).set(limit or 0)
             else:
                 gate.set_lanes(lanes)
-            gate.core.preemptive = preemptive(policy, name)
+            declared = policy.pools[name].priority_scheduling
+            gate.declared = declared if preemptive(policy, name) else None
+            gate.check_ranking(self.ranking(name) if self.ranking is not None else None)
+            gate.metrics.ranked.labels(name).set(1 if gate.core.preemptive else 0)
             gate.set_limits(limit, tokens)
 
     def gate(self, pool: str) -> PoolGate | None:
         g = self._gates.get(pool)
         if g is not None:
+            if self.ranking is not None:
+                g.check_ranking(self.ranking(pool))
             alive = self.alive(pool) if self.alive is not None else None
             g.observe(self.saturation(pool) if self.saturation is not None else None, alive)
         return g

@@ -4,16 +4,18 @@ read through :class:`~runtime.poolstate.reader.PoolStateReader`.
 Only fresh data lowers admission: the policy's capacity is already a safe bound, so while the
 reader is stale (the control plane is silent) admission falls back to it instead of treating
 every pool as full (which would admit one request per pool during a control-plane restart).
+Likewise a pool's declared priority scheduling is trusted until fresh data shows a replica
+that schedules otherwise (:func:`ranking_source`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
-from filters.admission.gate import SaturationSource
+from filters.admission.gate import RankingSource, SaturationSource
 from runtime.poolstate.reader import PoolStateReader, pools_url
-from runtime.poolstate.state import PoolSummary
+from runtime.poolstate.state import PoolSummary, ReplicaState
 
 __all__ = [
     "admission_alive",
@@ -21,6 +23,7 @@ __all__ = [
     "admission_source",
     "alive_source",
     "pool_state_reader",
+    "ranking_source",
     "saturation_source",
     "uses_admission",
 ]
@@ -65,12 +68,15 @@ def admission_saturation(saturations: list[float]) -> float | None:
     return 2.0 - sum(shares) / len(shares)
 
 
+T = TypeVar("T")
+
+
 def _per_pool(
-    reader: PoolStateReader, figure: Callable[[PoolSummary], float | None]
-) -> SaturationSource:
+    reader: PoolStateReader, figure: Callable[[PoolSummary], T | None]
+) -> Callable[[str], T | None]:
     """pool → ``figure`` of its summary; None while the pool state is stale or lacks the pool."""
 
-    def source(pool: str) -> float | None:
+    def source(pool: str) -> T | None:
         if reader.stale:
             return None
         summary = reader.state.pools.get(pool)
@@ -106,3 +112,14 @@ def alive_source(reader: PoolStateReader) -> SaturationSource:
 
 def saturation_source(reader: PoolStateReader) -> SaturationSource:
     return _per_pool(reader, lambda s: s.saturation if s.endpoints else None)
+
+
+def ranking_source(reader: PoolStateReader) -> RankingSource:
+    """Per pool, its replicas (each with the priority scheduling it reported) for the check that
+    a pool declaring ``priority_scheduling`` ranks (:func:`runtime.poolstate.pool_mismatch`);
+    None while the pool state is stale: the policy is trusted then."""
+
+    def replicas(s: PoolSummary) -> Mapping[str, ReplicaState]:
+        return s.endpoints
+
+    return _per_pool(reader, replicas)

@@ -7,6 +7,7 @@ publishes (``controlplane/poolwatch``); docs/operations.md, "Saturation signal".
 
 from runtime.poolstate.errors import MetricsTextError, PoolStateDecodeError, PoolStateError
 from runtime.poolstate.metrics_text import ReplicaSample, parse_metrics_text
+from runtime.poolstate.ranking import Ranking, pool_mismatch, replica_mismatch
 from runtime.poolstate.saturation import (
     Capacity,
     Hysteresis,
@@ -25,9 +26,12 @@ __all__ = [
     "PoolStateDecodeError",
     "PoolStateError",
     "PoolSummary",
+    "Ranking",
     "ReplicaSample",
     "ReplicaState",
     "parse_metrics_text",
+    "pool_mismatch",
+    "replica_mismatch",
     "replica_saturation",
     "replica_state",
     "summarize_pool",

@@ -13,7 +13,12 @@ JSON (``to_json`` / ``from_json``; the control plane's ``GET /api/v1/pools``)::
                         "running": 40, "queued": 0, "capacity_running": 96, ...,
                         "endpoints": {"127.0.0.1:30001": {"s": 0.41, "run": 14, "q": 0,
                                        "kv": 0.22, "tput": 812.5, "hit": 0.37, "ok": true,
-                                       "stale": false, "deg": false, "age": 0.12}, ...}}}}
+                                       "stale": false, "deg": false, "age": 0.12,
+                                       "rank": {"on": true, "thr": 10, "low": false}}, ...}}}}
+
+``rank`` (:class:`~runtime.poolstate.ranking.Ranking`) holds the priority-scheduling server
+arguments the replica reported, each key only when known, and is left out when none is: a
+state from an older control plane (without it) decodes as "unknown".
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 from runtime.poolstate.errors import PoolStateDecodeError
+from runtime.poolstate.ranking import Ranking
 
 __all__ = ["SATURATED", "PoolState", "PoolSummary", "ReplicaState"]
 
@@ -45,9 +51,12 @@ class ReplicaState:
     stale: bool = False  # no good scrape within stale_after
     degraded: bool = False  # marked saturated (with hysteresis) for EDS
     age_s: float = 0.0  # seconds since the scrape this reflects
+    ranking: Ranking = field(
+        default_factory=Ranking
+    )  # its priority scheduling, from /get_server_info
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "s": _round(self.saturation),
             "run": self.running,
             "q": self.queued,
@@ -59,6 +68,9 @@ class ReplicaState:
             "deg": self.degraded,
             "age": _round(self.age_s),
         }
+        if self.ranking.known:
+            out["rank"] = self.ranking.to_json()
+        return out
 
     @classmethod
     def from_json(cls, d: Any) -> ReplicaState:
@@ -74,6 +86,7 @@ class ReplicaState:
             stale=_bool(m, "stale"),
             degraded=_bool(m, "deg"),
             age_s=_num(m, "age"),
+            ranking=Ranking.from_json(m["rank"]) if "rank" in m else Ranking(),
         )
 
 

@@ -137,13 +137,20 @@ class Mesh:
 
 @contextlib.asynccontextmanager
 async def mesh(
-    tmp_path: Path, policy_text: str, nodes: dict[str, int], *, delta: bool = True
+    tmp_path: Path,
+    policy_text: str,
+    nodes: dict[str, int],
+    *,
+    delta: bool = True,
+    metrics_port: int | None = None,
 ) -> AsyncIterator[Mesh]:
     """Start the control plane on ``policy_text`` and one Envoy per node group in ``nodes``
-    (group → a listener port to wait for)."""
+    (group → a listener port to wait for). ``metrics_port``: the control plane's metrics
+    address (its pool state), where the policy's ``control_plane.metrics`` names it for a
+    filter server to read; a free port otherwise."""
     policy_path = tmp_path / "mesh.yaml"
     policy_path.write_text(policy_text)
-    xds, metrics = free_port(), free_port()
+    xds, metrics = free_port(), metrics_port or free_port()
     plane = ControlPlane(
         ControlPlaneSettings(
             policy_path, Address("127.0.0.1", xds), Address("127.0.0.1", metrics), debounce=0.05

@@ -130,3 +130,33 @@ def test_kv_events_flag_and_addresses_in_the_capacity_output(tmp_path: Path) -> 
 
     write_capacity_file(f, cfg.endpoint, dataclasses.replace(hints, kv_events=addresses))
     assert json.loads(f.read_text())[cfg.endpoint]["kv_events"] == addresses
+
+
+def test_parse_server_info_reads_priority_scheduling_in_both_layouts() -> None:
+    from runtime.poolstate import Ranking
+
+    top = {  # SGLang returns its server args at the top level (dataclasses.asdict)
+        "enable_priority_scheduling": True,
+        "priority_scheduling_preemption_threshold": 0,
+        "schedule_low_priority_values_first": False,
+        "disable_priority_preemption": False,
+    }
+    assert parse_server_info(top).ranking == Ranking(True, 0, False, True)
+    nested = {
+        "enable_priority_scheduling": None,
+        "internal_states": [
+            {"enable_priority_scheduling": False, "priority_scheduling_preemption_threshold": 5}
+        ],
+    }
+    assert parse_server_info(nested).ranking == Ranking(False, 5, None, None)
+    assert parse_server_info({"disable_priority_preemption": True}).ranking.preempts is False
+
+
+def test_a_server_that_does_not_report_priority_scheduling_is_unknown_not_off() -> None:
+    old = {"max_total_num_tokens": 10, "enable_priority_scheduling": "yes"}  # not a bool
+    hints = parse_server_info(old)
+    assert hints.ranking.enabled is None and not hints.ranking.known
+    assert "ranking" not in hints.to_json()  # the capacity file stays as it was
+    assert parse_server_info(dict(old, enable_priority_scheduling=True)).to_json()["ranking"][
+        "enabled"
+    ]

@@ -205,3 +205,84 @@ async def test_the_api_long_polls_and_answers_the_documented_json() -> None:
     assert resp.status == 200 and doc["version"] == 1
     assert doc["pools"]["chat"]["endpoints"][A]["s"] == 0.1
     assert PoolState.from_json(doc).pools["chat"].endpoints[A].running == 1
+
+
+def make_ranked() -> tuple[PoolScraper, FakeFetcher, Clock, CollectorRegistry]:
+    from controlplane.policy.scheduling import PriorityScheduling
+
+    fetcher, clock, registry = FakeFetcher(), Clock(), CollectorRegistry()
+    s = PoolScraper(fetcher, clock=clock, wall_clock=clock, registry=registry)
+    want = PriorityScheduling(enabled=True)
+    s.configure(ScrapeSettings(), {"chat": PoolTargets((A, B), CAP, None, priority=want)})
+    return s, fetcher, clock, registry
+
+
+RANKS = {"enable_priority_scheduling": True, "priority_scheduling_preemption_threshold": 10}
+
+
+async def test_each_replicas_priority_scheduling_is_published_and_a_mismatch_shown(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from runtime.poolstate import Ranking
+
+    s, f, clock, registry = make_ranked()
+    f.texts = {A: gauges(1, 0), B: gauges(1, 0)}
+    f.infos = {A: RANKS, B: dict(RANKS, enable_priority_scheduling=False)}
+    eps = (await s.scrape_once()).pools["chat"].endpoints
+    assert eps[A].ranking == Ranking(True, 10) and eps[B].ranking == Ranking(False, 10)
+    doc = s.state.to_json()["pools"]["chat"]["endpoints"]
+    assert doc[B]["rank"] == {"on": False, "thr": 10}
+
+    def ranked(ep: str) -> float | None:
+        return registry.get_sample_value(
+            "tokenweir_replica_ranked", {"pool": "chat", "endpoint": ep}
+        )
+
+    assert (ranked(A), ranked(B)) == (1, 0)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and B in warnings[0]
+    assert "--enable-priority-scheduling" in warnings[0]
+    f.texts[A] = gauges(2, 0)
+    clock.t += 0.25
+    await s.scrape_once()  # a new version, the same mismatch: no second warning
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
+
+
+async def test_a_replica_that_does_not_say_reads_unknown() -> None:
+    s, f, _, registry = make_ranked()
+    f.texts = {A: gauges(1, 0), B: gauges(1, 0)}
+    f.infos = {A: {"max_running_requests": 4}}  # an older SGLang; B: no server info at all
+    eps = (await s.scrape_once()).pools["chat"].endpoints
+    assert not eps[A].ranking.known and not eps[B].ranking.known
+    labels = {"pool": "chat", "endpoint": A}
+    assert registry.get_sample_value("tokenweir_replica_ranked", labels) == -1
+
+
+async def test_a_replica_back_after_an_outage_is_asked_again_how_it_ranks() -> None:
+    s, f, clock, _ = make_ranked()
+    f.texts = {A: gauges(1, 0), B: gauges(1, 0)}
+    f.infos = {A: RANKS, B: RANKS}
+    await s.scrape_once()
+    clock.t += 0.25
+    await s.scrape_once()
+    assert f.info_calls.count(A) == 1  # once while it keeps answering
+    f.texts[A] = None  # it stops answering; it comes back started without the flag
+    clock.t += 0.25
+    await s.scrape_once()
+    f.texts[A], f.infos[A] = gauges(1, 0), dict(RANKS, enable_priority_scheduling=False)
+    clock.t += 0.25
+    state = await s.scrape_once()
+    assert f.info_calls.count(A) == 2
+    assert state.pools["chat"].endpoints[A].ranking.enabled is False
+
+
+def test_targets_carry_the_declared_priority_scheduling_of_pools_that_enable_it() -> None:
+    policy = load_policy_text(
+        "version: 1\npools:\n"
+        "  chat: {models: [m], endpoints: ['127.0.0.1:1'], priority_scheduling: {enabled: true}}\n"
+        "  plain: {models: [p], endpoints: ['127.0.0.1:2']}\n",
+        "m.yaml",
+    )
+    _, pools = targets_from_policy(policy)
+    assert pools["chat"].priority is not None and pools["chat"].priority.preemption_threshold == 10
+    assert pools["plain"].priority is None
