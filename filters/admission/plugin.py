@@ -121,7 +121,7 @@ class AdmissionPlugin(BasePlugin):
             self.services.metrics.rejected(ctx.route.name, result.reason, result.status)
             return Result(reply=shed_reply(result, lane))
         ctx.scratch[_SCRATCH] = (gate, result)
-        set_headers = self._replica(ctx, pool, headers)
+        set_headers = self._replica(ctx, pool, headers, ranked=gate.core.preemptive)
         if deadline is None:
             return Result(set_headers=set_headers) if set_headers else None
         left_ms = str(max(1, int((deadline - self.gates.clock()) * 1000)))
@@ -129,7 +129,7 @@ class AdmissionPlugin(BasePlugin):
         return Result(set_headers=set_headers, remove_headers=(DEADLINE_HEADER,))
 
     def _replica(
-        self, ctx: Context, pool: str | None, headers: Mapping[str, str]
+        self, ctx: Context, pool: str | None, headers: Mapping[str, str], *, ranked: bool
     ) -> dict[str, str]:
         """The replica header for a ranked pool balanced by lane (else none)."""
         if pool is None or pool not in self.balance.pools:
@@ -137,7 +137,7 @@ class AdmissionPlugin(BasePlugin):
         priority = backend_priority(ctx, self.services.policy)
         if priority is None:
             return {}
-        name = self.balance.pick(pool, priority, headers)
+        name = self.balance.pick(pool, priority, headers, ranked=ranked)
         if name is None:
             return {}
         ctx.scratch[_BALANCED] = (pool, name, priority)

@@ -22,7 +22,9 @@ balancer, ring hash the fallback when the host is unhealthy or gone):
   hash of a per-request tie key (ties do not pile onto the first replica).
 
 Two gateway replicas each balance their own share; the replicas see the sum. Replicas the pool
-state marks unhealthy or stale are skipped (every one: none is named, ring hash decides).
+state marks unhealthy or stale are skipped (every one: none is named, ring hash decides). While
+admission does not trust the pool to rank (a replica reports otherwise: ``PoolGate.check_ranking``)
+every request in flight counts as blocking, as on a pool that does not preempt.
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ def choose(
     return min(blocking, key=lambda n: (blocking[n], totals[n], -_rendezvous(tie, n)))
 
 
+def _never(mine: int, theirs: int) -> bool:
+    return False
+
+
 def _rendezvous(key: bytes, name: str) -> int:
     return zlib.crc32(name.encode(), zlib.crc32(key))
 
@@ -87,7 +93,12 @@ class PoolBalance:
     inflight: dict[str, collections.Counter[int]] = field(default_factory=dict)
 
     def pick(
-        self, priority: int, headers: Mapping[str, str], tie: bytes, down: frozenset[str]
+        self,
+        priority: int,
+        headers: Mapping[str, str],
+        tie: bytes,
+        down: frozenset[str],
+        ranked: bool = True,
     ) -> str | None:
         loads = {r: self.inflight.get(r, collections.Counter()) for r in self.replicas}
         for name in down:
@@ -96,7 +107,7 @@ class PoolBalance:
         return choose(
             loads,
             priority,
-            self.preempts,
+            self.preempts if ranked else _never,
             key=key.encode() if key is not None else None,
             tie=tie,
             factor=self.factor,
@@ -157,15 +168,19 @@ class LaneBalance:
         for name in pools:
             self._show(name)
 
-    def pick(self, pool: str, priority: int, headers: Mapping[str, str]) -> str | None:
+    def pick(
+        self, pool: str, priority: int, headers: Mapping[str, str], *, ranked: bool = True
+    ) -> str | None:
         """The replica to name for an admitted request, counted in flight there; None: the
-        pool is not balanced by lane or has no replica up (ring hash decides)."""
+        pool is not balanced by lane or has no replica up (ring hash decides). ``ranked``
+        False (a replica contradicts the policy: admission fell back to counting every slot):
+        every request in flight blocks, as on a pool that does not preempt."""
         balance = self.pools.get(pool)
         if balance is None:
             return None
         self._seq += 1
         down = frozenset(self.down(pool)) if self.down is not None else frozenset()
-        name = balance.pick(priority, headers, self._seq.to_bytes(8, "little"), down)
+        name = balance.pick(priority, headers, self._seq.to_bytes(8, "little"), down, ranked)
         if name is not None:
             balance.start(name, priority)
             self._show(pool, name)

@@ -3,6 +3,7 @@ the admission plugin naming the replica (no network)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from hypothesis import given, settings
@@ -136,6 +137,16 @@ def test_only_ranked_ring_hash_pools_are_balanced_and_counts_survive_a_reload() 
     assert lb.pools["chat"].inflight[first] == {}
     lb.configure(policy(scheduling="{enabled: true, balance: ring}"))
     assert lb.pools == {}
+
+
+def test_a_pool_not_trusted_to_rank_counts_every_request_as_blocking() -> None:
+    lb = LaneBalance()
+    lb.configure(policy())
+    a, b = "127.0.0.1:9001", "127.0.0.1:9002"
+    lb.pools["chat"].inflight = {a: Counter({INT: 1}), b: Counter({BATCH: 3})}
+    assert lb.pick("chat", INT, {}) == b  # batch there is preemptable
+    lb.done("chat", b, INT)
+    assert lb.pick("chat", INT, {}, ranked=False) == a  # it is not: a has less in flight
 
 
 def test_replicas_the_pool_state_marks_down_are_skipped() -> None:
