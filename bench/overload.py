@@ -106,7 +106,7 @@ def config(a: argparse.Namespace) -> Config:
         )  # fmt: skip
     k = a.scale
     return Config(
-        levels=tuple(a.levels), duration=12.0 * k, warmup=3.0, replicas=a.replicas,
+        levels=tuple(a.levels), duration=a.duration or 12.0 * k, warmup=3.0, replicas=a.replicas,
         running=a.running * int(k) if k >= 1 else a.running, time_scale=a.time_scale,
         length_scale=a.length_scale, interactive_share=0.3,
         patience={"interactive": 10.0, "batch": 30.0}, max_attempts=4,
@@ -393,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run (CI)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply slots and durations")
     ap.add_argument("--levels", type=float, nargs="+", default=[0.25, 1.0, 2.0, 3.0])
+    ap.add_argument("--duration", type=float, default=None, help="seconds per level (12 x scale)")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS + EXTRA_ARMS)
     ap.add_argument("--storm-arms", nargs="*", default=["envoy", "tokenweir"], choices=ARMS)
     ap.add_argument("--replicas", type=int, default=2)

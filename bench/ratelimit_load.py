@@ -4,7 +4,9 @@ flight (a call that would exceed it counts as ``dropped``); latency is then meas
 call's scheduled time, so a client that falls behind shows as latency, not as fewer calls.
 
 Requests are pre-serialized (Envoy-shaped reserve descriptors, distinct request ids) and sent as
-raw bytes so the client spends as little CPU as possible. Prints one JSON line:
+raw bytes so the client spends as little CPU as possible. ``--client h2`` (the default) sends
+them through :mod:`h2_grpc_client` (pre-encoded frames, ~10x less CPU per call than grpc.aio
+here); ``--client grpc`` through grpc.aio, for comparison. Prints one JSON line:
 {"calls", "seconds", "rps", "p50_ms", "p99_ms", "errors", "over_limit"}.
 """
 
@@ -16,33 +18,68 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
-from tests.ratelimit_service import rls
+from h2_grpc_client import GrpcError, H2GrpcClient  # noqa: E402
+
+from tests.ratelimit_service import rls  # noqa: E402
 
 METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 
 
+Caller = Any  # (payload: bytes, timeout=...) -> Awaitable[bytes]
+FAILED: tuple[type[Exception], ...] = (grpc.aio.AioRpcError, GrpcError)
+
+
+async def _callers(target: str, n: int, client: str) -> tuple[list[Caller], Any]:
+    """``n`` connections' call functions, and a coroutine function that closes them."""
+    if client == "h2":
+        host, _, port = target.rpartition(":")
+        conns = [await H2GrpcClient.connect(host, int(port), METHOD) for _ in range(n)]
+
+        def caller(c: H2GrpcClient) -> Caller:
+            async def call(payload: bytes, timeout: float = 5.0) -> bytes:
+                return await asyncio.wait_for(c.call(payload), timeout)
+
+            return call
+
+        async def close_h2() -> None:
+            for c in conns:
+                c.close()
+
+        return [caller(c) for c in conns], close_h2
+    opts = [("grpc.use_local_subchannel_pool", 1)]  # one TCP connection per channel
+    channels = [grpc.aio.insecure_channel(target, options=opts) for _ in range(n)]
+
+    async def close_grpc() -> None:
+        for c in channels:
+            await c.close(None)
+
+    calls = [
+        c.unary_unary(METHOD, request_serializer=None, response_deserializer=None) for c in channels
+    ]
+    return calls, close_grpc
+
+
 async def run(
-    target: str, concurrency: int, seconds: float, tenants: int, rate: float = 0.0
-) -> dict[str, float]:
+    target: str,
+    concurrency: int,
+    seconds: float,
+    tenants: int,
+    rate: float = 0.0,
+    client: str = "h2",
+) -> dict[str, Any]:
     payloads = [
         rls.llm(
             f"bench-{i % tenants}", 50 + i % 200, rid=f"{time.time_ns()}-{i}"
         ).SerializeToString()
         for i in range(20_000)
     ]
-    opts = [("grpc.use_local_subchannel_pool", 1)]  # one TCP connection per channel
-    channels = [
-        grpc.aio.insecure_channel(target, options=opts)
-        for _ in range(max(1, min(4, concurrency // 25)))
-    ]
-    calls = [
-        c.unary_unary(METHOD, request_serializer=None, response_deserializer=None) for c in channels
-    ]
+    calls, close = await _callers(target, max(1, min(4, concurrency // 25)), client)
     lat: list[float] = []
     errors = over = 0
     stop = time.perf_counter() + seconds
@@ -59,7 +96,7 @@ async def run(
             i += 1
             try:
                 resp = await call(payloads[i % len(payloads)], timeout=5)
-            except grpc.aio.AioRpcError:
+            except FAILED:
                 errors += 1
                 continue
             lat.append(time.perf_counter() - t0)
@@ -72,7 +109,7 @@ async def run(
         nonlocal errors, over
         try:
             resp = await calls[i % len(calls)](payloads[i % len(payloads)], timeout=5)
-        except grpc.aio.AioRpcError:
+        except FAILED:
             errors += 1
             return
         lat.append(time.perf_counter() - due)
@@ -105,8 +142,7 @@ async def run(
     else:
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
     elapsed = time.perf_counter() - start
-    for c in channels:
-        await c.close()
+    await close()
     lat.sort()
     n = len(lat)
     return {
@@ -119,6 +155,7 @@ async def run(
         "over_limit": over,
         "offered_rps": rate,
         "dropped": dropped,
+        "client": client,
     }
 
 
@@ -129,6 +166,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--tenants", type=int, default=100)
     p.add_argument("--rate", type=float, default=0.0, help="open loop: calls per second")
+    p.add_argument("--client", choices=("h2", "grpc"), default="h2")
     a = p.parse_args()
     try:
         import uvloop
@@ -137,7 +175,11 @@ def main() -> None:
     except ImportError:
         runner = asyncio.Runner()
     with runner:
-        print(json.dumps(runner.run(run(a.target, a.concurrency, a.seconds, a.tenants, a.rate))))
+        print(
+            json.dumps(
+                runner.run(run(a.target, a.concurrency, a.seconds, a.tenants, a.rate, a.client))
+            )
+        )
 
 
 if __name__ == "__main__":

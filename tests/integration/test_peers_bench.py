@@ -55,6 +55,13 @@ def test_peers_smoke_runs_every_arm_and_writes_results(tmp_path: Path) -> None:
     assert tw["filters"]["python"] and not tw["envoy"]["python"]
     rls = result["rls"]
     assert rls["closed_loop_c200"]["rps"] > 0 and rls["open_loop_half"]["calls"] > 0
+    # every setup ran: the lean HTTP/2 client on one and two processes, grpc.aio on one
+    assert [(s["client"], s["processes"]) for s in rls["setups"]] == [
+        ("h2", 1),
+        ("h2", 2),
+        ("grpc", 1),
+    ]
+    assert all(s["closed_loop_c200"]["errors"] == 0 for s in rls["setups"])
     assert {t["name"] for t in result["targets"]} >= {
         "Python CPU ≤ 0.5 ms/request (full path)",
         "full path ≥ 30% of Envoy alone req/s",
