@@ -212,3 +212,26 @@ def test_replica_lane_summary_finds_interactive_waiting_beside_preemptable_batch
     assert out["interactive_waiting_in_replicas_mean"] == 1.0
     assert out["interactive_running_gap_mean"] == round((4 + 2 + 0) / 3, 2)
     assert out["preempted"] == 5
+
+
+def test_the_queue_scrape_reads_only_the_series_it_wants() -> None:
+    from overload_arms import _GATEWAY, _samples
+
+    page = "\n".join(
+        [
+            "# HELP tokenweir_admission_queued requests waiting",
+            "# TYPE tokenweir_admission_queued gauge",
+            'tokenweir_admission_queued{pool="chat",lane="interactive"} 3.0',
+            'tokenweir_admission_queued{pool="chat",lane="batch"} 7.0',
+            'tokenweir_admission_queued_extra{pool="chat"} 99.0',
+            'tokenweir_admission_in_flight{pool="chat"} 12.0',
+            "tokenweir_admission_reserved bad",
+        ]
+    )
+    got = _samples(page, _GATEWAY)
+    assert [(n, v) for n, _, v in got] == [
+        ("tokenweir_admission_queued", 3.0),
+        ("tokenweir_admission_queued", 7.0),
+        ("tokenweir_admission_in_flight", 12.0),
+    ]
+    assert 'lane="batch"' in got[1][1]
