@@ -31,6 +31,8 @@ import yaml
 
 from controlplane.envoy_launcher import envoy_binary
 from runtime.children import Child, wait_child_line, wait_child_port
+from runtime.poolstate.errors import MetricsTextError
+from runtime.poolstate.metrics_text import parse_metrics_text
 from runtime.ports import free_port
 
 __all__ = ["ARMS", "EXTRA_ARMS", "Arm", "EmulatorPool", "PoolSpec", "make_arm", "scrape"]
@@ -347,7 +349,8 @@ async def replica_states(http: aiohttp.ClientSession, arm: Arm) -> list[dict[str
 async def scrape(http: aiohttp.ClientSession, arm: Arm) -> dict[str, float]:
     """Server-side queues now: backend waiting/running (summed) and the gateway's lane queues.
 
-    The pages are scanned for the few series wanted (:func:`_samples`), not parsed whole: the
+    The pages are scanned for the few series wanted (the backends' through the control plane's
+    ``parse_metrics_text``, the gateway's by :func:`_samples`), not parsed whole: the
     client that measures latency runs on this loop, and parsing the filter server's full page
     every sample stalled it ~20 ms (its own loop-lag p99), which every latency percentile
     then carried."""
@@ -361,9 +364,12 @@ async def scrape(http: aiohttp.ClientSession, arm: Arm) -> dict[str, float]:
         if not isinstance(page, str):
             continue
         if i < len(arm.pool.urls):
-            for name, _, value in _samples(page, _BACKEND):
-                key = "backend_queued" if name == "sglang:num_queue_reqs" else "backend_running"
-                out[key] += value
+            try:
+                sample = parse_metrics_text(page)  # the control plane's filtered parse
+            except MetricsTextError:
+                continue
+            out["backend_queued"] += sample.queued or 0
+            out["backend_running"] += sample.running or 0
             continue
         for name, labels, value in _samples(page, _GATEWAY):
             if name == "tokenweir_admission_in_flight":
@@ -376,7 +382,6 @@ async def scrape(http: aiohttp.ClientSession, arm: Arm) -> dict[str, float]:
     return out
 
 
-_BACKEND = ("sglang:num_queue_reqs", "sglang:num_running_reqs")
 _GATEWAY = (
     "tokenweir_admission_queued",
     "tokenweir_admission_reserved",

@@ -23,11 +23,12 @@ from filters.admission.gate import Gates
 from filters.admission.signal import (
     admission_source,
     alive_source,
+    down_source,
     pool_state_reader,
     ranking_source,
     saturation_source,
 )
-from filters.admission.spread import LaneBalance, down_source
+from filters.admission.spread import LaneBalance
 from filters.budget import Budget, CachedBudget, NoBudget, quota_reader_budget
 from filters.collapse.fanout import FanoutServer
 from filters.collapse.hub import Hub

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from filters.admission.gate import RankingSource, SaturationSource
+from filters.admission.spread import Down, replicas_down
 from runtime.poolstate.reader import PoolStateReader, pools_url
 from runtime.poolstate.state import PoolSummary, ReplicaState
 
@@ -22,6 +23,7 @@ __all__ = [
     "admission_saturation",
     "admission_source",
     "alive_source",
+    "down_source",
     "pool_state_reader",
     "ranking_source",
     "saturation_source",
@@ -123,3 +125,9 @@ def ranking_source(reader: PoolStateReader) -> RankingSource:
         return s.endpoints
 
     return _per_pool(reader, replicas)
+
+
+def down_source(reader: PoolStateReader) -> Down:
+    """Per pool, its replicas the pool state marks unhealthy or stale (lane balance skips
+    them); None while the pool state is stale (the policy's endpoints are all we know)."""
+    return _per_pool(reader, lambda s: replicas_down(s.endpoints))

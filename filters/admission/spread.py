@@ -39,7 +39,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-__all__ = ["LaneBalance", "PoolBalance", "choose", "down_source", "replicas_down"]
+__all__ = ["LaneBalance", "PoolBalance", "choose", "replicas_down"]
 
 _DEFAULT_FACTOR = 1.25  # bounded load without a hash_balance_factor in the policy
 
@@ -124,7 +124,8 @@ class PoolBalance:
                 del held[priority]
 
 
-Down = Callable[[str], Iterable[str]]  # pool → replicas the pool state marks down
+# pool → replicas the pool state marks down (None: the pool state is stale or lacks the pool)
+Down = Callable[[str], Iterable[str] | None]
 
 
 class LaneBalance:
@@ -179,7 +180,8 @@ class LaneBalance:
         if balance is None:
             return None
         self._seq += 1
-        down = frozenset(self.down(pool)) if self.down is not None else frozenset()
+        marked = self.down(pool) if self.down is not None else None
+        down = frozenset(marked) if marked is not None else frozenset()
         name = balance.pick(priority, headers, self._seq.to_bytes(8, "little"), down, ranked)
         if name is not None:
             balance.start(name, priority)
@@ -213,16 +215,3 @@ class LaneBalance:
 def replicas_down(states: Mapping[str, Any]) -> Sequence[str]:
     """Pure: the replicas of a pool state summary (``endpoints``) that did not answer lately."""
     return [name for name, r in states.items() if not r.healthy or r.stale]
-
-
-def down_source(reader: Any) -> Down:
-    """pool → its replicas down, from a :class:`~runtime.poolstate.reader.PoolStateReader`;
-    none while the pool state itself is stale (the policy's endpoints are then all we know)."""
-
-    def down(pool: str) -> Sequence[str]:
-        if reader.stale:
-            return ()
-        summary = reader.state.pools.get(pool)
-        return () if summary is None else replicas_down(summary.endpoints)
-
-    return down

@@ -32,8 +32,11 @@ BATCH_TOKENS = 400
 KEYS = {"pro": "pro-key-12345", "free": "free-key-12345"}
 
 
-def policy(gw: int, fp: int, backend: int, ranked: bool, cp: int = 2) -> str:
+def policy(gw: int, fp: int, backend: int | list[int], ranked: bool, cp: int = 2) -> str:
+    """The pool's endpoints: ``backend`` (one port or several), 2 slots each."""
     scheduling = "{enabled: true}" if ranked else "{enabled: false}"
+    ports = backend if isinstance(backend, list) else [backend]
+    endpoints = ", ".join(f"127.0.0.1:{p}" for p in ports)
     return f"""
 version: 1
 control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:{cp}}}
@@ -44,7 +47,7 @@ admission:
 pools:
   chat:
     models: [m]
-    endpoints: [127.0.0.1:{backend}]
+    endpoints: [{endpoints}]
     capacity: {{max_running_requests: 2}}
     priority_scheduling: {scheduling}
     health_check: {{enabled: false}}

@@ -21,47 +21,11 @@ import pytest
 from filters.app import FilterApp, Settings
 from tests.helpers import ChildProcess, free_port, wait_for_port
 from tests.integration.mesh_harness import mesh
-from tests.integration.test_admission_priority_envoy import KEYS, Stream, stream
+from tests.integration.test_admission_priority_envoy import Stream, policy, stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 LONG = 300
-
-
-def policy(gw: int, fp: int, backends: list[int]) -> str:
-    endpoints = ", ".join(f"127.0.0.1:{p}" for p in backends)
-    return f"""
-version: 1
-control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
-admission:
-  interactive: {{ttft_budget: 60s, max_wait: 30s, max_queue: 4}}
-  batch: {{ttft_budget: 60s, max_wait: 30s, max_queue: 4, leave_for_higher: null}}
-pools:
-  chat:
-    models: [m]
-    endpoints: [{endpoints}]
-    capacity: {{max_running_requests: 2}}
-    priority_scheduling: {{enabled: true}}
-    health_check: {{enabled: false}}
-    retries: {{enabled: false}}
-    outlier_detection: {{enabled: false}}
-    timeouts: {{request: 0s, stream_idle: 60s}}
-gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - name: llm
-        match: {{prefix: /v1/}}
-        pool: chat
-        filters: {{plugins: [identity, lane, admission, tokens]}}
-tiers:
-  free: {{lane: batch, allowed_lanes: [batch], max_tokens: 4096}}
-  pro: {{lane: interactive, max_tokens: 4096}}
-tenants:
-  alice: {{tier: pro, api_keys: [{KEYS["pro"]}]}}
-  bob: {{tier: free, api_keys: [{KEYS["free"]}]}}
-"""
 
 
 @pytest.fixture
@@ -93,7 +57,7 @@ async def test_each_replica_runs_one_of_each_lane_and_the_next_interactive_preem
     tmp_path: Path, emulators: list[int]
 ) -> None:
     gw, fp = free_port(), free_port()
-    async with mesh(tmp_path, policy(gw, fp, emulators), {"edge": gw}) as m:
+    async with mesh(tmp_path, policy(gw, fp, emulators, ranked=True), {"edge": gw}) as m:
         app = FilterApp(Settings(policy_path=m.policy_path), clock=time.monotonic)
         await app.start()
         try:
