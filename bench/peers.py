@@ -7,7 +7,8 @@ saturation, CPU per request of every process), k6 open loop with a multi-tenant 
 bursts (TTFB and total time), the streaming client (time to first token, gaps between chunks),
 and token-budget bursts of N parallel requests on one key (admitted tokens vs budget + refill).
 Then the rate-limit service alone: its maximum decisions/s (closed loop) and an open loop at half
-of it. Token lengths come from the Mooncake trace sample; every request streams.
+of it. Token lengths come from the Mooncake trace sample; every request streams (``--no-stream``:
+k6's requests ask for one JSON answer, which leaves the gateways' per-chunk work out).
 
     .venv/bin/python bench/peers.py             # the default run, sized for a 2-core machine
     .venv/bin/python bench/peers.py --smoke     # seconds per arm: CI (tests/integration)
@@ -64,6 +65,7 @@ class Config:
     budget_requests: float  # the token budget, in mean-sized requests
     rls_seconds: float
     seed: int
+    stream: bool = True  # k6's requests stream (--no-stream: one JSON answer each)
 
 
 def config(a: argparse.Namespace) -> Config:
@@ -72,13 +74,14 @@ def config(a: argparse.Namespace) -> Config:
             replicas=1, running=16, time_scale=0.05, length_scale=32, vus=4, seconds=2.0,
             rate=4.0, burst=2.0, mix_seconds=2.0, chunk_requests=6, chunk_rate=6.0,
             bursts=(5, 10), budget_requests=2.0, rls_seconds=1.0, seed=a.seed,
+            stream=not a.no_stream,
         )  # fmt: skip
     k = a.scale
     return Config(
         replicas=2 * k, running=64 * k, time_scale=a.time_scale, length_scale=a.length_scale,
         vus=a.vus * k, seconds=a.seconds, rate=a.rate * k, burst=3.0, mix_seconds=12.0,
         chunk_requests=40 * k, chunk_rate=5.0 * k, bursts=tuple(a.bursts), budget_requests=20.0,
-        rls_seconds=4.0, seed=a.seed,
+        rls_seconds=4.0, seed=a.seed, stream=not a.no_stream,
     )  # fmt: skip
 
 
@@ -156,7 +159,7 @@ async def run(a: argparse.Namespace, cfg: Config) -> dict[str, Any]:
         req_file = tmp / "requests.json"
         req_file.write_text(
             json.dumps(
-                [{"key": r.key, "tier": r.tier, "body": json.dumps(chat_body(r, MODEL))}
+                [{"key": r.key, "tier": r.tier, "body": json.dumps(chat_body(r, MODEL, cfg.stream))}
                  for r in requests]
             )
         )  # fmt: skip
@@ -198,6 +201,9 @@ def main() -> None:
     p.add_argument("--length-scale", type=int, default=16, help="trace lengths / k")
     p.add_argument("--no-install", action="store_true", help="skip LiteLLM if .venv-peers lacks it")
     p.add_argument("--no-rls", action="store_true", help="skip the rate-limit service phase")
+    p.add_argument("--no-stream", action="store_true",
+                   help="k6 phases send non-streaming requests (the chunk and budget phases "
+                   "still stream): what a gateway costs without its per-chunk work")  # fmt: skip
     p.add_argument("--seed", type=int, default=12)
     p.add_argument("--out-dir", type=Path, default=HERE / "results")
     p.add_argument("--img-dir", type=Path, default=HERE.parent / "docs" / "img")

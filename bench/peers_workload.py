@@ -102,15 +102,17 @@ def build_requests(
     return out
 
 
-def chat_body(req: PeerRequest, model: str) -> dict[str, object]:
-    """The OpenAI chat body every arm gets (streaming, usage in the last chunk)."""
-    return {
+def chat_body(req: PeerRequest, model: str, stream: bool = True) -> dict[str, object]:
+    """The OpenAI chat body every arm gets: streaming with usage in the last chunk, or (with
+    ``stream=False``) one JSON answer, which leaves a gateway's per-chunk cost out."""
+    body: dict[str, object] = {
         "model": model,
         "messages": [{"role": "user", "content": req.prompt}],
         "max_tokens": req.max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
     }
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+    return body
 
 
 def mean_tokens(requests: Sequence[PeerRequest]) -> float:

@@ -60,6 +60,9 @@ def test_chat_body_streams_with_usage() -> None:
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["max_tokens"] == req.max_tokens
     assert mean_tokens([req]) == req.prompt_tokens + req.max_tokens
+    plain = chat_body(req, "m", stream=False)
+    assert "stream" not in plain and "stream_options" not in plain
+    assert plain["messages"] == body["messages"] and plain["max_tokens"] == req.max_tokens
 
 
 def test_budget_outcome_counts_the_refill_and_the_overshoot() -> None:
