@@ -167,7 +167,7 @@ async def run(a: argparse.Namespace, cfg: Config) -> dict[str, Any]:
         await emus.start()
         try:
             for name in arms:
-                arm = make_arm(name, emus, tmp, budget, redis_port)
+                arm = make_arm(name, emus, tmp, budget, redis_port, a.baseline_src)
                 print(f"[peers] {name}: starting", flush=True)
                 try:
                     await arm.start()
@@ -204,10 +204,15 @@ def main() -> None:
     p.add_argument("--no-stream", action="store_true",
                    help="k6 phases send non-streaming requests (the chunk and budget phases "
                    "still stream): what a gateway costs without its per-chunk work")  # fmt: skip
+    p.add_argument("--baseline-src", type=Path,
+                   help="a checkout (e.g. a git archive) whose code the tokenweir-baseline arm "
+                   "runs")  # fmt: skip
     p.add_argument("--seed", type=int, default=12)
     p.add_argument("--out-dir", type=Path, default=HERE / "results")
     p.add_argument("--img-dir", type=Path, default=HERE.parent / "docs" / "img")
     a = p.parse_args()
+    if "tokenweir-baseline" in a.arms and a.baseline_src is None:
+        p.error("the tokenweir-baseline arm needs --baseline-src")
     if len(a.bursts) > len(BUDGET_KEYS):
         p.error(f"at most {len(BUDGET_KEYS)} budget bursts")
     cfg = config(a)

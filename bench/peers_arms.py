@@ -34,7 +34,15 @@ from runtime.ports import free_port
 
 __all__ = ["ARMS", "BUDGET_KEYS", "MODEL", "BudgetSpec", "Emulators", "PeerArm", "make_arm"]
 
-ARMS = ("direct", "envoy", "tokenweir", "litellm", "sglang-router", "tokenweir-python-meter")
+ARMS = (
+    "direct",
+    "envoy",
+    "tokenweir",
+    "litellm",
+    "sglang-router",
+    "tokenweir-python-meter",
+    "tokenweir-baseline",
+)
 MODEL = "llama-3.1-8b"
 BUDGET_KEYS = ("tw-peers-budget-0", "tw-peers-budget-1")  # one fresh key per budget burst
 
@@ -117,8 +125,10 @@ class PeerArm:
             await child.aclose(3.0)
         self.children.clear()
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
-        child = Child(name, argv, self.run_dir / f"{name}.log", env=env or {})
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> Child:
+        child = Child(name, argv, self.run_dir / f"{name}.log", env=env or {}, cwd=cwd)
         child.start()
         self.children.append(child)
         return child
@@ -154,16 +164,20 @@ class Tokenweir(PeerArm):
     name = "tokenweir"
     limits_tokens = True
     usage_meter = "envoy"  # the Lua usage meter; "python": every response chunk via ext_proc
+    src: Path | None = None  # another checkout's code (the baseline arm)
 
     async def start(self) -> None:
-        path = self.run_dir / "tokenweir-policy.yaml"
+        path = self.run_dir / f"{self.name}-policy.yaml"
         path.write_text(yaml.safe_dump(tokenweir_policy(self), sort_keys=False))
         argv = [
             str(Path(sys.executable).parent / "tokenweir"), "--log-level", "warning", "up",
-            "-c", str(path), "--run-dir", str(self.run_dir / "tokenweir-up"),
+            "-c", str(path), "--run-dir", str(self.run_dir / f"{self.name}-up"),
             "--drain-timeout", "1",
         ]  # fmt: skip
-        child = self._spawn("tokenweir-up", argv)
+        # ``python -m`` imports from the cwd before PYTHONPATH: both point at the other checkout
+        src = self.src.resolve() if self.src is not None else None
+        env = {"PYTHONPATH": str(src)} if src is not None else None
+        child = self._spawn(f"{self.name}-up", argv, env, src)
         await wait_child_port("127.0.0.1", self.port, child, timeout=120)
         await wait_child_line(child, "tokenweir up: ready", timeout=90)
 
@@ -297,11 +311,32 @@ class TokenweirPythonMeter(Tokenweir):
     usage_meter = "python"
 
 
+class TokenweirBaseline(Tokenweir):
+    """tokenweir run from another checkout's code (``--baseline-src``, e.g. a ``git archive``
+    of an older commit): ``--arms tokenweir-baseline tokenweir`` measures old and new side by
+    side on the same emulators."""
+
+    name = "tokenweir-baseline"
+
+    def __init__(self, emus: Emulators, run_dir: Path, budget: BudgetSpec, src: Path) -> None:
+        super().__init__(emus, run_dir, budget)
+        self.src = src
+
+
 def make_arm(
-    name: str, emus: Emulators, run_dir: Path, budget: BudgetSpec, redis_port: int
+    name: str,
+    emus: Emulators,
+    run_dir: Path,
+    budget: BudgetSpec,
+    redis_port: int,
+    baseline_src: Path | None = None,
 ) -> PeerArm:
     if name == "litellm":
         return Litellm(emus, run_dir, budget, redis_port)
+    if name == "tokenweir-baseline":
+        if baseline_src is None:
+            raise ValueError("the tokenweir-baseline arm needs --baseline-src")
+        return TokenweirBaseline(emus, run_dir, budget, baseline_src)
     kinds: dict[str, type[PeerArm]] = {
         "direct": Direct,
         "envoy": PlainEnvoy,

@@ -70,20 +70,40 @@ _TRICKY = "aZ09 \t\n\r\x0b\x0c\x1c\x1f\x7f\x80\x85\xa0é日\u2003\u3000\U0001f60
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.text(alphabet=st.sampled_from(_TRICKY), max_size=200) | st.text(max_size=200))
-def test_the_byte_table_counts_equal_the_regex_counts(text: str) -> None:
-    """Letter, digit, space and newline runs from byte tables over the UTF-8 text count exactly
-    what the regular expressions find, for any text (non-ASCII spaces, lone surrogates)."""
-    from filters.estimate import _DIGITS, _NEWLINES, _NON_ASCII, _SYMBOL, _WORD, pieces
+@given(
+    st.text(alphabet=st.sampled_from(_TRICKY), max_size=200) | st.text(max_size=200),
+    st.integers(1, 5),
+)
+def test_the_byte_table_counts_equal_the_regex_counts(text: str, per_token: int) -> None:
+    """Letter, digit, space and newline runs from byte tables and big-integer masks over the
+    UTF-8 text count exactly what the regular expressions find, for any text (non-ASCII spaces,
+    lone surrogates)."""
+    from filters.estimate import (
+        _DIGITS,
+        _LONG_WORD,
+        _NEWLINES,
+        _NON_ASCII,
+        _SYMBOL,
+        _WORD,
+        pieces,
+    )
 
-    words, digits, symbols, wide, newlines = pieces(text)
-    assert words == [len(w) for w in _WORD.findall(text)]
-    assert digits == [len(r) for r in _DIGITS.findall(text)]
-    assert symbols == len(_SYMBOL.findall(text))
-    assert wide == len(_NON_ASCII.findall(text))
-    assert newlines == len(_NEWLINES.findall(text))
-    h = HeuristicEstimator()
-    assert h.count(text) == _regex_count(h, text)
+    p = pieces(text, per_token)
+    words = [len(w) for w in _WORD.findall(text)]
+    long_ = [len(w) for w in _LONG_WORD.findall(text)]
+    runs = [len(r) for r in _DIGITS.findall(text)]
+    assert (p.words, p.letters) == (len(words), sum(words))
+    assert (p.long_runs, p.long_letters) == (len(long_), sum(n - 6 for n in long_))
+    assert (p.digits, p.digit_tokens) == (sum(runs), sum(-(-n // per_token) for n in runs))
+    assert p.symbols == len(_SYMBOL.findall(text))
+    assert p.wide == len(_NON_ASCII.findall(text))
+    assert p.newlines == len(_NEWLINES.findall(text))
+    for h in (
+        HeuristicEstimator(),
+        HeuristicEstimator(word_free_chars=4, digits_per_token=2),
+        HeuristicEstimator(word_free_chars=8),
+    ):
+        assert h.count(text) == _regex_count(h, text)
 
 
 def test_the_wide_spaces_are_what_the_regex_engine_calls_space() -> None:
@@ -91,13 +111,13 @@ def test_the_wide_spaces_are_what_the_regex_engine_calls_space() -> None:
 
     from filters.estimate import _WIDE_SPACE
 
-    assert "".join(c for c in map(chr, range(0x80, 0x110000)) if re.match(r"\s", c)) == _WIDE_SPACE
+    assert {c for c in map(chr, range(0x80, 0x110000)) if re.match(r"\s", c)} == _WIDE_SPACE
 
 
 @pytest.mark.parametrize(
     "h", [HeuristicEstimator(), HeuristicEstimator(word_free_chars=4, digits_per_token=2)]
 )
-def test_runs_longer_than_the_lookup_tables_count_as_the_regexes_do(h: HeuristicEstimator) -> None:
+def test_long_runs_count_as_the_regexes_do(h: HeuristicEstimator) -> None:
     text = "a" * 600 + " 12 " + "7" * 700 + " word " + "b" * 511 + " " + "9" * 512 + " tiny"
     assert h.count(text) == _regex_count(h, text)
 
@@ -117,6 +137,13 @@ def _corpus(kind: str, size: int) -> str:
     text = "\n".join(f.read_text(errors="replace") for f in files)
     assert len(text) >= size, (kind, len(text))
     return text[:size]
+
+
+@pytest.mark.parametrize("kind", ["prose", "code", "json"])
+def test_real_text_counts_as_the_regexes_do(kind: str) -> None:
+    h = HeuristicEstimator()
+    text = _corpus(kind, 71_000)
+    assert h.count(text) == _regex_count(h, text)
 
 
 @pytest.mark.parametrize("kind", ["prose", "code", "json"])
