@@ -37,6 +37,11 @@ class Budget(Protocol):
         self, tenant: str, model: str | None = None, lane: str | None = None
     ) -> int | None: ...
 
+    def cached(self, tenant: str, model: str | None, lane: str | None) -> tuple[bool, int | None]:
+        """``(True, remaining)`` when known without I/O, else ``(False, None)``: the clamp then
+        awaits :meth:`remaining` under its timeout (a hit needs neither)."""
+        ...
+
     def note_reserved(self, tenant: str, model: str | None, lane: str | None, tokens: int) -> None:
         """This process just asked the rate-limit service for ``tokens``."""
         ...
@@ -47,6 +52,9 @@ class NoBudget:
         self, tenant: str, model: str | None = None, lane: str | None = None
     ) -> int | None:
         return None
+
+    def cached(self, tenant: str, model: str | None, lane: str | None) -> tuple[bool, int | None]:
+        return True, None
 
     def note_reserved(self, tenant: str, model: str | None, lane: str | None, tokens: int) -> None:
         return None
@@ -89,6 +97,12 @@ class CachedBudget:
         self._pending: dict[_Key, asyncio.Task[int | None]] = {}
         self._on_error = on_error
         self._warn = ThrottledLog(clock, log_interval, _log)
+
+    def cached(self, tenant: str, model: str | None, lane: str | None) -> tuple[bool, int | None]:
+        hit = self._cache.get((tenant, model, lane))
+        if hit is not None and hit[0] > self._clock():
+            return True, _left(hit)
+        return False, None
 
     async def remaining(
         self, tenant: str, model: str | None = None, lane: str | None = None

@@ -15,7 +15,6 @@ and the clamp; the backend's usage settles the real count.
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +61,7 @@ _NEWLINES = re.compile(r"\n+")
 _LETTER_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 _DIGIT_BYTES = frozenset(b"0123456789")
 _LETTER_BITS = bytes(1 if i in _LETTER_BYTES else 0 for i in range(256))
+_DIGIT_BITS = bytes(1 if i in _DIGIT_BYTES else 0 for i in range(256))
 _ONLY_DIGITS = bytes(i if i in _DIGIT_BYTES else 0x20 for i in range(256))
 _ASCII_SPACE = b"\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f "  # what \s matches below 0x80
 _ASCII = bytes(range(0x80))
@@ -82,12 +82,27 @@ def _widen(mask: int, have: int, width: int) -> int:
     return mask
 
 
-_TABLE = 256  # ceil(n / k) looked up for digit runs shorter than this
+_MASK_LEVELS = 8  # digit runs up to 8 * digits_per_token by masks, else from a list of runs
 
 
-@functools.lru_cache(maxsize=8)
-def _ceil_table(k: int) -> tuple[int, ...]:
-    return tuple(-(-n // k) for n in range(_TABLE))
+def _digit_tokens(b: bytes, k: int) -> tuple[int, int]:
+    """Digits, and the sum over digit runs of ``ceil(len / k)``: how many of the widths
+    1, k + 1, 2k + 1, ... each run reaches (runs of at least w: positions ending a w-window,
+    less those whose neighbour ends one too), so a few mask operations per width; a text with
+    a run past the last width falls back to a list of run lengths (the cost stays linear)."""
+    window = int.from_bytes(b.translate(_DIGIT_BITS), "little")
+    n_digits = window.bit_count()
+    tokens, width = 0, 1
+    for _ in range(_MASK_LEVELS):
+        if not window:
+            return n_digits, tokens
+        longer = window & (window << 8)
+        tokens += window.bit_count() - longer.bit_count()
+        window = _widen(longer, width + 1, width + k)
+        width += k
+    if not window:
+        return n_digits, tokens
+    return n_digits, sum(-(-n // k) for n in map(len, b.translate(_ONLY_DIGITS).split()))
 
 
 def _newline_runs(b: bytes) -> int:
@@ -126,15 +141,7 @@ def pieces(text: str, digits_per_token: int = 3) -> Pieces:
     eight = seven & (seven << 8)
     n_letters = one.bit_count()
     n_seven = seven.bit_count()
-    # digit runs are few (a list of them is cheap) and of any length (a mask would need a
-    # shift per digits_per_token of the longest)
-    runs = list(map(len, b.translate(_ONLY_DIGITS).split()))
-    n_digits = sum(runs)
-    k = digits_per_token
-    if n_digits < _TABLE:
-        digit_tokens = sum(map(_ceil_table(k).__getitem__, runs))
-    else:  # a run may be longer than the table
-        digit_tokens = sum(-(-n // k) for n in runs)
+    n_digits, digit_tokens = _digit_tokens(b, digits_per_token)
     space = len(b) - len(b.translate(None, _ASCII_SPACE))
     wide = 0
     if not text.isascii():

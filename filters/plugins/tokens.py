@@ -217,15 +217,20 @@ class TokensPlugin(BasePlugin):
         cap = tier.max_tokens if tier is not None else self.default_max_tokens
         why = "tier"
         if ctx.tenant is not None and ctx.route.rate_limited:
-            try:
-                async with asyncio.timeout(self.budget_timeout):
-                    left = await self.services.budget.remaining(ctx.tenant, model, ctx.lane)
-            except Exception as exc:  # slow or down: the rate-limit service still decides
-                self._budget_warn.warning(
-                    "budget lookup failed for %s (%s); using the tier cap", ctx.tenant, repr(exc)
-                )
-                self.services.metrics.redis_errors.inc()
-                left = None
+            budget = self.services.budget
+            known, left = budget.cached(ctx.tenant, model, ctx.lane)  # a hit: no timer, no task
+            if not known:
+                try:
+                    async with asyncio.timeout(self.budget_timeout):
+                        left = await budget.remaining(ctx.tenant, model, ctx.lane)
+                except Exception as exc:  # slow or down: the rate-limit service still decides
+                    self._budget_warn.warning(
+                        "budget lookup failed for %s (%s); using the tier cap",
+                        ctx.tenant,
+                        repr(exc),
+                    )
+                    self.services.metrics.redis_errors.inc()
+                    left = None
             if left is not None and left - prompt < cap:
                 cap, why = max(1, left - prompt), "budget"
         ladder = max_tokens_cap(ctx)  # a degradation step's lower cap

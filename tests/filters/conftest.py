@@ -33,6 +33,9 @@ class FakeBudget:
     def note_reserved(self, tenant: str, model: str | None, lane: str | None, tokens: int) -> None:
         self.reserved.append(tokens)
 
+    def cached(self, tenant: str, model: str | None, lane: str | None) -> tuple[bool, int | None]:
+        return False, None  # every clamp reads (and a slow read is what some tests need)
+
     async def remaining(
         self, tenant: str, model: str | None = None, lane: str | None = None
     ) -> int | None:

@@ -28,6 +28,21 @@ async def test_cached_budget_reuses_reads_and_debits_local_reservations() -> Non
     assert await budget.remaining("u") is None
 
 
+async def test_cached_answers_a_fresh_value_without_io_and_misses_otherwise() -> None:
+    reader, clock = FakeBudget({"t": 1000, "u": None}), FakeClock()
+    budget = CachedBudget(reader, clock=clock, ttl=0.25)
+    assert budget.cached("t", "m", "batch") == (False, None)  # never read
+    assert await budget.remaining("t", "m", "batch") == 1000
+    budget.note_reserved("t", "m", "batch", 300)
+    assert budget.cached("t", "m", "batch") == (True, 700)  # the read, less our reservation
+    assert budget.cached("t", "m", "interactive") == (False, None)  # another key
+    await budget.remaining("u")
+    assert budget.cached("u", None, None) == (True, None)  # unlimited is known too
+    clock.now += 0.3
+    assert budget.cached("t", "m", "batch") == (False, None)  # past the TTL: read again
+    assert len(reader.calls) == 2
+
+
 async def test_ttl_zero_reads_every_time() -> None:
     reader = FakeBudget({"t": 5})
     budget = CachedBudget(reader, clock=FakeClock(), ttl=0)

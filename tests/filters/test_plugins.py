@@ -10,6 +10,7 @@ import pytest
 from controlplane.policy import Policy
 from controlplane.policy.scheduling import PriorityScheduling
 from filters.api import RouteInfo
+from filters.budget import CachedBudget
 from filters.errors import ClientError, ConfigError
 from filters.plugins.identity import IdentityPlugin
 from filters.plugins.lane import LanePlugin
@@ -114,6 +115,24 @@ async def test_tokens_skips_a_slow_budget_read(policy, clock: FakeClock) -> None
         ctx, _chat(max_tokens=999)
     )
     assert r is not None and r.body is not None and json.loads(r.body)["max_tokens"] == 256
+
+
+async def test_tokens_clamps_on_a_cached_budget_without_reading(policy, clock: FakeClock) -> None:
+    reader = FakeBudget({"demo-pro": 2500})
+    budget = CachedBudget(reader, clock=clock, ttl=10.0)
+    services = make_services(policy, clock, budget=budget)
+    plugin = TokensPlugin({}, services)
+    clamps, reserves = [], []
+    for _ in range(3):
+        ctx = make_ctx(tenant="demo-pro", tier="pro", lane="interactive")
+        r = await plugin.request_body(ctx, _chat(max_tokens=1000))
+        assert r is not None and ctx.prompt_tokens is not None
+        clamps.append(json.loads(r.body)["max_tokens"] if r.body is not None else 1000)
+        reserves.append(ctx.reserve)
+    assert len(reader.calls) == 1  # the first clamp read, the others were answered by the cache
+    assert clamps[:2] == [1000, 1000]
+    # the cache was lowered by this process's two reservations: the third is clamped to the rest
+    assert clamps[2] + ctx.prompt_tokens == 2500 - reserves[0] - reserves[1]
 
 
 async def test_lane_from_tier_hint_and_route(services: Services) -> None:
