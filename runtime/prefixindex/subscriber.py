@@ -39,6 +39,8 @@ from runtime.prefixindex.wire import (
 __all__ = ["KvEventSubscriber", "ReplicaFeed"]
 
 log = logging.getLogger("runtime.prefixindex")
+_DRAIN_MAX = 256  # batches applied per wake-up before the loop gets a turn
+_DRAIN_SECONDS = 0.005  # ... or this much work, so requests on the same loop are not held
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,19 +114,42 @@ class KvEventSubscriber:
         try:
             while True:
                 if feed.replay_endpoint is not None and self._clock() >= next_probe:
-                    await self._replay(feed)
-                    next_probe = self._clock() + self._probe_interval_s
+                    # what the SUB socket already holds first: the replay then asks only for
+                    # what is missing, not for batches that would then arrive as duplicates;
+                    # while a backlog is still queued the stream is flowing, so the probe
+                    # waits for it (a gap in it still asks at once)
+                    gap, more = await self._drain(feed, sub)
+                    if gap or not more:
+                        await self._replay(feed)
+                        next_probe = self._clock() + self._probe_interval_s
                 ready = dict(await poller.poll(timeout=self._probe_interval_s * 1000))
                 if monitor in ready:
                     event = parse_monitor_message(await monitor.recv_multipart())
                     if event["event"] == zmq.EVENT_DISCONNECTED:
                         return
-                if sub in ready and self._on_message(feed, await sub.recv_multipart()):
+                if sub in ready and (await self._drain(feed, sub))[0]:
                     next_probe = self._clock()  # a gap: ask the replay socket now
         finally:
             sub.disable_monitor()
             monitor.close(linger=0)
             sub.close(linger=0)
+
+    async def _drain(self, feed: ReplicaFeed, sub: zmq.asyncio.Socket) -> tuple[bool, bool]:
+        """Apply the batches ``sub`` holds (up to ``_DRAIN_MAX``, or ``_DRAIN_SECONDS`` of
+        work): one poll per burst, not per batch, so a busy loop does not fall behind the
+        publishers and leave the batches to the next replay probe (each then decoded twice).
+        ``(gap, more)``: the replica needs a replay; batches were left for the next turn."""
+        gap = False
+        until = time.perf_counter() + _DRAIN_SECONDS
+        for _ in range(_DRAIN_MAX):
+            try:  # a message already queued: the future is done, awaiting it does not yield
+                parts = await sub.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return gap, False
+            gap = self._on_message(feed, parts) or gap
+            if time.perf_counter() >= until:
+                break  # the rest at the next poll, after the loop's other tasks had a turn
+        return gap, True
 
     def _on_message(self, feed: ReplicaFeed, parts: list[bytes]) -> bool:
         """Apply one live batch; True when the replica needs a replay."""
