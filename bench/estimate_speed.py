@@ -2,8 +2,8 @@
 
 ``.venv/bin/python bench/estimate_speed.py --baseline-src DIR [--rounds 7]`` (DIR e.g. a
 ``git archive`` of an older commit): loads ``filters/estimate.py`` from both trees and times
-``load_estimator(None).count`` (the heuristic, long prompts on a sample) on prose (the frozen
-docs corpus of the tests), Python source, JSON and the emulator's trace text (``b12w3`` words,
+``load_estimator(None).count`` (the heuristic, long prompts on a sample) on the tests' frozen
+corpora (prose, Python source, JSON; tests/data) and the emulator's trace text (``b12w3`` words,
 what ``bench/peers.py`` sends) at 3 KB, 15 KB and 300 KB. The two trees alternate within every
 round (the machine is shared: medians of the rounds, and their ratio); the counts of both are
 reported beside the whole-text count. JSON in ``bench/results/estimate_speed.json``.
@@ -40,15 +40,11 @@ def _module(path: Path, name: str) -> ModuleType:
 
 
 def corpora() -> dict[str, str]:
-    code = "\n".join(p.read_text() for p in sorted(ROOT.glob("filters/**/*.py")))
-    data = "\n".join(
-        p.read_text()
-        for p in sorted(ROOT.glob("bench/results/*.json"))
-        if p.stem != "estimate_speed"
-    )
-    trace = " ".join(trace_block_text(1000 + i, 512) for i in range(120))
-    prose = (ROOT / "tests" / "data" / "estimate_prose.txt").read_text()
-    return {"prose": prose, "code": code, "json": data, "trace": trace}
+    """The tests' frozen corpora (tests/data: prose, Python source, JSON) and trace text."""
+    data = ROOT / "tests" / "data"
+    out = {k: (data / f"estimate_{k}.txt").read_text() for k in ("prose", "code", "json")}
+    out["trace"] = " ".join(trace_block_text(1000 + i, 512) for i in range(120))
+    return out
 
 
 def _seconds(count: Any, text: str, number: int) -> float:

@@ -126,15 +126,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _corpus(kind: str, size: int) -> str:
-    """Real text of the repository: prose (the docs as of 013f7a5, frozen in tests/data so that
-    editing a doc does not move the test), Python source, JSON (bench results)."""
-    if kind == "prose":
-        text = (ROOT / "tests" / "data" / "estimate_prose.txt").read_text()
-        assert len(text) >= size
-        return text[:size]
-    pattern = {"code": "filters/**/*.py", "json": "bench/results/*.json"}
-    files = sorted(ROOT.glob(pattern[kind]))
-    text = "\n".join(f.read_text(errors="replace") for f in files)
+    """Real text of the repository, frozen in tests/data so that editing a doc, a filter or a
+    benchmark result does not move the test: prose (the docs as of 013f7a5), Python source
+    (``filters/**/*.py``) and JSON (``bench/results/*.json``) as of this session's main."""
+    text = (ROOT / "tests" / "data" / f"estimate_{kind}.txt").read_text()
     assert len(text) >= size, (kind, len(text))
     return text[:size]
 
