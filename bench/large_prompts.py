@@ -33,7 +33,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runtime.children import Child, wait_child_line, wait_child_port  # noqa: E402
+from runtime.children import Child, checkout, wait_child_line, wait_child_port  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
 KEY = "tw-demo-pro-key"
@@ -79,9 +79,8 @@ class Arm:
             str(Path(sys.executable).parent / "tokenweir"), "--log-level", "warning", "up",
             "--no-prometheus", "-c", str(path), "--run-dir", str(self.run / "up"),
         ]  # fmt: skip
-        src = self.src.resolve() if self.src is not None else None
-        env = {"PYTHONPATH": str(src)} if src is not None else {}
-        self.child = Child(f"up-{self.name}", argv, self.run / "up.log", env=env, cwd=src)
+        env, cwd = checkout(self.src)
+        self.child = Child(f"up-{self.name}", argv, self.run / "up.log", env=env, cwd=cwd)
         self.child.start()
         await wait_child_port("127.0.0.1", self.port, self.child, timeout=120)
         await wait_child_line(self.child, "tokenweir up: ready", timeout=90)

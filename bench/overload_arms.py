@@ -30,7 +30,7 @@ import aiohttp
 import yaml
 
 from controlplane.envoy_launcher import envoy_binary
-from runtime.children import Child, wait_child_line, wait_child_port
+from runtime.children import Child, checkout, wait_child_line, wait_child_port
 from runtime.poolstate.errors import MetricsTextError
 from runtime.poolstate.metrics_text import parse_metrics_text
 from runtime.ports import free_port
@@ -133,10 +133,8 @@ class Arm:
         await self.pool.aclose()
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
-        # ``python -m`` imports from the cwd before PYTHONPATH: both point at the other checkout
-        src = self.src.resolve() if self.src is not None else None
-        env = {"PYTHONPATH": str(src)} if src is not None else {}
-        child = Child(name, argv, self.run_dir / f"{name}.log", env=env, cwd=src)
+        env, cwd = checkout(self.src)
+        child = Child(name, argv, self.run_dir / f"{name}.log", env=env, cwd=cwd)
         child.start()
         self.children.append(child)
         return child

@@ -29,7 +29,7 @@ from peers_litellm import LITELLM_ENV, litellm_command, write_litellm_config
 from peers_workload import tenant_keys
 
 from controlplane.envoy_launcher import envoy_binary
-from runtime.children import Child, wait_child_line, wait_child_port
+from runtime.children import Child, checkout, wait_child_line, wait_child_port
 from runtime.ports import free_port
 
 __all__ = ["ARMS", "BUDGET_KEYS", "MODEL", "BudgetSpec", "Emulators", "PeerArm", "make_arm"]
@@ -174,10 +174,7 @@ class Tokenweir(PeerArm):
             "-c", str(path), "--run-dir", str(self.run_dir / f"{self.name}-up"),
             "--drain-timeout", "1",
         ]  # fmt: skip
-        # ``python -m`` imports from the cwd before PYTHONPATH: both point at the other checkout
-        src = self.src.resolve() if self.src is not None else None
-        env = {"PYTHONPATH": str(src)} if src is not None else None
-        child = self._spawn(f"{self.name}-up", argv, env, src)
+        child = self._spawn(f"{self.name}-up", argv, *checkout(self.src))
         await wait_child_port("127.0.0.1", self.port, child, timeout=120)
         await wait_child_line(child, "tokenweir up: ready", timeout=90)
 

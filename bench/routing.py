@@ -49,7 +49,7 @@ from backends.emulator.trace import TraceRecord, load_trace  # noqa: E402
 from bench.peers_cpu import per_request_ms, snapshot  # noqa: E402
 from bench.routing_jobs import Job, combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
 from bench.routing_report import picker_metrics, plot  # noqa: E402
-from runtime.children import Child, wait_child_line, wait_child_port  # noqa: E402
+from runtime.children import Child, checkout, wait_child_line, wait_child_port  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
 TRACE = ROOT / "bench" / "data" / "mooncake_conversation_every12th.jsonl"
@@ -230,12 +230,10 @@ class Gateway:
         await wait_child_line(child, "tokenweir up: ready", timeout=90)
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
-        # ``python -m`` imports from the cwd before PYTHONPATH: both point at the other checkout
         src = self.pool.a.baseline_src if self.arm == "picker-baseline" else None
         if self.arm == "picker-baseline" and src is None:
             raise ValueError("the picker-baseline arm needs --baseline-src")
-        env = {"PYTHONPATH": str(Path(src).resolve())} if src is not None else {}
-        cwd = Path(src).resolve() if src is not None else None
+        env, cwd = checkout(Path(src) if src is not None else None)
         child = Child(name, argv, self.run_dir / f"{name}.log", env=env, cwd=cwd)
         child.start()
         self.children.append(child)

@@ -19,7 +19,24 @@ from pathlib import Path
 from runtime.errors import ChildError, PortTimeout
 from runtime.ports import wait_port
 
-__all__ = ["Child", "ChildError", "die_with_parent", "wait_child_line", "wait_child_port"]
+__all__ = [
+    "Child",
+    "ChildError",
+    "checkout",
+    "die_with_parent",
+    "wait_child_line",
+    "wait_child_port",
+]
+
+
+def checkout(src: Path | None) -> tuple[dict[str, str], Path | None]:
+    """``(env, cwd)`` for a :class:`Child` that runs another checkout's code (a benchmark's
+    baseline, e.g. a ``git archive`` of an older commit); ``({}, None)`` for this one's.
+    ``python -m`` imports from the cwd before PYTHONPATH, so both point at ``src``."""
+    if src is None:
+        return {}, None
+    root = src.resolve()
+    return {"PYTHONPATH": str(root)}, root
 
 
 @dataclass
