@@ -310,10 +310,9 @@ async def run(
                     length_scale=cfg.length_scale, rng=rng,
                 )  # fmt: skip
                 for name, arm in arms.items():  # side by side: every arm at this level
+                    sent = [a for a in arrivals if arm.lanes is None or a.lane in arm.lanes]
                     await wait_idle(arm)
-                    got = await drive(
-                        arm, arrivals, honour, cfg.patience, cfg.seed, cfg.sample_every
-                    )
+                    got = await drive(arm, sent, honour, cfg.patience, cfg.seed, cfg.sample_every)
                     key = _level_key(m)
                     summary = summarize(got["attempts"], window=(cfg.warmup, cfg.duration))
                     result["levels"].setdefault(name, {})[key] = summary
@@ -322,7 +321,7 @@ async def run(
                     lanes[key] = replica_lane_summary(got["replicas"], INTERACTIVE_PRIORITY)
                     lag = result.setdefault("client_lag_ms", {}).setdefault(name, {})
                     lag[key] = got["client_lag_ms"]
-                    _print_row(name, key, len(arrivals), summary)
+                    _print_row(name, key, len(sent), summary)
             await _storms(cfg, arms, records, cap, result)
         finally:
             await asyncio.gather(*(arm.aclose() for arm in arms.values()))

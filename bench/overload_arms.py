@@ -44,7 +44,10 @@ ARMS = ("envoy", "sglang-router", "tokenweir")
 # (``leave_for_higher: null``), for the before/after of the higher lanes' reserve
 # (``tokenweir-no-priority``: the backends do not schedule by priority, for the before/after)
 # (``tokenweir-ring``: the ranked pool balanced by Envoy's ring hash, not by lane)
+# (``interactive-alone``: only the interactive lane's arrivals, straight through plain Envoy,
+# least request: what the lane gets with the pool to itself, a bound on any admission policy)
 EXTRA_ARMS = (
+    "interactive-alone",
     "tokenweir-no-reserve",
     "tokenweir-no-priority",
     "tokenweir-ring",
@@ -110,6 +113,7 @@ class Arm:
 
     name = ""
     emulator_args: tuple[str, ...] = ()  # flags of this arm's emulators
+    lanes: tuple[str, ...] | None = None  # the lanes whose arrivals this arm is sent (None: all)
 
     def __init__(self, pool: EmulatorPool, run_dir: Path, src: Path | None = None) -> None:
         self.pool = pool
@@ -142,10 +146,12 @@ class Arm:
 
 class PlainEnvoy(Arm):
     name = "envoy"
+    lb_policy = "ROUND_ROBIN"
 
     async def start(self) -> None:
         path = self.run_dir / "envoy-plain.json"
-        path.write_text(json.dumps(plain_envoy_bootstrap(self.port, self.pool.ports), indent=1))
+        bootstrap = plain_envoy_bootstrap(self.port, self.pool.ports, self.lb_policy)
+        path.write_text(json.dumps(bootstrap, indent=1))
         base_id = 1000 + zlib.crc32(str(path).encode()) % 60000
         child = self._spawn(
             "envoy-plain",
@@ -153,6 +159,17 @@ class PlainEnvoy(Arm):
              "--concurrency", "1", "--log-level", "warning"],
         )  # fmt: skip
         await wait_child_port("127.0.0.1", self.port, child)
+
+
+class InteractiveAlone(PlainEnvoy):
+    """The interactive lane's arrivals only, with no batch at all, through plain Envoy's least
+    request: the TTFT the lane gets with the whole pool to itself. No admission policy in front of
+    the same pool can give the lane a lower TTFT without shedding some of it, so this arm bounds
+    what the issue's "p95 within 2x of unloaded" target can reach at each load."""
+
+    name = "interactive-alone"
+    lanes = ("interactive",)
+    lb_policy = "LEAST_REQUEST"
 
 
 class SglangRouter(Arm):
@@ -250,8 +267,11 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def plain_envoy_bootstrap(listen_port: int, backend_ports: list[int]) -> dict[str, Any]:
-    """One listener → one route (no timeout) → one round-robin cluster; no governance."""
+def plain_envoy_bootstrap(
+    listen_port: int, backend_ports: list[int], lb_policy: str = "ROUND_ROBIN"
+) -> dict[str, Any]:
+    """One listener → one route (no timeout) → one cluster (round robin unless told); no
+    governance."""
     high = {"max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000}
     endpoints = [
         {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
@@ -305,7 +325,7 @@ def plain_envoy_bootstrap(listen_port: int, backend_ports: list[int]) -> dict[st
                 {
                     "name": "pool",
                     "type": "STATIC",
-                    "lb_policy": "ROUND_ROBIN",
+                    "lb_policy": lb_policy,
                     "connect_timeout": "1s",
                     "circuit_breakers": {"thresholds": [high]},
                     "load_assignment": {
@@ -321,6 +341,7 @@ def plain_envoy_bootstrap(listen_port: int, backend_ports: list[int]) -> dict[st
 def make_arm(name: str, pool: EmulatorPool, run_dir: Path, baseline: Path | None = None) -> Arm:
     kinds: dict[str, type[Arm]] = {
         "envoy": PlainEnvoy,
+        "interactive-alone": InteractiveAlone,
         "sglang-router": SglangRouter,
         "tokenweir": Tokenweir,
         "tokenweir-no-reserve": TokenweirNoReserve,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from overload_arms import EmulatorPool, PoolSpec, bench_policy, plain_envoy_bootstrap
+from overload_arms import EmulatorPool, PoolSpec, bench_policy, make_arm, plain_envoy_bootstrap
 from overload_client import Attempt
 from overload_report import PLOTS, markdown, write_outputs
 from overload_stats import percentile, summarize, targets, timeline
@@ -182,6 +182,18 @@ def test_the_plain_envoy_arm_is_round_robin_with_no_governance() -> None:
     assert [f["name"] for f in hcm["http_filters"]] == ["envoy.filters.http.router"]
     route = hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
     assert route["timeout"] == "0s"  # streams are never cut by a route timeout
+
+
+def test_the_interactive_alone_arm_gets_only_interactive_arrivals_by_least_request(
+    tmp_path: Path,
+) -> None:
+    spec = PoolSpec(2, 4, "llama-3.1-8b-h100", 1.0, 5.0, 10.0)
+    arm = make_arm("interactive-alone", EmulatorPool(spec, tmp_path), tmp_path)
+    assert arm.lanes == ("interactive",)
+    assert make_arm("envoy", EmulatorPool(spec, tmp_path), tmp_path).lanes is None
+    b = plain_envoy_bootstrap(10000, [1, 2], "LEAST_REQUEST")
+    (cluster,) = b["static_resources"]["clusters"]
+    assert cluster["lb_policy"] == "LEAST_REQUEST"
 
 
 def test_replica_lane_summary_finds_interactive_waiting_beside_preemptable_batch() -> None:
