@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import sys
 import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from controlplane.policy import PolicyError
 from runtime.buildworker import BuildWorker, resolve
 from runtime.dispose import WORTH_IT, dispose
 from runtime.errors import BuildFailed, WorkerCrashed
+from runtime.gil import SwitchInterval
 from runtime.tasks import stop_task
 
 __all__ = ["InWorker", "Loaded", "PolicyWatcher", "ReloadMetrics", "ReloadOutcome"]
@@ -213,9 +213,8 @@ class PolicyWatcher(Generic[T]):
         # frozen (gc.freeze: left out of later collections, still freed by reference counts),
         # or the first full collection after the build would stall the loop instead.
         collecting = gc.isenabled()
-        previous = sys.getswitchinterval()
         gc.disable()
-        sys.setswitchinterval(min(previous, _LOAD_SWITCH_INTERVAL))
+        switch = SwitchInterval(_LOAD_SWITCH_INTERVAL).__enter__()  # one count for the process
         start = time.perf_counter()
         try:
             if isinstance(self._load, InWorker):  # start-up: built here, in this thread
@@ -226,7 +225,7 @@ class PolicyWatcher(Generic[T]):
             return self._load(self.path)
         finally:
             self.metrics.seconds.set(time.perf_counter() - start)
-            sys.setswitchinterval(previous)
+            switch.__exit__(None, None, None)
             gc.freeze()
             if collecting:
                 gc.enable()
