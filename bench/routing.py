@@ -119,6 +119,8 @@ class Pool:
                         "sglang:cached_tokens_total",
                         "sglang:prompt_tokens_total",
                         "sglang:num_requests_total",
+                        "sglang:time_to_first_token_seconds_sum",
+                        "sglang:time_to_first_token_seconds_count",
                     ):
                         vals[s.name] = vals.get(s.name, 0.0) + s.value
             out.append(vals)
@@ -312,6 +314,7 @@ async def drive(url: str, records: list[Job], a: argparse.Namespace) -> dict[str
         "req_per_s": len(records) / wall,
         "out_tok_per_s": tokens / wall,
         "ttft_p50_ms": 1000 * statistics.median(ttfts) if ttfts else None,
+        "ttft_mean_ms": 1000 * statistics.fmean(ttfts) if ttfts else None,
         "ttft_p95_ms": 1000 * q[94],
         "ttft_p99_ms": 1000 * q[98],
     }
@@ -341,6 +344,11 @@ async def run_arm(
         cached = sum(c.get("sglang:cached_tokens_total", 0) for c in counts)
         reqs = [c.get("sglang:num_requests_total", 0) for c in counts]
         res["hit_ratio"] = cached / prompt if prompt else 0.0
+        # the backends' own TTFT (arrival at the replica → first token): what is left of the
+        # client's TTFT is the gateway's share (its queueing and CPU, and the hops)
+        t_sum = sum(c.get("sglang:time_to_first_token_seconds_sum", 0) for c in counts)
+        t_n = sum(c.get("sglang:time_to_first_token_seconds_count", 0) for c in counts)
+        res["backend_ttft_mean_ms"] = 1000 * t_sum / t_n if t_n else None
         res["per_replica_requests"] = reqs
         res["max_over_mean"] = max(reqs) / (sum(reqs) / len(reqs)) if sum(reqs) else 0.0
         return res
@@ -370,7 +378,8 @@ async def main_async(a: argparse.Namespace) -> int:
             r = results[arm]
             print(
                 f"  hit {r['hit_ratio']:.3f}  ttft p50 {r['ttft_p50_ms']:.0f} p95 {r['ttft_p95_ms']:.0f}"
-                f" p99 {r['ttft_p99_ms']:.0f} ms  {r['req_per_s']:.2f} req/s"
+                f" p99 {r['ttft_p99_ms']:.0f} ms  mean {r['ttft_mean_ms']:.0f} ms"
+                f" (backends' own {r['backend_ttft_mean_ms'] or 0:.0f})  {r['req_per_s']:.2f} req/s"
                 f" {r['out_tok_per_s']:.0f} tok/s  max/mean {r['max_over_mean']:.2f}"
                 f"  failed {r['failed']}  per replica {r['per_replica_requests']}"
                 f"  gateway CPU ms/request {r['gateway_cpu_ms_per_request']}",

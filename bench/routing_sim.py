@@ -55,7 +55,8 @@ from controlplane.policy.routing import RoutingPolicy  # noqa: E402
 from filters.picker.metrics import PickerMetrics  # noqa: E402
 from filters.picker.pool import PoolPicker  # noqa: E402
 from filters.picker.prompt import checkpoints  # noqa: E402
-from runtime.prefixindex.wire import KVEventBatch, decode_batch, encode_batch  # noqa: E402
+from runtime.prefixindex.hashing import prefix_block_ids  # noqa: E402
+from runtime.prefixindex.wire import KVEventBatch, decode_for_index, encode_batch  # noqa: E402
 
 ROUTERS = ("picker", "ring_hash", "approx_tree")
 
@@ -209,6 +210,7 @@ def _picker(names: list[str], a: argparse.Namespace, clock: Callable[[], float])
         pending_ttl=a.pending_ttl,
         cache_weight=a.cache_weight,
         max_imbalance=a.max_imbalance,
+        anchor_tokens=a.anchor_tokens,
     )
     cfg = LlmPool(models=("m",), endpoints=tuple(Address.parse(n) for n in names), routing=routing)
     return PoolPicker("sim", cfg, PickerMetrics(CollectorRegistry()), clock=clock, wall=clock)
@@ -227,7 +229,7 @@ async def simulate(router_name: str, jobs: list[Job], a: argparse.Namespace) -> 
     def sink(i: int) -> Callable[[list[Any]], None]:
         def publish(events: list[Any]) -> None:
             raw = encode_batch(KVEventBatch(ts=loop.time(), events=events))
-            index.apply(names[i], seqs[i], decode_batch(raw))
+            index.apply(names[i], seqs[i], decode_for_index(raw, index.anchor_every))
             index.heard(names[i], loop.time())
             seqs[i] += 1
 
@@ -296,7 +298,9 @@ def _watch_admissions(s: Scheduler, i: int, name: str, picker: PoolPicker, out: 
         said = picker.index.query(list(tokens), clock())[name]
         result = real(tokens)
         out.admissions += 1
-        out.index_wrong += said != result.length
+        # exact at the index's anchor granularity: the match rounded down to its last anchor
+        blocks = prefix_block_ids(tokens, picker.index.page_size)
+        out.index_wrong += said != picker.index.anchored(blocks, result.length)
         return result
 
     s.cache.match_prefix = match  # type: ignore[method-assign]
@@ -332,6 +336,7 @@ def main() -> int:
     ap.add_argument("--pending-ttl", type=float, default=5.0)
     ap.add_argument("--cache-weight", type=float, default=0.7)
     ap.add_argument("--max-imbalance", type=float, default=1.5)
+    ap.add_argument("--anchor-tokens", type=int, default=16, help="routing.anchor_tokens")
     ap.add_argument("--map-delay", type=float, default=0.0, help="picker: mapper lag (s)")
     ap.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=ROUTERS)
     a = ap.parse_args()

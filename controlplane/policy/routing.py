@@ -45,6 +45,16 @@ class RoutingPolicy:
     checkpoint_bytes: Annotated[int, Size(64, 1024**2)] = 1024
     # a routed prompt counts as cached on its replica for this long, until its events arrive
     pending_ttl: Annotated[float, Duration(0.0, 600)] = 1.0
+    # the index keeps one block in about this many tokens (its "anchors", see anchor_every)
+    anchor_tokens: Annotated[int, Range(1, 4096)] = 16
+
+    @property
+    def anchor_every(self) -> int:
+        """Pages per anchor: the largest power of two <= anchor_tokens / page_size, from 1 to
+        256. The index keeps only blocks whose hash has that many low bits zero, so a prompt's
+        cached length is known to within about anchor_tokens tokens (rounded down, never up)."""
+        pages = max(1, min(256, self.anchor_tokens // self.page_size))
+        return 1 << (pages.bit_length() - 1)
 
     def __post_init__(self) -> None:
         if self.mode == "prefix_index" and self.index_ttl < 1.0:

@@ -12,7 +12,9 @@ For checkpoint ``k`` (bytes ``[0, k × step)``) the tokens are the words that en
 whitespace, before the cut (the emulator's tokenizer: one token per whitespace-separated word,
 id = CRC-32 of its UTF-8 bytes); a word touching the cut is left to the next checkpoint, so the
 tokens depend only on the bytes before the cut. The block hash stored is that of the last whole
-page of those tokens. Non-ASCII whitespace (which the emulator's ``str.split`` also splits on)
+*anchor* page of those tokens (every page when the index keeps every block; with
+``anchor_every`` > 1 the last page whose hash is an anchor, as the index keeps only those:
+:mod:`runtime.prefixindex.index`). Non-ASCII whitespace (which the emulator's ``str.split`` also splits on)
 makes a prediction differ from the backend's hashes: the index then finds nothing and the
 answer is lower, never wrong.
 
@@ -30,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runtime.prefixindex.hashing import block_id
+from runtime.prefixindex.wire import anchor_mask
 
 __all__ = ["ROOT", "CheckpointMap", "Point", "map_points"]
 
@@ -44,32 +47,45 @@ class Point:
     tokens: int  # tokens before ``resume``
     digest: bytes  # chain digest after the whole pages of those tokens (b"" = none yet)
     tail: tuple[int, ...]  # token ids of the partial last page
-    block: int | None  # block hash of the last whole page (None before the first page)
+    block: int | None  # block hash of the last whole anchor page (None before the first)
+    anchored: int = 0  # tokens up to and including that page
 
     @property
     def cached_tokens(self) -> int:
-        """Tokens the block covers (whole pages)."""
-        return self.tokens - len(self.tail)
+        """Tokens the block covers (whole pages up to the last anchor)."""
+        return self.anchored
 
 
 ROOT = Point(0, 0, b"", (), None)
 
 
 def map_points(
-    data: bytes, start: Point, first: int, count: int, step: int, page: int
+    data: bytes,
+    start: Point,
+    first: int,
+    count: int,
+    step: int,
+    page: int,
+    anchor_every: int = 1,
+    base: int = 0,
 ) -> list[Point]:
-    """Pure: the points of checkpoints ``first + 1 .. first + count`` of ``data``, from the
-    point of checkpoint ``first`` (``ROOT`` for 0). Runs in a worker process (picklable)."""
+    """Pure: the points of checkpoints ``first + 1 .. first + count`` of a prompt, from the
+    point of checkpoint ``first`` (``ROOT`` for 0). ``data`` is the prompt's bytes from offset
+    ``base`` on (at most ``start.resume``), so a caller sends only what is still to be mapped.
+    Runs in a worker process (picklable)."""
+    if base > start.resume:
+        raise ValueError("base is past the point to resume from")
+    mask = anchor_mask(anchor_every)
     out: list[Point] = []
     point = start
     for k in range(first + 1, first + count + 1):
-        point = _advance(data, point, k * step, page)
+        point = _advance(data, base, point, k * step, page, mask)
         out.append(point)
     return out
 
 
-def _advance(data: bytes, point: Point, cut: int, ps: int) -> Point:
-    segment = data[point.resume : cut]
+def _advance(data: bytes, base: int, point: Point, cut: int, ps: int, mask: int) -> Point:
+    segment = data[point.resume - base : cut - base]
     words = segment.split()
     resume = cut
     if words and not segment[-1:].isspace():
@@ -77,7 +93,7 @@ def _advance(data: bytes, point: Point, cut: int, ps: int) -> Point:
     ids = [zlib.crc32(w) for w in words]
     pending = [*point.tail, *ids]
     whole = len(pending) - len(pending) % ps
-    digest, block = point.digest, point.block
+    digest, block, anchored = point.digest, point.block, point.anchored
     if whole:
         packed = array.array("I", pending[:whole])
         if _SWAP:
@@ -85,20 +101,30 @@ def _advance(data: bytes, point: Point, cut: int, ps: int) -> Point:
         raw = packed.tobytes()
         sha = hashlib.sha256
         width = 4 * ps
+        last = None  # offset in raw of the last anchor page's start
+        anchor = b""
         for begin in range(0, len(raw), width):
             digest = sha(digest + raw[begin : begin + width]).digest()
-        block = block_id(digest)
-    return Point(resume, point.tokens + len(ids), digest, tuple(pending[whole:]), block)
+            if not digest[7] & mask:  # the block id's low byte: an anchor (every page at 0)
+                last, anchor = begin, digest
+        if last is not None:
+            block = block_id(anchor)
+            anchored = point.tokens - len(point.tail) + last // 4 + ps
+    return Point(resume, point.tokens + len(ids), digest, tuple(pending[whole:]), block, anchored)
 
 
 class CheckpointMap:
     """checkpoint digest → :class:`Point`; see the module docstring."""
 
-    def __init__(self, page_size: int, step: int, *, max_points: int = 500_000) -> None:
+    def __init__(
+        self, page_size: int, step: int, *, max_points: int = 500_000, anchor_every: int = 1
+    ) -> None:
         if page_size <= 0 or step <= 0 or max_points <= 0:
             raise ValueError("page_size, step and max_points must be > 0")
+        anchor_mask(anchor_every)  # checked here, not first in the worker process
         self.page_size = page_size
         self.step = step
+        self.anchor_every = anchor_every
         self.max_points = max_points
         self._points: collections.OrderedDict[bytes, Point] = collections.OrderedDict()
         self.tokens_hashed = 0  # work done, for metrics and the benchmark
@@ -150,7 +176,7 @@ class CheckpointMap:
         if start is None:
             return 0  # evicted meanwhile: start over next time
         count = min(budget, len(marks) - known)
-        points = map_points(data, start, known, count, self.step, self.page_size)
+        points = map_points(data, start, known, count, self.step, self.page_size, self.anchor_every)
         self.store(marks, known, start, points)
         return known + count
 

@@ -79,9 +79,12 @@ class PoolPicker:
         self.routing = r
         self.weights = Weights(r.cache_weight, r.max_imbalance, r.min_prefix_tokens)
         self.index = PrefixIndex(
-            r.page_size, max_blocks=r.max_index_blocks, stale_after_s=r.index_ttl
+            r.page_size,
+            max_blocks=r.max_index_blocks,
+            stale_after_s=r.index_ttl,
+            anchor_every=r.anchor_every,
         )
-        self.map = CheckpointMap(r.page_size, r.checkpoint_bytes)
+        self.map = CheckpointMap(r.page_size, r.checkpoint_bytes, anchor_every=r.anchor_every)
         self.feeds = list(feeds if feeds is not None else feeds_for(cfg.endpoints, r))
         for feed in self.feeds:
             self.index.add_replica(feed.name)
@@ -235,6 +238,7 @@ class PoolPicker:
         assert self._queue is not None
         loop = asyncio.get_running_loop()
         step, page = self.routing.checkpoint_bytes, self.routing.page_size
+        every = self.routing.anchor_every
         while True:
             prompt = await self._queue.get()
             known = len(self.map.lookup(prompt.marks))
@@ -243,7 +247,10 @@ class PoolPicker:
                 if start is None:
                     break
                 count = min(_SLICE, len(prompt.marks) - known)
-                args = (prompt.data, start, known, count, step, page)
+                # only the bytes still to map go to the worker process, not the whole prompt
+                # (a conversation's next turn resumes where its last one was mapped)
+                data = prompt.data[start.resume : (known + count) * step]
+                args = (data, start, known, count, step, page, every, start.resume)
                 if self._executor is not None:
                     points = await loop.run_in_executor(self._executor, map_points, *args)
                 else:

@@ -154,7 +154,7 @@ class KvEventSubscriber:
     def _on_message(self, feed: ReplicaFeed, parts: list[bytes]) -> bool:
         """Apply one live batch; True when the replica needs a replay."""
         try:
-            seq, batch = decode_index_frame(parts)
+            seq, batch = decode_index_frame(parts, self.index.anchor_every)
         except KvEventDecodeError as exc:
             self.decode_errors += 1
             log.warning("KV events from %s: %s", feed.name, exc)
@@ -181,7 +181,8 @@ class KvEventSubscriber:
                 seq = decode_seq(frames[1])
                 if seq == END_SEQ:
                     break
-                self.index.apply(feed.name, seq, decode_for_index(frames[2]), live=False)
+                batch = decode_for_index(frames[2], self.index.anchor_every)
+                self.index.apply(feed.name, seq, batch, live=False)
             self.index.heard(feed.name, self._clock())
         except TimeoutError:
             log.debug("KV events: replay from %s timed out", feed.name)

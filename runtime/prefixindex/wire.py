@@ -15,10 +15,13 @@ every buffered batch with ``seq >= start``, then ``(b"", -1 as 8 signed bytes, b
 
 ``KvEventsConfig`` is the ``--kv-events-config`` JSON, with SGLang's keys and defaults.
 
-The index reads batches with :func:`decode_for_index`: the same wire format, but a stored
-block's ``token_ids`` stay undecoded (``msgspec.Raw``; the index keys on block hashes only). At
-page size 1 a stored prompt carries one token id per block hash, so building that list was about
-half of decoding a batch.
+The index reads batches with :func:`decode_for_index`: the same wire format and the same checks,
+but only what the index keeps is built. A stored block's ``token_ids`` are never decoded (the
+index keys on block hashes; at page size 1 that list was about half of decoding a batch), and
+with ``anchor_every`` > 1 only the *anchor* hashes are (those whose low bits are zero,
+:func:`is_anchor`): the msgpack array of 64-bit integers is scanned at C speed (every item is 9
+bytes: ``0xcf``/``0xd3`` and 8 big-endian bytes) and the rest are skipped; an array in any other
+shape is decoded by msgspec and filtered.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import msgspec
@@ -42,7 +46,9 @@ __all__ = [
     "KVEventBatch",
     "KvEvent",
     "KvEventsConfig",
+    "RemovedBlocks",
     "StoredBlocks",
+    "anchor_mask",
     "connect_address",
     "decode_batch",
     "decode_for_index",
@@ -52,6 +58,7 @@ __all__ = [
     "encode_batch",
     "encode_frame",
     "encode_seq",
+    "is_anchor",
     "should_bind",
 ]
 
@@ -89,10 +96,10 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     events: list[KvEvent]
 
 
-class StoredBlocks(_Event, tag="BlockStored"):
-    """A ``BlockStored`` as the index reads it: ``token_ids`` kept as the raw msgpack bytes."""
+class _RawStored(_Event, tag="BlockStored"):
+    """A ``BlockStored`` as the index decodes it: its arrays kept as raw msgpack bytes."""
 
-    block_hashes: list[int]
+    block_hashes: msgspec.Raw
     parent_block_hash: int | None
     token_ids: msgspec.Raw
     block_size: int
@@ -100,16 +107,109 @@ class StoredBlocks(_Event, tag="BlockStored"):
     medium: str | None = None
 
 
-class IndexBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """A ``KVEventBatch`` as the index reads it (:class:`StoredBlocks` for stored blocks)."""
+class _RawRemoved(_Event, tag="BlockRemoved"):
+    block_hashes: msgspec.Raw
+    medium: str | None = None
+
+
+class _RawBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[_RawStored | _RawRemoved | AllBlocksCleared]
+
+
+@dataclass(slots=True)
+class StoredBlocks:
+    """A ``BlockStored`` as the index reads it: the anchor hashes only (all of them when
+    ``anchor_every`` is 1); the token ids are not decoded."""
+
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    block_size: int
+    medium: str | None = None
+
+
+@dataclass(slots=True)
+class RemovedBlocks:
+    """A ``BlockRemoved`` as the index reads it (anchor hashes only)."""
+
+    block_hashes: list[int]
+    medium: str | None = None
+
+
+@dataclass(slots=True)
+class IndexBatch:
+    """A ``KVEventBatch`` as the index reads it: hashes already filtered to ``anchor_every``."""
 
     ts: float
-    events: list[StoredBlocks | BlockRemoved | AllBlocksCleared]
+    events: list[StoredBlocks | RemovedBlocks | AllBlocksCleared]
+    anchor_every: int = 1
+
+
+def anchor_mask(anchor_every: int) -> int:
+    """The low-bit mask of ``anchor_every`` (a power of two from 1 to 256)."""
+    if anchor_every < 1 or anchor_every > 256 or anchor_every & (anchor_every - 1):
+        raise ValueError(f"anchor_every: {anchor_every} is not a power of two from 1 to 256")
+    return anchor_every - 1
+
+
+def is_anchor(block_hash: int, mask: int) -> bool:
+    """An anchor block: the low bits of its hash under ``mask`` are zero (``mask`` 0: all)."""
+    return not block_hash & mask
+
+
+@cache
+def _low_byte_table(mask: int) -> bytes:
+    return bytes(1 if not i & mask else 0 for i in range(256))
+
+
+_INT_ITEM = 9  # 0xcf (uint64) or 0xd3 (int64) + 8 bytes big-endian
+_INT_TYPES = b"\xcf\xd3"
+_HASHES = msgspec.msgpack.Decoder(list[int])
+
+
+def _array_start(raw: bytes) -> tuple[int, int] | None:
+    """``(items, offset of the first item)`` of a msgpack array header, or None."""
+    if not raw:
+        return None
+    head = raw[0]
+    if 0x90 <= head <= 0x9F:
+        return head & 0x0F, 1
+    if head == 0xDC and len(raw) >= 3:
+        return int.from_bytes(raw[1:3], "big"), 3
+    if head == 0xDD and len(raw) >= 5:
+        return int.from_bytes(raw[1:5], "big"), 5
+    return None
+
+
+def _anchor_hashes(raw: bytes, mask: int) -> list[int]:
+    """The anchor hashes of a msgpack array of integers (all of them when ``mask`` is 0)."""
+    if mask:
+        start = _array_start(raw)
+        if start is not None:
+            items, off = start
+            if len(raw) - off == _INT_ITEM * items and not raw[off::_INT_ITEM].translate(
+                None, _INT_TYPES
+            ):
+                # every item a 9-byte integer: look at the low bytes only, decode the anchors
+                lows = raw[off + _INT_ITEM - 1 :: _INT_ITEM].translate(_low_byte_table(mask))
+                out: list[int] = []
+                find, from_bytes = lows.find, int.from_bytes
+                i = find(1)
+                while i >= 0:
+                    at = off + _INT_ITEM * i
+                    out.append(from_bytes(raw[at + 1 : at + 9], "big", signed=raw[at] == 0xD3))
+                    i = find(1, i + 1)
+                return out
+    try:
+        hashes = _HASHES.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise KvEventDecodeError(f"not a KVEventBatch: block_hashes: {exc}") from exc
+    return [h for h in hashes if not h & mask] if mask else hashes
 
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(KVEventBatch)
-_INDEX_DECODER = msgspec.msgpack.Decoder(IndexBatch)
+_INDEX_DECODER = msgspec.msgpack.Decoder(_RawBatch)
 
 
 def encode_batch(batch: KVEventBatch) -> bytes:
@@ -123,12 +223,24 @@ def decode_batch(payload: bytes) -> KVEventBatch:
         raise KvEventDecodeError(f"not a KVEventBatch: {exc}") from exc
 
 
-def decode_for_index(payload: bytes) -> IndexBatch:
-    """One batch as the index reads it (token ids not decoded); checked like :func:`decode_batch`."""
+def decode_for_index(payload: bytes, anchor_every: int = 1) -> IndexBatch:
+    """One batch as the index reads it (token ids not decoded, only anchor hashes kept);
+    checked like :func:`decode_batch`, and all of it before anything is returned."""
+    mask = anchor_mask(anchor_every)
     try:
-        return _INDEX_DECODER.decode(payload)
+        raw = _INDEX_DECODER.decode(payload)
     except msgspec.DecodeError as exc:
         raise KvEventDecodeError(f"not a KVEventBatch: {exc}") from exc
+    events: list[StoredBlocks | RemovedBlocks | AllBlocksCleared] = []
+    for e in raw.events:
+        if isinstance(e, _RawStored):
+            hashes = _anchor_hashes(bytes(e.block_hashes), mask)
+            events.append(StoredBlocks(hashes, e.parent_block_hash, e.block_size, e.medium))
+        elif isinstance(e, _RawRemoved):
+            events.append(RemovedBlocks(_anchor_hashes(bytes(e.block_hashes), mask), e.medium))
+        else:
+            events.append(e)
+    return IndexBatch(raw.ts, events, anchor_every)
 
 
 def encode_seq(seq: int) -> bytes:
@@ -152,10 +264,10 @@ def decode_frame(parts: Sequence[bytes]) -> tuple[str, int, KVEventBatch]:
     return parts[0].decode(errors="replace"), decode_seq(parts[1]), decode_batch(parts[2])
 
 
-def decode_index_frame(parts: Sequence[bytes]) -> tuple[int, IndexBatch]:
+def decode_index_frame(parts: Sequence[bytes], anchor_every: int = 1) -> tuple[int, IndexBatch]:
     """``(seq, batch)`` of one PUB message, as the index reads it."""
     _check_parts(parts)
-    return decode_seq(parts[1]), decode_for_index(parts[2])
+    return decode_seq(parts[1]), decode_for_index(parts[2], anchor_every)
 
 
 def _check_parts(parts: Sequence[bytes]) -> None:

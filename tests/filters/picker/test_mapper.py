@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.emulator.tokenizer import encode, render_chat
-from filters.picker.mapper import CheckpointMap
+from filters.picker.mapper import ROOT, CheckpointMap, map_points
 from filters.picker.prompt import checkpoints, prompt_bytes, render_emulator_chat
 from runtime.prefixindex.hashing import prefix_block_ids
 
@@ -17,30 +17,52 @@ WORDS = st.lists(
 )
 
 
-def _expected(data: bytes, cut: int, page: int) -> tuple[int, int | None]:
-    """(tokens, block) at a cut: the words that end before it, SGLang-hashed."""
+def _expected(data: bytes, cut: int, page: int, every: int = 1) -> tuple[int, int | None]:
+    """(tokens, block) at a cut: the words that end before it, SGLang-hashed, up to the last
+    page whose block is an anchor (every page when ``every`` is 1)."""
     head = data[:cut]
     words = head.split()
     if words and not head[-1:].isspace():
         words.pop()
     ids = encode(b" ".join(words).decode())
     blocks = prefix_block_ids(ids, page)
-    return len(ids) - len(ids) % page, (blocks[-1] if blocks else None)
+    anchors = [i for i, b in enumerate(blocks) if b % every == 0]
+    if not anchors:
+        return 0, None
+    return (anchors[-1] + 1) * page, blocks[anchors[-1]]
 
 
-@settings(max_examples=60, deadline=None)
-@given(WORDS, st.integers(1, 4), st.integers(3, 40))
+@settings(max_examples=80, deadline=None)
+@given(WORDS, st.integers(1, 4), st.integers(3, 40), st.sampled_from([1, 1, 2, 4, 16]))
 def test_each_checkpoint_names_the_backends_block_hash(
-    words: list[str], page: int, step: int
+    words: list[str], page: int, step: int, every: int
 ) -> None:
     data = " ".join(words).encode()
     marks = checkpoints(data, step)
-    cmap = CheckpointMap(page, step)
+    cmap = CheckpointMap(page, step, anchor_every=every)
     assert cmap.extend(data, marks, 0, len(marks)) == len(marks)
     points = cmap.lookup(marks)
     assert len(points) == len(marks)
     for k, point in enumerate(points, start=1):
-        assert (point.cached_tokens, point.block) == _expected(data, k * step, page)
+        assert (point.cached_tokens, point.block) == _expected(data, k * step, page, every)
+
+
+@settings(max_examples=40, deadline=None)
+@given(WORDS, st.integers(1, 3), st.integers(3, 20), st.sampled_from([1, 4]), st.data())
+def test_mapping_a_slice_from_its_offset_gives_the_same_points(
+    words: list[str], page: int, step: int, every: int, data: st.DataObject
+) -> None:
+    # what the pool's mapper sends its worker process: the bytes from the resume point only
+    text = " ".join(words).encode()
+    marks = checkpoints(text, step)
+    whole = map_points(text, ROOT, 0, len(marks), step, page, every)
+    known = data.draw(st.integers(0, len(marks)))
+    start = ROOT if known == 0 else whole[known - 1]
+    rest = len(marks) - known
+    cut = text[start.resume : len(marks) * step]
+    assert map_points(cut, start, known, rest, step, page, every, start.resume) == whole[known:]
+    with pytest.raises(ValueError):
+        map_points(cut, start, known, rest, step, page, every, start.resume + 1)
 
 
 def test_a_conversation_resumes_where_its_last_turn_was_mapped() -> None:

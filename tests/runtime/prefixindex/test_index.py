@@ -8,6 +8,7 @@ a replica it calls known gets exactly ``match_prefix``'s answer; after a replay 
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -19,6 +20,8 @@ from runtime.prefixindex.wire import (
     BlockRemoved,
     BlockStored,
     KVEventBatch,
+    decode_for_index,
+    encode_batch,
 )
 
 NOW = 100.0
@@ -227,3 +230,35 @@ def test_a_live_batch_a_replay_already_applied_is_a_duplicate_not_a_restart() ->
     # the live stream itself going back is still a restart
     assert index.apply("r", 0, _batch(AllBlocksCleared())) is Applied.APPLIED
     assert index.view("r", 1.0).restarts == 1 and index.query_blocks([1], 1.0) == {"r": 0}
+
+
+def test_with_anchors_only_anchor_blocks_are_kept_and_answers_round_down_to_them() -> None:
+    index = PrefixIndex(2, anchor_every=4)
+    index.add_replica("r")
+    index.heard("r", 0.0)
+    index.apply("r", 0, _batch(AllBlocksCleared()))
+    # block hashes as pages 0..7 of one prompt: pages 1, 4 and 6 are anchors (low 2 bits zero)
+    pages = [5, 8, 7, 3, 12, 9, 16, 1]
+    index.apply("r", 1, _batch(BlockStored(pages[:5], None, list(range(10)), 2, None)))
+    assert index.blocks_of("r") == 2  # 8 and 12 only
+    # the replica holds pages 0-4 (10 tokens): the last anchor in them is page 4, all 10 tokens
+    assert index.query_blocks(pages, 0.0) == {"r": 10}
+    assert index.anchored(pages, 10) == 10
+    # a cached prefix of pages 0-3 (8 tokens) is answered up to its last anchor, page 1
+    index.apply("r", 2, _batch(BlockRemoved([12])))
+    assert index.query_blocks(pages, 0.0) == {"r": 4}
+    assert index.anchored(pages, 9) == 4  # the partial page and pages 2-3 are not counted
+    index.apply("r", 3, _batch(BlockRemoved([5, 8])))
+    assert index.query_blocks(pages, 0.0) == {"r": 0} and len(index) == 0
+
+
+def test_a_batch_decoded_for_other_anchors_is_refused() -> None:
+    raw = encode_batch(_batch(AllBlocksCleared(), BlockStored([16, 3], None, [1, 2], 1, None)))
+    index = PrefixIndex(1, anchor_every=16)
+    index.add_replica("r")
+    assert index.apply("r", 0, decode_for_index(raw, 16)) is Applied.APPLIED
+    assert index.blocks_of("r") == 1
+    with pytest.raises(ValueError, match="anchor_every"):
+        index.apply("r", 1, decode_for_index(raw, 1))
+    with pytest.raises(ValueError, match="power of two"):
+        PrefixIndex(1, anchor_every=12)

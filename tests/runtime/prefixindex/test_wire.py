@@ -18,12 +18,15 @@ from runtime.prefixindex.wire import (
     BlockStored,
     KVEventBatch,
     KvEventsConfig,
+    RemovedBlocks,
     StoredBlocks,
     decode_batch,
     decode_for_index,
     decode_frame,
     decode_index_frame,
+    encode_batch,
     encode_frame,
+    is_anchor,
     should_bind,
 )
 
@@ -83,8 +86,7 @@ def test_the_index_reads_the_same_batches_without_decoding_token_ids() -> None:
     stored = a.events[0]
     assert isinstance(stored, StoredBlocks)
     assert (stored.block_hashes, stored.parent_block_hash, stored.block_size) == ([7, 9], None, 1)
-    assert msgspec.msgpack.decode(stored.token_ids) == [1, 2]  # kept, raw
-    assert a.ts == 1.5 and a.events[1] == BlockRemoved([7])
+    assert a.ts == 1.5 and a.events[1] == RemovedBlocks([7])
     b = decode_for_index(new)
     assert isinstance(b.events[0], StoredBlocks) and b.events[0].medium == "GPU"
     assert b.events[1] == AllBlocksCleared()
@@ -93,6 +95,47 @@ def test_the_index_reads_the_same_batches_without_decoding_token_ids() -> None:
     assert seq == 3 and again.events[0].block_hashes == [8]  # type: ignore[union-attr]
     with pytest.raises(KvEventDecodeError):
         decode_for_index(msgspec.msgpack.encode([1.0, [["BlockStored", "x"]]]))
+
+
+INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@given(
+    st.lists(st.one_of(INT64, st.integers(-300, 300)), max_size=60),
+    st.lists(INT64, max_size=20),
+    st.sampled_from([1, 2, 16, 256]),
+)
+def test_the_index_keeps_exactly_the_anchor_hashes_whatever_their_encoding(
+    stored: list[int], removed: list[int], every: int
+) -> None:
+    # small values take msgpack's short encodings (fixint, int8...): the scan must notice and
+    # leave those arrays to msgspec; random 64-bit hashes take the 9-byte one it reads itself
+    raw = encode_batch(
+        KVEventBatch(
+            ts=1.0, events=[BlockStored(stored, None, [1], 1, None), BlockRemoved(removed)]
+        )
+    )
+    got = decode_for_index(raw, every)
+    mask = every - 1
+    assert got.anchor_every == every
+    assert got.events[0].block_hashes == [h for h in stored if is_anchor(h, mask)]  # type: ignore[union-attr]
+    assert got.events[1].block_hashes == [h for h in removed if is_anchor(h, mask)]  # type: ignore[union-attr]
+
+
+def test_uint64_hashes_and_malformed_arrays() -> None:
+    big = [2**64 - 16, 2**63 + 32, 2**63 - 16]  # 0xcf on the wire
+    raw = msgspec.msgpack.encode([1.0, [["BlockRemoved", big]]])
+    assert decode_for_index(raw, 16).events[0].block_hashes == big  # type: ignore[union-attr]
+    for bad in (["x"], [1.5], [2.0**70] * 3, [[1]], "ab", None):  # float64: 9 bytes too
+        with pytest.raises(KvEventDecodeError, match="block_hashes"):
+            decode_for_index(msgspec.msgpack.encode([1.0, [["BlockRemoved", bad]]]), 16)
+    frame = bytearray(msgspec.msgpack.encode([1.0, [["BlockRemoved", [2**40] * 20]]]))
+    at = frame.index(b"\xdc")
+    frame[at + 2] = 21  # one item more than the array holds: msgspec must reject the frame
+    with pytest.raises(KvEventDecodeError):
+        decode_for_index(bytes(frame), 16)
+    with pytest.raises(ValueError, match="power of two"):
+        decode_for_index(raw, 3)
 
 
 def test_frame_round_trip_and_wire_layout() -> None:
