@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import statistics
 import sys
@@ -102,6 +103,10 @@ class Pool:
             ]  # fmt: skip
             child = Child(f"emu-{self.label}-{i}", argv, self.run_dir / f"emu-{self.label}-{i}.log")
             child.start()
+            if a.emulator_nice and child.pid is not None:
+                # the emulators stand in for GPU servers on other hosts: niced, the CPU they
+                # burn emulating a GPU is not taken from the gateway (every arm alike)
+                os.setpriority(os.PRIO_PROCESS, child.pid, a.emulator_nice)
             self.children.append(child)
             self.ports.append(port)
         for port, child in zip(self.ports, self.children, strict=True):
@@ -411,6 +416,13 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--profile", default="llama-3.1-8b-h100")
     ap.add_argument("--time-scale", type=float, default=0.1)
+    ap.add_argument(
+        "--emulator-nice",
+        type=int,
+        default=0,
+        help="run the emulators at this nice value (every arm alike): on a small box the CPU "
+        "they burn emulating GPUs otherwise queues the gateway's processes behind them",
+    )
     ap.add_argument("--cache-tokens", type=int, default=460_000)
     ap.add_argument("--pending-ttl", type=float, default=1.0, help="picker: routing.pending_ttl")
     ap.add_argument("--cache-weight", type=float, default=0.7, help="picker: routing.cache_weight")

@@ -32,7 +32,25 @@ def test_a_tree_is_summed_per_role(tmp_path: Path) -> None:
     before = {**snap}
     _proc(tmp_path / "later", 0, ["x"], (0, 0), [])  # unrelated
     after = snapshot([10, 20], proc=tmp_path, ticks=100)
-    assert per_request_ms(before, after, 10)["filters"] == {"ms": 0.0, "python": True}
+    assert per_request_ms(before, after, 10)["filters"] == {
+        "ms": 0.0,
+        "python": True,
+        "runqueue_ms": 0.0,
+    }
+
+
+def test_the_wait_for_a_cpu_comes_from_schedstat(tmp_path: Path) -> None:
+    _proc(tmp_path, 11, ["/v/bin/python3", "-m", "filters"], (10, 0), [12])
+    _proc(tmp_path, 12, ["/v/bin/python3", "-c", "from multiprocessing.spawn import x"], (5, 0), [])
+    (tmp_path / "11" / "task" / "11" / "schedstat").write_text("100000000 2000000000 40\n")
+    (tmp_path / "11" / "task" / "13").mkdir()  # a second thread of the filter server
+    (tmp_path / "11" / "task" / "13" / "schedstat").write_text("1 500000000 2\n")
+    (tmp_path / "12" / "task" / "12" / "schedstat").write_text("50000000 500000000 7\n")
+    before = snapshot([11], proc=tmp_path, ticks=100)
+    assert before["filters"].waited == 2.5 and before["spawned-worker"].waited == 0.5
+    (tmp_path / "11" / "task" / "11" / "schedstat").write_text("200000000 4000000000 80\n")
+    after = snapshot([11], proc=tmp_path, ticks=100)
+    assert per_request_ms(before, after, 4)["filters"]["runqueue_ms"] == 500.0
 
 
 def test_per_request_ms_divides_the_difference() -> None:
@@ -41,7 +59,10 @@ def test_per_request_ms_divides_the_difference() -> None:
     before = {"envoy": ProcCpu(1.0, False, 1)}
     after = {"envoy": ProcCpu(1.5, False, 1), "litellm": ProcCpu(2.0, True, 2)}
     out = per_request_ms(before, after, 100)
-    assert out == {"envoy": {"ms": 5.0, "python": False}, "litellm": {"ms": 20.0, "python": True}}
+    assert out == {
+        "envoy": {"ms": 5.0, "python": False, "runqueue_ms": 0.0},
+        "litellm": {"ms": 20.0, "python": True, "runqueue_ms": 0.0},
+    }
     assert per_request_ms(before, after, 0) == {}
 
 

@@ -208,3 +208,39 @@ def test_a_pending_pick_waits_for_its_prompt_to_be_mapped_then_expires() -> None
     for n in NAMES:
         picker.index.heard(n, clock.now)
     assert picker.pick(picker.prompt(doc + b" later")).reason == "load"
+
+
+def test_the_mapper_process_maps_only_the_bytes_it_is_sent_and_gets_the_same_points() -> None:
+    import os
+
+    async def main() -> None:
+        cfg = LlmPool(
+            models=("m",),
+            endpoints=(),
+            routing=RoutingPolicy(mode="prefix_index", checkpoint_bytes=64),
+        )
+        picker = PoolPicker("chat", cfg, PickerMetrics(CollectorRegistry()), feeds=[])
+        await picker.start(worker_process=True)
+        try:
+            assert picker._executor is not None
+            loop = asyncio.get_running_loop()
+            pid = await loop.run_in_executor(picker._executor, os.getpid)
+            assert pid != os.getpid()  # the hashing runs in the worker process
+            # a conversation's second turn: only its new bytes go to the worker, same points
+            turn1 = _text("a", 60)
+            turn2 = turn1 + b" " + _text("b", 60)
+            for data in (turn1, turn2):
+                prompt = picker.prompt(data)
+                picker.record(prompt, Pick("127.0.0.1:1", "load", 0))
+                for _ in range(200):
+                    if len(picker.map.lookup(prompt.marks)) == len(prompt.marks):
+                        break
+                    await asyncio.sleep(0.02)
+            local = PoolPicker("x", cfg, PickerMetrics(CollectorRegistry()), feeds=[])
+            marks = picker.prompt(turn2).marks
+            local.map.extend(turn2, marks, 0, len(marks))
+            assert picker.map.lookup(marks) == local.map.lookup(marks)
+        finally:
+            await picker.aclose()
+
+    asyncio.run(main())
