@@ -31,7 +31,7 @@ class PickerMetrics:
         )  # fmt: skip
         self.index_blocks = Gauge(
             p + "index_blocks",
-            "block hashes in the prefix index, summed over replicas",
+            "anchor block hashes in the prefix index, summed over replicas",
             ["pool"],
             registry=r,
         )
