@@ -48,6 +48,8 @@ from overload_arms import (  # noqa: E402
     scrape,
 )
 from overload_client import Behaviour, Client  # noqa: E402
+from overload_gateway_log import AccessLogTail, rejection_durations  # noqa: E402
+from overload_gateway_log import summary as log_summary  # noqa: E402
 from overload_report import write_outputs  # noqa: E402
 from overload_stats import replica_lane_summary, summarize, targets, timeline  # noqa: E402
 from overload_workload import (  # noqa: E402
@@ -312,8 +314,19 @@ async def run(
                 for name, arm in arms.items():  # side by side: every arm at this level
                     sent = [a for a in arrivals if arm.lanes is None or a.lane in arm.lanes]
                     await wait_idle(arm)
+                    tail = AccessLogTail(arm.access_log) if arm.access_log else None
+                    if tail is not None:
+                        tail.mark()
                     got = await drive(arm, sent, honour, cfg.patience, cfg.seed, cfg.sample_every)
                     key = _level_key(m)
+                    if tail is not None:  # the same rejections, timed by the gateway itself
+                        lines = tail.since_mark()
+                        gw = {
+                            "all": log_summary(rejection_durations(lines)),
+                            "at_arrival": log_summary(rejection_durations(lines, at_arrival=True)),
+                        }
+                        result.setdefault("gateway_rejection_ms", {}).setdefault(name, {})[key] = gw
+                        print(f"    {name} {key}: gateway-timed rejections {gw}", flush=True)
                     summary = summarize(got["attempts"], window=(cfg.warmup, cfg.duration))
                     result["levels"].setdefault(name, {})[key] = summary
                     result["samples"].setdefault(name, {})[key] = got["samples"]

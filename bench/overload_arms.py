@@ -123,6 +123,7 @@ class Arm:
         self.port = free_port()
         self.children: list[Child] = []
         self.queue_metrics_url: str | None = None  # a /metrics page with gateway queues
+        self.access_log: Path | None = None  # the gateway's JSON access log, where it has one
 
     @property
     def url(self) -> str:
@@ -210,6 +211,7 @@ class Tokenweir(Arm):
             "--drain-timeout", "1",
         ]  # fmt: skip
         child = self._spawn("tokenweir-up", argv)
+        self.access_log = self.run_dir / "tokenweir-up" / "envoy-edge-0.log"
         await wait_child_port("127.0.0.1", self.port, child, timeout=90)
         await wait_child_line(child, "tokenweir up: ready")
 
