@@ -32,12 +32,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
-import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
+
+from filters.rendezvous import rendezvous
 
 __all__ = ["LaneBalance", "PoolBalance", "choose", "replicas_down"]
 
@@ -69,17 +70,13 @@ def choose(
         if not allowed:
             low = min(blocking.values())
             allowed = [n for n, b in blocking.items() if b == low]
-        return max(allowed, key=lambda n: _rendezvous(key, n))
+        return max(allowed, key=lambda n: rendezvous(key, n))
     totals = {name: sum(by_prio.values()) for name, by_prio in loads.items()}
-    return min(blocking, key=lambda n: (blocking[n], totals[n], -_rendezvous(tie, n)))
+    return min(blocking, key=lambda n: (blocking[n], totals[n], -rendezvous(tie, n)))
 
 
 def _never(mine: int, theirs: int) -> bool:
     return False
-
-
-def _rendezvous(key: bytes, name: str) -> int:
-    return zlib.crc32(name.encode(), zlib.crc32(key))
 
 
 @dataclass

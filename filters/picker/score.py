@@ -23,9 +23,10 @@ and the fallbacks to Envoy's ring hash: ``cold`` (no replica known to the index)
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from filters.rendezvous import rendezvous
 
 __all__ = ["Candidate", "Pick", "Weights", "choose"]
 
@@ -78,7 +79,7 @@ def choose(
     def score(c: Candidate) -> tuple[float, int, int]:
         share = min(c.matched_bytes / size, 1.0) if useful(c) else 0.0
         value = w * share - (1 - w) * c.inflight / (mean + 1)
-        return (value, -c.cached_blocks, _rendezvous(tie_key, c.name))
+        return (value, -c.cached_blocks, rendezvous(tie_key, c.name))
 
     best = max(allowed, key=score)
     if useful(best):
@@ -88,7 +89,3 @@ def choose(
 
 def _load(c: Candidate) -> int:
     return c.inflight
-
-
-def _rendezvous(key: bytes, name: str) -> int:
-    return zlib.crc32(name.encode(), zlib.crc32(key))
