@@ -46,6 +46,7 @@ from runtime.prefixindex.wire import (
     RemovedBlocks,
     StoredBlocks,
     anchor_mask,
+    keep_anchors,
 )
 
 __all__ = ["Applied", "PrefixIndex", "ReplicaView"]
@@ -143,11 +144,14 @@ class PrefixIndex:
     ) -> Applied:
         """Apply one batch of ``name``'s events, received live (PUB) or from a replay. An
         ``IndexBatch`` must have been decoded for this index's ``anchor_every``."""
-        prefiltered = isinstance(batch, IndexBatch)
-        if isinstance(batch, IndexBatch) and batch.anchor_every != self.anchor_every:
-            raise ValueError(
-                f"batch decoded for anchor_every {batch.anchor_every}, index has {self.anchor_every}"
-            )
+        mask = self._mask  # a decoded IndexBatch holds anchors only already
+        if isinstance(batch, IndexBatch):
+            if batch.anchor_every != self.anchor_every:
+                raise ValueError(
+                    f"batch decoded for anchor_every {batch.anchor_every}, "
+                    f"index has {self.anchor_every}"
+                )
+            mask = 0
         r = self._replicas[name]
         if live:
             # a live stream never repeats itself: going back means the publisher started again.
@@ -173,20 +177,15 @@ class PrefixIndex:
                 r.gaps += 1
                 r.reason = f"gap after seq {r.last_seq} (got {seq})"
             return Applied.NEEDS_RESYNC
-        mask = 0 if prefiltered else self._mask
         for event in events:
             if isinstance(event, StoredBlocks | BlockStored):
-                self._store(r, self._anchors(event.block_hashes, mask))
+                self._store(r, keep_anchors(event.block_hashes, mask))
             elif isinstance(event, RemovedBlocks | BlockRemoved):
-                self._remove(r, self._anchors(event.block_hashes, mask))
+                self._remove(r, keep_anchors(event.block_hashes, mask))
         r.last_seq, r.last_ts = seq, batch.ts
         r.highest_seen = max(r.highest_seen, seq)
         r.reason = ""
         return Applied.APPLIED
-
-    @staticmethod
-    def _anchors(hashes: list[int], mask: int) -> list[int]:
-        return [h for h in hashes if not h & mask] if mask else hashes
 
     def _store(self, r: _Replica, hashes: Iterable[int]) -> None:
         blocks = r.blocks

@@ -59,6 +59,7 @@ __all__ = [
     "encode_frame",
     "encode_seq",
     "is_anchor",
+    "keep_anchors",
     "should_bind",
 ]
 
@@ -157,6 +158,11 @@ def is_anchor(block_hash: int, mask: int) -> bool:
     return not block_hash & mask
 
 
+def keep_anchors(hashes: list[int], mask: int) -> list[int]:
+    """The anchors of ``hashes``, in order (``hashes`` itself when ``mask`` is 0)."""
+    return [h for h in hashes if not h & mask] if mask else hashes
+
+
 @cache
 def _low_byte_table(mask: int) -> bytes:
     return bytes(1 if not i & mask else 0 for i in range(256))
@@ -181,9 +187,10 @@ def _array_start(raw: bytes) -> tuple[int, int] | None:
     return None
 
 
-def _anchor_hashes(raw: bytes, mask: int) -> list[int]:
+def _anchor_hashes(field: msgspec.Raw, mask: int) -> list[int]:
     """The anchor hashes of a msgpack array of integers (all of them when ``mask`` is 0)."""
     if mask:
+        raw = bytes(field)
         start = _array_start(raw)
         if start is not None:
             items, off = start
@@ -201,10 +208,10 @@ def _anchor_hashes(raw: bytes, mask: int) -> list[int]:
                     i = find(1, i + 1)
                 return out
     try:
-        hashes = _HASHES.decode(raw)
+        hashes = _HASHES.decode(field)
     except msgspec.DecodeError as exc:
         raise KvEventDecodeError(f"not a KVEventBatch: block_hashes: {exc}") from exc
-    return [h for h in hashes if not h & mask] if mask else hashes
+    return keep_anchors(hashes, mask)
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -234,10 +241,10 @@ def decode_for_index(payload: bytes, anchor_every: int = 1) -> IndexBatch:
     events: list[StoredBlocks | RemovedBlocks | AllBlocksCleared] = []
     for e in raw.events:
         if isinstance(e, _RawStored):
-            hashes = _anchor_hashes(bytes(e.block_hashes), mask)
+            hashes = _anchor_hashes(e.block_hashes, mask)
             events.append(StoredBlocks(hashes, e.parent_block_hash, e.block_size, e.medium))
         elif isinstance(e, _RawRemoved):
-            events.append(RemovedBlocks(_anchor_hashes(bytes(e.block_hashes), mask), e.medium))
+            events.append(RemovedBlocks(_anchor_hashes(e.block_hashes, mask), e.medium))
         else:
             events.append(e)
     return IndexBatch(raw.ts, events, anchor_every)
