@@ -5,7 +5,9 @@ busy, the SUB socket fell behind, the next replay probe fetched the queued batch
 replica's replay socket, and the same batches then arrived live as duplicates: each decoded
 twice (the replay path was 2.5x the live path in a profile of the picker route). A real ZMQ PUB
 and ROUTER on ipc:// sockets stand in for a replica here; the replay socket counts the batches
-it had to send."""
+it had to send. The publisher is an XPUB so that the test waits for the subscription itself
+rather than a fixed sleep (a PUB drops whatever it sends before the SUB's subscription lands,
+and on a loaded machine that took longer than any sleep chosen here)."""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ async def _until(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyp
 
 async def test_a_burst_is_applied_live_and_the_probe_replays_nothing(tmp_path: Path) -> None:
     ctx = zmq.asyncio.Context()
-    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+    pub, router = ctx.socket(zmq.XPUB), ctx.socket(zmq.ROUTER)
     for s in (pub, router):
         s.setsockopt(zmq.LINGER, 0)
     pub.setsockopt(zmq.SNDHWM, 0)
@@ -70,13 +72,15 @@ async def test_a_burst_is_applied_live_and_the_probe_replays_nothing(tmp_path: P
     await sub.start()
     try:
         await _until(lambda: index.resync_from("r") == 1)  # the baseline, from the first probe
-        await asyncio.sleep(0.3)  # the SUB socket is connected (PUB drops before it is)
+        # The SUB's subscription has reached the publisher: from here nothing sent is dropped.
+        subscription = await asyncio.wait_for(pub.recv(), timeout=10.0)
+        assert subscription[:1] == b"\x01"
         sent.clear()
         burst = 2000
         for seq in range(1, burst + 1):
             log.append(encode_batch(_batch(seq)))
             await pub.send_multipart(encode_frame("", seq, _batch(seq)))
-        time.sleep(0.2)  # the loop is busy elsewhere: the whole burst queues in the SUB socket
+        time.sleep(0.5)  # the loop is busy elsewhere: the whole burst queues in the SUB socket
         await _until(lambda: index.resync_from("r") == burst + 1)
         await asyncio.sleep(0.2)  # a few more probes
         assert sent == []  # every batch came live; each probe found nothing missing
