@@ -23,48 +23,30 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 import shutil
 import signal
 import sys
 import time
-import zlib
-from collections.abc import Awaitable
 from pathlib import Path
 
 from controlplane.app import ControlPlane, ControlPlaneSettings
 from controlplane.check import service_issues
 from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
 from controlplane.policy import Address, Policy
-from controlplane.policy.routing import RoutingPolicy
 from controlplane.policy.servers import Replicas, replica_addresses
 from controlplane.prometheus import Prometheus, prometheus_binary, render_config, scrape_targets
 from controlplane.restarter import Restarter
-from runtime.children import Child, ChildError, wait_child_port
-from runtime.errors import PortTimeout
-from runtime.ports import free_port, wait_port
+from controlplane.up_parts import base_id, connection_cap, kv_event_args, unless, wait_listening
+from runtime.children import Child, wait_child_port
+from runtime.ports import free_port
 from runtime.statedir import (
     MeshInfo,
     write_mesh_info,
 )
 
 __all__ = ["Mesh"]
-
-
-def _kv_event_args(routing: RoutingPolicy, addr: Address) -> list[str]:
-    """Emulator flags publishing KV events where the picker looks for them (prefix_index)."""
-    if routing.mode != "prefix_index":
-        return []
-    port = addr.port + routing.kv_events_port_offset
-    cfg = {
-        "publisher": "zmq",
-        # SGLang's rule: a PUB endpoint is bound only with a wildcard (else it connects)
-        "endpoint": f"tcp://*:{port}",
-        "replay_endpoint": f"tcp://{addr.host}:{port + 1}",
-    }
-    return ["--kv-events-config", json.dumps(cfg), "--page-size", str(routing.page_size)]
 
 
 log = logging.getLogger("tokenweir.up")
@@ -248,7 +230,7 @@ class Mesh:
                 ]  # fmt: skip
                 if em.cache_tokens is not None:
                     argv += ["--cache-tokens", str(em.cache_tokens)]
-                argv += _kv_event_args(pool.routing, addr)
+                argv += kv_event_args(pool.routing, addr)
                 argv += pool.priority_scheduling.server_flags()  # as a real SGLang gets them
                 if self.policy.tracing is not None:  # as SGLang: a span per request
                     argv += [
@@ -321,14 +303,14 @@ class Mesh:
         settings = EnvoySettings(
             node_id=f"{node}-{index}", node_cluster=node, xds_host=first.host,
             xds_port=first.port, xds_more=tuple((a.host, a.port) for a in more),
-            base_id=_base_id(self.run_dir, f"{key}/{generation}"), delta=self.delta,
-            max_downstream_connections=_connection_cap(self.policy, node),
+            base_id=base_id(self.run_dir, f"{key}/{generation}"), delta=self.delta,
+            max_downstream_connections=connection_cap(self.policy, node),
             admin_port=self._admin_ports().get(key, 0),
         )  # fmt: skip
         envoy = EnvoyProcess(settings, self.run_dir)
         await envoy.start()
         self.envoys[key] = envoy
-        await _wait_listening(listen, envoy)
+        await wait_listening(listen, envoy)
         return envoy
 
     def summary(self) -> str:
@@ -381,11 +363,11 @@ class Mesh:
             await self.plane.drain()  # NOT_SERVING before anything else
         for plane in self.planes:
             plane.signal(signal.SIGTERM)  # each reports NOT_SERVING and stops reloading
-        await _unless(force, self._drain_envoys(drain_timeout))
+        await unless(force, self._drain_envoys(drain_timeout))
         await asyncio.gather(*(e.aclose() for e in self.envoys.values()))
         self.envoys.clear()
         grace = 0.0 if force is not None and force.is_set() else drain_timeout + 5.0
-        await _unless(force, asyncio.gather(*(c.aclose(grace) for c in self.services)))
+        await unless(force, asyncio.gather(*(c.aclose(grace) for c in self.services)))
         await asyncio.gather(*(c.aclose(0.0) for c in self.services))  # whatever is left
         self.services.clear()
         if self.plane is not None:
@@ -402,44 +384,3 @@ class Mesh:
         for node, active in zip(self.envoys, left, strict=True):
             if active:
                 log.warning("envoy %s: drain timeout, %s request(s) still active", node, active)
-
-
-async def _wait_listening(addr: Address, envoy: EnvoyProcess, timeout: float = 20.0) -> None:
-    try:
-        await wait_port(addr.host, addr.port, timeout=timeout, alive=envoy.alive)
-    except PortTimeout:
-        raise ChildError(
-            f"envoy did not open {addr} within {timeout}s:\n{envoy.log_tail()}"
-        ) from None
-    except ChildError:
-        raise ChildError(f"envoy exited:\n{envoy.log_tail()}") from None
-
-
-async def _unless(force: asyncio.Event | None, work: Awaitable[object]) -> None:
-    """Await ``work`` unless ``force`` gets set first (then ``work`` is cancelled)."""
-    task = asyncio.ensure_future(work)
-    if force is None:
-        await task
-        return
-    stop = asyncio.create_task(force.wait())
-    await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-    for t in (task, stop):
-        t.cancel()
-    for outcome in await asyncio.gather(task, stop, return_exceptions=True):
-        if isinstance(outcome, Exception):
-            log.error("while stopping: %s: %s", type(outcome).__name__, str(outcome)[:300])
-
-
-def _base_id(run_dir: Path, node: str) -> int:
-    """Distinct per node and per run folder, so several meshes and tests can share a machine."""
-    return 1000 + zlib.crc32(f"{run_dir}:{node}".encode()) % 60000
-
-
-def _connection_cap(policy: Policy, node: str) -> int:
-    """The process-wide client connection cap of one Envoy: what its listeners allow together."""
-    gw = policy.gateways.get(node)
-    if gw is not None:
-        return gw.downstream.max_connections
-    sc = policy.sidecars[node]
-    listeners = (sc.inbound is not None) + (sc.outbound is not None)
-    return sc.downstream.max_connections * max(1, listeners)
