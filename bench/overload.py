@@ -44,13 +44,12 @@ from overload_arms import (  # noqa: E402
     EmulatorPool,
     PoolSpec,
     make_arm,
-    replica_states,
-    scrape,
 )
 from overload_client import Behaviour, Client  # noqa: E402
 from overload_gateway_log import AccessLogTail, rejection_durations  # noqa: E402
 from overload_gateway_log import summary as log_summary  # noqa: E402
 from overload_report import write_outputs  # noqa: E402
+from overload_scrape import replica_states, scrape  # noqa: E402
 from overload_stats import replica_lane_summary, summarize, targets, timeline  # noqa: E402
 from overload_workload import (  # noqa: E402
     Arrival,

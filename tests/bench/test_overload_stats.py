@@ -227,7 +227,7 @@ def test_replica_lane_summary_finds_interactive_waiting_beside_preemptable_batch
 
 
 def test_the_queue_scrape_reads_only_the_series_it_wants() -> None:
-    from overload_arms import _GATEWAY, _samples
+    from overload_scrape import _GATEWAY, _samples
 
     page = "\n".join(
         [
