@@ -32,10 +32,8 @@ import contextlib
 import json
 import os
 import socket
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +46,13 @@ sys.path.insert(0, str(ROOT))
 
 from backends.emulator.trace import TraceRecord, load_trace  # noqa: E402
 from bench.peers_cpu import per_request_ms, snapshot  # noqa: E402
-from bench.routing_jobs import Job, combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
+from bench.routing_client import MODEL, drive  # noqa: E402
+from bench.routing_jobs import combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
 from bench.routing_report import picker_metrics, plot  # noqa: E402
 from runtime.children import Child, checkout, wait_child_line, wait_child_port  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
 TRACE = ROOT / "bench" / "data" / "mooncake_conversation_every12th.jsonl"
-MODEL = "llama-3.1-8b"
 OFFSET = 1000  # KV events on replica port + OFFSET, replay on + OFFSET + 1
 # picker-chunks: the picker route as before the response's end was asked for without chunks
 # (usage metered in Python: every response chunk through ext_proc)
@@ -249,80 +247,6 @@ class Gateway:
     async def aclose(self) -> None:
         for c in reversed(self.children):
             await c.aclose(2.0)
-
-
-async def one(http: aiohttp.ClientSession, url: str, job: Job) -> tuple[float | None, int, bool]:
-    """(TTFT s, output tokens, ok) of one streamed chat completion."""
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": job[0]}],
-        "max_tokens": job[1],
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    t0 = time.perf_counter()
-    ttft = None
-    out = 0
-    try:
-        async with http.post(url, json=body) as r:
-            if r.status != 200:
-                await r.read()
-                return None, 0, False
-            async for raw in r.content:
-                line = raw.strip()
-                if not line.startswith(b"data:") or line == b"data: [DONE]":
-                    continue
-                chunk = json.loads(line[5:])
-                if (
-                    ttft is None
-                    and chunk.get("choices")
-                    and chunk["choices"][0]["delta"].get("content")
-                ):
-                    ttft = time.perf_counter() - t0
-                if chunk.get("usage"):
-                    out = chunk["usage"].get("completion_tokens", 0)
-    except aiohttp.ClientError:  # a stream cut short counts as failed, the run goes on
-        return None, 0, False
-    return ttft, out, True
-
-
-async def drive(url: str, records: list[Job], a: argparse.Namespace) -> dict[str, Any]:
-    queue: asyncio.Queue[Job] = asyncio.Queue()
-    for rec in records:
-        queue.put_nowait(rec)
-    ttfts: list[float] = []
-    tokens = 0
-    failed = 0
-    conn = aiohttp.TCPConnector(limit=a.concurrency)
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
-
-        async def worker() -> None:
-            nonlocal tokens, failed
-            while not queue.empty():
-                rec = queue.get_nowait()
-                ttft, out, ok = await one(http, url, rec)
-                if not ok:
-                    failed += 1
-                if ttft is not None:
-                    ttfts.append(ttft)
-                tokens += out
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(a.concurrency)))
-        wall = time.perf_counter() - t0
-    q = statistics.quantiles(ttfts, n=100) if len(ttfts) > 1 else [0.0] * 99
-    return {
-        "requests": len(records),
-        "failed": failed,
-        "wall_s": wall,
-        "req_per_s": len(records) / wall,
-        "out_tok_per_s": tokens / wall,
-        "ttft_p50_ms": 1000 * statistics.median(ttfts) if ttfts else None,
-        "ttft_mean_ms": 1000 * statistics.fmean(ttfts) if ttfts else None,
-        "ttft_p95_ms": 1000 * q[94],
-        "ttft_p99_ms": 1000 * q[98],
-    }
 
 
 async def run_arm(

@@ -1,6 +1,6 @@
 """Config change → applied on every Envoy: push latency of our ADS server, SotW vs Delta.
 
-The control plane runs in a child process (``--serve``) so that its CPU time and memory are
+The control plane runs in a child process (``bench/xds_push_server.py``) so that its CPU time and memory are
 measured alone; this process starts N real Envoys (``--concurrency 1``, only the stats it
 polls kept) and, for each change, polls every Envoy's admin API until the change shows.
 
@@ -34,98 +34,6 @@ GROUP = "bench"
 RESULTS = Path(__file__).parent / "results" / "xds_push.json"
 SIZES = {"small": (10, 10), "large": (1000, 10)}  # clusters, endpoints per cluster
 POLLS_PER_S = 1500  # each poll costs Envoy ~0.15 ms CPU with 1,000 clusters
-
-
-# ----------------------------------------------------------------------------- control plane
-def _snapshot(version: str, clusters: int, per: int, bumped: dict[int, bool], listen: int) -> Any:
-    from tests.controlplane.xds import resources as r  # hand-built protos shared with tests
-
-    items: list[Any] = []
-    routes = []
-    for i in range(clusters):
-        name = f"c{i:04d}"
-        ports = [20000 + (i * per + j) % 40000 for j in range(per)]
-        if bumped.get(i):
-            ports.append(61000 + i % 4000)
-        items += [r.eds_cluster(name), r.cla(name, ports)]
-        routes.append((f"/{name}/", name))
-    items += [r.listener("in", listen, "rt"), r.route_config("rt", routes)]
-    return r.snapshot(version, *items)
-
-
-async def serve(listen: int) -> None:
-    """Child: an ADS server driven by commands on stdin, one JSON answer per line."""
-    from prometheus_client import CollectorRegistry
-
-    from controlplane.xds.cache import SnapshotCache
-    from controlplane.xds.metrics import XdsMetrics
-    from controlplane.xds.server import XdsServer
-
-    class AckTimes(XdsMetrics):
-        """The server's metrics, plus the moment of every EDS ACK (server-side view)."""
-
-        def __init__(self, registry: CollectorRegistry) -> None:
-            super().__init__(registry)
-            self.eds_acks: list[float] = []
-
-        def acked(self, type_url: str, mode: str, seconds: float) -> None:
-            super().acked(type_url, mode, seconds)
-            if type_url.endswith("ClusterLoadAssignment"):
-                self.eds_acks.append(time.monotonic())
-
-    registry = CollectorRegistry()
-    cache = SnapshotCache()
-    metrics = AckTimes(registry)
-    server = XdsServer(cache, registry=registry, metrics=metrics)
-    port = await server.start()
-    print(json.dumps({"port": port}), flush=True)
-    reader = asyncio.StreamReader()
-    loop = asyncio.get_running_loop()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    clusters = per = 0
-    bumped: dict[int, bool] = {}
-    version = 0
-    render_cpu = 0.0  # building the protos stands in for the translator: not the server's cost
-    while line := (await reader.readline()).decode().strip():
-        command, *args = line.split()
-        answer: dict[str, Any] = {}
-        if command == "size":
-            clusters, per = int(args[0]), int(args[1])
-            bumped = {}
-        elif command == "bump":
-            target = int(args[0]) % clusters
-            bumped[target] = not bumped.get(target, False)
-            answer = {"cluster": f"c{target:04d}", "members": per + int(bumped[target])}
-        elif command == "stats":
-            answer = {**_process_stats(), "render_cpu_s": render_cpu}
-        elif command == "acks":  # EDS ACK times since the last publication
-            answer = {"times": metrics.eds_acks}
-        elif command == "quit":
-            break
-        if command in ("size", "bump"):
-            version += 1
-            render_start = time.process_time()
-            snap = _snapshot(str(version), clusters, per, bumped, listen)
-            render_cpu += time.process_time() - render_start
-            start = time.monotonic()
-            metrics.eds_acks = []
-            cache.set_snapshot(GROUP, snap)
-            answer.update(published=start, build_s=time.monotonic() - start)
-        print(json.dumps(answer), flush=True)
-    await server.aclose()
-
-
-def _process_stats() -> dict[str, Any]:
-    ticks = os.sysconf("SC_CLK_TCK")
-    with open("/proc/self/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / ticks
-    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
-    return {
-        "cpu_s": cpu,
-        "rss_mb": int(status["VmRSS"].split()[0]) / 1024,
-        "hwm_mb": int(status["VmHWM"].split()[0]) / 1024,
-    }
 
 
 # ----------------------------------------------------------------------------- driver
@@ -181,8 +89,7 @@ class ControlPlane:
     async def start(self) -> int:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
-            __file__,
-            "--serve",
+            str(Path(__file__).with_name("xds_push_server.py")),
             str(self.listen),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -441,16 +348,12 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--envoys", type=int, nargs="+", default=[1, 10, 50])
     parser.add_argument("--modes", nargs="+", default=["sotw", "delta"])
     parser.add_argument("--changes", type=int, default=20)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.* helpers, as a script
-    if args.serve is not None:
-        asyncio.run(serve(args.serve))
-    else:
-        asyncio.run(main_async(args))
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":
