@@ -45,6 +45,7 @@ from overload_arms import (  # noqa: E402
     PoolSpec,
     make_arm,
 )
+from overload_calibrate import calibrate, wait_idle  # noqa: E402
 from overload_client import Behaviour, Client  # noqa: E402
 from overload_gateway_log import AccessLogTail, rejection_durations  # noqa: E402
 from overload_gateway_log import summary as log_summary  # noqa: E402
@@ -57,12 +58,10 @@ from overload_workload import (  # noqa: E402
     load_sample,
     mean_lengths,
     pool_capacity_rps,
-    scaled_lengths,
     schedule,
     spike_phases,
 )
 
-from backends.emulator.trace import prompt_text  # noqa: E402
 from backends.profiles import get_profile  # noqa: E402
 
 _T0 = time.monotonic()
@@ -194,62 +193,6 @@ def lag_summary(lags: list[float]) -> dict[str, float]:
     return {"p50": at(0.5), "p99": at(0.99), "max": round(1000 * xs[-1], 1)}
 
 
-async def wait_idle(arm: Arm, timeout: float = 90.0) -> bool:
-    """Until the pool and the gateway hold nothing, then empty the pool's prefix caches: every
-    run starts on an idle pool with cold caches."""
-    async with aiohttp.ClientSession() as probe:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            q = await scrape(probe, arm)
-            # the reserve gauge keeps its last value until the gateway sees a request again
-            busy = sum(v for k, v in q.items() if not k.startswith("gateway_reserved"))
-            if busy == 0 and await arm.pool.flush(probe):
-                return True
-            await asyncio.sleep(0.25)
-    return False
-
-
-async def calibrate(
-    spec: PoolSpec, records: list[Any], cfg: Config, run_dir: Path, seconds: float, warm: float
-) -> float:
-    """The pool's capacity in requests/s, measured: a closed loop holding every slot of a fresh
-    pool busy (``replicas x running`` streams, straight to the replicas), completions per second
-    after ``warm`` seconds."""
-    pool = EmulatorPool(spec, run_dir)
-    await pool.start("calibrate")
-    rng = random.Random(f"{cfg.seed}:calibrate")
-    order = [records[i] for i in rng.sample(range(len(records)), len(records))]
-    done: list[float] = []
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    counter = iter(range(10**9))
-
-    async def worker(http: aiohttp.ClientSession, url: str) -> None:
-        while loop.time() - t0 < warm + seconds:
-            rec = order[next(counter) % len(order)]
-            _, out = scaled_lengths(rec, cfg.length_scale)
-            body = {
-                "model": MODEL, "messages": [{"role": "user", "content": prompt_text(rec, cfg.length_scale)}],
-                "max_tokens": out, "ignore_eos": True, "stream": True,
-            }  # fmt: skip
-            async with http.post(url + "/v1/chat/completions", json=body) as r:
-                async for _ in r.content:
-                    pass
-            done.append(loop.time() - t0)
-
-    try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-            await asyncio.gather(
-                *(
-                    worker(http, pool.urls[i % spec.replicas])
-                    for i in range(spec.replicas * spec.running)
-                )
-            )
-    finally:
-        await pool.aclose()
-    return sum(1 for t in done if warm <= t < warm + seconds) / seconds
-
-
 def _level_key(m: float) -> str:
     return f"{m:g}x"
 
@@ -272,7 +215,9 @@ async def run(
     )
     spec0 = PoolSpec(cfg.replicas, cfg.running, profile.name, cfg.time_scale, model_cap, 10.0)
     with tempfile.TemporaryDirectory(prefix="tw-overload-cal-") as tmp:
-        cap = await calibrate(spec0, records, cfg, Path(tmp), *cfg.calibration)
+        cap = await calibrate(
+            spec0, records, cfg.seed, cfg.length_scale, Path(tmp), *cfg.calibration
+        )
     print(
         f"[{time.monotonic() - _T0:6.1f}s] capacity measured (closed loop, every slot busy): "
         f"{cap:.2f} req/s",
