@@ -23,6 +23,10 @@ retracted requests re-enter without that check). With priority scheduling on (``
 queue is sorted by priority each step, a full batch lets a more urgent request preempt running
 ones (they recompute later, as retracted ones), and a full queue aborts its least urgent request
 for a more urgent one. With no work the task waits on an event.
+
+(Longer than CONVENTIONS' ~400 lines, on purpose: one class whose methods all move the same batch
+state, KV reservations, cache locks and the two queues, step by step; the rules they apply, which
+are pure, live apart: ``kv_budget``, ``priority``, ``waiting``, ``radix_cache``.)
 """
 
 from __future__ import annotations
