@@ -28,9 +28,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from xds_push_server import GROUP  # the node cluster the child serves
+
 from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
 
-GROUP = "bench"
 RESULTS = Path(__file__).parent / "results" / "xds_push.json"
 SIZES = {"small": (10, 10), "large": (1000, 10)}  # clusters, endpoints per cluster
 POLLS_PER_S = 1500  # each poll costs Envoy ~0.15 ms CPU with 1,000 clusters
