@@ -16,7 +16,7 @@ from google.protobuf.json_format import MessageToDict
 
 from controlplane.policy.model import Route, RouteRateLimit
 from controlplane.translate.ratelimit import ratelimit_http_filter, ratelimit_per_route
-from tests.helpers import free_port
+from tests.helpers import free_port, static_cluster
 
 __all__ = ["envoy_config", "k6_load"]
 
@@ -33,30 +33,6 @@ export default function () {
     'x-tokenweir-lane': 'interactive', 'x-tokenweir-reserve': String(50 + (__ITER % 200)) } });
 }
 """
-
-
-def _static(name: str, port: int) -> dict[str, Any]:
-    return {
-        "name": name,
-        "type": "STATIC",
-        "connect_timeout": "1s",
-        "load_assignment": {
-            "cluster_name": name,
-            "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {
-                            "endpoint": {
-                                "address": {
-                                    "socket_address": {"address": "127.0.0.1", "port_value": port}
-                                }
-                            }
-                        }
-                    ]
-                }
-            ],
-        },
-    }
 
 
 def _backend_listener(port: int) -> dict[str, Any]:
@@ -122,34 +98,8 @@ def envoy_config(policy: Any, listen: int, admin: int, rls: int, limited: bool) 
             },
         ],
     }
-    rls_cluster = {
-        "name": "tokenweir_ratelimit",
-        "type": "STATIC",
-        "connect_timeout": "1s",
-        "load_assignment": {
-            "cluster_name": "tokenweir_ratelimit",
-            "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {
-                            "endpoint": {
-                                "address": {
-                                    "socket_address": {"address": "127.0.0.1", "port_value": rls}
-                                }
-                            }
-                        }
-                    ]
-                }
-            ],
-        },
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                # a few streams per connection: Envoy opens more connections, SO_REUSEPORT spreads them
-                "explicit_http_config": {"http2_protocol_options": {"max_concurrent_streams": 16}},
-            }
-        },
-    }
+    # a few streams per connection: Envoy opens more connections, SO_REUSEPORT spreads them
+    rls_cluster = static_cluster("tokenweir_ratelimit", rls, {"max_concurrent_streams": 16})
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
         "static_resources": {
@@ -170,7 +120,7 @@ def envoy_config(policy: Any, listen: int, admin: int, rls: int, limited: bool) 
                 },
                 _backend_listener(backend),
             ],
-            "clusters": [rls_cluster, _static("backend", backend)],
+            "clusters": [rls_cluster, static_cluster("backend", backend)],
         },
     }
 

@@ -1,5 +1,5 @@
 """Shared test helpers: free loopback ports, child processes that always stop, a private Redis,
-the JSON events of an SSE answer."""
+the JSON events of an SSE answer, a static Envoy cluster of one loopback endpoint."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ __all__ = [
     "free_port_block",
     "redis_server",
     "sse_events",
+    "static_cluster",
     "wait_for_port",
 ]
 
@@ -38,6 +39,35 @@ async def sse_events(lines: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any
         data = line.decode().strip().removeprefix("data: ")
         if data and data != "[DONE]":
             yield json.loads(data)
+
+
+def static_cluster(name: str, port: int, http2: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An Envoy bootstrap cluster (JSON) of one endpoint on 127.0.0.1:``port``; with ``http2``
+    (``http2_protocol_options``, ``{}`` for the defaults) it speaks HTTP/2 upstream."""
+    cluster: dict[str, Any] = {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {"endpoint": {"address": {"socket_address": {
+                            "address": LOOPBACK, "port_value": port}}}}
+                    ]
+                }
+            ],
+        },
+    }  # fmt: skip
+    if http2 is not None:
+        cluster["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": http2},
+            }
+        }
+    return cluster
 
 
 def free_port() -> int:

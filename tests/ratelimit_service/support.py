@@ -17,7 +17,7 @@ from google.protobuf.json_format import MessageToDict
 
 from controlplane.policy.model import Route, RouteRateLimit
 from controlplane.translate.ratelimit import ratelimit_http_filter, ratelimit_per_route
-from tests.helpers import ChildProcess, free_port, wait_for_port
+from tests.helpers import ChildProcess, free_port, static_cluster, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,38 +61,6 @@ def start_service(
         child.close()
         raise RuntimeError(child.output()) from None
     return child
-
-
-def _cluster(name: str, port: int, http2: bool) -> dict[str, Any]:
-    c: dict[str, Any] = {
-        "name": name,
-        "type": "STATIC",
-        "connect_timeout": "1s",
-        "load_assignment": {
-            "cluster_name": name,
-            "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {
-                            "endpoint": {
-                                "address": {
-                                    "socket_address": {"address": "127.0.0.1", "port_value": port}
-                                }
-                            }
-                        }
-                    ]
-                }
-            ],
-        },
-    }
-    if http2:
-        c["typed_extension_protocol_options"] = {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}},
-            }
-        }
-    return c
 
 
 def _route(prefix: str, route: Route, cluster: str) -> dict[str, Any]:
@@ -167,8 +135,8 @@ def envoy_bootstrap(
                 }
             ],
             "clusters": [
-                _cluster("backend", backend, False),
-                _cluster("tokenweir_ratelimit", rls, True),
+                static_cluster("backend", backend),
+                static_cluster("tokenweir_ratelimit", rls, {}),
             ],
         },
     }
