@@ -223,6 +223,8 @@ def test_the_mapper_process_maps_only_the_bytes_it_is_sent_and_gets_the_same_poi
         await picker.start(worker_process=True)
         try:
             assert picker._executor is not None
+            # spawned at start (an empty mapping), not by the first request's prompt
+            assert len(picker._executor._processes) == 1  # type: ignore[attr-defined]
             loop = asyncio.get_running_loop()
             pid = await loop.run_in_executor(picker._executor, os.getpid)
             assert pid != os.getpid()  # the hashing runs in the worker process
