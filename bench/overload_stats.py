@@ -169,15 +169,17 @@ def timeline(attempts: Iterable[Attempt], *, bucket: float, end: float) -> dict[
 
 def targets(levels: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     """The issue's targets at 3x for one arm, from its per-level summaries (keyed by ``"0.25x"``,
-    ``"1x"``, ``"3x"`` …; the lowest level is the unloaded reference). Each row: name, target,
-    measured, met (None when it could not be measured)."""
+    ``"1x"``, ``"3x"`` …; the lowest level, when it is below 1x, is the unloaded reference: a run
+    without one cannot say how 3x compares, and 3x is not compared with itself). Each row: name,
+    target, measured, met (None when it could not be measured)."""
     keys = sorted(levels, key=lambda k: float(k.rstrip("x")))
-    idle, top = levels[keys[0]], levels.get("3x")
+    top = levels.get("3x")
+    idle = levels[keys[0]] if float(keys[0].rstrip("x")) < 1.0 else None
     one = levels.get("1x")
     if top is None:
         return []
     ti, tb = top["interactive"], top["all"]
-    base = idle["interactive"]["ttft_ms"]["p95"]
+    base = idle["interactive"]["ttft_ms"]["p95"] if idle is not None else None
     p95 = ti["ttft_ms"]["p95"]
     ratio = None if base in (None, 0) or p95 is None else round(p95 / base, 2)
     g1 = one["all"]["goodput_tok_s"] if one else None

@@ -131,6 +131,13 @@ def test_targets_at_3x() -> None:
     rows = {r["name"]: r for r in targets(levels)}
     assert rows["rejection latency p99, answered at arrival"]["met"] is None
     assert targets({"0.25x": levels["0.25x"]}) == []
+    # a run of 3x alone (or 1x and 3x) has no unloaded reference: not measured, not "1x, met"
+    for alone in ({"3x": levels["3x"]}, {"1x": levels["1x"], "3x": levels["3x"]}):
+        rows = {r["name"]: r for r in targets(alone)}
+        assert rows["interactive p95 TTFT vs unloaded"] == {
+            "name": "interactive p95 TTFT vs unloaded", "target": "<= 2x",
+            "measured": None, "met": None,
+        }  # fmt: skip
 
 
 def test_report_writes_json_markdown_and_the_plots(tmp_path: Path) -> None:
