@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import array
 import collections
-import hashlib
 import sys
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from runtime.prefixindex.hashing import block_id
+from runtime.prefixindex.hashing import block_id, raw_chain
 from runtime.prefixindex.wire import anchor_mask
 
 __all__ = ["ROOT", "CheckpointMap", "Point", "map_points"]
@@ -98,18 +97,13 @@ def _advance(data: bytes, base: int, point: Point, cut: int, ps: int, mask: int)
         packed = array.array("I", pending[:whole])
         if _SWAP:
             packed.byteswap()
-        raw = packed.tobytes()
-        sha = hashlib.sha256
-        width = 4 * ps
-        last = None  # offset in raw of the last anchor page's start
-        anchor = b""
-        for begin in range(0, len(raw), width):
-            digest = sha(digest + raw[begin : begin + width]).digest()
-            if not digest[7] & mask:  # the block id's low byte: an anchor (every page at 0)
-                last, anchor = begin, digest
-        if last is not None:
-            block = block_id(anchor)
-            anchored = point.tokens - len(point.tail) + last // 4 + ps
+        digests = raw_chain(packed.tobytes(), 4 * ps, digest)
+        digest = digests[-1]
+        for j in range(len(digests) - 1, -1, -1):  # the last anchor page (every page at mask 0)
+            if not digests[j][7] & mask:  # the block id's low byte
+                block = block_id(digests[j])
+                anchored = point.tokens - len(point.tail) + (j + 1) * ps
+                break
     return Point(resume, point.tokens + len(ids), digest, tuple(pending[whole:]), block, anchored)
 
 

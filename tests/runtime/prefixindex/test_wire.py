@@ -174,3 +174,22 @@ def test_config_keys_defaults_and_errors() -> None:
 def test_bind_rule_is_sglangs() -> None:
     assert should_bind("tcp://*:5557") and should_bind("ipc:///tmp/x")
     assert not should_bind("tcp://10.0.0.1:5557")
+
+
+@given(st.binary(max_size=200))
+def test_the_small_input_sha256_is_sha256(data: bytes) -> None:
+    from runtime.prefixindex import hashing
+
+    assert hashing._sha256(data).digest() == hashlib.sha256(data).digest()
+
+
+def test_without_the_builtin_sha256_the_chain_uses_hashlibs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from runtime.prefixindex import hashing
+
+    def missing(name: str) -> object:
+        raise ImportError(name)
+
+    monkeypatch.setattr(hashing.importlib, "import_module", missing)
+    assert hashing._small_input_sha256() is hashlib.sha256
