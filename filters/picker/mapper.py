@@ -33,7 +33,7 @@ from typing import NamedTuple
 from runtime.prefixindex.hashing import block_id, raw_chain
 from runtime.prefixindex.wire import anchor_mask
 
-__all__ = ["ROOT", "CheckpointMap", "Point", "map_points"]
+__all__ = ["ROOT", "CheckpointMap", "Job", "Point", "map_batch", "map_points"]
 
 _SWAP = sys.byteorder != "little"  # token ids hash as 4-byte little-endian
 
@@ -81,6 +81,35 @@ def map_points(
     for k in range(first + 1, first + count + 1):
         point = _advance(data, base, point, k * step, page, mask)
         out.append(point)
+    return out
+
+
+# one prompt's slice for map_batch: its marks from ``first`` on (``count`` of them), the bytes from
+# ``base`` on, the point of checkpoint ``first``, ``first``, ``count``, ``base``
+Job = tuple[Sequence[bytes], bytes, Point, int, int, int]
+
+
+def map_batch(
+    jobs: Sequence[Job], step: int, page: int, anchor_every: int = 1
+) -> list[tuple[list[Point], int]]:
+    """Pure: :func:`map_points` for each job in order, except that a job whose checkpoints an
+    earlier job of the same call already computed (the same conversation's earlier turn, the same
+    document queued twice) takes those points instead of hashing the text again. Returns, per job,
+    its ``count`` points and the tokens it hashed itself. Runs in a worker process (picklable);
+    one call carries what queued up while the last one ran."""
+    done: dict[bytes, Point] = {}
+    out: list[tuple[list[Point], int]] = []
+    for marks, data, start, first, count, base in jobs:
+        k = 0
+        while k < count and marks[k] in done:
+            k += 1
+        points = [done[m] for m in marks[:k]]
+        point = points[-1] if points else start
+        fresh = map_points(data, point, first + k, count - k, step, page, anchor_every, base)
+        for mark, p in zip(marks[k:count], fresh, strict=True):
+            done[mark] = p
+        points += fresh
+        out.append((points, fresh[-1].tokens - point.tokens if fresh else 0))
     return out
 
 

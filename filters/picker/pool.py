@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from controlplane.policy.model import Address, LlmPool
 from controlplane.policy.routing import RoutingPolicy
-from filters.picker.mapper import ROOT, CheckpointMap, Point, map_points
+from filters.picker.mapper import ROOT, CheckpointMap, Job, Point, map_batch, map_points
 from filters.picker.metrics import PickerMetrics
 from filters.picker.prompt import checkpoints
 from filters.picker.score import Candidate, Pick, Weights, choose
@@ -35,7 +35,8 @@ from runtime.tasks import stop_task
 __all__ = ["PoolPicker", "Prompt", "feeds_for"]
 
 _log = logging.getLogger(__name__)
-_SLICE = 64  # checkpoints per call of the worker process
+_SLICE = 64  # checkpoints per prompt per call of the worker process
+_BATCH = 32  # prompts per call of the worker process (those queued while the last call ran)
 _MAP_GRACE_S = 30.0  # longest a pending pick waits for its prompt to be mapped
 _WARM_TIMEOUT_S = 30.0  # longest start() waits for the worker process to come up
 
@@ -254,31 +255,52 @@ class PoolPicker:
 
     # ---- background --------------------------------------------------------------------------
     async def _mapper(self) -> None:
-        """Map queued prompts in a worker process (the filter's event loop stays free)."""
+        """Map queued prompts in a worker process (the filter's event loop stays free). Each
+        call takes every prompt queued meanwhile (at most ``_BATCH``), one slice of each: on a
+        busy box the mapper runs behind (tens of prompts queued), and a call per prompt cost
+        the event loop a hand-off to the executor's threads per prompt."""
         assert self._queue is not None
         loop = asyncio.get_running_loop()
         step, page = self.routing.checkpoint_bytes, self.routing.page_size
         every = self.routing.anchor_every
         while True:
-            prompt = await self._queue.get()
-            known = len(self.map.lookup(prompt.marks))
-            while known < len(prompt.marks):
-                start = self.map.start_of(prompt.marks, known)
-                if start is None:
+            todo = [await self._queue.get()]
+            while len(todo) < _BATCH and not self._queue.empty():
+                todo.append(self._queue.get_nowait())
+            while todo:
+                jobs: list[Job] = []
+                sent: list[tuple[Prompt, int, Point]] = []
+                for prompt in todo:
+                    known = len(self.map.lookup(prompt.marks))
+                    start = self.map.start_of(prompt.marks, known)
+                    if known >= len(prompt.marks) or start is None:  # mapped, or evicted
+                        self._mapped(prompt)
+                        continue
+                    count = min(_SLICE, len(prompt.marks) - known)
+                    # only the bytes still to map go to the worker process, not the whole
+                    # prompt (a conversation's next turn resumes where its last one was mapped)
+                    data = prompt.data[start.resume : (known + count) * step]
+                    jobs.append(
+                        (prompt.marks[known : known + count], data, start, known, count,
+                         start.resume)
+                    )  # fmt: skip
+                    sent.append((prompt, known, start))
+                if not jobs:
                     break
-                count = min(_SLICE, len(prompt.marks) - known)
-                # only the bytes still to map go to the worker process, not the whole prompt
-                # (a conversation's next turn resumes where its last one was mapped)
-                data = prompt.data[start.resume : (known + count) * step]
-                args = (data, start, known, count, step, page, every, start.resume)
                 if self._executor is not None:
-                    points = await loop.run_in_executor(self._executor, map_points, *args)
+                    results = await loop.run_in_executor(
+                        self._executor, map_batch, jobs, step, page, every
+                    )
                 else:
-                    points = map_points(*args)
-                self.map.store(prompt.marks, known, start, points)
-                self.metrics.mapped_tokens.labels(self.pool).inc(points[-1].tokens - start.tokens)
-                known += count
-            self._mapped(prompt)
+                    results = map_batch(jobs, step, page, every)
+                todo = []
+                for (prompt, known, start), (points, hashed) in zip(sent, results, strict=True):
+                    self.map.store(prompt.marks, known, start, points)
+                    self.metrics.mapped_tokens.labels(self.pool).inc(hashed)
+                    if known + len(points) < len(prompt.marks):
+                        todo.append(prompt)  # the next slice, in the next call
+                    else:
+                        self._mapped(prompt)
 
     async def _gauges(self) -> None:
         while True:

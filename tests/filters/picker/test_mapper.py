@@ -113,3 +113,31 @@ def test_checkpoints_name_whole_prefixes() -> None:
     assert checkpoints(b"0123x567", 4)[1] != a[1]
     with pytest.raises(ValueError):
         checkpoints(b"", 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(WORDS, WORDS, st.integers(1, 3), st.integers(3, 30), st.sampled_from([1, 4]))
+def test_a_batch_maps_like_one_prompt_at_a_time_and_hashes_shared_text_once(
+    head: list[str], tail: list[str], page: int, step: int, every: int
+) -> None:
+    """map_batch of a turn, its next turn and the turn again (as a busy mapper queues them)
+    gives each the points map_points gives it alone; the text they share is hashed once."""
+    from filters.picker.mapper import Job, map_batch
+
+    turn1 = " ".join(head).encode()
+    turn2 = turn1 + b" " + " ".join(tail).encode()
+    jobs: list[Job] = []
+    alone = []
+    for data in (turn1, turn2, turn1):
+        marks = checkpoints(data, step)
+        jobs.append((marks, data, ROOT, 0, len(marks), 0))
+        alone.append(map_points(data, ROOT, 0, len(marks), step, page, every))
+    results = map_batch(jobs, step, page, every)
+    assert [points for points, _ in results] == alone
+    hashed = [n for _, n in results]
+    assert hashed[0] == (alone[0][-1].tokens if alone[0] else 0)
+    assert hashed[2] == 0  # the same prompt again: nothing new
+    shared = len(alone[0])  # turn 2 resumes after turn 1's last checkpoint
+    if alone[1]:
+        base = alone[1][shared - 1].tokens if shared else 0
+        assert hashed[1] == alone[1][-1].tokens - base

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from backends.emulator.radix_cache import RadixCache
@@ -242,6 +243,51 @@ def test_the_mapper_process_maps_only_the_bytes_it_is_sent_and_gets_the_same_poi
             marks = picker.prompt(turn2).marks
             local.map.extend(turn2, marks, 0, len(marks))
             assert picker.map.lookup(marks) == local.map.lookup(marks)
+        finally:
+            await picker.aclose()
+
+    asyncio.run(main())
+
+
+def test_prompts_queued_while_the_mapper_works_go_in_one_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A busy mapper takes everything queued meanwhile in one call of its worker (one slice of
+    each prompt per call), and the map ends as if they had been mapped one by one."""
+    import filters.picker.pool as pool_mod
+
+    calls: list[int] = []
+    real = pool_mod.map_batch
+
+    def counting(jobs, *args):  # type: ignore[no-untyped-def]
+        calls.append(len(jobs))
+        return real(jobs, *args)
+
+    monkeypatch.setattr(pool_mod, "map_batch", counting)
+
+    async def main() -> None:
+        cfg = LlmPool(
+            models=("m",),
+            endpoints=(),
+            routing=RoutingPolicy(mode="prefix_index", checkpoint_bytes=64),
+        )
+        picker = PoolPicker("chat", cfg, PickerMetrics(CollectorRegistry()), feeds=[])
+        await picker.start(worker_process=False)
+        try:
+            doc = _text("d", 80)
+            prompts = [picker.prompt(doc + b" " + _text(t, 5)) for t in "uvwxyz"]
+            for p in prompts:  # queued before the mapper task runs: one batch
+                picker.record(p, Pick("127.0.0.1:1", "load", 0))
+            for _ in range(200):
+                if all(len(picker.map.lookup(p.marks)) == len(p.marks) for p in prompts):
+                    break
+                await asyncio.sleep(0.01)
+            assert calls[0] == len(prompts)
+            assert len(calls) < len(prompts)
+            local = PoolPicker("x", cfg, PickerMetrics(CollectorRegistry()), feeds=[])
+            for p in prompts:
+                local.map.extend(p.data, p.marks, len(local.map.lookup(p.marks)), len(p.marks))
+                assert picker.map.lookup(p.marks) == local.map.lookup(p.marks)
         finally:
             await picker.aclose()
 
