@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from controlplane.policy.model import Address, LlmPool
 from controlplane.policy.routing import RoutingPolicy
-from filters.picker.mapper import ROOT, CheckpointMap, Job, Point, map_batch, map_points
+from filters.picker.mapper import ROOT, CheckpointMap, Job, Point, map_batch
 from filters.picker.metrics import PickerMetrics
 from filters.picker.prompt import checkpoints
 from filters.picker.score import Candidate, Pick, Weights, choose
@@ -128,9 +128,8 @@ class PoolPicker:
         r = self.routing
         loop = asyncio.get_running_loop()
         call = loop.run_in_executor(
-            self._executor, map_points, b"", ROOT, 0, 0, r.checkpoint_bytes, r.page_size,
-            r.anchor_every, 0,
-        )  # fmt: skip
+            self._executor, map_batch, [], r.checkpoint_bytes, r.page_size, r.anchor_every
+        )
         try:
             async with asyncio.timeout(_WARM_TIMEOUT_S):
                 await call

@@ -211,15 +211,20 @@ def test_a_pending_pick_waits_for_its_prompt_to_be_mapped_then_expires() -> None
     assert picker.pick(picker.prompt(doc + b" later")).reason == "load"
 
 
+def _mapper_cfg() -> LlmPool:
+    """A pool without endpoints whose picker maps 64-byte checkpoints (the mapper tests)."""
+    return LlmPool(
+        models=("m",),
+        endpoints=(),
+        routing=RoutingPolicy(mode="prefix_index", checkpoint_bytes=64),
+    )
+
+
 def test_the_mapper_process_maps_only_the_bytes_it_is_sent_and_gets_the_same_points() -> None:
     import os
 
     async def main() -> None:
-        cfg = LlmPool(
-            models=("m",),
-            endpoints=(),
-            routing=RoutingPolicy(mode="prefix_index", checkpoint_bytes=64),
-        )
+        cfg = _mapper_cfg()
         picker = PoolPicker("chat", cfg, PickerMetrics(CollectorRegistry()), feeds=[])
         await picker.start(worker_process=True)
         try:
@@ -266,11 +271,7 @@ def test_prompts_queued_while_the_mapper_works_go_in_one_call(
     monkeypatch.setattr(pool_mod, "map_batch", counting)
 
     async def main() -> None:
-        cfg = LlmPool(
-            models=("m",),
-            endpoints=(),
-            routing=RoutingPolicy(mode="prefix_index", checkpoint_bytes=64),
-        )
+        cfg = _mapper_cfg()
         picker = PoolPicker("chat", cfg, PickerMetrics(CollectorRegistry()), feeds=[])
         await picker.start(worker_process=False)
         try:
