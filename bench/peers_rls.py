@@ -31,7 +31,7 @@ from ratelimit_bench import Service, policy_text, service_p99_ms
 
 from tests.helpers import free_port, redis_server
 
-__all__ = ["rls_phase"]
+__all__ = ["merge_loads", "parse_setup", "rls_phase"]
 
 LOAD = Path(__file__).resolve().parent / "ratelimit_load.py"
 
@@ -41,17 +41,69 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-SETUPS = (("h2", 1), ("h2", 2), ("grpc", 1))  # (load client, service processes)
+# (load client, service processes, load-generator processes)
+SETUPS = (("h2", 1, 1), ("h2", 2, 1), ("grpc", 1, 1))
+
+
+def parse_setup(text: str) -> tuple[str, int, int]:
+    """``CLIENT:PROCESSES[:LOADERS]``, e.g. ``h2:4:2`` (the ``--setups`` argument)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or parts[0] not in ("h2", "grpc"):
+        raise ValueError(f"setup {text!r}: expected CLIENT:PROCESSES[:LOADERS], CLIENT h2 or grpc")
+    processes, loaders = int(parts[1]), int(parts[2]) if len(parts) == 3 else 1
+    if not 1 <= processes <= 9 or loaders < 1:
+        raise ValueError(f"setup {text!r}: PROCESSES must be 1..9 and LOADERS >= 1")
+    return parts[0], processes, loaders
 
 
 def _load(
-    port: int, seconds: float, concurrency: int, rate: float, client: str = "h2"
+    port: int,
+    seconds: float,
+    concurrency: int,
+    rate: float,
+    client: str = "h2",
+    processes: int = 1,
+    loaders: int = 1,
 ) -> dict[str, Any]:
+    """One load run; with ``loaders`` > 1, that many load processes share the concurrency and
+    the rate, and their results are summed (p50: the loaders' median; p99: their maximum, an
+    upper bound of the combined p99)."""
+    conns = max(4, -(-4 * processes // loaders))  # >= 4 per service process across loaders
     argv = [sys.executable, str(LOAD), "--target", f"127.0.0.1:{port}", "--client", client,
-            "--concurrency", str(concurrency), "--seconds", str(seconds), "--rate", str(rate)]  # fmt: skip
-    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=300).stdout
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return result
+            "--concurrency", str(max(1, concurrency // loaders)), "--seconds", str(seconds),
+            "--rate", str(rate / loaders), "--connections", str(conns)]  # fmt: skip
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for _ in range(loaders)]
+    outs = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=300)
+            if proc.returncode:
+                raise RuntimeError(f"load generator failed (exit {proc.returncode})")
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:  # a failed loader stops the others too
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return merge_loads(outs)
+
+
+def merge_loads(outs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several load generators' results as one: counts and rates summed, the longest window,
+    p50 the loaders' median p50, p99 their largest p99 (an upper bound of the combined p99:
+    each loader saw the same service)."""
+    if len(outs) == 1:
+        return outs[0]
+    keys = ("calls", "rps", "errors", "over_limit", "dropped", "offered_rps")
+    summed = {k: round(sum(o[k] for o in outs), 3) for k in keys}
+    return {
+        **summed,
+        "seconds": max(o["seconds"] for o in outs),
+        "p50_ms": sorted(o["p50_ms"] for o in outs)[len(outs) // 2],
+        "p99_ms": max(o["p99_ms"] for o in outs),
+        "client": outs[0]["client"],
+        "loaders": len(outs),
+    }
 
 
 def _measured(svc: Service, redis_pid: int, fn: Any) -> dict[str, Any]:
@@ -76,9 +128,9 @@ def _measured(svc: Service, redis_pid: int, fn: Any) -> dict[str, Any]:
 
 
 def rls_phase(
-    tmp: Path, seconds: float, setups: tuple[tuple[str, int], ...] = SETUPS
+    tmp: Path, seconds: float, setups: tuple[tuple[str, int, int], ...] = SETUPS
 ) -> dict[str, Any]:
-    runs = [_setup(tmp, seconds, client, processes) for client, processes in setups]
+    runs = [_setup(tmp, seconds, *setup) for setup in setups]
     best = max(runs, key=lambda r: float(r["closed_loop_c200"]["rps"]))
     return {
         "closed_loop_c200": best["closed_loop_c200"],
@@ -89,7 +141,9 @@ def rls_phase(
     }
 
 
-def _setup(tmp: Path, seconds: float, client: str, processes: int) -> dict[str, Any]:
+def _setup(
+    tmp: Path, seconds: float, client: str, processes: int, loaders: int = 1
+) -> dict[str, Any]:
     port = free_port()
     policy = tmp / f"rls-policy-{client}-{processes}.yaml"
     policy.write_text(policy_text(port))
@@ -98,15 +152,20 @@ def _setup(tmp: Path, seconds: float, client: str, processes: int) -> dict[str, 
         url = f"redis://127.0.0.1:{redis_port}/0"
         svc = Service(f"ours-{processes}", policy, url, port, tmp)
         try:
-            _load(port, 1.0, 50, 0.0, client)  # warm-up
-            closed = _measured(svc, redis_pid, lambda: _load(port, seconds, 200, 0.0, client))
+            _load(port, 1.0, 50, 0.0, client, processes, loaders)  # warm-up
+            closed = _measured(
+                svc, redis_pid, lambda: _load(port, seconds, 200, 0.0, client, processes, loaders)
+            )
             half = max(1.0, closed["rps"] / 2)
-            open_ = _measured(svc, redis_pid, lambda: _load(port, seconds, 2000, half, client))
+            open_ = _measured(
+                svc, redis_pid, lambda: _load(port, seconds, 2000, half, client, processes, loaders)
+            )
         finally:
             svc.close()
     return {
         "client": client,
         "processes": processes,
+        "loaders": loaders,
         "closed_loop_c200": closed,
         "open_loop_half": open_,
     }
@@ -133,9 +192,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="the rate-limit service alone, three setups")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--out", type=Path, default=None, help="write the JSON here")
+    ap.add_argument(
+        "--setups", nargs="+", type=parse_setup, default=list(SETUPS),
+        help="CLIENT:PROCESSES[:LOADERS] each (default h2:1 h2:2 grpc:1)",
+    )  # fmt: skip
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="tw-rls-") as tmp:
-        result = rls_phase(Path(tmp), a.seconds)
+        result = rls_phase(Path(tmp), a.seconds, tuple(a.setups))
     result["load_average"] = os.getloadavg()
     text = json.dumps(result, indent=1)
     if a.out is not None:

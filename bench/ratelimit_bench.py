@@ -182,7 +182,9 @@ class Service:
             self.metrics_ports = [base + i for i in range(int(kind[-1]))]
         self.child = ChildProcess(argv, log=tmp / f"rls-{kind}.log", env=env)
         wait_for_port(port, timeout=20)
-        time.sleep(1.0 if kind == "ours-2" else 0.3)
+        for mport in self.metrics_ports:  # every worker process is up (each serves /metrics)
+            wait_for_port(mport, timeout=20)
+        time.sleep(1.0 if len(self.metrics_ports) > 1 else 0.3)
 
     def hist(self) -> dict[float, float]:
         """Cumulative decision-latency buckets inside the service (all workers)."""

@@ -72,6 +72,7 @@ async def run(
     tenants: int,
     rate: float = 0.0,
     client: str = "h2",
+    connections: int = 0,
 ) -> dict[str, Any]:
     payloads = [
         rls.llm(
@@ -79,7 +80,8 @@ async def run(
         ).SerializeToString()
         for i in range(20_000)
     ]
-    calls, close = await _callers(target, max(1, min(4, concurrency // 25)), client)
+    conns = connections or max(1, min(4, concurrency // 25))
+    calls, close = await _callers(target, conns, client)
     lat: list[float] = []
     errors = over = 0
     stop = time.perf_counter() + seconds
@@ -167,6 +169,11 @@ def main() -> None:
     p.add_argument("--tenants", type=int, default=100)
     p.add_argument("--rate", type=float, default=0.0, help="open loop: calls per second")
     p.add_argument("--client", choices=("h2", "grpc"), default="h2")
+    p.add_argument(
+        "--connections", type=int, default=0,
+        help="connections to open (default: one per 25 callers, at most 4); a service of N "
+        "processes on one port (SO_REUSEPORT) needs several per process to load them all",
+    )  # fmt: skip
     a = p.parse_args()
     try:
         import uvloop
@@ -177,7 +184,17 @@ def main() -> None:
     with runner:
         print(
             json.dumps(
-                runner.run(run(a.target, a.concurrency, a.seconds, a.tenants, a.rate, a.client))
+                runner.run(
+                    run(
+                        a.target,
+                        a.concurrency,
+                        a.seconds,
+                        a.tenants,
+                        a.rate,
+                        a.client,
+                        a.connections,
+                    )
+                )
             )
         )
 
