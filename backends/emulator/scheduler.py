@@ -12,7 +12,8 @@ Each step (one forward pass of the emulated GPU):
    tokens minus ``new_token_ratio`` of what running requests may still produce); the uncached
    prompt and one output slot are allocated (evicting LRU cache leaves) and the matched prefix
    is locked so it cannot be evicted while the request runs;
-4. sleep ``profile.step_s(prefill tokens, decode batch) * time_scale * slow``, then publish
+4. sleep ``profile.step_s(prefill tokens, decode batch, …) * time_scale * slow`` (with the
+   profile's context terms: each chunk's cached prefix, each stream's tokens so far), then publish
    the tokens. A request whose prefill completes in this step gets its first token now; its prompt
    is inserted into the radix cache (so concurrent requests with the same prefix hit), and on
    finish prompt + output are inserted and the lock released.
@@ -237,10 +238,21 @@ class Scheduler:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            dt = self.profile.step_s(prefill_tokens, len(decode))
+            dt = self._step_time(prefill, prefill_tokens, decode)
             await self._sleep_step(dt * self.time_scale * self.slow_factor)
             self._apply(prefill, decode)
             self.publish_kv_events()
+
+    def _step_time(
+        self, prefill: list[tuple[EmuRequest, int]], prefill_tokens: int, decode: list[EmuRequest]
+    ) -> float:
+        """The profile's time for this step; its context terms see each chunk's cached prefix
+        (``prefilled`` before the step) and each decoding stream's prompt and output so far."""
+        if self.profile.context_free:
+            return self.profile.step_s(prefill_tokens, len(decode))
+        attended = sum(n * (req.prefilled + n / 2) for req, n in prefill)
+        kv = sum(req.prompt_len + req.output_len for req in decode)
+        return self.profile.step_s(prefill_tokens, len(decode), kv, attended)
 
     async def _sleep_step(self, dt: float) -> None:
         now = self._clock()

@@ -6,7 +6,7 @@ from .capacity import MODELS, Capacity, Model, Step, WaitEstimate
 from .errors import InfeasibleError, PlanInputError, PlannerError
 from .inputs import PlanInputs, TenantClass, TokenDist, TrafficClass
 from .plan import Plan, make_plan
-from .replica import FlatReplica, ReplicaModel, profile_replica
+from .replica import FlatReplica, ReplicaModel, for_workload, profile_replica
 
 __all__ = [
     "MODELS",
@@ -24,6 +24,7 @@ __all__ = [
     "TokenDist",
     "TrafficClass",
     "WaitEstimate",
+    "for_workload",
     "make_plan",
     "profile_replica",
 ]

@@ -167,7 +167,21 @@ def replica_capacity(inputs: PlanInputs) -> Capacity:
     s = service_time_s(inputs, c)
     tau = prefill_s + inputs.output.mean * rep.itl_s(c) / c
     h = inputs.prefix_hit_rate
+    context = (
+        (
+            Step(
+                "context",
+                "the profile's context terms at this workload",
+                inputs.context_note,
+                inputs.prompt.mean + inputs.output.mean / 2,
+                "tokens",
+            ),
+        )
+        if inputs.context_note
+        else ()
+    )
     steps = (
+        *context,
         _tbt_step(inputs, c_tbt),
         Step(
             "c_kv",

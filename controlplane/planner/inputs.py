@@ -135,6 +135,7 @@ class PlanInputs:
     pool: str = "default"
     profile_name: str | None = None
     models: tuple[str, ...] = field(default=())
+    context_note: str = ""  # how a profile's context terms were folded in (replica.for_workload)
 
     def __post_init__(self) -> None:
         _positive("budgets.ttft", self.ttft_s)

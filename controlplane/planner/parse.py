@@ -30,7 +30,7 @@ import yaml
 
 from .errors import PlanInputError
 from .inputs import DEFAULT_UTILIZATION, Lane, PlanInputs, TenantClass, TokenDist, TrafficClass
-from .replica import FlatReplica, ReplicaModel, profile_replica
+from .replica import FlatReplica, ReplicaModel, for_workload, profile_replica
 
 __all__ = ["inputs_from_mapping", "load_samples", "parse_duration", "read_planner_section"]
 
@@ -198,6 +198,10 @@ def inputs_from_mapping(m: Mapping[str, Any], base_dir: Path | None = None) -> P
     for key in ("ttft", "tbt"):
         if key not in budgets:
             raise PlanInputError(f"budgets.{key}", "required")
+    hit_rate = _number(m, "prefix_cache_hit_rate", "", 0.0)
+    context_note = ""
+    if 0.0 <= hit_rate <= 1.0:  # PlanInputs reports an out-of-range rate precisely
+        replica, context_note = for_workload(replica, prompt.mean, output.mean, hit_rate)
     max_rep = m.get("max_replicas")
     models = m.get("models") or ()
     if isinstance(models, str):
@@ -211,12 +215,13 @@ def inputs_from_mapping(m: Mapping[str, Any], base_dir: Path | None = None) -> P
         classes=_classes(m),
         tenants=_tenants(m),
         target_utilization=_number(m, "target_utilization", "", DEFAULT_UTILIZATION),
-        prefix_hit_rate=_number(m, "prefix_cache_hit_rate", "", 0.0),
+        prefix_hit_rate=hit_rate,
         max_replicas=None if max_rep is None else int(_number(m, "max_replicas", "")),
         quantile=_number(m, "quantile", "", 0.95),
         pool=str(m.get("pool", "default")),
         profile_name=profile_name,
         models=tuple(str(x) for x in models),
+        context_note=context_note,
     )
 
 

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from .errors import PlanInputError
 
-__all__ = ["FlatReplica", "ReplicaModel", "profile_replica"]
+__all__ = ["FlatReplica", "ReplicaModel", "for_workload", "profile_replica"]
 
 _EPS = 1e-12  # budgets that are met exactly in reals (40/2000 = 0.02) must hold in floats
 
@@ -99,3 +99,30 @@ def profile_replica(name: str) -> ReplicaModel:
     except UnknownProfileError as exc:
         raise PlanInputError("backend.profile", str(exc)) from exc
     return profile
+
+
+def for_workload(
+    replica: ReplicaModel, prompt_mean: float, output_mean: float, prefix_hit_rate: float
+) -> tuple[ReplicaModel, str]:
+    """``replica`` with a profile's context terms (KV read per decoded token, attention per
+    prefilled token) folded in at this workload's means, and the formula that says how (empty
+    when the replica has no context terms: it is returned unchanged).
+
+    A decoding stream holds its prompt and half its output on average; an uncached prompt token
+    attends to the cached prefix and half the uncached part; the per-step prefill cost is spread
+    over the uncached part (at most one chunk)."""
+    at_context = getattr(replica, "at_context", None)
+    if at_context is None or getattr(replica, "context_free", True):
+        return replica, ""
+    cached = prefix_hit_rate * prompt_mean
+    uncached = prompt_mean - cached
+    decode_ctx, prefill_ctx = prompt_mean + output_mean / 2, cached + uncached / 2
+    folded: ReplicaModel = at_context(decode_ctx, prefill_ctx, max(uncached, 1.0))
+    note = (
+        f"decoding streams hold prompt + output/2 = {prompt_mean:g} + {output_mean:g}/2 = "
+        f"{decode_ctx:.6g} tokens, so itl(1) = {folded.itl_s(1) * 1e3:.4g} ms "
+        f"(at 0 tokens: {replica.itl_s(1) * 1e3:.4g} ms); an uncached prompt token attends to "
+        f"h·prompt + (1 − h)·prompt/2 = {prefill_ctx:.6g} tokens, so prefill runs at "
+        f"{folded.prefill_tok_s:.5g} tok/s ({replica.prefill_tok_s:.5g} at 0 tokens with no per-step cost)"
+    )
+    return folded, note

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backends.errors import UnknownProfileError
 from backends.profiles import BackendProfile, get_profile, profile_names
@@ -44,28 +46,80 @@ def _h200_runs() -> list[dict[str, Any]]:
     return [json.loads((RESULTS / f"gpu_h200_llama8b_{i}.json").read_text()) for i in (1, 2)]
 
 
+def _rel_errors(p: BackendProfile) -> tuple[list[float], list[float]]:
+    decode, prefill = [], []
+    for run in _h200_runs():
+        for pt in run["decode"]:
+            model = p.itl_s(pt["batch"], pt["context"]) * 1000
+            decode.append((model - pt["ms"]) / pt["ms"])
+        for pt in run["prefill"]:
+            n, cached = pt["chunk"], pt["prefix"]
+            model = p.prefill_cost_s(n, n * (cached + n / 2)) * 1000
+            prefill.append((model - pt["ms"]) / pt["ms"])
+    return decode, prefill
+
+
+def _rms(xs: list[float]) -> float:
+    return math.sqrt(sum(x * x for x in xs) / len(xs))
+
+
 def test_h200_profile_reproduces_its_measurements() -> None:
     p = get_profile("llama-3.1-8b-h200")
-    runs = _h200_runs()
-    decode = [pt for run in runs for pt in run["decode"] if pt["context"] == 2048]
-    assert len(decode) >= 5
-    for pt in decode:  # the context the decode model is fitted at
-        assert p.itl_s(pt["batch"]) * 1000 == pytest.approx(pt["ms"], rel=0.03), pt
-    prefill = [pt["tok_s"] for run in runs for pt in run["prefill"]
-               if pt["prefix"] == 0 and pt["chunk"] >= 1024]  # fmt: skip
-    assert min(prefill) <= p.prefill_tok_s <= max(prefill)
-    assert p.prefill_tok_s == pytest.approx(statistics.median(prefill), rel=0.01)
-    kv = runs[0]["kv_capacity"]["kv_tokens_at_mem_fraction"]["0.88"]
+    assert not p.context_free
+    decode, prefill = _rel_errors(p)
+    assert len(decode) >= 20 and len(prefill) >= 15
+    assert _rms(decode) < 0.10 and max(map(abs, decode)) < 0.35
+    assert _rms(prefill) < 0.15 and max(map(abs, prefill)) < 0.35
+    kv = _h200_runs()[0]["kv_capacity"]["kv_tokens_at_mem_fraction"]["0.88"]
     assert p.max_total_tokens == pytest.approx(kv, rel=0.001)
+    # without its context terms the profile misses long contexts by far: they are needed
+    flat = dataclasses.replace(p, decode_per_kv_token_s=0.0, prefill_per_ctx_token_s=0.0)
+    flat_decode, flat_prefill = _rel_errors(flat)
+    assert _rms(flat_decode) > 2 * _rms(decode) and _rms(flat_prefill) > 2 * _rms(prefill)
 
 
-def test_h200_profile_understates_long_contexts_as_documented() -> None:
-    """The context-free model is fitted at 2,048 tokens per stream: at 12,288 tokens a real step
-    is far longer (docs/emulator.md says so); at 1,024 tokens a little shorter."""
+@settings(max_examples=200, deadline=None)
+@given(
+    batch=st.integers(1, 512),
+    decode_ctx=st.floats(0, 200_000),
+    prefill_ctx=st.floats(0, 200_000),
+    chunk=st.integers(1, 20_000),
+)
+def test_at_context_folds_the_context_terms(
+    batch: int, decode_ctx: float, prefill_ctx: float, chunk: int
+) -> None:
     p = get_profile("llama-3.1-8b-h200")
-    points = {(pt["batch"], pt["context"]): pt["ms"] for pt in _h200_runs()[0]["decode"]}
-    assert points[(64, 12288)] > 2.5 * p.itl_s(64) * 1000
-    assert points[(256, 1024)] < p.itl_s(256) * 1000
+    folded = p.at_context(decode_ctx, prefill_ctx, chunk)
+    assert folded.context_free and folded.prefill_base_s == 0
+    assert folded.itl_s(batch) == pytest.approx(p.itl_s(batch, decode_ctx), rel=1e-9)
+    n = min(chunk, p.chunked_prefill_size)  # one chunk, each token attending to prefill_ctx
+    assert folded.prefill_cost_s(n) == pytest.approx(p.prefill_cost_s(n, n * prefill_ctx), rel=1e-9)
+
+
+def test_context_free_profiles_ignore_context() -> None:
+    for name in ("llama-3.1-8b-h100", "seed-2k"):
+        p = get_profile(name)
+        assert p.context_free
+        assert p.at_context(12_000, 8_000) == p
+        assert p.itl_s(64, 12_000) == p.itl_s(64)
+        assert p.step_s(500, 8, 100_000, 10**9) == p.step_s(500, 8)
+
+
+def test_context_terms_add_to_a_step() -> None:
+    p = dataclasses.replace(
+        get_profile("seed-2k"),
+        decode_per_kv_token_s=1e-8,
+        prefill_base_s=2e-3,
+        prefill_per_ctx_token_s=1e-9,
+    )
+    base = get_profile("seed-2k")
+    assert p.step_s(0, 4, 40_000) == pytest.approx(base.step_s(0, 4) + 4e-4)
+    assert p.step_s(100, 0, 0, 10_000) == pytest.approx(base.step_s(100, 0) + 2e-3 + 1e-5)
+    assert p.step_s(0, 0, 10**6, 10**6) == 0.0  # no work, no time
+    with pytest.raises(ValueError, match=">= 0"):
+        p.at_context(-1)
+    with pytest.raises(ValueError, match="decode_per_kv_token_s"):
+        dataclasses.replace(p, decode_per_kv_token_s=-1.0)
 
 
 def test_seed_profile_matches_seed_numbers() -> None:

@@ -61,6 +61,27 @@ async def test_single_request_timing_follows_profile() -> None:
     sched.cache.check_invariants()
 
 
+async def test_context_terms_make_long_prompts_slower_per_token() -> None:
+    """With a profile's context terms, a prefill chunk pays for the tokens it attends to (its
+    cached prefix and itself) and a decode step for the tokens each stream holds."""
+    p = _profile(decode_per_kv_token_s=1e-6, prefill_per_ctx_token_s=1e-8, prefill_base_s=1e-3)
+    times = {}
+    for prompt in (100, 2000):
+        clock = FakeClock()
+        sched = Scheduler(p, clock=clock, sleep=clock.sleep)
+        r = _req(clock, list(range(prompt)), 3)
+        t0 = clock()
+        await _run_all(sched, [r])
+        first = p.step_s(prompt, 0, 0, prompt * prompt / 2)
+        assert r.first_token_at == pytest.approx(t0 + first)
+        # two decode steps: the stream holds the prompt and 1, then 2 output tokens
+        decode = p.step_s(0, 1, prompt + 1) + p.step_s(0, 1, prompt + 2)
+        assert r.finished_at == pytest.approx(t0 + first + decode)
+        times[prompt] = (r.finished_at - r.first_token_at) / 2
+        await sched.aclose()
+    assert times[2000] > times[100] + 1.8e-3  # 1,900 more tokens read per step at 1 us each
+
+
 async def test_chunked_prefill_takes_several_steps() -> None:
     clock = FakeClock()
     p = _profile(chunked_prefill_size=4096)

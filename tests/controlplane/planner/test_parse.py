@@ -47,6 +47,34 @@ def test_profile_backend() -> None:
     assert inputs.profile_name == "seed-2k" and inputs.replica.max_running_requests == 64
 
 
+def test_profile_with_context_terms_is_planned_at_the_workload_context() -> None:
+    """The H200 profile's step times grow with context: the planner folds them in at the
+    workload's means (prompt + output/2 per decoding stream) and says so in the plan."""
+    from backends.profiles import get_profile
+    from controlplane.planner.capacity import replica_capacity
+
+    m = read_planner_section(SECTION)
+    m["backend"] = {"profile": "llama-3.1-8b-h200"}
+    m["prompt_tokens"] = {"mean": 12000, "p95": 30000}
+    m["output_tokens"] = {"mean": 400, "p95": 900}
+    m["budgets"] = {"ttft": "5s", "tbt": "30ms"}
+    m["prefix_cache_hit_rate"] = 0.4
+    inputs = inputs_from_mapping(m)
+    raw = get_profile("llama-3.1-8b-h200")
+    assert inputs.replica.itl_s(60) == pytest.approx(raw.itl_s(60, 12200))
+    assert inputs.replica.prefill_tok_s < raw.prefill_tok_s / 1.5  # attention over 8.4k tokens
+    assert "12200 tokens" in inputs.context_note
+    cap = replica_capacity(inputs)
+    assert cap.steps[0].key == "context" and cap.steps[0].formula == inputs.context_note
+    # at that context the TBT budget binds, where the batch-only view is not even half-way
+    assert cap.binding == "TBT budget" and cap.c < cap.c_kv
+    assert inputs.replica.itl_s(cap.c) <= 0.030 < inputs.replica.itl_s(cap.c + 1)
+    assert raw.itl_s(cap.c) < 0.015
+    m["backend"] = {"profile": "llama-3.1-8b-h100"}  # no context terms: nothing folded
+    flat = inputs_from_mapping(m)
+    assert flat.context_note == "" and flat.replica == get_profile("llama-3.1-8b-h100")
+
+
 @pytest.mark.parametrize(
     ("patch", "field", "text"),
     [
