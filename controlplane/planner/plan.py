@@ -170,7 +170,8 @@ def make_plan(inputs: PlanInputs, model: Model = "batch", envoys: int = 1) -> Pl
 def _tbt_under_load(inputs: PlanInputs, cap: Capacity, lam_r: float, conc: float) -> Step:
     """Mean time between tokens once prefill takes its share: itl(b̄) / (1 − λ·t_p)."""
     f = lam_r * cap.prefill_s
-    b = min(cap.c, max(1, math.ceil(conc)))
+    # an unstable load (another queue model's replica count) has no finite mean: the batch is full
+    b = min(cap.c, max(1, math.ceil(conc))) if math.isfinite(conc) else cap.c
     itl = inputs.replica.itl_s(b)
     tbt = itl / (1 - f) if f < 1 else math.inf
     return Step(

@@ -51,6 +51,21 @@ def test_json_plan() -> None:
     assert data["waits"]["mmc"]["p_wait"] == pytest.approx(0.004426, abs=1e-5)
 
 
+def test_mmc_plan_the_batch_model_calls_overloaded_still_prints() -> None:
+    """M/M/c sizes by slots alone; when its replica count leaves a replica over capacity in the
+    batch-aware model (a prefill step stalls every stream), the plan still prints: the TBT line
+    takes the full batch instead of an infinite mean concurrency (was an OverflowError)."""
+    argv = ["plan", "--profile", "llama-3.1-8b-h100", "--prompt-mean", "2048", "--prompt-p95",
+            "2048", "--output-mean", "100", "--output-p95", "300", "--ttft", "1s", "--tbt",
+            "30ms", "--qps", "20", "--queue-model", "mmc", "--format", "json"]  # fmt: skip
+    code, out, _ = _run(argv)
+    data = json.loads(out)
+    assert code == 0 and data["replicas"] == 1
+    assert data["waits"]["batch"]["mean_concurrency"] is None  # unstable: no finite mean
+    code, out, _ = _run(argv[:-2])
+    assert code == 0 and f"itl(b̄ = {data['slots_per_replica']})" in out
+
+
 def test_infeasible_and_bad_input_exit_codes() -> None:
     code, _, err = _run([*SEED_FLAGS, "--tbt", "0.1ms"])
     assert code == EXIT_INFEASIBLE and "short by" in err
