@@ -42,6 +42,7 @@ from backends.profiles import get_profile  # noqa: E402
 from controlplane.planner.capacity import MODELS, replica_capacity, wait_estimate  # noqa: E402
 from controlplane.planner.inputs import PlanInputs, TokenDist, TrafficClass  # noqa: E402
 from controlplane.planner.plan import make_plan  # noqa: E402
+from controlplane.planner.replica import for_workload  # noqa: E402
 from tests.helpers import ChildProcess, free_port, wait_for_port  # noqa: E402
 
 MULTIPLIERS = (0.5, 0.8, 1.0, 1.2, 1.4)
@@ -266,10 +267,16 @@ def main() -> int:
 
     rng = random.Random(args.seed)
     outs = output_lengths(random.Random(args.seed + 1), 50_000, args.output_mean, args.output_cap)
+    output = TokenDist.from_samples(outs, "output_tokens")
+    # a profile with context terms is planned at this workload's mean context (no prefix hits)
+    replica, context_note = for_workload(
+        get_profile(args.profile), args.prompt_tokens, output.mean, 0.0
+    )
     inputs = PlanInputs(
-        replica=get_profile(args.profile),
+        replica=replica,
         prompt=TokenDist(args.prompt_tokens, args.prompt_tokens, 0.0, "prompt_tokens"),
-        output=TokenDist.from_samples(outs, "output_tokens"),
+        output=output,
+        context_note=context_note,
         ttft_s=args.ttft,
         tbt_s=args.tbt,
         classes=(TrafficClass("chat", args.qps),),

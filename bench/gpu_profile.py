@@ -111,6 +111,38 @@ class Model:
         gate, up = (F.rms_norm(h, (self.s.hidden,), lw["n2"]) @ lw["gate_up"].T).chunk(2, dim=-1)
         return h + (F.silu(gate) * up) @ lw["down"].T
 
+    def _prefill_attention(
+        self, qkv: torch.Tensor, pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """Attention of ``n`` new rows ([n, (H + 2 KVH) D]) over ``P`` cached tokens and
+        themselves, causal and aligned to the end; returns [n, H D]."""
+        s, n, p = self.s, qkv.shape[0], k_cache.shape[1]
+        q, k, v = qkv.split(
+            [s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], -1
+        )
+        q = self.rope(q.view(n, s.heads, s.head_dim).transpose(0, 1), pos)
+        k = self.rope(k.view(n, s.kv_heads, s.head_dim).transpose(0, 1), pos)
+        v = v.view(n, s.kv_heads, s.head_dim).transpose(0, 1)
+        if p:
+            k, v = torch.cat((k_cache, k), 1), torch.cat((v_cache, v), 1)
+        k = k.repeat_interleave(s.group, 0)
+        v = v.repeat_interleave(s.group, 0)
+        if p:
+            mask = causal_lower_right(n, p + n)
+            a = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask)
+        else:
+            a = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)
+        return a[0].transpose(0, 1).reshape(n, -1)
+
+    def _decode_attention(
+        self, qkv: torch.Tensor, pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """One new row per stream ([B, (H + 2 KVH) D]) over its ``L`` cached tokens; [B, H D]."""
+        s, b = self.s, qkv.shape[0]
+        q = qkv[:, : s.heads * s.head_dim].view(b, s.heads, 1, s.head_dim)
+        q = self.rope(q, pos[:, None, None])
+        return decode_attention(q, k_cache, v_cache, s.group).reshape(b, -1)
+
     def prefill(
         self, ids: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
@@ -118,25 +150,10 @@ class Model:
         every layer); returns the next-token logits of the chunk's last position."""
         s, n, p = self.s, ids.shape[0], k_cache.shape[1]
         pos = torch.arange(p, p + n, device=ids.device)
-        mask = causal_lower_right(n, p + n) if p else None
         h = self.embed[ids]
         for lw in self.layers:
             qkv = F.rms_norm(h, (s.hidden,), lw["n1"]) @ lw["qkv"].T
-            q, k, v = qkv.split(
-                [s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], -1
-            )
-            q = self.rope(q.view(n, s.heads, s.head_dim).transpose(0, 1), pos)
-            k = self.rope(k.view(n, s.kv_heads, s.head_dim).transpose(0, 1), pos)
-            v = v.view(n, s.kv_heads, s.head_dim).transpose(0, 1)
-            if p:
-                k, v = torch.cat((k_cache, k), 1), torch.cat((v_cache, v), 1)
-            k = k.repeat_interleave(s.group, 0)
-            v = v.repeat_interleave(s.group, 0)
-            if mask is None:
-                a = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)
-            else:
-                a = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask)
-            h = h + a[0].transpose(0, 1).reshape(n, -1) @ lw["o"].T
+            h = h + self._prefill_attention(qkv, pos, k_cache, v_cache) @ lw["o"].T
             h = self.mlp(h, lw)
         last = F.rms_norm(h[-1:], (s.hidden,), self.final_norm)
         return last @ self.lm_head.T
@@ -147,17 +164,41 @@ class Model:
         """One decode step of ``B`` streams (``ids``, ``pos``: [B]); ``k_cache``/``v_cache``:
         [B, KVH, L, D], read by every layer. Grouped-query attention as a 4-row query per KV
         head (``decode_attention``). Returns the greedy next tokens [B]."""
-        s, b = self.s, ids.shape[0]
+        s = self.s
         h = self.embed[ids]
         for lw in self.layers:
             qkv = F.rms_norm(h, (s.hidden,), lw["n1"]) @ lw["qkv"].T
-            q = qkv[:, : s.heads * s.head_dim].view(b, s.heads, 1, s.head_dim)
-            q = self.rope(q, pos[:, None, None])
-            a = decode_attention(q, k_cache, v_cache, s.group)
-            h = h + a.reshape(b, -1) @ lw["o"].T
+            h = h + self._decode_attention(qkv, pos, k_cache, v_cache) @ lw["o"].T
             h = self.mlp(h, lw)
         logits = F.rms_norm(h, (s.hidden,), self.final_norm) @ self.lm_head.T
         return logits.argmax(-1)
+
+    def mixed(
+        self,
+        ids: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        dec_ids: torch.Tensor,
+        dec_pos: torch.Tensor,
+        dec_k: torch.Tensor,
+        dec_v: torch.Tensor,
+    ) -> torch.Tensor:
+        """One mixed step (SGLang's mixed chunked prefill): a prefill chunk and a decode batch
+        share every projection and MLP (the weights are read once); attention stays per part.
+        Returns the greedy next tokens of the chunk's last position and of every stream."""
+        s, n, p = self.s, ids.shape[0], k_cache.shape[1]
+        pos = torch.arange(p, p + n, device=ids.device)
+        h = self.embed[torch.cat((ids, dec_ids))]
+        for lw in self.layers:
+            qkv = F.rms_norm(h, (s.hidden,), lw["n1"]) @ lw["qkv"].T
+            a = torch.cat((
+                self._prefill_attention(qkv[:n], pos, k_cache, v_cache),
+                self._decode_attention(qkv[n:], dec_pos, dec_k, dec_v),
+            ))  # fmt: skip
+            h = h + a @ lw["o"].T
+            h = self.mlp(h, lw)
+        rows = F.rms_norm(h[n - 1 :], (s.hidden,), self.final_norm)
+        return (rows @ self.lm_head.T).argmax(-1)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> torch.Tensor:
@@ -217,6 +258,22 @@ class Timer:
         return statistics.median(times)
 
 
+def graph_median_ms(t: Timer, step: Any, reps: int) -> float:
+    """``step`` captured in a CUDA graph (after warm-up on a side stream), its replays timed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    ms = t.median_ms(graph.replay, 3, reps)
+    del graph
+    return ms
+
+
 def measure_prefill(
     m: Model, t: Timer, chunks: list[int], prefixes: list[int], reps: int
 ) -> list[dict[str, Any]]:
@@ -266,20 +323,11 @@ def measure_decode(
                 if not ((nxt >= 0) & (nxt < s.vocab)).all():
                     raise SystemExit(f"decode B={b} L={length}: token out of range")
                 step = functools.partial(m.decode, ids, pos, kc, vc)
-                if graphs and t.cuda:
-                    stream = torch.cuda.Stream()
-                    stream.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(stream):
-                        for _ in range(2):
-                            step()
-                    torch.cuda.current_stream().wait_stream(stream)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        step()
-                    ms = t.median_ms(graph.replay, 3, reps)
-                    del graph
-                else:
-                    ms = t.median_ms(step, 2, reps)
+                ms = (
+                    graph_median_ms(t, step, reps)
+                    if graphs and t.cuda
+                    else t.median_ms(step, 2, reps)
+                )
             kv_read = b * length * s.kv_bytes_per_token()
             out.append({
                 "batch": b, "context": length, "ms": round(ms, 4),
@@ -292,6 +340,45 @@ def measure_decode(
             del kc, vc
             if t.cuda:
                 torch.cuda.empty_cache()
+    return out
+
+
+def measure_mixed(
+    m: Model, t: Timer, cases: list[tuple[int, int, int, int]], reps: int, graphs: bool
+) -> list[dict[str, Any]]:
+    """Each case (N, P, B, L): a mixed step (eager, as SGLang runs prefill) beside its prefill
+    alone and its decode alone (in a CUDA graph, and eager), whose sum is what the emulator's
+    model charges: is a mixed step cheaper than the sum?"""
+    s, dev, dt = m.s, m.embed.device, m.embed.dtype
+    out = []
+    for n, p, b, length in cases:
+        kc = torch.randn(s.kv_heads, p, s.head_dim, device=dev, dtype=dt)
+        vc = torch.randn(s.kv_heads, p, s.head_dim, device=dev, dtype=dt)
+        dk = torch.randn(b, s.kv_heads, length, s.head_dim, device=dev, dtype=dt)
+        dv = torch.randn(b, s.kv_heads, length, s.head_dim, device=dev, dtype=dt)
+        ids = torch.randint(0, s.vocab, (n,), device=dev)
+        dec_ids = torch.randint(0, s.vocab, (b,), device=dev)
+        dec_pos = torch.full((b,), length, device=dev)
+        with torch.inference_mode():
+            nxt = m.mixed(ids, kc, vc, dec_ids, dec_pos, dk, dv)
+            if nxt.shape[0] != b + 1 or not ((nxt >= 0) & (nxt < s.vocab)).all():
+                raise SystemExit(f"mixed N={n} P={p} B={b} L={length}: bad tokens")
+            mixed = t.median_ms(functools.partial(m.mixed, ids, kc, vc, dec_ids, dec_pos, dk, dv),
+                                2, reps)  # fmt: skip
+            pre = t.median_ms(functools.partial(m.prefill, ids, kc, vc), 2, reps)
+            step = functools.partial(m.decode, dec_ids, dec_pos, dk, dv)
+            dec = t.median_ms(step, 2, reps)
+            dec_graph = graph_median_ms(t, step, reps) if graphs and t.cuda else dec
+        out.append({
+            "chunk": n, "prefix": p, "batch": b, "context": length, "mixed_ms": round(mixed, 3),
+            "prefill_ms": round(pre, 3), "decode_eager_ms": round(dec, 3),
+            "decode_graph_ms": round(dec_graph, 3), "sum_ms": round(pre + dec_graph, 3),
+            "mixed_over_sum": round(mixed / (pre + dec_graph), 3),
+        })  # fmt: skip
+        print(f"mixed   N={n:5d} P={p:5d} B={b:3d} L={length:5d}: {mixed:8.2f} ms; prefill "
+              f"{pre:.2f} + decode {dec_graph:.2f} (graph; eager {dec:.2f}) = "
+              f"{pre + dec_graph:.2f} ms", flush=True)  # fmt: skip
+        del kc, vc, dk, dv
     return out
 
 
@@ -340,6 +427,12 @@ def main() -> None:
                     help="decode points whose KV (all layers) exceeds what this share of the "
                     "GPU's memory holds after the weights are skipped, as SGLang could not run "
                     "them")  # fmt: skip
+    ap.add_argument(
+        "--mixed", nargs="*", default=[], metavar="N:P:B:L",
+        help="mixed steps to time beside their parts (a prefill chunk of N after P cached, "
+        "B decoding streams of L tokens)",
+    )  # fmt: skip
+    ap.add_argument("--skip-prefill-decode", action="store_true", help="only the mixed steps")
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -358,13 +451,23 @@ def main() -> None:
     model = Model(shape, dev, dtype, seed=1)
     weights = shape.params() * 2
     timer = Timer(dev)
-    result["prefill"] = measure_prefill(model, timer, a.chunks, a.prefixes, a.reps)
     cap = kv_capacity(shape, weights, [0.8, 0.85, 0.88, 0.9, a.mem_fraction])
-    max_kv = int(cap["kv_tokens_at_mem_fraction"][str(a.mem_fraction)]) if cap else 10**9
-    result["decode"] = measure_decode(
-        model, timer, a.batches, a.contexts, a.reps, not a.no_graphs, max_kv
-    )
-    result["decode_fit"] = fit_decode(result["decode"])
+    if not a.skip_prefill_decode:
+        result["prefill"] = measure_prefill(model, timer, a.chunks, a.prefixes, a.reps)
+        max_kv = int(cap["kv_tokens_at_mem_fraction"][str(a.mem_fraction)]) if cap else 10**9
+        result["decode"] = measure_decode(
+            model, timer, a.batches, a.contexts, a.reps, not a.no_graphs, max_kv
+        )
+        result["decode_fit"] = fit_decode(result["decode"])
+    cases = [tuple(int(x) for x in c.split(":")) for c in a.mixed]
+    if cases:
+        result["mixed"] = measure_mixed(
+            model,
+            timer,
+            cases,
+            a.reps,
+            not a.no_graphs,  # type: ignore[arg-type]
+        )
     result["kv_capacity"] = cap
     result["seconds"] = round(time.time() - t0, 1)
     text = json.dumps(result, indent=1)
