@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -17,12 +17,18 @@ log = logging.getLogger(__name__)
 
 
 def _split_cluster_flag(url: str) -> tuple[str, bool | None]:
+    """The URL without its ``cluster`` query flag, and the flag (None when absent). A URL
+    without the flag is returned as it is: rebuilding ``unix:///path`` through urlunsplit
+    drops the empty authority (``unix:/path``), which redis-py 8 refuses."""
     parts = urlsplit(url)
     query = parse_qs(parts.query)
-    flag = query.pop("cluster", [None])[0]
+    if "cluster" not in query:
+        return url, None
+    flag = query.pop("cluster")[0]
     rest = "&".join(f"{k}={v}" for k, vs in query.items() for v in vs)
-    clean = urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment))
-    return clean, None if flag is None else flag.lower() in ("1", "true", "yes")
+    clean = f"{parts.scheme}://{parts.netloc}{parts.path}"
+    clean += (f"?{rest}" if rest else "") + (f"#{parts.fragment}" if parts.fragment else "")
+    return clean, flag.lower() in ("1", "true", "yes")
 
 
 async def connect_redis(url: str, *, timeout: float = 0.5) -> Any:
