@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# bench/routing.py on a lent GPU machine's 16 cores: is the picker's TTFT gap to sglang-router
+# (1.4-2x on the 2-core development box) the box's CPU, or the route? Prepared here by
+#   bash bench/device/prepare.sh --routing
+# then run there with carry [".dev"] and bench/results + docs/img moved out of the working tree
+# (the tool carries 64 MiB with it):  bash bench/device/run_routing.sh
+# Two runs of each workload (trace, shared documents), the arms picker, sglang-router and ring
+# hash in that order, with the 2-core box's settings. Writes $OUT/routing-*.json, routing.log, env.txt.
+set -u
+OUT="${OUT:-/tmp/tw-device-out}"
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/routing.log") 2>&1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${TW_SKIP_SITE:+:/tmp/site}"
+t0=$(date +%s)
+phase() { echo "=== $(($(date +%s) - t0)) s: $*"; }
+
+phase "unpack: Python packages, Redis, Envoy, sglang-router"
+py="$(python3 -c 'import sys; print(sys.executable)')"
+bin="$(dirname "$py")"
+mkdir -p /tmp/site /tmp/tw && tar -xJf .dev/redis.tar.xz -C /tmp/tw
+if [ -z "${TW_SKIP_SITE:-}" ]; then  # (a local rehearsal installs the same packages itself)
+  tar -xJf .dev/site.tar.xz -C /tmp/site
+  echo "import sys; sys.path.insert(0, '/tmp/site')" \
+    > "$(python3 -c 'import site; print(site.getsitepackages()[0])')/000-tokenweir.pth"
+fi
+mkdir -p /tmp/site/sglang_router && cp .dev/sglang_router/*.py /tmp/site/sglang_router/
+xz -dc .dev/sglang_router/rs.so.xz > /tmp/site/sglang_router/sglang_router_rs.abi3.so
+xz -dc .dev/bin/envoy.xz > "$bin/envoy" && chmod +x "$bin/envoy"
+for name in tokenweir:controlplane.cli tokenweir-emulator:backends.emulator.__main__; do
+  printf '#!%s\nimport sys\nsys.path.insert(0, "%s")\nfrom %s import main\nsys.exit(main())\n' \
+    "$py" "$PWD" "${name#*:}" > "$bin/${name%%:*}" && chmod +x "$bin/${name%%:*}"
+done
+export PATH="/tmp/tw/redis/bin:$bin:$PATH"
+{ nproc; grep -m1 "model name" /proc/cpuinfo; python3 --version; "$bin/envoy" --version | head -1
+  redis-server --version
+  python3 -c "import grpc, google.protobuf as p, zmq, msgspec, sglang_router.launch_router, filters, controlplane.cli; print('imports ok', grpc.__version__, p.__version__)"
+  python3 -c "
+import time
+t = time.perf_counter()
+for _ in range(10_000_000): pass
+print('10M-iteration loop s', round(time.perf_counter() - t, 3))"
+} 2>&1 | tee "$OUT/env.txt"
+
+mkdir -p bench/results docs/img  # moved out of the tree that travelled: routing.py writes there
+runs="1 2"; n_trace=300; n_docs=200
+[ -n "${TW_QUICK:-}" ] && { runs=1; n_trace=40; n_docs=30; }  # a rehearsal of the script
+for run in $runs; do
+  for workload in trace docs; do
+    phase "routing: $workload, run $run"
+    if [ "$workload" = trace ]; then extra=(--start 500 --requests "$n_trace" --scale 4)
+    else extra=(--docs 16 --doc-words 2000 --requests "$n_docs" --scale 1 --cache-tokens 12000); fi
+    timeout 240 python3 bench/routing.py --workload "$workload" "${extra[@]}" \
+      --arms picker sglang-router ring_hash --tag "16core-$run" --run-dir /tmp 2>&1 \
+      | grep -E "ceiling|arm |  hit|Error|error" || echo "routing $workload failed"
+    cp bench/results/routing-"$workload"-16core-"$run".json "$OUT"/ 2>/dev/null
+  done
+done
+phase "done"
