@@ -229,6 +229,7 @@ class Gateway:
             str(Path(sys.executable).parent / "tokenweir"), "--log-level", "warning", "up",
             "-c", str(path), "--run-dir", str(self.run_dir / f"up-{self.arm}"),
             "--drain-timeout", "1",
+            *(["--replicas", a.up_replicas] if a.up_replicas else []),
         ]  # fmt: skip
         child = self._spawn(f"up-{self.arm}", argv)
         await wait_child_port("127.0.0.1", self.port, child, timeout=120)
@@ -353,6 +354,11 @@ def main() -> int:
     ap.add_argument("--run-dir", help="keep the run's logs in a new folder under this one")
     ap.add_argument(
         "--arms", nargs="+", default=[x for x in ARMS if x != "picker-baseline"], choices=ARMS
+    )
+    ap.add_argument(
+        "--up-replicas",
+        help="tokenweir arms: `tokenweir up --replicas` (e.g. gateway=2,filters=2: Envoys and "
+        "filter servers sharing their ports), for a machine with cores to spare",
     )
     ap.add_argument("--tag", help="results as routing-WORKLOAD-TAG.{json,png}")
     ap.add_argument("--baseline-src", help="a checkout whose code the picker-baseline arm runs")

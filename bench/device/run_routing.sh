@@ -14,6 +14,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${TW_SKIP_SITE:+:/tmp/site}"
 t0=$(date +%s)
 phase() { echo "=== $(($(date +%s) - t0)) s: $*"; }
 
+# With arguments: one bench/routing.py run with them (TW_UNPACKED=1 skips the unpacking that an
+# earlier call on the same machine did); without: the default set below.
+if [ -z "${TW_UNPACKED:-}" ]; then
 phase "unpack: Python packages, Redis, Envoy, sglang-router"
 py="$(python3 -c 'import sys; print(sys.executable)')"
 bin="$(dirname "$py")"
@@ -40,8 +43,17 @@ t = time.perf_counter()
 for _ in range(10_000_000): pass
 print('10M-iteration loop s', round(time.perf_counter() - t, 3))"
 } 2>&1 | tee "$OUT/env.txt"
-
+fi
+export PATH="/tmp/tw/redis/bin:$(dirname "$(python3 -c 'import sys; print(sys.executable)')"):$PATH"
 mkdir -p bench/results docs/img  # moved out of the tree that travelled: routing.py writes there
+if [ $# -gt 0 ]; then
+  phase "routing: $*"
+  timeout 240 python3 bench/routing.py "$@" --run-dir /tmp 2>&1 | grep -E "ceiling|arm |  hit|rror"
+  cp bench/results/routing-*.json "$OUT"/ 2>/dev/null
+  phase "done"
+  exit 0
+fi
+
 runs="1 2"; n_trace=300; n_docs=200
 [ -n "${TW_QUICK:-}" ] && { runs=1; n_trace=40; n_docs=30; }  # a rehearsal of the script
 for run in $runs; do
