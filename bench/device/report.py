@@ -157,14 +157,8 @@ def plot_decode(rows: list[dict[str, float]], path: Path) -> None:
         color = line.get_color()
         ax.plot([r["batch"] for r in pts], [r["model_ms"] for r in pts], "--", color=color)
         ax.plot([r["batch"] for r in pts], [r["floor_ms"] for r in pts], ":", color=color)
-    ax.set_xlabel("decoding streams B")
-    ax.set_ylabel("one decode step (ms)")
-    ax.set_title("Llama-3.1-8B shapes on one H200: measured (o), profile (--), bytes floor (:)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    title = "Llama-3.1-8B shapes on one H200: measured (o), profile (--), bytes floor (:)"
+    _finish(fig, ax, path, "decoding streams B", "one decode step (ms)", title)
 
 
 def plot_prefill(rows: list[dict[str, float]], path: Path) -> None:
@@ -176,9 +170,14 @@ def plot_prefill(rows: list[dict[str, float]], path: Path) -> None:
         ax.plot([r["chunk"] for r in pts], [r["chunk"] / r["model_ms"] * 1e3 for r in pts],
                 "--", color=line.get_color())  # fmt: skip
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("new tokens in the chunk N")
-    ax.set_ylabel("prefill tokens/s")
-    ax.set_title("Prefill of one chunk on one H200: measured (o), profile (--)")
+    title = "Prefill of one chunk on one H200: measured (o), profile (--)"
+    _finish(fig, ax, path, "new tokens in the chunk N", "prefill tokens/s", title)
+
+
+def _finish(fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
