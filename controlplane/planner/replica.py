@@ -123,6 +123,7 @@ def for_workload(
         f"{decode_ctx:.6g} tokens, so itl(1) = {folded.itl_s(1) * 1e3:.4g} ms "
         f"(at 0 tokens: {replica.itl_s(1) * 1e3:.4g} ms); an uncached prompt token attends to "
         f"h·prompt + (1 − h)·prompt/2 = {prefill_ctx:.6g} tokens, so prefill runs at "
-        f"{folded.prefill_tok_s:.5g} tok/s ({replica.prefill_tok_s:.5g} at 0 tokens with no per-step cost)"
+        f"{folded.prefill_tok_s:.5g} tok/s ({replica.prefill_tok_s:.5g} at 0 tokens with no "
+        "per-step cost)"
     )
     return folded, note
