@@ -308,7 +308,9 @@ async def main_async(a: argparse.Namespace) -> int:
             r = results[arm]
             print(
                 f"  hit {r['hit_ratio']:.3f}  ttft p50 {r['ttft_p50_ms']:.0f} p95 {r['ttft_p95_ms']:.0f}"
-                f" p99 {r['ttft_p99_ms']:.0f} ms  mean {r['ttft_mean_ms']:.0f} ms"
+                f" p99 {r['ttft_p99_ms']:.0f} ms (after the first wave p95"
+                f" {r['ttft_p95_after_first_wave_ms']:.0f} p99 {r['ttft_p99_after_first_wave_ms']:.0f})"
+                f"  mean {r['ttft_mean_ms']:.0f} ms"
                 f" (backends' own {r['backend_ttft_mean_ms'] or 0:.0f})  {r['req_per_s']:.2f} req/s"
                 f" {r['out_tok_per_s']:.0f} tok/s  max/mean {r['max_over_mean']:.2f}"
                 f"  failed {r['failed']}  per replica {r['per_replica_requests']}"
