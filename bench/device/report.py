@@ -208,16 +208,19 @@ def plot_rls(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def render(img: Path = IMG) -> str:
+    """Draw the three plots into ``img``; return the markdown tables."""
     gpu, rls = _load("gpu_h200_llama8b_*.json"), _load("rls_16core_*.json")
     dec, pre, rr = decode_rows(gpu), prefill_rows(gpu), rls_rows(rls)
-    IMG.mkdir(parents=True, exist_ok=True)
-    plot_decode(dec, IMG / "gpu_h200_decode.png")
-    plot_prefill(pre, IMG / "gpu_h200_prefill.png")
-    plot_rls(rr, IMG / "rls_16core.png")
-    print(markdown(dec, pre, rr))
-    print()
-    print(mixed_markdown(mixed_rows()))
+    img.mkdir(parents=True, exist_ok=True)
+    plot_decode(dec, img / "gpu_h200_decode.png")
+    plot_prefill(pre, img / "gpu_h200_prefill.png")
+    plot_rls(rr, img / "rls_16core.png")
+    return markdown(dec, pre, rr) + "\n\n" + mixed_markdown(mixed_rows())
+
+
+def main() -> None:
+    print(render())
 
 
 if __name__ == "__main__":
