@@ -4,7 +4,7 @@
 # machine's image (cp312, manylinux), and Debian's redis-server with its libraries and a wrapper
 # that finds them. About 23 MB; the device tool carries at most 64 MiB with the working tree.
 # --routing adds what bench/routing.py needs there (bench/device/run_routing.sh): the whole
-# mesh's wheels, Envoy's binary and sglang-router's extension xz-compressed (about 62 MB in all:
+# mesh's wheels, Envoy's binary and sglang-router's extension xz-compressed (about 54 MB in all:
 # move bench/results and docs/img out of the tree for that call, see run_routing.sh).
 # The two builds differ (--routing packs the wheels and Redis): build again for the other script.
 #   bash bench/device/prepare.sh [--routing]   (here, after `make venv` and ensure-system-deps.sh)
