@@ -112,12 +112,14 @@ def for_workload(
     attends to the cached prefix and half the uncached part; the per-step prefill cost is spread
     over the uncached part (at most one chunk)."""
     at_context = getattr(replica, "at_context", None)
-    if at_context is None or getattr(replica, "context_free", True):
+    if at_context is None:  # a flat replica has no context terms
         return replica, ""
     cached = prefix_hit_rate * prompt_mean
     uncached = prompt_mean - cached
     decode_ctx, prefill_ctx = prompt_mean + output_mean / 2, cached + uncached / 2
     folded: ReplicaModel = at_context(decode_ctx, prefill_ctx, max(uncached, 1.0))
+    if folded is replica:  # nothing to fold (at_context says so; a per-step prefill cost counts)
+        return replica, ""
     note = (
         f"decoding streams hold prompt + output/2 = {prompt_mean:g} + {output_mean:g}/2 = "
         f"{decode_ctx:.6g} tokens, so itl(1) = {folded.itl_s(1) * 1e3:.4g} ms "
