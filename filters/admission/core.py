@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from filters.admission.demand import Demand
@@ -115,30 +115,35 @@ class Admission:
         weight: float = 1.0,
         tokens: int = 0,
         deadline: float | None = None,
+        key: Hashable | None = None,
     ) -> Ticket | Shed:
-        """A new request: admitted (``state == "admitted"``), queued, or shed at once."""
+        """A new request: admitted (``state == "admitted"``), queued, or shed at once. ``key``
+        recognises a client that comes back when its ``Retry-After`` said (:mod:`.herd`)."""
         cfg = self.lanes[lane]
         self.demand[lane].offer(now)
         if deadline is not None and deadline <= now:
             return Shed(504, "deadline", self.retry_after(now, lane))
+        back = key is not None and self.told[lane].claim(now, key)
         start_by = now + cfg.max_wait
         if deadline is not None:
             start_by = min(start_by, deadline)
-        t = Ticket(next(self._seq), lane, tenant, weight, tokens, now, start_by, deadline)
-        if not self._waiting_at_or_above(lane) and self._fits(t, now):
+        t = Ticket(next(self._seq), lane, tenant, weight, tokens, now, start_by, deadline, key=key)
+        t.returning = back
+        q = self.queues[lane]
+        before = q.returning if back else len(q)  # who in its lane goes first
+        if not self._waiting_above(lane) and not before and self._fits(t, now):
             self._grant(now, t)
             return t
-        q = self.queues[lane]
-        why = q.refusal(tenant)
+        why = q.refusal(tenant, returning=back)
         if why is not None:
-            return Shed(503, why, self.retry_after(now, lane, extra=len(q)))
-        predicted = self.predicted_wait(now, lane, tenant, weight)
+            return Shed(503, why, self.retry_after(now, lane, extra=len(q), key=key))
+        predicted = self.predicted_wait(now, lane, tenant, weight, returning=back)
         if predicted is not None and predicted > start_by - now:
             late_for_client = deadline is not None and deadline == start_by
             return Shed(
                 504 if late_for_client else 503,
                 "deadline" if late_for_client else "wait_too_long",
-                self.retry_after(now, lane, extra=self._ahead(lane, tenant, weight)),
+                self.retry_after(now, lane, extra=self._ahead(lane, tenant, weight), key=key),
             )
         q.push(t)
         if q.peek() is t and not self._waiting_above(lane) and self._fits(t, now):
@@ -173,7 +178,7 @@ class Admission:
         if ticket.deadline is not None and ticket.deadline <= now:
             shed = Shed(504, "deadline", self.retry_after(now, ticket.lane))
         else:
-            shed = Shed(503, "timed_out", self.retry_after(now, ticket.lane))
+            shed = Shed(503, "timed_out", self.retry_after(now, ticket.lane, key=ticket.key))
         return shed, self.release(now, ticket)
 
     def sweep(self, now: float) -> list[tuple[Ticket, Shed]]:
@@ -200,7 +205,7 @@ class Admission:
                 out.append((t, Shed(
                     504 if late_for_client else 503,
                     "deadline" if late_for_client else "fell_behind",
-                    self.retry_after(now, lane, extra=ahead),
+                    self.retry_after(now, lane, extra=ahead, key=t.key),
                 )))  # fmt: skip
         return out
 
@@ -294,14 +299,6 @@ class Admission:
     def _waiting_above(self, lane: str) -> bool:
         return any(len(self.queues[name]) for name in self.order[: self.order.index(lane)])
 
-    def _waiting_at_or_above(self, lane: str) -> bool:
-        for name in self.order:
-            if len(self.queues[name]):
-                return True
-            if name == lane:
-                return False
-        return False
-
     # -- predictions -----------------------------------------------------------------------
     def _ahead(self, lane: str, tenant: str, weight: float) -> int:
         ahead = 0
@@ -348,26 +345,43 @@ class Admission:
         above = sum(len(self.queues[n]) for n in self.order[: self.order.index(lane)])
         return Outlook(room, self.lane_in_flight[lane], hold, pool, above)
 
-    def predicted_wait(self, now: float, lane: str, tenant: str, weight: float) -> float | None:
+    def predicted_wait(
+        self, now: float, lane: str, tenant: str, weight: float, *, returning: bool = False
+    ) -> float | None:
         """Seconds until a new ticket would start (``inf``: not while the lanes above need
         the room); from the measured drain rate while the outlook is not measured yet (None:
-        nothing measured; the ticket may queue and its wait bound decides)."""
+        nothing measured; the ticket may queue and its wait bound decides). A returning client
+        waits for the returning ones queued before it; a fresh one for its fair place and the
+        clients due back before it could start (as many as lately do come back)."""
         outlook = self.outlook(now, lane)
         if outlook is not None:
-            return outlook.wait(self.queues[lane].ahead_of_new(tenant, weight))
+            q = self.queues[lane]
+            if returning:
+                return outlook.wait(q.returning)
+            ahead, told, back = q.ahead_of_new(tenant, weight), self.told[lane], 0
+            wait = outlook.wait(ahead)
+            for _ in range(16):  # each client due back before its start pushes the start on
+                due = int(told.due(now, now + wait) * told.return_share + 0.5)
+                if due <= back or not math.isfinite(wait):
+                    break
+                back, wait = due, outlook.wait(ahead + due)
+            return wait
         rate = self.drain_rate(now, lane)
         if rate is None or rate <= 0:
             return None
         return (self._ahead(lane, tenant, weight) + 1) / rate
 
-    def retry_after(self, now: float, lane: str, *, extra: int = 0) -> float:
+    def retry_after(
+        self, now: float, lane: str, *, extra: int = 0, key: Hashable | None = None
+    ) -> float:
         """When to come back, for a client shed now: the time the lane's queue (and the ones
         above it, or ``extra`` requests ahead) plus every client already told to come back
         take to start at the measured drain rate, stretched by up to ``JITTER`` (with an rng);
         the lane's longest wait when nothing was measured yet. A lane blocked by the lanes
         above (no room) is told no sooner than their measured need could fade, and than the
         clients queued or told at or above it take at the pool's completion rate. The answer
-        is remembered: the next client shed is told a later time."""
+        is remembered: the next client shed is told a later time, and a client with ``key``
+        that comes back then goes first (:mod:`filters.admission.herd`)."""
         outlook = self.outlook(now, lane)
         rate = self.drain_rate(now, lane)
         told = self.told[lane]
@@ -385,7 +399,7 @@ class Admission:
         if self.rng is not None:
             wait *= 1.0 + self.rng.uniform(0.0, JITTER)
         wait = min(MAX_RETRY_AFTER, wait)
-        told.add(now + wait)
+        told.add(now + wait, wait, key)
         return wait
 
     def _blocked_wait(self, now: float, lane: str, outlook: Outlook, queued: int) -> float:

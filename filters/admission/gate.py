@@ -22,7 +22,7 @@ import asyncio
 import logging
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -67,6 +67,12 @@ class AdmissionMetrics:
             p + "wait_seconds", "time admitted requests waited", ["pool", "lane"],
             buckets=_WAIT, registry=r,
         )  # fmt: skip
+        self.returns = Counter(
+            p + "returns",
+            "clients told a Retry-After: came back in time (claimed: served before fresh "
+            "arrivals) or not (expired)",
+            ["pool", "lane", "outcome"], registry=r,
+        )  # fmt: skip
         self.ranked = Gauge(
             p + "ranked",
             "1 while the lanes above the lowest are admitted past the slots lower lanes hold "
@@ -98,6 +104,7 @@ class PoolGate:
         self._ranking_seen: tuple[object, object] | None = None
         self._waiters: dict[Ticket, asyncio.Future[Shed | None]] = {}
         self._swept = -math.inf
+        self._returns: dict[str, tuple[int, int]] = {}  # lane → (claimed, expired) counted
 
     async def acquire(
         self,
@@ -108,11 +115,15 @@ class PoolGate:
         tokens: int = 0,
         deadline: float | None = None,
         on_wait: Callable[[float], Any] | None = None,
+        key: Hashable | None = None,
     ) -> Ticket | Shed:
         """A running slot, after waiting if need be, or the answer to send instead.
-        ``on_wait(seconds)`` is awaited before waiting (to extend Envoy's message timeout)."""
+        ``on_wait(seconds)`` is awaited before waiting (to extend Envoy's message timeout);
+        ``key`` recognises the client when it comes back as a ``Retry-After`` told it."""
         now = self.clock()
-        r = self.core.offer(now, lane, tenant, weight=weight, tokens=tokens, deadline=deadline)
+        r = self.core.offer(
+            now, lane, tenant, weight=weight, tokens=tokens, deadline=deadline, key=key
+        )
         if isinstance(r, Shed):
             self._shed(lane, r)
             return r
@@ -246,6 +257,12 @@ class PoolGate:
             m.queued.labels(self.name, lane).set(len(q))
         m.in_flight.labels(self.name).set(self.core.in_flight)
         m.limit.labels(self.name).set(self.core.max_requests or 0)
+        for lane, told in self.core.told.items():
+            seen = self._returns.get(lane, (0, 0))
+            if (told.claimed, told.expired) != seen:
+                self._returns[lane] = (told.claimed, told.expired)
+                m.returns.labels(self.name, lane, "claimed").inc(told.claimed - seen[0])
+                m.returns.labels(self.name, lane, "expired").inc(told.expired - seen[1])
         now = self.clock()
         for lane in self.core.order[1:]:
             m.reserved.labels(self.name, lane).set(self.core.reserved_above(now, lane))

@@ -35,7 +35,7 @@ from filters.ladder.scratch import served_pool
 from filters.plugins.tokens import backend_priority
 from filters.services import Services
 
-__all__ = ["AdmissionPlugin", "shed_reply"]
+__all__ = ["AdmissionPlugin", "return_key", "shed_reply"]
 
 UPSTREAM_TIMEOUT = "x-envoy-upstream-rq-timeout-ms"  # Envoy's router ends the request then
 _SCRATCH = "admission"
@@ -50,6 +50,15 @@ _MESSAGES = {
     "deadline": "the request deadline passed before this model could start it",
     "degraded": "this model is overloaded and sheds {lane} requests of your tier for now",
 }
+
+
+def return_key(tenant: str, headers: Mapping[str, str]) -> tuple[str, str, str]:
+    """What recognises a shed client when it sends the same request again as its
+    ``Retry-After`` said: its tenant (authenticated: one tenant cannot use another's place)
+    and the request's ``content-length`` and ``Idempotency-Key`` (a retry sends the same
+    body). A different request of the same tenant and size may take the place instead: the
+    tenant still gets only the places it was promised."""
+    return tenant, headers.get("content-length", ""), headers.get("idempotency-key", "")
 
 
 def shed_reply(shed: Shed, lane: str) -> Reply:
@@ -116,6 +125,7 @@ class AdmissionPlugin(BasePlugin):
             tokens=self._tokens(gate, headers),
             deadline=deadline,
             on_wait=getattr(ctx, "hold", None),
+            key=return_key(ctx.tenant or "anonymous", headers),
         )
         if isinstance(result, Shed):
             self.services.metrics.rejected(ctx.route.name, result.reason, result.status)

@@ -2,13 +2,17 @@
 
 Each tenant has a virtual time that advances by ``1 / weight`` per request served; the tenant
 with the smallest virtual time goes next (ties: the oldest head). A tenant that was idle joins
-at the lane's current virtual time, so idleness banks no credit. Pure: no clock, no I/O.
+at the lane's current virtual time, so idleness banks no credit. Clients that come back when a
+``Retry-After`` told them (``Ticket.returning``) wait in a FIFO of their own that is served
+first: their place was taken when they were shed (their tenant's virtual time is charged when
+one starts). Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 __all__ = ["LaneQueue", "Ticket"]
@@ -28,6 +32,8 @@ class Ticket:
     deadline: float | None = None  # the client's own deadline (same clock), if it sent one
     state: str = "queued"  # queued | admitted | done | dropped
     granted_at: float = 0.0  # when it was admitted (same clock)
+    key: Hashable | None = None  # what recognises its client when it comes back (Retry-After)
+    returning: bool = False  # it came back when a Retry-After told it: served first
 
 
 @dataclass(slots=True)
@@ -44,29 +50,44 @@ class LaneQueue:
         self.bound = bound
         self.tenant_bound = tenant_bound
         self._tenants: dict[str, _Tenant] = {}
+        self._front: deque[Ticket] = deque()  # returning clients, served first
         self._vclock = 0.0
         self._len = 0
 
     def __len__(self) -> int:
         return self._len
 
+    @property
+    def returning(self) -> int:
+        """Returning clients queued (all before every fresh ticket)."""
+        return len(self._front)
+
     def queued(self, tenant: str) -> int:
         t = self._tenants.get(tenant)
-        return len(t.queue) if t is not None else 0
+        back = sum(1 for x in self._front if x.tenant == tenant) if self._front else 0
+        return (len(t.queue) if t is not None else 0) + back
 
     def tenants(self) -> dict[str, int]:
         """Queued requests per tenant (tenants with none are left out)."""
-        return {name: len(t.queue) for name, t in self._tenants.items() if t.queue}
+        out = {name: len(t.queue) for name, t in self._tenants.items() if t.queue}
+        for x in self._front:
+            out[x.tenant] = out.get(x.tenant, 0) + 1
+        return out
 
-    def refusal(self, tenant: str) -> str | None:
-        """Why one more ticket of ``tenant`` cannot queue here, or None."""
-        if self._len >= self.bound:
+    def refusal(self, tenant: str, *, returning: bool = False) -> str | None:
+        """Why one more ticket of ``tenant`` cannot queue here, or None. A returning client
+        was promised its place: the lane's bound does not turn it away (its tenant's does)."""
+        if self._len >= self.bound and not returning:
             return "queue_full"
         if self.queued(tenant) >= self.tenant_bound:
             return "tenant_queue_full"
         return None
 
     def push(self, ticket: Ticket) -> None:
+        if ticket.returning:
+            self._front.append(ticket)
+            self._len += 1
+            return
         t = self._tenants.get(ticket.tenant)
         if t is None:
             t = self._tenants[ticket.tenant] = _Tenant()
@@ -76,7 +97,9 @@ class LaneQueue:
         self._len += 1
 
     def peek(self) -> Ticket | None:
-        """The ticket weighted fairness serves next."""
+        """The ticket served next: the first returning client, else weighted fairness's."""
+        if self._front:
+            return self._front[0]
         best: _Tenant | None = None
         for t in self._tenants.values():
             if not t.queue:
@@ -93,6 +116,13 @@ class LaneQueue:
         ticket = self.peek()
         if ticket is None:
             raise IndexError("pop from an empty lane queue")
+        if self._front:
+            self._front.popleft()
+            self._len -= 1
+            waiting = self._tenants.get(ticket.tenant)
+            if waiting is not None:  # its start counts against its tenant's share
+                waiting.vtime += 1.0 / ticket.weight
+            return ticket
         t = self._tenants[ticket.tenant]
         t.queue.popleft()
         self._len -= 1
@@ -104,6 +134,13 @@ class LaneQueue:
 
     def remove(self, ticket: Ticket) -> bool:
         """Take a ticket out wherever it is (abort, timeout); False if it was not queued."""
+        if ticket.returning:
+            try:
+                self._front.remove(ticket)
+            except ValueError:
+                return False
+            self._len -= 1
+            return True
         t = self._tenants.get(ticket.tenant)
         if t is None:
             return False
@@ -118,9 +155,11 @@ class LaneQueue:
 
     def ahead_of_new(self, tenant: str, weight: float) -> int:
         """How many queued tickets weighted fairness would serve before a new one of
-        ``tenant``: from each tenant, about its weighted share of the newcomer's position."""
-        mine = self.queued(tenant)
-        total = mine
+        ``tenant``: every returning client, and from each tenant about its weighted share of
+        the newcomer's position."""
+        t0 = self._tenants.get(tenant)
+        mine = len(t0.queue) if t0 is not None else 0
+        total = mine + len(self._front)
         for name, t in self._tenants.items():
             if name == tenant or not t.queue:
                 continue
@@ -132,7 +171,8 @@ class LaneQueue:
         """Every queued ticket with about how many of this lane weighted fairness serves before
         it (the same estimate as :meth:`ahead_of_new` gave it when it joined), fewest first."""
         heads = [(len(t.queue), t.queue[0].weight) for t in self._tenants.values() if t.queue]
-        out = []
+        first = len(self._front)
+        out = [(ticket, i) for i, ticket in enumerate(self._front)]
         for t in self._tenants.values():
             if not t.queue:
                 continue
@@ -141,9 +181,9 @@ class LaneQueue:
             for i, ticket in enumerate(t.queue):
                 others = sum(min(n, math.ceil((i + 1) * wo / w)) for n, wo in heads)
                 others -= min(mine, i + 1)  # its own tenant, counted in heads
-                out.append((ticket, i + others))
+                out.append((ticket, first + i + others))
         out.sort(key=lambda x: (x[1], x[0].seq))
         return out
 
     def all(self) -> list[Ticket]:
-        return [x for t in self._tenants.values() for x in t.queue]
+        return [*self._front, *(x for t in self._tenants.values() for x in t.queue)]

@@ -1,0 +1,153 @@
+"""A Retry-After is a promise: a client that comes back when told goes before the fresh
+arrivals of its lane, and fresh arrivals count the clients due back before they could start
+(the pure core, the lane queue and the plugin; issue 10's Retry-After accuracy)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import pytest
+
+from filters.admission.core import Admission, Shed
+from filters.admission.gate import Gates
+from filters.admission.plugin import return_key
+from filters.admission.queues import LaneQueue, Ticket
+from tests.filters.admission.test_core import admission, ticket
+from tests.filters.admission.test_plugin import Setup, settle
+
+
+def test_a_returning_client_is_served_before_fresh_tickets_and_charged_to_its_tenant() -> None:
+    q = LaneQueue("interactive", bound=2, tenant_bound=2)
+    fresh = [Ticket(i, "interactive", t, 1.0, 0, 0.0, 9.0) for i, t in enumerate("xy")]
+    for t in fresh:
+        q.push(t)
+    back = Ticket(5, "interactive", "x", 1.0, 0, 1.0, 9.0, key="k", returning=True)
+    assert q.refusal("z") == "queue_full" and q.refusal("x", returning=True) is None
+    assert q.refusal("x") == "queue_full"
+    q.push(back)
+    assert len(q) == 3 and q.returning == 1 and q.peek() is back
+    # every fresh ticket has the returning one before it, besides its fair-queue estimate
+    assert q.ranked()[0] == (back, 0) and [n for _, n in q.ranked()[1:]] == [2, 2]
+    assert q.ahead_of_new("z", 1.0) == 3 and q.queued("x") == 2
+    assert q.tenants() == {"x": 2, "y": 1} and q.refusal("x", returning=True) == (
+        "tenant_queue_full"
+    )
+    assert q.pop() is back
+    assert q.pop() is fresh[1]  # x's start was charged: y goes before x's fresh one
+    assert q.remove(fresh[0]) and len(q) == 0
+
+
+def one_slot(rate: float = 10.0, *, wait: float = 5.0, queue: int = 2) -> tuple[Admission, Ticket]:
+    """One slot, ``rate`` completions/s measured for a second; the ticket left running."""
+    a = admission(1, queue=queue, per_tenant=queue, wait=wait)
+    running = ticket(a.offer(0.0, "interactive", "a"))
+    for i in range(int(rate)):
+        now = (i + 1) / rate
+        a.release(now, running)
+        running = ticket(a.offer(now, "interactive", "a"))
+    return a, running
+
+
+def test_a_client_back_when_told_starts_before_those_that_came_meanwhile() -> None:
+    a, running = one_slot()
+    for who in "bc":
+        assert ticket(a.offer(1.0, "interactive", who)).state == "queued"
+    shed = a.offer(1.0, "interactive", "d", key="d")
+    assert isinstance(shed, Shed) and shed.reason == "queue_full"
+    back_at = 1.0 + shed.retry_after
+    (running,) = a.release(1.05, running)  # b
+    (running,) = a.release(1.10, running)  # c
+    fresh = ticket(a.offer(back_at - 0.01, "interactive", "e", key="e"))
+    assert fresh.state == "queued"
+    back = ticket(a.offer(back_at, "interactive", "d", key="d"))
+    assert back.state == "queued" and back.returning
+    assert a.queues["interactive"].peek() is back
+    (first,) = a.release(back_at + 0.01, running)
+    assert first is back and a.told["interactive"].claimed == 1
+    # a client of another key at the same time is fresh: it queues behind
+    assert not ticket(a.offer(back_at + 0.02, "interactive", "f", key="d2")).returning
+
+
+def test_a_full_lane_still_takes_a_client_it_promised_a_place() -> None:
+    a, _ = one_slot()
+    for who in "bc":
+        a.offer(1.0, "interactive", who)
+    shed = a.offer(1.0, "interactive", "d", key="d")
+    assert isinstance(shed, Shed)
+    # nothing started meanwhile: the lane is still full when d is back
+    back = a.offer(1.0 + shed.retry_after, "interactive", "d", key="d")
+    assert isinstance(back, Ticket) and back.returning and len(a.queues["interactive"]) == 3
+    # a fresh client is still turned away by the bound
+    again = a.offer(1.0 + shed.retry_after, "interactive", "z", key="z")
+    assert isinstance(again, Shed) and again.reason == "queue_full"
+
+
+def test_a_fresh_client_counts_the_clients_due_back_before_it_could_start() -> None:
+    a, _ = one_slot(wait=0.5, queue=64)  # starts one request per 0.1 s; waits at most 0.5 s
+    alone = a.predicted_wait(1.0, "interactive", "z", 1.0)
+    assert alone == pytest.approx(0.1)
+    for k in range(5):  # told 0.1, 0.2, ... 0.5 s: due back before z could start
+        a.retry_after(1.0, "interactive", key=f"told-{k}")
+    assert a.predicted_wait(1.0, "interactive", "z", 1.0) == pytest.approx(0.6)
+    shed = a.offer(1.0, "interactive", "z", key="z")
+    assert isinstance(shed, Shed) and shed.reason == "wait_too_long"
+    # a client that is one of them is not held back by the others
+    back = a.offer(1.0 + 0.1, "interactive", "told-0", key="told-0")
+    assert isinstance(back, Ticket) and back.returning
+
+
+def test_clients_that_never_come_back_stop_holding_fresh_ones_back() -> None:
+    a, _ = one_slot(wait=0.5, queue=64)
+    for k in range(40):  # told, and never back: their windows pass
+        a.retry_after(1.0, "interactive", key=f"gone-{k}")
+    a.told["interactive"].outstanding(100.0)
+    assert a.told["interactive"].expired == 40 and a.told["interactive"].return_share < 0.5
+    for k in range(5):
+        a.retry_after(100.0, "interactive", key=f"told-{k}")
+    wait = a.predicted_wait(100.0, "interactive", "z", 1.0)
+    assert wait is not None and wait < 0.5
+
+
+def test_return_keys_tell_tenants_and_requests_apart() -> None:
+    h = {"content-length": "812"}
+    assert return_key("a", h) == return_key("a", dict(h))
+    assert return_key("a", h) != return_key("b", h)
+    assert return_key("a", h) != return_key("a", {"content-length": "813"})
+    keyed = {**h, "idempotency-key": "k1"}
+    assert return_key("a", keyed) != return_key("a", {**h, "idempotency-key": "k2"})
+
+
+async def test_a_shed_client_that_comes_back_as_told_is_counted_and_goes_first() -> None:
+    s = Setup(cap=1)  # 2 slots; interactive queue 2
+    gates: Gates = s.gates
+    running = [s.ctx("a"), s.ctx("a")]
+    for c in running:
+        assert await s.headers(c, **{"content-length": "10"}) is None
+    waiting = [s.ctx(t) for t in "bc"]
+    tasks = [asyncio.create_task(s.headers(c, **{"content-length": "11"})) for c in waiting]
+    await settle()
+    r = await s.headers(s.ctx("d"), **{"content-length": "812"})
+    assert r is not None and r.reply is not None and r.reply.status == 503
+    assert json.loads(r.reply.body)["error"]["code"] == "queue_full"
+    told = int(r.reply.headers["retry-after-ms"]) / 1000
+    for c in running:  # b and c start
+        await s.plugin.stream_end(c)
+    for t in tasks:
+        assert await t is None
+    s.clock.now += told
+    back = asyncio.create_task(s.headers(s.ctx("d"), **{"content-length": "812"}))
+    fresh = asyncio.create_task(s.headers(s.ctx("e"), **{"content-length": "812"}))
+    await settle()
+    gate = gates.gate("chat")
+    assert gate is not None and gate.core.queues["interactive"].returning == 1
+    await s.plugin.stream_end(waiting[0])
+    await settle()
+    assert back.done() and not fresh.done()
+    assert await back is None
+    m = gates.metrics.returns.labels("chat", "interactive", "claimed")
+    assert m._value.get() == 1
+    fresh.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await fresh
