@@ -392,6 +392,8 @@ class Admission:
                 break
         if outlook is not None and outlook.room <= 0:
             wait = self._blocked_wait(now, lane, outlook, max(extra, queued))
+            if rate is not None and rate > 0:  # and no sooner than the lane lately started them
+                wait = max(wait, (max(extra, queued) + told.outstanding(now) + 1) / rate)
         elif rate is None or rate <= 0:
             wait = max(self.lanes[lane].max_wait, 1.0)
         else:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 __all__ = ["Promises", "window"]
 
 EARLY_S, EARLY_SHARE = 0.05, 0.02  # a client may come back this early (clock skew, rounding)
-LATE_S, LATE_SHARE = 1.0, 0.5  # ... and this late (its own jitter, a slow send)
+LATE_S, LATE_SHARE = 1.0, 0.3  # ... and this late (its own jitter, a slow send)
 DECAY = 0.98  # weight each return (or no-show) keeps per later one, for ``return_share``
 
 

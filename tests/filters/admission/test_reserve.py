@@ -221,3 +221,17 @@ def test_the_forecast_sees_an_interactive_spike_before_the_reserve_has_measured_
     assert a.reserved_above(now, "batch") <= 2  # the 10 s window: 3/s so far
     shed = a.offer(now, "batch", "b")
     assert isinstance(shed, Shed) and shed.reason == "wait_too_long"
+
+
+def test_a_blocked_lane_is_told_no_sooner_than_it_lately_started_requests() -> None:
+    """The pool completes requests fast, but batch got few of them: a batch client shed while
+    the lanes above leave it no room is told the time its lane's own starts take, not the
+    pool's (it would come back to the same block)."""
+    a, now, _ = _interactive_wanting_every_slot()
+    rate = a.drain_rate(now, "batch")
+    assert rate is not None and a.room(now, "batch") == 0
+    shed = a.offer(now, "batch", "b")
+    assert isinstance(shed, Shed)
+    assert shed.retry_after >= 1 / rate
+    second = a.offer(now, "batch", "c")
+    assert isinstance(second, Shed) and second.retry_after >= 2 / rate
