@@ -1,7 +1,8 @@
 """The clients already told when to come back, per lane. Pure (``now`` passed in).
 
-* Each shed client is told a later time than the ones told before it, so a burst of shed
-  clients does not come back as one herd (:meth:`Promises.outstanding`).
+* Each shed client is told a later time than the ones told before it (those told a time still
+  to come: :meth:`Promises.outstanding`), so a burst of shed clients does not come back as one
+  herd.
 * A ``Retry-After`` is a promise: a client that comes back when told is recognised by its key
   (the caller's: the tenant and what identifies the request, see the admission plugin) and
   :meth:`Promises.claim` lets it go before the fresh arrivals of its lane. Those fresh arrivals
@@ -76,9 +77,10 @@ class Promises:
             self._kill(first)
 
     def outstanding(self, now: float) -> int:
-        """Clients told to come back that have not yet (and may still)."""
+        """Clients told to come back after ``now`` (one late, or gone for good, no longer
+        pushes later answers back)."""
         self._expire(now)
-        return self._live
+        return self._live - self.due(now, now)
 
     def due(self, now: float, by: float) -> int:
         """Clients that may still come back and are due at or before ``by``."""

@@ -15,7 +15,7 @@ def test_a_client_back_when_told_claims_its_place_once() -> None:
     assert p.outstanding(9.0) == 1
     assert p.claim(10.2, "a")
     assert not p.claim(10.3, "a")  # kept already
-    assert p.outstanding(10.3) == 0 and p.claimed == 1 and p.expired == 0
+    assert p.due(10.3, 99.0) == 0 and p.claimed == 1 and p.expired == 0
 
 
 def test_a_client_early_is_fresh_and_keeps_its_promise_for_later() -> None:
@@ -39,10 +39,11 @@ def test_a_client_that_never_comes_back_expires_and_lowers_the_return_share() ->
     _, latest = window(10.0, 6.0)
     assert latest == pytest.approx(11.8)  # 30% of the told wait late, at least a second
     p.add(10.0, 6.0, "a")
-    assert p.outstanding(latest - 0.01) == 1
+    assert p.outstanding(9.99) == 1 and p.outstanding(10.01) == 0  # late: no longer ahead
+    assert p.due(latest - 0.01, latest) == 1  # ... but it may still come back
     share = p.return_share
     assert not p.claim(latest + 0.01, "a")
-    assert p.expired == 1 and p.outstanding(latest + 0.01) == 0
+    assert p.expired == 1 and p.due(latest + 0.01, 99.0) == 0
     assert p.return_share < share
     for i in range(20):  # clients that do come back raise it again
         p.add(20.0 + i, 1.0, i)
@@ -101,4 +102,4 @@ def test_matches_a_plain_list(ops: list[tuple[str, float, float, int | None]]) -
                 ref.remove(min(ready, key=lambda r: r[0]))
         else:
             assert p.due(now, now + wait) == sum(1 for r in ref if r[0] <= now + wait)
-        assert p.outstanding(now) == len(ref)
+        assert p.outstanding(now) == sum(1 for r in ref if r[0] > now)
