@@ -15,7 +15,10 @@
   ticket whose predicted start has moved past its wait budget is shed then (:meth:`sweep`,
   ``fell_behind``), not when the budget is gone; ``timed_out`` stays the last resort.
   ``Retry-After`` comes from the lane's measured drain rate; a lane blocked by the lanes above
-  is told no sooner than their need could fade.
+  is told no sooner than their need could fade, nor than its own measured starts allow.
+* A ``Retry-After`` is a promise (:mod:`filters.admission.herd`): a client that comes back
+  when told (its ``key``) goes before the fresh tickets of its lane, and fresh tickets count the
+  clients due back before they could start.
 * Preemptive pools (``preemptive``: the backends schedule by request priority and preempt a
   running lower-priority request for a higher one, SGLang's ``--enable-priority-scheduling``):
   a lane above the lowest counts only the slots its own and the higher lanes hold against the
@@ -23,7 +26,9 @@
   hold the preempted lower-lane requests), so a batch burst never makes interactive wait. The
   lowest lane still counts every slot against the limit as lowered by saturation.
 
-Every method takes ``now`` (the caller's clock); nothing here sleeps or does I/O.
+Every method takes ``now`` (the caller's clock); nothing here sleeps or does I/O. (About 420
+lines: the four events and the predictions read the same lane state; the pure pieces they
+share live in ``queues``, ``demand``, ``forecast``, ``herd`` and ``drain``.)
 """
 
 from __future__ import annotations
@@ -378,8 +383,9 @@ class Admission:
         above it, or ``extra`` requests ahead) plus every client already told to come back
         take to start at the measured drain rate, stretched by up to ``JITTER`` (with an rng);
         the lane's longest wait when nothing was measured yet. A lane blocked by the lanes
-        above (no room) is told no sooner than their measured need could fade, and than the
-        clients queued or told at or above it take at the pool's completion rate. The answer
+        above (no room) is told no sooner than their measured need could fade, than the
+        clients queued or told at or above it take at the pool's completion rate, and than its
+        own queue and told clients take at the rate it lately started requests. The answer
         is remembered: the next client shed is told a later time, and a client with ``key``
         that comes back then goes first (:mod:`filters.admission.herd`)."""
         outlook = self.outlook(now, lane)
