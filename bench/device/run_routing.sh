@@ -7,16 +7,11 @@
 # Two runs of each workload (trace, shared documents), the arms picker, sglang-router and ring
 # hash in that order, with the 2-core box's settings. Writes $OUT/routing-*.json, routing.log, env.txt.
 set -u
-OUT="${OUT:-/tmp/tw-device-out}"
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/routing.log") 2>&1
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${TW_SKIP_SITE:+:/tmp/site}"
-t0=$(date +%s)
-phase() { echo "=== $(($(date +%s) - t0)) s: $*"; }
+LOG=routing.log
 
 # With arguments: one bench/routing.py run with them (TW_UNPACKED=1 skips the unpacking that an
 # earlier call on the same machine did); without: the default set below.
-. "$(dirname "$0")/unpack.sh"
+. "$(dirname "$0")/unpack.sh"  # OUT, the log, phase(), the packages
 mkdir -p bench/results docs/img  # moved out of the tree that travelled: routing.py writes there
 if [ $# -gt 0 ]; then
   phase "routing: $*"

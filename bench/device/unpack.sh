@@ -1,8 +1,16 @@
-# Sourced by run_routing.sh and run_overload.sh on a lent machine: unpacks what
+# Sourced by run_routing.sh and run_overload.sh on a lent machine, with LOG set to the log's
+# name: sends this shell's output to $OUT/$LOG too, sets PYTHONPATH and phase(), then unpacks what
 # `bash bench/device/prepare.sh --routing` packed into .dev/ (Python packages, Redis, Envoy,
 # sglang-router), puts them on PATH and writes $OUT/env.txt. TW_UNPACKED=1 skips the unpacking an
-# earlier call on the same machine did; TW_SKIP_SITE=1 (a local rehearsal, with the venv's bin first on
-# PATH) keeps the venv's packages and scripts. Needs phase() and OUT.
+# earlier call on the same machine did; TW_SKIP_SITE=1 (a local rehearsal, with the venv's bin
+# first on PATH) keeps the venv's packages and scripts.
+OUT="${OUT:-/tmp/tw-device-out}"
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/$LOG") 2>&1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${TW_SKIP_SITE:+:/tmp/site}"
+t0=$(date +%s)
+phase() { echo "=== $(($(date +%s) - t0)) s: $*"; }
+
 if [ -z "${TW_UNPACKED:-}" ]; then
 phase "unpack: Python packages, Redis, Envoy, sglang-router"
 py="$(python3 -c 'import sys; print(sys.executable)')"

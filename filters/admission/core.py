@@ -26,7 +26,7 @@
   hold the preempted lower-lane requests), so a batch burst never makes interactive wait. The
   lowest lane still counts every slot against the limit as lowered by saturation.
 
-Every method takes ``now`` (the caller's clock); nothing here sleeps or does I/O. (About 420
+Every method takes ``now`` (the caller's clock); nothing here sleeps or does I/O. (About 440
 lines: the four events and the predictions read the same lane state; the pure pieces they
 share live in ``queues``, ``demand``, ``forecast``, ``herd`` and ``drain``.)
 """
@@ -141,14 +141,16 @@ class Admission:
             return t
         why = q.refusal(tenant, returning=back)
         if why is not None:
-            return Shed(503, why, self.retry_after(now, lane, extra=len(q), key=key))
+            return Shed(503, why, self.retry_after(now, lane, extra=len(q), key=key, tenant=tenant))
         predicted = self.predicted_wait(now, lane, tenant, weight, returning=back)
         if predicted is not None and predicted > start_by - now:
             late_for_client = deadline is not None and deadline == start_by
             return Shed(
                 504 if late_for_client else 503,
                 "deadline" if late_for_client else "wait_too_long",
-                self.retry_after(now, lane, extra=self._ahead(lane, tenant, weight), key=key),
+                self.retry_after(
+                    now, lane, extra=self._ahead(lane, tenant, weight), key=key, tenant=tenant
+                ),
             )
         q.push(t)
         if q.peek() is t and not self._waiting_above(lane) and self._fits(t, now):
@@ -183,7 +185,9 @@ class Admission:
         if ticket.deadline is not None and ticket.deadline <= now:
             shed = Shed(504, "deadline", self.retry_after(now, ticket.lane))
         else:
-            shed = Shed(503, "timed_out", self.retry_after(now, ticket.lane, key=ticket.key))
+            shed = Shed(503, "timed_out", self.retry_after(
+                now, ticket.lane, key=ticket.key, tenant=ticket.tenant
+            ))  # fmt: skip
         return shed, self.release(now, ticket)
 
     def sweep(self, now: float) -> list[tuple[Ticket, Shed]]:
@@ -210,7 +214,7 @@ class Admission:
                 out.append((t, Shed(
                     504 if late_for_client else 503,
                     "deadline" if late_for_client else "fell_behind",
-                    self.retry_after(now, lane, extra=ahead, key=t.key),
+                    self.retry_after(now, lane, extra=ahead, key=t.key, tenant=t.tenant),
                 )))  # fmt: skip
         return out
 
@@ -377,7 +381,13 @@ class Admission:
         return (self._ahead(lane, tenant, weight) + 1) / rate
 
     def retry_after(
-        self, now: float, lane: str, *, extra: int = 0, key: Hashable | None = None
+        self,
+        now: float,
+        lane: str,
+        *,
+        extra: int = 0,
+        key: Hashable | None = None,
+        tenant: str | None = None,
     ) -> float:
         """When to come back, for a client shed now: the time the lane's queue (and the ones
         above it, or ``extra`` requests ahead) plus every client already told to come back
@@ -387,7 +397,8 @@ class Admission:
         clients queued or told at or above it take at the pool's completion rate, and than its
         own queue and told clients take at the rate it lately started requests. The answer
         is remembered: the next client shed is told a later time, and a client with ``key``
-        that comes back then goes first (:mod:`filters.admission.herd`)."""
+        that comes back then goes first (:mod:`filters.admission.herd`) — while ``tenant``
+        holds fewer such places in the lane than it may queue requests there."""
         outlook = self.outlook(now, lane)
         rate = self.drain_rate(now, lane)
         told = self.told[lane]
@@ -407,7 +418,10 @@ class Admission:
         if self.rng is not None:
             wait *= 1.0 + self.rng.uniform(0.0, JITTER)
         wait = min(MAX_RETRY_AFTER, wait)
-        told.add(now + wait, wait, key)
+        bound = self.lanes[lane].max_queue_per_tenant
+        if key is not None and tenant is not None and told.held(tenant) >= bound:
+            key = None  # no more promised places than queue places: it comes back fresh
+        told.add(now + wait, wait, key, tenant)
         return wait
 
     def _blocked_wait(self, now: float, lane: str, outlook: Outlook, queued: int) -> float:

@@ -11,11 +11,14 @@
   never return do not hold capacity for long.
 * A promise lives from ``at - early`` to ``at + late`` (:func:`window`); past it the client is
   taken for gone (``expired``). Keyless promises only spread the herd and end at ``at``.
+* :meth:`Promises.held` counts an owner's (a tenant's) claimable promises, so that the caller
+  can bound them: a tenant shed many times must not come back ahead of everyone else.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
 import heapq
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ class _Promise:
     early: float
     until: float
     key: Hashable | None
+    owner: str | None = None
     live: bool = True
 
 
@@ -50,6 +54,7 @@ class Promises:
         self._by_at: list[tuple[float, int, _Promise]] = []  # sorted; dead ones skipped
         self._by_until: list[tuple[float, int, _Promise]] = []  # heap; dead ones skipped
         self._by_key: dict[Hashable, list[_Promise]] = {}
+        self._held: collections.Counter[str] = collections.Counter()  # owner → keyed, live
         self._live = 0
         self._seq = 0
         self.claimed = 0  # clients that came back as told (cumulative)
@@ -62,10 +67,19 @@ class Promises:
         """The share of told clients that lately came back in their window (decayed)."""
         return self._back / (self._back + self._gone)
 
-    def add(self, at: float, wait: float = 0.0, key: Hashable | None = None) -> None:
-        """A client told to come back at ``at`` (``wait`` seconds from now)."""
+    def held(self, owner: str) -> int:
+        """Claimable promises ``owner`` holds now."""
+        return self._held.get(owner, 0)
+
+    def add(
+        self, at: float, wait: float = 0.0, key: Hashable | None = None, owner: str | None = None
+    ) -> None:
+        """A client told to come back at ``at`` (``wait`` seconds from now); with a ``key`` it
+        may claim its place (:meth:`claim`), counted against ``owner``."""
         early, until = window(at, wait) if key is not None else (at, at)
-        p = _Promise(at, early, until, key)
+        p = _Promise(at, early, until, key, owner if key is not None else None)
+        if p.owner is not None:
+            self._held[p.owner] += 1
         self._seq += 1
         bisect.insort(self._by_at, (at, self._seq, p))
         heapq.heappush(self._by_until, (until, self._seq, p))
@@ -111,6 +125,10 @@ class Promises:
     def _kill(self, p: _Promise) -> None:
         p.live = False
         self._live -= 1
+        if p.owner is not None:
+            self._held[p.owner] -= 1
+            if not self._held[p.owner]:
+                del self._held[p.owner]
         if p.key is not None:
             mine = self._by_key[p.key]
             mine.remove(p)

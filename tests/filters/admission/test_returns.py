@@ -151,3 +151,20 @@ async def test_a_shed_client_that_comes_back_as_told_is_counted_and_goes_first()
     fresh.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await fresh
+
+
+def test_a_tenant_holds_no_more_promised_places_than_it_may_queue() -> None:
+    """One tenant shed again and again cannot line up ahead of everyone: past its per-tenant
+    queue bound its clients are told a time, and come back fresh."""
+    a, _ = one_slot(queue=2)  # per-tenant bound 2 as well
+    for who in "bc":
+        a.offer(1.0, "interactive", who)
+    sheds = [a.offer(1.0, "interactive", "greedy", key=f"g{k}") for k in range(5)]
+    assert all(isinstance(s, Shed) for s in sheds)
+    told = a.told["interactive"]
+    assert told.held("greedy") == 2 and told.outstanding(1.0) == 5
+    other = a.offer(1.0, "interactive", "modest", key="m")
+    assert isinstance(other, Shed) and told.held("modest") == 1
+    late = 1.0 + max(s.retry_after for s in sheds if isinstance(s, Shed))
+    assert told.claim(late, "g0") and told.claim(late, "g1")
+    assert not told.claim(late, "g2")  # told a time, never a place
