@@ -9,6 +9,7 @@
   count the clients due back before they could start (:meth:`Promises.due`), scaled by the
   share of told clients that lately did come back (:attr:`Promises.return_share`): clients that
   never return do not hold capacity for long.
+* One key, one promise: a client told again (back too early, shed again) keeps the newest.
 * A promise lives from ``at - early`` to ``at + late`` (:func:`window`); past it the client is
   taken for gone (``expired``). Keyless promises only spread the herd and end at ``at``.
 * :meth:`Promises.held` counts an owner's (a tenant's) claimable promises, so that the caller
@@ -76,6 +77,9 @@ class Promises:
     ) -> None:
         """A client told to come back at ``at`` (``wait`` seconds from now); with a ``key`` it
         may claim its place (:meth:`claim`), counted against ``owner``."""
+        if key is not None:  # one client, one place: the newest answer stands
+            for old in self._by_key.get(key, ())[:]:
+                self._kill(old)
         early, until = window(at, wait) if key is not None else (at, at)
         p = _Promise(at, early, until, key, owner if key is not None else None)
         if p.owner is not None:

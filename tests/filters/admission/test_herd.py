@@ -62,6 +62,15 @@ def test_due_counts_the_clients_that_may_still_come_back_by_a_time() -> None:
     assert p.due(3.6, 10.0) == 2  # 0 expired at 2.0; the keyless one ended at 2.5
 
 
+def test_a_client_told_again_keeps_only_the_newest_time() -> None:
+    p = Promises()
+    p.add(5.0, 1.0, "a", owner="t")
+    p.add(9.0, 5.0, "a", owner="t")  # came back early, was shed again
+    assert p.outstanding(0.0) == 1 and p.held("t") == 1
+    assert not p.claim(5.0, "a")  # the first time no longer holds a place
+    assert p.claim(9.0, "a") and p.held("t") == 0 and p.expired == 0
+
+
 def test_past_the_cap_the_earliest_are_forgotten() -> None:
     p = Promises(cap=3)
     for i in range(5):
@@ -93,6 +102,8 @@ def test_matches_a_plain_list(ops: list[tuple[str, float, float, int | None]]) -
         if op == "add":
             at = now + wait
             early, until = window(at, wait) if key is not None else (at, at)
+            if key is not None:  # a client told again keeps only the newest time
+                ref = [r for r in ref if r[3] != key]
             ref.append((at, early, until, key))
             p.add(at, wait, key)
         elif op == "claim" and key is not None:
