@@ -142,7 +142,9 @@ class Admission:
         why = q.refusal(tenant, returning=back)
         if why is not None:
             return Shed(503, why, self.retry_after(now, lane, extra=len(q), key=key, tenant=tenant))
-        predicted = self.predicted_wait(now, lane, tenant, weight, returning=back)
+        predicted = self.predicted_wait(
+            now, lane, tenant, weight, returning=back, within=start_by - now
+        )
         if predicted is not None and predicted > start_by - now:
             late_for_client = deadline is not None and deadline == start_by
             return Shed(
@@ -355,13 +357,21 @@ class Admission:
         return Outlook(room, self.lane_in_flight[lane], hold, pool, above)
 
     def predicted_wait(
-        self, now: float, lane: str, tenant: str, weight: float, *, returning: bool = False
+        self,
+        now: float,
+        lane: str,
+        tenant: str,
+        weight: float,
+        *,
+        returning: bool = False,
+        within: float = math.inf,
     ) -> float | None:
         """Seconds until a new ticket would start (``inf``: not while the lanes above need
         the room); from the measured drain rate while the outlook is not measured yet (None:
         nothing measured; the ticket may queue and its wait bound decides). A returning client
         waits for the returning ones queued before it; a fresh one for its fair place and the
-        clients due back before it could start (as many as lately do come back)."""
+        clients due back before it could start (as many as lately do come back; counted only
+        while the wait is ``within`` what the caller allows: past it, the answer is decided)."""
         outlook = self.outlook(now, lane)
         if outlook is not None:
             q = self.queues[lane]
@@ -370,8 +380,10 @@ class Admission:
             ahead, told, back = q.ahead_of_new(tenant, weight), self.told[lane], 0
             wait = outlook.wait(ahead)
             for _ in range(16):  # each client due back before its start pushes the start on
+                if wait > within or not math.isfinite(wait):
+                    break
                 due = int(told.due(now, now + wait) * told.return_share + 0.5)
-                if due <= back or not math.isfinite(wait):
+                if due <= back:
                     break
                 back, wait = due, outlook.wait(ahead + due)
             return wait
