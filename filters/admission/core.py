@@ -26,7 +26,7 @@
   hold the preempted lower-lane requests), so a batch burst never makes interactive wait. The
   lowest lane still counts every slot against the limit as lowered by saturation.
 
-Every method takes ``now`` (the caller's clock); nothing here sleeps or does I/O. (About 440
+Every method takes ``now`` (the caller's clock); nothing here sleeps or does I/O. (About 450
 lines: the four events and the predictions read the same lane state; the pure pieces they
 share live in ``queues``, ``demand``, ``forecast``, ``herd`` and ``drain``.)
 """
