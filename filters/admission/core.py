@@ -13,7 +13,8 @@
   lane's room under the lanes above and their reserve, its hold time, the pool's completions),
   not from the lane's grant rate alone, which is measured over a window and lags. A queued
   ticket whose predicted start has moved past its wait budget is shed then (:meth:`sweep`,
-  ``fell_behind``), not when the budget is gone; ``timed_out`` stays the last resort.
+  ``fell_behind``), not when the budget is gone; ``timed_out`` stays the last resort (and the
+  only one for a client back when told: it waits its wait out for the place it was promised).
   ``Retry-After`` comes from the lane's measured drain rate; a lane blocked by the lanes above
   is told no sooner than their need could fade, nor than its own measured starts allow.
 * A ``Retry-After`` is a promise (:mod:`filters.admission.herd`): a client that comes back
@@ -142,9 +143,8 @@ class Admission:
         why = q.refusal(tenant, returning=back)
         if why is not None:
             return Shed(503, why, self.retry_after(now, lane, extra=len(q), key=key, tenant=tenant))
-        predicted = self.predicted_wait(
-            now, lane, tenant, weight, returning=back, within=start_by - now
-        )
+        # a client back when told waits (up to its wait) for the place it was promised
+        predicted = None if back else self.predicted_wait(now, lane, tenant, weight, start_by - now)
         if predicted is not None and predicted > start_by - now:
             late_for_client = deadline is not None and deadline == start_by
             return Shed(
@@ -207,8 +207,8 @@ class Admission:
                 continue
             gone = 0
             for t, ahead in q.ranked():
-                if now + outlook.wait(max(0, ahead - gone)) <= t.start_by:
-                    continue
+                if t.returning or now + outlook.wait(max(0, ahead - gone)) <= t.start_by:
+                    continue  # (a client back when told waits its wait out for its place)
                 gone += 1
                 q.remove(t)
                 t.state = "dropped"
@@ -362,21 +362,17 @@ class Admission:
         lane: str,
         tenant: str,
         weight: float,
-        *,
-        returning: bool = False,
         within: float = math.inf,
     ) -> float | None:
         """Seconds until a new ticket would start (``inf``: not while the lanes above need
         the room); from the measured drain rate while the outlook is not measured yet (None:
-        nothing measured; the ticket may queue and its wait bound decides). A returning client
-        waits for the returning ones queued before it; a fresh one for its fair place and the
-        clients due back before it could start (as many as lately do come back; counted only
-        while the wait is ``within`` what the caller allows: past it, the answer is decided)."""
+        nothing measured; the ticket may queue and its wait bound decides): its fair place and
+        the clients due back before it could start (as many as lately do come back; counted
+        only while the wait is ``within`` what the caller allows: past it, the answer is
+        decided)."""
         outlook = self.outlook(now, lane)
         if outlook is not None:
             q = self.queues[lane]
-            if returning:
-                return outlook.wait(q.returning)
             ahead, told, back = q.ahead_of_new(tenant, weight), self.told[lane], 0
             wait = outlook.wait(ahead)
             for _ in range(16):  # each client due back before its start pushes the start on

@@ -235,3 +235,23 @@ def test_a_blocked_lane_is_told_no_sooner_than_it_lately_started_requests() -> N
     assert shed.retry_after >= 1 / rate
     second = a.offer(now, "batch", "c")
     assert isinstance(second, Shed) and second.retry_after >= 2 / rate
+
+
+def test_a_client_back_when_told_waits_out_its_wait_in_a_blocked_lane() -> None:
+    """A fresh batch request is shed at once while interactive needs every slot; one that was
+    told to come back now queues for the place it was promised, is not swept as fallen behind,
+    and starts when a slot frees within its wait (else it times out, told again)."""
+    a, now, held = _interactive_wanting_every_slot()
+    fresh = a.offer(now, "batch", "b")
+    assert isinstance(fresh, Shed) and fresh.reason == "wait_too_long"
+    a.told["batch"].add(now, 1.0, "k", "c")  # told earlier to come back now
+    back = ticket(a.offer(now, "batch", "c", key="k"))
+    assert back.state == "queued" and back.returning
+    assert a.sweep(now + 0.1) == []
+    a.release(now + 0.2, held)  # the slot interactive held frees: the promised client starts
+    assert back.state == "admitted"
+    # one that is never let in gets the last resort, told a time again
+    a.told["batch"].add(now + 1.0, 1.0, "k2", "d")
+    other = ticket(a.offer(now + 1.0, "batch", "d", key="k2"))
+    shed, _ = a.drop(other.start_by, other)
+    assert shed is not None and shed.reason == "timed_out"
