@@ -76,6 +76,8 @@ def summarize(
             "first_try_success": _share(sum(1 for r in reqs if r[0].ok), len(reqs)),
             "abandoned": sum(1 for a in flat if a.error == "abandoned"),
             "stream_errors": sum(1 for a in flat if a.error == "stream"),
+            # no HTTP answer, not abandoned: the client does not retry these (by exception)
+            "connection_errors": _count(a.error for a in flat if a.error.startswith("connection")),
             "goodput_tok_s": round(tokens / (hi - lo), 2) if hi > lo else None,
             "ttft_ms": {f"p{q}": _ms(percentile(ttft, q / 100)) for q in (50, 95, 99)},
             "tbt_ms": {f"p{q}": _ms(percentile(gaps, q / 100)) for q in (50, 95, 99)},

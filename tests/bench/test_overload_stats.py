@@ -48,11 +48,15 @@ def test_summary_counts_per_lane_and_follows_retries() -> None:
         shed(2, "batch", 2.2, None, number=2, told=1.0),
         # batch request 3: abandoned
         Attempt(3, "batch", 1, 1.0, error="abandoned"),
+        # interactive request 4: no HTTP answer at all
+        Attempt(4, "interactive", 1, 1.0, error="connection: ServerDisconnectedError"),
     ]
     attempts[2].told_to_wait = 2.0
     s = summarize(attempts, window=(0.0, 10.0))
     i, b, a = s["interactive"], s["batch"], s["all"]
-    assert i["requests"] == 1 and i["success_rate"] == 1.0 and i["rejections"] == 0
+    assert i["requests"] == 2 and i["success_rate"] == 0.5 and i["rejections"] == 0
+    assert i["connection_errors"] == {"connection: ServerDisconnectedError": 1}
+    assert b["connection_errors"] == {}
     assert i["ttft_ms"]["p50"] == 200.0
     assert b["requests"] == 3 and b["attempts"] == 5
     assert b["success_rate"] == round(1 / 3, 4) and b["first_try_success"] == 0.0
@@ -65,7 +69,7 @@ def test_summary_counts_per_lane_and_follows_retries() -> None:
     assert b["rejections_with_retry_after"] == round(2 / 3, 4)
     assert b["retries_after_retry_after"] == 2 and b["retry_after_accuracy"] == 0.5
     assert b["abandoned"] == 1 and b["attempts_per_success"] == 5.0
-    assert a["requests"] == 4 and a["goodput_tok_s"] == 0.6  # 6 tokens in 10 s
+    assert a["requests"] == 5 and a["goodput_tok_s"] == 0.6  # 6 tokens in 10 s
     narrow = summarize(attempts, window=(3.0, 4.0))["all"]
     assert narrow["goodput_tok_s"] == 3.0  # only request 1's tokens fall in [3, 4)
 
