@@ -180,21 +180,34 @@ class Client:
         return {"authorization": f"Bearer {keys[arrival.tenant % len(keys)]}"}
 
     async def _one(self, a: Attempt, arrival: Arrival) -> None:
+        """One attempt. Patience covers the wait for an answer and the first token only: a
+        stream that started is read to its end, however long it takes."""
         self._in_flight.add(a)
+        first = asyncio.Event()
+        stream = asyncio.ensure_future(self._stream(a, arrival, first))
+        started = asyncio.ensure_future(first.wait())
         try:
-            await asyncio.wait_for(self._stream(a, arrival), self.patience[a.lane])
-        except TimeoutError:
-            if a.first_token is None:
-                a.error = "abandoned"
-            else:  # patience covers the wait for the first token only: finish the stream
-                a.error = "slow"
+            await asyncio.wait(
+                (stream, started), timeout=self.patience[a.lane],
+                return_when=asyncio.FIRST_COMPLETED,
+            )  # fmt: skip
+            if not stream.done() and not first.is_set():
+                a.error = "abandoned"  # the connection closes: a real user gives up
+                stream.cancel()
+            await stream
+        except asyncio.CancelledError:
+            if a.error != "abandoned" or not stream.cancelled():
+                raise
         except (aiohttp.ClientError, ConnectionError) as exc:
             a.error = a.error or f"connection: {type(exc).__name__}"
         finally:
+            started.cancel()
+            if not stream.done():
+                stream.cancel()
             self._in_flight.discard(a)
             a.done = self.now()
 
-    async def _stream(self, a: Attempt, arrival: Arrival) -> None:
+    async def _stream(self, a: Attempt, arrival: Arrival, first: asyncio.Event) -> None:
         async with self.session.post(
             self.url, json=self._body(arrival), headers=self._headers(arrival)
         ) as resp:
@@ -221,6 +234,7 @@ class Client:
                     t = self.now()
                     if a.first_token is None:
                         a.first_token = t
+                        first.set()
                         self._in_flight.discard(a)
                     a.tokens += 1
                     a.token_times.append(t)

@@ -3,6 +3,7 @@ behaviours, on a small fake HTTP session (no network, no real clock)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import AsyncIterator
@@ -38,11 +39,14 @@ class FakeResponse:
     headers: dict[str, str]
     lines: list[bytes]
     clock: FakeClock
+    pause: float = 0.0  # real seconds before each line (patience runs on the loop's clock)
 
     @property
     def content(self) -> AsyncIterator[bytes]:
         async def gen() -> AsyncIterator[bytes]:
             for line in self.lines:
+                if self.pause:
+                    await asyncio.sleep(self.pause)
                 self.clock.now += 0.01
                 yield line
 
@@ -73,12 +77,13 @@ class FakeSession:
     clock: FakeClock
     script: list[tuple[int, dict[str, str], list[bytes]]]
     sent: list[dict[str, object]] = field(default_factory=list)
+    pause: float = 0.0
 
     def post(self, url: str, *, json: dict[str, object], headers: dict[str, str]) -> FakeResponse:
         self.sent.append({"url": url, "json": json, "headers": headers, "at": self.clock.now})
         status, hdrs, lines = self.script.pop(0)
         self.clock.now += 0.002
-        return FakeResponse(status, hdrs, lines, self.clock)
+        return FakeResponse(status, hdrs, lines, self.clock, self.pause)
 
 
 def shed(headers: dict[str, str]) -> tuple[int, dict[str, str], list[bytes]]:
@@ -191,3 +196,21 @@ def test_behaviour_rejects_nonsense() -> None:
     with pytest.raises(ValueError):
         Behaviour("honour", max_attempts=0)
     assert Attempt(0, "batch", 1, 0.0, status=429).rejected
+
+
+async def test_patience_covers_the_first_token_only_a_started_stream_is_read_to_its_end() -> None:
+    """Patience 0.2 s: a stream whose first token comes at ~0.04 s and whose end comes after
+    ~0.3 s is a success; one whose first token would come after 0.2 s is abandoned."""
+    client, session, _ = make([(200, {}, STREAM)], Behaviour("none"))
+    client.patience = {"batch": 0.2, "interactive": 0.2}
+    session.pause = 0.04  # 8 SSE lines: the first token at the 4th line, [DONE] after ~0.6 s
+    await client.run(0, ARRIVAL)
+    (a,) = client.attempts
+    assert a.ok and a.error == "" and a.tokens == 3
+    slow = sse(ROLE, ROLE, ROLE, token("x"), FINISH, b"[DONE]")  # 6 lines before the token
+    client, session, _ = make([(200, {}, slow)], Behaviour("none"))
+    client.patience = {"batch": 0.2, "interactive": 0.2}
+    session.pause = 0.05  # the first token would come at ~0.35 s
+    await client.run(0, ARRIVAL)
+    (a,) = client.attempts
+    assert not a.ok and a.error == "abandoned" and a.first_token is None
