@@ -130,8 +130,10 @@ class Admission(Predictions):
         start_by = now + cfg.max_wait
         if deadline is not None:
             start_by = min(start_by, deadline)
-        t = Ticket(next(self._seq), lane, tenant, weight, tokens, now, start_by, deadline, key=key)
-        t.returning = back
+        t = Ticket(
+            next(self._seq), lane, tenant, weight, tokens, now, start_by, deadline,
+            key=key, returning=back,
+        )  # fmt: skip
         q = self.queues[lane]
         before = q.returning if back else len(q)  # who in its lane goes first
         if not self._waiting_above(lane) and not before and self._fits(t, now):

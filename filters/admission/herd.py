@@ -97,8 +97,8 @@ class Promises:
     def outstanding(self, now: float) -> int:
         """Clients told to come back after ``now`` (one late, or gone for good, no longer
         pushes later answers back)."""
-        self._expire(now)
-        return self._live - self.due(now, now)
+        late = self.due(now, now)  # (expires first: ``_live`` is read after)
+        return self._live - late
 
     def due(self, now: float, by: float) -> int:
         """Clients that may still come back and are due at or before ``by``."""

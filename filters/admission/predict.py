@@ -162,14 +162,14 @@ class Predictions:
             queued += len(self.queues[name])
             if name == lane:
                 break
+        ahead = max(extra, queued)
+        paced = (ahead + told.outstanding(now) + 1) / rate if rate else None  # the lane's pace
         if outlook is not None and outlook.room <= 0:
-            wait = self._blocked_wait(now, lane, outlook, max(extra, queued))
-            if rate is not None and rate > 0:  # and no sooner than the lane lately started them
-                wait = max(wait, (max(extra, queued) + told.outstanding(now) + 1) / rate)
-        elif rate is None or rate <= 0:
-            wait = max(self.lanes[lane].max_wait, 1.0)
+            wait = self._blocked_wait(now, lane, outlook, ahead)
+            if paced is not None:  # and no sooner than the lane lately started them
+                wait = max(wait, paced)
         else:
-            wait = (max(extra, queued) + told.outstanding(now) + 1) / rate
+            wait = paced if paced is not None else max(self.lanes[lane].max_wait, 1.0)
         if self.rng is not None:
             wait *= 1.0 + self.rng.uniform(0.0, JITTER)
         wait = min(MAX_RETRY_AFTER, wait)
