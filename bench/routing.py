@@ -49,6 +49,7 @@ from bench.peers_cpu import per_request_ms, snapshot  # noqa: E402
 from bench.routing_client import MODEL, drive  # noqa: E402
 from bench.routing_jobs import combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
 from bench.routing_report import picker_metrics, plot  # noqa: E402
+from bench.routing_split import read_logs, split, split_line  # noqa: E402
 from runtime.children import Child, checkout, wait_child_line, wait_child_port  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
@@ -98,6 +99,7 @@ class Pool:
                 "--time-scale", str(a.time_scale), "--seed", str(i), "--log-level", "WARNING",
                 "--cache-tokens", str(a.cache_tokens // a.scale),
                 "--kv-events-config", json.dumps(kv),
+                "--request-log", str(self.request_log(i)),
             ]  # fmt: skip
             child = Child(f"emu-{self.label}-{i}", argv, self.run_dir / f"emu-{self.label}-{i}.log")
             child.start()
@@ -109,6 +111,9 @@ class Pool:
             self.ports.append(port)
         for port, child in zip(self.ports, self.children, strict=True):
             await wait_child_port("127.0.0.1", port, child, timeout=60)
+
+    def request_log(self, i: int) -> Path:
+        return self.run_dir / f"requests-{self.label}-{i}.jsonl"
 
     async def counters(self, http: aiohttp.ClientSession) -> list[dict[str, float]]:
         out = []
@@ -279,6 +284,9 @@ async def run_arm(
         t_sum = sum(c.get("sglang:time_to_first_token_seconds_sum", 0) for c in counts)
         t_n = sum(c.get("sglang:time_to_first_token_seconds_count", 0) for c in counts)
         res["backend_ttft_mean_ms"] = 1000 * t_sum / t_n if t_n else None
+        # per request: the backend's share of the client's TTFT and the rest (the gateway's)
+        logs = read_logs(pool.request_log(i) for i in range(a.replicas))
+        res["ttft_split"] = split(res.pop("per_request"), logs)
         res["per_replica_requests"] = reqs
         res["max_over_mean"] = max(reqs) / (sum(reqs) / len(reqs)) if sum(reqs) else 0.0
         return res
@@ -317,6 +325,7 @@ async def main_async(a: argparse.Namespace) -> int:
                 f"  gateway CPU ms/request {r['gateway_cpu_ms_per_request']}",
                 flush=True,
             )
+            print(f"  TTFT split {split_line(r['ttft_split'])}", flush=True)
     out = {
         "config": vars(a),
         "infinite_cache_hit_ratio": ceiling,

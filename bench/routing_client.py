@@ -19,8 +19,10 @@ __all__ = ["MODEL", "drive", "one"]
 MODEL = "llama-3.1-8b"
 
 
-async def one(http: aiohttp.ClientSession, url: str, job: Job) -> tuple[float | None, int, bool]:
-    """(TTFT s, output tokens, ok) of one streamed chat completion."""
+async def one(
+    http: aiohttp.ClientSession, url: str, job: Job
+) -> tuple[float | None, int, bool, str | None]:
+    """(TTFT s, output tokens, ok, the answer's ``id``) of one streamed chat completion."""
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": job[0]}],
@@ -31,16 +33,18 @@ async def one(http: aiohttp.ClientSession, url: str, job: Job) -> tuple[float | 
     t0 = time.perf_counter()
     ttft = None
     out = 0
+    rid = None
     try:
         async with http.post(url, json=body) as r:
             if r.status != 200:
                 await r.read()
-                return None, 0, False
+                return None, 0, False, None
             async for raw in r.content:
                 line = raw.strip()
                 if not line.startswith(b"data:") or line == b"data: [DONE]":
                     continue
                 chunk = json.loads(line[5:])
+                rid = rid or chunk.get("id")
                 if (
                     ttft is None
                     and chunk.get("choices")
@@ -50,14 +54,16 @@ async def one(http: aiohttp.ClientSession, url: str, job: Job) -> tuple[float | 
                 if chunk.get("usage"):
                     out = chunk["usage"].get("completion_tokens", 0)
     except aiohttp.ClientError:  # a stream cut short counts as failed, the run goes on
-        return None, 0, False
-    return ttft, out, True
+        return None, 0, False, rid
+    return ttft, out, True, rid
 
 
 async def drive(url: str, records: list[Job], a: argparse.Namespace) -> dict[str, Any]:
-    queue: asyncio.Queue[Job] = asyncio.Queue()
-    for rec in records:
-        queue.put_nowait(rec)
+    queue: asyncio.Queue[tuple[int, Job]] = asyncio.Queue()
+    for i, rec in enumerate(records):
+        queue.put_nowait((i, rec))
+    # (job, sent at s from the run's start, TTFT s, answer id)
+    per_request: list[tuple[int, float, float | None, str | None]] = []
     ttfts: list[float] = []
     later: list[float] = []  # the requests after the first wave (each worker's first job)
     tokens = 0
@@ -70,10 +76,12 @@ async def drive(url: str, records: list[Job], a: argparse.Namespace) -> dict[str
         async def worker() -> None:
             nonlocal tokens, failed, taken
             while not queue.empty():
-                rec = queue.get_nowait()
+                i, rec = queue.get_nowait()
                 first_wave = taken < a.concurrency
                 taken += 1
-                ttft, out, ok = await one(http, url, rec)
+                sent = time.perf_counter() - t0
+                ttft, out, ok, rid = await one(http, url, rec)
+                per_request.append((i, sent, ttft, rid))
                 if not ok:
                     failed += 1
                 if ttft is not None:
@@ -100,4 +108,5 @@ async def drive(url: str, records: list[Job], a: argparse.Namespace) -> dict[str
         # the same without the first wave: cold connections, streams and caches of a fresh arm
         "ttft_p95_after_first_wave_ms": 1000 * q_later[94],
         "ttft_p99_after_first_wave_ms": 1000 * q_later[98],
+        "per_request": per_request,  # joined with the backends' request logs, then dropped
     }

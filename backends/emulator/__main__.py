@@ -59,6 +59,11 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
         '"tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\' (docs/emulator.md)',
     )
     p.add_argument(
+        "--request-log",
+        metavar="PATH",
+        help="append a JSON line per finished request (id, queue, TTFT, tokens) to PATH",
+    )
+    p.add_argument(
         "--enable-trace", action="store_true", help="export a span per request over OTLP (SGLang)"
     )
     p.add_argument(
@@ -108,6 +113,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
             slow_start_s=a.slow_start,
             exit_on_crash=True,
             kv_events=kv_events,
+            request_log=a.request_log,
             enable_trace=a.enable_trace,
             otlp_traces_endpoint=a.otlp_traces_endpoint,
             priority=PriorityConfig(

@@ -25,6 +25,7 @@ from backends.emulator.kv_events import KvEventPublisher
 from backends.emulator.metrics import EmulatorMetrics
 from backends.emulator.protocol import error_body
 from backends.emulator.request import EmuRequest, GenerationParams
+from backends.emulator.request_log import RequestLog
 from backends.emulator.scheduler import Scheduler
 from backends.emulator.settings import EmulatorSettings
 from backends.emulator.tracing import end_request_span, start_request_span
@@ -79,12 +80,15 @@ class EmulatorServer:
         self.kv_events = (
             KvEventPublisher(kv, wall_clock=wall_clock) if kv is not None and kv.enabled else None
         )
+        self.request_log = (
+            RequestLog(self.metrics, settings.request_log) if settings.request_log else None
+        )
         self.scheduler = Scheduler(
             self.profile,
             time_scale=settings.time_scale,
             server_seed=settings.seed,
             stop_prob=settings.stop_prob,
-            observer=self.metrics,
+            observer=self.request_log or self.metrics,
             clock=clock,
             kv_sink=self.kv_events.publish if self.kv_events is not None else None,
             priority=settings.priority,
@@ -159,6 +163,8 @@ class EmulatorServer:
             await self.kv_events.aclose()
         if self.tracing is not None:
             await self.tracing.aclose()
+        if self.request_log is not None:
+            self.request_log.close()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

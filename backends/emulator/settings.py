@@ -39,6 +39,9 @@ class EmulatorSettings:
     enable_trace: bool = False  # --enable-trace: OTLP spans per request (as SGLang)
     otlp_traces_endpoint: str = "localhost:4317"  # --otlp-traces-endpoint (gRPC)
     kv_events: KvEventsConfig | None = None  # --kv-events-config (publisher "zmq" turns it on)
+    request_log: str | None = (
+        None  # --request-log: a JSON line per finished request (request_log.py)
+    )
     # --enable-priority-scheduling, --schedule-low-priority-values-first, ... (SGLang)
     priority: PriorityConfig = field(default_factory=PriorityConfig)
 

@@ -15,13 +15,13 @@ LOG=routing.log
 mkdir -p bench/results docs/img  # moved out of the tree that travelled: routing.py writes there
 if [ $# -gt 0 ]; then
   phase "routing: $*"
-  timeout 240 python3 bench/routing.py "$@" --run-dir /tmp 2>&1 | grep -E "ceiling|arm |  hit|rror"
+  timeout 240 python3 bench/routing.py "$@" --run-dir /tmp 2>&1 | grep -E "ceiling|arm |  hit|split|rror"
   cp bench/results/routing-*.json "$OUT"/ 2>/dev/null
   phase "done"
   exit 0
 fi
 
-runs="1 2"; n_trace=300; n_docs=200
+runs="1 2"; n_trace=300; n_docs=200; tag="${TW_TAG:-16core}"  # results routing-*-TAG-RUN.json
 [ -n "${TW_QUICK:-}" ] && { runs=1; n_trace=40; n_docs=30; }  # a rehearsal of the script
 for run in $runs; do
   for workload in trace docs; do
@@ -29,9 +29,9 @@ for run in $runs; do
     if [ "$workload" = trace ]; then extra=(--start 500 --requests "$n_trace" --scale 4)
     else extra=(--docs 16 --doc-words 2000 --requests "$n_docs" --scale 1 --cache-tokens 12000); fi
     timeout 240 python3 bench/routing.py --workload "$workload" "${extra[@]}" \
-      --arms picker sglang-router ring_hash --tag "16core-$run" --run-dir /tmp 2>&1 \
-      | grep -E "ceiling|arm |  hit|Error|error" || echo "routing $workload failed"
-    cp bench/results/routing-"$workload"-16core-"$run".json "$OUT"/ 2>/dev/null
+      --arms picker sglang-router ring_hash --tag "$tag-$run" --run-dir /tmp 2>&1 \
+      | grep -E "ceiling|arm |  hit|split|Error|error" || echo "routing $workload failed"
+    cp bench/results/routing-"$workload"-"$tag"-"$run".json "$OUT"/ 2>/dev/null
   done
 done
 phase "done"
