@@ -287,6 +287,9 @@ async def run_arm(
         # per request: the backend's share of the client's TTFT and the rest (the gateway's)
         logs = read_logs(pool.request_log(i) for i in range(a.replicas))
         res["ttft_split"] = split(res.pop("per_request"), logs)
+        rows = res["ttft_split"].pop("rows", [])
+        tag = f"{a.workload}-{a.tag}" if a.tag else a.workload
+        (run_dir / f"rows-{tag}-{arm}.json").write_text(json.dumps(rows))
         res["per_replica_requests"] = reqs
         res["max_over_mean"] = max(reqs) / (sum(reqs) / len(reqs)) if sum(reqs) else 0.0
         return res

@@ -84,6 +84,7 @@ def split(
                       "uncached_tokens")
         }  # fmt: skip
     out["slowest"] = [{k: round(v, 2) for k, v in r.items()} for r in slowest[:_KEEP]]
+    out["rows"] = rows  # every request (bench/routing.py keeps them beside its logs)
     return out
 
 

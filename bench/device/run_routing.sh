@@ -17,6 +17,7 @@ if [ $# -gt 0 ]; then
   phase "routing: $*"
   timeout 240 python3 bench/routing.py "$@" --run-dir /tmp 2>&1 | grep -E "ceiling|arm |  hit|split|rror"
   cp bench/results/routing-*.json "$OUT"/ 2>/dev/null
+  mkdir -p "$OUT/rows" && cp /tmp/tw-routing-*/rows-*.json "$OUT/rows/" 2>/dev/null
   phase "done"
   exit 0
 fi
@@ -34,4 +35,5 @@ for run in $runs; do
     cp bench/results/routing-"$workload"-"$tag"-"$run".json "$OUT"/ 2>/dev/null
   done
 done
+mkdir -p "$OUT/rows" && cp /tmp/tw-routing-*/rows-*.json "$OUT/rows/" 2>/dev/null  # per request
 phase "done"
