@@ -58,7 +58,9 @@ OFFSET = 1000  # KV events on replica port + OFFSET, replay on + OFFSET + 1
 # picker-chunks: the picker route as before the response's end was asked for without chunks
 # (usage metered in Python: every response chunk through ext_proc)
 # picker-baseline: the picker route run from another checkout's code (--baseline-src), side by side
-ARMS = ("ring_hash", "picker", "picker-chunks", "picker-baseline", "sglang-router")
+# picker-nobacklog: the picker with routing.backlog_weight 0 (prefill backlogs ignored)
+ARMS = ("ring_hash", "picker", "picker-chunks", "picker-baseline", "picker-nobacklog",
+        "sglang-router")  # fmt: skip
 
 
 def _kv_port_ok(p: int) -> bool:
@@ -148,6 +150,7 @@ def tokenweir_policy(
     a_pending: float = 5.0,
     cache_weight: float = 0.7,
     meter: str = "envoy",
+    backlog_weight: float = 1.0,
 ) -> dict[str, Any]:
     plugins: list[Any] = [{"name": "identity", "settings": {"require": False}}, "tokens", "prefix"]
     if picker:
@@ -171,6 +174,7 @@ def tokenweir_policy(
             "checkpoint_bytes": 512,
             "pending_ttl": f"{a_pending}s",
             "cache_weight": cache_weight,
+            "backlog_weight": backlog_weight,
         }
     return {
         "version": 1,
@@ -226,6 +230,7 @@ class Gateway:
         policy = tokenweir_policy(
             self.pool, self.port, fp, mp, self.arm.startswith("picker"), a.scale, a.pending_ttl,
             a.cache_weight, "python" if self.arm == "picker-chunks" else "envoy",
+            0.0 if self.arm == "picker-nobacklog" else 1.0,
         )  # fmt: skip
         path = self.run_dir / f"policy-{self.arm}.yaml"
         path.write_text(yaml.safe_dump(policy, sort_keys=False))
@@ -367,7 +372,10 @@ def main() -> int:
     ap.add_argument("--cache-weight", type=float, default=0.7, help="picker: routing.cache_weight")
     ap.add_argument("--run-dir", help="keep the run's logs in a new folder under this one")
     ap.add_argument(
-        "--arms", nargs="+", default=[x for x in ARMS if x != "picker-baseline"], choices=ARMS
+        "--arms",
+        nargs="+",
+        default=[x for x in ARMS if x not in ("picker-baseline", "picker-nobacklog")],
+        choices=ARMS,
     )
     ap.add_argument(
         "--up-replicas",

@@ -100,7 +100,7 @@ class Router:
         """(replica index, predicted cached tokens)."""
         raise NotImplementedError
 
-    def done(self, replica: int) -> None:
+    def done(self, replica: int, job: Job) -> None:
         return None
 
 
@@ -110,13 +110,14 @@ class PickerRouter(Router):
 
     def __init__(self, picker: PoolPicker, names: list[str], map_delay: float) -> None:
         self.picker, self.names, self.map_delay = picker, names, map_delay
+        self.uncached: dict[int, int] = {}  # id(job) → what record added to the backlog
 
     def pick(self, job: Job, inflight: Sequence[int]) -> tuple[int, int]:
         prompt = self.picker.prompt(job.data)
         _probe(self.picker)
         pick = self.picker.pick(prompt)
         assert pick.replica is not None, pick
-        self.picker.record(prompt, pick)
+        self.uncached[id(job)] = self.picker.record(prompt, pick)
 
         def extend() -> None:
             known = len(self.picker.map.lookup(prompt.marks))
@@ -128,8 +129,8 @@ class PickerRouter(Router):
             extend()
         return self.names.index(pick.replica), pick.predicted_tokens
 
-    def done(self, replica: int) -> None:
-        self.picker.done(self.names[replica])
+    def done(self, replica: int, job: Job) -> None:
+        self.picker.done(self.names[replica], self.uncached.pop(id(job), 0))
 
 
 class RingHashRouter(Router):
@@ -192,6 +193,7 @@ class Outcome:
         return {
             "hit_ratio": self.cached_tokens / max(1, self.prompt_tokens),
             "ttft_p50_ms": 1000 * statistics.median(self.ttft),
+            "ttft_p95_ms": 1000 * q[94],
             "ttft_p99_ms": 1000 * q[98],
             "max_over_mean": max(self.per_replica) / mean if mean else 0.0,
             "per_replica": self.per_replica,
@@ -211,6 +213,7 @@ def _picker(names: list[str], a: argparse.Namespace, clock: Callable[[], float])
         cache_weight=a.cache_weight,
         max_imbalance=a.max_imbalance,
         anchor_tokens=a.anchor_tokens,
+        backlog_weight=a.backlog_weight,
     )
     cfg = LlmPool(models=("m",), endpoints=tuple(Address.parse(n) for n in names), routing=routing)
     return PoolPicker("sim", cfg, PickerMetrics(CollectorRegistry()), clock=clock, wall=clock)
@@ -266,7 +269,7 @@ async def simulate(router_name: str, jobs: list[Job], a: argparse.Namespace) -> 
                 await req.event.wait()
                 req.event.clear()
             inflight[replica] -= 1
-            router.done(replica)
+            router.done(replica, job)
             if req.first_token_at is not None:
                 out.ttft.append(req.first_token_at - t0)
             out.prompt_tokens += len(job.ids)
@@ -337,6 +340,7 @@ def main() -> int:
     ap.add_argument("--cache-weight", type=float, default=0.7)
     ap.add_argument("--max-imbalance", type=float, default=1.5)
     ap.add_argument("--anchor-tokens", type=int, default=16, help="routing.anchor_tokens")
+    ap.add_argument("--backlog-weight", type=float, default=1.0, help="routing.backlog_weight")
     ap.add_argument("--map-delay", type=float, default=0.0, help="picker: mapper lag (s)")
     ap.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=ROUTERS)
     a = ap.parse_args()
@@ -352,7 +356,7 @@ def main() -> int:
             loop.close()
         print(
             f"{name:12s} hit {res['hit_ratio']:.3f}  ttft p50 {res['ttft_p50_ms']:.0f}"
-            f" p99 {res['ttft_p99_ms']:.0f} ms  max/mean {res['max_over_mean']:.2f}"
+            f" p95 {res['ttft_p95_ms']:.0f} p99 {res['ttft_p99_ms']:.0f} ms  max/mean {res['max_over_mean']:.2f}"
             f" {res['per_replica']}  predicted {res['predicted_tokens']}"
             f" (over on {res['over_predicted_requests']})"
             f"  index exact {res['admissions'] - res['index_wrong']}/{res['admissions']}",

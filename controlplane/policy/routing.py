@@ -45,6 +45,8 @@ class RoutingPolicy:
     checkpoint_bytes: Annotated[int, Size(64, 1024**2)] = 1024
     # a routed prompt counts as cached on its replica for this long, until its events arrive
     pending_ttl: Annotated[float, Duration(0.0, 600)] = 1.0
+    # weight of a replica's prefill backlog against the prompt's cached share (0: ignored)
+    backlog_weight: Annotated[float, Range(0.0, 100.0)] = 0.5
     # the index keeps one block in about this many tokens (its "anchors", see anchor_every)
     anchor_tokens: Annotated[int, Range(1, 4096)] = 16
 

@@ -43,6 +43,11 @@ class PickerMetrics:
             p + "event_lag_seconds", "now minus the publish time of the last applied batch",
             ["pool", "replica"], registry=r,
         )  # fmt: skip
+        self.backlog = Gauge(
+            p + "backlog_tokens",
+            "prompt tokens sent to the replica and not yet reported prefilled (its KV events)",
+            ["pool", "replica"], registry=r,
+        )  # fmt: skip
         self.mapped_tokens = Counter(
             p + "mapped_tokens", "tokens hashed off the request path (checkpoint map)",
             ["pool"], registry=r,

@@ -57,16 +57,16 @@ class PickerPlugin(BasePlugin):
         if pick.replica is None:
             metrics.fallbacks.labels(picker.pool, pick.reason).inc()
             return None
-        picker.record(prompt, pick)
+        uncached = picker.record(prompt, pick)
         metrics.predicted_tokens.labels(picker.pool).inc(pick.predicted_tokens)
-        ctx.scratch[_KEY] = (picker, pick.replica)
+        ctx.scratch[_KEY] = (picker, pick.replica, uncached)
         return Result(set_headers={ENDPOINT_HEADER: pick.replica})
 
     async def stream_end(self, ctx: Context) -> None:
         entry = ctx.scratch.pop(_KEY, None)
         if entry is None or self.pickers is None:
             return
-        picker, replica = entry
-        picker.done(replica)
+        picker, replica, uncached = entry
+        picker.done(replica, uncached)
         if ctx.usage is not None and ctx.usage.cached_tokens:
             self.pickers.metrics.actual_tokens.labels(picker.pool).inc(ctx.usage.cached_tokens)

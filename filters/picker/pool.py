@@ -9,6 +9,11 @@ not forked), so the filter server's event loop never waits on it.
 Load is the picker's own count of requests in flight per replica (``record`` / ``done``), so two
 gateway replicas see only their own share; the KV events they follow are the same, so a prompt
 already cached goes to the same replica from either.
+
+Beside the count, each replica's prefill **backlog**: the prompt tokens the picker sent it that
+were not predicted cached, less the tokens its KV events have stored since (a replica stores a
+prompt's blocks as its prefill completes, chunk by chunk in SGLang). Events that never come
+cannot hold it up: it never exceeds the uncached tokens of the requests still in flight there.
 """
 
 from __future__ import annotations
@@ -79,7 +84,9 @@ class PoolPicker:
         self.cfg = cfg
         r = cfg.routing
         self.routing = r
-        self.weights = Weights(r.cache_weight, r.max_imbalance, r.min_prefix_tokens)
+        self.weights = Weights(
+            r.cache_weight, r.max_imbalance, r.min_prefix_tokens, r.backlog_weight
+        )
         self.index = PrefixIndex(
             r.page_size,
             max_blocks=r.max_index_blocks,
@@ -94,6 +101,10 @@ class PoolPicker:
         self._clock = clock
         self._wall = wall
         self.inflight: dict[str, int] = {f.name: 0 for f in self.feeds}
+        # prefill backlog per replica (tokens), its bound and the stored-token counter last read
+        self.backlog: dict[str, int] = {f.name: 0 for f in self.feeds}
+        self._inflight_uncached: dict[str, int] = {f.name: 0 for f in self.feeds}
+        self._stored_seen: dict[str, int] = {f.name: 0 for f in self.feeds}
         # checkpoint → {replica: until}: prefixes recently sent there, before their events
         self._pending: collections.OrderedDict[bytes, dict[str, float]] = collections.OrderedDict()
         self._queue: asyncio.Queue[Prompt] | None = None
@@ -157,10 +168,14 @@ class PoolPicker:
         step = self.routing.checkpoint_bytes
         held = self._held(prompt.points, now)
         pending = self._pending_runs(prompt.marks, now)
+        self._drain()
         candidates = []
         for name, count in held.items():
             k = count or 0
             pend = pending.get(name, 0)
+            # this prompt's prefix sent there moments ago, its events not in yet, is likely in
+            # the replica's backlog: waiting for that prefill is what makes it a cache hit
+            own = self._tokens_at(prompt.points, pend) - self._tokens_at(prompt.points, k)
             if pend > len(prompt.points):  # the index cannot know that far yet: trust the pick
                 k = max(k, pend)
             candidates.append(
@@ -172,17 +187,23 @@ class PoolPicker:
                     matched_tokens=self._tokens_at(prompt.points, k),
                     inflight=self.inflight.get(name, 0),
                     cached_blocks=self.index.blocks_of(name),
+                    backlog_tokens=max(0, self.backlog.get(name, 0) - max(0, own)),
                 )
             )
         tie = prompt.marks[0] if prompt.marks else prompt.data[:64]
-        return choose(candidates, len(prompt.data), self.weights, tie)
+        return choose(candidates, len(prompt.data), self.weights, tie, self._tokens_of(prompt))
 
-    def record(self, prompt: Prompt, pick: Pick) -> None:
-        """``pick`` was sent: count it in flight, remember its prefix, map its new text."""
+    def record(self, prompt: Prompt, pick: Pick) -> int:
+        """``pick`` was sent: count it in flight, remember its prefix, map its new text. Returns
+        the tokens it adds to the replica's prefill backlog (give them back to ``done``)."""
         name = pick.replica
         if name is None:
-            return
+            return 0
         self.inflight[name] = self.inflight.get(name, 0) + 1
+        uncached = max(0, self._tokens_of(prompt) - pick.predicted_tokens)
+        if name in self.backlog:
+            self.backlog[name] += uncached
+            self._inflight_uncached[name] += uncached
         queued = False
         if len(prompt.points) < len(prompt.marks) and self._queue is not None:
             try:
@@ -200,6 +221,22 @@ class PoolPicker:
                 self._pending.move_to_end(mark)
             while len(self._pending) > self.map.max_points:
                 self._pending.popitem(last=False)
+        return uncached
+
+    def _tokens_of(self, prompt: Prompt) -> int:
+        """The prompt's tokens: mapped exactly as far as its checkpoints are, the rest at the
+        bytes per token the map measured."""
+        base = prompt.points[-1] if prompt.points else ROOT
+        rest = max(0, len(prompt.data) - base.resume)
+        return base.tokens + int(rest / self.map.bytes_per_token())
+
+    def _drain(self) -> None:
+        """Take the tokens each replica's events stored since the last look off its backlog."""
+        for name, seen in self._stored_seen.items():
+            stored = self.index.stored_tokens(name)
+            if stored != seen:
+                self._stored_seen[name] = stored
+                self.backlog[name] = max(0, self.backlog[name] - (stored - seen))
 
     def _mapped(self, prompt: Prompt) -> None:
         """``prompt``'s text is mapped: its pending picks expire ``pending_ttl`` from now."""
@@ -223,9 +260,14 @@ class PoolPicker:
         tokens = base.tokens + int(more)
         return tokens - tokens % self.routing.page_size
 
-    def done(self, name: str) -> None:
+    def done(self, name: str, uncached: int = 0) -> None:
+        """A request sent to ``name`` ended; ``uncached``: what its ``record`` returned."""
         if self.inflight.get(name, 0) > 0:
             self.inflight[name] -= 1
+        if name in self._inflight_uncached:
+            left = max(0, self._inflight_uncached[name] - uncached)
+            self._inflight_uncached[name] = left
+            self.backlog[name] = min(self.backlog[name], left)
 
     def _held(self, points: Sequence[Point], now: float) -> dict[str, int | None]:
         """Per replica: checkpoints held in a row (None = unknown)."""
@@ -305,6 +347,9 @@ class PoolPicker:
         while True:
             now, wall = self._clock(), self._wall()
             self.metrics.index_blocks.labels(self.pool).set(len(self.index))
+            self._drain()
+            for name, tokens in self.backlog.items():
+                self.metrics.backlog.labels(self.pool, name).set(tokens)
             for name in self.index.replicas():
                 view = self.index.view(name, now)
                 self.metrics.known.labels(self.pool, name).set(1 if view.known else 0)

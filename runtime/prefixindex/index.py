@@ -71,6 +71,7 @@ class _Replica:
     reason: str = "no baseline yet"  # why unknown (when it is)
     restarts: int = 0
     gaps: int = 0
+    stored_tokens: int = 0  # tokens its applied events stored, ever (never reset: a counter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +179,11 @@ class PrefixIndex:
                 r.reason = f"gap after seq {r.last_seq} (got {seq})"
             return Applied.NEEDS_RESYNC
         for event in events:
-            if isinstance(event, StoredBlocks | BlockStored):
+            if isinstance(event, StoredBlocks):
+                r.stored_tokens += event.stored * event.block_size
+                self._store(r, keep_anchors(event.block_hashes, mask))
+            elif isinstance(event, BlockStored):
+                r.stored_tokens += len(event.block_hashes) * event.block_size
                 self._store(r, keep_anchors(event.block_hashes, mask))
             elif isinstance(event, RemovedBlocks | BlockRemoved):
                 self._remove(r, keep_anchors(event.block_hashes, mask))
@@ -256,6 +261,12 @@ class PrefixIndex:
                 count += 1
             out[name] = count
         return out
+
+    def stored_tokens(self, name: str) -> int:
+        """Tokens ``name``'s applied events have stored so far (a counter that only grows: a
+        replica stores a prompt's blocks as its prefill completes, so the picker reads its
+        progress through a backlog from it)."""
+        return self._replicas[name].stored_tokens
 
     def blocks_of(self, name: str) -> int:
         """Block hashes held for ``name`` (its radix tree's size in pages, when exact)."""

@@ -127,6 +127,7 @@ class StoredBlocks:
     parent_block_hash: int | None
     block_size: int
     medium: str | None = None
+    stored: int = 0  # blocks the event stored, anchors or not (the replica's prefill progress)
 
 
 @dataclass(slots=True)
@@ -187,6 +188,12 @@ def _array_start(raw: bytes) -> tuple[int, int] | None:
     return None
 
 
+def _array_len(field: msgspec.Raw) -> int:
+    """Items in a msgpack array kept raw (its header only is read; 0 if it is not an array)."""
+    start = _array_start(bytes(memoryview(field)[:5]))
+    return start[0] if start is not None else 0
+
+
 def _anchor_hashes(field: msgspec.Raw, mask: int) -> list[int]:
     """The anchor hashes of a msgpack array of integers (all of them when ``mask`` is 0)."""
     if mask:
@@ -242,7 +249,11 @@ def decode_for_index(payload: bytes, anchor_every: int = 1) -> IndexBatch:
     for e in raw.events:
         if isinstance(e, _RawStored):
             hashes = _anchor_hashes(e.block_hashes, mask)
-            events.append(StoredBlocks(hashes, e.parent_block_hash, e.block_size, e.medium))
+            events.append(
+                StoredBlocks(
+                    hashes, e.parent_block_hash, e.block_size, e.medium, _array_len(e.block_hashes)
+                )
+            )
         elif isinstance(e, _RawRemoved):
             events.append(RemovedBlocks(_anchor_hashes(e.block_hashes, mask), e.medium))
         else:

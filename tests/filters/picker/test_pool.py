@@ -97,8 +97,7 @@ def test_a_recent_pick_counts_until_its_events_arrive_then_expires() -> None:
     doc = _text("fresh", 200)
     prompt = picker.prompt(doc)
     pick = picker.pick(prompt)
-    picker.record(prompt, pick)
-    picker.done(pick.replica or "")
+    picker.done(pick.replica or "", picker.record(prompt, pick))
     follow = picker.pick(picker.prompt(doc + b" next turn"))
     assert (follow.replica, follow.reason) == (pick.replica, "cache")
     clock.now += 6.0
@@ -148,10 +147,10 @@ def test_pending_picks_of_two_conversations_sharing_a_prefix_do_not_clobber_each
     picker, _ = _picker(clock, pending_ttl=5.0, min_prefix_tokens=0)
     shared = _text("system", 20)  # the first checkpoint is common to both
     a, b = shared + b" " + _text("alpha", 100), shared + b" " + _text("beta", 100)
-    picker.record(picker.prompt(b), Pick(NAMES[1], "load"))
-    picker.record(picker.prompt(a), Pick(NAMES[0], "load"))  # rewrites the shared checkpoint
-    for n in NAMES:
-        picker.done(n)
+    sent_b = picker.record(picker.prompt(b), Pick(NAMES[1], "load"))
+    sent_a = picker.record(picker.prompt(a), Pick(NAMES[0], "load"))  # rewrites the shared mark
+    picker.done(NAMES[1], sent_b)
+    picker.done(NAMES[0], sent_a)
     assert picker.pick(picker.prompt(b + b" next")).replica == NAMES[1]
     assert picker.pick(picker.prompt(a + b" next")).replica == NAMES[0]
 
@@ -161,8 +160,7 @@ def test_once_a_prompt_is_mapped_the_index_beats_a_pending_pick() -> None:
     picker, _ = _picker(clock, pending_ttl=5.0)
     doc = _text("evicted", 200)
     prompt = picker.prompt(doc)
-    picker.record(prompt, Pick(NAMES[0], "load"))
-    picker.done(NAMES[0])
+    picker.done(NAMES[0], picker.record(prompt, Pick(NAMES[0], "load")))
     picker.map.extend(prompt.data, prompt.marks, 0, len(prompt.marks))
     # the replica's events never showed the document (evicted, or never stored): no cache claim
     pick = picker.pick(picker.prompt(doc + b" again"))
@@ -180,8 +178,7 @@ def test_a_pending_prefix_is_counted_in_tokens_at_the_measured_bytes_per_token()
     picker.map.extend(old.data, old.marks, 0, len(old.marks))
     doc = _text("longerwordsthanfou", 400)  # ~22 bytes a word, one token each
     prompt = picker.prompt(doc)
-    picker.record(prompt, Pick(NAMES[2], "load"))  # sent; not mapped yet
-    picker.done(NAMES[2])
+    picker.done(NAMES[2], picker.record(prompt, Pick(NAMES[2], "load")))  # sent; not mapped yet
     follow = picker.pick(picker.prompt(doc + b" next turn"))
     assert follow.replica == NAMES[2]
     whole = len(prompt.marks) * 64  # bytes of the pending checkpoints
@@ -197,8 +194,7 @@ def test_a_pending_pick_waits_for_its_prompt_to_be_mapped_then_expires() -> None
     picker._queue = asyncio.Queue(8)  # as start() makes it; nothing maps in this test
     doc = _text("slowmap", 200)
     prompt = picker.prompt(doc)
-    picker.record(prompt, Pick(NAMES[1], "load"))
-    picker.done(NAMES[1])
+    picker.done(NAMES[1], picker.record(prompt, Pick(NAMES[1], "load")))
     clock.now += 10.0  # far past pending_ttl, still not mapped
     for n in NAMES:
         picker.index.heard(n, clock.now)
