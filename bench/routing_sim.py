@@ -214,6 +214,8 @@ def _picker(names: list[str], a: argparse.Namespace, clock: Callable[[], float])
         max_imbalance=a.max_imbalance,
         anchor_tokens=a.anchor_tokens,
         backlog_weight=a.backlog_weight,
+        backlog_allowance=a.backlog_allowance,
+        sticky_share=a.sticky_share,
     )
     cfg = LlmPool(models=("m",), endpoints=tuple(Address.parse(n) for n in names), routing=routing)
     return PoolPicker("sim", cfg, PickerMetrics(CollectorRegistry()), clock=clock, wall=clock)
@@ -341,6 +343,8 @@ def main() -> int:
     ap.add_argument("--max-imbalance", type=float, default=1.5)
     ap.add_argument("--anchor-tokens", type=int, default=16, help="routing.anchor_tokens")
     ap.add_argument("--backlog-weight", type=float, default=1.0, help="routing.backlog_weight")
+    ap.add_argument("--backlog-allowance", type=int, default=8192, help="routing.backlog_allowance")
+    ap.add_argument("--sticky-share", type=float, default=0.5, help="routing.sticky_share")
     ap.add_argument("--map-delay", type=float, default=0.0, help="picker: mapper lag (s)")
     ap.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=ROUTERS)
     a = ap.parse_args()

@@ -45,8 +45,14 @@ class RoutingPolicy:
     checkpoint_bytes: Annotated[int, Size(64, 1024**2)] = 1024
     # a routed prompt counts as cached on its replica for this long, until its events arrive
     pending_ttl: Annotated[float, Duration(0.0, 600)] = 1.0
-    # weight of a replica's prefill backlog against the prompt's cached share (0: ignored)
-    backlog_weight: Annotated[float, Range(0.0, 100.0)] = 0.5
+    # a prompt with no useful match goes where its wait is least: the weight of each replica's
+    # prefill backlog against its in-flight load (0: backlogs ignored)
+    backlog_weight: Annotated[float, Range(0.0, 100.0)] = 1.0
+    # backlog tokens that cost nothing: about one prefill step (SGLang's chunked_prefill_size)
+    backlog_allowance: Annotated[int, Range(0, 10_000_000)] = 8192
+    # a prompt whose best replica holds at least this share of it stays with its cache, backlog
+    # or not (below it: little to lose by going where the wait is least)
+    sticky_share: Annotated[float, Range(0.0, 1.0)] = 0.5
     # the index keeps one block in about this many tokens (its "anchors", see anchor_every)
     anchor_tokens: Annotated[int, Range(1, 4096)] = 16
 

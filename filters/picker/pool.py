@@ -85,7 +85,12 @@ class PoolPicker:
         r = cfg.routing
         self.routing = r
         self.weights = Weights(
-            r.cache_weight, r.max_imbalance, r.min_prefix_tokens, r.backlog_weight
+            r.cache_weight,
+            r.max_imbalance,
+            r.min_prefix_tokens,
+            r.backlog_weight,
+            r.backlog_allowance,
+            r.sticky_share,
         )
         self.index = PrefixIndex(
             r.page_size,
@@ -169,6 +174,7 @@ class PoolPicker:
         held = self._held(prompt.points, now)
         pending = self._pending_runs(prompt.marks, now)
         self._drain()
+        free = self.weights.backlog_allowance
         candidates = []
         for name, count in held.items():
             k = count or 0
@@ -187,7 +193,7 @@ class PoolPicker:
                     matched_tokens=self._tokens_at(prompt.points, k),
                     inflight=self.inflight.get(name, 0),
                     cached_blocks=self.index.blocks_of(name),
-                    backlog_tokens=max(0, self.backlog.get(name, 0) - max(0, own)),
+                    backlog_tokens=max(0, self.backlog.get(name, 0) - max(0, own) - free),
                 )
             )
         tie = prompt.marks[0] if prompt.marks else prompt.data[:64]

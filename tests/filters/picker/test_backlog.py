@@ -37,19 +37,17 @@ def test_a_short_prompt_avoids_a_long_prefill_even_on_the_less_busy_replica() ->
     assert choose(cands, 800, off, b"k", prompt_tokens=200).replica == "a"
 
 
-def test_backlog_weight_sets_what_a_backlog_token_costs_against_a_cached_token() -> None:
-    one = Weights(0.7, 3.0, 100, backlog_weight=1.0)  # one for one
-    # a holds 900 of 1,000 tokens behind 800 of backlog: 100 saved beats b's nothing
-    cands = [cand("a", matched=900, backlog=800), cand("b")]
-    assert choose(cands, 1000, one, b"k", prompt_tokens=1000).replica == "a"
-    # behind 1,000 of backlog, waiting costs more than the cache saves
-    cands = [cand("a", matched=900, backlog=1_000), cand("b")]
-    assert choose(cands, 1000, one, b"k", prompt_tokens=1000).replica == "b"
-    # the default (0.5) counts a cached token twice: 1,700 of backlog is still worth the wait
-    cands = [cand("a", matched=900, backlog=1_700), cand("b")]
-    assert choose(cands, 1000, W, b"k", prompt_tokens=1000).replica == "a"
-    cands = [cand("a", matched=900, backlog=1_900), cand("b")]
-    assert choose(cands, 1000, W, b"k", prompt_tokens=1000).replica == "b"
+def test_a_prompt_with_a_useful_match_stays_with_its_cache_whatever_the_backlog() -> None:
+    cands = [cand("a", matched=900, backlog=50_000), cand("b")]
+    pick = choose(cands, 1000, W, b"k", prompt_tokens=1000)
+    assert (pick.replica, pick.reason) == ("a", "cache")
+
+
+def test_without_a_useful_match_the_shortest_wait_wins_then_the_load() -> None:
+    cands = [cand("a", inflight=0, backlog=6_000), cand("b", inflight=2, backlog=1_000)]
+    assert choose(cands, 4000, W, b"k", prompt_tokens=1000).replica == "b"
+    even = [cand("a", inflight=0, backlog=1_000), cand("b", inflight=2, backlog=1_000)]
+    assert choose(even, 4000, W, b"k", prompt_tokens=1000).replica == "a"
 
 
 def _picker(**routing: object) -> tuple[PoolPicker, dict[str, RadixCache]]:
@@ -82,7 +80,7 @@ def _text(tag: str, words: int) -> bytes:
 
 
 def test_a_long_prompt_sent_makes_a_backlog_its_events_drain() -> None:
-    picker, caches = _picker()
+    picker, caches = _picker(backlog_allowance=1_000)
     long = _text("long", 3_000)
     prompt = picker.prompt(long)
     pick = picker.pick(prompt)
@@ -90,21 +88,33 @@ def test_a_long_prompt_sent_makes_a_backlog_its_events_drain() -> None:
     assert owner is not None
     added = picker.record(prompt, pick)
     assert 2_700 < added <= 3_450 and picker.backlog[owner] == added  # ~3,000 tokens
-    # a short prompt now goes to the other replica, though both have one request or none
+    other = next(n for n in NAMES if n != owner)
+    picker.inflight[other] = 2  # busier by count than the owner (1)
+    # a short prompt goes to the other replica all the same: not behind the long prefill
     short = picker.prompt(_text("short", 20))
-    assert picker.pick(short).replica != owner
+    assert picker.pick(short).replica == other
     # the owner reports the long prompt prefilled (its 3,000 blocks stored): the backlog is
     # gone, but for what the estimate of its length was off by (until the request ends)
     caches[owner].insert(encode(long.decode()))
     _publish(picker, owner, caches[owner], 1)
-    picker.pick(short)  # a pick reads the events' progress
+    assert picker.pick(short).replica == owner  # (a pick reads the events' progress)
     assert picker.backlog[owner] == max(0, added - 3_000)
     picker.done(owner, added)
     assert picker.backlog[owner] == 0 and picker.inflight[owner] == 0
 
 
+def test_backlog_under_the_allowance_costs_nothing() -> None:
+    picker, _ = _picker()  # the default allowance: about one prefill step (8,192 tokens)
+    first = picker.prompt(_text("one", 3_000))
+    pick = picker.pick(first)
+    picker.record(first, pick)
+    other = next(n for n in NAMES if n != pick.replica)
+    picker.inflight[other] = 2
+    assert picker.pick(picker.prompt(_text("short", 20))).replica == pick.replica
+
+
 def test_lost_events_cannot_hold_a_backlog_past_the_requests_in_flight() -> None:
-    picker, _ = _picker()
+    picker, _ = _picker(backlog_allowance=0)
     first = picker.prompt(_text("one", 1_000))
     pick = picker.pick(first)
     owner = pick.replica or ""
