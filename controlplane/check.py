@@ -8,6 +8,7 @@ builders the services run on a reload:
   services, no Redis), plugin by plugin so each refusal names its key path;
 - the rate-limit service's decider settings and quota tables (every tenant's and service's
   effective quotas);
+- the emulated pools' profiles (``tokenweir up`` starts those emulators);
 - the translation to Envoy resources and the snapshot consistency check.
 
 :func:`service_issues` is what the running control plane's reloader is given (it renders and
@@ -29,7 +30,7 @@ __all__ = ["check_file", "reloader_prepare", "service_issues", "service_problems
 
 def service_problems(policy: Policy) -> list[tuple[str, str]]:
     """``(key.path, message)`` for everything a service's builder refuses in ``policy``."""
-    return _filter_problems(policy) + _ratelimit_problems(policy)
+    return _filter_problems(policy) + _ratelimit_problems(policy) + _emulator_problems(policy)
 
 
 def service_issues(policy: Policy, path: Path) -> list[Issue]:
@@ -108,3 +109,18 @@ def _ratelimit_problems(policy: Policy) -> list[tuple[str, str]]:
             msg = "; ".join(problems)
             out.append((f"{section}.{name}", f"the rate-limit service refuses its quotas: {msg}"))
     return out
+
+
+def _emulator_problems(policy: Policy) -> list[tuple[str, str]]:
+    """Pools ``tokenweir up`` would start as emulators with a profile the emulator lacks."""
+    from backends.profiles import profile_names
+
+    known = profile_names()
+    return [
+        (
+            f"pools.{name}.emulated.profile",
+            f"unknown emulator profile {pool.emulated.profile!r}; known: {', '.join(known)}",
+        )
+        for name, pool in policy.pools.items()
+        if pool.emulated is not None and pool.emulated.profile not in known
+    ]

@@ -74,3 +74,21 @@ def test_the_example_policy_builds_everywhere(capsys: pytest.CaptureFixture[str]
     assert main(["validate", str(ROOT / "examples" / "mesh.yaml")]) == 0
     assert "OK" in capsys.readouterr().out
     assert service_issues(load_policy(ROOT / "examples" / "mesh.yaml"), ROOT) == []
+
+
+def test_validate_refuses_an_emulator_profile_the_emulator_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It used to say OK; `tokenweir up` then failed with the emulator's argparse error."""
+    text = (ROOT / "examples" / "mesh.yaml").read_text()
+    lines = text.splitlines()
+    at = next(i for i, x in enumerate(lines) if "profile: llama-3.1-8b-h100" in x)
+    bad = tmp_path / "mesh.yaml"
+    bad.write_text(text.replace("profile: llama-3.1-8b-h100", "profile: llama-3.1-8b-h900", 1))
+    assert main(["validate", str(bad)]) == 1
+    err = capsys.readouterr().err
+    want = (
+        f"{bad}:{at + 1}: pools.chat.emulated.profile: unknown emulator profile 'llama-3.1-8b-h900'"
+    )
+    assert want in err, err
+    assert "llama-3.1-8b-h100" in err  # the known names are listed
