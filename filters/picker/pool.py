@@ -89,7 +89,6 @@ class PoolPicker:
             r.max_imbalance,
             r.min_prefix_tokens,
             r.backlog_weight,
-            r.backlog_allowance,
             r.sticky_share,
         )
         self.index = PrefixIndex(
@@ -174,7 +173,7 @@ class PoolPicker:
         held = self._held(prompt.points, now)
         pending = self._pending_runs(prompt.marks, now)
         self._drain()
-        free = self.weights.backlog_allowance
+        free = self.routing.backlog_allowance
         candidates = []
         for name, count in held.items():
             k = count or 0

@@ -9,17 +9,17 @@ flight. Then:
    prefix never piles the pool onto one replica);
 2. a share below ``min_prefix_tokens`` counts as 0 (a shared system prompt alone says nothing);
 3. ``score = w × share − (1 − w) × inflight / (mean + 1)``, ``w = cache_weight``; the best
-   score wins. If the winner holds nothing useful or less than ``sticky_share`` of the prompt
-   (a new conversation: often only a shared system prompt is cached), the score is taken again with each replica's prefill **backlog** (``backlog_tokens``: prompt
-   tokens the picker sent it that its KV events have not yet reported prefilled, past an
-   allowance of about one prefill step) as ``− w × b × backlog / prompt``, ``b =
-   backlog_weight``: a prompt that loses nothing by going anywhere goes where it waits least,
-   and a short prompt is not queued behind a long prefill. A prompt mostly cached is not
-   moved by backlogs (measured: moving follow-up turns off their cache cost 1–2 points of hit
-   ratio on the trace and 7–9 on shared documents). Ties go to the replica whose radix tree is
-   smallest (as sglang-router's ``cache_aware`` places a prefix it has not seen: new documents
-   spread over the pool's cache instead of piling into one replica and evicting each other),
-   then to a rendezvous hash of
+   score wins. If the winner holds nothing useful, or less than ``sticky_share`` of the prompt
+   (a new conversation: often only a shared system prompt is cached), the score is taken again
+   with each replica's prefill **backlog** as ``− w × b × backlog / prompt``, ``b =
+   backlog_weight`` (``backlog_tokens``: prompt tokens the picker sent the replica that its KV
+   events have not yet reported prefilled, past an allowance of about one prefill step): a
+   prompt that loses nothing by going anywhere goes where it waits least, and a short prompt is
+   not queued behind a long prefill. A prompt mostly cached is not moved by backlogs (measured:
+   moving follow-up turns off their cache cost 1–2 points of hit ratio on the trace and 7–9 on
+   shared documents). Ties go to the replica whose radix tree is smallest (as sglang-router's
+   ``cache_aware`` places a prefix it has not seen: new documents spread over the pool's cache
+   instead of piling into one replica and evicting each other), then to a rendezvous hash of
    the prompt's first checkpoint (every gateway replica follows the same events and breaks them
    alike: the mesh stays active-active).
 
@@ -59,7 +59,6 @@ class Weights:
     max_imbalance: float = 1.5
     min_prefix_tokens: int = 256
     backlog_weight: float = 1.0
-    backlog_allowance: int = 8192  # (PoolPicker subtracts it: the candidates carry the rest)
     sticky_share: float = 0.5
 
 
