@@ -44,10 +44,10 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backends.emulator.trace import TraceRecord, load_trace  # noqa: E402
+from backends.emulator.trace import load_trace  # noqa: E402
 from bench.peers_cpu import per_request_ms, snapshot  # noqa: E402
 from bench.routing_client import MODEL, drive  # noqa: E402
-from bench.routing_jobs import combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
+from bench.routing_jobs import Job, combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
 from bench.routing_report import picker_metrics, plot  # noqa: E402
 from bench.routing_split import read_logs, split, split_line  # noqa: E402
 from runtime.children import Child, checkout, wait_child_line, wait_child_port  # noqa: E402
@@ -261,7 +261,7 @@ class Gateway:
 
 
 async def run_arm(
-    arm: str, records: list[TraceRecord], a: argparse.Namespace, run_dir: Path
+    arm: str, records: list[Job], a: argparse.Namespace, run_dir: Path
 ) -> dict[str, Any]:
     pool = Pool(run_dir, arm, a)
     gw = Gateway(arm, pool, run_dir)
