@@ -13,11 +13,14 @@ LOG=routing.log
 # earlier call on the same machine did); without: the default set below.
 . "$(dirname "$0")/unpack.sh"  # OUT, the log, phase(), the packages
 mkdir -p bench/results docs/img  # moved out of the tree that travelled: routing.py writes there
+# every request's TTFT split (bench/routing_split.py), all runs so far, as ONE file: the tool
+# brings back only so many files
+pack_rows() { tar -czf "$OUT/rows.tar.gz" -C /tmp $(cd /tmp && ls tw-routing-*/rows-*.json 2>/dev/null); }
 if [ $# -gt 0 ]; then
   phase "routing: $*"
   timeout 240 python3 bench/routing.py "$@" --run-dir /tmp 2>&1 | grep -E "ceiling|arm |  hit|split|rror"
   cp bench/results/routing-*.json "$OUT"/ 2>/dev/null
-  mkdir -p "$OUT/rows" && cp /tmp/tw-routing-*/rows-*.json "$OUT/rows/" 2>/dev/null
+  pack_rows
   phase "done"
   exit 0
 fi
@@ -35,5 +38,5 @@ for run in $runs; do
     cp bench/results/routing-"$workload"-"$tag"-"$run".json "$OUT"/ 2>/dev/null
   done
 done
-mkdir -p "$OUT/rows" && cp /tmp/tw-routing-*/rows-*.json "$OUT/rows/" 2>/dev/null  # per request
+pack_rows
 phase "done"
