@@ -50,6 +50,7 @@ from overload_client import Behaviour, Client  # noqa: E402
 from overload_gateway_log import AccessLogTail, rejection_durations  # noqa: E402
 from overload_gateway_log import summary as log_summary  # noqa: E402
 from overload_report import write_outputs  # noqa: E402
+from overload_rows import rows as request_rows  # noqa: E402
 from overload_scrape import replica_states, scrape  # noqa: E402
 from overload_stats import replica_lane_summary, summarize, targets, timeline  # noqa: E402
 from overload_workload import (  # noqa: E402
@@ -198,7 +199,11 @@ def _level_key(m: float) -> str:
 
 
 async def run(
-    cfg: Config, out_dir: Path, img_dir: Path, baseline: Path | None = None
+    cfg: Config,
+    out_dir: Path,
+    img_dir: Path,
+    baseline: Path | None = None,
+    rows_path: Path | None = None,
 ) -> dict[str, Any]:
     profile = get_profile("llama-3.1-8b-h100")
     records = load_sample()
@@ -279,6 +284,10 @@ async def run(
                     lag = result.setdefault("client_lag_ms", {}).setdefault(name, {})
                     lag[key] = got["client_lag_ms"]
                     _print_row(name, key, len(sent), summary)
+                    if rows_path is not None:
+                        with rows_path.open("a") as f:
+                            for row in request_rows(name, key, got["attempts"]):
+                                f.write(json.dumps(row) + "\n")
             await _storms(cfg, arms, records, cap, result)
         finally:
             await asyncio.gather(*(arm.aclose() for arm in arms.values()))
@@ -362,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
         help="a checkout (e.g. `git archive main`) whose code the tokenweir-baseline arm runs",
     )  # fmt: skip
     ap.add_argument("--out-dir", type=Path, default=HERE / "results")
+    ap.add_argument(
+        "--rows", type=Path, default=None,
+        help="append every request, attempt by attempt, as JSON lines (bench/overload_rows.py)",
+    )  # fmt: skip
     ap.add_argument("--img-dir", type=Path, default=HERE.parent / "docs" / "img")
     a = ap.parse_args(argv)
     cfg = config(a)
@@ -371,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency
         runner = asyncio.run
-    result = runner(run(cfg, a.out_dir, a.img_dir, a.baseline_src))
+    if a.rows is not None:
+        a.rows.unlink(missing_ok=True)
+    result = runner(run(cfg, a.out_dir, a.img_dir, a.baseline_src, a.rows))
     print(json.dumps(result["targets"], indent=1))
     return 0
 

@@ -43,12 +43,14 @@ ARMS = ("envoy", "sglang-router", "tokenweir")
 # (``tokenweir-ring``: the ranked pool balanced by Envoy's ring hash, not by lane)
 # (``interactive-alone``: only the interactive lane's arrivals, straight through plain Envoy,
 # least request: what the lane gets with the pool to itself, a bound on any admission policy)
+# (``tokenweir-alt``: this policy, every knob included, on the ``--baseline-src`` checkout)
 EXTRA_ARMS = (
     "interactive-alone",
     "tokenweir-no-reserve",
     "tokenweir-no-priority",
     "tokenweir-ring",
     "tokenweir-baseline",
+    "tokenweir-alt",
 )
 MODEL = "llama-3.1-8b"
 DROP = object()  # an override that removes the key from the bench policy
@@ -238,6 +240,14 @@ class TokenweirBaseline(Tokenweir):
     overrides = TokenweirNoPriority.overrides
 
 
+class TokenweirAlt(Tokenweir):
+    """The tokenweir arm on another checkout's code (``--baseline-src``) with every knob of
+    this one (the priority-ranked pool included): that code must know them all. For a change
+    inside the code, not the policy, measured beside the code without it."""
+
+    name = "tokenweir-alt"
+
+
 def bench_policy(pool: EmulatorPool, gateway_port: int, spec: PoolSpec) -> dict[str, Any]:
     """``bench/overload_policy.yaml`` with this run's ports, endpoints and pool capacity."""
     policy: dict[str, Any] = yaml.safe_load(POLICY.read_text())
@@ -347,9 +357,10 @@ def make_arm(name: str, pool: EmulatorPool, run_dir: Path, baseline: Path | None
         "tokenweir-no-priority": TokenweirNoPriority,
         "tokenweir-ring": TokenweirRing,
         "tokenweir-baseline": TokenweirBaseline,
+        "tokenweir-alt": TokenweirAlt,
     }
-    if name == "tokenweir-baseline":
+    if name in ("tokenweir-baseline", "tokenweir-alt"):
         if baseline is None:
-            raise ValueError("the tokenweir-baseline arm needs --baseline-src")
+            raise ValueError(f"the {name} arm needs --baseline-src")
         return kinds[name](pool, run_dir, baseline)
     return kinds[name](pool, run_dir)
