@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from runtime.children import reaped
 from runtime.chunked import Assembler, encode
 from runtime.errors import BuildFailed, BuildTimeout, WorkerCrashed
 
@@ -153,7 +154,7 @@ class BuildWorker:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-        return await _reaped(proc)
+        return await reaped(proc)
 
     async def aclose(self) -> None:
         proc, self._proc = self._proc, None
@@ -161,21 +162,10 @@ class BuildWorker:
             return
         if proc.stdin is not None:
             proc.stdin.close()  # the child exits at end of input
-        if await _reaped(proc) is None:
+        if await reaped(proc) is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            await _reaped(proc)
-
-
-async def _reaped(proc: asyncio.subprocess.Process, timeout: float = 2.0) -> int | None:
-    """The child's exit status, waiting at most ``timeout`` s: never hang a shutdown on it (a
-    rate-limit service under ``tokenweir up`` once never learned its worker's exit and never
-    stopped)."""
-    try:
-        async with asyncio.timeout(timeout):
-            return await proc.wait()
-    except TimeoutError:
-        return proc.returncode
+            await reaped(proc)
 
 
 # -- the child ---------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ __all__ = [
     "ChildError",
     "checkout",
     "die_with_parent",
+    "reaped",
     "wait_child_line",
     "wait_child_port",
 ]
@@ -151,3 +152,14 @@ async def wait_child_port(host: str, port: int, child: Child, timeout: float = 3
         raise ChildError(
             f"{child.name} exited with {child.returncode}:\n{child.log_tail()}"
         ) from None
+
+
+async def reaped(proc: asyncio.subprocess.Process, timeout: float = 2.0) -> int | None:
+    """An asyncio child's exit status, waiting at most ``timeout`` s: never hang a shutdown on
+    it (a rate-limit service under ``tokenweir up`` once never learned its worker's exit and
+    never stopped)."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await proc.wait()
+    except TimeoutError:
+        return proc.returncode

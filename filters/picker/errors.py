@@ -1,12 +1,13 @@
 """Errors of the endpoint picker.
 
 PickerError
-└── PickerConfigError   a pool's routing settings cannot be served (no endpoints, ...)
+├── PickerConfigError   a pool's routing settings cannot be served (no endpoints, ...)
+└── MapperDown          the mapper's worker process could not answer a call
 """
 
 from __future__ import annotations
 
-__all__ = ["PickerConfigError", "PickerError"]
+__all__ = ["MapperDown", "PickerConfigError", "PickerError"]
 
 
 class PickerError(Exception):
@@ -15,3 +16,7 @@ class PickerError(Exception):
 
 class PickerConfigError(PickerError):
     """A pool's routing settings cannot be served."""
+
+
+class MapperDown(PickerError):
+    """The mapper's worker process could not answer a call (it died, timed out or failed)."""

@@ -52,6 +52,12 @@ class PickerMetrics:
             p + "mapped_tokens", "tokens hashed off the request path (checkpoint map)",
             ["pool"], registry=r,
         )  # fmt: skip
+        self.map_failed = Counter(
+            p + "map_failed",
+            "mapper calls that failed (its worker process died, timed out or raised); their "
+            "prompts stay unmapped until seen again",
+            ["pool"], registry=r,
+        )  # fmt: skip
         self.map_dropped = Counter(
             p + "map_dropped", "prompts not mapped because the mapper queue was full", ["pool"],
             registry=r,

@@ -3,8 +3,9 @@
 ``PoolPicker`` owns its background tasks (the subscriber's, the mapper, the gauge refresher) and
 the mapper's worker process; ``aclose()`` stops them. ``pick`` is synchronous and cheap
 (checkpoint digests, dict lookups, :func:`filters.picker.score.choose`); the expensive part,
-hashing new text into backend block hashes, runs after the pick in one worker process (spawned,
-not forked), so the filter server's event loop never waits on it.
+hashing new text into backend block hashes, runs after the pick in one worker process (a fresh
+interpreter spoken to over pipes: :mod:`filters.picker.worker`), so the filter server's event
+loop never waits on it.
 
 Load is the picker's own count of requests in flight per replica (``record`` / ``done``), so two
 gateway replicas see only their own share; the KV events they follow are the same, so a prompt
@@ -21,10 +22,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import multiprocessing
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from controlplane.policy.model import Address, LlmPool
@@ -33,6 +32,7 @@ from filters.picker.mapper import ROOT, CheckpointMap, Job, Point, map_batch
 from filters.picker.metrics import PickerMetrics
 from filters.picker.prompt import checkpoints
 from filters.picker.score import Candidate, Pick, Weights, choose
+from filters.picker.worker import MapperDown, MapperWorker
 from runtime.prefixindex.index import PrefixIndex
 from runtime.prefixindex.subscriber import KvEventSubscriber, ReplicaFeed
 from runtime.tasks import stop_task
@@ -115,14 +115,13 @@ class PoolPicker:
         self._queue_size = queue_size
         self._subscriber: KvEventSubscriber | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._executor: ProcessPoolExecutor | None = None
+        self._worker: MapperWorker | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self, *, worker_process: bool = True) -> None:
         self._queue = asyncio.Queue(self._queue_size)
-        if worker_process:  # spawn: never fork a process that runs an event loop and ZMQ
-            ctx = multiprocessing.get_context("spawn")
-            self._executor = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+        if worker_process:  # a fresh interpreter: never fork one that runs an event loop and ZMQ
+            self._worker = MapperWorker(log=_log)
             await self._warm()
         self._subscriber = KvEventSubscriber(
             self.index,
@@ -136,18 +135,14 @@ class PoolPicker:
 
     async def _warm(self) -> None:
         """Start the worker process now, with an empty mapping, rather than on the first
-        request's: a spawned interpreter importing the mapper costs ~0.15 s of CPU, which the
+        request's: a new interpreter importing the mapper costs ~0.15 s of CPU, which the
         first requests after a start or a reload would otherwise share (and wait behind). A
         failure is logged; the mapper tries again with the first prompt."""
-        assert self._executor is not None
+        assert self._worker is not None
         r = self.routing
-        loop = asyncio.get_running_loop()
-        call = loop.run_in_executor(
-            self._executor, map_batch, [], r.checkpoint_bytes, r.page_size, r.anchor_every
-        )
         try:
             async with asyncio.timeout(_WARM_TIMEOUT_S):
-                await call
+                await self._worker.call([], r.checkpoint_bytes, r.page_size, r.anchor_every)
         except Exception as exc:  # logged; the mapping retries on first use
             _log.warning("picker %s: the mapper's worker process did not start: %r", self.pool, exc)
 
@@ -158,9 +153,9 @@ class PoolPicker:
         if self._subscriber is not None:
             await self._subscriber.aclose()
             self._subscriber = None
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        if self._worker is not None:
+            await self._worker.aclose()
+            self._worker = None
 
     # ---- the request path --------------------------------------------------------------------
     def prompt(self, data: bytes) -> Prompt:
@@ -303,10 +298,10 @@ class PoolPicker:
     async def _mapper(self) -> None:
         """Map queued prompts in a worker process (the filter's event loop stays free). Each
         call takes every prompt queued meanwhile (at most ``_BATCH``), one slice of each: on a
-        busy box the mapper runs behind (tens of prompts queued), and a call per prompt cost
-        the event loop a hand-off to the executor's threads per prompt."""
+        busy box the mapper runs behind (tens of prompts queued), and every call costs the event
+        loop a frame each way. A call that fails (the worker died: the next call starts a new
+        one) leaves its prompts unmapped, counted in ``map_failed``; the mapper goes on."""
         assert self._queue is not None
-        loop = asyncio.get_running_loop()
         step, page = self.routing.checkpoint_bytes, self.routing.page_size
         every = self.routing.anchor_every
         while True:
@@ -333,10 +328,16 @@ class PoolPicker:
                     sent.append((prompt, known, start))
                 if not jobs:
                     break
-                if self._executor is not None:
-                    results = await loop.run_in_executor(
-                        self._executor, map_batch, jobs, step, page, every
-                    )
+                if self._worker is not None:
+                    try:
+                        results = await self._worker.call(jobs, step, page, every)
+                    except MapperDown as exc:  # their prompts map when seen again
+                        _log.warning("picker %s: %s; %d prompts left unmapped", self.pool, exc,
+                                     len(sent))  # fmt: skip
+                        self.metrics.map_failed.labels(self.pool).inc()
+                        for prompt, _, _ in sent:
+                            self._mapped(prompt)
+                        break
                 else:
                     results = map_batch(jobs, step, page, every)
                 todo = []

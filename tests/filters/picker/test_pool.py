@@ -224,12 +224,11 @@ def test_the_mapper_process_maps_only_the_bytes_it_is_sent_and_gets_the_same_poi
         picker = PoolPicker("chat", cfg, PickerMetrics(CollectorRegistry()), feeds=[])
         await picker.start(worker_process=True)
         try:
-            assert picker._executor is not None
-            # spawned at start (an empty mapping), not by the first request's prompt
-            assert len(picker._executor._processes) == 1  # type: ignore[attr-defined]
-            loop = asyncio.get_running_loop()
-            pid = await loop.run_in_executor(picker._executor, os.getpid)
-            assert pid != os.getpid()  # the hashing runs in the worker process
+            assert picker._worker is not None
+            # started at start (an empty mapping), not by the first request's prompt
+            pid = picker._worker.pid
+            assert pid is not None and pid != os.getpid()  # the hashing runs in the worker
+            os.kill(pid, 0)  # alive
             # a conversation's second turn: only its new bytes go to the worker, same points
             turn1 = _text("a", 60)
             turn2 = turn1 + b" " + _text("b", 60)
