@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from runtime.children import reaped
+from runtime.children import PipeChild
 from runtime.chunked import Assembler, encode
 from runtime.errors import BuildFailed, BuildTimeout, WorkerCrashed
 
@@ -46,7 +46,7 @@ _FILES, _ERROR = b"f", b"e"
 _log = logging.getLogger(__name__)
 
 
-class BuildWorker:
+class BuildWorker(PipeChild):
     """One child process for ``target`` ("module:function"); ``aclose()`` stops it."""
 
     def __init__(
@@ -64,12 +64,6 @@ class BuildWorker:
         self.restarts = 0
         self._on_restart = on_restart
         self._log = log
-        self._proc: asyncio.subprocess.Process | None = None
-        self._crashed = False
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     async def start(self) -> None:
         """Start the child now (it imports the target once; builds then start faster)."""
@@ -145,27 +139,6 @@ class BuildWorker:
             # requests run between slices, for as long as the slice took: the unpickling gets at
             # most half of this process's CPU while it serves
             await asyncio.sleep(time.perf_counter() - began)
-
-    async def _kill(self) -> int | None:
-        proc, self._proc = self._proc, None
-        self._crashed = True
-        if proc is None:
-            return None
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-        return await reaped(proc)
-
-    async def aclose(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.stdin is not None:
-            proc.stdin.close()  # the child exits at end of input
-        if await reaped(proc) is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await reaped(proc)
 
 
 # -- the child ---------------------------------------------------------------------------------

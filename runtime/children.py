@@ -22,8 +22,11 @@ from runtime.ports import wait_port
 __all__ = [
     "Child",
     "ChildError",
+    "PipeChild",
     "checkout",
+    "close_child",
     "die_with_parent",
+    "kill_child",
     "reaped",
     "wait_child_line",
     "wait_child_port",
@@ -163,3 +166,44 @@ async def reaped(proc: asyncio.subprocess.Process, timeout: float = 2.0) -> int 
             return await proc.wait()
     except TimeoutError:
         return proc.returncode
+
+
+class PipeChild:
+    """Holds one asyncio child process that serves over its stdin and stdout and exits at the
+    end of its input; a subclass starts it (``_proc``). ``_kill`` ends it at once (a call
+    failed: the next call starts a new one, ``_crashed`` says so), ``aclose`` ends it
+    cleanly."""
+
+    _proc: asyncio.subprocess.Process | None = None
+    _crashed: bool = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    async def _kill(self) -> int | None:
+        proc, self._proc = self._proc, None
+        self._crashed = True
+        return None if proc is None else await kill_child(proc)
+
+    async def aclose(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            await close_child(proc)
+
+
+async def kill_child(proc: asyncio.subprocess.Process) -> int | None:
+    """Kill an asyncio child (if still running) and reap it; its exit status."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    return await reaped(proc)
+
+
+async def close_child(proc: asyncio.subprocess.Process) -> None:
+    """End a worker that exits at the end of its input: close its stdin, wait for it a
+    moment, kill it if it has not exited by then."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    if await reaped(proc) is None:
+        await kill_child(proc)

@@ -23,7 +23,6 @@ end of its input: when the filter server closes it, or dies.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import pickle
@@ -34,7 +33,7 @@ from typing import BinaryIO
 
 from filters.picker.errors import MapperDown
 from filters.picker.mapper import Job, Point, map_batch
-from runtime.children import reaped
+from runtime.children import PipeChild
 
 __all__ = ["MapperDown", "MapperWorker", "main"]
 
@@ -45,7 +44,7 @@ _log = logging.getLogger(__name__)
 Result = list[tuple[list[Point], int]]
 
 
-class MapperWorker:
+class MapperWorker(PipeChild):
     """One child process running :func:`~filters.picker.mapper.map_batch`; one call at a time
     (the pool's mapper task awaits each); ``aclose()`` stops it."""
 
@@ -53,12 +52,6 @@ class MapperWorker:
         self.timeout = timeout
         self.restarts = 0
         self._log = log
-        self._proc: asyncio.subprocess.Process | None = None
-        self._crashed = False
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     async def start(self) -> None:
         """Start the child now (it imports the mapper once, ~0.15 s of CPU, before the first
@@ -105,27 +98,6 @@ class MapperWorker:
             raise MapperDown(f"the mapping failed: {answer[1:].decode(errors='replace')}")
         result: Result = pickle.loads(answer[1:])
         return result
-
-    async def _kill(self) -> int | None:
-        proc, self._proc = self._proc, None
-        self._crashed = True
-        if proc is None:
-            return None
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-        return await reaped(proc)
-
-    async def aclose(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.stdin is not None:
-            proc.stdin.close()  # the child exits at the end of its input
-        if await reaped(proc) is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await reaped(proc)
 
 
 # -- the child ---------------------------------------------------------------------------------
