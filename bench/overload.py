@@ -9,6 +9,8 @@ then a retry storm (a spike, with clients that honour Retry-After and clients th
     # before/after a change, in one run: main's code in the tokenweir-baseline arm
     git archive main | tar -x -C /tmp/tw-main
     .venv/bin/python bench/overload.py --arms tokenweir-baseline tokenweir --baseline-src /tmp/tw-main
+    # every request attempt by attempt (status, shed reason, Retry-After, TTFT) as JSON lines
+    .venv/bin/python bench/overload.py --levels 3 --arms tokenweir --rows /tmp/rows.jsonl
 
 Writes ``bench/results/overload.json``, ``bench/results/overload.md`` and PNG plots in
 ``docs/img/`` (``--out-dir`` / ``--img-dir`` move them). docs/benchmarks.md ("Overload") explains
