@@ -61,33 +61,18 @@ class BuildWorker(PipeChild):
         self.target = target
         self.nice = nice
         self.timeout = timeout
-        self.restarts = 0
         self._on_restart = on_restart
         self._log = log
 
     async def start(self) -> None:
         """Start the child now (it imports the target once; builds then start faster)."""
-        if self._proc is not None and self._proc.returncode is None:
-            return
-        if self._crashed:
-            self.restarts += 1
-            self._on_restart()
-            self._log.warning("policy build worker for %s restarted", self.target)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.curdir for p in sys.path))
-        self._proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "runtime.buildworker",
-            "--nice",
-            str(self.nice),
-            self.target,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=env,
-            limit=2**20,
+        restart = await self._start(
+            "runtime.buildworker", "--nice", str(self.nice), self.target,
+            what=f"policy build worker for {self.target}", log=self._log,
             start_new_session=True,  # its own scheduling group where Linux has autogroups
-        )
-        self._crashed = False
+        )  # fmt: skip
+        if restart:
+            self._on_restart()
 
     async def build(
         self, path: Path, *, on_first_frame: Callable[[], None] = lambda: None

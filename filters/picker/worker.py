@@ -50,24 +50,12 @@ class MapperWorker(PipeChild):
 
     def __init__(self, *, timeout: float = 30.0, log: logging.Logger = _log) -> None:
         self.timeout = timeout
-        self.restarts = 0
         self._log = log
 
     async def start(self) -> None:
         """Start the child now (it imports the mapper once, ~0.15 s of CPU, before the first
         request's prompt needs it)."""
-        if self._proc is not None and self._proc.returncode is None:
-            return
-        if self._crashed:
-            self.restarts += 1
-            self._log.warning("picker mapper worker restarted (%d so far)", self.restarts)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.curdir for p in sys.path))
-        self._proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "filters.picker.worker",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
-            limit=2**20,
-        )  # fmt: skip
-        self._crashed = False
+        await self._start("filters.picker.worker", what="picker mapper worker", log=self._log)
 
     async def call(
         self, jobs: Sequence[Job], step: int, page: int, anchor_every: int = 1
