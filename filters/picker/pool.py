@@ -28,11 +28,12 @@ from dataclasses import dataclass
 
 from controlplane.policy.model import Address, LlmPool
 from controlplane.policy.routing import RoutingPolicy
+from filters.picker.errors import MapperDown
 from filters.picker.mapper import ROOT, CheckpointMap, Job, Point, map_batch
 from filters.picker.metrics import PickerMetrics
 from filters.picker.prompt import checkpoints
 from filters.picker.score import Candidate, Pick, Weights, choose
-from filters.picker.worker import MapperDown, MapperWorker
+from filters.picker.worker import MapperWorker
 from runtime.prefixindex.index import PrefixIndex
 from runtime.prefixindex.subscriber import KvEventSubscriber, ReplicaFeed
 from runtime.tasks import stop_task

@@ -15,7 +15,7 @@ anchor_every)`` of :func:`filters.picker.mapper.map_batch`; the answer is ``r`` 
 result, or ``e`` + the error text (a bug in the mapping: the call fails, the child lives on).
 
 A child that dies (killed, out of memory) is noticed at its next call (its stdout closes): the
-call raises :class:`MapperDown`, ``restarts`` counts it, and the next call starts a new one. A
+call raises :class:`~filters.picker.errors.MapperDown`, ``restarts`` counts it, and the next call starts a new one. A
 call past ``timeout`` kills the child (the next call starts a new one). The child exits at the
 end of its input: when the filter server closes it, or dies.
 """
@@ -35,7 +35,7 @@ from filters.picker.errors import MapperDown
 from filters.picker.mapper import Job, Point, map_batch
 from runtime.children import PipeChild
 
-__all__ = ["MapperDown", "MapperWorker", "main"]
+__all__ = ["MapperWorker", "main", "serve"]
 
 _LEN = struct.Struct(">I")
 _OK, _ERROR = b"r", b"e"
@@ -61,7 +61,7 @@ class MapperWorker(PipeChild):
         self, jobs: Sequence[Job], step: int, page: int, anchor_every: int = 1
     ) -> Result:
         """``map_batch(jobs, step, page, anchor_every)`` in the child. Raises
-        :class:`MapperDown` when it cannot answer (the child is then replaced at the next
+        :class:`~filters.picker.errors.MapperDown` when it cannot answer (the child is then replaced at the next
         call, unless the mapping itself raised)."""
         await self.start()
         proc = self._proc
