@@ -23,6 +23,7 @@ from filters.admission.gate import Gates
 from filters.admission.signal import (
     admission_source,
     alive_source,
+    capacity_source,
     down_source,
     pool_state_reader,
     ranking_source,
@@ -281,6 +282,7 @@ class FilterApp:
         self.gates.alive = alive_source(self._pool_state)
         self.balance.down = down_source(self._pool_state)
         self.gates.ranking = ranking_source(self._pool_state)
+        self.gates.capacity = capacity_source(self._pool_state)
         self.ladders.saturation = saturation_source(self._pool_state)
         if not await self._pool_state.first(BOOT_WAIT_S):
             _log.warning("no pool state after %.1fs: serving on the policy's capacity", BOOT_WAIT_S)

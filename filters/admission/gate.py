@@ -28,18 +28,35 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from filters.admission.core import Admission, LaneConfig, Shed
-from filters.admission.limits import lane_configs, pool_limits, preemptive, saturated_limit
+from filters.admission.limits import (
+    lane_configs,
+    pool_limits,
+    preemptive,
+    process_share,
+    process_split,
+    saturated_limit,
+)
 from filters.admission.queues import LaneQueue, Ticket
 from runtime.poolstate.ranking import Declared, pool_mismatch
 from runtime.poolstate.state import ReplicaState
 
-__all__ = ["AdmissionMetrics", "Gates", "PoolGate", "RankingSource", "SaturationSource"]
+__all__ = [
+    "AdmissionMetrics",
+    "CapacitySource",
+    "Gates",
+    "PoolGate",
+    "RankingSource",
+    "SaturationSource",
+]
 
 log = logging.getLogger("tokenweir.admission")
 
 SaturationSource = Callable[[str], float | None]  # pool name → saturation (None: unknown)
 # pool name → its replicas as the pool state last said (None: unknown, the policy is trusted)
 RankingSource = Callable[[str], Mapping[str, ReplicaState] | None]
+# pool name → requests its answering replicas say they run at once (their /get_server_info
+# ``max_running_requests``, summed; None: unknown)
+CapacitySource = Callable[[str], int | None]
 SWEEP_EVERY = 0.05  # seconds between two looks at the queued tickets' predicted starts
 _WAIT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -98,6 +115,10 @@ class PoolGate:
         self.metrics = metrics
         self.base_limit = core.max_requests
         self.base_tokens = core.max_tokens
+        # the policy's capacity (None: it declares none, and the replicas' reported one is used)
+        self.declared_limit = core.max_requests
+        self.split = 1  # filter processes sharing the pool (limits.process_split)
+        self.reported: int | None = None  # the pool's reported capacity the limit follows
         self.declared: Declared | None = None  # the pool's priority scheduling, when enabled
         self.unranked: str | None = None  # which replica contradicts it and how (None: none)
         # what the last check read (held, so that ``is`` means the same state)
@@ -168,8 +189,25 @@ class PoolGate:
 
     def set_limits(self, max_requests: int | None, max_tokens: int | None) -> None:
         self.base_limit, self.base_tokens = max_requests, max_tokens
+        self.metrics.limit.labels(self.name).set(max_requests or 0)
         self.core.preempt_limit = max_requests
         self._wake(self.core.set_capacity(self.clock(), max_requests, max_tokens))
+
+    def follow_reported(self, total: int | None) -> None:
+        """A pool whose policy declares no ``capacity.max_running_requests`` is admitted against
+        what its answering replicas report (``total``, from the pool state); unknown (None, or
+        no replica answers) keeps the last figure, and nothing is limited before the first."""
+        if not total or total == self.reported or self.declared_limit is not None:
+            return
+        limit = process_share(total, self.split)
+        log.info(
+            "pool %s: admitting up to %d requests in this filter process: its replicas report "
+            "%d running slots (/get_server_info max_running_requests), split over %d; "
+            "set pools.%s.capacity.max_running_requests to fix the figure",
+            self.name, limit, total, self.split, self.name,
+        )  # fmt: skip
+        self.reported = total
+        self.set_limits(limit, self.base_tokens)
 
     def observe(self, saturation: float | None, alive: float | None = None) -> None:
         """Admit fewer while the pool is saturated (pool state), the policy's limit again after;
@@ -281,6 +319,7 @@ class Gates:
         rng: random.Random | None = None,
         alive: SaturationSource | None = None,
         ranking: RankingSource | None = None,
+        capacity: CapacitySource | None = None,
     ) -> None:
         self.clock = clock
         self.rng = rng  # jitter of the Retry-After told to shed clients (None: none)
@@ -288,11 +327,13 @@ class Gates:
         self.saturation = saturation
         self.alive = alive  # pool → share of its replicas that answer (preemptive lanes)
         self.ranking = ranking  # pool → its replicas' priority scheduling (preemptive pools)
+        self.capacity = capacity  # pool → its replicas' reported running slots (no declared one)
         self.metrics = AdmissionMetrics(registry if registry is not None else CollectorRegistry())
         self._gates: dict[str, PoolGate] = {}
 
     def configure(self, policy: Any) -> None:
         lanes = lane_configs(policy)
+        split = process_split(policy)
         for name in policy.pools:
             limit, tokens = pool_limits(policy, name)
             gate = self._gates.get(name)
@@ -300,9 +341,11 @@ class Gates:
                 core = Admission(lanes, max_requests=limit, max_tokens=tokens, rng=self.rng)
                 gate = PoolGate(name, core, clock=self.clock, metrics=self.metrics)
                 self._gates[name] = gate
-                gate.metrics.limit.labels(name).set(limit or 0)
             else:
                 gate.set_lanes(lanes)
+            gate.declared_limit, gate.split = limit, split
+            if limit is None and gate.reported is not None:  # keep following the replicas
+                limit = process_share(gate.reported, split)
             declared = policy.pools[name].priority_scheduling
             gate.declared = declared if preemptive(policy, name) else None
             gate.check_ranking(self.ranking(name) if self.ranking is not None else None)
@@ -312,6 +355,8 @@ class Gates:
     def gate(self, pool: str) -> PoolGate | None:
         g = self._gates.get(pool)
         if g is not None:
+            if g.declared_limit is None and self.capacity is not None:
+                g.follow_reported(self.capacity(pool))
             if self.ranking is not None:
                 g.check_ranking(self.ranking(pool))
             alive = self.alive(pool) if self.alive is not None else None

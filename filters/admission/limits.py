@@ -8,7 +8,14 @@ from typing import Any
 
 from filters.admission.core import LaneConfig
 
-__all__ = ["lane_configs", "pool_limits", "preemptive", "saturated_limit"]
+__all__ = [
+    "lane_configs",
+    "pool_limits",
+    "preemptive",
+    "process_share",
+    "process_split",
+    "saturated_limit",
+]
 
 
 def _replicas(pool: Any) -> int:
@@ -19,20 +26,30 @@ def _replicas(pool: Any) -> int:
     return 1
 
 
+def process_split(policy: Any) -> int:
+    """The split rule: each of ``admission.gateways`` gateways runs ``filters.processes``
+    filter processes, and each admits an equal share of a pool's capacity."""
+    processes = policy.filters.processes if policy.filters is not None else 1
+    return int(policy.admission.gateways * processes)
+
+
+def process_share(pool_total: int, split: int) -> int:
+    """One filter process's share of what a whole pool runs at once (at least 1)."""
+    return max(1, pool_total // max(1, split))
+
+
 def pool_limits(policy: Any, pool_name: str) -> tuple[int | None, int | None]:
     """(in-flight requests, in-flight tokens) for one filter process, or None where the policy
-    declares no capacity. The split rule: each of ``admission.gateways`` gateways runs
-    ``filters.processes`` filter processes, and each admits its equal share (at least 1)."""
+    declares no capacity (:func:`process_split`)."""
     pool = policy.pools[pool_name]
     cap = pool.capacity
-    processes = policy.filters.processes if policy.filters is not None else 1
-    split = policy.admission.gateways * processes
+    split = process_split(policy)
     replicas = _replicas(pool)
 
     def share(per_replica: int | None) -> int | None:
         if per_replica is None:
             return None
-        return max(1, (per_replica * replicas) // split)
+        return process_share(per_replica * replicas, split)
 
     return share(cap.max_running_requests), share(cap.max_total_tokens)
 

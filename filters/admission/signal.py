@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from filters.admission.gate import RankingSource, SaturationSource
+from filters.admission.gate import CapacitySource, RankingSource, SaturationSource
 from filters.admission.spread import Down, replicas_down
 from runtime.poolstate.reader import PoolStateReader, pools_url
 from runtime.poolstate.state import PoolSummary, ReplicaState
@@ -23,7 +23,9 @@ __all__ = [
     "admission_saturation",
     "admission_source",
     "alive_source",
+    "capacity_source",
     "down_source",
+    "pool_capacity",
     "pool_state_reader",
     "ranking_source",
     "saturation_source",
@@ -110,6 +112,24 @@ def alive_source(reader: PoolStateReader) -> SaturationSource:
     return _per_pool(
         reader, lambda s: admission_alive([(r.healthy, r.stale) for r in s.endpoints.values()])
     )
+
+
+def pool_capacity(summary: PoolSummary) -> int | None:
+    """Pure: the running slots of a whole pool from what its fresh replicas report
+    (``capacity_running``, their ``/get_server_info`` ``max_running_requests``): their mean
+    times every replica of the pool. A replica that stops answering does not shrink it, since
+    admission's saturation already counts that replica as offering nothing
+    (:func:`admission_saturation`); counting it twice would halve the pool. None when no fresh
+    replica reports."""
+    fresh = len(summary.fresh)
+    if not fresh or summary.capacity_running <= 0:
+        return None
+    return max(1, summary.capacity_running * len(summary.endpoints) // fresh)
+
+
+def capacity_source(reader: PoolStateReader) -> CapacitySource:
+    """Per pool, :func:`pool_capacity`; None while the pool state is stale."""
+    return _per_pool(reader, pool_capacity)
 
 
 def saturation_source(reader: PoolStateReader) -> SaturationSource:
