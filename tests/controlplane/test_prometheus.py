@@ -29,6 +29,7 @@ def test_every_component_of_the_policy_is_a_target() -> None:
         ("emulator", "127.0.0.1:30001", "/metrics", "chat"),
         ("emulator", "127.0.0.1:30002", "/metrics", "chat"),
         ("emulator", "127.0.0.1:30003", "/metrics", "chat"),
+        ("emulator", "127.0.0.1:30011", "/metrics", "chat-small"),
         ("envoy", "127.0.0.1:9901", "/stats/prometheus", None),
         ("envoy", "127.0.0.1:9902", "/stats/prometheus", None),
         ("filters", "127.0.0.1:18096", "/metrics", None),
@@ -61,7 +62,7 @@ def test_every_replica_and_worker_of_every_server_is_a_target() -> None:
         ("ratelimit", "127.0.0.1:18092", "1", "0"),
         ("ratelimit", "127.0.0.1:18093", "2", "0"),
     ]
-    assert len({t.address for t in scrape_targets(policy, admins)}) == 14  # no port twice
+    assert len({t.address for t in scrape_targets(policy, admins)}) == 15  # no port twice
 
 
 def test_config_groups_jobs_and_loads_the_rules(tmp_path: Path) -> None:

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from controlplane.policy import Policy, load_policy
+from controlplane.policy.scheduling import PriorityScheduling
 from filters.api import Context, RouteInfo
 from filters.budget import NoBudget
 from filters.estimate import HeuristicEstimator
@@ -45,7 +47,11 @@ class FakeBudget:
 
 @pytest.fixture
 def policy() -> Policy:
-    return load_policy(ROOT / "examples" / "mesh.yaml")
+    """The example policy with its chat pool not ranking requests by priority: the tests that
+    need priority scheduling turn it on themselves."""
+    example = load_policy(ROOT / "examples" / "mesh.yaml")
+    chat = replace(example.pools["chat"], priority_scheduling=PriorityScheduling())
+    return replace(example, pools={**example.pools, "chat": chat})
 
 
 @pytest.fixture

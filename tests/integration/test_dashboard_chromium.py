@@ -70,7 +70,10 @@ def test_dashboard_in_chromium_shows_the_mesh_and_moves_with_traffic(tmp_path: P
             # the running mesh: 3 emulated replicas, both tenants of the policy, the Envoys
             rows = page.locator("#replicas tbody tr[data-pool=chat]")
             _until("3 replicas of pool chat", lambda: rows.count() == 3)
-            _until("healthy replicas", lambda: page.locator("#replicas td.ok").count() == 3)
+            _until(
+                "healthy replicas",
+                lambda: page.locator("#replicas tbody tr[data-pool=chat] td.ok").count() == 3,
+            )
             for tenant in ("demo-free", "demo-pro"):
                 assert page.locator(f"#tenants tr[data-tenant={tenant}]").count() == 1
             _until("the edge Envoy's ACKed routes", lambda: "edge-0" in _text(page, "#envoys"))

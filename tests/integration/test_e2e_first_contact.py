@@ -4,8 +4,11 @@ is ignored, the free tenant hits its quota with a 429 and Retry-After, the opena
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import json
 import re
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,11 +21,22 @@ from tests.integration.up_process import ROOT, start_up, stop_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
+# examples/burst.py, the README's burst (examples/ is not a package)
+_spec = importlib.util.spec_from_file_location("example_burst", ROOT / "examples" / "burst.py")
+assert _spec is not None and _spec.loader is not None
+_burst = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = _burst  # its dataclass looks its module up
+_spec.loader.exec_module(_burst)
+burst, report = _burst.burst, _burst.report
+ADMISSION_CODES = {"queue_full", "tenant_queue_full", "wait_too_long", "fell_behind", "timed_out"}
 
-def example_policy() -> tuple[str, int]:
+
+def example_policy(time_scale: float = 0.02) -> tuple[str, int]:
     text = (ROOT / "examples" / "mesh.yaml").read_text()
     base = free_port_block(3)
-    text = re.sub(r"base_port: 30001\b", f"base_port: {base}\n      time_scale: 0.02", text)
+    text = re.sub(r"base_port: 30001\b", f"base_port: {base}\n      time_scale: {time_scale}", text)
+    small = free_port_block(1)  # the fallback pool's replica (a flow mapping)
+    text = re.sub(r"base_port: 30011\}", f"base_port: {small}, time_scale: {time_scale}}}", text)
     moved: dict[str, int] = {}  # every fixed port of the example, metrics ports included
 
     def move(m: re.Match[str]) -> str:
@@ -44,6 +58,21 @@ def call(url: str, key: str, body: dict[str, object], extra: dict[str, str] | No
         return exc.code, dict(exc.headers), json.loads(exc.read())
 
 
+def filters_metrics(banner: str) -> str:
+    m = re.search(r"filters +grpc://\S+ +metrics (http://\S+/metrics)", banner)
+    assert m is not None, banner
+    with urllib.request.urlopen(m.group(1), timeout=10) as r:
+        return str(r.read().decode())
+
+
+def admission_limit(banner: str) -> float:
+    m = re.search(
+        r'^tokenweir_admission_limit\{pool="chat"\} (\S+)$', filters_metrics(banner), re.M
+    )
+    assert m is not None
+    return float(m.group(1))
+
+
 def test_readme_first_contact(tmp_path: Path) -> None:
     text, gw = example_policy()
     (tmp_path / "mesh.yaml").write_text(text)
@@ -58,6 +87,9 @@ def test_readme_first_contact(tmp_path: Path) -> None:
         }
         status, _, answer = call(url, "tw-demo-pro-key", hello)
         assert status == 200 and answer["choices"][0]["message"]["content"], answer
+        # the pool declares no capacity: admission follows what its replicas report
+        # (/get_server_info: the emulator's 256 running slots, three replicas)
+        assert admission_limit(banner) == 768
 
         status, _, err = call(url, "not-a-real-key", hello)
         assert status == 401 and err["error"]["code"] == "invalid_api_key"
@@ -87,5 +119,32 @@ def test_readme_first_contact(tmp_path: Path) -> None:
                 assert body["error"]["message"]
                 break
         assert 429 in seen, seen
+    finally:
+        stop_up(proc)
+
+
+def test_readme_overload(tmp_path: Path) -> None:
+    """README "Overload": the example with its pool's capacity set to 4 per replica, the burst
+    of examples/burst.py at the emulators' real speed. Interactive starts first; every request
+    that is not served is answered with 503, a Retry-After and an OpenAI-style error code."""
+    text, gw = example_policy(time_scale=1.0)
+    commented = "    # capacity: {max_running_requests: 64}"
+    assert commented in text
+    text = text.replace(commented, "    capacity: {max_running_requests: 4}  #")
+    (tmp_path / "mesh.yaml").write_text(text)
+    proc, banner = start_up(tmp_path / "mesh.yaml", tmp_path / "run", extra_args=("--fresh",))
+    try:
+        assert "tokenweir up: ready" in banner, banner
+        url = f"http://127.0.0.1:{gw}/v1/chat/completions"
+        outcomes = asyncio.run(burst(url, pro=40, free=8))
+        pro = [o for o in outcomes if o.tenant == "pro"]
+        # 12 slots (4 x 3 replicas), interactive first: at least those start
+        assert sum(o.status == 200 for o in pro) >= 12, report(outcomes)
+        turned = [o for o in outcomes if o.status != 200]
+        assert turned, report(outcomes)  # 48 streams of ~1 s cannot all start within 1 s
+        for o in turned:
+            assert o.status == 503 and o.retry_after is not None, o
+            assert float(o.retry_after) >= 1 and o.code in ADMISSION_CODES, o
+        assert admission_limit(banner) == 12
     finally:
         stop_up(proc)

@@ -147,8 +147,8 @@ def test_prometheus_scrapes_every_component_up(mesh: dict[str, object]) -> None:
     for t in targets:
         job = t["labels"]["job"]  # type: ignore[index]
         by_job[job] = by_job.get(job, 0) + 1
-    # the example policy: 3 emulator replicas, a gateway and a sidecar, one of each service
-    assert by_job == {"controlplane": 1, "ratelimit": 1, "filters": 1, "emulator": 3, "envoy": 2}
+    # the example policy: 3 + 1 (the fallback pool) emulator replicas, a gateway and a sidecar, one of each service
+    assert by_job == {"controlplane": 1, "ratelimit": 1, "filters": 1, "emulator": 4, "envoy": 2}
     # the repository's rules are loaded
     rules = json.loads(get(str(mesh["prometheus"]) + "/api/v1/rules"))["data"]["groups"]
     assert {"tokenweir.alerts", "tokenweir.recording", "tokenweir.slo.ttft"} <= {
