@@ -9,6 +9,7 @@ import importlib.util
 import json
 import re
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -88,7 +89,12 @@ def test_readme_first_contact(tmp_path: Path) -> None:
         status, _, answer = call(url, "tw-demo-pro-key", hello)
         assert status == 200 and answer["choices"][0]["message"]["content"], answer
         # the pool declares no capacity: admission follows what its replicas report
-        # (/get_server_info: the emulator's 256 running slots, three replicas)
+        # (/get_server_info: the emulator's 256 running slots, three replicas), read at the
+        # first request after the control plane published it
+        deadline = time.monotonic() + 20
+        while admission_limit(banner) != 768 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            assert call(url, "tw-demo-pro-key", hello)[0] == 200
         assert admission_limit(banner) == 768
 
         status, _, err = call(url, "not-a-real-key", hello)
