@@ -285,7 +285,11 @@ class FilterApp:
         self.gates.capacity = capacity_source(self._pool_state)
         self.ladders.saturation = saturation_source(self._pool_state)
         if not await self._pool_state.first(BOOT_WAIT_S):
-            _log.warning("no pool state after %.1fs: serving on the policy's capacity", BOOT_WAIT_S)
+            _log.warning(
+                "no pool state after %.1fs (%s): admitting on the policy's capacity until it "
+                "answers (a pool that declares none is not limited until then)",
+                BOOT_WAIT_S, self._pool_state.url,
+            )  # fmt: skip
 
     def _listen(self) -> tuple[str, int]:
         if self.settings.listen:
