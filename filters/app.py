@@ -284,12 +284,21 @@ class FilterApp:
         self.gates.ranking = ranking_source(self._pool_state)
         self.gates.capacity = capacity_source(self._pool_state)
         self.ladders.saturation = saturation_source(self._pool_state)
+        self._tasks.append(asyncio.create_task(self._follow_capacity(), name="follow-capacity"))
         if not await self._pool_state.first(BOOT_WAIT_S):
             _log.warning(
                 "no pool state after %.1fs (%s): admitting on the policy's capacity until it "
                 "answers (a pool that declares none is not limited until then)",
                 BOOT_WAIT_S, self._pool_state.url,
             )  # fmt: skip
+
+    async def _follow_capacity(self) -> None:
+        """Each new pool state sets the admission limit of the pools that declare no capacity
+        (and its gauge) at once, not at their next request."""
+        assert self._pool_state is not None
+        while True:
+            await self._pool_state.wait_update(5.0)
+            self.gates.follow_reported()
 
     def _listen(self) -> tuple[str, int]:
         if self.settings.listen:

@@ -352,6 +352,15 @@ class Gates:
             gate.metrics.ranked.labels(name).set(1 if gate.core.preemptive else 0)
             gate.set_limits(limit, tokens)
 
+    def follow_reported(self) -> None:
+        """Every pool that declares no capacity takes the one its replicas report now (the
+        pool state changed): its limit and gauge need not wait for its next request."""
+        if self.capacity is None:
+            return
+        for name, g in self._gates.items():
+            if g.declared_limit is None:
+                g.follow_reported(self.capacity(name))
+
     def gate(self, pool: str) -> PoolGate | None:
         g = self._gates.get(pool)
         if g is not None:

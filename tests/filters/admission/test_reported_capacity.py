@@ -148,3 +148,12 @@ def test_the_figure_followed_is_logged_once_per_change(caplog: pytest.LogCapture
     assert len(lines) == 1, lines
     assert "pool chat: admitting up to 32 requests" in lines[0]
     assert "pools.chat.capacity.max_running_requests" in lines[0]
+
+
+def test_a_new_pool_state_sets_the_limit_without_a_request() -> None:
+    _, reader, gates = setup(policy_text())
+    publish(reader, 1, summary(16, 16))
+    gates.follow_reported()  # what the filter server does at each new pool state
+    assert gates.metrics.limit.labels("chat")._value.get() == 32
+    gate = gates._gates["chat"]  # not through gate(): no request came
+    assert gate.core.max_requests == 32
