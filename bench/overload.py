@@ -11,6 +11,11 @@ then a retry storm (a spike, with clients that honour Retry-After and clients th
     .venv/bin/python bench/overload.py --arms tokenweir-baseline tokenweir --baseline-src /tmp/tw-main
     # every request attempt by attempt (status, shed reason, Retry-After, TTFT) as JSON lines
     .venv/bin/python bench/overload.py --levels 3 --arms tokenweir --rows /tmp/rows.jsonl
+    # a policy or backend setting beside the default, in one run
+    .venv/bin/python bench/overload.py --levels 3 --arms tokenweir tokenweir-variant \
+        --variant-policy '{admission: {batch: {max_share: 0.4}}}'
+    .venv/bin/python bench/overload.py --levels 3 --arms tokenweir tokenweir-variant \
+        --variant-emulator-args '--chunked-prefill-size 1024'
 
 Writes ``bench/results/overload.json``, ``bench/results/overload.md`` and PNG plots in
 ``docs/img/`` (``--out-dir`` / ``--img-dir`` move them). docs/benchmarks.md ("Overload") explains
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 
 HERE = Path(__file__).resolve().parent
 LAG_TICK = 0.02  # seconds between the client's loop-lag probes
@@ -45,6 +51,7 @@ from overload_arms import (  # noqa: E402
     Arm,
     EmulatorPool,
     PoolSpec,
+    Variant,
     make_arm,
 )
 from overload_calibrate import calibrate, wait_idle  # noqa: E402
@@ -206,6 +213,7 @@ async def run(
     img_dir: Path,
     baseline: Path | None = None,
     rows_path: Path | None = None,
+    variant: Variant | None = None,
 ) -> dict[str, Any]:
     profile = get_profile("llama-3.1-8b-h100")
     records = load_sample()
@@ -240,6 +248,7 @@ async def run(
         "load_average_start": os.getloadavg(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "baseline_src": str(baseline) if baseline is not None else None,
+        "variant": asdict(variant) if variant is not None else None,
         "levels": {},
         "storm": {},
         "samples": {},
@@ -252,7 +261,8 @@ async def run(
             for name in cfg.arms:
                 run_dir = Path(tmp) / name
                 run_dir.mkdir()
-                arms[name] = make_arm(name, EmulatorPool(spec, run_dir), run_dir, baseline)
+                pool = EmulatorPool(spec, run_dir)
+                arms[name] = make_arm(name, pool, run_dir, baseline, variant)
             await asyncio.gather(*(_start(arm) for arm in arms.values()))
             print(f"[{time.monotonic() - _T0:6.1f}s] arms started", flush=True)
             for m in cfg.levels:
@@ -372,6 +382,16 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline-src", type=Path, default=None,
         help="a checkout (e.g. `git archive main`) whose code the tokenweir-baseline arm runs",
     )  # fmt: skip
+    ap.add_argument(
+        "--variant-policy", type=yaml.safe_load, default={},
+        help="the tokenweir-variant arm: keys merged into bench/overload_policy.yaml, as YAML "
+             "or JSON, e.g. '{admission: {batch: {max_share: 0.4}}}'",
+    )  # fmt: skip
+    ap.add_argument(
+        "--variant-emulator-args", default="",
+        help="the tokenweir-variant arm: flags added to its emulators, e.g. "
+             "'--chunked-prefill-size 1024'",
+    )  # fmt: skip
     ap.add_argument("--out-dir", type=Path, default=HERE / "results")
     ap.add_argument(
         "--rows", type=Path, default=None,
@@ -388,7 +408,10 @@ def main(argv: list[str] | None = None) -> int:
         runner = asyncio.run
     if a.rows is not None:
         a.rows.unlink(missing_ok=True)
-    result = runner(run(cfg, a.out_dir, a.img_dir, a.baseline_src, a.rows))
+    if not isinstance(a.variant_policy, dict):
+        ap.error("--variant-policy must be a mapping")
+    variant = Variant(a.variant_policy, tuple(a.variant_emulator_args.split()))
+    result = runner(run(cfg, a.out_dir, a.img_dir, a.baseline_src, a.rows, variant))
     print(json.dumps(result["targets"], indent=1))
     return 0
 

@@ -32,7 +32,16 @@ from controlplane.envoy_launcher import envoy_binary
 from runtime.children import Child, checkout, wait_child_line, wait_child_port
 from runtime.ports import free_port
 
-__all__ = ["ARMS", "EXTRA_ARMS", "Arm", "EmulatorPool", "PoolSpec", "make_arm"]
+__all__ = [
+    "ARMS",
+    "EXTRA_ARMS",
+    "Arm",
+    "EmulatorPool",
+    "PoolSpec",
+    "Variant",
+    "make_arm",
+    "merge",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = Path(__file__).resolve().parent / "overload_policy.yaml"
@@ -51,6 +60,7 @@ EXTRA_ARMS = (
     "tokenweir-ring",
     "tokenweir-baseline",
     "tokenweir-alt",
+    "tokenweir-variant",
 )
 MODEL = "llama-3.1-8b"
 DROP = object()  # an override that removes the key from the bench policy
@@ -199,7 +209,7 @@ class Tokenweir(Arm):
     overrides: dict[str, Any] = {}  # noqa: RUF012 - replaced per instance, never mutated
 
     async def start(self) -> None:
-        policy = _merge(bench_policy(self.pool, self.port, self.pool.spec), self.overrides)
+        policy = merge(bench_policy(self.pool, self.port, self.pool.spec), self.overrides)
         path = self.run_dir / "tokenweir-policy.yaml"
         path.write_text(yaml.safe_dump(policy, sort_keys=False))
         metrics_port = policy["filters"]["metrics_port"]
@@ -248,6 +258,27 @@ class TokenweirAlt(Tokenweir):
     name = "tokenweir-alt"
 
 
+@dataclass(frozen=True)
+class Variant:
+    """What the ``tokenweir-variant`` arm changes: keys merged into this policy (mappings key by
+    key), and flags added to its emulators (e.g. ``--chunked-prefill-size 1024``)."""
+
+    policy: dict[str, Any] = field(default_factory=dict)
+    emulator_args: tuple[str, ...] = ()
+
+
+class TokenweirVariant(Tokenweir):
+    """The tokenweir arm with a :class:`Variant` (``--variant-policy``,
+    ``--variant-emulator-args``): a policy or backend setting measured beside the default."""
+
+    name = "tokenweir-variant"
+
+    def __init__(self, pool: EmulatorPool, run_dir: Path, variant: Variant) -> None:
+        self.emulator_args = (*Tokenweir.emulator_args, *variant.emulator_args)
+        self.overrides = variant.policy
+        super().__init__(pool, run_dir)
+
+
 def bench_policy(pool: EmulatorPool, gateway_port: int, spec: PoolSpec) -> dict[str, Any]:
     """``bench/overload_policy.yaml`` with this run's ports, endpoints and pool capacity."""
     policy: dict[str, Any] = yaml.safe_load(POLICY.read_text())
@@ -263,14 +294,14 @@ def bench_policy(pool: EmulatorPool, gateway_port: int, spec: PoolSpec) -> dict[
     return policy
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """``base`` with ``extra``'s keys set, mappings merged key by key."""
     out = dict(base)
     for key, value in extra.items():
         if value is DROP:
             out.pop(key, None)
         elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -347,7 +378,13 @@ def plain_envoy_bootstrap(
     }
 
 
-def make_arm(name: str, pool: EmulatorPool, run_dir: Path, baseline: Path | None = None) -> Arm:
+def make_arm(
+    name: str,
+    pool: EmulatorPool,
+    run_dir: Path,
+    baseline: Path | None = None,
+    variant: Variant | None = None,
+) -> Arm:
     kinds: dict[str, type[Arm]] = {
         "envoy": PlainEnvoy,
         "interactive-alone": InteractiveAlone,
@@ -359,6 +396,8 @@ def make_arm(name: str, pool: EmulatorPool, run_dir: Path, baseline: Path | None
         "tokenweir-baseline": TokenweirBaseline,
         "tokenweir-alt": TokenweirAlt,
     }
+    if name == "tokenweir-variant":
+        return TokenweirVariant(pool, run_dir, variant if variant is not None else Variant())
     if name in ("tokenweir-baseline", "tokenweir-alt"):
         if baseline is None:
             raise ValueError(f"the {name} arm needs --baseline-src")

@@ -5,7 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from overload_arms import EmulatorPool, PoolSpec, bench_policy, make_arm, plain_envoy_bootstrap
+from overload_arms import (
+    EmulatorPool,
+    PoolSpec,
+    Variant,
+    bench_policy,
+    make_arm,
+    merge,
+    plain_envoy_bootstrap,
+)
 from overload_client import Attempt
 from overload_report import PLOTS, markdown, write_outputs
 from overload_stats import percentile, summarize, targets, timeline
@@ -182,6 +190,23 @@ def test_the_bench_policy_loads_as_shipped_and_as_run(tmp_path: Path) -> None:
     assert str(policy.gateways["edge"].listen) == "127.0.0.1:41000"
     tiers = {t.tier for t in policy.tenants.values()}
     assert {policy.tiers[t].lane for t in tiers} == {"interactive", "batch"}
+
+
+def test_the_variant_arm_merges_its_policy_and_adds_its_emulator_flags(tmp_path: Path) -> None:
+    spec = PoolSpec(2, 8, "llama-3.1-8b-h100", 5.0, 10.0, 10.0)
+    pool = EmulatorPool(spec, tmp_path, ports=[41001, 41002])
+    variant = Variant(
+        {"admission": {"batch": {"max_share": 0.4}}}, ("--chunked-prefill-size", "1024")
+    )
+    arm = make_arm("tokenweir-variant", pool, tmp_path, variant=variant)
+    assert pool.extra_args == ("--enable-priority-scheduling", "--chunked-prefill-size", "1024")
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(merge(bench_policy(pool, 41000, spec), arm.overrides)))
+    policy = load_policy(path)
+    assert policy.admission.batch.max_share == 0.4
+    assert policy.admission.batch.max_wait == 10.0  # the rest of the lane kept
+    plain = make_arm("tokenweir", EmulatorPool(spec, tmp_path), tmp_path)
+    assert plain.pool.extra_args == ("--enable-priority-scheduling",)
 
 
 def test_the_plain_envoy_arm_is_round_robin_with_no_governance() -> None:
