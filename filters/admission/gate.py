@@ -54,8 +54,8 @@ log = logging.getLogger("tokenweir.admission")
 SaturationSource = Callable[[str], float | None]  # pool name → saturation (None: unknown)
 # pool name → its replicas as the pool state last said (None: unknown, the policy is trusted)
 RankingSource = Callable[[str], Mapping[str, ReplicaState] | None]
-# pool name → requests its answering replicas say they run at once (their /get_server_info
-# ``max_running_requests``, summed; None: unknown)
+# pool name → requests the whole pool runs at once by what its answering replicas report
+# (their /get_server_info ``max_running_requests``: signal.pool_capacity; None: unknown)
 CapacitySource = Callable[[str], int | None]
 SWEEP_EVERY = 0.05  # seconds between two looks at the queued tickets' predicted starts
 _WAIT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
