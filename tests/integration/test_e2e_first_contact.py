@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 
@@ -152,5 +153,38 @@ def test_readme_overload(tmp_path: Path) -> None:
             assert o.status == 503 and o.retry_after is not None, o
             assert float(o.retry_after) >= 1 and o.code in ADMISSION_CODES, o
         assert admission_limit(banner) == 12
+        assert ladder_degrades_the_free_tier_to_the_fallback_pool(url, banner)
     finally:
         stop_up(proc)
+
+
+def ladder_degrades_the_free_tier_to_the_fallback_pool(url: str, banner: str) -> bool:
+    """With the pool's 12 slots held by long pro streams (saturation 1), the ladder takes its
+    fallback step: a free request is clamped and answered by chat-small's model."""
+
+    async def run() -> bool:
+        async with aiohttp.ClientSession() as s:
+            hold = [asyncio.create_task(_burst.one(s, url, "pro", i, 3000)) for i in range(12)]
+            try:
+                deadline = time.monotonic() + 20
+                while ladder_step(banner) < 2 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                assert ladder_step(banner) >= 2, filters_metrics(banner)
+                free = await _burst.one(s, url, "free", 0, 50)
+                assert free.status == 200, free
+                assert free.degraded == "clamp_max_tokens,fallback", free
+                assert free.model == "llama-3.2-1b", free
+                return True
+            finally:
+                for t in hold:
+                    t.cancel()
+                await asyncio.gather(*hold, return_exceptions=True)
+
+    return asyncio.run(run())
+
+
+def ladder_step(banner: str) -> float:
+    m = re.search(
+        r'^tokenweir_filters_ladder_step\{pool="chat"\} (\S+)$', filters_metrics(banner), re.M
+    )
+    return float(m.group(1)) if m else 0.0
