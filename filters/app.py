@@ -293,8 +293,8 @@ class FilterApp:
             )  # fmt: skip
 
     async def _follow_capacity(self) -> None:
-        """Each new pool state sets the admission limit of the pools that declare no capacity
-        (and its gauge) at once, not at their next request."""
+        """Each new pool state (or every 5 s) sets the admission limit, and its gauge, of the
+        pools that declare no capacity: requests read the limit, they do not recompute it."""
         assert self._pool_state is not None
         while True:
             await self._pool_state.wait_update(5.0)

@@ -353,8 +353,8 @@ class Gates:
             gate.set_limits(limit, tokens)
 
     def follow_reported(self) -> None:
-        """Every pool that declares no capacity takes the one its replicas report now (the
-        pool state changed): its limit and gauge need not wait for its next request."""
+        """Every pool that declares no capacity takes the one its replicas report now: the
+        filter server calls this at each new pool state (off the request path)."""
         if self.capacity is None:
             return
         for name, g in self._gates.items():
@@ -364,8 +364,6 @@ class Gates:
     def gate(self, pool: str) -> PoolGate | None:
         g = self._gates.get(pool)
         if g is not None:
-            if g.declared_limit is None and self.capacity is not None:
-                g.follow_reported(self.capacity(pool))
             if self.ranking is not None:
                 g.check_ranking(self.ranking(pool))
             alive = self.alive(pool) if self.alive is not None else None

@@ -68,6 +68,7 @@ def setup(text: str) -> tuple[FakeClock, PoolStateReader, Gates]:
 
 
 def limit(gates: Gates) -> int | None:
+    gates.follow_reported()  # what the filter server does at each new pool state
     gate = gates.gate("chat")  # what a request's admission reads
     assert gate is not None
     return gate.core.max_requests
