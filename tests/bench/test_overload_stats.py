@@ -5,18 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from overload_arms import (
-    EmulatorPool,
-    PoolSpec,
-    Variant,
-    bench_policy,
-    make_arm,
-    merge,
-    plain_envoy_bootstrap,
-)
+from overload_arms import EmulatorPool, PoolSpec, plain_envoy_bootstrap
 from overload_client import Attempt
 from overload_report import PLOTS, markdown, write_outputs
 from overload_stats import percentile, summarize, targets, timeline
+from overload_tokenweir import Variant, bench_policy, make_arm, merge
 
 from controlplane.policy import load_policy
 

@@ -16,9 +16,10 @@ if str(ROOT / "bench") not in sys.path:
     sys.path.insert(0, str(ROOT / "bench"))
 
 from overload import drive, wait_idle  # noqa: E402
-from overload_arms import EmulatorPool, PoolSpec, Tokenweir  # noqa: E402
+from overload_arms import EmulatorPool, PoolSpec  # noqa: E402
 from overload_client import Behaviour  # noqa: E402
 from overload_stats import summarize  # noqa: E402
+from overload_tokenweir import Tokenweir  # noqa: E402
 from overload_workload import Phase, load_sample, schedule  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
