@@ -183,6 +183,20 @@ class PoolGate:
         self._admitted(r, "queued", self.clock())
         return r
 
+    def demand(self) -> float | None:
+        """This process's requests in flight and queued for the pool against its limit (1: every
+        slot taken; 2: as many more waiting); None while the pool is not limited."""
+        limit = self.base_limit  # the capacity's share, not the limit saturation lowered
+        if not limit:
+            return None
+        return (self.core.in_flight + sum(len(q) for q in self.core.queues.values())) / limit
+
+    def retry_after(self, lane: str, tenant: str, key: Hashable | None) -> float:
+        """When a client of ``lane`` turned away before the queue (the degradation ladder's
+        shed) should come back: the lane's measured drain, as for one this gate sheds; the
+        client is counted among those told to return (its ``key`` goes first when it does)."""
+        return self.core.retry_after(self.clock(), lane, key=key, tenant=tenant)
+
     def release(self, ticket: Ticket) -> None:
         """The request ended (or never started): its slot goes to the next waiter."""
         self._wake(self.core.release(self.clock(), ticket))
@@ -360,6 +374,12 @@ class Gates:
         for name, g in self._gates.items():
             if g.declared_limit is None:
                 g.follow_reported(self.capacity(name))
+
+    def demand(self, pool: str) -> float | None:
+        """:meth:`PoolGate.demand` of the pool (None: no gate, or not limited): the degradation
+        ladder reads it beside the pool state's saturation."""
+        g = self._gates.get(pool)
+        return g.demand() if g is not None else None
 
     def gate(self, pool: str) -> PoolGate | None:
         g = self._gates.get(pool)

@@ -3,8 +3,10 @@
 At the request headers the ladder's step for the route's pool is read (it advances from the
 control plane's pool state) and the steps that name the request's tier or lane apply:
 
-* ``shed``: 503 with ``Retry-After`` (the step's remaining dwell) and an OpenAI error, through
-  admission's reply (:func:`filters.admission.plugin.shed_reply`);
+* ``shed``: 503 with ``Retry-After`` and an OpenAI error, through admission's reply
+  (:func:`filters.admission.plugin.shed_reply`); the later of the step's remaining dwell and,
+  where the pool has an admission gate, the time its lane's queue takes to drain at the
+  measured rate (the client is counted among those told to return, as admission's own);
 * ``fallback``: ``x-tokenweir-degrade: fallback`` is set and the route re-picked; the control
   plane routes that header to the fallback pool's cluster. The tokens plugin rewrites the
   body's ``model`` to the fallback pool's first model (:func:`~filters.ladder.scratch.served_model`), admission gates
@@ -23,7 +25,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from filters.admission.core import Shed
-from filters.admission.plugin import shed_reply
+from filters.admission.gate import Gates
+from filters.admission.plugin import return_key, shed_reply
 from filters.api import BasePlugin, Context, Result
 from filters.ladder.errors import LadderError
 from filters.ladder.scratch import SCRATCH, Degraded, degraded
@@ -49,6 +52,7 @@ class DegradePlugin(BasePlugin):
             ladders = Ladders(clock=services.clock)
             ladders.configure(services.policy)
         self.ladders: Ladders = ladders
+        self.gates: Gates | None = getattr(services, "gates", None)
 
     async def request_headers(
         self, ctx: Context, headers: Mapping[str, str], end_of_stream: bool
@@ -61,7 +65,12 @@ class DegradePlugin(BasePlugin):
             return None
         lane = ctx.lane or "interactive"
         if e.shed:
-            shed = Shed(503, "degraded", self.ladders.retry_after(pool))
+            after = self.ladders.retry_after(pool)
+            gate = self.gates.gate(pool) if self.gates is not None else None
+            if gate is not None and lane in gate.core.queues:
+                tenant = ctx.tenant or "anonymous"
+                after = max(after, gate.retry_after(lane, tenant, return_key(tenant, headers)))
+            shed = Shed(503, "degraded", after)
             self.metrics.rejected(ctx.route.name, shed.reason, shed.status)
             return Result(reply=shed_reply(shed, lane))
         fallback = self.policy.pools[pool].fallback if e.fallback else None

@@ -50,7 +50,12 @@ class LadderMetrics:
 
 
 class Ladders:
-    """Per-pool ladder state; ``saturation`` is set once the pool-state reader runs."""
+    """Per-pool ladder state. A pool's level is the higher of two readings: ``saturation``
+    (the control plane's pool state, set once its reader runs) and ``demand`` (this filter
+    process's admission gate: its requests in flight and queued against its limit, set by the
+    filter server). Admission holds a pool's excess at the gateway, so the replicas alone never
+    read much past 1; the gate's queue is what makes the higher steps reachable, and it still
+    reads when the control plane does not answer."""
 
     def __init__(
         self, *, clock: Callable[[], float], registry: CollectorRegistry | None = None
@@ -58,6 +63,7 @@ class Ladders:
         self.clock = clock
         self.metrics = LadderMetrics(registry if registry is not None else CollectorRegistry())
         self.saturation: SaturationSource = lambda pool: None
+        self.demand: SaturationSource = lambda pool: None
         self._policies: dict[str, DegradationPolicy] = {}
         self._states: dict[str, LadderState] = {}
 
@@ -83,7 +89,7 @@ class Ladders:
         if ladder is None:
             return 0
         before = self._states.get(pool, LadderState())
-        saturation = self.saturation(pool)
+        saturation = self.level(pool)
         after = next_state(ladder, before, saturation, self.clock())
         if after is not before:
             self._states[pool] = after
@@ -96,6 +102,11 @@ class Ladders:
                 pool, before.step, after.step, saturation, actions or "none",
             )  # fmt: skip
         return after.step
+
+    def level(self, pool: str) -> float | None:
+        """The higher of the pool state's saturation and the gate's demand (None: neither)."""
+        seen = [v for v in (self.saturation(pool), self.demand(pool)) if v is not None]
+        return max(seen) if seen else None
 
     def effect(self, pool: str, tier: str | None, lane: str | None) -> Effect | None:
         """What the pool's ladder does to this request now (None: no ladder, or nothing)."""

@@ -144,6 +144,7 @@ async def test_admission_gates_the_pool_that_serves_the_request(s: Setup) -> Non
 
 async def test_step_three_sheds_lower_lanes_with_retry_after(s: Setup) -> None:
     s.level = 1.6
+    s.plugin.gates = None  # no admission gate: the step's dwell alone (test_demand: with one)
     ctx = s.ctx("pro", "batch")
     out = await s.plugin.request_headers(ctx, {}, False)
     assert out is not None and out.reply is not None
