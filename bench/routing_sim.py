@@ -216,6 +216,8 @@ def _picker(names: list[str], a: argparse.Namespace, clock: Callable[[], float])
         backlog_weight=a.backlog_weight,
         backlog_allowance=a.backlog_allowance,
         sticky_share=a.sticky_share,
+        balance_window=a.balance_window,
+        max_share=a.max_share,
     )
     cfg = LlmPool(models=("m",), endpoints=tuple(Address.parse(n) for n in names), routing=routing)
     return PoolPicker("sim", cfg, PickerMetrics(CollectorRegistry()), clock=clock, wall=clock)
@@ -345,6 +347,8 @@ def main() -> int:
     ap.add_argument("--backlog-weight", type=float, default=1.0, help="routing.backlog_weight")
     ap.add_argument("--backlog-allowance", type=int, default=8192, help="routing.backlog_allowance")
     ap.add_argument("--sticky-share", type=float, default=0.5, help="routing.sticky_share")
+    ap.add_argument("--balance-window", type=int, default=64, help="routing.balance_window")
+    ap.add_argument("--max-share", type=float, default=1.3, help="routing.max_share")
     ap.add_argument("--map-delay", type=float, default=0.0, help="picker: mapper lag (s)")
     ap.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=ROUTERS)
     a = ap.parse_args()

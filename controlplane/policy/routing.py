@@ -28,7 +28,14 @@ class RoutingPolicy:
     # score = cache_weight × (cached share of the prompt) − (1 − cache_weight) × (relative load)
     cache_weight: Annotated[float, Range(0.0, 1.0)] = 0.7
     # a replica whose in-flight requests exceed max_imbalance × the pool mean (+1) is not picked
+    # (with balance_window: only while its share of the recent picks exceeds max_share too)
     max_imbalance: Annotated[float, Range(1.0, 100.0)] = 1.5
+    # picks (decayed) over which each replica's share of the recent picks is counted; it places
+    # prompts no replica holds (with the radix tree's size) and lets a busy replica keep the
+    # prompts it holds while its share is within max_share. 0: in-flight counts alone
+    balance_window: Annotated[int, Range(0, 1_000_000)] = 64
+    # the recent share (× the pool mean) above which a replica over max_imbalance is skipped
+    max_share: Annotated[float, Range(1.0, 100.0)] = 1.3
     # below this many cached tokens on every replica the picker leaves the choice to ring hash
     min_prefix_tokens: Annotated[int, Range(0, 10_000_000)] = 256
     # a replica whose event stream is silent this long is "unknown" (never wrongly "cached")

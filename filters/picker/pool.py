@@ -91,6 +91,8 @@ class PoolPicker:
             r.min_prefix_tokens,
             r.backlog_weight,
             r.sticky_share,
+            r.balance_window,
+            r.max_share,
         )
         self.index = PrefixIndex(
             r.page_size,
@@ -106,6 +108,8 @@ class PoolPicker:
         self._clock = clock
         self._wall = wall
         self.inflight: dict[str, int] = {f.name: 0 for f in self.feeds}
+        # picks per replica over the balance window: each pick adds 1, all decay by 1 - 1/window
+        self.recent: dict[str, float] = {f.name: 0.0 for f in self.feeds}
         # prefill backlog per replica (tokens), its bound and the stored-token counter last read
         self.backlog: dict[str, int] = {f.name: 0 for f in self.feeds}
         self._inflight_uncached: dict[str, int] = {f.name: 0 for f in self.feeds}
@@ -189,6 +193,7 @@ class PoolPicker:
                     inflight=self.inflight.get(name, 0),
                     cached_blocks=self.index.blocks_of(name),
                     backlog_tokens=max(0, self.backlog.get(name, 0) - max(0, own) - free),
+                    recent=self.recent.get(name, 0.0),
                 )
             )
         tie = prompt.marks[0] if prompt.marks else prompt.data[:64]
@@ -201,6 +206,11 @@ class PoolPicker:
         if name is None:
             return 0
         self.inflight[name] = self.inflight.get(name, 0) + 1
+        if self.routing.balance_window > 0:
+            keep = 1.0 - 1.0 / self.routing.balance_window
+            for other in self.recent:
+                self.recent[other] *= keep
+            self.recent[name] = self.recent.get(name, 0.0) + 1.0
         uncached = max(0, self._tokens_of(prompt) - pick.predicted_tokens)
         if name in self.backlog:
             self.backlog[name] += uncached

@@ -6,7 +6,11 @@ from a recent pick of the same prefix still waiting for its KV events) and its r
 flight. Then:
 
 1. replicas whose in-flight count exceeds ``max_imbalance × (mean + 1)`` are skipped (one hot
-   prefix never piles the pool onto one replica);
+   prefix never piles the pool onto one replica) — with a balance window, only those whose
+   share of the recent picks also exceeds ``max_share ×`` the mean: a replica that holds a hot
+   prefix keeps its followers through a burst of in-flight requests as long as it has not been
+   taking more than its share over the window (moving them makes a second copy, which evicts
+   other prefixes: measured, docs/benchmarks.md);
 2. a share below ``min_prefix_tokens`` counts as 0 (a shared system prompt alone says nothing);
 3. ``score = w × share − (1 − w) × inflight / (mean + 1)``, ``w = cache_weight``; the best
    score wins. If the winner holds nothing useful, or less than ``sticky_share`` of the prompt
@@ -15,7 +19,11 @@ flight. Then:
    backlog_weight`` (``backlog_tokens``: prompt tokens the picker sent the replica that its KV
    events have not yet reported prefilled, past an allowance of about one prefill step): a
    prompt that loses nothing by going anywhere goes where it waits least, and a short prompt is
-   not queued behind a long prefill. A prompt mostly cached is not moved by backlogs (measured:
+   not queued behind a long prefill. With a balance window the load in that second score is
+   not the in-flight count but half the replica's recent share and half its radix tree's size
+   (each over the pool mean): a prompt nobody holds goes to a replica that has lately been
+   sent less and holds less, so the replica a hot prefix lives on is not given new ones too.
+   A prompt mostly cached is not moved by backlogs (measured:
    moving follow-up turns off their cache cost 1–2 points of hit ratio on the trace and 7–9 on
    shared documents). Ties go to the replica whose radix tree is smallest (as sglang-router's
    ``cache_aware`` places a prefix it has not seen: new documents spread over the pool's cache
@@ -51,6 +59,7 @@ class Candidate:
     inflight: int = 0
     cached_blocks: int = 0  # blocks the index holds for it (the size of its radix tree)
     backlog_tokens: int = 0  # sent to it, not yet reported prefilled (PoolPicker's estimate)
+    recent: float = 0.0  # its picks over the balance window (decayed; PoolPicker's count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +69,8 @@ class Weights:
     min_prefix_tokens: int = 256
     backlog_weight: float = 1.0
     sticky_share: float = 0.5
+    balance_window: int = 0  # 0: in-flight counts alone (no recent shares)
+    max_share: float = 1.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +96,23 @@ def choose(
         return Pick(None, "cold")
     mean = sum(c.inflight for c in live) / len(live)
     bound = weights.max_imbalance * (mean + 1)
-    allowed = [c for c in live if c.inflight + 1 <= bound] or [min(live, key=_load)]
+    shares = weights.balance_window > 0
+    recent = (sum(c.recent for c in live) / len(live) or 1.0) if shares else 1.0
+    blocks = (sum(c.cached_blocks for c in live) / len(live) or 1.0) if shares else 1.0
+    cap = weights.max_share * recent
+
+    def ok(c: Candidate) -> bool:
+        return c.inflight + 1 <= bound or (shares and c.recent <= cap)
+
+    allowed = [c for c in live if ok(c)] or [min(live, key=_load)]
     w = weights.cache_weight
     size = max(prompt_len, 1)
     per_token = weights.backlog_weight / max(prompt_tokens, 1)
+
+    def load(c: Candidate, placing: bool) -> float:
+        if placing and shares:  # a prompt nobody holds: the recent picks and the cache's size
+            return 0.5 * c.recent / recent + 0.5 * c.cached_blocks / blocks
+        return c.inflight / (mean + 1)
 
     def useful(c: Candidate) -> bool:
         return c.matched_tokens >= weights.min_prefix_tokens and c.matched_bytes > 0
@@ -96,7 +120,7 @@ def choose(
     def score(c: Candidate, backlog: bool) -> tuple[float, int, int]:
         share = min(c.matched_bytes / size, 1.0) if useful(c) else 0.0
         wait = c.backlog_tokens * per_token if backlog else 0.0
-        value = w * (share - wait) - (1 - w) * c.inflight / (mean + 1)
+        value = w * (share - wait) - (1 - w) * load(c, backlog)
         return (value, -c.cached_blocks, rendezvous(tie_key, c.name))
 
     best = max(allowed, key=lambda c: score(c, False))

@@ -53,8 +53,8 @@ def test_without_a_useful_match_the_shortest_wait_wins_then_the_load() -> None:
 def _picker(**routing: object) -> tuple[PoolPicker, dict[str, RadixCache]]:
     settings: dict[str, object] = {
         "mode": "prefix_index", "checkpoint_bytes": 64, "min_prefix_tokens": 32,
-        "pending_ttl": 0.0, **routing,
-    }  # fmt: skip
+        "pending_ttl": 0.0, "balance_window": 0, **routing,
+    }  # fmt: skip  # in-flight counts place prompts here (test_balance: the window's shares)
     cfg = LlmPool(
         models=("m",),
         endpoints=tuple(Address.parse(n) for n in NAMES),

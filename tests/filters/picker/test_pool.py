@@ -81,13 +81,33 @@ def test_a_prompt_goes_where_its_prefix_is_cached_and_away_when_that_replica_goe
 
 def test_a_busy_owner_is_skipped_past_the_imbalance_bound() -> None:
     clock = Clock()
-    picker, caches = _picker(clock, pending_ttl=0.0, max_imbalance=1.5)
+    picker, caches = _picker(clock, pending_ttl=0.0, max_imbalance=1.5, balance_window=0)
     doc = _text("doc", 300)
     caches[NAMES[0]].insert(encode(doc.decode()))
     _publish(picker, NAMES[0], caches[NAMES[0]], 1)
     prompt = picker.prompt(doc)
     picker.map.extend(prompt.data, prompt.marks, 0, len(prompt.marks))
     picker.inflight[NAMES[0]] = 5
+    assert picker.pick(picker.prompt(doc)).replica != NAMES[0]
+
+
+def test_a_busy_owner_keeps_its_prompt_while_it_was_sent_no_more_than_its_share() -> None:
+    clock = Clock()
+    picker, caches = _picker(clock, pending_ttl=0.0, max_imbalance=1.5)  # window 64, share 1.3
+    doc = _text("doc", 300)
+    caches[NAMES[0]].insert(encode(doc.decode()))
+    _publish(picker, NAMES[0], caches[NAMES[0]], 1)
+    prompt = picker.prompt(doc)
+    picker.map.extend(prompt.data, prompt.marks, 0, len(prompt.marks))
+    other = picker.prompt(b"other")
+    for name in NAMES * 4:  # every replica sent as many lately
+        picker.record(other, Pick(name, "load"))
+        picker.done(name)
+    picker.inflight[NAMES[0]] = 5
+    assert picker.pick(picker.prompt(doc)).replica == NAMES[0]
+    for _ in range(8):  # now it has been sent far more than the others
+        picker.record(other, Pick(NAMES[0], "load"))
+        picker.done(NAMES[0])
     assert picker.pick(picker.prompt(doc)).replica != NAMES[0]
 
 
