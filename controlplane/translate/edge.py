@@ -7,7 +7,10 @@
   or headers too large, a malformed request, the filter server timing out) get an OpenAI-style
   JSON body, like every error the filter and rate-limit servers send; replies that already carry
   one (the filter server's, ``tokenweir_*`` details, and the rate-limit 429) are left alone.
-  A 503 for an overflowing circuit breaker says ``retry-after: 1``.
+  Every such reply of status 5xx says ``retry-after: 1`` (an overflowing circuit breaker, no
+  healthy upstream, a refused or reset connection, retries exhausted, a timeout): Envoy knows
+  nothing of when the pool recovers, and a client told nothing retries at once; its 4xx say
+  nothing (retrying the same request does not help).
 - A body declared larger than a route accepts (``content-length``) is answered by a route of its
   own before any filter reads it: Envoy answers 413 at once, without buffering, so there is no
   race between the filter server's answer and Envoy's own buffer-limit 413.
@@ -72,27 +75,40 @@ def strip_internal_headers() -> extension_pb2.TypedExtensionConfig:
 
 
 def openai_local_replies() -> hcm_pb2.LocalReplyConfig:
+    retry = {"retry-after": str(OVERFLOW_RETRY_AFTER_S)}
     no_route = _mapper(_flags(("NR",)), "no route matches this method, host and path")
     overflow = _mapper(
         _flags(("UO",)),
         "the upstream is at its concurrency limit (circuit breaker); retry shortly",
-        headers={"retry-after": str(OVERFLOW_RETRY_AFTER_S)},
+        headers=retry,
+    )
+    flagged_5xx = _mapper(
+        accesslog_pb2.AccessLogFilter(
+            and_filter=accesslog_pb2.AndFilter(filters=[_flags(ENVOY_ERROR_FLAGS), _cel(_5XX)])
+        ),
+        "%LOCAL_REPLY_BODY%",
+        headers=retry,
     )
     flagged = _mapper(_flags(ENVOY_ERROR_FLAGS), "%LOCAL_REPLY_BODY%")
     kinds = "[" + ", ".join(f"'{k}'" for k in _ALREADY_JSON) + "]"
     own = _OWN_JSON.format(kinds=kinds)
-    rest = _mapper(
-        accesslog_pb2.AccessLogFilter(
-            extension_filter=accesslog_pb2.ExtensionFilter(
-                name="envoy.access_loggers.extension_filters.cel",
-                typed_config=any_of(
-                    cel_pb2.ExpressionFilter(expression=f"response.code >= 400 && !({own})")
-                ),
-            )
-        ),
-        "%LOCAL_REPLY_BODY%",
+    rest_5xx = _mapper(_cel(f"{_5XX} && !({own})"), "%LOCAL_REPLY_BODY%", headers=retry)
+    rest = _mapper(_cel(f"response.code >= 400 && !({own})"), "%LOCAL_REPLY_BODY%")
+    return hcm_pb2.LocalReplyConfig(
+        mappers=[no_route, overflow, flagged_5xx, flagged, rest_5xx, rest]
     )
-    return hcm_pb2.LocalReplyConfig(mappers=[no_route, overflow, flagged, rest])
+
+
+_5XX = "response.code >= 500"
+
+
+def _cel(expression: str) -> accesslog_pb2.AccessLogFilter:
+    return accesslog_pb2.AccessLogFilter(
+        extension_filter=accesslog_pb2.ExtensionFilter(
+            name="envoy.access_loggers.extension_filters.cel",
+            typed_config=any_of(cel_pb2.ExpressionFilter(expression=expression)),
+        )
+    )
 
 
 def _flags(flags: tuple[str, ...]) -> accesslog_pb2.AccessLogFilter:

@@ -59,7 +59,10 @@ gateways:
         err = json.loads(body)["error"]
         assert err["code"] == "route_not_found" and err["type"] == "gateway_error"
         assert err["message"] == "no route matches this method, host and path"
+        assert "retry-after" not in {k.lower() for k in headers}  # the same request never helps
         status, headers, body = await m.get(gw, "/v1/chat/completions")
         assert status == 503 and headers["Content-Type"] == "application/json"
         err = json.loads(body)["error"]
         assert err["message"] and err["type"] == "gateway_error" and err["code"]
+        lower = {k.lower(): v for k, v in headers.items()}
+        assert lower.get("retry-after") == "1", (headers, body)  # a 5xx of Envoy's own: retry shortly
