@@ -52,8 +52,9 @@ from bench.routing import TRACE  # noqa: E402
 from bench.routing_jobs import combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
 from controlplane.policy.model import Address, LlmPool  # noqa: E402
 from controlplane.policy.routing import RoutingPolicy  # noqa: E402
+from filters.picker.coalesce import Lead, Wait, follow  # noqa: E402
 from filters.picker.metrics import PickerMetrics  # noqa: E402
-from filters.picker.pool import PoolPicker  # noqa: E402
+from filters.picker.pool import PoolPicker, Prompt  # noqa: E402
 from filters.picker.prompt import checkpoints  # noqa: E402
 from runtime.prefixindex.hashing import prefix_block_ids  # noqa: E402
 from runtime.prefixindex.wire import KVEventBatch, decode_for_index, encode_batch  # noqa: E402
@@ -103,6 +104,10 @@ class Router:
     def done(self, replica: int, job: Job) -> None:
         return None
 
+    async def hold(self, job: Job) -> None:
+        """Before the job is sent: wait for whatever the router waits for (nothing)."""
+        return None
+
 
 class PickerRouter(Router):
     """The real picker; its checkpoint map is filled ``map_delay`` s after each pick (the
@@ -110,14 +115,19 @@ class PickerRouter(Router):
 
     def __init__(self, picker: PoolPicker, names: list[str], map_delay: float) -> None:
         self.picker, self.names, self.map_delay = picker, names, map_delay
-        self.uncached: dict[int, int] = {}  # id(job) → what record added to the backlog
+        self.sent: dict[int, tuple[int, Lead | None]] = {}  # id(job) → what record_lead said
+        self.follow: dict[int, tuple[str, Prompt, Wait]] = {}  # id(job) → the prefill it awaits
+        self.coalesced: collections.Counter[str] = collections.Counter()
+        self.waited = 0.0
 
     def pick(self, job: Job, inflight: Sequence[int]) -> tuple[int, int]:
         prompt = self.picker.prompt(job.data)
         _probe(self.picker)
-        pick = self.picker.pick(prompt)
+        pick, wait = self.picker.pick_and_lead(prompt)
         assert pick.replica is not None, pick
-        self.uncached[id(job)] = self.picker.record(prompt, pick)
+        self.sent[id(job)] = self.picker.record_lead(prompt, pick)
+        if wait is not None:
+            self.follow[id(job)] = (pick.replica, prompt, wait)
 
         def extend() -> None:
             known = len(self.picker.map.lookup(prompt.marks))
@@ -130,7 +140,22 @@ class PickerRouter(Router):
         return self.names.index(pick.replica), pick.predicted_tokens
 
     def done(self, replica: int, job: Job) -> None:
-        self.picker.done(self.names[replica], self.uncached.pop(id(job), 0))
+        uncached, own = self.sent.pop(id(job), (0, None))
+        self.picker.done(self.names[replica], uncached, own)
+
+    async def hold(self, job: Job) -> None:
+        entry = self.follow.pop(id(job), None)
+        if entry is None:
+            return
+        name, prompt, wait = entry
+        p, clock = self.picker, self.picker.clock
+        t0 = clock()
+        outcome = await follow(
+            wait.lead, lambda: p.stored_tokens(name), clock,
+            indexed=lambda: p.indexed(prompt, name, wait.marks),
+        )  # fmt: skip
+        self.coalesced[outcome] += 1
+        self.waited += clock() - t0
 
 
 class RingHashRouter(Router):
@@ -186,6 +211,8 @@ class Outcome:
     over: int = 0  # requests whose prediction exceeded what the replica matched
     admissions: int = 0
     index_wrong: int = 0  # admissions where the index disagreed with the radix cache
+    coalesced: dict[str, int] = dataclasses.field(default_factory=dict)  # picker: waits by outcome
+    waited: float = 0.0  # picker: seconds waited for others' prefills, in all
 
     def summary(self) -> dict[str, Any]:
         q = statistics.quantiles(self.ttft, n=100) if len(self.ttft) > 1 else [0.0] * 99
@@ -201,6 +228,8 @@ class Outcome:
             "over_predicted_requests": self.over,
             "admissions": self.admissions,
             "index_wrong": self.index_wrong,
+            "coalesced": self.coalesced,
+            "coalesce_wait_mean_ms": 1000 * self.waited / max(1, sum(self.coalesced.values())),
         }
 
 
@@ -216,6 +245,7 @@ def _picker(names: list[str], a: argparse.Namespace, clock: Callable[[], float])
         backlog_weight=a.backlog_weight,
         backlog_allowance=a.backlog_allowance,
         sticky_share=a.sticky_share,
+        coalesce_wait=a.coalesce_wait,
         balance_window=a.balance_window,
         max_share=a.max_share,
     )
@@ -266,8 +296,9 @@ async def simulate(router_name: str, jobs: list[Job], a: argparse.Namespace) -> 
             inflight[replica] += 1
             out.per_replica[replica] += 1
             t0 = loop.time()
+            await router.hold(job)  # the TTFT counts the wait
             params = GenerationParams(job.ids, job.max_tokens, ignore_eos=True)
-            req = EmuRequest(str(k), params, random.Random(k), arrival=t0)
+            req = EmuRequest(str(k), params, random.Random(k), arrival=loop.time())
             scheds[replica].add(req)
             while not req.done:
                 await req.event.wait()
@@ -282,6 +313,8 @@ async def simulate(router_name: str, jobs: list[Job], a: argparse.Namespace) -> 
             out.over += predicted > req.cached_tokens
 
     await asyncio.gather(*(client() for _ in range(a.concurrency)))
+    if isinstance(router, PickerRouter):
+        out.coalesced, out.waited = dict(router.coalesced), router.waited
     for s in scheds:
         await s.aclose()
     return out
@@ -348,6 +381,7 @@ def main() -> int:
     ap.add_argument("--backlog-allowance", type=int, default=8192, help="routing.backlog_allowance")
     ap.add_argument("--sticky-share", type=float, default=0.5, help="routing.sticky_share")
     ap.add_argument("--balance-window", type=int, default=64, help="routing.balance_window")
+    ap.add_argument("--coalesce-wait", type=float, default=1.0, help="routing.coalesce_wait (s)")
     ap.add_argument("--max-share", type=float, default=1.3, help="routing.max_share")
     ap.add_argument("--map-delay", type=float, default=0.0, help="picker: mapper lag (s)")
     ap.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=ROUTERS)
@@ -367,7 +401,12 @@ def main() -> int:
             f" p95 {res['ttft_p95_ms']:.0f} p99 {res['ttft_p99_ms']:.0f} ms  max/mean {res['max_over_mean']:.2f}"
             f" {res['per_replica']}  predicted {res['predicted_tokens']}"
             f" (over on {res['over_predicted_requests']})"
-            f"  index exact {res['admissions'] - res['index_wrong']}/{res['admissions']}",
+            f"  index exact {res['admissions'] - res['index_wrong']}/{res['admissions']}"
+            + (
+                f"  coalesced {res['coalesced']} (mean wait {res['coalesce_wait_mean_ms']:.1f} ms)"
+                if res["coalesced"]
+                else ""
+            ),
             flush=True,
         )
     return 0

@@ -60,6 +60,9 @@ class RoutingPolicy:
     # a prompt whose best replica holds at least this share of it stays with its cache, backlog
     # or not (below it: little to lose by going where the wait is least)
     sticky_share: Annotated[float, Range(0.0, 1.0)] = 0.5
+    # a request sent where its new prefix is being prefilled right now waits at most this long
+    # for that prefill to be stored instead of computing it again (0: never waits)
+    coalesce_wait: Annotated[float, Duration(0.0, 60)] = 1.0
     # the index keeps one block in about this many tokens (its "anchors", see anchor_every)
     anchor_tokens: Annotated[int, Range(1, 4096)] = 16
 

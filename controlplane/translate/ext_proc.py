@@ -123,14 +123,23 @@ def _uses_admission(policy: Policy) -> bool:
 
 
 def _max_message_timeout(policy: Policy) -> Any:
-    """With the admission plugin on some route, how long its queue may hold the request
-    headers (the longest lane wait plus the answer's slack, ``hold_slack``): the filter server
-    asks for it per request with ``override_message_timeout``. None (unset) without admission."""
-    if not _uses_admission(policy):
+    """The longest the filter server may hold one message, plus the answer's slack
+    (``hold_slack``): the admission queue's longest lane wait (request headers) and the
+    picker's ``routing.coalesce_wait`` (request body); the filter server asks for what it needs
+    per request with ``override_message_timeout``. None (unset) when nothing holds."""
+    holds = []
+    if _uses_admission(policy):
+        a = policy.admission
+        holds.append(max(a.interactive.wait, a.batch.wait))
+    holds += [
+        p.routing.coalesce_wait
+        for p in policy.pools.values()
+        if p.routing.mode == "prefix_index" and p.routing.coalesce_wait > 0
+    ]
+    if not holds:
         return None
     server = policy.filters if policy.filters is not None else FiltersServer()
-    a = policy.admission
-    return dur(max(a.interactive.wait, a.batch.wait) + hold_slack(server.message_timeout))
+    return dur(max(holds) + hold_slack(server.message_timeout))
 
 
 def _fails_open(route: Route) -> bool:

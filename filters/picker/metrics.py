@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["PickerMetrics"]
 
@@ -61,4 +61,15 @@ class PickerMetrics:
         self.map_dropped = Counter(
             p + "map_dropped", "prompts not mapped because the mapper queue was full", ["pool"],
             registry=r,
+        )  # fmt: skip
+        self.coalesced = Counter(
+            p + "coalesced",
+            "requests that waited for the same prefix's prefill on their replica, by how the "
+            "wait ended (stored, ended: the lead's request ended, timed_out)",
+            ["pool", "outcome"], registry=r,
+        )  # fmt: skip
+        self.coalesce_wait = Histogram(
+            p + "coalesce_wait_seconds", "how long a request waited for another's prefill",
+            ["pool"], registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
         )  # fmt: skip

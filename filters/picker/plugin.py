@@ -7,6 +7,10 @@ absent, or names a host that is unhealthy, ejected or gone). Requests it cannot 
 cold, prompt given as token ids) get no header: ring hash decides. At the stream's end it
 counts the request out of its replica's in-flight load and records the cached tokens the backend
 reported (predicted vs actual).
+
+A request the picker sends where the same new prefix is being prefilled right now waits for that
+prefill first (``routing.coalesce_wait``, :mod:`filters.picker.coalesce`), extending Envoy's
+message timeout for the wait.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from controlplane.policy.routing import ENDPOINT_HEADER
 from filters.api import BasePlugin, Context, Result
 from filters.bodies import LlmRequest, kind_for_path, parse_request
 from filters.errors import ConfigError
+from filters.picker.coalesce import follow
 from filters.picker.prompt import prompt_bytes
 from filters.services import Services
 
@@ -52,21 +57,32 @@ class PickerPlugin(BasePlugin):
             metrics.fallbacks.labels(picker.pool, "no_prompt").inc()
             return None
         prompt = picker.prompt(data)
-        pick = picker.pick(prompt)
+        pick, wait = picker.pick_and_lead(prompt)
         metrics.picks.labels(picker.pool, pick.reason).inc()
         if pick.replica is None:
             metrics.fallbacks.labels(picker.pool, pick.reason).inc()
             return None
-        uncached = picker.record(prompt, pick)
+        uncached, own = picker.record_lead(prompt, pick)
         metrics.predicted_tokens.labels(picker.pool).inc(pick.predicted_tokens)
-        ctx.scratch[_KEY] = (picker, pick.replica, uncached)
+        ctx.scratch[_KEY] = (picker, pick.replica, uncached, own)
+        if wait is not None:
+            clock, replica = picker.clock, pick.replica
+            started = clock()
+            if ctx.hold is not None:  # Envoy waits for this answer as long as the lead may take
+                await ctx.hold(max(0.0, wait.lead.until - started))
+            outcome = await follow(
+                wait.lead, lambda: picker.stored_tokens(replica), clock,
+                indexed=lambda: picker.indexed(prompt, replica, wait.marks),
+            )  # fmt: skip
+            metrics.coalesced.labels(picker.pool, outcome).inc()
+            metrics.coalesce_wait.labels(picker.pool).observe(clock() - started)
         return Result(set_headers={ENDPOINT_HEADER: pick.replica})
 
     async def stream_end(self, ctx: Context) -> None:
         entry = ctx.scratch.pop(_KEY, None)
         if entry is None or self.pickers is None:
             return
-        picker, replica, uncached = entry
-        picker.done(replica, uncached)
+        picker, replica, uncached, own = entry
+        picker.done(replica, uncached, own)
         if ctx.usage is not None and ctx.usage.cached_tokens:
             self.pickers.metrics.actual_tokens.labels(picker.pool).inc(ctx.usage.cached_tokens)

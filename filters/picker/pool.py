@@ -11,6 +11,9 @@ Load is the picker's own count of requests in flight per replica (``record`` / `
 gateway replicas see only their own share; the KV events they follow are the same, so a prompt
 already cached goes to the same replica from either.
 
+A request sent where the same new prefix is being prefilled right now may wait for that
+prefill (:mod:`filters.picker.coalesce`): ``pick_and_lead`` names the lead to follow.
+
 Beside the count, each replica's prefill **backlog**: the prompt tokens the picker sent it that
 were not predicted cached, less the tokens its KV events have stored since (a replica stores a
 prompt's blocks as its prefill completes, chunk by chunk in SGLang). Events that never come
@@ -28,8 +31,9 @@ from dataclasses import dataclass
 
 from controlplane.policy.model import Address, LlmPool
 from controlplane.policy.routing import RoutingPolicy
-from filters.picker.errors import MapperDown
-from filters.picker.mapper import ROOT, CheckpointMap, Job, Point, map_batch
+from filters.picker.coalesce import STORED_SHARE, Lead, Leads, Wait
+from filters.picker.mapper import ROOT, CheckpointMap, Point
+from filters.picker.mapping_task import run_mapper
 from filters.picker.metrics import PickerMetrics
 from filters.picker.prompt import checkpoints
 from filters.picker.score import Candidate, Pick, Weights, choose
@@ -41,8 +45,6 @@ from runtime.tasks import stop_task
 __all__ = ["PoolPicker", "Prompt", "feeds_for"]
 
 _log = logging.getLogger(__name__)
-_SLICE = 64  # checkpoints per prompt per call of the worker process
-_BATCH = 32  # prompts per call of the worker process (those queued while the last call ran)
 _MAP_GRACE_S = 30.0  # longest a pending pick waits for its prompt to be mapped
 _WARM_TIMEOUT_S = 30.0  # longest start() waits for the worker process to come up
 
@@ -106,6 +108,7 @@ class PoolPicker:
             self.index.add_replica(feed.name)
         self.metrics = metrics
         self._clock = clock
+        self.clock = clock
         self._wall = wall
         self.inflight: dict[str, int] = {f.name: 0 for f in self.feeds}
         # picks per replica over the balance window: each pick adds 1, all decay by 1 - 1/window
@@ -116,17 +119,19 @@ class PoolPicker:
         self._stored_seen: dict[str, int] = {f.name: 0 for f in self.feeds}
         # checkpoint → {replica: until}: prefixes recently sent there, before their events
         self._pending: collections.OrderedDict[bytes, dict[str, float]] = collections.OrderedDict()
-        self._queue: asyncio.Queue[Prompt] | None = None
-        self._queue_size = queue_size
+        # (replica, checkpoint) → the request prefilling it there now (prefill coalescing)
+        self.leads = Leads(self.map.max_points)
+        self.queue: asyncio.Queue[Prompt] | None = None
+        self._queue_capacity = queue_size
         self._subscriber: KvEventSubscriber | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._worker: MapperWorker | None = None
+        self.worker: MapperWorker | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self, *, worker_process: bool = True) -> None:
-        self._queue = asyncio.Queue(self._queue_size)
+        self.queue = asyncio.Queue(self._queue_capacity)
         if worker_process:  # a fresh interpreter: never fork one that runs an event loop and ZMQ
-            self._worker = MapperWorker(log=_log)
+            self.worker = MapperWorker(log=_log)
             await self._warm()
         self._subscriber = KvEventSubscriber(
             self.index,
@@ -135,7 +140,7 @@ class PoolPicker:
             probe_interval_s=min(1.0, self.routing.index_ttl / 3),
         )
         await self._subscriber.start()
-        self._tasks.append(asyncio.create_task(self._mapper(), name=f"picker-map-{self.pool}"))
+        self._tasks.append(asyncio.create_task(run_mapper(self), name=f"picker-map-{self.pool}"))
         self._tasks.append(asyncio.create_task(self._gauges(), name=f"picker-gauges-{self.pool}"))
 
     async def _warm(self) -> None:
@@ -143,11 +148,11 @@ class PoolPicker:
         request's: a new interpreter importing the mapper costs ~0.15 s of CPU, which the
         first requests after a start or a reload would otherwise share (and wait behind). A
         failure is logged; the mapper tries again with the first prompt."""
-        assert self._worker is not None
+        assert self.worker is not None
         r = self.routing
         try:
             async with asyncio.timeout(_WARM_TIMEOUT_S):
-                await self._worker.call([], r.checkpoint_bytes, r.page_size, r.anchor_every)
+                await self.worker.call([], r.checkpoint_bytes, r.page_size, r.anchor_every)
         except Exception as exc:  # logged; the mapping retries on first use
             _log.warning("picker %s: the mapper's worker process did not start: %r", self.pool, exc)
 
@@ -158,9 +163,9 @@ class PoolPicker:
         if self._subscriber is not None:
             await self._subscriber.aclose()
             self._subscriber = None
-        if self._worker is not None:
-            await self._worker.aclose()
-            self._worker = None
+        if self.worker is not None:
+            await self.worker.aclose()
+            self.worker = None
 
     # ---- the request path --------------------------------------------------------------------
     def prompt(self, data: bytes) -> Prompt:
@@ -168,10 +173,18 @@ class PoolPicker:
         return Prompt(data, marks, self.map.lookup(marks))
 
     def pick(self, prompt: Prompt, healthy: Callable[[str], bool] | None = None) -> Pick:
+        return self.pick_and_lead(prompt, healthy)[0]
+
+    def pick_and_lead(
+        self, prompt: Prompt, healthy: Callable[[str], bool] | None = None
+    ) -> tuple[Pick, Wait | None]:
+        """The pick, and the request prefilling this prompt's prefix on the picked replica right
+        now, whose prefill it should wait for (None: none; ``coalesce_wait`` 0: never)."""
         now = self._clock()
         step = self.routing.checkpoint_bytes
         held = self._held(prompt.points, now)
         pending = self._pending_runs(prompt.marks, now)
+        leading = self.leads.runs(prompt.marks, now) if self.routing.coalesce_wait > 0 else {}
         self._drain()
         free = self.routing.backlog_allowance
         candidates = []
@@ -183,6 +196,9 @@ class PoolPicker:
             own = self._tokens_at(prompt.points, pend) - self._tokens_at(prompt.points, k)
             if pend > len(prompt.points):  # the index cannot know that far yet: trust the pick
                 k = max(k, pend)
+            lead = leading.get(name)
+            if lead is not None and lead.marks > k:
+                k = lead.marks  # being prefilled there now: a request sent there waits for it
             candidates.append(
                 Candidate(
                     name=name,
@@ -197,14 +213,38 @@ class PoolPicker:
                 )
             )
         tie = prompt.marks[0] if prompt.marks else prompt.data[:64]
-        return choose(candidates, len(prompt.data), self.weights, tie, self._tokens_of(prompt))
+        pick = choose(candidates, len(prompt.data), self.weights, tie, self._tokens_of(prompt))
+        return pick, self._lead_for(prompt, pick, held, leading)
+
+    def _lead_for(
+        self, prompt: Prompt, pick: Pick, held: dict[str, int | None], leading: dict[str, Wait]
+    ) -> Wait | None:
+        """The lead to follow: the picked replica is prefilling this prompt's first
+        checkpoints now (``leading``) further than its events show them stored (``held``), by
+        at least ``min_prefix_tokens``."""
+        wait = leading.get(pick.replica) if pick.replica is not None else None
+        if wait is None:
+            return None
+        stored = held.get(wait.lead.replica) or 0
+        if wait.marks <= stored:
+            return None
+        ahead = self._tokens_at(prompt.points, wait.marks) - self._tokens_at(prompt.points, stored)
+        return wait if ahead >= self.routing.min_prefix_tokens else None
 
     def record(self, prompt: Prompt, pick: Pick) -> int:
         """``pick`` was sent: count it in flight, remember its prefix, map its new text. Returns
         the tokens it adds to the replica's prefill backlog (give them back to ``done``)."""
+        return self.record_lead(prompt, pick, lead=False)[0]
+
+    def record_lead(
+        self, prompt: Prompt, pick: Pick, *, lead: bool = True
+    ) -> tuple[int, Lead | None]:
+        """:meth:`record`, and the lead this request is when it has a new prefix to prefill
+        (give it to ``done``: requests that follow it stop waiting when it ends; ``lead``
+        False: it leads nobody)."""
         name = pick.replica
         if name is None:
-            return 0
+            return 0, None
         self.inflight[name] = self.inflight.get(name, 0) + 1
         if self.routing.balance_window > 0:
             keep = 1.0 - 1.0 / self.routing.balance_window
@@ -216,9 +256,9 @@ class PoolPicker:
             self.backlog[name] += uncached
             self._inflight_uncached[name] += uncached
         queued = False
-        if len(prompt.points) < len(prompt.marks) and self._queue is not None:
+        if len(prompt.points) < len(prompt.marks) and self.queue is not None:
             try:
-                self._queue.put_nowait(prompt)
+                self.queue.put_nowait(prompt)
                 queued = True
             except asyncio.QueueFull:
                 self.metrics.map_dropped.labels(self.pool).inc()
@@ -232,7 +272,35 @@ class PoolPicker:
                 self._pending.move_to_end(mark)
             while len(self._pending) > self.map.max_points:
                 self._pending.popitem(last=False)
-        return uncached
+        return uncached, self._lead(prompt, pick, uncached) if lead else None
+
+    def _lead(self, prompt: Prompt, pick: Pick, uncached: int) -> Lead | None:
+        """This request as the lead of its new checkpoints on its replica (None: too little to
+        prefill, coalescing off, or its backlog unknown)."""
+        r, name = self.routing, pick.replica
+        if r.coalesce_wait <= 0 or name is None or uncached < r.min_prefix_tokens:
+            return None
+        if name not in self.backlog:
+            return None
+        # the replica's events have stored half of what was waiting to be prefilled there when
+        # it was sent, this request included (the backlog counts from the last count read):
+        # see coalesce.STORED_SHARE
+        target = self._stored_seen[name] + int(STORED_SHARE * self.backlog[name])
+        lead = Lead(name, target, self._clock() + r.coalesce_wait)
+        self.leads.add(lead, prompt.marks[pick.predicted_bytes // r.checkpoint_bytes :])
+        return lead
+
+    def indexed(self, prompt: Prompt, name: str, marks: int) -> bool:
+        """The index shows ``name`` holding ``prompt``'s first ``marks`` checkpoints (False
+        while they are not all mapped yet: then nobody can tell)."""
+        points = self.map.lookup(prompt.marks[:marks])
+        if len(points) < marks:
+            return False
+        return (self._held(points, self._clock()).get(name) or 0) >= marks
+
+    def stored_tokens(self, name: str) -> int:
+        """Tokens the replica's KV events have stored, ever (what a follower waits on)."""
+        return self.index.stored_tokens(name)
 
     def _tokens_of(self, prompt: Prompt) -> int:
         """The prompt's tokens: mapped exactly as far as its checkpoints are, the rest at the
@@ -249,7 +317,7 @@ class PoolPicker:
                 self._stored_seen[name] = stored
                 self.backlog[name] = max(0, self.backlog[name] - (stored - seen))
 
-    def _mapped(self, prompt: Prompt) -> None:
+    def mapped(self, prompt: Prompt) -> None:
         """``prompt``'s text is mapped: its pending picks expire ``pending_ttl`` from now."""
         until = self._clock() + self.routing.pending_ttl
         for mark in prompt.marks:
@@ -271,8 +339,11 @@ class PoolPicker:
         tokens = base.tokens + int(more)
         return tokens - tokens % self.routing.page_size
 
-    def done(self, name: str, uncached: int = 0) -> None:
-        """A request sent to ``name`` ended; ``uncached``: what its ``record`` returned."""
+    def done(self, name: str, uncached: int = 0, lead: Lead | None = None) -> None:
+        """A request sent to ``name`` ended; ``uncached`` and ``lead``: what its ``record_lead``
+        returned (the requests following its prefill stop waiting)."""
+        if lead is not None:
+            lead.done = True
         if self.inflight.get(name, 0) > 0:
             self.inflight[name] -= 1
         if name in self._inflight_uncached:
@@ -306,60 +377,6 @@ class PoolPicker:
         return runs
 
     # ---- background --------------------------------------------------------------------------
-    async def _mapper(self) -> None:
-        """Map queued prompts in a worker process (the filter's event loop stays free). Each
-        call takes every prompt queued meanwhile (at most ``_BATCH``), one slice of each: on a
-        busy box the mapper runs behind (tens of prompts queued), and every call costs the event
-        loop a frame each way. A call that fails (the worker died: the next call starts a new
-        one) leaves its prompts unmapped, counted in ``map_failed``; the mapper goes on."""
-        assert self._queue is not None
-        step, page = self.routing.checkpoint_bytes, self.routing.page_size
-        every = self.routing.anchor_every
-        while True:
-            todo = [await self._queue.get()]
-            while len(todo) < _BATCH and not self._queue.empty():
-                todo.append(self._queue.get_nowait())
-            while todo:
-                jobs: list[Job] = []
-                sent: list[tuple[Prompt, int, Point]] = []
-                for prompt in todo:
-                    known = len(self.map.lookup(prompt.marks))
-                    start = self.map.start_of(prompt.marks, known)
-                    if known >= len(prompt.marks) or start is None:  # mapped, or evicted
-                        self._mapped(prompt)
-                        continue
-                    count = min(_SLICE, len(prompt.marks) - known)
-                    # only the bytes still to map go to the worker process, not the whole
-                    # prompt (a conversation's next turn resumes where its last one was mapped)
-                    data = prompt.data[start.resume : (known + count) * step]
-                    jobs.append(
-                        (prompt.marks[known : known + count], data, start, known, count,
-                         start.resume)
-                    )  # fmt: skip
-                    sent.append((prompt, known, start))
-                if not jobs:
-                    break
-                if self._worker is not None:
-                    try:
-                        results = await self._worker.call(jobs, step, page, every)
-                    except MapperDown as exc:  # their prompts map when seen again
-                        _log.warning("picker %s: %s; %d prompts left unmapped", self.pool, exc,
-                                     len(sent))  # fmt: skip
-                        self.metrics.map_failed.labels(self.pool).inc()
-                        for prompt, _, _ in sent:
-                            self._mapped(prompt)
-                        break
-                else:
-                    results = map_batch(jobs, step, page, every)
-                todo = []
-                for (prompt, known, start), (points, hashed) in zip(sent, results, strict=True):
-                    self.map.store(prompt.marks, known, start, points)
-                    self.metrics.mapped_tokens.labels(self.pool).inc(hashed)
-                    if known + len(points) < len(prompt.marks):
-                        todo.append(prompt)  # the next slice, in the next call
-                    else:
-                        self._mapped(prompt)
-
     async def _gauges(self) -> None:
         while True:
             now, wall = self._clock(), self._wall()

@@ -80,6 +80,7 @@ class Pick:
     replica: str | None
     reason: str
     predicted_tokens: int = 0  # tokens the chosen replica should find in its cache
+    predicted_bytes: int = 0  # the same, in leading prompt bytes (whole checkpoints)
 
 
 def choose(
@@ -127,7 +128,8 @@ def choose(
     if not useful(best) or best.matched_bytes < weights.sticky_share * size:
         # little of it cached anywhere: where this prompt waits least
         best = max(allowed, key=lambda c: score(c, True))
-    return Pick(best.name, "cache" if useful(best) else "load", best.matched_tokens)
+    reason = "cache" if useful(best) else "load"
+    return Pick(best.name, reason, best.matched_tokens, best.matched_bytes)
 
 
 def _load(c: Candidate) -> int:

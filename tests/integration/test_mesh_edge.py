@@ -65,4 +65,7 @@ gateways:
         err = json.loads(body)["error"]
         assert err["message"] and err["type"] == "gateway_error" and err["code"]
         lower = {k.lower(): v for k, v in headers.items()}
-        assert lower.get("retry-after") == "1", (headers, body)  # a 5xx of Envoy's own: retry shortly
+        assert lower.get("retry-after") == "1", (
+            headers,
+            body,
+        )  # a 5xx of Envoy's own: retry shortly

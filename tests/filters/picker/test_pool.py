@@ -211,7 +211,7 @@ def test_a_pending_pick_waits_for_its_prompt_to_be_mapped_then_expires() -> None
     pending pick expired (1 s) and the index blind (text not mapped), and went elsewhere."""
     clock = Clock()
     picker, _ = _picker(clock, pending_ttl=1.0)
-    picker._queue = asyncio.Queue(8)  # as start() makes it; nothing maps in this test
+    picker.queue = asyncio.Queue(8)  # as start() makes it; nothing maps in this test
     doc = _text("slowmap", 200)
     prompt = picker.prompt(doc)
     picker.done(NAMES[1], picker.record(prompt, Pick(NAMES[1], "load")))
@@ -220,7 +220,7 @@ def test_a_pending_pick_waits_for_its_prompt_to_be_mapped_then_expires() -> None
         picker.index.heard(n, clock.now)
     follow = picker.pick(picker.prompt(doc + b" next turn"))
     assert (follow.replica, follow.reason) == (NAMES[1], "cache")
-    picker._mapped(prompt)  # the mapper caught up: pending_ttl from now on
+    picker.mapped(prompt)  # the mapper caught up: pending_ttl from now on
     clock.now += 1.5
     for n in NAMES:
         picker.index.heard(n, clock.now)
@@ -244,9 +244,9 @@ def test_the_mapper_process_maps_only_the_bytes_it_is_sent_and_gets_the_same_poi
         picker = PoolPicker("chat", cfg, PickerMetrics(CollectorRegistry()), feeds=[])
         await picker.start(worker_process=True)
         try:
-            assert picker._worker is not None
+            assert picker.worker is not None
             # started at start (an empty mapping), not by the first request's prompt
-            pid = picker._worker.pid
+            pid = picker.worker.pid
             assert pid is not None and pid != os.getpid()  # the hashing runs in the worker
             os.kill(pid, 0)  # alive
             # a conversation's second turn: only its new bytes go to the worker, same points
@@ -274,7 +274,7 @@ def test_prompts_queued_while_the_mapper_works_go_in_one_call(
 ) -> None:
     """A busy mapper takes everything queued meanwhile in one call of its worker (one slice of
     each prompt per call), and the map ends as if they had been mapped one by one."""
-    import filters.picker.pool as pool_mod
+    import filters.picker.mapping_task as pool_mod
 
     calls: list[int] = []
     real = pool_mod.map_batch

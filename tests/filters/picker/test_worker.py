@@ -137,8 +137,8 @@ def test_the_pool_maps_on_after_its_worker_is_killed() -> None:
         await picker.start(worker_process=True)
         try:
             assert await mapped(picker, b" ".join(b"w%d" % i for i in range(300)))
-            assert picker._worker is not None and picker._worker.pid is not None
-            os.kill(picker._worker.pid, signal.SIGKILL)
+            assert picker.worker is not None and picker.worker.pid is not None
+            os.kill(picker.worker.pid, signal.SIGKILL)
             lost = picker.prompt(b" ".join(b"x%d" % i for i in range(300)))
             picker.record(lost, Pick("127.0.0.1:1", "load", 0))
             for _ in range(300):
@@ -147,7 +147,7 @@ def test_the_pool_maps_on_after_its_worker_is_killed() -> None:
                 await asyncio.sleep(0.02)
             assert metrics.map_failed.labels("chat")._value.get() == 1
             assert await mapped(picker, b" ".join(b"y%d" % i for i in range(300)))
-            assert picker._worker.restarts == 1
+            assert picker.worker.restarts == 1
         finally:
             await picker.aclose()
 

@@ -1,0 +1,75 @@
+"""The picker's mapper task: fills a pool's checkpoint map off the request path, in the worker
+process (:mod:`filters.picker.worker`), from the prompts :class:`~filters.picker.pool.PoolPicker`
+queues after each pick."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from filters.picker.errors import MapperDown
+from filters.picker.mapper import Job, Point, map_batch
+
+if TYPE_CHECKING:
+    from filters.picker.pool import PoolPicker, Prompt
+
+__all__ = ["run_mapper"]
+
+_log = logging.getLogger("filters.picker.pool")
+_SLICE = 64  # checkpoints per prompt per call of the worker process
+_BATCH = 32  # prompts per call of the worker process (those queued while the last call ran)
+
+
+async def run_mapper(picker: PoolPicker) -> None:
+    """Map queued prompts in a worker process (the filter's event loop stays free). Each
+    call takes every prompt queued meanwhile (at most ``_BATCH``), one slice of each: on a
+    busy box the mapper runs behind (tens of prompts queued), and every call costs the event
+    loop a frame each way. A call that fails (the worker died: the next call starts a new
+    one) leaves its prompts unmapped, counted in ``map_failed``; the mapper goes on."""
+    assert picker.queue is not None
+    step, page = picker.routing.checkpoint_bytes, picker.routing.page_size
+    every = picker.routing.anchor_every
+    while True:
+        todo = [await picker.queue.get()]
+        while len(todo) < _BATCH and not picker.queue.empty():
+            todo.append(picker.queue.get_nowait())
+        while todo:
+            jobs: list[Job] = []
+            sent: list[tuple[Prompt, int, Point]] = []
+            for prompt in todo:
+                known = len(picker.map.lookup(prompt.marks))
+                start = picker.map.start_of(prompt.marks, known)
+                if known >= len(prompt.marks) or start is None:  # mapped, or evicted
+                    picker.mapped(prompt)
+                    continue
+                count = min(_SLICE, len(prompt.marks) - known)
+                # only the bytes still to map go to the worker process, not the whole
+                # prompt (a conversation's next turn resumes where its last one was mapped)
+                data = prompt.data[start.resume : (known + count) * step]
+                jobs.append(
+                    (prompt.marks[known : known + count], data, start, known, count,
+                     start.resume)
+                )  # fmt: skip
+                sent.append((prompt, known, start))
+            if not jobs:
+                break
+            if picker.worker is not None:
+                try:
+                    results = await picker.worker.call(jobs, step, page, every)
+                except MapperDown as exc:  # their prompts map when seen again
+                    _log.warning("picker %s: %s; %d prompts left unmapped", picker.pool, exc,
+                                 len(sent))  # fmt: skip
+                    picker.metrics.map_failed.labels(picker.pool).inc()
+                    for prompt, _, _ in sent:
+                        picker.mapped(prompt)
+                    break
+            else:
+                results = map_batch(jobs, step, page, every)
+            todo = []
+            for (prompt, known, start), (points, hashed) in zip(sent, results, strict=True):
+                picker.map.store(prompt.marks, known, start, points)
+                picker.metrics.mapped_tokens.labels(picker.pool).inc(hashed)
+                if known + len(points) < len(prompt.marks):
+                    todo.append(prompt)  # the next slice, in the next call
+                else:
+                    picker.mapped(prompt)
