@@ -63,14 +63,14 @@ gateways:
 """
 
 
-def _emulator(tmp_path: Path, i: int, port: int) -> ChildProcess:
+def _emulator(tmp_path: Path, i: int, port: int, time_scale: float = 0.01) -> ChildProcess:
     kv = {
         "publisher": "zmq",
         "endpoint": f"tcp://*:{port + OFFSET}",
         "replay_endpoint": f"tcp://127.0.0.1:{port + OFFSET + 1}",
     }
     argv = [sys.executable, "-m", "backends.emulator", "--port", str(port), "--model", "m1"]
-    argv += ["--time-scale", "0.01", "--seed", str(i), "--log-level", "WARNING"]
+    argv += ["--time-scale", str(time_scale), "--seed", str(i), "--log-level", "WARNING"]
     argv += ["--kv-events-config", json.dumps(kv)]
     return ChildProcess(argv, log=tmp_path / f"emulator{i}.log")
 

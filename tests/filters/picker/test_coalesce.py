@@ -5,13 +5,21 @@ network)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from types import SimpleNamespace
+
 import pytest
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
+from prometheus_client import CollectorRegistry
 
 from backends.emulator.tokenizer import encode
 from controlplane.policy import load_policy_text
 from controlplane.translate.ext_proc import ext_proc_http_filter
+from filters.api import Context, RouteInfo
 from filters.picker.coalesce import Lead, Leads, follow
+from filters.picker.plugin import PickerPlugin
+from filters.picker.registry import Pickers
 from filters.picker.score import Pick
 from tests.filters.picker.test_pool import NAMES, Clock, _picker, _publish, _text
 
@@ -134,3 +142,43 @@ def test_envoy_may_wait_for_the_picker_as_long_as_coalesce_wait_allows() -> None
         load_policy_text(POLICY.replace("COALESCE", "0s"))
     ).typed_config.Unpack(off)
     assert not off.HasField("max_message_timeout")
+
+
+# ---- the plugin: Envoy told to wait, the wait counted -----------------------------------------
+
+
+async def test_the_plugin_holds_envoy_for_the_lead_and_counts_how_the_wait_ended() -> None:
+    clock = Clock()
+    picker, _ = _picker(clock, pending_ttl=1.0, coalesce_wait=2.0)
+    registry = CollectorRegistry()
+    pickers = Pickers(registry=registry)
+    pickers._pools["chat"] = (None, picker)
+    plugin = PickerPlugin({}, SimpleNamespace(pickers=pickers))  # type: ignore[arg-type]
+    route = RouteInfo(name="llm", pool="chat", models=("m",))
+    body = json.dumps({"text": _text("doc", 300).decode()}).encode()
+    held: list[float] = []
+
+    async def hold(seconds: float) -> None:
+        held.append(seconds)
+
+    def ctx() -> Context:
+        c = Context(route=route, started=clock(), method="POST", path="/generate")
+        c.hold = hold
+        return c
+
+    lead_ctx = ctx()
+    first = await plugin.request_body(lead_ctx, body)
+    assert first is not None and held == []  # the lead itself never waits
+    follower = asyncio.ensure_future(plugin.request_body(ctx(), body))
+    await asyncio.sleep(0.02)
+    assert not follower.done() and held == [2.0]  # Envoy told to wait as long as the lead may
+    await plugin.stream_end(lead_ctx)  # the lead's request ended
+    out = await asyncio.wait_for(follower, 1.0)
+    assert out is not None
+    assert out.set_headers == first.set_headers  # to the lead's replica
+    assert (
+        registry.get_sample_value(
+            "tokenweir_picker_coalesced_total", {"pool": "chat", "outcome": "ended"}
+        )
+        == 1.0
+    )
