@@ -12,15 +12,26 @@ One asyncio task per replica (owned by ``KvEventSubscriber``; ``aclose()`` stops
 
 Without a replay endpoint a replica is known only while batches keep arriving within the index's
 ``stale_after_s``.
+
+The SUB and monitor sockets are plain (blocking-API) ZMQ sockets read with ``NOBLOCK`` when the
+event loop sees their file descriptor readable, not ``zmq.asyncio`` sockets: pyzmq's asyncio
+layer makes a future and re-registers the descriptor for every receive and every poll, which was
+~19% of the filter server's busy samples on the picker route (docs/benchmarks.md). ZMQ's
+descriptor is edge-triggered: it signals a change, not a level, so after each wake-up the
+sockets are read until their ``EVENTS`` say nothing is left (or the drain's budget is spent and
+the task takes another turn at once). The replay DEALER (one short exchange per probe) stays on
+``zmq.asyncio``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import zmq
 import zmq.asyncio
@@ -70,12 +81,14 @@ class KvEventSubscriber:
         self._clock = clock
         self._probe_interval_s = probe_interval_s
         self._replay_timeout_s = replay_timeout_s
-        self._ctx: zmq.asyncio.Context | None = None
+        self._ctx: zmq.asyncio.Context | None = None  # the replay DEALERs
+        self._sync: zmq.Context[zmq.Socket[bytes]] | None = None  # SUB and monitor sockets
         self._tasks: list[asyncio.Task[None]] = []
         self.decode_errors = 0
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
+        self._sync = zmq.Context()
         for feed in self.feeds:
             self.index.add_replica(feed.name)
             task = asyncio.create_task(self._follow(feed), name=f"kv-events-{feed.name}")
@@ -87,9 +100,10 @@ class KvEventSubscriber:
             task.cancel()
         if tasks:  # a cancel of aclose itself (a caller's time limit) is passed on
             await asyncio.wait(tasks)
-        if self._ctx is not None:
-            self._ctx.destroy(linger=0)  # closes any socket a cancelled task left open
-            self._ctx = None
+        for ctx in (self._ctx, self._sync):
+            if ctx is not None:
+                ctx.destroy(linger=0)  # closes any socket a cancelled task left open
+        self._ctx = self._sync = None
 
     async def _follow(self, feed: ReplicaFeed) -> None:
         while True:
@@ -101,15 +115,17 @@ class KvEventSubscriber:
 
     async def _follow_connection(self, feed: ReplicaFeed) -> None:
         """Follow one connection of ``feed`` until its publisher disconnects."""
-        assert self._ctx is not None
-        sub = self._ctx.socket(zmq.SUB)
+        assert self._sync is not None
+        loop = asyncio.get_running_loop()
+        sub = self._sync.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, feed.topic.encode())
         monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sub.connect(feed.endpoint)
-        poller = zmq.asyncio.Poller()
-        poller.register(sub, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
+        wake = asyncio.Event()
+        fds = (sub.fileno(), monitor.fileno())  # ZMQ's edge-triggered signal descriptors
+        for fd in fds:
+            loop.add_reader(fd, wake.set)
         next_probe = self._clock()
         try:
             while True:
@@ -118,37 +134,47 @@ class KvEventSubscriber:
                     # what is missing, not for batches that would then arrive as duplicates;
                     # while a backlog is still queued the stream is flowing, so the probe
                     # waits for it (a gap in it still asks at once)
-                    gap, more = await self._drain(feed, sub)
+                    gap, more = self._drain(feed, sub)
                     if gap or not more:
                         await self._replay(feed)
                         next_probe = self._clock() + self._probe_interval_s
-                ready = dict(await poller.poll(timeout=self._probe_interval_s * 1000))
-                if monitor in ready:
-                    event = parse_monitor_message(await monitor.recv_multipart())
-                    if event["event"] == zmq.EVENT_DISCONNECTED:
-                        return
-                if sub in ready and (await self._drain(feed, sub))[0]:
+                if _disconnected(monitor):
+                    return
+                wake.clear()  # before reading: a signal from here on wakes the wait below
+                gap, more = self._drain(feed, sub)
+                if gap:
                     next_probe = self._clock()  # a gap: ask the replay socket now
+                if more or gap or _readable(monitor):
+                    await asyncio.sleep(0)  # the rest after the loop's other tasks had a turn
+                    continue
+                wait = self._probe_interval_s
+                if feed.replay_endpoint is not None:
+                    wait = max(0.0, next_probe - self._clock())
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await wake.wait()
         finally:
+            for fd in fds:
+                loop.remove_reader(fd)
             sub.disable_monitor()
             monitor.close(linger=0)
             sub.close(linger=0)
 
-    async def _drain(self, feed: ReplicaFeed, sub: zmq.asyncio.Socket) -> tuple[bool, bool]:
+    def _drain(self, feed: ReplicaFeed, sub: zmq.Socket[bytes]) -> tuple[bool, bool]:
         """Apply the batches ``sub`` holds (up to ``_DRAIN_MAX``, or ``_DRAIN_SECONDS`` of
-        work): one poll per burst, not per batch, so a busy loop does not fall behind the
-        publishers and leave the batches to the next replay probe (each then decoded twice).
+        work): a busy loop does not fall behind the publishers and leave the batches to the
+        next replay probe (each then decoded twice), and requests on the loop are not held.
         ``(gap, more)``: the replica needs a replay; batches were left for the next turn."""
         gap = False
         until = time.perf_counter() + _DRAIN_SECONDS
         for _ in range(_DRAIN_MAX):
-            try:  # a message already queued: the future is done, awaiting it does not yield
-                parts = await sub.recv_multipart(flags=zmq.NOBLOCK)
+            try:
+                parts = sub.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return gap, False
             gap = self._on_message(feed, parts) or gap
             if time.perf_counter() >= until:
-                break  # the rest at the next poll, after the loop's other tasks had a turn
+                break
         return gap, True
 
     def _on_message(self, feed: ReplicaFeed, parts: list[bytes]) -> bool:
@@ -191,3 +217,17 @@ class KvEventSubscriber:
             log.warning("KV events: replay from %s: %s", feed.name, exc)
         finally:
             dealer.close(linger=0)
+
+
+def _readable(sock: zmq.Socket[bytes]) -> bool:
+    """Whether ``sock`` holds a message (reading ``EVENTS`` also re-arms its descriptor)."""
+    return bool(cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+
+def _disconnected(monitor: zmq.Socket[bytes]) -> bool:
+    """Whether the monitor reported the publisher gone; reads every event it holds."""
+    while _readable(monitor):
+        event = parse_monitor_message(monitor.recv_multipart(flags=zmq.NOBLOCK))
+        if event["event"] == zmq.EVENT_DISCONNECTED:
+            return True
+    return False

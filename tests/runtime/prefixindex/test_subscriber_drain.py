@@ -89,3 +89,38 @@ async def test_a_burst_is_applied_live_and_the_probe_replays_nothing(tmp_path: P
         await sub.aclose()
         server.cancel()
         ctx.destroy(linger=0)
+
+
+async def test_single_batches_are_applied_as_they_come_not_at_the_next_probe(
+    tmp_path: Path,
+) -> None:
+    """ZMQ's descriptor is edge-triggered: a wake-up lost between reading the socket dry and
+    waiting again would leave a batch queued until the next probe (30 s here)."""
+    ctx = zmq.asyncio.Context()
+    pub, router = ctx.socket(zmq.XPUB), ctx.socket(zmq.ROUTER)
+    for s in (pub, router):
+        s.setsockopt(zmq.LINGER, 0)
+    pub.bind(f"ipc://{tmp_path}/r.pub")
+    router.bind(f"ipc://{tmp_path}/r.replay")
+    log = [encode_batch(_batch(0))]
+    sent: list[int] = []
+    server = asyncio.create_task(_replay_server(router, log, sent))
+    index = PrefixIndex(1, stale_after_s=60.0)
+    feed = ReplicaFeed("r", f"ipc://{tmp_path}/r.pub", f"ipc://{tmp_path}/r.replay")
+    sub = KvEventSubscriber(index, [feed], probe_interval_s=30.0)
+    await sub.start()
+    try:
+        await _until(lambda: index.resync_from("r") == 1)  # the first probe: the baseline
+        assert (await asyncio.wait_for(pub.recv(), timeout=10.0))[:1] == b"\x01"
+        for seq in range(1, 41):
+            log.append(encode_batch(_batch(seq)))
+            await pub.send_multipart(encode_frame("", seq, _batch(seq)))
+            if seq % 2:  # half of them while the subscriber's task is waiting, half at once
+                await _until(lambda seq=seq: index.resync_from("r") == seq + 1, timeout=5.0)
+        await _until(lambda: index.resync_from("r") == 41, timeout=5.0)
+        assert sent == [0]  # only the baseline was replayed
+        assert index.blocks_of("r") == 40
+    finally:
+        await sub.aclose()
+        server.cancel()
+        ctx.destroy(linger=0)
