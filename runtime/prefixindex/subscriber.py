@@ -26,7 +26,6 @@ the task takes another turn at once). The replay DEALER (one short exchange per 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -122,10 +121,7 @@ class KvEventSubscriber:
         sub.setsockopt(zmq.SUBSCRIBE, feed.topic.encode())
         monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sub.connect(feed.endpoint)
-        wake = asyncio.Event()
-        fds = (sub.fileno(), monitor.fileno())  # ZMQ's edge-triggered signal descriptors
-        for fd in fds:
-            loop.add_reader(fd, wake.set)
+        wake = _Wake(loop, sub.fileno(), monitor.fileno())
         next_probe = self._clock()
         try:
             while True:
@@ -138,24 +134,20 @@ class KvEventSubscriber:
                     if gap or not more:
                         await self._replay(feed)
                         next_probe = self._clock() + self._probe_interval_s
-                if _disconnected(monitor):
+                if wake.take_monitor() and _disconnected(monitor):
                     return
                 wake.clear()  # before reading: a signal from here on wakes the wait below
                 gap, more = self._drain(feed, sub)
                 if gap:
                     next_probe = self._clock()  # a gap: ask the replay socket now
-                if more or gap or _readable(monitor):
+                if more or gap or wake.monitor:
                     await asyncio.sleep(0)  # the rest after the loop's other tasks had a turn
                     continue
-                wait = self._probe_interval_s
                 if feed.replay_endpoint is not None:
-                    wait = max(0.0, next_probe - self._clock())
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):
-                        await wake.wait()
+                    wake.at(next_probe - self._clock(), next_probe)
+                await wake.wait()
         finally:
-            for fd in fds:
-                loop.remove_reader(fd)
+            wake.close()
             sub.disable_monitor()
             monitor.close(linger=0)
             sub.close(linger=0)
@@ -217,6 +209,56 @@ class KvEventSubscriber:
             log.warning("KV events: replay from %s: %s", feed.name, exc)
         finally:
             dealer.close(linger=0)
+
+
+class _Wake:
+    """What wakes one connection's task: its SUB descriptor, its monitor's descriptor (noted
+    apart, so the monitor is read only when it signalled: reading ``EVENTS`` costs a system
+    call or two), and the next probe's timer (one timer per probe, not one per wait)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sub_fd: int, monitor_fd: int) -> None:
+        self._loop, self._fds = loop, (sub_fd, monitor_fd)
+        self._event = asyncio.Event()
+        self.monitor = True  # read it once at the start: it may have signalled before
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_key: float | None = None
+        loop.add_reader(sub_fd, self._event.set)
+        loop.add_reader(monitor_fd, self._on_monitor)
+
+    def _on_monitor(self) -> None:
+        self.monitor = True
+        self._event.set()
+
+    def take_monitor(self) -> bool:
+        """Whether the monitor signalled since the last call."""
+        signalled, self.monitor = self.monitor, False
+        return signalled
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def at(self, delay: float, key: float) -> None:
+        """Wake in ``delay`` s (the probe ``key`` is due), unless that timer is already set."""
+        if key != self._timer_key:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._loop.call_later(max(0.0, delay), self._on_timer)
+            self._timer_key = key
+
+    def _on_timer(self) -> None:
+        # the loop's clock may run a little ahead of the subscriber's: if the probe is not due
+        # yet when this wakes it, the next ``at`` sets a new timer for what is left
+        self._timer = self._timer_key = None
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for fd in self._fds:
+            self._loop.remove_reader(fd)
 
 
 def _readable(sock: zmq.Socket[bytes]) -> bool:

@@ -124,3 +124,31 @@ async def test_single_batches_are_applied_as_they_come_not_at_the_next_probe(
         await sub.aclose()
         server.cancel()
         ctx.destroy(linger=0)
+
+
+async def test_a_quiet_replica_is_probed_every_interval(tmp_path: Path) -> None:
+    """No batch comes: only the probe's timer wakes the task, and it must keep doing so (the
+    heartbeat that keeps a quiet replica known and finds a lost last batch)."""
+    ctx = zmq.asyncio.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(f"ipc://{tmp_path}/r.replay")
+    asks: list[float] = []
+
+    async def serve() -> None:
+        while True:
+            ident, _, _raw = await router.recv_multipart()
+            asks.append(time.monotonic())
+            await router.send_multipart([ident, b"", encode_seq(END_SEQ), b""])
+
+    server = asyncio.create_task(serve())
+    index = PrefixIndex(1, stale_after_s=60.0)
+    feed = ReplicaFeed("r", f"ipc://{tmp_path}/r.pub", f"ipc://{tmp_path}/r.replay")
+    sub = KvEventSubscriber(index, [feed], probe_interval_s=0.05)
+    await sub.start()
+    try:
+        await _until(lambda: len(asks) >= 10, timeout=10.0)
+    finally:
+        await sub.aclose()
+        server.cancel()
+        ctx.destroy(linger=0)
