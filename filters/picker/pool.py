@@ -282,9 +282,9 @@ class PoolPicker:
             return None
         if name not in self.backlog:
             return None
-        # the replica's events have stored half of what was waiting to be prefilled there when
-        # it was sent, this request included (the backlog counts from the last count read):
-        # see coalesce.STORED_SHARE
+        # its prefill counts as done once the replica's events have stored STORED_SHARE of
+        # what was waiting to be prefilled there when it was sent, this request included (the
+        # backlog counts from the last count read): see filters/picker/coalesce.py
         target = self._stored_seen[name] + int(STORED_SHARE * self.backlog[name])
         lead = Lead(name, target, self._clock() + r.coalesce_wait)
         self.leads.add(lead, prompt.marks[pick.predicted_bytes // r.checkpoint_bytes :])
