@@ -19,39 +19,23 @@ import pytest
 from filters.app import FilterApp, Settings
 from tests.helpers import free_port, wait_for_port
 from tests.integration.mesh_harness import mesh
-from tests.integration.test_picker_envoy import OFFSET, _doc, _emulator, _free_port_block, _until
+from tests.integration.test_picker_envoy import (
+    _doc,
+    _emulator,
+    _free_port_block,
+    _until,
+    policy_text,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-def policy_text(gw: int, fp: int, replicas: list[int]) -> str:
-    eps = ", ".join(f"127.0.0.1:{p}" for p in replicas)
-    return f"""
-version: 1
-control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 200ms}}
-pools:
-  chat:
-    models: [m1]
-    endpoints: [{eps}]
-    health_check: {{interval: 200ms, timeout: 200ms, unhealthy_threshold: 1}}
-    routing:
-      mode: prefix_index
-      min_prefix_tokens: 64
-      checkpoint_bytes: 256
-      index_ttl: 5s
-      coalesce_wait: 3s
-      max_imbalance: 5        # four requests on one replica of three: not moved for load
-      kv_events_port_offset: {OFFSET}
-gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - name: native
-        match: {{path: /generate}}
-        pool: chat
-        filters: {{plugins: [{{name: identity, settings: {{require: false}}}}, tokens, picker, usage]}}
-"""
+def _policy(gw: int, fp: int, replicas: list[int]) -> str:
+    return policy_text(
+        gw, fp, replicas, message_timeout="200ms",
+        # four requests on one replica of three: not moved for load
+        routing=("coalesce_wait: 3s", "max_imbalance: 5"),
+    )  # fmt: skip
 
 
 async def test_requests_starting_one_document_together_prefill_it_once(tmp_path: Path) -> None:
@@ -62,7 +46,7 @@ async def test_requests_starting_one_document_together_prefill_it_once(tmp_path:
     try:
         for p in replicas:
             await asyncio.to_thread(wait_for_port, p, 30.0)
-        async with mesh(tmp_path, policy_text(gw, fp, replicas), {"edge": gw}) as m:
+        async with mesh(tmp_path, _policy(gw, fp, replicas), {"edge": gw}) as m:
             app = FilterApp(Settings(policy_path=m.policy_path), clock=time.monotonic)
             await app.start()
             picker = app.pickers.get("chat")

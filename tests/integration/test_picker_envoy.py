@@ -34,12 +34,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 OFFSET = 1000
 
 
-def policy_text(gw: int, fp: int, replicas: list[int]) -> str:
+def policy_text(
+    gw: int,
+    fp: int,
+    replicas: list[int],
+    *,
+    message_timeout: str = "2s",
+    routing: tuple[str, ...] = ("pending_ttl: 0s",),
+) -> str:
+    """The mesh of these tests; ``routing``: lines added to the pool's routing settings."""
+    more = "".join(f"\n      {line}" for line in routing)
     eps = ", ".join(f"127.0.0.1:{p}" for p in replicas)
     return f"""
 version: 1
 control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
+filters: {{address: 127.0.0.1:{fp}, message_timeout: {message_timeout}}}
 pools:
   chat:
     models: [m1]
@@ -49,9 +58,8 @@ pools:
       mode: prefix_index
       min_prefix_tokens: 64
       checkpoint_bytes: 256
-      pending_ttl: 0s
       index_ttl: 5s
-      kv_events_port_offset: {OFFSET}
+      kv_events_port_offset: {OFFSET}{more}
 gateways:
   edge:
     listen: 127.0.0.1:{gw}

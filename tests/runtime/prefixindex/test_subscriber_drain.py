@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
@@ -38,10 +41,13 @@ def _batch(seq: int) -> KVEventBatch:
     return KVEventBatch(ts=float(seq), events=[BlockStored([seq], None, [seq], 1, None)])
 
 
-async def _replay_server(router: zmq.asyncio.Socket, log: list[bytes], sent: list[int]) -> None:
+async def _replay_server(
+    router: zmq.asyncio.Socket, log: list[bytes], sent: list[int], asks: list[int]
+) -> None:
     """Answers every request with the batches from its start, then the end marker."""
     while True:
         ident, _, raw = await router.recv_multipart()
+        asks.append(decode_seq(raw))
         for seq in range(decode_seq(raw), len(log)):
             await router.send_multipart([ident, b"", encode_seq(seq), log[seq]])
             sent.append(seq)
@@ -55,7 +61,28 @@ async def _until(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyp
         await asyncio.sleep(0.01)
 
 
-async def test_a_burst_is_applied_live_and_the_probe_replays_nothing(tmp_path: Path) -> None:
+@dataclass
+class Replica:
+    """A replica's two sockets (an XPUB and a replay ROUTER on ipc://), what it published, and
+    the index a subscriber builds from it."""
+
+    pub: zmq.asyncio.Socket
+    index: PrefixIndex
+    log: list[bytes] = field(default_factory=lambda: [encode_batch(_batch(0))])
+    sent: list[int] = field(default_factory=list)  # batches the replay socket had to send
+    asks: list[int] = field(default_factory=list)  # the probes' start seqs
+
+    async def subscribed(self) -> None:
+        """The SUB's subscription has reached the publisher: nothing sent from here is lost."""
+        assert (await asyncio.wait_for(self.pub.recv(), timeout=10.0))[:1] == b"\x01"
+
+    async def publish(self, seq: int) -> None:
+        self.log.append(encode_batch(_batch(seq)))
+        await self.pub.send_multipart(encode_frame("", seq, _batch(seq)))
+
+
+@asynccontextmanager
+async def _replica(tmp_path: Path, probe_interval_s: float) -> AsyncIterator[Replica]:
     ctx = zmq.asyncio.Context()
     pub, router = ctx.socket(zmq.XPUB), ctx.socket(zmq.ROUTER)
     for s in (pub, router):
@@ -63,32 +90,32 @@ async def test_a_burst_is_applied_live_and_the_probe_replays_nothing(tmp_path: P
     pub.setsockopt(zmq.SNDHWM, 0)
     pub.bind(f"ipc://{tmp_path}/r.pub")
     router.bind(f"ipc://{tmp_path}/r.replay")
-    log = [encode_batch(_batch(0))]
-    sent: list[int] = []
-    server = asyncio.create_task(_replay_server(router, log, sent))
-    index = PrefixIndex(1, stale_after_s=60.0)
+    r = Replica(pub, PrefixIndex(1, stale_after_s=60.0))
+    server = asyncio.create_task(_replay_server(router, r.log, r.sent, r.asks))
     feed = ReplicaFeed("r", f"ipc://{tmp_path}/r.pub", f"ipc://{tmp_path}/r.replay")
-    sub = KvEventSubscriber(index, [feed], probe_interval_s=0.05)
+    sub = KvEventSubscriber(r.index, [feed], probe_interval_s=probe_interval_s)
     await sub.start()
     try:
-        await _until(lambda: index.resync_from("r") == 1)  # the baseline, from the first probe
-        # The SUB's subscription has reached the publisher: from here nothing sent is dropped.
-        subscription = await asyncio.wait_for(pub.recv(), timeout=10.0)
-        assert subscription[:1] == b"\x01"
-        sent.clear()
-        burst = 2000
-        for seq in range(1, burst + 1):
-            log.append(encode_batch(_batch(seq)))
-            await pub.send_multipart(encode_frame("", seq, _batch(seq)))
-        time.sleep(0.5)  # the loop is busy elsewhere: the whole burst queues in the SUB socket
-        await _until(lambda: index.resync_from("r") == burst + 1)
-        await asyncio.sleep(0.2)  # a few more probes
-        assert sent == []  # every batch came live; each probe found nothing missing
-        assert index.blocks_of("r") == burst  # each batch stored its block once
+        yield r
     finally:
         await sub.aclose()
         server.cancel()
         ctx.destroy(linger=0)
+
+
+async def test_a_burst_is_applied_live_and_the_probe_replays_nothing(tmp_path: Path) -> None:
+    async with _replica(tmp_path, probe_interval_s=0.05) as r:
+        await _until(lambda: r.index.resync_from("r") == 1)  # the baseline, from the first probe
+        await r.subscribed()
+        r.sent.clear()
+        burst = 2000
+        for seq in range(1, burst + 1):
+            await r.publish(seq)
+        time.sleep(0.5)  # the loop is busy elsewhere: the whole burst queues in the SUB socket
+        await _until(lambda: r.index.resync_from("r") == burst + 1)
+        await asyncio.sleep(0.2)  # a few more probes
+        assert r.sent == []  # every batch came live; each probe found nothing missing
+        assert r.index.blocks_of("r") == burst  # each batch stored its block once
 
 
 async def test_single_batches_are_applied_as_they_come_not_at_the_next_probe(
@@ -96,59 +123,21 @@ async def test_single_batches_are_applied_as_they_come_not_at_the_next_probe(
 ) -> None:
     """ZMQ's descriptor is edge-triggered: a wake-up lost between reading the socket dry and
     waiting again would leave a batch queued until the next probe (30 s here)."""
-    ctx = zmq.asyncio.Context()
-    pub, router = ctx.socket(zmq.XPUB), ctx.socket(zmq.ROUTER)
-    for s in (pub, router):
-        s.setsockopt(zmq.LINGER, 0)
-    pub.bind(f"ipc://{tmp_path}/r.pub")
-    router.bind(f"ipc://{tmp_path}/r.replay")
-    log = [encode_batch(_batch(0))]
-    sent: list[int] = []
-    server = asyncio.create_task(_replay_server(router, log, sent))
-    index = PrefixIndex(1, stale_after_s=60.0)
-    feed = ReplicaFeed("r", f"ipc://{tmp_path}/r.pub", f"ipc://{tmp_path}/r.replay")
-    sub = KvEventSubscriber(index, [feed], probe_interval_s=30.0)
-    await sub.start()
-    try:
-        await _until(lambda: index.resync_from("r") == 1)  # the first probe: the baseline
-        assert (await asyncio.wait_for(pub.recv(), timeout=10.0))[:1] == b"\x01"
+    async with _replica(tmp_path, probe_interval_s=30.0) as r:
+        await _until(lambda: r.index.resync_from("r") == 1)  # the first probe: the baseline
+        await r.subscribed()
         for seq in range(1, 41):
-            log.append(encode_batch(_batch(seq)))
-            await pub.send_multipart(encode_frame("", seq, _batch(seq)))
+            await r.publish(seq)
             if seq % 2:  # half of them while the subscriber's task is waiting, half at once
-                await _until(lambda seq=seq: index.resync_from("r") == seq + 1, timeout=5.0)
-        await _until(lambda: index.resync_from("r") == 41, timeout=5.0)
-        assert sent == [0]  # only the baseline was replayed
-        assert index.blocks_of("r") == 40
-    finally:
-        await sub.aclose()
-        server.cancel()
-        ctx.destroy(linger=0)
+                await _until(lambda seq=seq: r.index.resync_from("r") == seq + 1, timeout=5.0)
+        await _until(lambda: r.index.resync_from("r") == 41, timeout=5.0)
+        assert r.sent == [0]  # only the baseline was replayed
+        assert r.index.blocks_of("r") == 40
 
 
 async def test_a_quiet_replica_is_probed_every_interval(tmp_path: Path) -> None:
     """No batch comes: only the probe's timer wakes the task, and it must keep doing so (the
     heartbeat that keeps a quiet replica known and finds a lost last batch)."""
-    ctx = zmq.asyncio.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.bind(f"ipc://{tmp_path}/r.replay")
-    asks: list[float] = []
-
-    async def serve() -> None:
-        while True:
-            ident, _, _raw = await router.recv_multipart()
-            asks.append(time.monotonic())
-            await router.send_multipart([ident, b"", encode_seq(END_SEQ), b""])
-
-    server = asyncio.create_task(serve())
-    index = PrefixIndex(1, stale_after_s=60.0)
-    feed = ReplicaFeed("r", f"ipc://{tmp_path}/r.pub", f"ipc://{tmp_path}/r.replay")
-    sub = KvEventSubscriber(index, [feed], probe_interval_s=0.05)
-    await sub.start()
-    try:
-        await _until(lambda: len(asks) >= 10, timeout=10.0)
-    finally:
-        await sub.aclose()
-        server.cancel()
-        ctx.destroy(linger=0)
+    async with _replica(tmp_path, probe_interval_s=0.05) as r:
+        await _until(lambda: len(r.asks) >= 10, timeout=10.0)
+        assert r.sent == [0]  # the baseline once; the probes after it found nothing missing
