@@ -19,4 +19,5 @@ class PickerConfigError(PickerError):
 
 
 class MapperDown(PickerError):
-    """The mapper's worker process could not answer a call (it died, timed out or failed)."""
+    """A call of the mapper could not be answered: its worker process died or timed out, or the
+    mapping failed (in the worker or on the loop)."""

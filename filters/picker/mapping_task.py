@@ -18,13 +18,18 @@ __all__ = ["run_mapper"]
 _log = logging.getLogger("filters.picker.pool")
 _SLICE = 64  # checkpoints per prompt per call of the worker process
 _BATCH = 32  # prompts per call of the worker process (those queued while the last call ran)
+# a call with at most this many bytes to map runs here, on the event loop: tokenizing and hashing
+# 2 KB costs ~70 us, less than a round trip to the worker (~100 us of this process's CPU, and a
+# wake-up of the worker's); a conversation's next turn or a question after a known document is
+# usually that small (docs/benchmarks.md)
+_INLINE_BYTES = 2048
 
 
 async def run_mapper(picker: PoolPicker) -> None:
     """Map queued prompts in a worker process (the filter's event loop stays free). Each
     call takes every prompt queued meanwhile (at most ``_BATCH``), one slice of each: on a
     busy box the mapper runs behind (tens of prompts queued), and every call costs the event
-    loop a frame each way. A call that fails (the worker died: the next call starts a new
+    loop a frame each way; a call of at most ``_INLINE_BYTES`` runs on the loop instead. A call that fails (the worker died: the next call starts a new
     one) leaves its prompts unmapped, counted in ``map_failed``; the mapper goes on."""
     assert picker.queue is not None
     step, page = picker.routing.checkpoint_bytes, picker.routing.page_size
@@ -53,18 +58,18 @@ async def run_mapper(picker: PoolPicker) -> None:
                 sent.append((prompt, known, start))
             if not jobs:
                 break
-            if picker.worker is not None:
-                try:
+            try:
+                if picker.worker is not None and sum(len(j[1]) for j in jobs) > _INLINE_BYTES:
                     results = await picker.worker.call(jobs, step, page, every)
-                except MapperDown as exc:  # their prompts map when seen again
-                    _log.warning("picker %s: %s; %d prompts left unmapped", picker.pool, exc,
-                                 len(sent))  # fmt: skip
-                    picker.metrics.map_failed.labels(picker.pool).inc()
-                    for prompt, _, _ in sent:
-                        picker.mapped(prompt)
-                    break
-            else:
-                results = map_batch(jobs, step, page, every)
+                else:
+                    results = _inline(jobs, step, page, every)
+            except MapperDown as exc:  # their prompts map when seen again
+                _log.warning("picker %s: %s; %d prompts left unmapped", picker.pool, exc,
+                             len(sent))  # fmt: skip
+                picker.metrics.map_failed.labels(picker.pool).inc()
+                for prompt, _, _ in sent:
+                    picker.mapped(prompt)
+                break
             todo = []
             for (prompt, known, start), (points, hashed) in zip(sent, results, strict=True):
                 picker.map.store(prompt.marks, known, start, points)
@@ -73,3 +78,12 @@ async def run_mapper(picker: PoolPicker) -> None:
                     todo.append(prompt)  # the next slice, in the next call
                 else:
                     picker.mapped(prompt)
+
+
+def _inline(jobs: list[Job], step: int, page: int, every: int) -> list[tuple[list[Point], int]]:
+    """:func:`map_batch` on this loop; a mapping that raises fails this call only, as in the
+    worker (the mapper goes on)."""
+    try:
+        return map_batch(jobs, step, page, every)
+    except Exception as exc:  # any bug in the mapping: one call lost, not the task
+        raise MapperDown(f"mapping failed: {exc!r}") from exc

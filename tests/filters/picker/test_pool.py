@@ -236,8 +236,14 @@ def _mapper_cfg() -> LlmPool:
     )
 
 
-def test_the_mapper_process_maps_only_the_bytes_it_is_sent_and_gets_the_same_points() -> None:
+def test_the_mapper_process_maps_only_the_bytes_it_is_sent_and_gets_the_same_points(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import os
+
+    from filters.picker import mapping_task
+
+    monkeypatch.setattr(mapping_task, "_INLINE_BYTES", 0)  # small calls too: to the worker
 
     async def main() -> None:
         cfg = _mapper_cfg()

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from controlplane.policy.model import LlmPool
 from controlplane.policy.routing import RoutingPolicy
+from filters.picker import mapping_task
 from filters.picker.errors import MapperDown
 from filters.picker.mapper import ROOT, Job, map_batch
 from filters.picker.metrics import PickerMetrics
@@ -115,9 +116,10 @@ def test_closing_stops_the_child() -> None:
     asyncio.run(main())
 
 
-def test_the_pool_maps_on_after_its_worker_is_killed() -> None:
+def test_the_pool_maps_on_after_its_worker_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A killed worker costs the prompts of one call (counted in ``map_failed``), not the
     mapper: later prompts are mapped by a new worker."""
+    monkeypatch.setattr(mapping_task, "_INLINE_BYTES", 0)  # every call to the worker
     cfg = LlmPool(
         models=("m",), endpoints=(), routing=RoutingPolicy(mode="prefix_index", checkpoint_bytes=64)
     )
@@ -148,6 +150,65 @@ def test_the_pool_maps_on_after_its_worker_is_killed() -> None:
             assert metrics.map_failed.labels("chat")._value.get() == 1
             assert await mapped(picker, b" ".join(b"y%d" % i for i in range(300)))
             assert picker.worker.restarts == 1
+        finally:
+            await picker.aclose()
+
+    asyncio.run(main())
+
+
+def test_small_calls_map_on_the_loop_large_ones_in_the_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call of at most ``_INLINE_BYTES`` costs less mapped on the loop than a round trip to
+    the worker; a larger one goes to the worker. A mapping that raises on the loop fails its
+    call only (counted in ``map_failed``): the mapper goes on."""
+    cfg = LlmPool(
+        models=("m",), endpoints=(), routing=RoutingPolicy(mode="prefix_index", checkpoint_bytes=64)
+    )
+    calls: list[int] = []
+
+    async def mapped(picker: PoolPicker, data: bytes) -> bool:
+        prompt = picker.prompt(data)
+        picker.record(prompt, Pick("127.0.0.1:1", "load", 0))
+        for _ in range(300):
+            if len(picker.map.lookup(prompt.marks)) == len(prompt.marks):
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+    async def main() -> None:
+        metrics = PickerMetrics(CollectorRegistry())
+        picker = PoolPicker("chat", cfg, metrics, feeds=[])
+        await picker.start(worker_process=True)
+        try:
+            assert picker.worker is not None
+            real = picker.worker.call
+
+            async def counted(jobs: list[Job], *args: int) -> object:
+                calls.append(sum(len(j[1]) for j in jobs))
+                return await real(jobs, *args)
+
+            monkeypatch.setattr(picker.worker, "call", counted)
+            small = b" ".join(b"s%d" % i for i in range(100))  # ~500 bytes
+            assert await mapped(picker, small)
+            assert calls == []  # mapped on the loop
+            large = b" ".join(b"l%d" % i for i in range(1000))  # ~5 KB
+            assert await mapped(picker, large)
+            assert len(calls) == 1 and calls[0] > mapping_task._INLINE_BYTES
+
+            def broken(*args: object) -> None:
+                raise ValueError("a bug in the mapping")
+
+            monkeypatch.setattr(mapping_task, "map_batch", broken)
+            lost = picker.prompt(b" ".join(b"x%d" % i for i in range(100)))
+            picker.record(lost, Pick("127.0.0.1:1", "load", 0))
+            for _ in range(300):
+                if metrics.map_failed.labels("chat")._value.get() == 1:
+                    break
+                await asyncio.sleep(0.02)
+            assert metrics.map_failed.labels("chat")._value.get() == 1
+            monkeypatch.undo()
+            assert await mapped(picker, b" ".join(b"y%d" % i for i in range(100)))
         finally:
             await picker.aclose()
 
