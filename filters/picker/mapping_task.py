@@ -1,6 +1,6 @@
 """The picker's mapper task: fills a pool's checkpoint map off the request path, in the worker
-process (:mod:`filters.picker.worker`), from the prompts :class:`~filters.picker.pool.PoolPicker`
-queues after each pick."""
+process (:mod:`filters.picker.worker`; a call of at most ``_INLINE_BYTES`` on the event loop),
+from the prompts :class:`~filters.picker.pool.PoolPicker` queues after each pick."""
 
 from __future__ import annotations
 
