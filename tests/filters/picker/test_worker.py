@@ -116,29 +116,33 @@ def test_closing_stops_the_child() -> None:
     asyncio.run(main())
 
 
+_POOL = LlmPool(
+    models=("m",), endpoints=(), routing=RoutingPolicy(mode="prefix_index", checkpoint_bytes=64)
+)
+
+
+async def _mapped(picker: PoolPicker, data: bytes) -> bool:
+    """Send ``data`` through the picker; whether the mapper maps all of it within 6 s."""
+    prompt = picker.prompt(data)
+    picker.record(prompt, Pick("127.0.0.1:1", "load", 0))
+    for _ in range(300):
+        if len(picker.map.lookup(prompt.marks)) == len(prompt.marks):
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
 def test_the_pool_maps_on_after_its_worker_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A killed worker costs the prompts of one call (counted in ``map_failed``), not the
     mapper: later prompts are mapped by a new worker."""
     monkeypatch.setattr(mapping_task, "_INLINE_BYTES", 0)  # every call to the worker
-    cfg = LlmPool(
-        models=("m",), endpoints=(), routing=RoutingPolicy(mode="prefix_index", checkpoint_bytes=64)
-    )
-
-    async def mapped(picker: PoolPicker, data: bytes) -> bool:
-        prompt = picker.prompt(data)
-        picker.record(prompt, Pick("127.0.0.1:1", "load", 0))
-        for _ in range(300):
-            if len(picker.map.lookup(prompt.marks)) == len(prompt.marks):
-                return True
-            await asyncio.sleep(0.02)
-        return False
 
     async def main() -> None:
         metrics = PickerMetrics(CollectorRegistry())
-        picker = PoolPicker("chat", cfg, metrics, feeds=[])
+        picker = PoolPicker("chat", _POOL, metrics, feeds=[])
         await picker.start(worker_process=True)
         try:
-            assert await mapped(picker, b" ".join(b"w%d" % i for i in range(300)))
+            assert await _mapped(picker, b" ".join(b"w%d" % i for i in range(300)))
             assert picker.worker is not None and picker.worker.pid is not None
             os.kill(picker.worker.pid, signal.SIGKILL)
             lost = picker.prompt(b" ".join(b"x%d" % i for i in range(300)))
@@ -148,7 +152,7 @@ def test_the_pool_maps_on_after_its_worker_is_killed(monkeypatch: pytest.MonkeyP
                     break
                 await asyncio.sleep(0.02)
             assert metrics.map_failed.labels("chat")._value.get() == 1
-            assert await mapped(picker, b" ".join(b"y%d" % i for i in range(300)))
+            assert await _mapped(picker, b" ".join(b"y%d" % i for i in range(300)))
             assert picker.worker.restarts == 1
         finally:
             await picker.aclose()
@@ -162,23 +166,11 @@ def test_small_calls_map_on_the_loop_large_ones_in_the_worker(
     """A call of at most ``_INLINE_BYTES`` costs less mapped on the loop than a round trip to
     the worker; a larger one goes to the worker. A mapping that raises on the loop fails its
     call only (counted in ``map_failed``): the mapper goes on."""
-    cfg = LlmPool(
-        models=("m",), endpoints=(), routing=RoutingPolicy(mode="prefix_index", checkpoint_bytes=64)
-    )
     calls: list[int] = []
-
-    async def mapped(picker: PoolPicker, data: bytes) -> bool:
-        prompt = picker.prompt(data)
-        picker.record(prompt, Pick("127.0.0.1:1", "load", 0))
-        for _ in range(300):
-            if len(picker.map.lookup(prompt.marks)) == len(prompt.marks):
-                return True
-            await asyncio.sleep(0.02)
-        return False
 
     async def main() -> None:
         metrics = PickerMetrics(CollectorRegistry())
-        picker = PoolPicker("chat", cfg, metrics, feeds=[])
+        picker = PoolPicker("chat", _POOL, metrics, feeds=[])
         await picker.start(worker_process=True)
         try:
             assert picker.worker is not None
@@ -190,10 +182,10 @@ def test_small_calls_map_on_the_loop_large_ones_in_the_worker(
 
             monkeypatch.setattr(picker.worker, "call", counted)
             small = b" ".join(b"s%d" % i for i in range(100))  # ~500 bytes
-            assert await mapped(picker, small)
+            assert await _mapped(picker, small)
             assert calls == []  # mapped on the loop
             large = b" ".join(b"l%d" % i for i in range(1000))  # ~5 KB
-            assert await mapped(picker, large)
+            assert await _mapped(picker, large)
             assert len(calls) == 1 and calls[0] > mapping_task._INLINE_BYTES
 
             def broken(*args: object) -> None:
@@ -208,7 +200,7 @@ def test_small_calls_map_on_the_loop_large_ones_in_the_worker(
                 await asyncio.sleep(0.02)
             assert metrics.map_failed.labels("chat")._value.get() == 1
             monkeypatch.undo()
-            assert await mapped(picker, b" ".join(b"y%d" % i for i in range(100)))
+            assert await _mapped(picker, b" ".join(b"y%d" % i for i in range(100)))
         finally:
             await picker.aclose()
 
