@@ -132,6 +132,17 @@ async def _mapped(picker: PoolPicker, data: bytes) -> bool:
     return False
 
 
+async def _lost(picker: PoolPicker, metrics: PickerMetrics, data: bytes) -> bool:
+    """Send ``data`` through the picker; whether its mapping call fails (``map_failed`` 1)
+    within 6 s."""
+    picker.record(picker.prompt(data), Pick("127.0.0.1:1", "load", 0))
+    for _ in range(300):
+        if metrics.map_failed.labels("chat")._value.get() == 1:
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
 def test_the_pool_maps_on_after_its_worker_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A killed worker costs the prompts of one call (counted in ``map_failed``), not the
     mapper: later prompts are mapped by a new worker."""
@@ -145,13 +156,7 @@ def test_the_pool_maps_on_after_its_worker_is_killed(monkeypatch: pytest.MonkeyP
             assert await _mapped(picker, b" ".join(b"w%d" % i for i in range(300)))
             assert picker.worker is not None and picker.worker.pid is not None
             os.kill(picker.worker.pid, signal.SIGKILL)
-            lost = picker.prompt(b" ".join(b"x%d" % i for i in range(300)))
-            picker.record(lost, Pick("127.0.0.1:1", "load", 0))
-            for _ in range(300):
-                if metrics.map_failed.labels("chat")._value.get() == 1:
-                    break
-                await asyncio.sleep(0.02)
-            assert metrics.map_failed.labels("chat")._value.get() == 1
+            assert await _lost(picker, metrics, b" ".join(b"x%d" % i for i in range(300)))
             assert await _mapped(picker, b" ".join(b"y%d" % i for i in range(300)))
             assert picker.worker.restarts == 1
         finally:
@@ -192,13 +197,7 @@ def test_small_calls_map_on_the_loop_large_ones_in_the_worker(
                 raise ValueError("a bug in the mapping")
 
             monkeypatch.setattr(mapping_task, "map_batch", broken)
-            lost = picker.prompt(b" ".join(b"x%d" % i for i in range(100)))
-            picker.record(lost, Pick("127.0.0.1:1", "load", 0))
-            for _ in range(300):
-                if metrics.map_failed.labels("chat")._value.get() == 1:
-                    break
-                await asyncio.sleep(0.02)
-            assert metrics.map_failed.labels("chat")._value.get() == 1
+            assert await _lost(picker, metrics, b" ".join(b"x%d" % i for i in range(100)))
             monkeypatch.undo()
             assert await _mapped(picker, b" ".join(b"y%d" % i for i in range(100)))
         finally:
