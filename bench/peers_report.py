@@ -182,7 +182,27 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"name": "RLS p99 < 5 ms, open loop at half max",
                     "measured": f"{o['p99_ms']:.1f} ms at {o['rps']:,.0f}/s",
                     "met": o["p99_ms"] < 5.0})  # fmt: skip
+        if rls.get("setups"):
+            out.append(_rls_setup_target(rls["setups"]))
     return out
+
+
+def _rls_setup_target(setups: list[dict[str, Any]]) -> dict[str, Any]:
+    """Both rate-limit targets held by one deployable setup (its own maximum, and p99 at half
+    of that maximum): the rows above judge the setup with the highest maximum, whose half-load
+    p99 suffers most from sharing a small machine with its load generator."""
+    name = "RLS ≥ 10k decisions/s and p99 < 5 ms at half of that, one setup"
+    both = [
+        s for s in setups
+        if s["closed_loop_c200"]["rps"] >= 10_000 and s["open_loop_half"]["p99_ms"] < 5.0
+    ]  # fmt: skip
+    if not both:
+        return {"name": name, "measured": "no setup", "met": False}
+    s = max(both, key=lambda s: s["closed_loop_c200"]["rps"])
+    c, o = s["closed_loop_c200"], s["open_loop_half"]
+    measured = (f"{s['client']} client, {s['processes']} process(es): {c['rps']:,.0f}/s; "
+                f"{o['p99_ms']:.1f} ms at {o['rps']:,.0f}/s")  # fmt: skip
+    return {"name": name, "measured": measured, "met": True}
 
 
 def plot_throughput(result: dict[str, Any], path: Path) -> None:

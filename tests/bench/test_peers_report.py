@@ -114,3 +114,25 @@ def test_outputs_are_written(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "peers.json").exists()
     for name in ("peers_throughput.png", "peers_latency.png", "peers_budget.png"):
         assert (tmp_path / "img" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def _setup(processes: int, rps: float, half_p99: float) -> dict[str, Any]:
+    return {
+        "client": "h2",
+        "processes": processes,
+        "closed_loop_c200": {"rps": rps},
+        "open_loop_half": {"rps": rps / 2, "p99_ms": half_p99},
+    }
+
+
+def test_one_setup_must_hold_both_rate_limit_targets() -> None:
+    r = _result()
+    name = "RLS ≥ 10k decisions/s and p99 < 5 ms at half of that, one setup"
+    # the faster setup misses the p99, the slower one misses the rate: neither holds both
+    r["rls"]["setups"] = [_setup(1, 9_000, 4.0), _setup(2, 17_000, 7.1)]
+    got = {t["name"]: t for t in targets(r)}[name]
+    assert got["met"] is False and got["measured"] == "no setup"
+    r["rls"]["setups"] = [_setup(1, 13_500, 4.0), _setup(2, 17_000, 7.1)]
+    got = {t["name"]: t for t in targets(r)}[name]
+    assert got["met"] is True
+    assert got["measured"].startswith("h2 client, 1 process(es): 13,500/s; 4.0 ms at 6,750/s")
