@@ -10,7 +10,8 @@ Arms:
 
 Workload: a contiguous slice of ``bench/data/mooncake_conversation_every12th.jsonl`` (block ids
 become text, ``backends.emulator.trace``; lengths divided by ``--scale``, caches too), sent in trace
-order as streamed chat completions by ``--concurrency`` closed-loop clients. Measured per arm:
+order as streamed chat completions by ``--concurrency`` closed-loop clients (``--rate R``: open
+loop, the same seeded Poisson send times for every arm). Measured per arm:
 prefix-cache hit ratio (the emulators' own ``sglang:cached_tokens_total`` /
 ``prompt_tokens_total``), TTFT p50/p95/p99 (client side, to the first content chunk), requests/s
 and output tokens/s, and load balance (max/mean of requests per replica). Also printed: the hit
@@ -358,6 +359,11 @@ def main() -> int:
     ap.add_argument("--scale", type=int, default=4)
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument(
+        "--rate", type=float, default=None,
+        help="open loop: send at this many requests/s (seeded Poisson, the same for every arm) "
+        "instead of --concurrency closed-loop clients",
+    )  # fmt: skip
     ap.add_argument("--profile", default="llama-3.1-8b-h100")
     ap.add_argument("--time-scale", type=float, default=0.1)
     ap.add_argument(

@@ -1,11 +1,15 @@
 """The routing benchmark's client (``bench/routing.py``): ``--concurrency`` closed-loop workers
-send the jobs as streamed chat completions and time each to its first content chunk."""
+send the jobs as streamed chat completions and time each to its first content chunk; with
+``--rate R`` the jobs are sent open loop instead, at seeded Poisson times averaging R per second
+(the same times for every arm), so arms are compared at the same offered load: a closed loop
+gives a faster arm more load, and its TTFT is then measured under more contention."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import time
 from typing import Any
@@ -14,7 +18,7 @@ import aiohttp
 
 from bench.routing_jobs import Job
 
-__all__ = ["MODEL", "drive", "one"]
+__all__ = ["MODEL", "arrivals", "drive", "one"]
 
 MODEL = "llama-3.1-8b"
 
@@ -58,6 +62,17 @@ async def one(
     return ttft, out, True, rid
 
 
+def arrivals(n: int, rate: float, *, seed: int) -> list[float]:
+    """``n`` send times (s from the start) of a Poisson process of ``rate`` per second; the
+    same ``seed`` gives every arm the same times."""
+    rng = random.Random(f"routing-arrivals-{seed}")
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
 async def drive(url: str, records: list[Job], a: argparse.Namespace) -> dict[str, Any]:
     queue: asyncio.Queue[tuple[int, Job]] = asyncio.Queue()
     for i, rec in enumerate(records):
@@ -69,34 +84,48 @@ async def drive(url: str, records: list[Job], a: argparse.Namespace) -> dict[str
     tokens = 0
     failed = 0
     taken = 0
-    conn = aiohttp.TCPConnector(limit=a.concurrency)
+    rate = getattr(a, "rate", None)
+    conn = aiohttp.TCPConnector(limit=0 if rate else a.concurrency)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
 
-        async def worker() -> None:
+        async def send(i: int, rec: Job) -> None:
             nonlocal tokens, failed, taken
+            first_wave = taken < a.concurrency
+            taken += 1
+            sent = time.perf_counter() - t0
+            ttft, out, ok, rid = await one(http, url, rec)
+            per_request.append((i, sent, ttft, rid))
+            if not ok:
+                failed += 1
+            if ttft is not None:
+                ttfts.append(ttft)
+                if not first_wave:
+                    later.append(ttft)
+            tokens += out
+
+        async def worker() -> None:
             while not queue.empty():
-                i, rec = queue.get_nowait()
-                first_wave = taken < a.concurrency
-                taken += 1
-                sent = time.perf_counter() - t0
-                ttft, out, ok, rid = await one(http, url, rec)
-                per_request.append((i, sent, ttft, rid))
-                if not ok:
-                    failed += 1
-                if ttft is not None:
-                    ttfts.append(ttft)
-                    if not first_wave:
-                        later.append(ttft)
-                tokens += out
+                await send(*queue.get_nowait())
+
+        async def open_loop(at: list[float]) -> None:
+            tasks = []
+            for (i, rec), when in zip(enumerate(records), at, strict=True):
+                await asyncio.sleep(max(0.0, when - (time.perf_counter() - t0)))
+                tasks.append(asyncio.create_task(send(i, rec)))
+            await asyncio.gather(*tasks)
 
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(a.concurrency)))
+        if rate:
+            await open_loop(arrivals(len(records), rate, seed=getattr(a, "start", 0)))
+        else:
+            await asyncio.gather(*(worker() for _ in range(a.concurrency)))
         wall = time.perf_counter() - t0
     q = statistics.quantiles(ttfts, n=100) if len(ttfts) > 1 else [0.0] * 99
     q_later = statistics.quantiles(later, n=100) if len(later) > 1 else [0.0] * 99
     return {
         "requests": len(records),
+        "offered_rate": rate,  # None: closed loop of ``concurrency`` clients
         "failed": failed,
         "wall_s": wall,
         "req_per_s": len(records) / wall,
