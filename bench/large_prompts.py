@@ -52,6 +52,9 @@ def policy(gateway: int) -> tuple[dict[str, Any], int]:
     chat = p["pools"]["chat"]
     chat["emulated"].update(replicas=1, base_port=emu, time_scale=0.01)
     chat["retries"] = {"enabled": False}
+    for name, pool in p["pools"].items():  # the fallback pool too: two arms run side by side
+        if name != "chat" and pool.get("emulated") is not None:
+            pool["emulated"].update(replicas=1, base_port=free_port())
     for key in ("services", "sidecars"):
         p.pop(key, None)
     p["gateways"]["edge"]["listen"] = f"127.0.0.1:{gateway}"
