@@ -262,10 +262,13 @@ class Mesh:
             argv = [sys.executable, "-m", module, "--policy", str(self.config)]
             argv += self._redis_args()
             metrics = metrics_port + i * processes if metrics_port else None
+            # how many run side by side, whatever the policy file says (--replicas overrides
+            # it): the rate-limit service sizes its local fallback bucket by it, the filter
+            # server its share of each pool's admission capacity
+            argv += ["--instances", str(count)]
             if count > 1:
                 argv += ["--listen", str(listen)]
                 argv += ["--metrics-port", str(metrics)] if metrics else []
-                argv += ["--instances", str(count)] if module == "ratelimit_service" else []
             child = Child(name, argv, self.run_dir / f"{name.replace('#', '-')}.log")
             await self._spawn(child, listen, service=True)
             if count > 1:

@@ -6,7 +6,10 @@ the file changes. ``--processes N`` (default: the policy's ``filters.processes``
 processes on one port (SO_REUSEPORT) under :class:`runtime.supervisor.WorkerSupervisor`: the
 kernel spreads Envoy's connections over them, so it pays only with several connections.
 SIGTERM or Ctrl-C drains (NOT_SERVING, no new streams, streams in flight finish within
-``--drain-timeout``, default the policy's ``filters.drain_timeout``) and exits.
+``--drain-timeout``, default the policy's ``filters.drain_timeout``) and exits. ``--instances N``:
+N filter servers run side by side behind the same Envoys (default the policy's
+``replicas.filters``); each process admits its share of a pool's capacity (docs/policy.md,
+``admission.gateways``).
 """
 
 from __future__ import annotations
@@ -41,7 +44,16 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         default="h2",
         help="h2 (default): the built-in HTTP/2 server, ~half the CPU per stream; grpc: grpc.aio",
     )
+    p.add_argument(
+        "--instances",
+        type=int,
+        help="filter servers side by side behind the same Envoys (default: the policy's "
+        "replicas.filters; `tokenweir up --replicas filters=N` passes it): each admits its "
+        "share of a pool's capacity",
+    )
     p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
+    # a worker's processes of its server, all together (a worker itself runs with --processes 1)
+    p.add_argument("--server-processes", type=int, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -66,8 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     workers = None
     if ns.worker_index == 0 and processes > 1:
         base = [sys.executable, "-m", "filters", *args]
+        together = ["--server-processes", str(processes)]
         workers = WorkerSupervisor(
-            "filters", lambda i: [*base, "--worker-index", str(i), "--processes", "1"], processes
+            "filters",
+            lambda i: [*base, *together, "--worker-index", str(i), "--processes", "1"],
+            processes,
         )
     from filters.app import FilterApp, Settings
 
@@ -79,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer_file=ns.tokenizer,
         worker_index=ns.worker_index,
         transport=ns.transport,
+        instances=ns.instances,
+        processes=ns.server_processes or processes,
     )
     app = FilterApp(settings, clock=time.monotonic)
     return run(serve(app, drain_timeout=drain, workers=workers))
