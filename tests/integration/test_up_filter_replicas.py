@@ -28,17 +28,14 @@ version: 1
 control_plane: {{xds: 127.0.0.1:{xds}, metrics: 127.0.0.1:{metrics}}}
 filters: {{address: 127.0.0.1:{fp}, metrics_port: {mp}, message_timeout: 5s}}
 pools:
-  chat:
+  chat:  # one replica, slow enough that a burst overlaps; the capacity admission splits
     models: [llama-3.1-8b]
     emulated: {{replicas: 1, profile: llama-3.1-8b-h100, base_port: {base}, time_scale: 2.0}}
     capacity: {{max_running_requests: {CAPACITY}}}
-    health_check: {{interval: 1s}}
     retries: {{enabled: false}}
 gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - {{name: chat, pool: chat, match: {{prefix: /v1/}}, filters: {{plugins: [admission]}}}}
+  edge: {{listen: 127.0.0.1:{gw}, routes: [{{name: chat, pool: chat, match: {{prefix: /v1/}},
+         filters: {{plugins: [admission]}}}}]}}
 admission:
   interactive: {{ttft_budget: 30s, max_wait: 15s, max_queue: 64}}
 """
