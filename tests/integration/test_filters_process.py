@@ -135,3 +135,44 @@ async def test_worker_processes_share_the_port_and_stop_together(tmp_path: Path)
         )
     finally:
         child.close()
+
+
+async def test_every_worker_admits_its_share_of_the_pool(tmp_path: Path) -> None:
+    """``--processes 2 --instances 2`` (two servers of two processes, as `up --replicas
+    filters=2` with ``filters.processes: 2`` runs them): each process admits a quarter of the
+    pool, the workers included (they run with ``--processes 1`` of their own)."""
+    fp, mp = free_port(), free_port()
+    path = tmp_path / "mesh.yaml"
+    path.write_text(f"""
+version: 1
+filters: {{address: 127.0.0.1:{fp}}}
+pools: {{chat: {{models: [m1], endpoints: [127.0.0.1:9], capacity: {{max_running_requests: 8}}}}}}
+gateways: {{edge: {{routes: [{{name: llm, pool: chat, filters: {{plugins: [admission]}}}}]}}}}
+""")
+    argv = [sys.executable, "-m", "filters", "--policy", str(path), "--metrics-port", str(mp)]
+    argv += ["--processes", "2", "--instances", "2"]
+    child = ChildProcess(argv, log=tmp_path / "filters.log")
+    try:
+        limits: list[str] = []
+        for _ in range(200):
+            try:
+                limits = [
+                    line
+                    for port in (mp, mp + 1)
+                    for line in urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/metrics", timeout=2
+                    )
+                    .read()
+                    .decode()
+                    .splitlines()
+                    if line.startswith("tokenweir_admission_limit{")
+                ]
+            except OSError:  # a worker not serving yet
+                await asyncio.sleep(0.1)
+                continue
+            if len(limits) == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert limits == ['tokenweir_admission_limit{pool="chat"} 2.0'] * 2, child.output()
+    finally:
+        child.close()
