@@ -94,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer_file=ns.tokenizer,
         worker_index=ns.worker_index,
         transport=ns.transport,
-        instances=ns.instances,
-        processes=ns.server_processes or processes,
+        # every filter process of this gateway: its servers (--instances) times their processes
+        local_processes=(ns.instances or policy.replicas.filters)
+        * (ns.server_processes or processes),
     )
     app = FilterApp(settings, clock=time.monotonic)
     return run(serve(app, drain_timeout=drain, workers=workers))

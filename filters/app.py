@@ -72,10 +72,7 @@ class Settings:
     reload_interval: float = 1.0
     transport: str = "h2"  # "h2": filters.h2server (no grpc.aio); "grpc": grpc.aio
     build_worker: bool = True  # reloads build in a child process (runtime.buildworker)
-    # filter servers side by side (``--instances``; None: the policy's replicas.filters): each
-    # admits its share of a pool's capacity (filters.admission.limits.process_split)
-    instances: int | None = None
-    processes: int | None = None  # processes of this filter server (None: filters.processes)
+    local_processes: int | None = None  # this gateway's filter processes (None: the policy's)
 
 
 @dataclass(frozen=True)
@@ -117,13 +114,9 @@ class FilterApp:
         # admission state outlives policy reloads (requests in flight keep their slots)
         self.metrics.configure(self.policy)  # label values folded to the policy's names
         self.gates = Gates(
-            clock=clock,
-            wall=wall,
-            registry=self.metrics.registry,
-            rng=random.Random(),
-            instances=settings.instances,
-            processes=settings.processes,
-        )
+            clock=clock, wall=wall, registry=self.metrics.registry, rng=random.Random(),
+            local=settings.local_processes,
+        )  # fmt: skip
         self.gates.configure(self.policy)
         self.balance = LaneBalance(
             self.metrics.registry

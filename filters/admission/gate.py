@@ -334,13 +334,10 @@ class Gates:
         alive: SaturationSource | None = None,
         ranking: RankingSource | None = None,
         capacity: CapacitySource | None = None,
-        instances: int | None = None,
-        processes: int | None = None,
+        local: int | None = None,
     ) -> None:
         self.clock = clock
-        # filter servers side by side behind the same Envoys, and processes in each (None: the
-        # policy's replicas.filters, filters.processes): each admits its share (process_split)
-        self.instances, self.processes = instances, processes
+        self.local = local  # this gateway's filter processes (None: the policy's; process_split)
         self.rng = rng  # jitter of the Retry-After told to shed clients (None: none)
         self.wall = wall
         self.saturation = saturation
@@ -352,9 +349,9 @@ class Gates:
 
     def configure(self, policy: Any) -> None:
         lanes = lane_configs(policy)
-        split = process_split(policy, self.instances, self.processes)
+        split = process_split(policy, self.local)
         for name in policy.pools:
-            limit, tokens = pool_limits(policy, name, self.instances, self.processes)
+            limit, tokens = pool_limits(policy, name, self.local)
             gate = self._gates.get(name)
             if gate is None:
                 core = Admission(lanes, max_requests=limit, max_tokens=tokens, rng=self.rng)

@@ -26,17 +26,16 @@ def _replicas(pool: Any) -> int:
     return 1
 
 
-def process_split(policy: Any, instances: int | None = None, processes: int | None = None) -> int:
-    """The split rule: each of ``admission.gateways`` gateways runs ``instances`` filter
-    servers (default the policy's ``replicas.filters``: Envoy spreads the ext_proc streams over
-    them) of ``processes`` processes each (default the policy's ``filters.processes``), and each
-    process admits an equal share of a pool's capacity."""
-    if processes is None:
-        processes = policy.filters.processes if policy.filters is not None else 1
-    if instances is None:
+def process_split(policy: Any, local: int | None = None) -> int:
+    """The split rule: each of ``admission.gateways`` gateways runs ``local`` filter processes
+    (its filter servers, over which its Envoys spread the ext_proc streams, times each one's
+    processes; default the policy's ``replicas.filters × filters.processes``), and each process
+    admits an equal share of a pool's capacity."""
+    if local is None:
         replicas = getattr(policy, "replicas", None)
-        instances = replicas.filters if replicas is not None else 1
-    return int(policy.admission.gateways * max(1, instances) * max(1, processes))
+        servers = replicas.filters if replicas is not None else 1
+        local = servers * (policy.filters.processes if policy.filters is not None else 1)
+    return int(policy.admission.gateways * max(1, local))
 
 
 def process_share(pool_total: int, split: int) -> int:
@@ -45,13 +44,13 @@ def process_share(pool_total: int, split: int) -> int:
 
 
 def pool_limits(
-    policy: Any, pool_name: str, instances: int | None = None, processes: int | None = None
+    policy: Any, pool_name: str, local: int | None = None
 ) -> tuple[int | None, int | None]:
     """(in-flight requests, in-flight tokens) for one filter process, or None where the policy
     declares no capacity (:func:`process_split`)."""
     pool = policy.pools[pool_name]
     cap = pool.capacity
-    split = process_split(policy, instances, processes)
+    split = process_split(policy, local)
     replicas = _replicas(pool)
 
     def share(per_replica: int | None) -> int | None:

@@ -164,12 +164,12 @@ def test_split_rule_and_saturation() -> None:
     assert pool_limits(policy(cap=8, gateways=2, processes=3), "chat") == (2, None)
     assert pool_limits(policy(cap=1, gateways=4, processes=2), "chat") == (1, None)
     # filter servers side by side behind the same Envoys each admit their share: the policy's
-    # replicas.filters, or how many `up --replicas filters=N` started (--instances)
+    # replicas.filters, or the processes one gateway runs (`up --replicas filters=N`: --instances)
     two = replace(policy(cap=8), replicas=Replicas(filters=2))
     assert pool_limits(two, "chat") == (8, None)
-    assert pool_limits(policy(cap=8), "chat", instances=2) == (8, None)
-    assert pool_limits(two, "chat", instances=1) == (16, None)  # what runs, not the file
-    assert pool_limits(policy(cap=8, gateways=2), "chat", instances=2, processes=2) == (2, None)
+    assert pool_limits(policy(cap=8), "chat", local=2) == (8, None)
+    assert pool_limits(two, "chat", local=1) == (16, None)  # what runs, not the file
+    assert pool_limits(policy(cap=8, gateways=2), "chat", local=2 * 2) == (2, None)
     assert saturated_limit(10, 0.9) == 10 and saturated_limit(10, None) == 10
     assert saturated_limit(10, 1.5) == 5 and saturated_limit(10, 2.0) == 1
 
