@@ -84,7 +84,7 @@ async def drive(url: str, records: list[Job], a: argparse.Namespace) -> dict[str
     tokens = 0
     failed = 0
     taken = 0
-    rate = getattr(a, "rate", None)
+    rate = a.rate
     conn = aiohttp.TCPConnector(limit=0 if rate else a.concurrency)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
@@ -117,7 +117,7 @@ async def drive(url: str, records: list[Job], a: argparse.Namespace) -> dict[str
 
         t0 = time.perf_counter()
         if rate:
-            await open_loop(arrivals(len(records), rate, seed=getattr(a, "start", 0)))
+            await open_loop(arrivals(len(records), rate, seed=a.start))
         else:
             await asyncio.gather(*(worker() for _ in range(a.concurrency)))
         wall = time.perf_counter() - t0

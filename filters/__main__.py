@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             lambda i: [*base, *together, "--worker-index", str(i), "--processes", "1"],
             processes,
         )
+    from filters.admission.limits import gateway_processes
     from filters.app import FilterApp, Settings
 
     settings = Settings(
@@ -94,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer_file=ns.tokenizer,
         worker_index=ns.worker_index,
         transport=ns.transport,
-        # every filter process of this gateway: its servers (--instances) times their processes
-        local_processes=(ns.instances or policy.replicas.filters)
-        * (ns.server_processes or processes),
+        local_processes=gateway_processes(policy, ns.instances, ns.server_processes or processes),
     )
     app = FilterApp(settings, clock=time.monotonic)
     return run(serve(app, drain_timeout=drain, workers=workers))

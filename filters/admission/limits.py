@@ -9,6 +9,7 @@ from typing import Any
 from filters.admission.core import LaneConfig
 
 __all__ = [
+    "gateway_processes",
     "lane_configs",
     "pool_limits",
     "preemptive",
@@ -32,10 +33,19 @@ def process_split(policy: Any, local: int | None = None) -> int:
     processes; default the policy's ``replicas.filters × filters.processes``), and each process
     admits an equal share of a pool's capacity."""
     if local is None:
+        local = gateway_processes(policy)
+    return int(policy.admission.gateways * max(1, local))
+
+
+def gateway_processes(policy: Any, servers: int | None = None, processes: int | None = None) -> int:
+    """One gateway's filter processes: ``servers`` filter servers (default the policy's
+    ``replicas.filters``) of ``processes`` processes each (default ``filters.processes``)."""
+    if servers is None:
         replicas = getattr(policy, "replicas", None)
         servers = replicas.filters if replicas is not None else 1
-        local = servers * (policy.filters.processes if policy.filters is not None else 1)
-    return int(policy.admission.gateways * max(1, local))
+    if processes is None:
+        processes = policy.filters.processes if policy.filters is not None else 1
+    return servers * processes
 
 
 def process_share(pool_total: int, split: int) -> int:
