@@ -20,6 +20,7 @@ from typing import Any
 from controlplane.policy import Policy, load_policy
 from controlplane.policy.phases import uses_collapse, uses_shadow_pairs
 from filters.admission.gate import Gates
+from filters.admission.shared import SharedReturns
 from filters.admission.signal import (
     admission_source,
     alive_source,
@@ -131,6 +132,7 @@ class FilterApp:
         self._pool_state = pool_state_reader(self.policy, clock, needed=uses_ladder(self.policy))
         self._estimator: Estimator = load_estimator(settings.tokenizer_file)
         self._redis: Any = None
+        self._shared_returns: SharedReturns | None = None
         self._keys: KeyStore | None = None
         self._budget_reader: Budget = NoBudget()
         self.watcher = PolicyWatcher(
@@ -219,6 +221,11 @@ class FilterApp:
         url = self._redis_url()
         if url:
             self._redis = redis_client(url, timeout=self._redis_timeout())
+            # a Retry-After's promise is kept by whichever filter process the client comes back to
+            self._shared_returns = SharedReturns(
+                self._redis, wall=self._wall, registry=self.metrics.registry
+            )
+            self.gates.share_returns(self._shared_returns)
         await self.pickers.configure(self.policy)
         host, port = self._listen()
         if any(uses_collapse(r) for g in self.policy.gateways.values() for r in g.routes):
@@ -396,6 +403,10 @@ class FilterApp:
         if self._keys is not None:
             await self._keys.aclose()
             self._keys = None
+        if self._shared_returns is not None:
+            self.gates.share_returns(None)
+            await self._shared_returns.aclose()
+            self._shared_returns = None
         if self._redis is not None:
             await self._redis.aclose()
             self._redis = None

@@ -119,14 +119,16 @@ class Admission(Predictions):
         tokens: int = 0,
         deadline: float | None = None,
         key: Hashable | None = None,
+        returned: bool = False,
     ) -> Ticket | Shed:
         """A new request: admitted (``state == "admitted"``), queued, or shed at once. ``key``
-        recognises a client that comes back when its ``Retry-After`` said (:mod:`.herd`)."""
+        recognises a client that comes back when its ``Retry-After`` said (:mod:`.herd`);
+        ``returned``: another filter process told it so (:mod:`.shared`), it comes back now."""
         cfg = self.lanes[lane]
         self.demand[lane].offer(now)
         if deadline is not None and deadline <= now:
             return Shed(504, "deadline", self.retry_after(now, lane))
-        back = key is not None and self.told[lane].claim(now, key)
+        back = returned or (key is not None and self.told[lane].claim(now, key))
         start_by = now + cfg.max_wait
         if deadline is not None:
             start_by = min(start_by, deadline)
@@ -160,6 +162,13 @@ class Admission(Predictions):
             q.pop()
             self._grant(now, t)
         return t
+
+    def starts_at_once(self, now: float, lane: str, tokens: int = 0) -> bool:
+        """Whether a fresh request of ``lane`` would be admitted now (nothing changes)."""
+        if self._waiting_above(lane) or len(self.queues[lane]):
+            return False
+        probe = Ticket(-1, lane, "", 1.0, tokens, now, now, None)
+        return self._fits(probe, now)
 
     def release(self, now: float, ticket: Ticket) -> list[Ticket]:
         """An admitted request ended (or was aborted); returns the tickets now admitted."""

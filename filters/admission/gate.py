@@ -25,7 +25,7 @@ import random
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from filters.admission.core import Admission, LaneConfig, Shed
 from filters.admission.limits import (
@@ -36,7 +36,9 @@ from filters.admission.limits import (
     process_split,
     saturated_limit,
 )
+from filters.admission.metrics import AdmissionMetrics
 from filters.admission.queues import LaneQueue, Ticket
+from filters.admission.shared import SharedReturns
 from runtime.poolstate.ranking import Declared, pool_mismatch
 from runtime.poolstate.state import ReplicaState
 
@@ -58,44 +60,6 @@ RankingSource = Callable[[str], Mapping[str, ReplicaState] | None]
 # (their /get_server_info ``max_running_requests``: signal.pool_capacity; None: unknown)
 CapacitySource = Callable[[str], int | None]
 SWEEP_EVERY = 0.05  # seconds between two looks at the queued tickets' predicted starts
-_WAIT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-
-class AdmissionMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        p = "tokenweir_admission_"
-        r = registry
-        self.queued = Gauge(p + "queued", "requests waiting", ["pool", "lane"], registry=r)
-        self.in_flight = Gauge(p + "in_flight", "admitted requests running", ["pool"], registry=r)
-        self.limit = Gauge(p + "limit", "requests this process may admit", ["pool"], registry=r)
-        self.reserved = Gauge(
-            p + "reserved",
-            "free slots a lane leaves for the lanes above it (their measured demand)",
-            ["pool", "lane"],
-            registry=r,
-        )
-        self.admitted = Counter(
-            p + "admitted", "requests admitted", ["pool", "lane", "how"], registry=r
-        )
-        self.shed = Counter(
-            p + "shed", "requests answered at once", ["pool", "lane", "reason"], registry=r
-        )
-        self.wait = Histogram(
-            p + "wait_seconds", "time admitted requests waited", ["pool", "lane"],
-            buckets=_WAIT, registry=r,
-        )  # fmt: skip
-        self.returns = Counter(
-            p + "returns",
-            "clients told a Retry-After: came back in time (claimed: served before fresh "
-            "arrivals) or not (expired)",
-            ["pool", "lane", "outcome"], registry=r,
-        )  # fmt: skip
-        self.ranked = Gauge(
-            p + "ranked",
-            "1 while the lanes above the lowest are admitted past the slots lower lanes hold "
-            "(priority_scheduling declared, no answering replica contradicts it)",
-            ["pool"], registry=r,
-        )  # fmt: skip
 
 
 class PoolGate:
@@ -126,6 +90,7 @@ class PoolGate:
         self._waiters: dict[Ticket, asyncio.Future[Shed | None]] = {}
         self._swept = -math.inf
         self._returns: dict[str, tuple[int, int]] = {}  # lane → (claimed, expired) counted
+        self.shared: SharedReturns | None = None  # promises seen by every filter process
 
     async def acquire(
         self,
@@ -142,12 +107,25 @@ class PoolGate:
         ``on_wait(seconds)`` is awaited before waiting (to extend Envoy's message timeout);
         ``key`` recognises the client when it comes back as a ``Retry-After`` told it."""
         now = self.clock()
+        returned = False
+        shared = self.shared
+        if (
+            shared is not None
+            and key is not None
+            and not self.core.told[lane].claimable(now, key)
+            and not self.core.starts_at_once(now, lane, tokens)
+        ):  # a place another filter process promised it counts only where it would wait
+            returned = await shared.take(self.name, lane, key)
+            now = self.clock()
         r = self.core.offer(
-            now, lane, tenant, weight=weight, tokens=tokens, deadline=deadline, key=key
-        )
+            now, lane, tenant, weight=weight, tokens=tokens, deadline=deadline, key=key,
+            returned=returned,
+        )  # fmt: skip
         if isinstance(r, Shed):
-            self._shed(lane, r)
+            self._shed(lane, r, key)
             return r
+        if shared is not None and r.returning and not returned:
+            shared.forget(self.name, lane, key)  # kept here: nowhere else
         if r.state == "admitted":
             self._admitted(r, "at_once", now)
             return r
@@ -169,7 +147,7 @@ class PoolGate:
                 shed, started = self.core.drop(self.clock(), r)
                 self._wake(started)
                 assert shed is not None
-                self._shed(lane, shed)
+                self._shed(lane, shed, key)
                 return shed
         except BaseException:  # cancelled (client gone): leave the queue or free the slot
             self.release(r)
@@ -178,7 +156,7 @@ class PoolGate:
             self._waiters.pop(r, None)
             self._gauges()
         if early is not None:  # swept: it could no longer start in time
-            self._shed(lane, early)
+            self._shed(lane, early, key)
             return early
         self._admitted(r, "queued", self.clock())
         return r
@@ -195,7 +173,9 @@ class PoolGate:
         """When a client of ``lane`` turned away before the queue (the degradation ladder's
         shed) should come back: the lane's measured drain, as for one this gate sheds; the
         client is counted among those told to return (its ``key`` goes first when it does)."""
-        return self.core.retry_after(self.clock(), lane, key=key, tenant=tenant)
+        wait = self.core.retry_after(self.clock(), lane, key=key, tenant=tenant)
+        self._share(lane, key)
+        return wait
 
     def release(self, ticket: Ticket) -> None:
         """The request ended (or never started): its slot goes to the next waiter."""
@@ -300,8 +280,19 @@ class PoolGate:
         self.metrics.wait.labels(self.name, t.lane).observe(now - t.arrived)
         self._gauges()
 
-    def _shed(self, lane: str, shed: Shed) -> None:
+    def _shed(self, lane: str, shed: Shed, key: Hashable | None) -> None:
         self.metrics.shed.labels(self.name, lane, shed.reason).inc()
+        self._share(lane, key)
+
+    def _share(self, lane: str, key: Hashable | None) -> None:
+        """Publish the promise just made to ``key`` (if one was: a tenant past its bound of
+        places gets none) for the other filter processes."""
+        if self.shared is None or key is None:
+            return
+        window = self.core.told[lane].window_of(key)
+        if window is not None:
+            now = self.clock()
+            self.shared.publish(self.name, lane, key, window[0] - now, window[1] - now)
 
     def _gauges(self) -> None:
         m = self.metrics
@@ -346,6 +337,14 @@ class Gates:
         self.capacity = capacity  # pool → its replicas' reported running slots (no declared one)
         self.metrics = AdmissionMetrics(registry if registry is not None else CollectorRegistry())
         self._gates: dict[str, PoolGate] = {}
+        self._shared: SharedReturns | None = None
+
+    def share_returns(self, shared: SharedReturns | None) -> None:
+        """Every pool's promises go through ``shared`` from now on (None: this process's own),
+        where admission is split over several filter processes (:func:`limits.process_split`)."""
+        self._shared = shared
+        for g in self._gates.values():
+            g.shared = shared if g.split > 1 else None
 
     def configure(self, policy: Any) -> None:
         lanes = lane_configs(policy)
@@ -360,6 +359,7 @@ class Gates:
             else:
                 gate.set_lanes(lanes)
             gate.declared_limit, gate.split = limit, split
+            gate.shared = self._shared if split > 1 else None  # nobody else to tell: alone
             if limit is None and gate.reported is not None:  # keep following the replicas
                 limit = process_share(gate.reported, split)
             declared = policy.pools[name].priority_scheduling

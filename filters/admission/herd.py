@@ -110,6 +110,20 @@ class Promises:
             n += p.live
         return n
 
+    def claimable(self, now: float, key: Hashable) -> bool:
+        """Whether :meth:`claim` would keep a promise for ``key`` now (nothing changes)."""
+        return any(p.early <= now <= p.until for p in self._by_key.get(key, ()))
+
+    def window_of(self, key: Hashable) -> tuple[float, float] | None:
+        """(earliest, latest) claim time of the newest live promise for ``key`` (None: none):
+        what another filter process is told, to recognise the client there
+        (:mod:`filters.admission.shared`)."""
+        mine = self._by_key.get(key)
+        if not mine:
+            return None
+        p = max(mine, key=lambda p: p.at)
+        return p.early, p.until
+
     def claim(self, now: float, key: Hashable) -> bool:
         """A client with ``key`` is here: True (and the promise is kept) when it was told to
         come back about now; a client early or never told is fresh."""
