@@ -133,6 +133,7 @@ class FilterApp:
         self._estimator: Estimator = load_estimator(settings.tokenizer_file)
         self._redis: Any = None
         self._shared_returns: SharedReturns | None = None
+        self._shared_task: asyncio.Task[None] | None = None
         self._keys: KeyStore | None = None
         self._budget_reader: Budget = NoBudget()
         self.watcher = PolicyWatcher(
@@ -226,6 +227,7 @@ class FilterApp:
                 self._redis, wall=self._wall, registry=self.metrics.registry
             )
             self.gates.share_returns(self._shared_returns)
+            self._shared_task = asyncio.create_task(self._shared_returns.run())
         await self.pickers.configure(self.policy)
         host, port = self._listen()
         if any(uses_collapse(r) for g in self.policy.gateways.values() for r in g.routes):
@@ -403,6 +405,9 @@ class FilterApp:
         if self._keys is not None:
             await self._keys.aclose()
             self._keys = None
+        if self._shared_task is not None:
+            await stop_task(self._shared_task)
+            self._shared_task = None
         if self._shared_returns is not None:
             self.gates.share_returns(None)
             await self._shared_returns.aclose()

@@ -284,6 +284,12 @@ class PoolGate:
         self.metrics.shed.labels(self.name, lane, shed.reason).inc()
         self._share(lane, key)
 
+    def kept_elsewhere(self, lane: str, key: Hashable) -> None:
+        """Another filter process kept the promise this one made to ``key``."""
+        told = self.core.told.get(lane)
+        if told is not None and told.kept_elsewhere(self.clock(), key):
+            self._gauges()
+
     def _share(self, lane: str, key: Hashable | None) -> None:
         """Publish the promise just made to ``key`` (if one was: a tenant past its bound of
         places gets none) for the other filter processes."""
@@ -345,6 +351,13 @@ class Gates:
         self._shared = shared
         for g in self._gates.values():
             g.shared = shared if g.split > 1 else None
+        if shared is not None:
+            shared.on_kept = self._kept_elsewhere
+
+    def _kept_elsewhere(self, pool: str, lane: str, key: Hashable) -> None:
+        g = self._gates.get(pool)
+        if g is not None:
+            g.kept_elsewhere(lane, key)
 
     def configure(self, policy: Any) -> None:
         lanes = lane_configs(policy)

@@ -134,11 +134,24 @@ class Promises:
         ready = [p for p in mine if p.early <= now]
         if not ready:
             return False
-        self._kill(min(ready, key=lambda p: p.at))
+        self._kept(min(ready, key=lambda p: p.at))
+        return True
+
+    def kept_elsewhere(self, now: float, key: Hashable) -> bool:
+        """Another filter process kept ``key``'s promise (:mod:`filters.admission.shared`): it
+        is no longer due here, nor claimable, and it counts as a client that came back."""
+        self._expire(now)
+        mine = self._by_key.get(key)
+        if not mine:
+            return False
+        self._kept(min(mine, key=lambda p: p.at))
+        return True
+
+    def _kept(self, p: _Promise) -> None:
+        self._kill(p)
         self.claimed += 1
         self._back = self._back * DECAY + 1.0
         self._gone *= DECAY
-        return True
 
     def _kill(self, p: _Promise) -> None:
         p.live = False

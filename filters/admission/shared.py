@@ -13,7 +13,10 @@ and a process that sees a keyed request it did not promise, in a lane that would
 (a request that starts at once needs no place), takes the promise there: a Lua script deletes it
 and answers "kept" when the claimant's wall clock is inside the window, leaves it when the
 client is early, and drops it when it is late. A promise kept where it was made is deleted from
-Redis too, so one promise is kept once.
+Redis too, so one promise is kept once. A promise kept elsewhere leaves a marker; the process
+that made it looks for its open promises' markers every ``POLL_S`` (:meth:`SharedReturns.poll`,
+one ``MGET``) and stops counting that client as due back (it came back: the share of returning
+clients stays right) or taking it as returning itself.
 
 The key names the pool, the lane and the admission plugin's return key (tenant, body size,
 ``Idempotency-Key``), hashed: one tenant cannot take another's place. Writes and deletes run in
@@ -36,15 +39,19 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-__all__ = ["PREFIX", "SharedReturns", "promise_name"]
+__all__ = ["KEPT_PREFIX", "PREFIX", "KeptElsewhere", "SharedReturns", "promise_name"]
 
 log = logging.getLogger("tokenweir.admission")
 
 PREFIX = "tokenweir:return:"
+KEPT_PREFIX = "tokenweir:return-kept:"  # + the same digest: set where a promise was kept
 LINGER_S = 1.0  # a record outlives its window by this much (then Redis expires it)
+POLL_S = 0.25  # how often the maker of open promises looks for the ones kept elsewhere
+MAX_TRACKED = 65_536  # promises a process follows (past it, the oldest are left to expire)
 
-# KEYS[1]: the promise; ARGV[1]: the claimant's wall clock. 1: kept (deleted); 0: early (left
-# for later), late (deleted) or none
+# KEYS[1]: the promise, KEYS[2]: its kept marker; ARGV[1]: the claimant's wall clock.
+# 1: kept (deleted, the marker set until the window ends); 0: early (left for later), late
+# (deleted) or none
 _TAKE = """
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
@@ -55,14 +62,22 @@ local now = tonumber(ARGV[1])
 if now < early then return 0 end
 redis.call('DEL', KEYS[1])
 if now > untl then return 0 end
+redis.call('SET', KEYS[2], '1', 'PX', math.max(1, math.floor((untl - now + 1.0) * 1000)))
 return 1
 """
 
 
+def _digest(pool: str, lane: str, key: Hashable) -> str:
+    return hashlib.blake2b(repr((pool, lane, key)).encode(), digest_size=16).hexdigest()
+
+
 def promise_name(pool: str, lane: str, key: Hashable) -> str:
     """The Redis key of a promise: the same in every process for the same client and lane."""
-    digest = hashlib.blake2b(repr((pool, lane, key)).encode(), digest_size=16).hexdigest()
-    return PREFIX + digest
+    return PREFIX + _digest(pool, lane, key)
+
+
+# pool, lane, key → the promise made here was kept by another process
+KeptElsewhere = Callable[[str, str, Hashable], None]
 
 
 class SharedReturns:
@@ -83,11 +98,16 @@ class SharedReturns:
         self.max_pending = max_pending
         self._take = redis.register_script(_TAKE)
         self._pending: set[asyncio.Task[Any]] = set()
+        # digest → (pool, lane, key, earliest, latest wall time): promises made here, open or
+        # to come, whose keeping elsewhere this process must hear of (``poll``)
+        self._made: dict[str, tuple[str, str, Hashable, float, float]] = {}
+        self.on_kept: KeptElsewhere | None = None
         self.outcomes = Counter(
             "tokenweir_admission_shared_returns",
             "promises shared through Redis: published, kept here for another filter process "
-            "(taken), looked up in vain (missed), dropped past the background bound (dropped), "
-            "Redis errors and timeouts (error)",
+            "(taken), made here and kept by another (kept_elsewhere), looked up in vain "
+            "(missed), dropped past the background bound (dropped), Redis errors and timeouts "
+            "(error)",
             ["outcome"],
             registry=registry if registry is not None else CollectorRegistry(),
         )
@@ -98,22 +118,62 @@ class SharedReturns:
     ) -> None:
         """A promise made here: claimable from ``early_in`` to ``until_in`` seconds from now."""
         now = self.wall()
-        value = f"{now + early_in:.3f} {now + until_in:.3f}"
+        early, until = now + early_in, now + until_in
         ttl_ms = max(1, round((until_in + LINGER_S) * 1000))
-        name = promise_name(pool, lane, key)
-        if self._spawn(self.redis.set(name, value, px=ttl_ms)):
+        digest = _digest(pool, lane, key)
+        if self._spawn(self.redis.set(PREFIX + digest, f"{early:.3f} {until:.3f}", px=ttl_ms)):
             self.outcomes.labels("published").inc()
+            self._made.pop(digest, None)  # (re-inserted last: the dict stays in time order)
+            self._made[digest] = (pool, lane, key, early, until)
+            while len(self._made) > MAX_TRACKED:
+                del self._made[next(iter(self._made))]
 
     def forget(self, pool: str, lane: str, key: Hashable) -> None:
         """A promise kept here: no other process may keep it again."""
-        self._spawn(self.redis.delete(promise_name(pool, lane, key)))
+        digest = _digest(pool, lane, key)
+        self._made.pop(digest, None)
+        self._spawn(self.redis.delete(PREFIX + digest))
+
+    async def poll(self) -> int:
+        """Hear of the promises made here that another process kept (their markers), and
+        tell ``on_kept``: they are no longer due here, nor claimable. Returns how many."""
+        now = self.wall()
+        for digest in [d for d, m in self._made.items() if m[4] + POLL_S < now]:
+            del self._made[digest]  # its window is over: nobody can keep it any more
+        open_now = [d for d, m in self._made.items() if m[3] <= now]
+        kept = 0
+        for i in range(0, len(open_now), 512):
+            chunk = open_now[i : i + 512]
+            async with asyncio.timeout(max(self.timeout, 1.0)):
+                found = await self.redis.mget([KEPT_PREFIX + d for d in chunk])
+            for digest, hit in zip(chunk, found, strict=True):
+                made = self._made.pop(digest, None) if hit is not None else None
+                if made is not None:
+                    kept += 1
+                    if self.on_kept is not None:
+                        self.on_kept(made[0], made[1], made[2])
+        if kept:
+            self.outcomes.labels("kept_elsewhere").inc(kept)
+        return kept
+
+    async def run(self) -> None:
+        """``poll`` every ``POLL_S`` while promises are open (the filter server's task)."""
+        while True:
+            await asyncio.sleep(POLL_S)
+            if self._made:
+                try:
+                    await self.poll()
+                except Exception as e:
+                    self._error(e)
 
     async def take(self, pool: str, lane: str, key: Hashable) -> bool:
         """True when another process promised this client a place now (the promise is kept)."""
-        name = promise_name(pool, lane, key)
+        digest = _digest(pool, lane, key)
         try:
             async with asyncio.timeout(self.timeout):
-                kept = await self._take(keys=[name], args=[f"{self.wall():.3f}"])
+                kept = await self._take(
+                    keys=[PREFIX + digest, KEPT_PREFIX + digest], args=[f"{self.wall():.3f}"]
+                )
         except Exception as e:
             self._error(e)
             return False

@@ -136,6 +136,14 @@ async def test_a_client_shed_by_one_filter_server_goes_first_at_the_other(
         held_b.close()  # b's slot frees: x goes before b's own waiter
         await asyncio.sleep(0.5)
         assert back.admitted() and wait_b.waiting()
+        # a, which made the promise, heard that b kept it (a marker, polled every 250 ms)
+        assert (
+            _metric(ma, 'tokenweir_admission_shared_returns_total{outcome="kept_elsewhere"}') == 1
+        )
+        claimed = (
+            'tokenweir_admission_returns_total{lane="interactive",outcome="claimed",pool="chat"}'
+        )
+        assert _metric(ma, claimed) == 1  # counted there as a client that came back
         # kept once: the same request again, at b, is a fresh one (turned away)
         assert "retry-after" in (await stream(b, "x")).shed()
         await a.close()

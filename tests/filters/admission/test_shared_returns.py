@@ -69,7 +69,17 @@ async def redis(redis_port: int) -> AsyncIterator[aioredis.Redis]:
     for k in await r.keys(PREFIX + "*"):
         await r.delete(k)
     yield r
+    await settle_writes()
     await r.aclose()
+
+
+_OPEN: list[SharedReturns] = []  # this test's, their background writes awaited after it
+
+
+async def settle_writes() -> None:
+    for shared in _OPEN:
+        await shared.aclose()
+    _OPEN.clear()
 
 
 def two_processes(
@@ -82,6 +92,8 @@ def two_processes(
         core: Admission = admission(1, queue=1, per_tenant=1, wait=3.0)
         g = PoolGate("chat", core, clock=clock, metrics=AdmissionMetrics(reg))
         g.shared = SharedReturns(redis, wall=clock.wall, registry=reg)
+        g.shared.on_kept = lambda _pool, lane, key, g=g: g.kept_elsewhere(lane, key)
+        _OPEN.append(g.shared)
         gates.append(g)
         registries.append(reg)
     return gates[0], gates[1], registries
@@ -129,6 +141,13 @@ async def test_a_client_shed_by_one_process_goes_first_at_the_other(
     assert len(q) == 2 and q.peek().returning and q.peek().tenant == "x"
     assert count(rb, "taken") == 1
     assert not await redis.exists(promise_name("chat", "interactive", "kx"))  # kept once
+    # a hears of it: the promise is no longer due there, nor claimable, and counts as kept
+    told_a = a.core.told["interactive"]
+    assert told_a.claimable(clock.t, "kx") and told_a.claimed == 0
+    assert a.shared is not None and await a.shared.poll() == 1
+    assert not told_a.claimable(clock.t, "kx") and told_a.window_of("kx") is None
+    assert told_a.claimed == 1 and count(ra, "kept_elsewhere") == 1
+    assert await a.shared.poll() == 0  # told once
     # b's slot frees: the client back when told starts before b's own waiter
     b.release(held_b)
     got = ticket(await asyncio.wait_for(back, 1.0))
@@ -196,4 +215,47 @@ async def test_redis_gone_means_each_process_keeps_its_own_promises(redis_port: 
     back.cancel()
     for w in waiters:
         w.cancel()
+    await settle_writes()
     await dead.aclose()
+
+
+async def test_a_promise_kept_where_it_was_made_is_kept_nowhere_else(
+    redis: aioredis.Redis,
+) -> None:
+    clock = Clock()
+    a, b, (_, rb) = two_processes(redis, clock)
+    (_, wa), (_, wb) = await fill(a), await fill(b)
+    shed = await shed_at(a, "kx")
+    clock.t += shed.retry_after
+    back = asyncio.create_task(a.acquire("interactive", "x", key="kx"))
+    await asyncio.sleep(0.05)
+    assert not back.done() and a.core.queues["interactive"].peek().returning
+    assert not await redis.exists(promise_name("chat", "interactive", "kx"))
+    again = await b.acquire("interactive", "x", key="kx")
+    assert isinstance(again, Shed) and again.reason == "queue_full"
+    assert count(rb, "taken") == 0
+    for t in (back, wa, wb):
+        t.cancel()
+
+
+def test_gates_share_promises_only_where_admission_is_split(redis: aioredis.Redis) -> None:
+    from controlplane.policy import load_policy_text
+    from filters.admission.gate import Gates
+
+    policy = load_policy_text("""
+version: 1
+filters: {address: 127.0.0.1:9}
+pools: {chat: {models: [m1], endpoints: [127.0.0.1:9], capacity: {max_running_requests: 4}}}
+gateways: {edge: {routes: [{name: llm, pool: chat, filters: {plugins: [admission]}}]}}
+""")
+    clock = Clock()
+    shared = SharedReturns(redis, wall=clock.wall)
+    alone, split = Gates(clock=clock, wall=clock.wall), Gates(clock=clock, wall=clock.wall, local=2)
+    for gates in (alone, split):
+        gates.configure(policy)
+        gates.share_returns(shared)
+    assert alone.gate("chat").shared is None  # type: ignore[union-attr]
+    assert split.gate("chat").shared is shared  # type: ignore[union-attr]
+    assert shared.on_kept is not None
+    split.share_returns(None)
+    assert split.gate("chat").shared is None  # type: ignore[union-attr]
