@@ -133,7 +133,6 @@ class FilterApp:
         self._estimator: Estimator = load_estimator(settings.tokenizer_file)
         self._redis: Any = None
         self._shared_returns: SharedReturns | None = None
-        self._shared_task: asyncio.Task[None] | None = None
         self._keys: KeyStore | None = None
         self._budget_reader: Budget = NoBudget()
         self.watcher = PolicyWatcher(
@@ -223,11 +222,9 @@ class FilterApp:
         if url:
             self._redis = redis_client(url, timeout=self._redis_timeout())
             # a Retry-After's promise is kept by whichever filter process the client comes back to
-            self._shared_returns = SharedReturns(
-                self._redis, wall=self._wall, registry=self.metrics.registry
-            )
-            self.gates.share_returns(self._shared_returns)
-            self._shared_task = asyncio.create_task(self._shared_returns.run())
+            shared = SharedReturns(self._redis, wall=self._wall, registry=self.metrics.registry)
+            self._shared_returns = shared.start()
+            self.gates.share_returns(shared)
         await self.pickers.configure(self.policy)
         host, port = self._listen()
         if any(uses_collapse(r) for g in self.policy.gateways.values() for r in g.routes):
@@ -405,9 +402,6 @@ class FilterApp:
         if self._keys is not None:
             await self._keys.aclose()
             self._keys = None
-        if self._shared_task is not None:
-            await stop_task(self._shared_task)
-            self._shared_task = None
         if self._shared_returns is not None:
             self.gates.share_returns(None)
             await self._shared_returns.aclose()

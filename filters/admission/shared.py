@@ -39,6 +39,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
+from runtime.tasks import stop_task
+
 __all__ = ["KEPT_PREFIX", "PREFIX", "KeptElsewhere", "SharedReturns", "promise_name"]
 
 log = logging.getLogger("tokenweir.admission")
@@ -102,6 +104,7 @@ class SharedReturns:
         # to come, whose keeping elsewhere this process must hear of (``poll``)
         self._made: dict[str, tuple[str, str, Hashable, float, float]] = {}
         self.on_kept: KeptElsewhere | None = None
+        self._task: asyncio.Task[None] | None = None
         self.outcomes = Counter(
             "tokenweir_admission_shared_returns",
             "promises shared through Redis: published, kept here for another filter process "
@@ -156,8 +159,13 @@ class SharedReturns:
             self.outcomes.labels("kept_elsewhere").inc(kept)
         return kept
 
+    def start(self) -> SharedReturns:
+        """Start :meth:`run` (stopped by :meth:`aclose`); returns self."""
+        self._task = asyncio.create_task(self.run())
+        return self
+
     async def run(self) -> None:
-        """``poll`` every ``POLL_S`` while promises are open (the filter server's task)."""
+        """``poll`` every ``POLL_S`` while promises are open (:meth:`start`)."""
         while True:
             await asyncio.sleep(POLL_S)
             if self._made:
@@ -181,7 +189,10 @@ class SharedReturns:
         return bool(kept)
 
     async def aclose(self) -> None:
-        """Wait (briefly) for the writes still in flight."""
+        """Stop polling and wait (briefly) for the writes still in flight."""
+        if self._task is not None:
+            await stop_task(self._task)
+            self._task = None
         if self._pending:
             await asyncio.wait(list(self._pending), timeout=1.0)
 
