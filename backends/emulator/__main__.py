@@ -8,12 +8,14 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from backends.emulator.priority import DEFAULT_PREEMPTION_THRESHOLD, PriorityConfig
 from backends.emulator.server import start_emulator
 from backends.emulator.settings import EmulatorSettings
 from backends.profiles import profile_names
+from runtime.chat_tokenizer import TokenizerFilesError
 from runtime.prefixindex.errors import KvEventsConfigError
 from runtime.prefixindex.wire import KvEventsConfig
 
@@ -57,6 +59,12 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
         "--kv-events-config",
         help='SGLang\'s KV-event publisher as JSON, e.g. \'{"publisher": "zmq", "endpoint": '
         '"tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\' (docs/emulator.md)',
+    )
+    p.add_argument(
+        "--tokenizer-path",
+        metavar="DIR",
+        help="a model directory (tokenizer.json, tokenizer_config.json / chat_template.jinja): "
+        "prompts are rendered and tokenized as SGLang does for that model (docs/emulator.md)",
     )
     p.add_argument(
         "--request-log",
@@ -114,6 +122,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
             exit_on_crash=True,
             kv_events=kv_events,
             request_log=a.request_log,
+            tokenizer_path=a.tokenizer_path,
             enable_trace=a.enable_trace,
             otlp_traces_endpoint=a.otlp_traces_endpoint,
             priority=PriorityConfig(
@@ -154,10 +163,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency, but optional at runtime
-        asyncio.run(_serve(settings))
+        run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
     else:
+        run = uvloop.run
+    try:
         with contextlib.suppress(KeyboardInterrupt):
-            uvloop.run(_serve(settings))
+            run(_serve(settings))
+    except TokenizerFilesError as exc:
+        print(f"emulator: --tokenizer-path: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

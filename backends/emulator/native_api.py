@@ -77,7 +77,7 @@ class _NativeApi:
         if isinstance(text, list) or (input_ids and isinstance(input_ids[0], list)):
             raise RequestError("batched /generate is not supported by the emulator", "text")
         if isinstance(text, str):
-            ids = encode(text)
+            ids = self.server.encode_text(text)
         elif isinstance(input_ids, list) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in input_ids
         ):

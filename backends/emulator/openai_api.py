@@ -28,7 +28,6 @@ from backends.emulator.protocol import (
     usage_json,
 )
 from backends.emulator.request import EmuRequest, GenerationParams
-from backends.emulator.tokenizer import encode, render_chat
 from backends.errors import RequestError, SchedulerAbortError
 
 if TYPE_CHECKING:
@@ -48,7 +47,7 @@ def routes(server: EmulatorServer) -> list[web.RouteDef]:
     ]
 
 
-def _prompt_ids(prompt: Any) -> list[int]:
+def _prompt_ids(prompt: Any, encode: Callable[[str], list[int]]) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
@@ -93,7 +92,7 @@ class _OpenAIApi:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = parse_json_object(await request.read())
-        params = self._params(body, encode(render_chat(body.get("messages"))))
+        params = self._params(body, self.server.encode_chat(body))
         stream, include_usage = self._stream_flags(body)
         try:
             req = await self.server.open_request(
@@ -124,7 +123,7 @@ class _OpenAIApi:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = parse_json_object(await request.read())
-        params = self._params(body, _prompt_ids(body.get("prompt")))
+        params = self._params(body, _prompt_ids(body.get("prompt"), self.server.encode_text))
         stream, include_usage = self._stream_flags(body)
         try:
             req = await self.server.open_request(params, "cmpl-" + self.server.next_id(), request)

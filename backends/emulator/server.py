@@ -28,6 +28,7 @@ from backends.emulator.request import EmuRequest, GenerationParams
 from backends.emulator.request_log import RequestLog
 from backends.emulator.scheduler import Scheduler
 from backends.emulator.settings import EmulatorSettings
+from backends.emulator.tokenizer import encode, render_chat
 from backends.emulator.tracing import end_request_span, start_request_span
 from backends.errors import (
     InjectedFaultError,
@@ -35,6 +36,7 @@ from backends.errors import (
     SchedulerAbortError,
     ServerClosingError,
 )
+from runtime.chat_tokenizer import ChatTemplateError, HfChatTokenizer
 from runtime.tracing import Tracing
 
 __all__ = ["EmulatorServer", "start_emulator"]
@@ -70,6 +72,9 @@ class EmulatorServer:
         self.clock = clock
         self.wall_clock = wall_clock
         self.metrics = EmulatorMetrics(settings.model)
+        # --tokenizer-path: the model's tokenizer and chat template (TokenizerFilesError if bad)
+        path = settings.tokenizer_path
+        self.model = HfChatTokenizer.load(path) if path else None
         # SGLang's --enable-trace: one span per request, parent from the caller's traceparent
         self.tracing = (
             Tracing(settings.otlp_traces_endpoint, "sglang-emulator")
@@ -110,6 +115,23 @@ class EmulatorServer:
         self.closing = False
         self.crashed = False
         self.port = 0
+
+    def encode_text(self, text: str) -> list[int]:
+        """A plain prompt's ids (/generate text, /v1/completions prompt): the emulator's word
+        tokens, or the model's with the special tokens its tokenizer adds first (as SGLang)."""
+        if self.model is None:
+            return encode(text)
+        return self.model.encode(self.model.plain_prompt(text))
+
+    def encode_chat(self, body: dict[str, Any]) -> list[int]:
+        """A chat completion's prompt ids: the emulator's template, or the model's as SGLang
+        applies it (RequestError when the template refuses the messages)."""
+        if self.model is None:
+            return encode(render_chat(body.get("messages")))
+        try:
+            return self.model.encode(self.model.render_request(body))
+        except ChatTemplateError as exc:
+            raise RequestError(str(exc), "messages") from exc
 
     @property
     def url(self) -> str:

@@ -42,6 +42,9 @@ class EmulatorSettings:
     request_log: str | None = (
         None  # --request-log: a JSON line per finished request (request_log.py)
     )
+    # --tokenizer-path: a model directory (tokenizer.json, its chat template): prompts are
+    # rendered and tokenized as SGLang does for that model, so KV events carry its token ids
+    tokenizer_path: str | None = None
     # --enable-priority-scheduling, --schedule-low-priority-values-first, ... (SGLang)
     priority: PriorityConfig = field(default_factory=PriorityConfig)
 

@@ -44,8 +44,10 @@ class RoutingPolicy:
     max_index_blocks: Annotated[int, Range(1_000, 100_000_000)] = 2_000_000
     # must equal the backends' --page-size (block hashes are per page)
     page_size: Annotated[int, Range(1, 4096)] = 1
-    # how the picker tokenizes: "emulator" (the emulator's word tokenizer and chat template)
-    tokenizer: Literal["emulator"] = "emulator"
+    # how the picker renders and tokenizes prompts: "emulator" (the emulator's word tokenizer and
+    # chat template), or the model's directory as the backends' --tokenizer-path names it
+    # (tokenizer.json, tokenizer_config.json / chat_template.jinja; read by the filter servers)
+    tokenizer: str = "emulator"
     # each replica publishes KV events on tcp://HOST:(PORT + offset), replays on offset + 1
     kv_events_port_offset: Annotated[int, Range(1, 60_000)] = 1000
     # granularity of the picker's prompt checkpoints (bytes of rendered prompt)
@@ -75,5 +77,7 @@ class RoutingPolicy:
         return 1 << (pages.bit_length() - 1)
 
     def __post_init__(self) -> None:
+        if not self.tokenizer.strip():
+            raise ValueError("tokenizer: 'emulator' or a model directory, not empty")
         if self.mode == "prefix_index" and self.index_ttl < 1.0:
             raise ValueError("index_ttl: must be >= 1s with mode prefix_index (replay probes)")

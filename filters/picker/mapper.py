@@ -16,7 +16,10 @@ tokens depend only on the bytes before the cut. The block hash stored is that of
 ``anchor_every`` > 1 the last page whose hash is an anchor, as the index keeps only those:
 :mod:`runtime.prefixindex.index`). Non-ASCII whitespace (which the emulator's ``str.split`` also splits on)
 makes a prediction differ from the backend's hashes: the index then finds nothing and the
-answer is lower, never wrong.
+answer is lower, never wrong. With a model's own tokenizer (``routing.tokenizer`` a model
+directory) the tokens kept at each cut are those :meth:`runtime.chat_tokenizer.HfChatTokenizer.stable`
+says no later text can change (every pre-token but the last two), the same ids the whole prompt
+gives.
 
 Pure (no I/O, no clock); bounded (least recently used entries go first).
 """
@@ -27,13 +30,19 @@ import array
 import collections
 import sys
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from runtime.chat_tokenizer import HfChatTokenizer
 from runtime.prefixindex.hashing import block_id, raw_chain
 from runtime.prefixindex.wire import anchor_mask
 
-__all__ = ["ROOT", "CheckpointMap", "Job", "Point", "map_batch", "map_points"]
+__all__ = ["EMULATOR", "ROOT", "CheckpointMap", "Job", "Point", "map_batch", "map_points",
+           "model_tokenizer"]  # fmt: skip
+
+EMULATOR = "emulator"  # routing.tokenizer: the emulator's word tokenizer
+# a tokenizer's view of the rest of a prompt: the ids no later text changes, the bytes they cover
+_Split = Callable[[bytes], tuple[list[int], int]]
 
 _SWAP = sys.byteorder != "little"  # token ids hash as 4-byte little-endian
 
@@ -68,20 +77,45 @@ def map_points(
     page: int,
     anchor_every: int = 1,
     base: int = 0,
+    tokenizer: str = EMULATOR,
 ) -> list[Point]:
     """Pure: the points of checkpoints ``first + 1 .. first + count`` of a prompt, from the
     point of checkpoint ``first`` (``ROOT`` for 0). ``data`` is the prompt's bytes from offset
     ``base`` on (at most ``start.resume``), so a caller sends only what is still to be mapped.
-    Runs in a worker process (picklable)."""
+    ``tokenizer``: ``emulator`` or a model directory (:func:`model_tokenizer`). Runs in a worker
+    process (picklable)."""
     if base > start.resume:
         raise ValueError("base is past the point to resume from")
     mask = anchor_mask(anchor_every)
+    split = _emulator_ids if tokenizer == EMULATOR else model_tokenizer(tokenizer).stable
     out: list[Point] = []
     point = start
     for k in range(first + 1, first + count + 1):
-        point = _advance(data, base, point, k * step, page, mask)
+        point = _advance(data, base, point, k * step, page, mask, split)
         out.append(point)
     return out
+
+
+def model_tokenizer(path: str) -> HfChatTokenizer:
+    """The model tokenizer at ``path``, loaded once per process (the worker's, the filter
+    server's)."""
+    tok = _MODELS.get(path)
+    if tok is None:
+        tok = _MODELS[path] = HfChatTokenizer.load(path)
+    return tok
+
+
+_MODELS: dict[str, HfChatTokenizer] = {}
+
+
+def _emulator_ids(segment: bytes) -> tuple[list[int], int]:
+    """The emulator's tokens of ``segment`` that end before it does (a word touching the end is
+    left to the next checkpoint), and the bytes they cover."""
+    words = segment.split()
+    used = len(segment)
+    if words and not segment[-1:].isspace():
+        used -= len(words.pop())
+    return [zlib.crc32(w) for w in words], used
 
 
 # one prompt's slice for map_batch: its marks from ``first`` on (``count`` of them), the bytes from
@@ -90,7 +124,7 @@ Job = tuple[Sequence[bytes], bytes, Point, int, int, int]
 
 
 def map_batch(
-    jobs: Sequence[Job], step: int, page: int, anchor_every: int = 1
+    jobs: Sequence[Job], step: int, page: int, anchor_every: int = 1, tokenizer: str = EMULATOR
 ) -> list[tuple[list[Point], int]]:
     """Pure: :func:`map_points` for each job in order, except that a job whose checkpoints an
     earlier job of the same call already computed (the same conversation's earlier turn, the same
@@ -105,7 +139,9 @@ def map_batch(
             k += 1
         points = [done[m] for m in marks[:k]]
         point = points[-1] if points else start
-        fresh = map_points(data, point, first + k, count - k, step, page, anchor_every, base)
+        fresh = map_points(
+            data, point, first + k, count - k, step, page, anchor_every, base, tokenizer
+        )
         for mark, p in zip(marks[k:count], fresh, strict=True):
             done[mark] = p
         points += fresh
@@ -113,13 +149,11 @@ def map_batch(
     return out
 
 
-def _advance(data: bytes, base: int, point: Point, cut: int, ps: int, mask: int) -> Point:
-    segment = data[point.resume - base : cut - base]
-    words = segment.split()
-    resume = cut
-    if words and not segment[-1:].isspace():
-        resume = cut - len(words.pop())  # touches the cut: the next checkpoint's
-    ids = [zlib.crc32(w) for w in words]
+def _advance(
+    data: bytes, base: int, point: Point, cut: int, ps: int, mask: int, split: _Split
+) -> Point:
+    ids, used = split(data[point.resume - base : cut - base])
+    resume = point.resume + used
     pending = [*point.tail, *ids]
     whole = len(pending) - len(pending) % ps
     digest, block, anchored = point.digest, point.block, point.anchored

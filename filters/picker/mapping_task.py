@@ -33,7 +33,7 @@ async def run_mapper(picker: PoolPicker) -> None:
     one) leaves its prompts unmapped, counted in ``map_failed``; the mapper goes on."""
     assert picker.queue is not None
     step, page = picker.routing.checkpoint_bytes, picker.routing.page_size
-    every = picker.routing.anchor_every
+    every, tokenizer = picker.routing.anchor_every, picker.routing.tokenizer
     while True:
         todo = [await picker.queue.get()]
         while len(todo) < _BATCH and not picker.queue.empty():
@@ -60,9 +60,9 @@ async def run_mapper(picker: PoolPicker) -> None:
                 break
             try:
                 if picker.worker is not None and sum(len(j[1]) for j in jobs) > _INLINE_BYTES:
-                    results = await picker.worker.call(jobs, step, page, every)
+                    results = await picker.worker.call(jobs, step, page, every, tokenizer)
                 else:
-                    results = _inline(jobs, step, page, every)
+                    results = _inline(jobs, step, page, every, tokenizer)
             except MapperDown as exc:  # their prompts map when seen again
                 _log.warning("picker %s: %s; %d prompts left unmapped", picker.pool, exc,
                              len(sent))  # fmt: skip
@@ -80,10 +80,12 @@ async def run_mapper(picker: PoolPicker) -> None:
                     picker.mapped(prompt)
 
 
-def _inline(jobs: list[Job], step: int, page: int, every: int) -> list[tuple[list[Point], int]]:
+def _inline(
+    jobs: list[Job], step: int, page: int, every: int, tokenizer: str
+) -> list[tuple[list[Point], int]]:
     """:func:`map_batch` on this loop; a mapping that raises fails this call only, as in the
     worker (the mapper goes on)."""
     try:
-        return map_batch(jobs, step, page, every)
+        return map_batch(jobs, step, page, every, tokenizer)
     except Exception as exc:  # any bug in the mapping: one call lost, not the task
         raise MapperDown(f"mapping failed: {exc!r}") from exc

@@ -62,6 +62,12 @@ class PickerMetrics:
             p + "map_dropped", "prompts not mapped because the mapper queue was full", ["pool"],
             registry=r,
         )  # fmt: skip
+        self.config_errors = Counter(
+            p + "config_errors",
+            "pickers not started because routing.tokenizer could not be loaded (the pool routes "
+            "by ring hash; tried again at the next policy load)",
+            ["pool"], registry=r,
+        )  # fmt: skip
         self.coalesced = Counter(
             p + "coalesced",
             "requests that waited for the same prefix's prefill on their replica, by how the "

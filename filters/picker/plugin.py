@@ -1,6 +1,7 @@
 """picker: name the replica for a request (cache-aware routing, docs/plugins.md).
 
-Runs at the request body, after ``tokens``: renders the prompt as the backend will, asks the
+Runs at the request body, after ``tokens``: renders the prompt as the backend will (the emulator's
+chat template, or the model's own: ``routing.tokenizer``), asks the
 pool's :class:`~filters.picker.pool.PoolPicker` and sets ``x-tokenweir-endpoint: host:port``,
 which the pool cluster's override-host load balancer honours (ring hash when the header is
 absent, or names a host that is unhealthy, ejected or gone). Requests it cannot place (index
@@ -23,7 +24,6 @@ from filters.api import BasePlugin, Context, Result
 from filters.bodies import LlmRequest, kind_for_path, parse_request
 from filters.errors import ConfigError
 from filters.picker.coalesce import follow
-from filters.picker.prompt import prompt_bytes
 from filters.services import Services
 
 __all__ = ["PickerPlugin"]
@@ -52,7 +52,7 @@ class PickerPlugin(BasePlugin):
                 return None
             req = parse_request(kind, body, reject_unknown=False)
         metrics = self.pickers.metrics
-        data = None if req.input_ids is not None else prompt_bytes(req.kind, req.data)
+        data = None if req.input_ids is not None else picker.render(req.kind, req.data)
         if data is None:
             metrics.fallbacks.labels(picker.pool, "no_prompt").inc()
             return None

@@ -26,18 +26,20 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from controlplane.policy.model import Address, LlmPool
 from controlplane.policy.routing import RoutingPolicy
 from filters.picker.coalesce import STORED_SHARE, Lead, Leads, Wait
-from filters.picker.mapper import ROOT, CheckpointMap, Point
+from filters.picker.mapper import EMULATOR, ROOT, CheckpointMap, Point, model_tokenizer
 from filters.picker.mapping_task import run_mapper
 from filters.picker.metrics import PickerMetrics
-from filters.picker.prompt import checkpoints
+from filters.picker.prompt import checkpoints, prompt_bytes
 from filters.picker.score import Candidate, Pick, Weights, choose
 from filters.picker.worker import MapperWorker
+from runtime.chat_tokenizer import ChatTemplateError, HfChatTokenizer
 from runtime.prefixindex.index import PrefixIndex
 from runtime.prefixindex.subscriber import KvEventSubscriber, ReplicaFeed
 from runtime.tasks import stop_task
@@ -126,9 +128,16 @@ class PoolPicker:
         self._subscriber: KvEventSubscriber | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.worker: MapperWorker | None = None
+        # the model's tokenizer and chat template (routing.tokenizer), loaded by start()
+        self.model: HfChatTokenizer | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self, *, worker_process: bool = True) -> None:
+        """Load the model tokenizer if one is named (raises
+        :class:`~runtime.chat_tokenizer.TokenizerFilesError`), start the worker process, the
+        event subscriber and the mapper."""
+        if self.routing.tokenizer != EMULATOR:  # a 128k-token vocabulary: off the event loop
+            self.model = await asyncio.to_thread(model_tokenizer, self.routing.tokenizer)
         self.queue = asyncio.Queue(self._queue_capacity)
         if worker_process:  # a fresh interpreter: never fork one that runs an event loop and ZMQ
             self.worker = MapperWorker(log=_log)
@@ -152,7 +161,9 @@ class PoolPicker:
         r = self.routing
         try:
             async with asyncio.timeout(_WARM_TIMEOUT_S):
-                await self.worker.call([], r.checkpoint_bytes, r.page_size, r.anchor_every)
+                await self.worker.call(
+                    [], r.checkpoint_bytes, r.page_size, r.anchor_every, r.tokenizer
+                )
         except Exception as exc:  # logged; the mapping retries on first use
             _log.warning("picker %s: the mapper's worker process did not start: %r", self.pool, exc)
 
@@ -168,6 +179,28 @@ class PoolPicker:
             self.worker = None
 
     # ---- the request path --------------------------------------------------------------------
+    def render(self, kind: str, data: Mapping[str, Any]) -> bytes | None:
+        """The prompt the backend will see, as UTF-8, or None when it cannot be known (token
+        ids, a malformed body, a chat template that refuses the messages): ring hash decides.
+        The emulator's template, or the model's own (``routing.tokenizer``) as SGLang applies it:
+        ``tools`` (unless ``tool_choice`` is ``none``) and ``chat_template_kwargs`` included."""
+        model = self.model
+        if model is None:
+            return prompt_bytes(kind, data)
+        try:
+            if kind == "chat":
+                text: Any = model.render_request(data)
+            else:
+                text = data.get("text") if kind == "generate" else data.get("prompt")
+                if isinstance(text, list) and len(text) == 1:
+                    text = text[0]
+                if not isinstance(text, str):
+                    return None
+                text = model.plain_prompt(text)
+        except ChatTemplateError:
+            return None
+        return str(text).encode("utf-8", "surrogatepass")
+
     def prompt(self, data: bytes) -> Prompt:
         marks = checkpoints(data, self.routing.checkpoint_bytes)
         return Prompt(data, marks, self.map.lookup(marks))

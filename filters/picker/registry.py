@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from filters.picker.metrics import PickerMetrics
 from filters.picker.pool import PoolPicker
+from runtime.chat_tokenizer import TokenizerFilesError
 
 __all__ = ["Pickers"]
 
@@ -61,7 +62,13 @@ class Pickers:
             if name in self._pools:
                 continue
             picker = PoolPicker(name, pool, self.metrics, clock=self._clock, wall=self._wall)
-            await picker.start()
+            try:
+                await picker.start()
+            except TokenizerFilesError as exc:  # this pool routes by ring hash until it loads
+                await picker.aclose()
+                self.metrics.config_errors.labels(name).inc()
+                _log.error("picker for pool %s not started (ring hash routes it): %s", name, exc)
+                continue
             self._pools[name] = (_key(pool), picker)
             _log.info("picker for pool %s: %d replicas", name, len(picker.feeds))
 

@@ -11,7 +11,7 @@ threads"). Here a call is one frame written to the child's stdin by the loop's o
 one frame read back from its stdout.
 
 Wire: a 4-byte big-endian length before each frame. A call is the pickled ``(jobs, step, page,
-anchor_every)`` of :func:`filters.picker.mapper.map_batch`; the answer is ``r`` + the pickled
+anchor_every, tokenizer)`` of :func:`filters.picker.mapper.map_batch`; the answer is ``r`` + the pickled
 result, or ``e`` + the error text (a bug in the mapping: the call fails, the child lives on).
 
 A child that dies (killed, out of memory) is noticed at its next call (its stdout closes): the
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import BinaryIO
 
 from filters.picker.errors import MapperDown
-from filters.picker.mapper import Job, Point, map_batch
+from filters.picker.mapper import EMULATOR, Job, Point, map_batch
 from runtime.children import PipeChild
 
 __all__ = ["MapperWorker", "main", "serve"]
@@ -58,15 +58,22 @@ class MapperWorker(PipeChild):
         await self._start("filters.picker.worker", what="picker mapper worker", log=self._log)
 
     async def call(
-        self, jobs: Sequence[Job], step: int, page: int, anchor_every: int = 1
+        self,
+        jobs: Sequence[Job],
+        step: int,
+        page: int,
+        anchor_every: int = 1,
+        tokenizer: str = EMULATOR,
     ) -> Result:
-        """``map_batch(jobs, step, page, anchor_every)`` in the child. Raises
+        """``map_batch(jobs, step, page, anchor_every, tokenizer)`` in the child (which loads a
+        model tokenizer once, at its first call naming it). Raises
         :class:`~filters.picker.errors.MapperDown` when it cannot answer (the child is then replaced at the next
         call, unless the mapping itself raised)."""
         await self.start()
         proc = self._proc
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
-        frame = pickle.dumps((list(jobs), step, page, anchor_every), pickle.HIGHEST_PROTOCOL)
+        call = (list(jobs), step, page, anchor_every, tokenizer)
+        frame = pickle.dumps(call, pickle.HIGHEST_PROTOCOL)
         try:
             async with asyncio.timeout(self.timeout):
                 proc.stdin.write(_LEN.pack(len(frame)) + frame)
