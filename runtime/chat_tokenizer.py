@@ -35,7 +35,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ChatTemplateError", "HfChatTokenizer", "TokenizerFilesError", "byte_decoder"]
+__all__ = [
+    "ChatTemplateError",
+    "HfChatTokenizer",
+    "TokenizerFilesError",
+    "byte_decoder",
+    "sglang_tools",
+]
 
 _SPECIAL_KEYS = (
     "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
@@ -183,16 +189,12 @@ class HfChatTokenizer:
         return str(text)
 
     def render_request(self, body: Mapping[str, Any]) -> str:
-        """:meth:`render_chat` of a chat completion body as SGLang renders it: its ``tools``
-        (each tool's ``function``; none when ``tool_choice`` is ``none``) and its
-        ``chat_template_kwargs``."""
-        tools = body.get("tools") if body.get("tool_choice") != "none" else None
-        if isinstance(tools, list):
-            tools = [t.get("function", t) if isinstance(t, dict) else t for t in tools]
+        """:meth:`render_chat` of a chat completion body as SGLang renders it: its tools as
+        :func:`sglang_tools` gives them and its ``chat_template_kwargs``."""
         extra = body.get("chat_template_kwargs")
         return self.render_chat(
             body.get("messages"),
-            tools=tools or None,
+            tools=sglang_tools(body),
             extra=extra if isinstance(extra, dict) else None,
         )
 
@@ -242,6 +244,29 @@ class HfChatTokenizer:
         if not data.startswith(covered):  # a normalizer changed the text: learn nothing
             return [], 0
         return list(ids[:keep]), len(covered)
+
+
+def sglang_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The ``tools`` SGLang hands the chat template: none with ``tool_choice: none``; with a named
+    ``tool_choice`` only that function; each function as its ``Function`` model dumps it
+    (``description``, ``name``, ``parameters``, ``strict`` in that order, ``strict`` false by
+    default)."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not isinstance(tools, list) or not tools or choice == "none":
+        return None
+    only = None
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        only = choice["function"].get("name")
+    out = []
+    for tool in tools:
+        f = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(f, dict) or (only is not None and f.get("name") != only):
+            continue
+        out.append({
+            "description": f.get("description"), "name": f.get("name"),
+            "parameters": f.get("parameters"), "strict": bool(f.get("strict", False)),
+        })  # fmt: skip
+    return out
 
 
 def _template_text(root: Path, config: Mapping[str, Any]) -> str | None:
