@@ -8,7 +8,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from filters.picker.errors import MapperDown
-from filters.picker.mapper import Job, Point, map_batch
+from filters.picker.mapper import EMULATOR, Job, Point, map_batch
 
 if TYPE_CHECKING:
     from filters.picker.pool import PoolPicker, Prompt
@@ -23,6 +23,9 @@ _BATCH = 32  # prompts per call of the worker process (those queued while the la
 # wake-up of the worker's); a conversation's next turn or a question after a known document is
 # usually that small (docs/benchmarks.md)
 _INLINE_BYTES = 2048
+# a model's tokenizer (routing.tokenizer) costs 0.3-0.7 ms per KiB here, 4-9x the emulator's words
+# (bench/model_tokenizer.py): only a call this small stays on the loop
+_INLINE_BYTES_MODEL = 256
 
 
 async def run_mapper(picker: PoolPicker) -> None:
@@ -34,6 +37,7 @@ async def run_mapper(picker: PoolPicker) -> None:
     assert picker.queue is not None
     step, page = picker.routing.checkpoint_bytes, picker.routing.page_size
     every, tokenizer = picker.routing.anchor_every, picker.routing.tokenizer
+    inline = _INLINE_BYTES if tokenizer == EMULATOR else _INLINE_BYTES_MODEL
     while True:
         todo = [await picker.queue.get()]
         while len(todo) < _BATCH and not picker.queue.empty():
@@ -59,7 +63,7 @@ async def run_mapper(picker: PoolPicker) -> None:
             if not jobs:
                 break
             try:
-                if picker.worker is not None and sum(len(j[1]) for j in jobs) > _INLINE_BYTES:
+                if picker.worker is not None and sum(len(j[1]) for j in jobs) > inline:
                     results = await picker.worker.call(jobs, step, page, every, tokenizer)
                 else:
                     results = _inline(jobs, step, page, every, tokenizer)
