@@ -24,7 +24,8 @@ log = logging.getLogger("tokenweir.up")
 
 
 def kv_event_args(routing: RoutingPolicy, addr: Address) -> list[str]:
-    """Emulator flags publishing KV events where the picker looks for them (prefix_index)."""
+    """Emulator flags publishing KV events where the picker looks for them (prefix_index), and
+    tokenizing with the model the picker renders for (``routing.tokenizer``)."""
     if routing.mode != "prefix_index":
         return []
     port = addr.port + routing.kv_events_port_offset
@@ -34,7 +35,10 @@ def kv_event_args(routing: RoutingPolicy, addr: Address) -> list[str]:
         "endpoint": f"tcp://*:{port}",
         "replay_endpoint": f"tcp://{addr.host}:{port + 1}",
     }
-    return ["--kv-events-config", json.dumps(cfg), "--page-size", str(routing.page_size)]
+    args = ["--kv-events-config", json.dumps(cfg), "--page-size", str(routing.page_size)]
+    if routing.tokenizer != "emulator":
+        args += ["--tokenizer-path", routing.tokenizer]
+    return args
 
 
 async def wait_listening(addr: Address, envoy: EnvoyProcess, timeout: float = 20.0) -> None:
