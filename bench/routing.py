@@ -103,6 +103,7 @@ class Pool:
                 "--cache-tokens", str(a.cache_tokens // a.scale),
                 "--kv-events-config", json.dumps(kv),
                 "--request-log", str(self.request_log(i)),
+                *(["--tokenizer-path", a.tokenizer_path] if a.tokenizer_path else []),
             ]  # fmt: skip
             child = Child(f"emu-{self.label}-{i}", argv, self.run_dir / f"emu-{self.label}-{i}.log")
             child.start()
@@ -177,6 +178,8 @@ def tokenweir_policy(
             "cache_weight": cache_weight,
             "backlog_weight": backlog_weight,
         }
+        if pool.a.tokenizer_path:  # the model the emulators tokenize with (--tokenizer-path)
+            chat["routing"]["tokenizer"] = pool.a.tokenizer_path
     return {
         "version": 1,
         "control_plane": {
@@ -387,6 +390,11 @@ def main() -> int:
         "--up-replicas",
         help="tokenweir arms: `tokenweir up --replicas` (e.g. gateway=2,filters=2: Envoys and "
         "filter servers sharing their ports), for a machine with cores to spare",
+    )
+    ap.add_argument(
+        "--tokenizer-path",
+        help="a model directory: the emulators render and tokenize with it (--tokenizer-path) and "
+        "the picker follows them with it (routing.tokenizer); default: the emulator's words",
     )
     ap.add_argument("--tag", help="results as routing-WORKLOAD-TAG.{json,png}")
     ap.add_argument("--baseline-src", help="a checkout whose code the picker-baseline arm runs")
