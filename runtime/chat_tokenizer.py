@@ -129,8 +129,9 @@ class HfChatTokenizer:
         ``tokenizer.json``, and ``tokenizer_config.json`` / ``chat_template.jinja`` if there.
         Raises :class:`TokenizerFilesError` with the file and the reason."""
         try:
+            import jinja2  # noqa: F401  (the chat template, compiled below)
             from tokenizers import Tokenizer
-        except ImportError as exc:  # pragma: no cover - a dependency of the tokenizer extra
+        except ImportError as exc:  # pragma: no cover - dependencies of the tokenizer extra
             raise TokenizerFilesError(
                 "a model tokenizer needs the 'tokenizers' and 'jinja2' packages "
                 "(pip install 'tokenweir[tokenizer]')"

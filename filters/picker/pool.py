@@ -39,7 +39,7 @@ from filters.picker.metrics import PickerMetrics
 from filters.picker.prompt import checkpoints, prompt_bytes
 from filters.picker.score import Candidate, Pick, Weights, choose
 from filters.picker.worker import MapperWorker
-from runtime.chat_tokenizer import ChatTemplateError, HfChatTokenizer
+from runtime.chat_tokenizer import HfChatTokenizer
 from runtime.prefixindex.index import PrefixIndex
 from runtime.prefixindex.subscriber import KvEventSubscriber, ReplicaFeed
 from runtime.tasks import stop_task
@@ -180,26 +180,9 @@ class PoolPicker:
 
     # ---- the request path --------------------------------------------------------------------
     def render(self, kind: str, data: Mapping[str, Any]) -> bytes | None:
-        """The prompt the backend will see, as UTF-8, or None when it cannot be known (token
-        ids, a malformed body, a chat template that refuses the messages): ring hash decides.
-        The emulator's template, or the model's own (``routing.tokenizer``) as SGLang applies it:
-        ``tools`` (unless ``tool_choice`` is ``none``) and ``chat_template_kwargs`` included."""
-        model = self.model
-        if model is None:
-            return prompt_bytes(kind, data)
-        try:
-            if kind == "chat":
-                text: Any = model.render_request(data)
-            else:
-                text = data.get("text") if kind == "generate" else data.get("prompt")
-                if isinstance(text, list) and len(text) == 1:
-                    text = text[0]
-                if not isinstance(text, str):
-                    return None
-                text = model.plain_prompt(text)
-        except ChatTemplateError:
-            return None
-        return str(text).encode("utf-8", "surrogatepass")
+        """The prompt the backend will see (:func:`~filters.picker.prompt.prompt_bytes`), with
+        the model's own template and special tokens when ``routing.tokenizer`` names one."""
+        return prompt_bytes(kind, data, self.model)
 
     def prompt(self, data: bytes) -> Prompt:
         marks = checkpoints(data, self.routing.checkpoint_bytes)

@@ -1,7 +1,8 @@
 """The prompt as the backend sees it, and its checkpoints (the picker's cheap fingerprint).
 
-``prompt_bytes`` renders the request the way the emulator does (its chat template; ``/generate``
-``text``; ``/v1/completions`` ``prompt``) and returns UTF-8 bytes, or None when the picker cannot
+``prompt_bytes`` renders the request the way the backend does (the emulator's chat template, or
+the model's own with ``routing.tokenizer``; ``/generate`` ``text``; ``/v1/completions``
+``prompt``) and returns UTF-8 bytes, or None when the picker cannot
 know the backend's prompt (token-id prompts, malformed bodies): such requests fall back to ring
 hash.
 
@@ -19,6 +20,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from typing import Any
+
+from runtime.chat_tokenizer import ChatTemplateError, HfChatTokenizer
 
 __all__ = ["checkpoints", "prompt_bytes", "render_emulator_chat"]
 
@@ -59,17 +62,28 @@ def render_emulator_chat(messages: Any) -> str | None:
     return " ".join(pieces)
 
 
-def prompt_bytes(kind: str, data: Mapping[str, Any]) -> bytes | None:
-    """The rendered prompt of a parsed request body, or None when it cannot be known."""
+def prompt_bytes(
+    kind: str, data: Mapping[str, Any], model: HfChatTokenizer | None = None
+) -> bytes | None:
+    """The rendered prompt of a parsed request body, or None when it cannot be known. With a
+    ``model`` (``routing.tokenizer``): a chat request through its chat template as SGLang renders
+    it, a plain prompt after the special tokens its tokenizer puts first; None when the template
+    refuses the request."""
     text: Any
     if kind == "chat":
-        text = render_emulator_chat(data.get("messages"))
-    elif kind == "generate":
-        text = data.get("text")
+        if model is None:
+            text = render_emulator_chat(data.get("messages"))
+        else:
+            try:
+                text = model.render_request(data)
+            except ChatTemplateError:
+                return None
     else:
-        text = data.get("prompt")
+        text = data.get("text") if kind == "generate" else data.get("prompt")
         if isinstance(text, list) and len(text) == 1:
             text = text[0]
+        if isinstance(text, str) and model is not None:
+            text = model.plain_prompt(text)
     if not isinstance(text, str):
         return None
     return text.encode("utf-8", "surrogatepass")
