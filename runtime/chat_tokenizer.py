@@ -217,8 +217,12 @@ class HfChatTokenizer:
 
     # ---- ids ---------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        """Ids of rendered text (added special tokens not added again)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        """Ids of rendered text (added special tokens not added again). Raises
+        :class:`ChatTemplateError` for text the tokenizer cannot take (a lone surrogate)."""
+        try:
+            return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        except (TypeError, ValueError) as exc:
+            raise ChatTemplateError(f"the tokenizer cannot encode this text: {exc}") from exc
 
     def stable(self, data: bytes) -> tuple[list[int], int]:
         """The ids of ``data`` (UTF-8, the start of the rest of a prompt) that no later text can

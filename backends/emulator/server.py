@@ -121,7 +121,10 @@ class EmulatorServer:
         tokens, or the model's with the special tokens its tokenizer adds first (as SGLang)."""
         if self.model is None:
             return encode(text)
-        return self.model.encode(self.model.plain_prompt(text))
+        try:
+            return self.model.encode(self.model.plain_prompt(text))
+        except ChatTemplateError as exc:
+            raise RequestError(str(exc), "prompt") from exc
 
     def encode_chat(self, body: dict[str, Any]) -> list[int]:
         """A chat completion's prompt ids: the emulator's template, or the model's as SGLang

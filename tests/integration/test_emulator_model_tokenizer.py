@@ -50,6 +50,12 @@ async def test_prompt_tokens_are_the_models(tmp_path: Path) -> None:
             async with http.post(f"{server.url}/v1/chat/completions", json=bad) as r:
                 assert r.status == 400
                 assert "no tools" in (await r.json())["message"]  # SGLang's error object
+            lone = b'{"model": "m", "prompt": "a \\ud800 b", "max_tokens": 1}'  # a lone surrogate
+            async with http.post(f"{server.url}/v1/completions", data=lone) as r:
+                assert r.status == 400  # never a 500
+            lone_chat = b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}'
+            async with http.post(f"{server.url}/v1/chat/completions", data=lone_chat) as r:
+                assert r.status == 400
     finally:
         await server.aclose()
 

@@ -90,6 +90,11 @@ def test_bad_model_directories_are_refused_with_the_file_and_reason(tmp_path: Pa
         HfChatTokenizer.load(good)
 
 
+def test_text_the_tokenizer_cannot_take_is_a_named_error(model: HfChatTokenizer) -> None:
+    with pytest.raises(ChatTemplateError, match="cannot encode"):
+        model.encode("a \ud800 b")
+
+
 def test_byte_alphabet_covers_every_byte_once() -> None:
     dec = byte_decoder()
     assert sorted(dec.values()) == list(range(256))
