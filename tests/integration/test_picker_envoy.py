@@ -41,8 +41,10 @@ def policy_text(
     *,
     message_timeout: str = "2s",
     routing: tuple[str, ...] = ("pending_ttl: 0s",),
+    match: str = "{path: /generate}",
 ) -> str:
-    """The mesh of these tests; ``routing``: lines added to the pool's routing settings."""
+    """The mesh of these tests; ``routing``: lines added to the pool's routing settings;
+    ``match``: the one route's match."""
     more = "".join(f"\n      {line}" for line in routing)
     eps = ", ".join(f"127.0.0.1:{p}" for p in replicas)
     return f"""
@@ -65,13 +67,15 @@ gateways:
     listen: 127.0.0.1:{gw}
     routes:
       - name: native
-        match: {{path: /generate}}
+        match: {match}
         pool: chat
         filters: {{plugins: [{{name: identity, settings: {{require: false}}}}, tokens, picker, usage]}}
 """
 
 
-def _emulator(tmp_path: Path, i: int, port: int, time_scale: float = 0.01) -> ChildProcess:
+def _emulator(
+    tmp_path: Path, i: int, port: int, time_scale: float = 0.01, extra: tuple[str, ...] = ()
+) -> ChildProcess:
     kv = {
         "publisher": "zmq",
         "endpoint": f"tcp://*:{port + OFFSET}",
@@ -79,7 +83,7 @@ def _emulator(tmp_path: Path, i: int, port: int, time_scale: float = 0.01) -> Ch
     }
     argv = [sys.executable, "-m", "backends.emulator", "--port", str(port), "--model", "m1"]
     argv += ["--time-scale", str(time_scale), "--seed", str(i), "--log-level", "WARNING"]
-    argv += ["--kv-events-config", json.dumps(kv)]
+    argv += ["--kv-events-config", json.dumps(kv), *extra]
     return ChildProcess(argv, log=tmp_path / f"emulator{i}.log")
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -18,9 +17,9 @@ import pytest
 from filters.app import FilterApp, Settings
 from runtime.chat_tokenizer import HfChatTokenizer
 from tests.chat_model import make_model_dir
-from tests.helpers import ChildProcess, free_port, wait_for_port
+from tests.helpers import free_port, wait_for_port
 from tests.integration.mesh_harness import mesh
-from tests.integration.test_picker_envoy import OFFSET, _free_port_block, _until
+from tests.integration.test_picker_envoy import _emulator, _free_port_block, _until, policy_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 pytest.importorskip("tokenizers")
@@ -31,46 +30,12 @@ ANCHOR = 16  # routing.anchor_tokens: the index knows a cached length to within 
 
 
 def _policy(gw: int, fp: int, replicas: list[int], model: Path) -> str:
-    eps = ", ".join(f"127.0.0.1:{p}" for p in replicas)
-    return f"""
-version: 1
-control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
-pools:
-  chat:
-    models: [m1]
-    endpoints: [{eps}]
-    health_check: {{interval: 200ms, timeout: 200ms, unhealthy_threshold: 1}}
-    routing:
-      mode: prefix_index
-      tokenizer: {json.dumps(str(model))}
-      min_prefix_tokens: 64
-      checkpoint_bytes: 256
-      anchor_tokens: {ANCHOR}
-      index_ttl: 5s
-      pending_ttl: 0s
-      kv_events_port_offset: {OFFSET}
-gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - name: chat
-        match: {{prefix: /v1/}}
-        pool: chat
-        filters: {{plugins: [{{name: identity, settings: {{require: false}}}}, tokens, picker, usage]}}
-"""
-
-
-def _emulator(tmp_path: Path, i: int, port: int, model: Path) -> ChildProcess:
-    kv = {
-        "publisher": "zmq",
-        "endpoint": f"tcp://*:{port + OFFSET}",
-        "replay_endpoint": f"tcp://127.0.0.1:{port + OFFSET + 1}",
-    }
-    argv = [sys.executable, "-m", "backends.emulator", "--port", str(port), "--model", "m1"]
-    argv += ["--time-scale", "0.01", "--seed", str(i), "--log-level", "WARNING"]
-    argv += ["--kv-events-config", json.dumps(kv), "--tokenizer-path", str(model)]
-    return ChildProcess(argv, log=tmp_path / f"emulator{i}.log")
+    routing = (
+        f"tokenizer: {json.dumps(str(model))}",
+        f"anchor_tokens: {ANCHOR}",
+        "pending_ttl: 0s",
+    )
+    return policy_text(gw, fp, replicas, routing=routing, match="{prefix: /v1/}")
 
 
 async def test_chat_prompts_rendered_with_the_model_template_find_their_replica(
@@ -80,7 +45,8 @@ async def test_chat_prompts_rendered_with_the_model_template_find_their_replica(
     tok = HfChatTokenizer.load(model)
     gw, fp = free_port(), free_port()
     replicas = await _free_port_block()
-    children = [_emulator(tmp_path, i, p, model) for i, p in enumerate(replicas)]
+    extra = ("--tokenizer-path", str(model))
+    children = [_emulator(tmp_path, i, p, extra=extra) for i, p in enumerate(replicas)]
     app: FilterApp | None = None
     doc = " ".join(
         f"clause {i}: the cat sat on the mat, naïve über café {i * 7}." for i in range(80)
