@@ -177,9 +177,8 @@ def tokenweir_policy(
             "pending_ttl": f"{a_pending}s",
             "cache_weight": cache_weight,
             "backlog_weight": backlog_weight,
+            "tokenizer": pool.a.tokenizer_path or "emulator",  # as the emulators (--tokenizer-path)
         }
-        if pool.a.tokenizer_path:  # the model the emulators tokenize with (--tokenizer-path)
-            chat["routing"]["tokenizer"] = pool.a.tokenizer_path
     return {
         "version": 1,
         "control_plane": {
@@ -391,11 +390,7 @@ def main() -> int:
         help="tokenweir arms: `tokenweir up --replicas` (e.g. gateway=2,filters=2: Envoys and "
         "filter servers sharing their ports), for a machine with cores to spare",
     )
-    ap.add_argument(
-        "--tokenizer-path",
-        help="a model directory: the emulators render and tokenize with it (--tokenizer-path) and "
-        "the picker follows them with it (routing.tokenizer); default: the emulator's words",
-    )
+    ap.add_argument("--tokenizer-path", help="a model directory: emulators and picker use it")
     ap.add_argument("--tag", help="results as routing-WORKLOAD-TAG.{json,png}")
     ap.add_argument("--baseline-src", help="a checkout whose code the picker-baseline arm runs")
     return asyncio.run(main_async(ap.parse_args()))

@@ -10,8 +10,8 @@ import zlib
 from collections.abc import Sequence
 
 from filters.picker.coalesce import Lead, Wait, follow
-from filters.picker.pool import PoolPicker, Prompt
-from filters.picker.prompt import checkpoints
+from filters.picker.pool import PoolPicker
+from filters.picker.prompt import Prompt, checkpoints
 
 __all__ = ["ApproxTreeRouter", "Job", "PickerRouter", "RingHashRouter", "Router", "probe"]
 

@@ -11,7 +11,8 @@ from filters.picker.errors import MapperDown
 from filters.picker.mapper import EMULATOR, Job, Point, map_batch
 
 if TYPE_CHECKING:
-    from filters.picker.pool import PoolPicker, Prompt
+    from filters.picker.pool import PoolPicker
+    from filters.picker.prompt import Prompt
 
 __all__ = ["run_mapper"]
 

@@ -27,7 +27,6 @@ import collections
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from controlplane.policy.model import Address, LlmPool
@@ -36,7 +35,7 @@ from filters.picker.coalesce import STORED_SHARE, Lead, Leads, Wait
 from filters.picker.mapper import EMULATOR, ROOT, CheckpointMap, Point, model_tokenizer
 from filters.picker.mapping_task import run_mapper
 from filters.picker.metrics import PickerMetrics
-from filters.picker.prompt import checkpoints, prompt_bytes
+from filters.picker.prompt import Prompt, checkpoints, prompt_bytes
 from filters.picker.score import Candidate, Pick, Weights, choose
 from filters.picker.worker import MapperWorker
 from runtime.chat_tokenizer import HfChatTokenizer
@@ -44,7 +43,7 @@ from runtime.prefixindex.index import PrefixIndex
 from runtime.prefixindex.subscriber import KvEventSubscriber, ReplicaFeed
 from runtime.tasks import stop_task
 
-__all__ = ["PoolPicker", "Prompt", "feeds_for"]
+__all__ = ["PoolPicker", "feeds_for"]
 
 _log = logging.getLogger(__name__)
 _MAP_GRACE_S = 30.0  # longest a pending pick waits for its prompt to be mapped
@@ -62,15 +61,6 @@ def feeds_for(endpoints: Sequence[Address], routing: RoutingPolicy) -> list[Repl
         )
         for ep in endpoints
     ]
-
-
-@dataclass(slots=True)
-class Prompt:
-    """One request's prompt as the picker saw it."""
-
-    data: bytes
-    marks: list[bytes]
-    points: list[Point]
 
 
 class PoolPicker:
@@ -133,9 +123,7 @@ class PoolPicker:
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self, *, worker_process: bool = True) -> None:
-        """Load the model tokenizer if one is named (raises
-        :class:`~runtime.chat_tokenizer.TokenizerFilesError`), start the worker process, the
-        event subscriber and the mapper."""
+        """Load the model's tokenizer if named (``TokenizerFilesError``), start the rest."""
         if self.routing.tokenizer != EMULATOR:  # a 128k-token vocabulary: off the event loop
             self.model = await asyncio.to_thread(model_tokenizer, self.routing.tokenizer)
         self.queue = asyncio.Queue(self._queue_capacity)

@@ -19,13 +19,24 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from filters.picker.mapper import Point
 from runtime.chat_tokenizer import ChatTemplateError, HfChatTokenizer
 
-__all__ = ["checkpoints", "prompt_bytes", "render_emulator_chat"]
+__all__ = ["Prompt", "checkpoints", "prompt_bytes", "render_emulator_chat"]
 
 _ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+@dataclass(slots=True)
+class Prompt:
+    """One request's prompt as the picker saw it: its bytes, checkpoints and known points."""
+
+    data: bytes
+    marks: list[bytes]
+    points: list[Point]
 
 
 def _content(content: Any) -> str | None:
