@@ -14,6 +14,7 @@ from runtime.chat_tokenizer import (
     HfChatTokenizer,
     TokenizerFilesError,
     byte_decoder,
+    sglang_tools,
 )
 from tests.chat_model import SPECIALS, make_model_dir
 
@@ -58,6 +59,30 @@ def test_templates_that_iterate_content_get_the_parts(tmp_path: Path) -> None:
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
     ]
     assert model.render_chat(msgs) == "user:[a][b]A:"  # trim_blocks ate the newline
+
+
+_TOOL = {"name": "look", "description": "a<b & 'c' über", "parameters": {"type": "object"}}
+
+
+def test_tools_reach_the_template_as_sglang_hands_them_over(tmp_path: Path) -> None:
+    body = {
+        "messages": [{"role": "user", "content": "x"}],
+        "tools": [{"type": "function", "function": _TOOL},
+                  {"type": "function", "function": {"name": "other", "strict": True}}],
+    }  # fmt: skip
+    dumped = {"description": _TOOL["description"], "name": "look",
+              "parameters": {"type": "object"}, "strict": False}  # fmt: skip
+    other = {"description": None, "name": "other", "parameters": None, "strict": True}
+    assert sglang_tools(body) == [dumped, other]
+    named = {**body, "tool_choice": {"type": "function", "function": {"name": "look"}}}
+    assert sglang_tools(named) == [dumped]
+    assert sglang_tools({**body, "tool_choice": "none"}) is None
+    assert sglang_tools({"messages": []}) is None
+    # transformers' tojson: no HTML escaping, non-ASCII kept, keys in order
+    template = "{% for t in tools %}{{ t | tojson }}\n{% endfor %}{{ messages[0]['content'] }}"
+    model = HfChatTokenizer.load(make_model_dir(tmp_path / "t", template=template))
+    text = model.render_request(named)
+    assert text == json.dumps(dumped, ensure_ascii=False) + "\nx"
 
 
 def test_template_errors_are_named(tmp_path: Path, model: HfChatTokenizer) -> None:
