@@ -33,7 +33,7 @@ def kv_event_args(routing: RoutingPolicy, addr: Address) -> list[str]:
         "publisher": "zmq",
         # SGLang's rule: a PUB endpoint is bound only with a wildcard (else it connects)
         "endpoint": f"tcp://*:{port}",
-        "replay_endpoint": f"tcp://{addr.host}:{port + 1}",
+        "replay_endpoint": f"tcp://{addr.host}:{addr.port + routing.replay_offset}",
     }
     args = ["--kv-events-config", json.dumps(cfg), "--page-size", str(routing.page_size)]
     if routing.tokenizer != "emulator":

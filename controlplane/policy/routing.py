@@ -48,8 +48,11 @@ class RoutingPolicy:
     # chat template), or the model's directory as the backends' --tokenizer-path names it
     # (tokenizer.json, tokenizer_config.json / chat_template.jinja; read by the filter servers)
     tokenizer: str = "emulator"
-    # each replica publishes KV events on tcp://HOST:(PORT + offset), replays on offset + 1
+    # each replica publishes KV events on tcp://HOST:(PORT + offset) and serves replays on
+    # PORT + replay offset (default offset + 1: replicas on one host with consecutive ports need
+    # a replay offset past their event ports, e.g. 2000)
     kv_events_port_offset: Annotated[int, Range(1, 60_000)] = 1000
+    kv_events_replay_offset: Annotated[int, Range(1, 60_000)] | None = None
     # granularity of the picker's prompt checkpoints (bytes of rendered prompt)
     checkpoint_bytes: Annotated[int, Size(64, 1024**2)] = 1024
     # a routed prompt counts as cached on its replica for this long, until its events arrive
@@ -76,7 +79,16 @@ class RoutingPolicy:
         pages = max(1, min(256, self.anchor_tokens // self.page_size))
         return 1 << (pages.bit_length() - 1)
 
+    @property
+    def replay_offset(self) -> int:
+        """A replica's replay port minus its HTTP port."""
+        if self.kv_events_replay_offset is not None:
+            return self.kv_events_replay_offset
+        return self.kv_events_port_offset + 1
+
     def __post_init__(self) -> None:
+        if self.replay_offset == self.kv_events_port_offset:
+            raise ValueError("kv_events_replay_offset: must differ from kv_events_port_offset")
         if not self.tokenizer.strip():
             raise ValueError("tokenizer: 'emulator' or a model directory, not empty")
         if self.mode == "prefix_index" and self.index_ttl < 1.0:

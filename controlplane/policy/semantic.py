@@ -325,3 +325,19 @@ def _ports(policy: Policy) -> Iterator[tuple[str, str]]:
         if em is not None and em.base_port is not None:
             for i in range(em.replicas):
                 yield from claim(em.base_port + i, f"pools.{pname}.emulated.base_port")
+            if pool.routing.mode == "prefix_index":  # `up` binds each replica's KV-event ports
+                r, at = pool.routing, f"pools.{pname}.routing"
+                for i in range(em.replicas):
+                    port = em.base_port + i
+                    kv = (("kv_events_port_offset", r.kv_events_port_offset, "events"),
+                          ("kv_events_replay_offset", r.replay_offset, "replay"))  # fmt: skip
+                    for key, off, what in kv:
+                        for path, message in claim(port + off, f"{at}.{key}"):
+                            yield (
+                                path,
+                                (
+                                    f"{message} (replica {port}'s KV-event {what} port); replicas "
+                                    "on consecutive ports need kv_events_replay_offset past their "
+                                    f"event ports, e.g. {r.kv_events_port_offset + 1000}"
+                                ),
+                            )

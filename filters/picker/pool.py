@@ -51,13 +51,13 @@ _WARM_TIMEOUT_S = 30.0  # longest start() waits for the worker process to come u
 
 
 def feeds_for(endpoints: Sequence[Address], routing: RoutingPolicy) -> list[ReplicaFeed]:
-    """Each replica's KV-event endpoints: its port + offset (PUB), + offset + 1 (replay)."""
-    off = routing.kv_events_port_offset
+    """Each replica's KV-event endpoints: its port + offset (PUB), + the replay offset."""
+    off, replay = routing.kv_events_port_offset, routing.replay_offset
     return [
         ReplicaFeed(
             name=f"{ep.host}:{ep.port}",
             endpoint=f"tcp://{ep.host}:{ep.port + off}",
-            replay_endpoint=f"tcp://{ep.host}:{ep.port + off + 1}",
+            replay_endpoint=f"tcp://{ep.host}:{ep.port + replay}",
         )
         for ep in endpoints
     ]

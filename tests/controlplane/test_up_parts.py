@@ -23,3 +23,15 @@ def test_picker_pools_publish_events_and_tokenize_with_the_pickers_model() -> No
     model = RoutingPolicy(mode="prefix_index", tokenizer="/models/llama-3.1-8b")
     args = kv_event_args(model, addr)
     assert args[args.index("--tokenizer-path") + 1] == "/models/llama-3.1-8b"
+
+
+def test_the_replay_port_follows_its_offset_and_the_picker_looks_there() -> None:
+    from filters.picker.pool import feeds_for
+
+    addr = Address("127.0.0.1", 30001)
+    routing = RoutingPolicy(mode="prefix_index", kv_events_replay_offset=2000)
+    cfg = json.loads(kv_event_args(routing, addr)[1])
+    assert cfg["endpoint"] == "tcp://*:31001" and cfg["replay_endpoint"] == "tcp://127.0.0.1:32001"
+    (feed,) = feeds_for([addr], routing)
+    assert feed.endpoint == "tcp://127.0.0.1:31001"
+    assert feed.replay_endpoint == "tcp://127.0.0.1:32001"
