@@ -13,7 +13,7 @@ from pathlib import Path
 
 from controlplane.envoy_launcher import EnvoyProcess
 from controlplane.policy import Address, Policy
-from controlplane.policy.routing import RoutingPolicy
+from controlplane.policy.routing import EMULATOR_TOKENIZER, RoutingPolicy
 from runtime.children import ChildError
 from runtime.errors import PortTimeout
 from runtime.ports import wait_port
@@ -36,7 +36,7 @@ def kv_event_args(routing: RoutingPolicy, addr: Address) -> list[str]:
         "replay_endpoint": f"tcp://{addr.host}:{addr.port + routing.replay_offset}",
     }
     args = ["--kv-events-config", json.dumps(cfg), "--page-size", str(routing.page_size)]
-    if routing.tokenizer != "emulator":
+    if routing.tokenizer != EMULATOR_TOKENIZER:
         args += ["--tokenizer-path", routing.tokenizer]
     return args
 

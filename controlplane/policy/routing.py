@@ -15,9 +15,13 @@ from typing import Annotated, Literal
 
 from controlplane.policy.decode import Duration, Range, Size
 
-__all__ = ["ENDPOINT_HEADER", "RoutingPolicy"]
+__all__ = ["EMULATOR_TOKENIZER", "ENDPOINT_HEADER", "RoutingPolicy"]
 
 ENDPOINT_HEADER = "x-tokenweir-endpoint"  # internal: the identity step strips client copies
+
+
+# routing.tokenizer: the emulator's word tokenizer and chat template (else a model directory)
+EMULATOR_TOKENIZER = "emulator"
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class RoutingPolicy:
     # how the picker renders and tokenizes prompts: "emulator" (the emulator's word tokenizer and
     # chat template), or the model's directory as the backends' --tokenizer-path names it
     # (tokenizer.json, tokenizer_config.json / chat_template.jinja; read by the filter servers)
-    tokenizer: str = "emulator"
+    tokenizer: str = EMULATOR_TOKENIZER
     # each replica publishes KV events on tcp://HOST:(PORT + offset) and serves replays on
     # PORT + replay offset (default offset + 1: replicas on one host with consecutive ports need
     # a replay offset past their event ports, e.g. 2000)

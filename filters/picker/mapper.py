@@ -33,6 +33,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from controlplane.policy.routing import EMULATOR_TOKENIZER
 from runtime.chat_tokenizer import HfChatTokenizer
 from runtime.prefixindex.hashing import block_id, raw_chain
 from runtime.prefixindex.wire import anchor_mask
@@ -40,7 +41,7 @@ from runtime.prefixindex.wire import anchor_mask
 __all__ = ["EMULATOR", "ROOT", "CheckpointMap", "Job", "Point", "map_batch", "map_points",
            "model_tokenizer"]  # fmt: skip
 
-EMULATOR = "emulator"  # routing.tokenizer: the emulator's word tokenizer
+EMULATOR = EMULATOR_TOKENIZER  # routing.tokenizer: the emulator's word tokenizer
 # a tokenizer's view of the rest of a prompt: the ids no later text changes, the bytes they cover
 _Split = Callable[[bytes], tuple[list[int], int]]
 

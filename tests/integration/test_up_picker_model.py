@@ -14,6 +14,7 @@ import pytest
 
 from tests.chat_model import make_model_dir
 from tests.helpers import free_port
+from tests.integration.test_picker_envoy import _bindable
 from tests.integration.up_process import start_up, stop_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -24,21 +25,10 @@ openai = pytest.importorskip("openai")
 
 def _base_port() -> int:
     """An HTTP port whose neighbour and KV-event ports (+1000, +2000) look free."""
-    import socket
-
     for _ in range(200):
         p = free_port()
-        if p + 2001 >= 65536:
-            continue
-        ok = True
-        for q in (p + 1, p + 1000, p + 1001, p + 2000, p + 2001):
-            with socket.socket() as s:
-                try:
-                    s.bind(("", q))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
+        offsets = (1, 1000, 1001, 2000, 2001)
+        if all(_bindable(p + o, "") for o in offsets):
             return p
     raise RuntimeError("no free port block")
 
