@@ -37,11 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(metavar="COMMAND")
 
     v = sub.add_parser("validate", help="check a policy file offline (same loader as the server)")
-    v.add_argument("path", type=Path)
+    _policy_args(v)
     v.set_defaults(func=_validate)
 
     r = sub.add_parser("render", help="print the Envoy resources a policy becomes (JSON)")
-    r.add_argument("path", type=Path)
+    _policy_args(r)
     r.add_argument("--node", help="only this node group (a gateway or sidecar name)")
     r.add_argument("--static", action="store_true", help="as a static Envoy bootstrap (one node)")
     r.set_defaults(func=_render)
@@ -103,6 +103,24 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _policy_args(p: argparse.ArgumentParser) -> None:
+    """``-c FILE`` as every command takes it; a bare path (the older form) still works."""
+    p.add_argument("-c", "--config", type=Path, metavar="FILE", help="the policy file")
+    p.add_argument("path", type=Path, nargs="?", help=argparse.SUPPRESS)
+    p.set_defaults(policy_parser=p)
+
+
+def _policy_path(args: argparse.Namespace) -> Path:
+    """The one policy file ``-c`` or the bare path names (argparse's usage error otherwise)."""
+    parser: argparse.ArgumentParser = args.policy_parser
+    if args.config is not None and args.path is not None and args.config != args.path:
+        parser.error(f"two policy files given ({args.config} and {args.path}); give one, with -c")
+    path = args.config or args.path
+    if path is None:
+        parser.error("the policy file is required: -c FILE (e.g. -c examples/mesh.yaml)")
+    return Path(path)
+
+
 def _keys(args: argparse.Namespace) -> int:
     from filters.keys_admin import main as keys_main
 
@@ -127,15 +145,16 @@ def _validate(args: argparse.Namespace) -> int:
     """Load the policy and build everything every service builds from it (controlplane.check)."""
     from controlplane.check import check_file
 
-    policy, issues = check_file(args.path)
+    path = _policy_path(args)
+    policy, issues = check_file(path)
     if issues or policy is None:
         for issue in sorted(issues):
             print(issue, file=sys.stderr)
-        print(f"{args.path}: {len(issues)} problem(s); policy rejected", file=sys.stderr)
+        print(f"{path}: {len(issues)} problem(s); policy rejected", file=sys.stderr)
         return 1
     groups = len(policy.gateways) + len(policy.sidecars)
     print(
-        f"{args.path}: OK ({len(policy.pools)} pools, {len(policy.services)} services, "
+        f"{path}: OK ({len(policy.pools)} pools, {len(policy.services)} services, "
         f"{groups} node groups, {len(policy.tenants)} tenants)"
     )
     return 0
@@ -151,7 +170,7 @@ def load_or_report(path: Path) -> Policy | None:
 
 
 def _render(args: argparse.Namespace) -> int:
-    policy = load_or_report(args.path)
+    policy = load_or_report(_policy_path(args))
     if policy is None:
         return 1
     from controlplane.translate.render import render, to_json

@@ -18,7 +18,7 @@ from typing import Any
 
 from controlplane.policy import Address
 
-__all__ = ["format_shadow", "format_status", "register"]
+__all__ = ["format_shadow", "format_status", "register", "unreachable"]
 
 
 def register(sub: Any) -> None:
@@ -62,6 +62,18 @@ def format_shadow(routes: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def unreachable(args: argparse.Namespace, base: str, exc: BaseException) -> str:
+    """Why the control plane at ``base`` could not be read, and what to do about it."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, ConnectionRefusedError):
+        where = (
+            "--control-plane" if args.control_plane else f"control_plane.metrics of {args.config}"
+        )
+        start = f"tokenweir up -c {args.config or 'mesh.yaml'}"
+        return f"no mesh is running: nothing listens on {base} ({where}); start one with `{start}`"
+    return f"cannot read {base}: {reason}"
+
+
 def _get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.loads(r.read())
@@ -82,7 +94,7 @@ def _status(args: argparse.Namespace) -> int:
         canary = _get(base + "/api/v1/canary")
         shadow = _get(base + "/api/v1/shadow?refresh=1")
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"cannot read {base}: {exc}", file=sys.stderr)
+        print(f"tokenweir status: {unreachable(args, base, exc)}", file=sys.stderr)
         return 1
     if args.json:
         json.dump({"canary": canary, "shadow": shadow}, sys.stdout, indent=2, sort_keys=True)

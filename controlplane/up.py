@@ -35,6 +35,7 @@ from controlplane.app import ControlPlane, ControlPlaneSettings
 from controlplane.check import service_issues
 from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
 from controlplane.policy import Address, Policy
+from controlplane.policy.ports import port_plan
 from controlplane.policy.servers import Replicas, replica_addresses
 from controlplane.prometheus import Prometheus, prometheus_binary, render_config, scrape_targets
 from controlplane.restarter import Restarter
@@ -84,6 +85,9 @@ class Mesh:
         self.prometheus_settings = prometheus  # (port or 0 for a free one, scrape interval s)
         self.prometheus: Prometheus | None = None
         self.admin_ports: dict[str, int] = {}
+        # the ports the policy places (up_cli has checked them for clashes): the ports picked
+        # here for Redis, Envoy admins and Prometheus stay off them
+        self.planned = frozenset(c.port for c in port_plan(self.policy))
 
     async def start(self) -> None:
         p = self.policy
@@ -120,7 +124,8 @@ class Mesh:
             return
         admins = {n: f"127.0.0.1:{port}" for n, port in self._admin_ports().items()}
         config = render_config(scrape_targets(self.policy, admins), interval_s=interval)
-        prom = Prometheus(binary, self.run_dir, "127.0.0.1", port or free_port(), config)
+        port = port or free_port(avoid=self.planned)
+        prom = Prometheus(binary, self.run_dir, "127.0.0.1", port, config)
         await prom.start()
         self.prometheus = prom
         self.children.append(prom.child)
@@ -141,7 +146,8 @@ class Mesh:
         if not self.admin_ports:
             for node, _, _, count in self._envoy_nodes():
                 for i in range(count):
-                    self.admin_ports[node if count == 1 else f"{node}#{i}"] = free_port()
+                    key = node if count == 1 else f"{node}#{i}"
+                    self.admin_ports[key] = free_port(avoid=self.planned)
         return self.admin_ports
 
     async def _start_plane(self) -> None:
@@ -192,7 +198,7 @@ class Mesh:
             raise RuntimeError(
                 "the policy uses rate limits but redis-server is not installed and no --redis-url was given"
             )
-        port = free_port()
+        port = free_port(avoid=self.planned)
         data = (self.state_dir or self.run_dir) / "redis"
         data.mkdir(parents=True, exist_ok=True)
         argv = [

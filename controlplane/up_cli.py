@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+from controlplane.policy import Policy
+from controlplane.policy.ports import port_clashes, port_plan
 from controlplane.policy.servers import Replicas
 from controlplane.up import Mesh
 from runtime.children import ChildError
 from runtime.process import Signals
 from runtime.statedir import StateDirBusy, StateLock, default_state_dir, remove_mesh_info
 
-__all__ = ["register"]
+__all__ = ["port_problems", "register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -60,6 +63,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=_run)
 
 
+def port_problems(policy: Policy, replicas: Replicas | None, prometheus_port: int = 0) -> list[str]:
+    """The port plan's clashes once ``--replicas`` is applied (the file itself passed the same
+    check when it loaded), and a ``--prometheus-port`` that a part of the mesh listens on."""
+    if replicas is not None:
+        policy = dataclasses.replace(policy, replicas=replicas)
+    flag = f"--replicas {replicas}: " if replicas is not None else ""
+    out = [f"{flag}{c.key}: {c.message}" for c in port_clashes(port_plan(policy))]
+    users = {c.port: c.user for c in port_plan(policy)}
+    if prometheus_port in users:
+        out.append(
+            f"--prometheus-port {prometheus_port}: port already used by {users[prometheus_port]}; "
+            "fix: pick another port, or leave the flag out for a free one"
+        )
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
     from controlplane.cli import load_or_report
 
@@ -70,6 +89,12 @@ def _run(args: argparse.Namespace) -> int:
         replicas = Replicas.parse(args.replicas, policy.replicas) if args.replicas else None
     except ValueError as exc:
         print(f"tokenweir up: --replicas: {exc}", file=sys.stderr)
+        return 2
+    problems = port_problems(policy, replicas, args.prometheus_port)
+    if problems:  # before anything starts: two parts on one port cross-wire the mesh silently
+        for problem in problems:
+            print(f"tokenweir up: {problem}", file=sys.stderr)
+        print(f"tokenweir up: {len(problems)} port clash(es); nothing started", file=sys.stderr)
         return 2
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="tokenweir-up-"))
     state_dir = (args.state_dir or default_state_dir(args.config)).resolve()

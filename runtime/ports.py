@@ -10,7 +10,7 @@ import contextlib
 import random
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from runtime.errors import ChildError, PortTimeout
@@ -73,13 +73,16 @@ def _bindable(host: str, ports: range) -> bool:
             s.close()
 
 
-def free_port_block(count: int = 1, host: str = "127.0.0.1", tries: int = 200) -> int:
+def free_port_block(
+    count: int = 1, host: str = "127.0.0.1", tries: int = 200, avoid: Collection[int] = ()
+) -> int:
     """The first of ``count`` consecutive ports on ``host`` that nothing listens on right now.
 
     Ports come from outside the kernel's ephemeral range: ``bind(port 0)`` and outgoing
     connections take their ports from inside it, so neither can grab a port handed out here
     between this call and the server's bind (a race that made Envoy's listener fail with
-    "Address already in use" under a loaded test run). A port is handed out once per process.
+    "Address already in use" under a loaded test run). A port is handed out once per process,
+    and never one of ``avoid`` (ports a part not started yet will listen on: ``up``'s port plan).
     """
     ranges = candidate_ranges(ephemeral_range())
     for _ in range(tries):
@@ -90,6 +93,8 @@ def free_port_block(count: int = 1, host: str = "127.0.0.1", tries: int = 200) -
         block = range(base, base + count)
         if RESERVED.intersection(block) or _handed_out.intersection(block):
             continue
+        if avoid and not set(avoid).isdisjoint(block):
+            continue
         if not _bindable(host, block):
             continue
         _handed_out.update(block)
@@ -97,9 +102,9 @@ def free_port_block(count: int = 1, host: str = "127.0.0.1", tries: int = 200) -
     raise OSError(f"no block of {count} free ports on {host} after {tries} tries")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
     """A TCP port on ``host`` that nothing listens on right now (see :func:`free_port_block`)."""
-    return free_port_block(1, host)
+    return free_port_block(1, host, avoid=avoid)
 
 
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:

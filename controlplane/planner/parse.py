@@ -32,7 +32,13 @@ from .errors import PlanInputError
 from .inputs import DEFAULT_UTILIZATION, Lane, PlanInputs, TenantClass, TokenDist, TrafficClass
 from .replica import FlatReplica, ReplicaModel, for_workload, profile_replica
 
-__all__ = ["inputs_from_mapping", "load_samples", "parse_duration", "read_planner_section"]
+__all__ = [
+    "inputs_from_mapping",
+    "load_samples",
+    "missing_inputs",
+    "parse_duration",
+    "read_planner_section",
+]
 
 _KEYS = frozenset({
     "pool", "models", "backend", "prompt_tokens", "output_tokens", "samples", "budgets",
@@ -184,6 +190,9 @@ def _tenants(m: Mapping[str, Any]) -> tuple[TenantClass, ...]:
 def inputs_from_mapping(m: Mapping[str, Any], base_dir: Path | None = None) -> PlanInputs:
     """Build checked :class:`PlanInputs` from a planner mapping (see the module docstring)."""
     m = _mapping(m, "", _KEYS)
+    missing = missing_inputs(m)
+    if missing:
+        raise PlanInputError("missing inputs", "; ".join(missing))
     replica, profile_name = _backend(m)
     if m.get("samples") is not None:
         if "prompt_tokens" in m or "output_tokens" in m:
@@ -223,6 +232,44 @@ def inputs_from_mapping(m: Mapping[str, Any], base_dir: Path | None = None) -> P
         models=tuple(str(x) for x in models),
         context_note=context_note,
     )
+
+
+_HOW = MappingProxyType({
+    "backend": "backend.profile (--profile NAME), or backend.decode_tok_s and "
+    "backend.prefill_tok_s (--decode-tok-s, --prefill-tok-s)",
+    "backend.decode_tok_s": "backend.decode_tok_s (--decode-tok-s)",
+    "backend.prefill_tok_s": "backend.prefill_tok_s (--prefill-tok-s)",
+    "budgets.ttft": "budgets.ttft (--ttft, e.g. 1s)",
+    "budgets.tbt": "budgets.tbt (--tbt, e.g. 20ms)",
+    "classes": "classes (--qps [CLASS=]QPS, repeat per class)",
+})  # fmt: skip
+
+
+def missing_inputs(m: Mapping[str, Any]) -> list[str]:
+    """Every required input ``m`` lacks, each with the key and the flag that give it (a plan
+    needs a backend, prompt and output token sizes or samples, both budgets and some traffic)."""
+    out: list[str] = []
+    backend = m.get("backend")
+    if not backend:
+        out.append(_HOW["backend"])
+    elif isinstance(backend, Mapping) and "profile" not in backend:
+        out += [_HOW[f"backend.{k}"] for k in ("decode_tok_s", "prefill_tok_s") if k not in backend]
+    if m.get("samples") is None:
+        for key, flag in (("prompt_tokens", "prompt"), ("output_tokens", "output")):
+            dist = m.get(key)
+            have = dist if isinstance(dist, Mapping) else {}
+            if dist is None or isinstance(dist, Mapping):
+                out += [
+                    f"{key}.{k} (--{flag}-{k}{', or --samples FILE' if not have else ''})"
+                    for k in ("mean", "p95")
+                    if have.get(k) is None
+                ]
+    budgets = m.get("budgets")
+    if budgets is None or isinstance(budgets, Mapping):
+        out += [_HOW[f"budgets.{k}"] for k in ("ttft", "tbt") if (budgets or {}).get(k) is None]
+    if not m.get("classes"):
+        out.append(_HOW["classes"])
+    return out
 
 
 def read_planner_section(text: str, filename: str = "<string>") -> dict[str, Any]:

@@ -69,6 +69,24 @@ def compose_bounded(text: str, filename: str, limits: Limits = DEFAULT_LIMITS) -
     return _Composer(text, filename, limits).run()
 
 
+def _bad_character(text: str, exc: yaml.reader.ReaderError) -> tuple[int, str, str]:
+    """``(line, path, message)`` for a character the YAML reader refuses (a control character):
+    the reader reports only an offset (libyaml's in UTF-8 bytes), so the character is found
+    again by the reader's own rule."""
+    found = yaml.reader.Reader.NON_PRINTABLE.search(text)
+    where = found.start() if found is not None else max(0, min(exc.position, len(text)))
+    line = text.count("\n", 0, where) + 1
+    column = where - (text.rfind("\n", 0, where) + 1) + 1
+    char = text[where] if found is not None else str(exc.character)[:1] or "?"
+    return (
+        line,
+        "",
+        f"invalid YAML: character U+{ord(char):04X} at column {column} is not allowed (YAML "
+        "allows tab, line breaks and printable characters); remove it, or write it as an "
+        f'escape inside a double-quoted string ("\\u{ord(char):04x}")',
+    )
+
+
 def _fail(filename: str, line: int, path: str, message: str) -> PolicyError:
     return PolicyError([Issue(filename, line, path, message)])
 
@@ -77,6 +95,7 @@ class _Composer:
     def __init__(self, text: str, filename: str, limits: Limits) -> None:
         self.filename = filename
         self.limits = limits
+        self.text = text
         self.parser = _Parser(text) if _Parser is not None else yaml.SafeLoader(text)
         self.resolver = Resolver()
         self.tags: dict[tuple[str, tuple[bool, bool]], str] = {}
@@ -93,6 +112,8 @@ class _Composer:
                 self._event(event)
                 if isinstance(event, yaml.StreamEndEvent):
                     break
+        except yaml.reader.ReaderError as exc:  # a character YAML does not allow: at its line
+            raise _fail(self.filename, *_bad_character(self.text, exc)) from exc
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             line = mark.line + 1 if mark is not None else 0

@@ -46,9 +46,25 @@ def load_policy(path: str | Path, limits: Limits = DEFAULT_LIMITS) -> Policy:
                 ]
             )
         text = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise PolicyError([_not_utf8(str(p), data, exc)]) from exc
+    except OSError as exc:
         raise PolicyError([Issue(str(p), 0, "", f"cannot read policy file: {exc}")]) from exc
     return load_policy_text(text, filename=str(p), base_dir=p.parent, limits=limits)
+
+
+def _not_utf8(filename: str, data: bytes, exc: UnicodeDecodeError) -> Issue:
+    """Where the first byte that is not UTF-8 sits, as ``file:line`` and a column."""
+    line = data.count(b"\n", 0, exc.start) + 1
+    column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+    bad = data[exc.start : exc.end].hex(" ")
+    return Issue(
+        filename,
+        line,
+        "",
+        f"invalid UTF-8: byte(s) {bad} at column {column} ({exc.reason}); a policy file is "
+        "UTF-8 text: save it as UTF-8",
+    )
 
 
 def load_policy_text(

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from controlplane.policy.common import check_name
 from controlplane.policy.model import LANES, Address, LlmPool, Policy
 from controlplane.policy.phases import uses_collapse
+from controlplane.policy.ports import port_clashes, port_plan
 
 __all__ = ["check_policy"]
 
@@ -283,61 +284,6 @@ def _tenants(policy: Policy) -> Iterator[tuple[str, str]]:
 
 
 def _ports(policy: Policy) -> Iterator[tuple[str, str]]:
-    used: dict[int, str] = {}
-
-    def claim(port: int, path: str) -> Iterator[tuple[str, str]]:
-        if port > 65535:  # a replica's port past the end (replica i listens on port + i)
-            yield path, f"replica port {port} is past 65535: lower the port or the replicas"
-        elif port in used:
-            yield path, f"port {port} is already used by {used[port]}"
-        else:
-            used[port] = path
-
-    cp, n = policy.control_plane, policy.replicas
-    for i in range(n.controlplane):  # replica i on port + i (docs/deploy.md)
-        yield from claim(cp.xds.port + i, "control_plane.xds")
-        yield from claim(cp.metrics.port + i, "control_plane.metrics")
-    if policy.ratelimit is not None:
-        rl = policy.ratelimit
-        for i in range(n.ratelimit):
-            yield from claim(rl.address.port + i, "ratelimit.address")
-            if rl.metrics_port is not None:  # one /metrics port per process
-                for j in range(rl.replicas):
-                    yield from claim(
-                        rl.metrics_port + i * rl.replicas + j, "ratelimit.metrics_port"
-                    )
-    if policy.filters is not None:
-        fs = policy.filters
-        for i in range(n.filters):
-            yield from claim(fs.address.port + i, "filters.address")
-            if fs.metrics_port is not None:
-                for j in range(fs.processes):
-                    yield from claim(fs.metrics_port + i * fs.processes + j, "filters.metrics_port")
-    for gname, gw in policy.gateways.items():
-        yield from claim(gw.listen.port, f"gateways.{gname}.listen")
-    for sname, sc in policy.sidecars.items():
-        if sc.inbound is not None:
-            yield from claim(sc.inbound.listen.port, f"sidecars.{sname}.inbound.listen")
-        if sc.outbound is not None:
-            yield from claim(sc.outbound.listen.port, f"sidecars.{sname}.outbound.listen")
-    for pname, pool in policy.pools.items():
-        em = pool.emulated
-        if em is not None and em.base_port is not None:
-            for i in range(em.replicas):
-                yield from claim(em.base_port + i, f"pools.{pname}.emulated.base_port")
-            if pool.routing.mode == "prefix_index":  # `up` binds each replica's KV-event ports
-                r, at = pool.routing, f"pools.{pname}.routing"
-                for i in range(em.replicas):
-                    port = em.base_port + i
-                    kv = (("kv_events_port_offset", r.kv_events_port_offset, "events"),
-                          ("kv_events_replay_offset", r.replay_offset, "replay"))  # fmt: skip
-                    for key, off, what in kv:
-                        for path, message in claim(port + off, f"{at}.{key}"):
-                            yield (
-                                path,
-                                (
-                                    f"{message} (replica {port}'s KV-event {what} port); replicas "
-                                    "on consecutive ports need kv_events_replay_offset past their "
-                                    f"event ports, e.g. {r.kv_events_port_offset + 1000}"
-                                ),
-                            )
+    """No port claimed twice (controlplane.policy.ports: the same check ``up --replicas`` runs)."""
+    for clash in port_clashes(port_plan(policy)):
+        yield clash.key, clash.message

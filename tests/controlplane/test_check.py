@@ -27,7 +27,8 @@ ALL_BAD = LOADER_BAD + SERVICE_BAD
 
 
 def _expected(path: Path) -> str:
-    m = re.match(r"# expect: (\d+): (\S+): (.*)$", path.read_text().splitlines()[0])
+    first = path.read_bytes().split(b"\n")[0].decode()  # the rest may not be UTF-8
+    m = re.match(r"# expect: (\d+): (\S+): (.*)$", first)
     assert m, f"{path.name}: first line must be '# expect: LINE: key.path: message'"
     return f"{path}:{m.group(1)}: {m.group(2)}: {m.group(3)}"
 

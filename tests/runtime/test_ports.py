@@ -89,3 +89,13 @@ def test_the_default_ports_of_a_policy_are_never_handed_out() -> None:
     defaults |= {FiltersServer().address.port, RateLimitServer().address.port, 9901, 30000}
     assert defaults <= RESERVED
     assert not RESERVED.intersection(free_port() for _ in range(300))
+
+
+def test_ports_to_avoid_are_never_handed_out() -> None:
+    """`up` picks Redis's, the Envoy admins' and Prometheus's ports off its port plan."""
+    low, high = candidate_ranges(ephemeral_range())[0]
+    avoid = frozenset(range(low, (low + high) // 2))  # half of the range a pick comes from
+    picked = [free_port(avoid=avoid) for _ in range(40)]
+    assert not avoid.intersection(picked), sorted(avoid.intersection(picked))
+    base = free_port_block(3, avoid=avoid)
+    assert not avoid.intersection(range(base, base + 3))

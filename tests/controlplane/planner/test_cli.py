@@ -163,3 +163,23 @@ def test_wired_into_the_tokenweir_command(capsys: pytest.CaptureFixture[str]) ->
     assert json.loads(capsys.readouterr().out)["slots_per_replica"] == 40
     assert main([*SEED_FLAGS, "--ttft", "100ms"]) == EXIT_INFEASIBLE
     assert "short by" in capsys.readouterr().err
+
+
+def test_half_the_inputs_names_every_missing_one_and_its_flag() -> None:
+    """Was ``backend: expected a mapping, got NoneType``, and one problem at a time."""
+    code, out, err = _run(["plan", "--ttft", "1s", "--qps", "5", "--prompt-mean", "900"])
+    assert code == EXIT_INPUT and out == ""
+    assert err == (
+        "tokenweir plan: bad input: missing inputs: backend.profile (--profile NAME), or "
+        "backend.decode_tok_s and backend.prefill_tok_s (--decode-tok-s, --prefill-tok-s); "
+        "prompt_tokens.p95 (--prompt-p95); output_tokens.mean (--output-mean, or --samples "
+        "FILE); output_tokens.p95 (--output-p95, or --samples FILE); budgets.tbt (--tbt, e.g. "
+        "20ms)\n"
+    )
+
+
+def test_explicit_rates_name_the_missing_rate() -> None:
+    argv = [a for a in SEED_FLAGS if a not in ("--prefill-tok-s", "10000")]
+    code, _, err = _run(argv)
+    assert code == EXIT_INPUT
+    assert err.endswith("missing inputs: backend.prefill_tok_s (--prefill-tok-s)\n")

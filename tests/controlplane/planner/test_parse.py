@@ -81,7 +81,7 @@ def test_profile_with_context_terms_is_planned_at_the_workload_context() -> None
         ({"budgets": {"ttft": "1s", "tbt": "20ms", "p99": 1}}, "budgets.p99", "unknown key"),
         ({"backend": {"profile": "nope"}}, "backend.profile", "unknown backend profile"),
         ({"budgets": {"ttft": "soon", "tbt": "20ms"}}, "budgets.ttft", "expected a duration"),
-        ({"budgets": {"ttft": "1s"}}, "budgets.tbt", "required"),
+        ({"budgets": {"ttft": "1s"}}, "missing inputs", "budgets.tbt (--tbt, e.g. 20ms)"),
         ({"tenants": {"pro": {"avg_qps": 4, "burst": 2.5}}}, "tenants.pro.burst", "whole"),
         ({"classes": {"chat": {"qps": 8, "lane": "urgent"}}}, "classes.chat.lane", "allowed"),
         ({"surprise": 1}, "surprise", "unknown key"),

@@ -16,7 +16,7 @@ FIXTURES = sorted(BAD.glob("*.yaml"))
 
 
 def _expectation(path: Path) -> tuple[int, str, str]:
-    first = path.read_text().splitlines()[0]
+    first = path.read_bytes().split(b"\n")[0].decode()
     m = re.match(r"# expect: (\d+): (\S+): (.*)$", first)
     assert m, f"{path.name}: first line must be '# expect: LINE: key.path: message'"
     return int(m.group(1)), m.group(2), m.group(3)

@@ -22,7 +22,7 @@ from controlplane.xds.types import CLUSTER, ENDPOINT, LISTENER
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "mesh.yaml"
 SCALED = "version: 1\nreplicas: {gateway: 3, filters: 2, ratelimit: 2}\n" + "".join(
     line + "\n" for line in EXAMPLE.read_text().splitlines() if not line.startswith("version:")
-).replace("127.0.0.1:18082", "127.0.0.1:18083")
+)  # the example leaves room for replicas (controlplane.policy.ports checks it)
 K8S = """
 version: 1
 ratelimit: {address: "tokenweir-ratelimit.tokenweir.svc.cluster.local:18081"}
@@ -54,7 +54,7 @@ def test_server_replicas_are_endpoints_on_consecutive_ports_with_health_checks()
     rl = MessageToDict(res[CLUSTER]["tokenweir_ratelimit"])
     fs = MessageToDict(res[CLUSTER]["tokenweir_filters"])
     assert _hosts(rl) == ["127.0.0.1:18081", "127.0.0.1:18082"]
-    assert _hosts(fs) == ["127.0.0.1:18083", "127.0.0.1:18084"]
+    assert _hosts(fs) == ["127.0.0.1:18085", "127.0.0.1:18086"]
     for c in (rl, fs):
         (hc,) = c["healthChecks"]
         assert "grpcHealthCheck" in hc and hc["interval"] == "1s"
