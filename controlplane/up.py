@@ -300,7 +300,7 @@ class Mesh:
 
         async def again() -> str:
             await child.aclose(0.0)  # what a failed try left running
-            child.start()
+            child.start(append=True)
             await wait_child_port(addr.host, addr.port, child)
             return f"pid {child.pid}"
 
