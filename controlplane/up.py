@@ -6,6 +6,10 @@ filter server, the control plane (in this process), and one Envoy per gateway an
 over ADS, and, when Debian's ``prometheus`` is installed, a Prometheus scraping all of them with
 the repository's recording rules and alerts (``controlplane.prometheus``). Prints every URL.
 
+Every child that dies is started again, on its port, with backoff (``controlplane.restarter``;
+docs/operations.md "When a part dies"); ``up`` ends only when asked, or when a part's first
+start fails.
+
 Ctrl-C (or SIGTERM) drains, in this order (``docs/operations.md``): the control plane reports
 NOT_SERVING; every Envoy fails its health check, drains its listeners and gets up to
 ``control_plane.drain_timeout`` (``--drain-timeout``) for the requests in flight; then the
