@@ -26,6 +26,7 @@ for ``tokenweir quota`` and ``tokenweir keys``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -316,7 +317,10 @@ class Mesh:
         """Start Envoy ``key`` again whenever it dies: a fresh ``--base-id``, the same ports."""
 
         async def again() -> str:
-            await self.envoys[key].aclose(0.0)  # what a failed try left running
+            dead = self.envoys[key]
+            await dead.aclose(0.0)  # what a failed try left running
+            with contextlib.suppress(OSError):  # a fresh Envoy empties its log: keep the dead one's
+                dead.log_path.replace(dead.log_path.with_name(dead.log_path.name + ".1"))
             fresh = await self._start_envoy(node, key, listen, index)
             return f"pid {fresh.pid}, admin {fresh.admin_url}"
 

@@ -182,8 +182,10 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
         reader.start()
         for c in clients:
             c.start()
-        time.sleep(1.0)
-        assert any(o.what == "ok" for o in load.outcomes), load.outcomes[:5]
+        deadline = time.monotonic() + 30  # the first requests warm everything up
+        while sum(o.what == "ok" for o in list(load.outcomes)) < 10:
+            assert time.monotonic() < deadline, load.outcomes[:5]
+            time.sleep(0.1)
         yield d
     finally:
         load.stop.set()
@@ -254,7 +256,25 @@ def test_an_emulator_comes_back_on_its_port(drill: Drill) -> None:
     drill.kill("emulator chat#1", f"--port {port}")
     with urllib.request.urlopen(m.group(1) + "/health", timeout=5) as r:
         assert r.status == 200
+    cp = drill.metrics_url("control plane")
+    deadline = time.monotonic() + RECOVERY_S
+    while not _replica_up(drill, cp, port):  # the pool state sees it again
+        assert time.monotonic() < deadline, "the control plane's pool state lost the replica"
+        time.sleep(0.2)
     assert _wrong(drill, start) == []
+
+
+def _replica_up(drill: Drill, cp: str, port: str) -> bool:
+    with urllib.request.urlopen(cp, timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    mine = [
+        ln
+        for ln in lines
+        if ln.startswith("tokenweir_replica_up{")
+        and f'endpoint="127.0.0.1:{port}"' in ln
+        and 'pool="chat"' in ln
+    ]
+    return len(mine) == 1 and float(mine[0].rsplit(" ", 1)[1]) == 1.0
 
 
 def test_the_filter_server_comes_back(drill: Drill) -> None:
@@ -274,6 +294,7 @@ def test_the_gateway_envoy_comes_back(drill: Drill) -> None:
     result = drill.kill("envoy edge", "envoy-edge-0.json")
     down_until = start + float(result["rejoined_s"]) + 0.5  # type: ignore[arg-type]
     assert _wrong(drill, start, down_until=down_until) == []
+    assert (drill.run_dir / "envoy-edge-0.log.1").exists()  # the dead one's log is kept
     assert float(result["recovered_s"]) <= RECOVERY_S, result  # type: ignore[arg-type]
 
 
