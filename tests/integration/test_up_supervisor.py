@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,9 +127,13 @@ class Drill:
     def kill(self, name: str, needle: str) -> dict[str, object]:
         """SIGKILL the child; wait for `up` to say it rejoined and for requests served again."""
         pid = self.child_pid(needle)
+        return self.down(name, lambda: os.kill(pid, signal.SIGKILL), status=-9)
+
+    def down(self, name: str, act: Callable[[], object], *, status: int) -> dict[str, object]:
+        """``act`` makes the child exit with ``status``; the rest as :meth:`kill`."""
         mark = len(self.later())
         killed = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
+        act()
         rejoined = None
         while time.monotonic() - killed < RECOVERY_S + 20:
             assert self.proc.poll() is None, f"up ended:\n{self.later()}"
@@ -139,7 +143,7 @@ class Drill:
             time.sleep(0.05)
         assert rejoined is not None, f"up never said {name} rejoined:\n{self.later()[mark:]}"
         said = self.later()[mark:]
-        assert f"tokenweir up: {name} exited with -9" in said, said
+        assert f"tokenweir up: {name} exited with {status}" in said, said
         recovered = self._recovered(killed)
         outcomes = self.load.since(killed)
         counts: dict[str, int] = {}
@@ -277,6 +281,24 @@ def _replica_up(drill: Drill, cp: str, port: str) -> bool:
     return len(mine) == 1 and float(mine[0].rsplit(" ", 1)[1]) == 1.0
 
 
+def test_an_emulator_that_crashes_on_its_own_comes_back(drill: Drill) -> None:
+    """The emulator's `crash` fault (exit status 70), as in the issue that asked for this."""
+    m = re.search(r"emulator\s+chat#2 (http://\S+) ", drill.banner)
+    assert m is not None, drill.banner
+    start = time.monotonic()
+
+    def crash() -> None:
+        req = urllib.request.Request(
+            m.group(1) + "/_emulator/faults", data=b'{"crash": true}', method="POST",
+            headers={"content-type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(req, timeout=5) as r:
+            r.read()
+
+    drill.down("emulator chat#2", crash, status=70)
+    assert _wrong(drill, start) == []
+
+
 def test_the_filter_server_comes_back(drill: Drill) -> None:
     start = time.monotonic()
     drill.kill("filters", "-m filters")
@@ -300,7 +322,7 @@ def test_the_gateway_envoy_comes_back(drill: Drill) -> None:
 
 def test_every_drill_recovered_in_time_and_was_counted(drill: Drill) -> None:
     assert set(drill.results) == {
-        "redis", "emulator chat#1", "filters", "ratelimit", "envoy edge",
+        "redis", "emulator chat#1", "emulator chat#2", "filters", "ratelimit", "envoy edge",
     }, drill.results  # fmt: skip
     late = {n: r for n, r in drill.results.items() if float(r["recovered_s"]) > RECOVERY_S}  # type: ignore[arg-type]
     assert not late, late
