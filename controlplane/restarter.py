@@ -73,6 +73,7 @@ class _State:
     restarts_ok: int = 0
     restarts_failed: int = 0
     failures: int = 0  # deaths and failed starts in a row
+    tries: int = 0  # starts again begun (the one under way included)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
@@ -110,9 +111,10 @@ class Supervisor:
             self._spawn(part)
 
     def restarts(self, name: str) -> int:
-        """How many times ``name`` was started again (an Envoy's fresh ``--base-id``)."""
+        """How many starts of ``name`` again have begun, the one under way included (a restarted
+        Envoy's fresh ``--base-id``: the dead one's shared memory may still be there)."""
         st = self._state.get(name)
-        return 0 if st is None else st.restarts_ok + st.restarts_failed
+        return 0 if st is None else st.tries
 
     def is_up(self, name: str) -> bool:
         st = self._state.get(name)
@@ -146,6 +148,7 @@ class Supervisor:
     async def _bring_back(self, part: Part, st: _State, delay: float) -> None:
         while True:
             await asyncio.sleep(delay)
+            st.tries += 1
             try:
                 what = await part.restart()
             except asyncio.CancelledError:

@@ -29,12 +29,15 @@ class FakePart:
         self.status: int | None = None
         self.fail_next = 0
         self.starts = 0
+        self.sup: Supervisor | None = None
+        self.tries_seen: list[int] = []  # restarts() as each start began
 
     def kill(self, status: int = -9) -> None:
         self.running, self.status = False, status
 
     async def restart(self) -> str:
         self.starts += 1
+        self.tries_seen.append(self.sup.restarts(self.name) if self.sup else -1)
         if self.fail_next:
             self.fail_next -= 1
             raise OSError("port in use")
@@ -80,6 +83,7 @@ async def test_a_dead_part_is_started_again_logged_and_counted() -> None:
     clock, said = FakeClock(), []
     sup = supervisor(clock, said)
     redis = FakePart("redis")
+    redis.sup = sup
     sup.watch(redis.part())
     sup.start()
     try:
@@ -102,6 +106,7 @@ async def test_a_dead_part_is_started_again_logged_and_counted() -> None:
         await until(lambda: redis.starts == 2 and sup.is_up("redis"))
         assert "2 failures in a row" in said[2]
         assert sup.restarts("redis") == 2
+        assert redis.tries_seen == [1, 2]  # counted as each start begins: a fresh Envoy base id
     finally:
         await sup.aclose()
 
