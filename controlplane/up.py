@@ -42,7 +42,13 @@ from controlplane.check import service_issues
 from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
 from controlplane.policy import Address, Policy
 from controlplane.policy.servers import Replicas, replica_addresses
-from controlplane.prometheus import Prometheus, prometheus_binary, render_config, scrape_targets
+from controlplane.prometheus import (
+    Prometheus,
+    Target,
+    prometheus_binary,
+    render_config,
+    scrape_targets,
+)
 from controlplane.restarter import Part, Supervisor
 from controlplane.up_parts import base_id, connection_cap, kv_event_args, unless, wait_listening
 from runtime.children import Child, wait_child_port
@@ -92,6 +98,7 @@ class Mesh:
         self.xds: list[Address] = []
         self.supervisor = Supervisor(say=_say)  # every child that dies is started again
         self.supervisor_metrics: MetricsServer | None = None  # up's own, when no plane runs here
+        self.supervisor_port = 0
         self.lines: list[str] = []
         self.prometheus_settings = prometheus  # (port or 0 for a free one, scrape interval s)
         self.prometheus: Prometheus | None = None
@@ -131,7 +138,11 @@ class Mesh:
             self.lines.append("prometheus      not installed (apt install prometheus): not started")
             return
         admins = {n: f"127.0.0.1:{port}" for n, port in self._admin_ports().items()}
-        config = render_config(scrape_targets(self.policy, admins), interval_s=interval)
+        targets = scrape_targets(self.policy, admins)
+        if self.replicas.controlplane > 1:  # the supervisor's metrics are up's own then
+            up = f"127.0.0.1:{self._supervisor_port()}"
+            targets.append(Target("controlplane", up, (("replica", "up"),)))
+        config = render_config(targets, interval_s=interval)
         prom = Prometheus(binary, self.run_dir, "127.0.0.1", port or free_port(), config)
         await prom.start()
         self.prometheus = prom
@@ -197,9 +208,17 @@ class Mesh:
         self.xds = list(xds)
         registry = CollectorRegistry()  # no control plane in this process: up serves its own
         registry.register(self.supervisor.collector())
-        self.supervisor_metrics = MetricsServer(registry, cp.metrics.host, 0)
-        port = await self.supervisor_metrics.start()
-        self.lines.append(f"supervisor      metrics http://{cp.metrics.host}:{port}/metrics")
+        port = self._supervisor_port()
+        self.supervisor_metrics = MetricsServer(registry, "127.0.0.1", port)
+        await self.supervisor_metrics.start()
+        self.lines.append(f"supervisor      metrics http://127.0.0.1:{port}/metrics")
+
+    def _supervisor_port(self) -> int:
+        """Where ``up`` serves its supervisor's metrics when no control plane runs in it, chosen
+        before anything starts (Prometheus scrapes it)."""
+        if self.supervisor_port == 0:
+            self.supervisor_port = free_port()
+        return self.supervisor_port
 
     def _redis_args(self) -> list[str]:
         return ["--redis-url", self.redis_url] if self.redis_url else []
