@@ -319,6 +319,11 @@ class EnvoyProcess:
                 return active
             await asyncio.sleep(poll)
 
+    @property
+    def returncode(self) -> int | None:
+        """Its exit status; None while it runs (or before it started)."""
+        return None if self._proc is None else self._proc.poll()
+
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

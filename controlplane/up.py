@@ -6,6 +6,10 @@ filter server, the control plane (in this process), and one Envoy per gateway an
 over ADS, and, when Debian's ``prometheus`` is installed, a Prometheus scraping all of them with
 the repository's recording rules and alerts (``controlplane.prometheus``). Prints every URL.
 
+Every child that dies is started again, on its port, with backoff (``controlplane.restarter``;
+docs/operations.md "When a part dies"); ``up`` ends only when asked, or when a part's first
+start fails.
+
 Ctrl-C (or SIGTERM) drains, in this order (``docs/operations.md``): the control plane reports
 NOT_SERVING; every Envoy fails its health check, drains its listeners and gets up to
 ``control_plane.drain_timeout`` (``--drain-timeout``) for the requests in flight; then the
@@ -22,14 +26,16 @@ for ``tokenweir quota`` and ``tokenweir keys``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
 import shutil
 import signal
 import sys
-import time
 from pathlib import Path
+
+from prometheus_client import CollectorRegistry
 
 from controlplane.app import ControlPlane, ControlPlaneSettings
 from controlplane.check import service_issues
@@ -37,10 +43,17 @@ from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
 from controlplane.policy import Address, Policy
 from controlplane.policy.ports import port_plan
 from controlplane.policy.servers import Replicas, replica_addresses
-from controlplane.prometheus import Prometheus, prometheus_binary, render_config, scrape_targets
-from controlplane.restarter import Restarter
+from controlplane.prometheus import (
+    Prometheus,
+    Target,
+    prometheus_binary,
+    render_config,
+    scrape_targets,
+)
+from controlplane.restarter import Part, Supervisor
 from controlplane.up_parts import base_id, connection_cap, kv_event_args, unless, wait_listening
 from runtime.children import Child, wait_child_port
+from runtime.metrics_http import MetricsServer
 from runtime.ports import free_port
 from runtime.statedir import (
     MeshInfo,
@@ -51,6 +64,10 @@ __all__ = ["Mesh"]
 
 
 log = logging.getLogger("tokenweir.up")
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 class Mesh:
@@ -80,7 +97,9 @@ class Mesh:
         self.plane: ControlPlane | None = None  # in this process (one control plane)
         self.planes: list[Child] = []  # control planes as child processes (replicas > 1)
         self.xds: list[Address] = []
-        self.restarter = Restarter()  # replicas that die are started again
+        self.supervisor = Supervisor(say=_say)  # every child that dies is started again
+        self.supervisor_metrics: MetricsServer | None = None  # up's own, when no plane runs here
+        self.supervisor_port = 0
         self.lines: list[str] = []
         self.prometheus_settings = prometheus  # (port or 0 for a free one, scrape interval s)
         self.prometheus: Prometheus | None = None
@@ -123,12 +142,17 @@ class Mesh:
             self.lines.append("prometheus      not installed (apt install prometheus): not started")
             return
         admins = {n: f"127.0.0.1:{port}" for n, port in self._admin_ports().items()}
-        config = render_config(scrape_targets(self.policy, admins), interval_s=interval)
+        targets = scrape_targets(self.policy, admins)
+        if self.replicas.controlplane > 1:  # the supervisor's metrics are up's own then
+            up = f"127.0.0.1:{self._supervisor_port()}"
+            targets.append(Target("controlplane", up, (("replica", "up"),)))
+        config = render_config(targets, interval_s=interval)
         port = port or free_port(avoid=self.planned)
         prom = Prometheus(binary, self.run_dir, "127.0.0.1", port, config)
         await prom.start()
         self.prometheus = prom
         self.children.append(prom.child)
+        self._watch(prom.child, Address(prom.host, prom.port))
         self.lines.append(f"prometheus      {prom.url}  (rules and alerts: deploy/prometheus/)")
 
     def _envoy_nodes(self) -> list[tuple[str, Address, str, int]]:
@@ -159,6 +183,7 @@ class Mesh:
             check=service_issues,
             build_worker="controlplane.check:reloader_prepare",
         )
+        self.plane.registry.register(self.supervisor.collector())  # on the plane's /metrics
         result = await self.plane.start()
         if not result.ok:
             raise RuntimeError("policy rejected:\n" + "\n".join(result.problems))
@@ -183,11 +208,23 @@ class Mesh:
             ]  # fmt: skip
             child = Child(f"controlplane#{i}", argv, self.run_dir / f"controlplane-{i}.log")
             await self._spawn(child, x, service=False, into=self.planes)
-            self.restarter.watch(child, x)
             self.lines.append(
                 f"control plane#{i} xDS grpc://{x}  metrics http://{m}/metrics  pid {child.pid}"
             )
         self.xds = list(xds)
+        registry = CollectorRegistry()  # no control plane in this process: up serves its own
+        registry.register(self.supervisor.collector())
+        port = self._supervisor_port()
+        self.supervisor_metrics = MetricsServer(registry, "127.0.0.1", port)
+        await self.supervisor_metrics.start()
+        self.lines.append(f"supervisor      metrics http://127.0.0.1:{port}/metrics")
+
+    def _supervisor_port(self) -> int:
+        """Where ``up`` serves its supervisor's metrics when no control plane runs in it, chosen
+        before anything starts (Prometheus scrapes it)."""
+        if self.supervisor_port == 0:
+            self.supervisor_port = free_port(avoid=self.planned)
+        return self.supervisor_port
 
     def _redis_args(self) -> list[str]:
         return ["--redis-url", self.redis_url] if self.redis_url else []
@@ -277,8 +314,6 @@ class Mesh:
                 argv += ["--metrics-port", str(metrics)] if metrics else []
             child = Child(name, argv, self.run_dir / f"{name.replace('#', '-')}.log")
             await self._spawn(child, listen, service=True)
-            if count > 1:
-                self.restarter.watch(child, listen)
             url = f"  metrics http://127.0.0.1:{metrics}/metrics" if metrics else ""
             self.lines.append(f"{name:<15} grpc://{listen}{url}  pid {child.pid}")
 
@@ -288,14 +323,48 @@ class Mesh:
         child.start()
         (into if into is not None else self.services if service else self.children).append(child)
         await wait_child_port(addr.host, addr.port, child)
+        self._watch(child, addr)
+
+    def _watch(self, child: Child, addr: Address) -> None:
+        """Start ``child`` again (same argv: same port) whenever it dies."""
+
+        async def again() -> str:
+            await child.aclose(0.0)  # what a failed try left running
+            child.start(append=True)
+            await wait_child_port(addr.host, addr.port, child)
+            return f"pid {child.pid}"
+
+        self.supervisor.watch(
+            Part(child.name, child.alive, lambda: child.returncode, child.log_tail, again)
+        )
+
+    def _watch_envoy(self, node: str, key: str, listen: Address, index: int) -> None:
+        """Start Envoy ``key`` again whenever it dies: a fresh ``--base-id``, the same ports."""
+
+        async def again() -> str:
+            dead = self.envoys[key]
+            await dead.aclose(0.0)  # what a failed try left running
+            with contextlib.suppress(OSError):  # a fresh Envoy empties its log: keep the dead one's
+                dead.log_path.replace(dead.log_path.with_name(dead.log_path.name + ".1"))
+            fresh = await self._start_envoy(node, key, listen, index)
+            return f"pid {fresh.pid}, admin {fresh.admin_url}"
+
+        self.supervisor.watch(
+            Part(
+                f"envoy {key}",
+                lambda: self.envoys[key].alive(),
+                lambda: self.envoys[key].returncode,
+                lambda: self.envoys[key].log_tail(),
+                again,
+            )
+        )
 
     async def _start_envoys(self) -> None:
         for node, listen, role, count in self._envoy_nodes():
             for i in range(count):
                 key = node if count == 1 else f"{node}#{i}"
                 envoy = await self._start_envoy(node, key, listen, i)
-                if count > 1:
-                    self.restarter.watch_envoy(key)
+                self._watch_envoy(node, key, listen, i)
                 self.lines.append(
                     f"envoy {role:<9} {key}: http://{listen}  admin {envoy.admin_url}  pid {envoy.pid}"
                 )
@@ -307,7 +376,7 @@ class Mesh:
 
     async def _start_envoy(self, node: str, key: str, listen: Address, index: int) -> EnvoyProcess:
         """One Envoy of node group ``node``; a restarted replica gets a fresh ``--base-id``."""
-        generation = self.restarter.generation(key)
+        generation = self.supervisor.restarts(f"envoy {key}")
         first, *more = self.xds
         settings = EnvoySettings(
             node_id=f"{node}-{index}", node_cluster=node, xds_host=first.host,
@@ -331,36 +400,10 @@ class Mesh:
         return head + url + "\n  " + "\n  ".join(self.lines) + "\ntokenweir up: ready"
 
     async def watch_children(self) -> None:
-        """Start a dead replica again; return (ending `up`) if any other child dies."""
-        while True:
-            await asyncio.sleep(0.5)
-            for child in (*self.children, *self.services, *self.planes):
-                if child.alive():
-                    continue
-                what = f"{child.name} exited with {child.returncode}"
-                if not self.restarter.may_restart(child.name, time.monotonic()):
-                    print(f"tokenweir up: {what}:\n{child.log_tail()}", file=sys.stderr)
-                    return
-                print(f"tokenweir up: {what}; starting it again", flush=True)
-                child.start()
-                addr = self.restarter.address(child)
-                await wait_child_port(addr.host, addr.port, child)
-                print(f"tokenweir up: {child.name} rejoined (pid {child.pid})", flush=True)
-            for key, envoy in list(self.envoys.items()):
-                if envoy.alive():
-                    continue
-                if not self.restarter.may_restart(key, time.monotonic()):
-                    print(f"tokenweir up: envoy {key} exited:\n{envoy.log_tail()}", file=sys.stderr)
-                    return
-                print(f"tokenweir up: envoy {key} exited; starting it again", flush=True)
-                await envoy.aclose()
-                node, _, index = key.partition("#")
-                listen = self.policy.gateways[node].listen
-                fresh = await self._start_envoy(node, key, listen, int(index))
-                print(
-                    f"tokenweir up: envoy {key} rejoined (pid {fresh.pid}, admin {fresh.admin_url})",
-                    flush=True,
-                )
+        """Keep every child running (``controlplane.restarter``) until cancelled: returns only
+        if supervising itself fails."""
+        self.supervisor.start()
+        await asyncio.Event().wait()
 
     async def aclose(
         self, drain_timeout: float = 0.0, *, force: asyncio.Event | None = None
@@ -368,6 +411,7 @@ class Mesh:
         """Stop everything, Envoys first (after draining them for up to ``drain_timeout`` s),
         then the services (each drains on SIGTERM), the control plane, emulators and Redis.
         Setting ``force`` (a second Ctrl-C) cuts every wait short."""
+        await self.supervisor.aclose()  # from here on, an exit is a stop, not a death
         if self.plane is not None:
             await self.plane.drain()  # NOT_SERVING before anything else
         for plane in self.planes:
@@ -387,6 +431,8 @@ class Mesh:
         for child in reversed(self.children):
             await child.aclose()
         self.children.clear()
+        if self.supervisor_metrics is not None:
+            await self.supervisor_metrics.aclose()
 
     async def _drain_envoys(self, timeout: float) -> None:
         left = await asyncio.gather(*(e.drain(timeout) for e in self.envoys.values()))

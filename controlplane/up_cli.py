@@ -135,6 +135,8 @@ def _run(args: argparse.Namespace) -> int:
         done, _ = await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
         for task in (waiter, watcher):
             task.cancel()
+        if watcher in done and (failure := watcher.exception()) is not None:  # never by design
+            print(f"tokenweir up: supervising failed: {failure!r}", file=sys.stderr)
         print(f"tokenweir up: draining (up to {drain:g}s) ...", flush=True)
         await mesh.aclose(drain, force=signals.second)
         print("tokenweir up: stopped", flush=True)

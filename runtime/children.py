@@ -55,7 +55,9 @@ class Child:
     cwd: Path | None = None  # None: the parent's (``python -m`` imports from the cwd first)
     _proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, *, append: bool = False) -> None:
+        """Start the process; its log file is emptied first unless ``append`` (a restart keeps
+        the log of the run that died)."""
         env = {**os.environ, **self.env}
         if self.log_path is None:
             self._proc = subprocess.Popen(
@@ -64,7 +66,7 @@ class Child:
             )  # fmt: skip
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
+        with self.log_path.open("ab" if append else "wb") as log:
             self._proc = subprocess.Popen(
                 self.argv,
                 stdout=log,

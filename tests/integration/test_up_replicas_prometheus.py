@@ -67,7 +67,8 @@ def test_prometheus_scrapes_every_replica_up_starts(tmp_path: Path) -> None:
         # every /metrics endpoint up's banner names, and each Envoy's admin
         want = set(re.findall(r"metrics http://(127\.0\.0\.1:\d+)/metrics", banner))
         envoys = set(re.findall(r"admin http://(127\.0\.0\.1:\d+)", banner))
-        assert len(want) == 2 + 2 + 2 + 2 and len(envoys) == 2, banner  # cp, rl, fs, emulators
+        # cp, rl, fs, emulators, and up's supervisor (the control planes are child processes)
+        assert len(want) == 2 + 2 + 2 + 2 + 1 and len(envoys) == 2, banner
         deadline = time.monotonic() + 60
         while True:
             with urllib.request.urlopen(prom.group(1) + "/api/v1/targets", timeout=5) as r:
@@ -85,7 +86,7 @@ def test_prometheus_scrapes_every_replica_up_starts(tmp_path: Path) -> None:
         for t in active:
             by_job[t["labels"]["job"]] = by_job.get(t["labels"]["job"], 0) + 1
         assert by_job == {
-            "controlplane": 2,
+            "controlplane": 3,  # 2 control planes and up's supervisor
             "ratelimit": 2,
             "filters": 2,
             "emulator": 2,
