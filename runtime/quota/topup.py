@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
@@ -101,14 +102,16 @@ def topup(state: TwinState, record: str, want: int, now_us: int, usd_per_1k: int
 
 class TopUps:
     """``topup.lua`` over the filter server's Redis client: EVALSHA, loaded again on NOSCRIPT,
-    each call bounded by ``timeout`` seconds. Failures raise :class:`QuotaUnavailable`."""
+    each call bounded by ``timeout`` seconds. ``wall``: the wall clock in seconds (the buckets'
+    times are the rate-limit service's wall-clock µs). Failures raise :class:`QuotaUnavailable`."""
 
-    def __init__(self, redis: Any, *, timeout: float = 0.1) -> None:
+    def __init__(self, redis: Any, *, wall: Callable[[], float], timeout: float = 0.1) -> None:
         self._redis = redis
+        self._wall = wall
         self._timeout = timeout
 
-    async def topup(self, record: str, want: int, now_us: int, usd_per_1k: int = 0) -> TopUp:
-        args = (record, now_us, want, usd_per_1k)
+    async def topup(self, record: str, want: int, usd_per_1k: int = 0) -> TopUp:
+        args = (record, int(self._wall() * 1_000_000), want, usd_per_1k)
         try:
             async with asyncio.timeout(self._timeout):
                 try:
