@@ -83,7 +83,9 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def stack(tmp_path: Path, redis_port: int, *, stop: bool = True) -> AsyncIterator[Stack]:
+async def stack(
+    tmp_path: Path, redis_port: int, *, stop: bool = True, transport: str = "h2"
+) -> AsyncIterator[Stack]:
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     r = aioredis.Redis.from_url(redis_url)
     await r.flushdb()
@@ -99,6 +101,8 @@ async def stack(tmp_path: Path, redis_port: int, *, stop: bool = True) -> AsyncI
             for mod, port in (("ratelimit_service", rp), ("filters", fp)):
                 argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
                         "--redis-url", redis_url]  # fmt: skip
+                if mod == "filters":
+                    argv += ["--transport", transport]
                 children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
                 await asyncio.to_thread(wait_for_port, port, 40.0)
             client = AsyncOpenAI(
@@ -141,10 +145,11 @@ async def stream(client: AsyncOpenAI, max_tokens: int = MAX_TOKENS) -> Streamed:
     return Streamed(n, finish, usage, rid)
 
 
+@pytest.mark.parametrize("transport", ["h2", "grpc"])
 async def test_a_stream_is_cut_at_the_budget_and_the_backend_aborts(
-    tmp_path: Path, redis_port: int
+    tmp_path: Path, redis_port: int, transport: str
 ) -> None:
-    async with stack(tmp_path, redis_port) as st:
+    async with stack(tmp_path, redis_port, transport=transport) as st:
         # two answers of 300 tokens on a 600-token budget (8 + prompt reserved for each): the
         # budget cannot hold both; each draws top-ups of 32 as it streams, one is cut
         a, b = await asyncio.gather(stream(st.client), stream(st.client))
@@ -200,6 +205,8 @@ async def test_parallel_long_answers_stay_inside_the_budget(
         allowed = BURST + REFILL * elapsed
         if stop:
             assert served <= allowed, (served, allowed)
-            assert served >= 0.8 * BURST  # the budget is used, not left idle
+            # the budget is used: at the refusal each other stream holds at most one block
+            # (32) drawn and not yet served
+            assert served >= BURST - 8 * 32, served
         else:
             assert served > 2 * allowed  # the test can fail: this is what the stop prevents
