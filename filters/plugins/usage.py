@@ -99,6 +99,8 @@ class _Stop:
     carry: bytes = b"\n"
     head: dict[str, Any] | None = None
     prefix: bytes = b""  # the stream's first bytes until its first event is whole
+    hold: bytes = b""  # /generate: an event not yet whole, held until it is (then counted)
+    body: bytes | None = None  # /generate: what passes of this chunk (its whole events)
     stopped: bool = False
 
 
@@ -205,12 +207,16 @@ class UsagePlugin(BasePlugin):
             st = self._start(ctx, chunk)
         first = bool(chunk) and st.chunks == 0
         result = None
-        if st.stop is not None and (st.stop.stopped or chunk):
-            result = await self._enforce(ctx, st, st.stop, chunk)
+        sp = st.stop
+        if sp is not None and (sp.stopped or chunk or sp.hold):
+            result = await self._enforce(ctx, st, sp, chunk, end_of_stream)
             if result is not None:
                 self._tick(ctx, st, chunk)
         if result is None:
             result = self._chunk(ctx, st, chunk, end_of_stream)
+            if sp is not None and sp.body is not None:  # /generate: whole events only
+                body, sp.body = sp.body, None
+                result = Result(body=body, metadata=result.metadata if result else {})
         if not first:
             return result
         ttft = {"ttft_ms": round((st.first - ctx.started) * 1000, 1)}  # for the access log
@@ -249,13 +255,30 @@ class UsagePlugin(BasePlugin):
             return Result(metadata={SETTLE_KEY: ctx.reserve or 0})
         return found
 
-    async def _enforce(self, ctx: Context, st: _State, sp: _Stop, chunk: bytes) -> Result | None:
-        """None: the chunk passes as usual (its tokens are granted). Otherwise the chunk as the
-        client gets it: cut where the granted tokens end, closed with the stop events; after
-        the stop, every chunk is dropped (the backend was asked to abort)."""
+    async def _enforce(
+        self, ctx: Context, st: _State, sp: _Stop, chunk: bytes, eos: bool
+    ) -> Result | None:
+        """None: the chunk passes as usual (its tokens are granted; ``/generate``: its whole
+        events, ``sp.body``). Otherwise the chunk as the client gets it: cut where the granted
+        tokens end, closed with the stop events; after the stop, every chunk is dropped (the
+        backend was asked to abort)."""
         if sp.stopped:
             return Result(body=b"")
         generate = sp.kind == "generate"
+        if generate:
+            # an event's count is inside it (cumulative text, several tokens each): an event
+            # split across chunks waits for its end, so it is counted before it passes
+            joined = sp.hold + chunk
+            end = joined.rfind(b"\n\n")
+            if eos or (end < 0 and len(joined) > _MAX_TAIL):
+                whole, sp.hold = joined, b""
+            elif end < 0:
+                whole, sp.hold = b"", joined
+            else:
+                whole, sp.hold = joined[: end + 2], joined[end + 2 :]
+            if whole != chunk:
+                sp.body = whole
+            chunk = whole
         data = sp.carry + chunk
         if generate:
             count = generate_count(chunk)
@@ -271,6 +294,8 @@ class UsagePlugin(BasePlugin):
             got = await self._topup(ctx, sp, need - sp.granted)
             if got is None:  # no limit to draw from (no record): the stream runs unmetered
                 st.stop = None
+                if sp.hold:
+                    sp.body, sp.hold = chunk + sp.hold, b""
                 return None
             if got <= 0:
                 break
@@ -286,6 +311,7 @@ class UsagePlugin(BasePlugin):
             sp.carry = data[-_CARRY:]
             return None
         served = c.tokens if generate else sp.served + c.tokens
+        sp.body = None
         keep = max(0, c.keep - len(sp.carry))
         # bytes of an event the usage cut held back from the previous chunk (drop_usage) go
         # out now, before this chunk's part

@@ -297,3 +297,35 @@ def test_settings_are_checked(services: Services) -> None:
         UsagePlugin({"stop_at_budget": "yes"}, services)
     with pytest.raises(ConfigError, match="topup_tokens must be an integer from 1"):
         UsagePlugin({"topup_tokens": 0}, services)
+
+
+async def test_a_generate_event_split_across_chunks_is_counted_before_it_passes(
+    services: Services, clock: FakeClock
+) -> None:
+    """/generate events carry several tokens and their count inside: one split mid-number
+    ("completion_tokens": 1|2) is held until whole, so the 12-token event is not let through
+    on the strength of a partial "1"."""
+    p, aborts = plugin(services, Bucket(left=0))
+    ctx = stream_ctx(4, path="generate")
+    evs = [ev({"text": "w " * n, "meta_info": {"id": "g1", "completion_tokens": n}})
+           for n in (2, 4, 12)]  # fmt: skip
+    stream = b"".join(evs) + DONE
+    split = stream.index(b'"completion_tokens": 12') + len(b'"completion_tokens": 1')
+    body, meta = await run(p, ctx, [stream[:split], stream[split:]], clock)
+    events = [event_json(e) for e in split_events(body)[0]]
+    texts = [e["text"] for e in events if e]
+    assert all(len(t.split()) <= 4 for t in texts)
+    assert events[-2]["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
+    assert meta["settle_tokens"] == 9 + 4 and aborts.calls == [("127.0.0.1:30000", "g1")]
+
+
+async def test_a_generate_stream_within_the_budget_passes_whole(
+    services: Services, clock: FakeClock
+) -> None:
+    p, _ = plugin(services, Bucket(left=0))
+    evs = [ev({"text": "w " * n, "meta_info": {"id": "g1", "completion_tokens": n}})
+           for n in (1, 2, 3)]  # fmt: skip
+    stream = b"".join(evs) + DONE
+    pieces = [stream[i : i + 17] for i in range(0, len(stream), 17)]
+    body, _ = await run(p, stream_ctx(10, path="generate"), pieces, clock)
+    assert body == stream
