@@ -19,6 +19,7 @@ from typing import Any
 
 from controlplane.policy import Policy, load_policy
 from controlplane.policy.phases import uses_collapse, uses_shadow_pairs
+from filters.aborts import Aborter
 from filters.admission.gate import Gates
 from filters.admission.shared import SharedReturns
 from filters.admission.signal import (
@@ -50,6 +51,7 @@ from filters.usage_log import UsageLog
 from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
+from runtime.quota.topup import TopUps
 from runtime.tasks import stop_task
 from runtime.tracing import TracingSwitch
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics, ReloadOutcome
@@ -159,6 +161,10 @@ class FilterApp:
         self.server: FilterServer | H2FilterServer | None = None
         self.tracing = TracingSwitch("tokenweir-filters")
         self.metrics_port: int | None = None
+        # the in-stream stop (usage plugin, stop_at_budget): top-ups once Redis is known, and
+        # the backend aborts of streams it ends
+        self.topups: TopUps | None = None
+        self.aborts = Aborter(self.metrics.backend_aborts, clock=clock)
 
     def _redis_url(self) -> str | None:
         if self.settings.redis_url:
@@ -214,6 +220,8 @@ class FilterApp:
             collapser=self.collapser,
             shadow=self.shadow,
             balance=self.balance,
+            topups=self.topups,
+            aborts=self.aborts,
         )
 
     async def start(self) -> None:
@@ -221,6 +229,7 @@ class FilterApp:
         url = self._redis_url()
         if url:
             self._redis = redis_client(url, timeout=self._redis_timeout())
+            self.topups = TopUps(self._redis, wall=self._wall, timeout=self._redis_timeout())
             # a Retry-After's promise is kept by whichever filter process the client comes back to
             shared = SharedReturns(self._redis, wall=self._wall, registry=self.metrics.registry)
             self._shared_returns = shared.start()
@@ -396,6 +405,7 @@ class FilterApp:
         if self.shadow is not None:
             await self.shadow.aclose()
             self.shadow = None
+        await self.aborts.aclose()
         await self.tracing.aclose()
         if isinstance(self._budget_reader, CachedBudget):
             await self._budget_reader.aclose()

@@ -97,6 +97,20 @@ class FilterMetrics:
             "(canary, baseline, or ignored: tenant not allowed)", ["pool", "outcome"], registry=r,
         )  # fmt: skip
 
+        self.topups = Counter(
+            p + "topups", "in-stream budget top-ups of streams past their reservation, by "
+            "result (granted, refused, no_record, error)", ["tenant", "result"], registry=r,
+        )  # fmt: skip
+        self.budget_stops = Counter(
+            p + "budget_stops", "streams ended at the tenant's budget (finish_reason length)",
+            ["route", "tenant"], registry=r,
+        )  # fmt: skip
+        self.backend_aborts = Counter(
+            p + "backend_aborts", "backend aborts (POST /abort_request) of streams stopped at "
+            "the budget, by result (sent, failed, skipped: no replica or rid known)", ["result"],
+            registry=r,
+        )  # fmt: skip
+
         self.requests = Counter(
             p + "requests", "finished LLM requests by outcome (ok, rejected, rate_limited, "
             "error, no_output)", ["route", "lane", "model", "tenant", "outcome"], registry=r,

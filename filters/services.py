@@ -31,6 +31,8 @@ class Services:
     collapser: Any = None  # filters.collapse.hub.Hub: in-flight collapsed runs across reloads
     shadow: Any = None  # filters.shadow.recorder.ShadowRecorder: open primary/shadow pairs
     balance: Any = None  # filters.admission.spread.LaneBalance: ranked pools' replica loads
+    topups: Any = None  # runtime.quota.topup.TopUps: a stream's draws past its reservation
+    aborts: Any = None  # filters.aborts.Aborter: backend aborts of streams stopped at the budget
 
 
 def default_services(policy: Any, clock: Callable[[], float]) -> Services:

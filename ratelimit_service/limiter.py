@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from runtime.quota.buckets import refill
+from runtime.quota.buckets import bucket_ttl_ms, refill
 
 __all__ = [
     "Check",
@@ -81,7 +81,8 @@ class MemoryState:
 
     buckets: dict[str, tuple[float, int, int]] = field(default_factory=dict)  # tk, ts, expire
     windows: dict[str, tuple[int, int]] = field(default_factory=dict)  # used, expire
-    # record → (expire, counter key → [charged, is_bucket, cap, rate, is_money])
+    # record → (expire, counter key → [charged, is_bucket, cap (a window: its limit), rate,
+    # is_money, is_shadow]); the top-up twin (runtime/quota/topup.py) reads and charges it too
     records: dict[str, tuple[int, dict[str, list[float]]]] = field(default_factory=dict)
     traces: dict[str, str] = field(default_factory=dict)  # record → traceparent at reserve
 
@@ -110,13 +111,6 @@ class MemoryState:
         if st is None or st[1] <= now_us:
             return None
         return st[0]
-
-
-def bucket_ttl_ms(tk: float, cap: int, rate: float) -> int:
-    """How long until the bucket is full again (a missing bucket is full): -1 means never."""
-    if rate <= 0:
-        return -1
-    return math.ceil((cap - tk) * 1000 / rate) + 60000
 
 
 def retry_after_us(cost: int, tk: float, cap: int, rate: float) -> int:
@@ -167,12 +161,16 @@ def reserve(
             if expire <= now_us:  # gone in Redis, with the trace it kept
                 entries = {}
                 state.traces.pop(record, None)
-            entry = entries.setdefault(c.key, [0, 0, 0, 0.0, 0])
+            entry = entries.setdefault(c.key, [0, 0, 0, 0.0, 0, 0])
             entry[0] += c.cost
             if c.kind == "b":
                 entry[1], entry[2], entry[3] = 1, c.limit, c.rate
+            else:
+                entry[2] = c.limit
             if c.money:
                 entry[4] = 1
+            if c.shadow:
+                entry[5] = 1
             state.records[record] = (now_us + ttl_ms * 1000, entries)
             if trace is not None:
                 state.traces[record] = trace
@@ -187,7 +185,7 @@ def settle(
     if item is None or item[0] <= now_us:
         return SettleResult(False)
     reserved = 0
-    for key, (charged, is_bucket, cap_f, rate, money) in item[1].items():
+    for key, (charged, is_bucket, cap_f, rate, money, _) in item[1].items():
         if money:
             delta = actual_usd - int(charged)
         else:

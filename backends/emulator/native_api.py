@@ -1,5 +1,5 @@
-"""SGLang's native endpoints: /generate, health, server info, load, cache flush, metrics; and
-the emulator's own fault endpoint ``/_emulator/faults``."""
+"""SGLang's native endpoints: /generate, health, server info, load, cache flush, abort, metrics;
+and the emulator's own fault endpoint ``/_emulator/faults``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["routes"]
 
+log = logging.getLogger(__name__)
+
 _HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's budget for the 1-token health generation
 
 
@@ -47,6 +50,7 @@ def routes(server: EmulatorServer) -> list[web.RouteDef]:
         web.get("/get_model_info", api.model_info),
         web.get("/get_load", api.load),
         web.post("/flush_cache", api.flush_cache),
+        web.post("/abort_request", api.abort_request),
         web.get("/flush_cache", api.flush_cache),
         web.get("/metrics", api.metrics),
         web.get("/_emulator/faults", api.get_faults),
@@ -272,6 +276,7 @@ class _NativeApi:
                 "prefilling": by_priority(r for r in sched.running if not r.prefill_done),
                 "waiting": by_priority(sched.waiting),
                 "preempted_total": sched.preempted_total,
+                "abort_requests": dict(self.server.abort_requests),
             }
         )
 
@@ -281,6 +286,26 @@ class _NativeApi:
         return web.Response(
             text="Cache not flushed: there are running or waiting requests.\n", status=400
         )
+
+    async def abort_request(self, request: web.Request) -> web.StreamResponse:
+        """SGLang's ``POST /abort_request`` (``AbortReq``: ``rid``, ``abort_all``): the request
+        with that rid stops where it is (waiting or running: its KV cache is freed, its stream
+        ends); an unknown rid is no error (SGLang answers 200 and does nothing). The emulator
+        counts what arrived in ``/_emulator/state`` (``abort_requests``) and logs each one."""
+        body = parse_json_object(await request.read())
+        rid = body.get("rid")
+        abort_all = parse_bool(body, "abort_all")
+        if rid is not None and not isinstance(rid, str):
+            raise RequestError("rid must be a string", "rid")
+        sched = self.server.scheduler
+        found = [r for r in (*sched.running, *sched.waiting) if abort_all or (rid and r.rid == rid)]
+        for r in found:
+            sched.abort(r)
+        counts = self.server.abort_requests
+        counts["received"] += 1
+        counts["aborted"] += len(found)
+        log.info("abort_request rid=%s abort_all=%s: %d aborted", rid, abort_all, len(found))
+        return web.Response(status=200)
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:
         return web.Response(

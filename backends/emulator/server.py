@@ -108,6 +108,8 @@ class EmulatorServer:
         self.scheduler.slow_factor = settings.slow_factor
         self._fault_rng = random.Random(settings.seed)
         self._ids = itertools.count(1)
+        # POST /abort_request calls that arrived, and the requests they stopped
+        self.abort_requests: dict[str, int] = {"received": 0, "aborted": 0}
         self._hang_gate = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._tasks: set[asyncio.Task[Any]] = set()

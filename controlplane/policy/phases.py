@@ -21,14 +21,20 @@ __all__ = [
     "SHADOW_CLUSTER_HEADER",
     "SHADOW_ID_HEADER",
     "SHADOW_TO_HEADER",
+    "UPSTREAM_HEADER",
     "VERSION_HEADER",
     "meters_usage",
     "route_hooks",
+    "stops_at_budget",
     "uses_collapse",
     "uses_shadow_pairs",
 ]
 
 ROUTE_HEADER = "x-tokenweir-route"  # gRPC initial metadata naming the route (set per route)
+# added by Envoy to the responses of a route whose usage plugin stops streams at the budget: the
+# replica that answered (%UPSTREAM_HOST%), where the plugin sends the backend abort; the plugin
+# removes it before the client sees it
+UPSTREAM_HEADER = "x-tokenweir-upstream"
 # the route name of a body over its route's limit, followed by the limit in bytes: the filter
 # server reads such a body to its end (discarding it) and answers 413, so the client can read it
 OVERSIZE_ROUTE_PREFIX = "tokenweir.oversize:"
@@ -100,11 +106,22 @@ def meters_usage(route: object) -> bool:
     f = getattr(route, "filters", None)
     if getattr(route, "pool", None) is None or f is None or not f.enabled:
         return False
-    if getattr(f, "usage_meter", "envoy") != "envoy":
+    if getattr(f, "usage_meter", "envoy") != "envoy" or stops_at_budget(route):
         return False
     names = [p.name for p in f.plugins]
     others = [n for n in names if n != "usage"]
     return "usage" in names and "response_chunk" not in route_hooks(others)
+
+
+def stops_at_budget(route: object) -> bool:
+    """Whether a pool route's usage plugin stops streams at the tenant's budget (its setting
+    ``stop_at_budget``): the Python meter reads every chunk there (the Lua meter cannot draw
+    top-ups), the response headers go to the filter server (the replica to abort is named in
+    :data:`UPSTREAM_HEADER`). docs/quotas.md, "The in-stream stop"."""
+    f = getattr(route, "filters", None)
+    if getattr(route, "pool", None) is None or f is None or not f.enabled:
+        return False
+    return any(p.name == "usage" and p.settings.get("stop_at_budget") is True for p in f.plugins)
 
 
 def uses_collapse(route: object) -> bool:

@@ -30,6 +30,7 @@ from controlplane.policy.phases import (
     ROUTE_HEADER,
     meters_usage,
     route_hooks,
+    stops_at_budget,
 )
 from controlplane.translate.names import FILTERS_CLUSTER
 from controlplane.translate.protos import any_of, dur
@@ -71,6 +72,8 @@ def route_mode(route: Route) -> processing_mode_pb2.ProcessingMode:
         hooks = route_hooks(names) | {"request_body"}  # the meter's inputs are set there
     else:
         hooks = route_hooks(names)
+    if stops_at_budget(route):  # the usage plugin reads which replica answered
+        hooks = hooks | {"response_headers"}
     return _mode(
         "request_body" in hooks,
         "response_headers" in hooks,

@@ -32,7 +32,9 @@ from controlplane.policy.phases import (
     CANARY_HEADER,
     COLLAPSE_TO_HEADER,
     SHADOW_CLUSTER_HEADER,
+    UPSTREAM_HEADER,
     VERSION_HEADER,
+    stops_at_budget,
     uses_collapse,
     uses_shadow_pairs,
 )
@@ -239,6 +241,13 @@ def _route(
             rc.HeaderMatcher(name=key, string_match=string_pb2.StringMatcher(exact=value))
         )
     r = rc.Route(name=name, match=match, route=action)
+    if stops_at_budget(route):  # the replica the usage plugin aborts at a spent budget
+        r.response_headers_to_add.append(
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key=UPSTREAM_HEADER, value="%UPSTREAM_HOST%"),
+                append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+            )
+        )
     for filter_name, cfg in configs.items():
         r.typed_per_filter_config[filter_name].CopyFrom(cfg)
     return r

@@ -18,7 +18,20 @@ metadata at the request body); the metrics come back through the access log
 (``filters/usage_log.py``). ``tests/integration/test_usage_twin.py`` drives both meters with the
 same streams and demands the same settlement and bytes.
 
-Settings: ``max_json_bytes`` (default 8 MiB: larger JSON answers are not parsed).
+With ``stop_at_budget: true`` the plugin also enforces the tenant's budget inside the stream
+(docs/quotas.md, "The in-stream stop"): it counts the completion tokens each chunk serves
+(``filters/stop.py``), lets the stream pass its reservation only on tokens drawn from the
+tenant's limits in blocks of ``topup_tokens`` (``runtime/quota/topup.lua``), and when a top-up is
+refused ends the stream where the granted tokens end — a last chunk with ``finish_reason:
+"length"``, the usage chunk when the client asked for it, ``[DONE]`` — drops what the backend
+still sends, settles what was served, and asks the replica that answered (Envoy names it in
+``x-tokenweir-upstream``, removed here) to abort the request (``filters/aborts.py``). A
+non-streamed answer cannot be cut while it is generated: its bound is the backend's
+``max_tokens``, so such a request reserves the prompt plus all of ``max_tokens``. Such a route
+is metered here, never by Envoy's Lua meter (``controlplane.policy.phases.stops_at_budget``).
+
+Settings: ``max_json_bytes`` (default 8 MiB: larger JSON answers are not parsed);
+``stop_at_budget`` (default false); ``topup_tokens`` (default 128: tokens drawn per top-up).
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from controlplane.policy.phases import UPSTREAM_HEADER
 from filters.api import BasePlugin, Context, Result, Usage
 from filters.errors import ConfigError
 from filters.services import Services
@@ -39,7 +53,11 @@ from filters.sse import (
     usage_from_json,
     usage_of,
 )
+from filters.stop import cut, generate_count, quick_count, stop_events, stream_head
 from runtime.cost import cost_usd, micro_usd
+from runtime.quota.errors import QuotaUnavailable
+from runtime.quota.keys import record_key
+from runtime.quota.topup import NO_RECORD
 
 __all__ = ["METERED", "OUTCOME_KEY", "SETTLE_USD_KEY", "UsagePlugin"]
 
@@ -51,6 +69,7 @@ OUTCOME_KEY = "outcome"  # ctx.scratch: how the answer ended (tokenweir_filters_
 METERED = "metered_in_envoy"  # ctx.scratch: Envoy's usage meter reports this request
 
 _MAX_TAIL = 65536  # bytes of an incomplete SSE event kept between chunks
+_CARRY = 5  # bytes of the previous chunk kept to see a "\ndata:" split across two chunks
 
 
 @dataclass(slots=True)
@@ -67,6 +86,22 @@ class _State:
     too_big: bool = False
     ttft: Any = None
     tbt: Any = None
+    # the in-stream stop: completion tokens granted (reservation + top-ups; None: not
+    # enforced), served so far (quick count; /generate: its cumulative count), the first event
+    stop: _Stop | None = None
+
+
+@dataclass(slots=True)
+class _Stop:
+    kind: str
+    granted: int
+    served: int = 0
+    carry: bytes = b"\n"
+    head: dict[str, Any] | None = None
+    prefix: bytes = b""  # the stream's first bytes until its first event is whole
+    hold: bytes = b""  # /generate: an event not yet whole, held until it is (then counted)
+    body: bytes | None = None  # /generate: what passes of this chunk (its whole events)
+    stopped: bool = False
 
 
 class UsagePlugin(BasePlugin):
@@ -74,13 +109,23 @@ class UsagePlugin(BasePlugin):
     bounded = True
 
     def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
-        unknown = set(settings) - {"max_json_bytes"}
+        unknown = set(settings) - {"max_json_bytes", "stop_at_budget", "topup_tokens"}
         if unknown:
             raise ConfigError(f"usage: unknown setting(s) {sorted(unknown)}")
         limit = settings.get("max_json_bytes", 8 * 1024**2)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ConfigError(f"usage: max_json_bytes must be a positive integer, got {limit!r}")
+        stop = settings.get("stop_at_budget", False)
+        if not isinstance(stop, bool):
+            raise ConfigError(f"usage: stop_at_budget must be true or false, got {stop!r}")
+        block = settings.get("topup_tokens", 128)
+        if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= 1_000_000:
+            raise ConfigError(
+                f"usage: topup_tokens must be an integer from 1 to 1000000, got {block!r}"
+            )
         self.max_json_bytes = limit
+        self.stop_at_budget = stop
+        self.topup_tokens = block
         self.services = services
 
     def envoy_inputs(self, ctx: Context) -> dict[str, Any]:
@@ -109,6 +154,28 @@ class UsagePlugin(BasePlugin):
             out["price_completion"] = price.completion
         return out
 
+    async def request_body(self, ctx: Context, body: bytes) -> Result | None:
+        """A non-streamed answer cannot be stopped while it is generated (nothing passes before
+        its end): with ``stop_at_budget`` it reserves the prompt plus all of ``max_tokens``, the
+        backend's own bound, whatever smaller reservation the tokens plugin chose."""
+        if not self.stop_at_budget or ctx.stream or ctx.reserve is None:
+            return None
+        if ctx.max_tokens is None or ctx.prompt_tokens is None:
+            return None
+        need = ctx.prompt_tokens + ctx.max_tokens
+        if ctx.reserve >= need:
+            return None
+        ctx.reserve = need
+        return Result(set_headers={"x-tokenweir-reserve": str(need)}, metadata={"reserve": need})
+
+    async def response_headers(self, ctx: Context, headers: Mapping[str, str]) -> Result | None:
+        """The replica that answered (Envoy's ``x-tokenweir-upstream``): where an abort goes."""
+        host = headers.get(UPSTREAM_HEADER)
+        if host is None:
+            return None
+        ctx.scratch[UPSTREAM_HEADER] = host
+        return Result(remove_headers=(UPSTREAM_HEADER,))
+
     def _start(self, ctx: Context, chunk: bytes) -> _State:
         sse = ctx.stream or chunk.lstrip().startswith((b"data:", b":", b"event:"))
         kind = getattr(ctx.body, "kind", None)
@@ -120,6 +187,15 @@ class UsagePlugin(BasePlugin):
             ttft=ttft,
             tbt=tbt,
         )
+        if (
+            self.stop_at_budget
+            and sse
+            and ctx.route.rate_limited
+            and ctx.tenant is not None
+            and ctx.request_id
+            and ctx.reserve is not None
+        ):
+            st.stop = _Stop(kind or "chat", ctx.reserve - (ctx.prompt_tokens or 0))
         ctx.scratch["usage"] = st
         return st
 
@@ -130,7 +206,17 @@ class UsagePlugin(BasePlugin):
         if st is None:
             st = self._start(ctx, chunk)
         first = bool(chunk) and st.chunks == 0
-        result = self._chunk(ctx, st, chunk, end_of_stream)
+        result = None
+        sp = st.stop
+        if sp is not None and (sp.stopped or chunk or sp.hold):
+            result = await self._enforce(ctx, st, sp, chunk, end_of_stream)
+            if result is not None:
+                self._tick(ctx, st, chunk)
+        if result is None:
+            result = self._chunk(ctx, st, chunk, end_of_stream)
+            if sp is not None and sp.body is not None:  # /generate: whole events only
+                body, sp.body = sp.body, None
+                result = Result(body=body, metadata=result.metadata if result else {})
         if not first:
             return result
         ttft = {"ttft_ms": round((st.first - ctx.started) * 1000, 1)}  # for the access log
@@ -138,7 +224,7 @@ class UsagePlugin(BasePlugin):
             return Result(metadata=ttft)
         return Result(body=result.body, metadata={**ttft, **result.metadata})
 
-    def _chunk(self, ctx: Context, st: _State, chunk: bytes, end_of_stream: bool) -> Result | None:
+    def _tick(self, ctx: Context, st: _State, chunk: bytes) -> None:
         if chunk:
             now = self.services.clock()
             if st.chunks == 0:
@@ -148,6 +234,9 @@ class UsagePlugin(BasePlugin):
                 st.tbt.observe(now - st.last)
             st.last = now
             st.chunks += 1
+
+    def _chunk(self, ctx: Context, st: _State, chunk: bytes, end_of_stream: bool) -> Result | None:
+        self._tick(ctx, st, chunk)
         if st.sse:
             ctx.scratch[OUTCOME_KEY] = "ok"
             result = self._sse(ctx, st, chunk, end_of_stream)
@@ -165,6 +254,124 @@ class UsagePlugin(BasePlugin):
             # worst case stays charged; an error answer keeps the 0 set at the request
             return Result(metadata={SETTLE_KEY: ctx.reserve or 0})
         return found
+
+    async def _enforce(
+        self, ctx: Context, st: _State, sp: _Stop, chunk: bytes, eos: bool
+    ) -> Result | None:
+        """None: the chunk passes as usual (its tokens are granted; ``/generate``: its whole
+        events, ``sp.body``). Otherwise the chunk as the client gets it: cut where the granted
+        tokens end, closed with the stop events; after the stop, every chunk is dropped (the
+        backend was asked to abort)."""
+        if sp.stopped:
+            return Result(body=b"")
+        generate = sp.kind == "generate"
+        if generate:
+            # an event's count is inside it (cumulative text, several tokens each): an event
+            # split across chunks waits for its end, so it is counted before it passes
+            joined = sp.hold + chunk
+            end = joined.rfind(b"\n\n")
+            if eos or (end < 0 and len(joined) > _MAX_TAIL):
+                whole, sp.hold = joined, b""
+            elif end < 0:
+                whole, sp.hold = b"", joined
+            else:
+                whole, sp.hold = joined[: end + 2], joined[end + 2 :]
+            if whole != chunk:
+                sp.body = whole
+            chunk = whole
+        data = sp.carry + chunk
+        if generate:
+            count = generate_count(chunk)
+            need = sp.served if count is None else max(sp.served, count)
+        elif sp.head is None:  # the first chunk, read whole once: its role event is no token
+            need = sp.served + cut(data, len(data), generate=False, at_line_start=False).tokens
+        else:
+            need = sp.served + quick_count(data)
+        if sp.head is None:  # the first event, once whole (its id names the backend's rid)
+            sp.prefix = (sp.prefix + chunk)[:_MAX_TAIL]
+            sp.head = stream_head(sp.prefix)
+        while need > sp.granted:
+            got = await self._topup(ctx, sp, need - sp.granted)
+            if got is None:  # no limit to draw from (no record): the stream runs unmetered
+                st.stop = None
+                if sp.hold:
+                    sp.body, sp.hold = chunk + sp.hold, b""
+                return None
+            if got <= 0:
+                break
+            sp.granted += got
+        if need <= sp.granted:
+            sp.served = need
+            sp.carry = data[-_CARRY:]
+            return None
+        room = sp.granted if generate else sp.granted - sp.served
+        c = cut(data, room, generate=generate, at_line_start=False, served=sp.served)
+        if not c.stopped:  # the quick count over-counted: every event fits
+            sp.served = c.tokens if generate else sp.served + c.tokens
+            sp.carry = data[-_CARRY:]
+            return None
+        served = c.tokens if generate else sp.served + c.tokens
+        sp.body = None
+        keep = max(0, c.keep - len(sp.carry))
+        # bytes of an event the usage cut held back from the previous chunk (drop_usage) go
+        # out now, before this chunk's part
+        held, st.tail = (st.tail if st.drop_usage else b""), b""
+        sent = data[: len(sp.carry)] + held + chunk[:keep] if held else data[: len(sp.carry) + keep]
+        if generate and c.last is None:
+            c_last = getattr(st, "last_event", b"")
+            last: Any = event_json(c_last) if c_last else None
+        else:
+            last = c.last
+        prompt = ctx.prompt_tokens or 0
+        closing = stop_events(
+            sp.kind, sp.head, prompt, served, with_usage=ctx.client_wants_usage, last=last
+        )
+        out = held + chunk[:keep] + (b"" if sent.endswith(b"\n\n") else b"\n\n") + closing
+        sp.stopped, sp.served = True, served
+        m = self.services.metrics
+        m.child(m.budget_stops, ctx.route.name, m.tenant_label(ctx.tenant)).inc()
+        self._abort(ctx, sp)
+        ctx.usage = None
+        settled = self._settle(ctx, Usage(prompt, served))
+        return Result(body=out, metadata=dict(settled.metadata) if settled else {})
+
+    async def _topup(self, ctx: Context, sp: _Stop, short: int) -> int | None:
+        """Tokens drawn from the tenant's limits (at least ``short``, in blocks), 0 when
+        refused, None when there is no record to draw against. A store that cannot answer
+        grants the block (fail-open, as the rate-limit service is without Redis)."""
+        m = self.services.metrics
+        tenant = m.tenant_label(ctx.tenant)
+        want = max(self.topup_tokens, short)
+        topups = self.services.topups
+        if topups is None:
+            m.child(m.topups, tenant, "error").inc()
+            return want
+        assert ctx.tenant is not None
+        p1k = micro_usd(self.services.policy, ctx.model, 0, 1000) if ctx.model else 0
+        try:
+            res = await topups.topup(record_key(ctx.tenant, ctx.request_id), want, p1k)
+        except QuotaUnavailable:
+            m.child(m.topups, tenant, "error").inc()
+            return want
+        if res.status == NO_RECORD:
+            m.child(m.topups, tenant, "no_record").inc()
+            return None
+        m.child(m.topups, tenant, "granted" if res.granted > 0 else "refused").inc()
+        return res.granted
+
+    def _abort(self, ctx: Context, sp: _Stop) -> None:
+        head = sp.head or {}
+        rid = head.get("id")
+        if sp.kind == "generate":
+            meta = head.get("meta_info")
+            rid = meta.get("id") if isinstance(meta, dict) else None
+        host = ctx.scratch.get(UPSTREAM_HEADER)
+        aborts = self.services.aborts
+        if not isinstance(rid, str) or not rid or host is None or aborts is None:
+            m = self.services.metrics
+            m.backend_aborts.labels("skipped").inc()
+            return
+        aborts.abort(host, rid)
 
     def _produced(
         self, ctx: Context, st: _State, chunk: bytes, result: Result | None

@@ -5,6 +5,8 @@
 --   then (tracing on only) the call's traceparent, kept in the record as '#t' for the settle span
 --   flags: 1 = shadow, 2 = settled later (token limit: written into the record),
 --          4 = money (a usd limit: settled with the real price; marked key#u in the record)
+--   the record also keeps what a top-up (runtime/quota/topup.lua) needs: key#l a window's limit,
+--   key#s a shadow limit
 -- returns {admitted, then per limit: ok, remaining, retry_us}
 local now = tonumber(ARGV[1])
 local n = #KEYS - 1
@@ -97,6 +99,12 @@ for i = 1, n do
     end
     if flags >= 4 then
       redis.call('HSET', record, key .. '#u', '1')
+    end
+    if ARGV[a + 1] ~= 'b' then
+      redis.call('HSET', record, key .. '#l', ARGV[a + 3])
+    end
+    if flags % 2 == 1 then
+      redis.call('HSET', record, key .. '#s', '1')
     end
     wrote = true
   end

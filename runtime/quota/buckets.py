@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["refill"]
+import math
+
+__all__ = ["bucket_ttl_ms", "refill"]
 
 
 def refill(tk: float, ts: int, now_us: int, cap: int, rate: float) -> tuple[float, int]:
@@ -13,3 +15,10 @@ def refill(tk: float, ts: int, now_us: int, cap: int, rate: float) -> tuple[floa
     if tk > cap:
         tk = float(cap)
     return tk, ts
+
+
+def bucket_ttl_ms(tk: float, cap: int, rate: float) -> int:
+    """How long until the bucket is full again (a missing bucket is full): -1 means never."""
+    if rate <= 0:
+        return -1
+    return math.ceil((cap - tk) * 1000 / rate) + 60000
