@@ -39,6 +39,7 @@ from filters.h2server import LIMITS, H2FilterServer
 from filters.keys import KeyInfo, KeyStore, policy_keys
 from filters.ladder.state import Ladders, uses_ladder
 from filters.metrics import FilterMetrics
+from filters.output_lengths import OutputLengths
 from filters.picker.registry import Pickers
 from filters.redis_pool import redis_client
 from filters.registry import RouteEntry, build_routes, iter_routes
@@ -125,6 +126,8 @@ class FilterApp:
         self.balance.configure(self.policy)
         self.ladders = Ladders(clock=clock, registry=self.metrics.registry)
         self.ladders.configure(self.policy)
+        # learned output lengths outlive reloads (reservations read them)
+        self.lengths = OutputLengths(clock=clock, window=self.policy.reservation.window)
         self.ladders.demand = self.gates.demand  # the ladder reads the gates' queues too
         # endpoint pickers (prefix indexes) outlive reloads too; started in start()
         self.pickers = Pickers(registry=self.metrics.registry, clock=clock, wall=wall)
@@ -214,6 +217,7 @@ class FilterApp:
             collapser=self.collapser,
             shadow=self.shadow,
             balance=self.balance,
+            lengths=self.lengths,
         )
 
     async def start(self) -> None:
@@ -348,6 +352,7 @@ class FilterApp:
         self.gates.configure(built.policy)
         self.balance.configure(built.policy)
         self.ladders.configure(built.policy)
+        self.lengths.configure(built.policy.reservation.window)
         self.tracing.apply(built.policy.tracing)  # built off the loop, swapped whole
         if self.server is not None:
             self.server.servicer.swap(built.routes)
