@@ -257,8 +257,9 @@ class FilterApp:
         )
         transport = transport_for(self.settings.transport, host)
         usage_log = UsageLog(  # Envoy's usage meter reports
-            self.metrics, lambda: self.policy, self.tracing, on_cached=self.pickers.reported
-        )
+            self.metrics, lambda: self.policy, self.tracing, on_cached=self.pickers.reported,
+            on_usage=self.lengths.observe,
+        )  # fmt: skip
         if transport == "h2":
             body = self.policy.filters.max_body_bytes if self.policy.filters else 1024**2
             limits = replace(LIMITS, max_message=max(4 * 1024**2, body + 64 * 1024))

@@ -235,12 +235,12 @@ class TokensPlugin(BasePlugin):
         return max(1, learned)
 
     async def stream_end(self, ctx: Context) -> None:
-        """Learn the settled answer's length (the usage plugin read it from the backend)."""
+        """Learn the settled answer's length where the Python usage plugin read it (where
+        Envoy's usage meter reads it, the access log feeds the same model: filters/usage_log.py)."""
         u, lengths = ctx.usage, self.services.lengths
         if u is None or lengths is None or ctx.tenant is None or ctx.model is None:
             return
-        if self.services.policy.reservation.output == "learned":
-            lengths.observe(ctx.tenant, ctx.model, u.completion_tokens)
+        lengths.observe(ctx.tenant, ctx.model, u.completion_tokens)
 
     def _model_served(self, ctx: Context, model: str) -> bool:
         """The route's pool serves it, or a route matches on it (Envoy re-routes by model; to a

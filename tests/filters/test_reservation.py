@@ -59,7 +59,9 @@ async def test_a_history_of_short_answers_lowers_the_reservation(
     assert m.labels("tenant")._value.get() == 1 and m.labels("pooled")._value.get() == 1
 
 
-async def test_reserving_max_tokens_learns_nothing(policy: Policy, clock: FakeClock) -> None:
+async def test_reserving_max_tokens_ignores_what_was_learned(
+    policy: Policy, clock: FakeClock
+) -> None:
     policy = replace(policy, reservation=ReservationPolicy(output="max_tokens"))
     services = make_services(policy, clock)
     plugin = TokensPlugin({}, services)
