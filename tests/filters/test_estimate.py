@@ -7,7 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filters.errors import ConfigError
-from filters.estimate import ByteBound, HeuristicEstimator, TokenizerEstimator, load_estimator
+from filters.estimate import (
+    ByteBound,
+    ExactUpTo,
+    HeuristicEstimator,
+    TokenizerEstimator,
+    load_estimator,
+)
 
 
 def test_heuristic_counts_grow_with_text_and_handle_edges() -> None:
@@ -36,10 +42,13 @@ def test_tokenizer_file(tmp_path: Path) -> None:
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
-    est = load_estimator(str(path))  # every text counted whole, however long
+    exact = load_estimator(str(path))  # exact up to 16 KiB characters, the bytes past that
+    assert isinstance(exact, ExactUpTo)
+    est = exact.exact
     assert isinstance(est, TokenizerEstimator)
-    assert est.count("hello world weir river") == 4
-    assert est.count("hello world " * 20_000) == 40_000
+    assert exact.count("hello world weir river") == 4
+    assert exact.count("hello world " * 1_000) == 2_000  # 12,000 characters: counted
+    assert exact.count("hello world " * 20_000) == 240_000  # past 16 KiB: its bytes
     assert est.prefix_chars("hello world weir", 2) == len("hello world")
     assert est.prefix_chars("hello", 5) == 5
     bad = tmp_path / "bad.json"
