@@ -13,6 +13,13 @@ previous one; a quantile reads both (the answers of the last one to two windows)
 older than that is forgotten, so a tenant whose answers grew longer is reserved for within two
 windows, and one that stopped sending falls back to the pool's lengths.
 
+**Several filter processes** share one set of histograms through Redis
+(:class:`filters.output_lengths_shared.SharedLengths`, attached with :meth:`OutputLengths.share`):
+each process adds its answers there in the background and re-reads the histograms its
+reservations use every ``refresh`` seconds, so every process reserves from every process's
+answers (the freshness rule becomes: the last one to two windows, as of at most ``refresh`` ago).
+Windows are numbered from the wall clock, the same in every process.
+
 **Memory.** At most ``max_keys`` keys; a new key past that clears the table (the pooled
 histograms fill again within a window; until then reservations are ``max_tokens``, the safe
 side).
@@ -26,8 +33,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-__all__ = ["BUCKETS", "Histogram", "OutputLengths", "bucket_of", "upper_edge"]
+__all__ = ["BUCKETS", "Histogram", "Key", "OutputLengths", "Sharing", "bucket_of", "upper_edge"]
 
 _EXACT = 16  # lengths below this have a bucket each
 _STEPS = 8  # buckets per doubling above it
@@ -94,7 +102,19 @@ class Histogram:
         return upper_edge(BUCKETS - 1)
 
 
-_Key = tuple[str | None, str]
+Key = tuple[str | None, str]  # (tenant, model); tenant None: the model's pooled lengths
+
+
+class Sharing(Protocol):
+    """Where the answers of every filter process meet (:mod:`filters.output_lengths_shared`)."""
+
+    def added(self, key: Key, period: int, bucket: int) -> None:
+        """One answer of ``bucket`` went into ``key``'s window ``period`` here."""
+        ...
+
+    def wanted(self, key: Key) -> None:
+        """A reservation read ``key``: keep it fresh."""
+        ...
 
 
 class OutputLengths:
@@ -107,12 +127,38 @@ class OutputLengths:
         self._clock = clock
         self._window = window
         self._max = max_keys
-        self._table: dict[_Key, Histogram] = {}
+        self._table: dict[Key, Histogram] = {}
+        self._sharing: Sharing | None = None
+
+    def share(self, sharing: Sharing | None) -> None:
+        """Add answers to, and take histograms from, ``sharing`` (None: this process alone)."""
+        self._sharing = sharing
+
+    @property
+    def window(self) -> float:
+        return self._window
+
+    def replace(self, key: Key, current: list[int], previous: list[int], period: int) -> None:
+        """``key``'s histogram as every process's answers make it (read from the shared store
+        for window ``period``); answers added here since that read arrive with the next one."""
+        if period != self._period():
+            return  # read across a window's end: the next read is right
+        h = self._table.get(key)
+        if h is None:
+            if len(self._table) >= self._max:
+                self._table.clear()
+            h = self._table[key] = Histogram(period)
+        h.period, h.current, h.previous = period, current, previous
+        h.n_current, h.n_previous = sum(current), sum(previous)
 
     def configure(self, window: float) -> None:
         if window != self._window:  # windows of another length do not line up: start again
             self._window = window
             self._table.clear()
+
+    def period(self) -> int:
+        """The current window's number (wall-clock seconds // window)."""
+        return self._period()
 
     def _period(self) -> int:
         return int(self._clock() // self._window)
@@ -128,6 +174,8 @@ class OutputLengths:
                 h = self._table[key] = Histogram(period)
             h.roll(period)
             h.add(tokens)
+            if self._sharing is not None:
+                self._sharing.added(key, period, bucket_of(tokens))
 
     def quantile(self, tenant: str, model: str, q: float, min_samples: int) -> tuple[int, str]:
         """``(tokens, source)``: the tenant's ``q`` quantile (source ``tenant``), else the
@@ -135,6 +183,8 @@ class OutputLengths:
         ``(0, "none")``."""
         period = self._period()
         for key, source in (((tenant, model), "tenant"), ((None, model), "pooled")):
+            if self._sharing is not None:
+                self._sharing.wanted(key)
             h = self._table.get(key)
             if h is None:
                 continue
