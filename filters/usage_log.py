@@ -177,6 +177,7 @@ class UsageLog:
             )
             if (
                 self.on_usage is not None
+                and md.get("meter")  # Envoy metered it (else the usage plugin learned it)
                 and isinstance(tenant, str)
                 and isinstance(model, str)
                 and isinstance(completion, float)
