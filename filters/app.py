@@ -40,6 +40,8 @@ from filters.h2server import LIMITS, H2FilterServer
 from filters.keys import KeyInfo, KeyStore, policy_keys
 from filters.ladder.state import Ladders, uses_ladder
 from filters.metrics import FilterMetrics
+from filters.output_lengths import OutputLengths
+from filters.output_lengths_shared import SharedLengths
 from filters.picker.registry import Pickers
 from filters.redis_pool import redis_client
 from filters.registry import RouteEntry, build_routes, iter_routes
@@ -127,6 +129,10 @@ class FilterApp:
         self.balance.configure(self.policy)
         self.ladders = Ladders(clock=clock, registry=self.metrics.registry)
         self.ladders.configure(self.policy)
+        # learned output lengths outlive reloads (reservations read them); windows are numbered
+        # from the wall clock, the same in every process that shares them through Redis
+        self.lengths = OutputLengths(clock=wall, window=self.policy.reservation.window)
+        self._shared_lengths: SharedLengths | None = None
         self.ladders.demand = self.gates.demand  # the ladder reads the gates' queues too
         # endpoint pickers (prefix indexes) outlive reloads too; started in start()
         self.pickers = Pickers(registry=self.metrics.registry, clock=clock, wall=wall)
@@ -222,6 +228,7 @@ class FilterApp:
             balance=self.balance,
             topups=self.topups,
             aborts=self.aborts,
+            lengths=self.lengths,
         )
 
     async def start(self) -> None:
@@ -234,6 +241,10 @@ class FilterApp:
             shared = SharedReturns(self._redis, wall=self._wall, registry=self.metrics.registry)
             self._shared_returns = shared.start()
             self.gates.share_returns(shared)
+            # every filter process reserves from every process's answers
+            self._shared_lengths = SharedLengths(
+                self._redis, self.lengths, clock=self._clock, on_error=self.metrics.redis_errors.inc
+            ).start()
         await self.pickers.configure(self.policy)
         host, port = self._listen()
         if any(uses_collapse(r) for g in self.policy.gateways.values() for r in g.routes):
@@ -262,8 +273,9 @@ class FilterApp:
         )
         transport = transport_for(self.settings.transport, host)
         usage_log = UsageLog(  # Envoy's usage meter reports
-            self.metrics, lambda: self.policy, self.tracing, on_cached=self.pickers.reported
-        )
+            self.metrics, lambda: self.policy, self.tracing, on_cached=self.pickers.reported,
+            on_usage=self.lengths.observe,
+        )  # fmt: skip
         if transport == "h2":
             body = self.policy.filters.max_body_bytes if self.policy.filters else 1024**2
             limits = replace(LIMITS, max_message=max(4 * 1024**2, body + 64 * 1024))
@@ -357,6 +369,7 @@ class FilterApp:
         self.gates.configure(built.policy)
         self.balance.configure(built.policy)
         self.ladders.configure(built.policy)
+        self.lengths.configure(built.policy.reservation.window)
         self.tracing.apply(built.policy.tracing)  # built off the loop, swapped whole
         if self.server is not None:
             self.server.servicer.swap(built.routes)
@@ -412,6 +425,9 @@ class FilterApp:
         if self._keys is not None:
             await self._keys.aclose()
             self._keys = None
+        if self._shared_lengths is not None:
+            await self._shared_lengths.aclose()
+            self._shared_lengths = None
         if self._shared_returns is not None:
             self.gates.share_returns(None)
             await self._shared_returns.aclose()

@@ -1,16 +1,18 @@
-"""Prompt token estimates: a real tokenizer file when configured, else a calibrated heuristic.
+"""Prompt token counts for reservations: exact with a real tokenizer, else a bound from the bytes.
 
-The heuristic splits text the way byte-level BPE pre-tokenizers do (letter runs, digit runs,
-punctuation, whitespace, other characters) and charges each piece what BPE vocabularies of
-~100k entries typically charge; its coefficients were fitted on real English prose, code and
-JSON, and its error is measured by ``bench/filters_estimate.py`` (numbers in docs/plugins.md).
+A reservation must never be lowered by the client, so what :func:`load_estimator` returns is
+exact (:class:`TokenizerEstimator`, a ``tokenizer.json``, for texts up to 16 KiB characters:
+:class:`ExactUpTo`) or an upper bound no layout of the text can beat (:class:`ByteBound`: a
+byte-level BPE never yields more tokens than bytes). Long prompts used to be counted on 64 sampled windows and scaled: a
+prompt crafted to look cheap in those windows was charged ~25 tokens for ~24,000 real ones
+(issue 36). Nothing here samples any more.
 
-Long prompts are counted on a sample (:class:`Sampled`, what :func:`load_estimator` returns): a
-text longer than 16 KiB characters is counted in 64 evenly spaced windows of 256 characters, cut
-at whitespace, and the count is scaled by the text's length over the windows' length, so the
-cost per request is bounded (a 300 KB prompt took 5-11 ms to count whole on this machine, a
-tokenizer far more) and the answer stays deterministic. An estimate only sizes the reservation
-and the clamp; the backend's usage settles the real count.
+:class:`HeuristicEstimator` splits text the way byte-level BPE pre-tokenizers do (letter runs,
+digit runs, punctuation, whitespace, other characters) and charges each piece what BPE
+vocabularies of ~100k entries typically charge; its coefficients were fitted on real English
+prose, code and JSON (``bench/filters_estimate.py``). It is a typical count, not a bound (spaced
+symbols, CJK, emoji and long digit runs cost more with real vocabularies), so it only measures
+and cuts prefixes for routing; it no longer sizes reservations.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from typing import Any, Protocol
 from filters.errors import ConfigError
 
 __all__ = [
+    "ByteBound",
     "Estimator",
+    "ExactUpTo",
     "HeuristicEstimator",
     "Pieces",
-    "Sampled",
     "TokenizerEstimator",
     "load_estimator",
     "pieces",
@@ -190,7 +193,7 @@ class HeuristicEstimator:
 
     def tokens(self, text: str) -> float:
         """The unrounded estimate; additive over texts joined by a space (a space costs
-        nothing and splits no piece), which :class:`Sampled` counts its windows with."""
+        nothing and splits no piece)."""
         p = pieces(text, self.digits_per_token)
         # letters past word_free_chars in runs of 7 or more (_LONG_WORD): each such run has
         # 6 letters not counted in long_letters
@@ -236,59 +239,52 @@ class TokenizerEstimator:
 
 
 @dataclass(frozen=True, slots=True)
-class Sampled:
-    """``inner``'s count, taken on a sample of texts longer than ``exact_up_to`` characters:
-    ``windows`` evenly spaced windows of about ``window_chars`` (each end moved to the next
-    whitespace, within ``window_chars``, so no word is cut), scaled by length; at most
-    ``windows × 2 × window_chars`` characters are counted. ``prefix_chars`` is ``inner``'s."""
+class ByteBound:
+    """An upper bound on any byte-level BPE's count: the text's UTF-8 bytes.
 
-    inner: Estimator
-    exact_up_to: int = 16_384
-    windows: int = 64  # many small windows: a long prompt mixes prose, code, tables
-    window_chars: int = 256
+    A byte-level BPE starts from one token per byte and only ever merges, so no such tokenizer
+    (GPT-2, Llama 3, Qwen, DeepSeek families) produces more tokens than bytes, whatever the
+    vocabulary and however the text is laid out: a client cannot lower this bound by crafting
+    its prompt. It over-counts English prose about 4x and CJK about 2-3x (bench/
+    filters_estimate.py); a pool that names its model's tokenizer (``routing.tokenizer``) is
+    counted exactly instead. O(1) for ASCII text (CPython knows a string is ASCII), one
+    ``encode`` otherwise. ``prefix_chars`` is the heuristic's (a cut of 4 characters per token:
+    it decides what is hashed for routing, not what is charged)."""
+
+    cut: HeuristicEstimator = HeuristicEstimator()
 
     def count(self, text: str) -> int:
-        n = len(text)
-        if n <= self.exact_up_to:
-            return self.inner.count(text)
-        step = n / self.windows
-        reach = self.window_chars  # how far a cut may move to reach whitespace
-        windows: list[str] = []
-        chars = 0
-        for i in range(self.windows):
-            start = _cut(text, int(i * step), reach)
-            end = _cut(text, min(n, start + self.window_chars), reach)
-            if end > start:
-                windows.append(text[start:end])
-                chars += end - start
-        if not chars:
-            return self.inner.count(text)
-        if isinstance(self.inner, HeuristicEstimator):  # one pass over the windows, joined
-            counted: float = self.inner.tokens(" ".join(windows))
-        else:
-            counted = sum(map(self.inner.count, windows))
-        return max(1, round(counted * n / chars))
+        if text.isascii():
+            return len(text)
+        return len(text.encode("utf-8", "surrogatepass"))
 
     def prefix_chars(self, text: str, tokens: int) -> int:
-        return self.inner.prefix_chars(text, tokens)
+        return self.cut.prefix_chars(text, tokens)
 
 
-_FIND_SPACE = re.compile(r"\s")
+@dataclass(frozen=True, slots=True)
+class ExactUpTo:
+    """``exact``'s count for texts up to ``up_to`` characters, :class:`ByteBound` beyond: both
+    are at least the real count, and a tokenizer costs about a microsecond per byte (a 300 KB
+    prompt took 0.2-0.4 s with Llama 3's on this machine, bench/prompt_bound.py), the bytes
+    nothing. ``prefix_chars`` is ``exact``'s."""
 
+    exact: Estimator
+    up_to: int = 16_384
+    bound: ByteBound = ByteBound()
 
-def _cut(text: str, i: int, reach: int) -> int:
-    """Where to cut ``text`` near ``i``: ``i`` itself between two pieces, else the first
-    whitespace within ``reach`` characters after it (a word is not split), else ``i`` (text
-    without whitespace: a cut word costs at most one piece)."""
-    n = len(text)
-    if i <= 0 or i >= n or text[i - 1].isspace() or text[i].isspace():
-        return min(max(i, 0), n)
-    m = _FIND_SPACE.search(text, i, min(n, i + reach))
-    return m.start() if m is not None else i
+    def count(self, text: str) -> int:
+        if len(text) <= self.up_to:
+            return self.exact.count(text)
+        return self.bound.count(text)
+
+    def prefix_chars(self, text: str, tokens: int) -> int:
+        return self.exact.prefix_chars(text, tokens)
 
 
 def load_estimator(tokenizer_file: str | None) -> Estimator:
-    """The tokenizer when a file is given, else the heuristic; long texts counted on a sample."""
+    """The tokenizer when a file is given (exact up to 16 KiB characters, the byte bound past
+    that), else :class:`ByteBound`."""
     if tokenizer_file:
-        return Sampled(TokenizerEstimator(tokenizer_file))
-    return Sampled(HeuristicEstimator())
+        return ExactUpTo(TokenizerEstimator(tokenizer_file))
+    return ByteBound()

@@ -74,6 +74,11 @@ class FilterMetrics:
             p + "max_tokens_clamped", "requests whose max_tokens was lowered or set",
             ["tenant", "why"], registry=r,
         )  # fmt: skip
+        self.reservations = Counter(
+            p + "reservations", "output tokens reserved from: tenant (its learned quantile), "
+            "pooled (the model's), max_tokens (nothing learned, or the quantile reaches it)",
+            ["source"], registry=r,
+        )  # fmt: skip
         self.idempotency = Counter(
             p + "idempotency", "requests with an idempotency key, by outcome (claimed, stored, "
             "replay, in_flight, mismatch, unstored, too_large, released, invalid, missing, "

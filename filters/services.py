@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from filters.budget import Budget, NoBudget
-from filters.estimate import Estimator, HeuristicEstimator
+from filters.estimate import ByteBound, Estimator
 from filters.keys import KeyStore, policy_keys
 from filters.metrics import FilterMetrics
+from filters.output_lengths import OutputLengths
 
 __all__ = ["Services", "default_services"]
 
@@ -33,15 +34,17 @@ class Services:
     balance: Any = None  # filters.admission.spread.LaneBalance: ranked pools' replica loads
     topups: Any = None  # runtime.quota.topup.TopUps: a stream's draws past its reservation
     aborts: Any = None  # filters.aborts.Aborter: backend aborts of streams stopped at the budget
+    lengths: OutputLengths | None = None  # learned output lengths (reservations), kept across reloads
 
 
 def default_services(policy: Any, clock: Callable[[], float]) -> Services:
-    """Services without Redis: keys from the policy file, no live budget, the heuristic."""
+    """Services without Redis: keys from the policy file, no live budget, the byte bound."""
     return Services(
         policy=policy,
         keys=KeyStore(policy_keys(policy), None, clock=clock),
         budget=NoBudget(),
-        estimator=HeuristicEstimator(),
+        estimator=ByteBound(),
         metrics=FilterMetrics(),
         clock=clock,
+        lengths=OutputLengths(clock=clock, window=policy.reservation.window),
     )

@@ -147,13 +147,17 @@ class UsageLog:
         policy: Callable[[], Any],
         tracing: TracingSwitch | None = None,
         on_cached: Callable[[str, int], None] | None = None,
+        on_usage: Callable[[str, str, int], None] | None = None,
     ) -> None:
         """``on_cached(pool, tokens)``: the cached prompt tokens of each metered request whose
-        backend reported usage (the endpoint pickers' predicted-vs-actual count)."""
+        backend reported usage (the endpoint pickers' predicted-vs-actual count).
+        ``on_usage(tenant, model, completion_tokens)``: each such request's answer length (the
+        learned output lengths reservations read, filters/output_lengths.py)."""
         self.metrics = metrics
         self.policy = policy
         self.tracing = tracing
         self.on_cached = on_cached
+        self.on_usage = on_usage
         self.entries = 0
 
     def handle(self, message: bytes) -> None:
@@ -166,6 +170,19 @@ class UsageLog:
             pool, cached = md.get("pool"), md.get("cached_tokens")
             if self.on_cached is not None and isinstance(pool, str) and isinstance(cached, float):
                 self.on_cached(pool, int(cached))
+            tenant, model, completion = (
+                md.get("tenant"),
+                md.get("model"),
+                md.get("completion_tokens"),
+            )
+            if (
+                self.on_usage is not None
+                and md.get("meter")  # Envoy metered it (else the usage plugin learned it)
+                and isinstance(tenant, str)
+                and isinstance(model, str)
+                and isinstance(completion, float)
+            ):
+                self.on_usage(tenant, model, int(completion))
             if self.tracing is not None:
                 usage_span(self.tracing, entry, md)
 

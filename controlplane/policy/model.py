@@ -28,6 +28,7 @@ from controlplane.policy.common import (
 )
 from controlplane.policy.decode import Decoder, Duration, Range, Size
 from controlplane.policy.degradation import DegradationPolicy, LadderStep
+from controlplane.policy.reservation import ReservationPolicy
 from controlplane.policy.routing import RoutingPolicy
 from controlplane.policy.safety import CollapsingPolicy, IdempotencyPolicy, RouteShadow
 from controlplane.policy.saturation import PoolCapacity, PoolStateScrape, SaturationPolicy
@@ -71,6 +72,7 @@ __all__ = [
     "Quotas",
     "RateLimitServer",
     "Replicas",
+    "ReservationPolicy",
     "Retries",
     "Route",
     "RouteFilters",
@@ -402,6 +404,7 @@ class Policy:
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     idempotency: IdempotencyPolicy = field(default_factory=IdempotencyPolicy)
     collapsing: CollapsingPolicy = field(default_factory=CollapsingPolicy)
+    reservation: ReservationPolicy = field(default_factory=ReservationPolicy)
     tracing: Tracing | None = None
     planner: dict[str, Any] = field(
         default_factory=dict

@@ -1,11 +1,24 @@
-"""tokens: parse the body, estimate prompt tokens, clamp max_tokens, set the reservation.
+"""tokens: parse the body, bound the prompt, set max_tokens and the reservation.
 
-The clamp: ``max_tokens`` ≤ the tier's ``max_tokens`` and ≤ what the tenant's token budget still
-holds after the prompt (never below 1: an empty budget is the rate-limit service's to refuse,
-with its 429 and Retry-After). The body is rewritten when the value changes or is absent, and
-streamed chat/completions get ``stream_options.include_usage`` so the usage plugin can settle.
-``x-tokenweir-reserve`` = estimated prompt tokens + the clamped max_tokens. Where the pool
-schedules by priority (``pools.NAME.priority_scheduling``), the body carries the lane's
+**The prompt** (:func:`estimate_prompt`) is counted with the filter server's tokenizer file, or
+bounded from its UTF-8 bytes (:class:`filters.estimate.ByteBound`), plus what a chat template
+may add (``_TEMPLATE_TOKENS`` per request, ``_PER_MESSAGE`` per message, the ``tools``): never
+less than the backend will count, whatever the client sends.
+
+**The reservation** ``x-tokenweir-reserve`` = the prompt + the output the request is likely to
+use (policy ``reservation``): with ``output: learned`` the tenant's (else the model's pooled)
+``quantile`` of settled completion tokens (:mod:`filters.output_lengths`, fed by this plugin's
+``stream_end`` from the usage the usage plugin read), never above ``max_tokens``; else
+``max_tokens`` itself.
+
+**max_tokens** ≤ the tier's ``max_tokens`` and a degradation step's cap. With
+``reservation.short_budget: clamp`` also ≤ what the tenant's token budget still holds after the
+prompt (never below 1: an empty budget is the rate-limit service's to refuse). With ``reject``
+(the default) the budget is not read here: a request whose reservation does not fit gets the
+rate-limit service's 429 with ``Retry-After``, and an admitted one keeps its ``max_tokens`` (its
+answer is whole). The body is rewritten when the value changes or is absent, and streamed
+chat/completions get ``stream_options.include_usage`` so the usage plugin can settle. Where the
+pool schedules by priority (``pools.NAME.priority_scheduling``), the body carries the lane's
 ``priority`` (``admission.LANE.priority``, negated for ``low_values_first``); a ``priority``
 the client sent is replaced, or removed where the pool does not schedule by it: the gateway,
 not the client, ranks requests.
@@ -13,12 +26,13 @@ not the client, ranks requests.
 Settings: ``extra_fields`` (body fields to accept besides the known ones), ``reject_unknown``
 (default true), ``default_max_tokens`` (cap when the tenant has no tier; default 4096),
 ``max_body_bytes`` (default: the route's), ``budget_timeout`` (default 50 ms: a slower budget
-read is skipped and the tier cap alone applies).
+read is skipped and the tier cap alone applies; ``clamp`` only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -41,15 +55,26 @@ from runtime.throttled_log import ThrottledLog
 __all__ = ["TokensPlugin", "backend_priority", "estimate_prompt"]
 
 _log = logging.getLogger(__name__)
-_PER_MESSAGE = 4  # role markers and separators a chat template adds per message
+_PER_MESSAGE = 4  # special tokens a chat template adds per message beyond the rendered text's
+# what a template adds per request: BOS, the assistant header, a default system prompt (Qwen's
+# is 16 tokens); the rendered text already holds each role name and two separators per message
+_TEMPLATE_TOKENS = 64
 
 
 def estimate_prompt(req: LlmRequest, services: Services) -> int:
+    """The prompt's tokens: exact for token ids, else the estimator's count (an upper bound with
+    :class:`~filters.estimate.ByteBound`) plus what a template may add."""
     if req.input_ids is not None:
         return len(req.input_ids)
-    n = services.estimator.count(req.prompt_text)
+    count = services.estimator.count
+    n = count(req.prompt_text)
     if req.kind == "chat":
-        n += _PER_MESSAGE * len(req.data.get("messages") or ()) + 3
+        n += _PER_MESSAGE * len(req.data.get("messages") or ()) + _TEMPLATE_TOKENS
+        tools = req.data.get("tools")
+        if tools:  # the template writes the tool definitions into the prompt
+            n += count(json.dumps(tools, ensure_ascii=False))
+    else:
+        n += 1  # BOS
     return max(1, n)
 
 
@@ -162,7 +187,7 @@ class TokensPlugin(BasePlugin):
         ctx.prompt_tokens = prompt
         final, why = await self._clamp(ctx, req, prompt, model)
         ctx.max_tokens = final
-        ctx.reserve = prompt + final
+        ctx.reserve = prompt + self._output_reserve(ctx, model, final)
         if ctx.tenant is not None and ctx.route.rate_limited:
             self.services.budget.note_reserved(ctx.tenant, model, ctx.lane, ctx.reserve)
         rewrite = final != req.max_tokens or (
@@ -195,6 +220,28 @@ class TokensPlugin(BasePlugin):
         headers["content-length"] = str(len(new))
         return Result(set_headers=headers, body=new)
 
+    def _output_reserve(self, ctx: Context, model: str, max_tokens: int) -> int:
+        """The output tokens to reserve: the learned quantile (policy ``reservation``), at most
+        ``max_tokens``; ``max_tokens`` where nothing is learned yet or the policy asks."""
+        policy = self.services.policy.reservation
+        lengths = self.services.lengths
+        if policy.output != "learned" or lengths is None or ctx.tenant is None:
+            return max_tokens
+        learned, source = lengths.quantile(ctx.tenant, model, policy.quantile, policy.min_samples)
+        if source == "none" or learned >= max_tokens:
+            self.services.metrics.reservations.labels("max_tokens").inc()
+            return max_tokens
+        self.services.metrics.reservations.labels(source).inc()
+        return max(1, learned)
+
+    async def stream_end(self, ctx: Context) -> None:
+        """Learn the settled answer's length where the Python usage plugin read it (where
+        Envoy's usage meter reads it, the access log feeds the same model: filters/usage_log.py)."""
+        u, lengths = ctx.usage, self.services.lengths
+        if u is None or lengths is None or ctx.tenant is None or ctx.model is None:
+            return
+        lengths.observe(ctx.tenant, ctx.model, u.completion_tokens)
+
     def _model_served(self, ctx: Context, model: str) -> bool:
         """The route's pool serves it, or a route matches on it (Envoy re-routes by model; to a
         metered route only from a metered one).
@@ -216,7 +263,8 @@ class TokensPlugin(BasePlugin):
         tier = self.services.policy.tiers.get(ctx.tier) if ctx.tier else None
         cap = tier.max_tokens if tier is not None else self.default_max_tokens
         why = "tier"
-        if ctx.tenant is not None and ctx.route.rate_limited:
+        clamp = self.services.policy.reservation.short_budget == "clamp"
+        if clamp and ctx.tenant is not None and ctx.route.rate_limited:
             budget = self.services.budget
             known, left = budget.cached(ctx.tenant, model, ctx.lane)  # a hit: no timer, no task
             if not known:

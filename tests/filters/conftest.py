@@ -10,9 +10,10 @@ from controlplane.policy import Policy, load_policy
 from controlplane.policy.scheduling import PriorityScheduling
 from filters.api import Context, RouteInfo
 from filters.budget import NoBudget
-from filters.estimate import HeuristicEstimator
+from filters.estimate import ByteBound
 from filters.keys import KeyStore, policy_keys
 from filters.metrics import FilterMetrics
+from filters.output_lengths import OutputLengths
 from filters.services import Services
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,9 +67,10 @@ def make_services(
         policy=policy,
         keys=KeyStore(policy_keys(policy), redis, clock=clock),
         budget=budget if budget is not None else NoBudget(),
-        estimator=HeuristicEstimator(),
+        estimator=ByteBound(),
         metrics=FilterMetrics(),
         clock=clock,
+        lengths=OutputLengths(clock=clock),
     )
 
 

@@ -7,7 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filters.errors import ConfigError
-from filters.estimate import HeuristicEstimator, TokenizerEstimator, load_estimator
+from filters.estimate import (
+    ByteBound,
+    ExactUpTo,
+    HeuristicEstimator,
+    TokenizerEstimator,
+    load_estimator,
+)
 
 
 def test_heuristic_counts_grow_with_text_and_handle_edges() -> None:
@@ -36,11 +42,13 @@ def test_tokenizer_file(tmp_path: Path) -> None:
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
-    sampled = load_estimator(str(path))
-    est = getattr(sampled, "inner", None)  # long prompts are counted on a sample of it
+    exact = load_estimator(str(path))  # exact up to 16 KiB characters, the bytes past that
+    assert isinstance(exact, ExactUpTo)
+    est = exact.exact
     assert isinstance(est, TokenizerEstimator)
-    assert sampled.count("hello world weir river") == 4
-    assert est.count("hello world weir river") == 4
+    assert exact.count("hello world weir river") == 4
+    assert exact.count("hello world " * 1_000) == 2_000  # 12,000 characters: counted
+    assert exact.count("hello world " * 20_000) == 240_000  # past 16 KiB: its bytes
     assert est.prefix_chars("hello world weir", 2) == len("hello world")
     assert est.prefix_chars("hello", 5) == 5
     bad = tmp_path / "bad.json"
@@ -141,51 +149,19 @@ def test_real_text_counts_as_the_regexes_do(kind: str) -> None:
     assert h.count(text) == _regex_count(h, text)
 
 
-@pytest.mark.parametrize("kind", ["prose", "code", "json"])
-@pytest.mark.parametrize("size", [20_000, 71_000, 300_000])
-def test_long_prompts_counted_on_a_sample_stay_within_3_percent(kind: str, size: int) -> None:
-    from filters.estimate import Sampled
-
-    text = _corpus(kind, size)
-    exact = HeuristicEstimator().count(text)
-    sampled = Sampled(HeuristicEstimator()).count(text)
-    assert abs(sampled - exact) <= 0.03 * exact, (sampled, exact)
-
-
-class _Counting:
-    """An estimator that counts the characters it was asked to count."""
-
-    def __init__(self) -> None:
-        self.chars = 0
-
-    def count(self, text: str) -> int:
-        self.chars += len(text)
-        return HeuristicEstimator().count(text)
-
-    def prefix_chars(self, text: str, tokens: int) -> int:
-        return tokens * 4
-
-
-@pytest.mark.parametrize(
-    "text", ["word " * 60_000, "x" * 300_000, ("y" * 5_000 + " ") * 60, "short text"]
-)
-def test_the_sample_is_bounded_and_short_texts_are_counted_whole(text: str) -> None:
-    from filters.estimate import Sampled
-
-    inner = _Counting()
-    s = Sampled(inner, exact_up_to=16_384, windows=64, window_chars=256)
-    n = s.count(text)
-    if len(text) <= 16_384:
-        assert inner.chars == len(text) and n == HeuristicEstimator().count(text)
-    else:
-        assert inner.chars <= 64 * 2 * 256  # never the whole text, whatever its shape
-        assert n == s.count(text)  # deterministic
-        assert abs(n - HeuristicEstimator().count(text)) <= 0.05 * HeuristicEstimator().count(text)
-
-
-def test_load_estimator_samples_long_prompts() -> None:
-    from filters.estimate import Sampled
-
+def test_load_estimator_bounds_from_the_bytes_without_a_tokenizer() -> None:
     est = load_estimator(None)
-    assert isinstance(est, Sampled) and isinstance(est.inner, HeuristicEstimator)
-    assert est.prefix_chars("abcdefgh", 1) == 4  # the prefix cut is the inner estimator's
+    assert isinstance(est, ByteBound)
+    assert est.count("") == 0 and est.count("abc") == 3 and est.count("日本") == 6
+    assert est.count("\U0001f600") == 4 and est.count("\ud800") == 3  # a lone surrogate too
+    assert est.prefix_chars("abcdefgh", 1) == 4  # the prefix cut is the heuristic's
+
+
+@pytest.mark.parametrize("kind", ["prose", "code", "json"])
+def test_the_bound_counts_every_byte_of_a_long_prompt(kind: str) -> None:
+    """No sampling: a 300 KB prompt costs its bytes, wherever its expensive part sits."""
+    text = _corpus(kind, 300_000)
+    cheap = "a " * 40_000  # what a sampler's windows might see
+    crafted = cheap + "\u4e00\u9fa5" * 30_000 + cheap
+    assert ByteBound().count(text) == len(text.encode())
+    assert ByteBound().count(crafted) == len(crafted.encode()) == 160_000 + 180_000

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from controlplane.policy import Policy
+from controlplane.policy.reservation import ReservationPolicy
 from controlplane.policy.scheduling import PriorityScheduling
 from filters.api import RouteInfo
 from filters.budget import CachedBudget
@@ -109,7 +110,7 @@ class SlowBudget(FakeBudget):
 
 
 async def test_tokens_skips_a_slow_budget_read(policy, clock: FakeClock) -> None:
-    services = make_services(policy, clock, budget=SlowBudget({}))
+    services = make_services(_clamping(policy), clock, budget=SlowBudget({}))
     ctx = make_ctx(tenant="demo-free", tier="free")
     r = await TokensPlugin({"budget_timeout": 0.02}, services).request_body(
         ctx, _chat(max_tokens=999)
@@ -120,7 +121,7 @@ async def test_tokens_skips_a_slow_budget_read(policy, clock: FakeClock) -> None
 async def test_tokens_clamps_on_a_cached_budget_without_reading(policy, clock: FakeClock) -> None:
     reader = FakeBudget({"demo-pro": 2500})
     budget = CachedBudget(reader, clock=clock, ttl=10.0)
-    services = make_services(policy, clock, budget=budget)
+    services = make_services(_clamping(policy), clock, budget=budget)
     plugin = TokensPlugin({}, services)
     clamps, reserves = [], []
     for _ in range(3):
@@ -151,6 +152,11 @@ async def test_lane_from_tier_hint_and_route(services: Services) -> None:
             make_ctx(tier="free"), {"x-lane": "interactive"}, False
         )
     assert info.value.status == 403
+
+
+def _clamping(policy: Policy) -> Policy:
+    """The policy with ``reservation.short_budget: clamp`` (max_tokens lowered to the budget)."""
+    return replace(policy, reservation=ReservationPolicy(short_budget="clamp"))
 
 
 def _chat(**kw: object) -> bytes:
@@ -184,7 +190,7 @@ async def test_tokens_sets_max_tokens_when_absent_and_keeps_small_values(
 
 async def test_tokens_clamps_to_remaining_budget(policy, clock: FakeClock) -> None:
     budget = FakeBudget({"demo-pro": 300})
-    services = make_services(policy, clock, budget=budget)
+    services = make_services(_clamping(policy), clock, budget=budget)
     ctx = make_ctx(tenant="demo-pro", tier="pro", lane="interactive")
     r = await TokensPlugin({}, services).request_body(ctx, _chat(max_tokens=1000))
     assert r is not None and r.body is not None
@@ -275,7 +281,7 @@ async def test_unknown_plugin_settings_are_config_errors(services: Services) -> 
 async def test_slow_budget_reads_are_logged_once_per_interval_not_per_request(
     policy, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    services = make_services(policy, clock, budget=SlowBudget({}))
+    services = make_services(_clamping(policy), clock, budget=SlowBudget({}))
     plugin = TokensPlugin({"budget_timeout": 0.001}, services)
     with caplog.at_level(logging.WARNING, logger="filters.plugins.tokens"):
         await asyncio.gather(

@@ -148,3 +148,26 @@ def test_cached_tokens_reach_the_pickers_count_with_their_pool() -> None:
     Pickers(registry=registry).reported("chat", 8)  # a pool without a picker: nothing counted
     name = "tokenweir_picker_actual_cached_tokens_total"
     assert registry.get_sample_value(name, {"pool": "chat"}) is None
+
+
+def test_answer_lengths_reach_the_learned_reservations_once() -> None:
+    """On routes Envoy meters, the answers' lengths reach the output-length model from the log;
+    an entry the Python usage plugin metered (no ``meter``) was learned at its stream end."""
+    from filters.output_lengths import OutputLengths
+
+    lengths = OutputLengths(clock=lambda: 0.0)
+    log = UsageLog(FilterMetrics(policy=POLICY), lambda: POLICY, on_usage=lengths.observe)
+    usage = {"prompt_tokens": 31, "completion_tokens": 9}
+    log.handle(
+        als_pb2.StreamAccessLogsMessage(
+            http_logs=als_pb2.StreamAccessLogsMessage.HTTPAccessLogEntries(
+                log_entry=[
+                    entry({**BASE, **usage}),
+                    entry({**BASE, **usage, "meter": False}),  # the Python plugin's: not again
+                    entry(dict(BASE)),  # no usage reported
+                ]
+            )
+        ).SerializeToString()
+    )
+    assert lengths.quantile("demo-pro", MODEL, 0.5, 1) == (9, "tenant")
+    assert lengths._table[("demo-pro", MODEL)].count == 1

@@ -1,0 +1,179 @@
+"""End to end (issue 36): real Envoy (our control plane), real Redis, the rate-limit service,
+the filter server and an SGLang emulator as processes.
+
+A tenant with a history of short answers reserves what its answers use (its learned p95), not
+its ``max_tokens``: a burst against one budget gets far more requests in than the same burst
+reserved at ``max_tokens`` (before any history), every admitted answer is whole (its
+``max_tokens`` untouched, ended by itself), and the rest get the rate-limit service's 429 with
+``Retry-After``. Bad input (a negative or absurd ``max_tokens``, an unknown model) is a JSON
+error naming the field."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from tests.helpers import ChildProcess, free_port, wait_for_port
+from tests.integration.mesh_harness import mesh
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+BURST = 6000  # the tenant's bucket
+MAX_TOKENS = 1024  # what each request asks for; the emulator's answers are ~10 tokens
+KEYS = {"warm": "warm-key-123456", "cold": "cold-key-123456"}
+
+
+def policy_text(gw: int, fp: int, rp: int, emu: int, redis_url: str) -> str:
+    tenants = "\n".join(f"  {t}: {{tier: small, api_keys: [{k}]}}" for t, k in KEYS.items())
+    return f"""
+version: 1
+control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
+ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}", reservation_ttl: 60s}}
+filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
+reservation: {{output: learned, quantile: 0.95, min_samples: 20, short_budget: reject}}
+pools:
+  chat:
+    models: [m1]
+    endpoints: [127.0.0.1:{emu}]
+    health_check: {{enabled: false}}
+    retries: {{enabled: false}}
+gateways:
+  edge:
+    listen: 127.0.0.1:{gw}
+    routes:
+      - name: llm
+        match: {{prefix: /v1/}}
+        pool: chat
+        rate_limit: {{enabled: true}}
+        filters: {{plugins: [identity, tokens, prefix, lane, usage]}}
+tiers:
+  small:
+    max_tokens: 2048
+    quotas: {{tokens: {{burst: {BURST}, refill_per_second: 2}}}}
+tenants:
+{tenants}
+"""
+
+
+Answer = tuple[int, dict[str, str], Any]
+
+
+@dataclass
+class Mesh:
+    url: str
+    session: aiohttp.ClientSession
+    redis: Any
+
+    async def post(self, tenant: str, body: dict[str, Any]) -> Answer:
+        headers = {"authorization": f"Bearer {KEYS[tenant]}", "content-type": "application/json"}
+        async with self.session.post(
+            self.url + "/v1/chat/completions", data=json.dumps(body), headers=headers
+        ) as r:
+            raw = await r.read()
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, json.loads(raw)
+
+    async def chat(self, tenant: str, **kw: Any) -> Answer:
+        msgs = [{"role": "user", "content": "Tell me briefly how a weir keeps a river steady."}]
+        return await self.post(
+            tenant, {"model": "m1", "messages": msgs, "max_tokens": MAX_TOKENS, **kw}
+        )
+
+    async def burst(self, tenant: str, n: int) -> list[Answer]:
+        return list(await asyncio.gather(*(self.chat(tenant) for _ in range(n))))
+
+    async def refill(self, tenant: str) -> None:
+        await self.redis.delete(f"tw:{{{tenant}}}:b:tokens")  # docs/quotas.md: refill now
+
+
+@contextlib.asynccontextmanager
+async def started(tmp_path: Path, redis_port: int) -> AsyncIterator[Mesh]:
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    r = aioredis.Redis.from_url(redis_url)
+    await r.flushdb()
+    gw, fp, rp, emu = free_port(), free_port(), free_port(), free_port()
+    children: list[ChildProcess] = []
+    try:
+        emulator = [sys.executable, "-m", "backends.emulator", "--port", str(emu), "--model",
+                    "m1", "--stop-prob", "0.1", "--time-scale", "0.2", "--log-level", "WARNING"]  # fmt: skip
+        children.append(ChildProcess(emulator, log=tmp_path / "emulator.log"))
+        await asyncio.to_thread(wait_for_port, emu, 20.0)
+        async with mesh(tmp_path, policy_text(gw, fp, rp, emu, redis_url), {"edge": gw}) as m:
+            for mod, port in (("ratelimit_service", rp), ("filters", fp)):
+                argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
+                        "--redis-url", redis_url]  # fmt: skip
+                children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
+                await asyncio.to_thread(wait_for_port, port, 20.0)
+            async with aiohttp.ClientSession() as s:
+                yield Mesh(f"http://127.0.0.1:{gw}", s, r)
+    finally:
+        for c in reversed(children):
+            c.close()
+        await r.aclose()
+
+
+def _whole(answers: list[Answer]) -> list[dict[str, Any]]:
+    """The admitted answers; each must be whole: ended by itself, under its max_tokens."""
+    ok = [b for s, _, b in answers if s == 200]
+    for b in ok:
+        assert b["choices"][0]["finish_reason"] == "stop", b
+        assert b["usage"]["completion_tokens"] < MAX_TOKENS
+    return ok
+
+
+def _refused(answers: list[Answer]) -> list[Answer]:
+    """The 429s: the rate-limit service's, with Retry-After from the refill and a JSON error."""
+    out = [a for a in answers if a[0] == 429]
+    for _, headers, body in out:
+        assert int(headers["retry-after"]) >= 1
+        assert headers["x-ratelimit-quota"].startswith("tokens.")
+        assert body["error"]["code"] == "rate_limit_exceeded"
+    return out
+
+
+async def test_a_learned_reservation_admits_whole_answers(tmp_path: Path, redis_port: int) -> None:
+    async with started(tmp_path, redis_port) as m:
+        # bad input first: clear JSON errors naming the field, nothing charged
+        for body, status, param in (
+            ({"max_tokens": -5}, 400, "max_tokens"),
+            ({"max_tokens": 10**9}, 400, "max_tokens"),
+            ({"model": "no-such-model"}, 404, "model"),
+        ):
+            s, h, b = await m.chat("cold", **body)
+            assert s == status and h["content-type"].startswith("application/json"), (s, b)
+            assert b["error"]["param"] == param and b["error"]["message"]
+
+        # no history anywhere: each request reserves its prompt + max_tokens
+        cold = await m.burst("cold", 60)
+        cold_ok = _whole(cold)
+        assert len(_refused(cold)) == 60 - len(cold_ok)
+        assert 1 <= len(cold_ok) <= 2 * BURST // MAX_TOKENS
+
+        # a history of short answers (the emulator's: ~10 tokens), then the same burst again
+        for _ in range(30):
+            s, _, b = await m.chat("warm")
+            assert s == 200, b
+        await m.refill("warm")
+        warm = await m.burst("warm", 60)
+        warm_ok = _whole(warm)
+        refused = _refused(warm)
+        print(f"admitted of 60: {len(cold_ok)} reserving max_tokens, {len(warm_ok)} learned")
+        assert len(warm_ok) + len(refused) == 60
+        assert len(warm_ok) >= 4 * len(cold_ok) and len(warm_ok) >= 25, (
+            len(warm_ok),
+            len(cold_ok),
+        )
+
+        # a request the rest of the budget cannot serve whole is refused, not cut short
+        await m.redis.hset("tw:{warm}:b:tokens", mapping={"tk": 1})
+        s, h, b = await m.chat("warm")
+        assert s == 429 and _refused([(s, h, b)])
