@@ -253,7 +253,7 @@ class FilterApp:
         )
         transport = transport_for(self.settings.transport, host)
         usage_log = UsageLog(  # Envoy's usage meter reports
-            self.metrics, lambda: self.policy, self.tracing, on_cached=self.pickers.reported
+            self.metrics, lambda: self.policy, self.tracing, on_metered=self.pickers.metered
         )
         if transport == "h2":
             body = self.policy.filters.max_body_bytes if self.policy.filters else 1024**2

@@ -44,7 +44,9 @@ def _value(v: struct_pb2.Value) -> Any:
 
 
 _KEYS = ("meter", "tenant", "model", "lane", "route", "pool", "outcome", "timing", "t0_us",
-         "prompt", "prompt_tokens", "completion_tokens", "cached_tokens")  # fmt: skip
+         "prompt", "prompt_tokens", "completion_tokens", "cached_tokens",
+         # the endpoint picker's prediction (filters/picker/regret.py)
+         "replica", "predicted_cached_tokens", "predicted_ttft_ms", "work_tokens", "sent_us")  # fmt: skip
 
 
 def _fields(entry: Any) -> dict[str, Any]:
@@ -146,14 +148,14 @@ class UsageLog:
         metrics: FilterMetrics,
         policy: Callable[[], Any],
         tracing: TracingSwitch | None = None,
-        on_cached: Callable[[str, int], None] | None = None,
+        on_metered: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
-        """``on_cached(pool, tokens)``: the cached prompt tokens of each metered request whose
-        backend reported usage (the endpoint pickers' predicted-vs-actual count)."""
+        """``on_metered(pool, fields)``: each metered request of a pool, with its ``tokenweir``
+        fields (the endpoint pickers' predicted-vs-actual: filters/picker/regret.py)."""
         self.metrics = metrics
         self.policy = policy
         self.tracing = tracing
-        self.on_cached = on_cached
+        self.on_metered = on_metered
         self.entries = 0
 
     def handle(self, message: bytes) -> None:
@@ -163,9 +165,9 @@ class UsageLog:
             self.entries += 1
             md = _fields(entry)
             record(self.metrics, policy, entry, md)
-            pool, cached = md.get("pool"), md.get("cached_tokens")
-            if self.on_cached is not None and isinstance(pool, str) and isinstance(cached, float):
-                self.on_cached(pool, int(cached))
+            pool = md.get("pool")
+            if self.on_metered is not None and isinstance(pool, str) and md.get("meter"):
+                self.on_metered(pool, md)
             if self.tracing is not None:
                 usage_span(self.tracing, entry, md)
 

@@ -120,16 +120,18 @@ def test_bucket_counts_add_what_observe_would_have() -> None:
         FilterMetrics.add_observations(b, counts[:-1], 1.0)
 
 
-def test_cached_tokens_reach_the_pickers_count_with_their_pool() -> None:
+def test_metered_requests_reach_the_pickers_with_their_pool() -> None:
     """On routes Envoy meters, the picker's stream end sees no usage: the cached prompt tokens
     the backend reported come from the access-log entry, with the pool the request went to."""
     from prometheus_client import CollectorRegistry
 
     from filters.picker.registry import Pickers
 
-    seen: list[tuple[str, int]] = []
+    seen: list[tuple[str, float | None]] = []
     log = UsageLog(
-        FilterMetrics(policy=POLICY), lambda: POLICY, on_cached=lambda p, k: seen.append((p, k))
+        FilterMetrics(policy=POLICY),
+        lambda: POLICY,
+        on_metered=lambda p, md: seen.append((p, md.get("cached_tokens"))),
     )
     usage = {"prompt_tokens": 31, "completion_tokens": 9, "cached_tokens": 8}
     log.handle(
@@ -137,14 +139,15 @@ def test_cached_tokens_reach_the_pickers_count_with_their_pool() -> None:
             http_logs=als_pb2.StreamAccessLogsMessage.HTTPAccessLogEntries(
                 log_entry=[
                     entry({**BASE, "pool": "chat", **usage}),
-                    entry({**BASE, **usage}),  # no pool named: not counted
-                    entry({**BASE, "pool": "chat"}),  # no usage reported: not counted
+                    entry({**BASE, **usage}),  # no pool named: not passed on
+                    entry({**BASE, "pool": "chat"}),  # no usage reported: passed, nothing read
                 ]
             )
         ).SerializeToString()
     )
-    assert seen == [("chat", 8)]
+    assert seen == [("chat", 8.0), ("chat", None)]
     registry = CollectorRegistry()
-    Pickers(registry=registry).reported("chat", 8)  # a pool without a picker: nothing counted
+    md = {"meter": True, "pool": "chat", **{k: float(v) for k, v in usage.items()}}
+    Pickers(registry=registry).metered("chat", md)  # a pool without a picker: nothing counted
     name = "tokenweir_picker_actual_cached_tokens_total"
     assert registry.get_sample_value(name, {"pool": "chat"}) is None
