@@ -20,6 +20,7 @@ from typing import Any
 from controlplane.policy import Policy, load_policy
 from controlplane.policy.phases import uses_collapse, uses_shadow_pairs
 from filters.admission.gate import Gates
+from filters.admission.fairshare import FairShare
 from filters.admission.shared import SharedReturns
 from filters.admission.signal import (
     admission_source,
@@ -133,6 +134,7 @@ class FilterApp:
         self._estimator: Estimator = load_estimator(settings.tokenizer_file)
         self._redis: Any = None
         self._shared_returns: SharedReturns | None = None
+        self._fairshare: FairShare | None = None
         self._keys: KeyStore | None = None
         self._budget_reader: Budget = NoBudget()
         self.watcher = PolicyWatcher(
@@ -225,6 +227,10 @@ class FilterApp:
             shared = SharedReturns(self._redis, wall=self._wall, registry=self.metrics.registry)
             self._shared_returns = shared.start()
             self.gates.share_returns(shared)
+        # tenants' token shares of each lane, across filter processes where admission is split
+        self._fairshare = FairShare(
+            self.gates, self._redis, clock=self._clock, registry=self.metrics.registry
+        ).start()
         await self.pickers.configure(self.policy)
         host, port = self._listen()
         if any(uses_collapse(r) for g in self.policy.gateways.values() for r in g.routes):
@@ -253,7 +259,7 @@ class FilterApp:
         )
         transport = transport_for(self.settings.transport, host)
         usage_log = UsageLog(  # Envoy's usage meter reports
-            self.metrics, lambda: self.policy, self.tracing, on_metered=self.pickers.metered
+            self.metrics, lambda: self.policy, self.tracing, on_metered=self._metered
         )
         if transport == "h2":
             body = self.policy.filters.max_body_bytes if self.policy.filters else 1024**2
@@ -308,6 +314,21 @@ class FilterApp:
         while True:
             await self._pool_state.wait_update(5.0)
             self.gates.follow_reported()
+
+    def _metered(self, pool: str, fields: dict[str, Any]) -> None:
+        """One request Envoy's usage meter covered (its access log entry's ``tokenweir``
+        fields): the picker's predicted-vs-actual, and the tokens its tenant was served."""
+        self.pickers.metered(pool, fields)
+        prompt, completion = fields.get("prompt_tokens"), fields.get("completion_tokens")
+        if isinstance(completion, float):
+            tokens = completion + (prompt if isinstance(prompt, float) else 0.0)
+            lane, tenant = fields.get("lane"), fields.get("tenant")
+            self.gates.settled(
+                pool,
+                lane if isinstance(lane, str) else None,
+                tenant if isinstance(tenant, str) else None,
+                tokens,
+            )
 
     def _listen(self) -> tuple[str, int]:
         if self.settings.listen:
@@ -402,6 +423,9 @@ class FilterApp:
         if self._keys is not None:
             await self._keys.aclose()
             self._keys = None
+        if self._fairshare is not None:
+            await self._fairshare.aclose()
+            self._fairshare = None
         if self._shared_returns is not None:
             self.gates.share_returns(None)
             await self._shared_returns.aclose()

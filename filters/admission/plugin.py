@@ -168,4 +168,7 @@ class AdmissionPlugin(BasePlugin):
         held: tuple[PoolGate, Ticket] | None = ctx.scratch.pop(_SCRATCH, None)
         if held is not None:
             gate, ticket = held
-            gate.release(ticket)
+            # the tokens it was served count against its tenant's share of the lane; on a route
+            # Envoy meters, the access log brings them a moment later (Gates.settled)
+            usage = ctx.usage
+            gate.release(ticket, usage.total if usage is not None else None)
