@@ -19,8 +19,8 @@ from typing import Any
 
 from controlplane.policy import Policy, load_policy
 from controlplane.policy.phases import uses_collapse, uses_shadow_pairs
-from filters.admission.gate import Gates
 from filters.admission.fairshare import FairShare
+from filters.admission.gate import Gates
 from filters.admission.shared import SharedReturns
 from filters.admission.signal import (
     admission_source,

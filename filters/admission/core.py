@@ -256,13 +256,14 @@ class Admission(Predictions):
         return out
 
     def settle(
-        self, now: float, lane: str, tenant: str, tokens: float, *, local: bool = True
-    ) -> None:
-        """``tenant``'s request of ``lane`` settled ``tokens`` (the usage meter); ``local``
-        False: another filter process's (:mod:`.fairshare`)."""
+        self, now: float, lane: str, tenant: str, tokens: float, *, local: bool = True,
+        requests: int = 1,
+    ) -> None:  # fmt: skip
+        """``tenant``'s ``requests`` of ``lane`` settled ``tokens`` (the usage meter);
+        ``local`` False: other filter processes' (:mod:`.fairshare`)."""
         q = self.queues.get(lane)
         if q is not None:
-            q.ledger.settle(tenant, tokens, now, local=local)
+            q.ledger.settle(tenant, tokens, now, local=local, requests=requests)
 
     def _grant(self, now: float, t: Ticket) -> None:
         t.charge = self.queues[t.lane].ledger.start(t.tenant, t.weight, t.tokens)

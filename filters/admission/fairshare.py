@@ -4,10 +4,12 @@ Where a pool's admission is split over several filter processes (filter servers 
 worker processes, gateway replicas: :func:`~filters.admission.limits.process_split`), each
 process serves its own queues, but a tenant's share must count what **every** process served
 it: otherwise a tenant whose streams one process happens to see less of is served more there.
-So every ``SYNC_S`` each process adds the tokens its usage meter settled per tenant to a Redis
-hash per pool and lane (``HINCRBYFLOAT``, one pipeline with the ``HGETALL`` that reads the
-totals back) and charges each tenant's counter with what the others added since
-(:meth:`~filters.admission.ledger.TokenLedger.settle` with ``local=False``). The hash expires
+So every ``SYNC_S`` each process adds the tokens (and requests) its usage meter settled per
+tenant to a Redis hash per pool and lane (``HINCRBYFLOAT`` / ``HINCRBY``, one pipeline with the
+``HGETALL`` that reads the totals back) and charges each tenant's counter with what the others
+added since (:meth:`~filters.admission.ledger.TokenLedger.settle` with ``local=False``; the
+request counts teach every process the tenant's cost per request, though Envoy's access log
+brings the usage to only one of them). The hash expires
 an hour after its last write. Redis down or slow: each process counts its own (the behaviour
 without sharing), counted in ``tokenweir_admission_fairshare_syncs_total{outcome="error"}``.
 
@@ -35,6 +37,7 @@ SYNC_S = 0.5
 GAUGE_S = 5.0
 WINDOW_S = 60.0
 TTL_S = 3600
+_COUNT = "\x00n"  # a tenant's field + this: its settled requests (beside its tokens)
 
 
 def fairshare_key(pool: str, lane: str) -> str:
@@ -99,7 +102,7 @@ class FairShare:
     async def tick(self) -> None:
         """One exchange with Redis (where admission is split) and, when due, the gauges."""
         now = self.clock()
-        shared = []
+        shared: list[tuple[str, str, dict[str, tuple[float, int]]]] = []
         for pool, gate in self.gates.pools().items():
             for lane, q in gate.core.queues.items():
                 pending = q.ledger.take_pending()
@@ -111,15 +114,16 @@ class FairShare:
             self._next_gauges = now + GAUGE_S
             self.gauges(now)
 
-    async def _sync(self, shared: list[tuple[str, str, dict[str, float]]]) -> None:
+    async def _sync(self, shared: list[tuple[str, str, dict[str, tuple[float, int]]]]) -> None:
         assert self.redis is not None
         try:
             async with asyncio.timeout(self.timeout):
                 pipe = self.redis.pipeline(transaction=False)
                 for pool, lane, pending in shared:
                     key = fairshare_key(pool, lane)
-                    for tenant, tokens in pending.items():
+                    for tenant, (tokens, requests) in pending.items():
                         pipe.hincrbyfloat(key, tenant, tokens)
+                        pipe.hincrby(key, tenant + _COUNT, requests)
                     if pending:
                         pipe.expire(key, TTL_S)
                     pipe.hgetall(key)
@@ -132,21 +136,29 @@ class FairShare:
         now = self.clock()
         i = 0
         for pool, lane, pending in shared:
-            i += len(pending) + (1 if pending else 0)
-            totals = replies[i]
+            i += 2 * len(pending) + (1 if pending else 0)
+            fields = {
+                (k.decode() if isinstance(k, bytes) else str(k)): float(v)
+                for k, v in replies[i].items()
+            }
             i += 1
             known = self._known.setdefault((pool, lane), {})
             gate = self.gates.pools().get(pool)
-            for raw, value in totals.items():
-                tenant = raw.decode() if isinstance(raw, bytes) else str(raw)
-                total = float(value)
-                before = known.get(tenant)
-                known[tenant] = total
-                if before is None:
+            for name, total in fields.items():
+                if name.endswith(_COUNT):
+                    continue
+                count = fields.get(name + _COUNT, 0.0)
+                before = known.get(name)
+                before_n = known.get(name + _COUNT)
+                known[name], known[name + _COUNT] = total, count
+                if before is None or before_n is None:
                     continue  # served before this process looked: history, not this share
-                others = total - before - pending.get(tenant, 0.0)
+                mine, mine_n = pending.get(name, (0.0, 0))
+                others, others_n = total - before - mine, round(count - before_n - mine_n)
                 if others > 0 and gate is not None:
-                    gate.core.settle(now, lane, tenant, others, local=False)
+                    gate.core.settle(
+                        now, lane, name, others, local=False, requests=max(0, others_n)
+                    )
 
     def gauges(self, now: float) -> None:
         for pool, gate in self.gates.pools().items():

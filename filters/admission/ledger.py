@@ -32,10 +32,10 @@ __all__ = ["DEFAULT_COST", "SETTLE_WAIT", "Fairness", "TokenLedger"]
 DEFAULT_COST = 256  # tokens a request is expected to cost before anything has settled
 _ALPHA = 0.2  # the weight of the newest request in a tenant's cost per request
 _MAX_TENANTS = 4096  # idle tenants forgotten past this many (oldest first)
-# how long an ended request's charge waits for its settlement: Envoy's access log (the Lua
-# meter's usage) arrives about a second after the stream ends; one that never comes (no usage
-# metered, or it reached another filter process) is taken as settled at its charge then
-SETTLE_WAIT = 3.0
+# how long an ended request's charge stands in for its usage: Envoy's access log (the Lua
+# meter's usage) arrives about a second after the stream ends (its flush interval), through
+# another filter process half a second later (fairshare.SYNC_S)
+SETTLE_WAIT = 2.0
 
 
 @dataclass(slots=True)
@@ -68,8 +68,8 @@ class TokenLedger:
         self._backlogged: set[str] = set()  # tenants with queued requests since the last snapshot
         self._snaps: deque[tuple[float, dict[str, float], frozenset[str]]] = deque()
         self._waiting: set[str] = set()  # tenants with unsettled charges
-        # tokens settled here since the last take_pending (shared with other filter processes)
-        self._pending: dict[str, float] = {}
+        # tokens and requests settled here since the last take_pending (for the other processes)
+        self._pending: dict[str, tuple[float, int]] = {}
 
     def _account(self, tenant: str) -> _Account:
         a = self._accounts.get(tenant)
@@ -126,8 +126,9 @@ class TokenLedger:
 
     def end(self, tenant: str, charge: float, now: float, tokens: float | None = None) -> None:
         """A request that ``start`` charged ``charge`` ended: ``tokens`` is its settled usage
-        when known now; otherwise its charge stands until :meth:`settle` brings the usage (at
-        most ``SETTLE_WAIT`` s), so a tenant does not look cheap between the two."""
+        when known now; otherwise its charge stands in for ``SETTLE_WAIT`` s, until its usage
+        has had time to arrive through :meth:`settle` (Envoy's access log, here or at another
+        filter process), so a tenant does not look cheap between the two."""
         a = self._accounts.get(tenant)
         if a is None:
             return
@@ -140,43 +141,49 @@ class TokenLedger:
             self._waiting.add(tenant)
         self.expire(now)
 
-    def settle(self, tenant: str, tokens: float, now: float, *, local: bool = True) -> None:
-        """``tenant`` was served ``tokens`` (a request's settled usage, from the usage meter);
-        ``local`` False: by another filter process (:mod:`.fairshare`)."""
-        a = self._account(tenant)
-        if local and a.unsettled:
-            a.unsettled.popleft()
-        self._settled(tenant, a, tokens, local=local)
+    def settle(
+        self, tenant: str, tokens: float, now: float, *, local: bool = True, requests: int = 1
+    ) -> None:
+        """``tenant`` was served ``tokens`` by ``requests`` requests (their settled usage, from
+        the usage meter); ``local`` False: by other filter processes (:mod:`.fairshare`)."""
+        self._settled(tenant, self._account(tenant), tokens, local=local, requests=requests)
         self.expire(now)
 
-    def _settled(self, tenant: str, a: _Account, tokens: float, *, local: bool) -> None:
-        if tokens < 0:
+    def _settled(
+        self, tenant: str, a: _Account, tokens: float, *, local: bool, requests: int = 1
+    ) -> None:
+        if tokens < 0 or requests < 0:
             return
         a.settled += tokens
-        if local:  # the cost per request of this process's requests
-            self._pending[tenant] = self._pending.get(tenant, 0.0) + tokens
-            a.cost = tokens if a.cost is None else a.cost + _ALPHA * (tokens - a.cost)
-            lane = self._lane_cost
-            self._lane_cost = tokens if lane is None else lane + _ALPHA * (tokens - lane)
+        if local:
+            t, n = self._pending.get(tenant, (0.0, 0))
+            self._pending[tenant] = (t + tokens, n + requests)
+        if requests == 0:
+            return
+        # the cost per request, learned from every process's requests: each of the
+        # ``requests`` moves the average by _ALPHA towards their mean
+        mean = tokens / requests
+        step = 1.0 - (1.0 - _ALPHA) ** requests
+        a.cost = mean if a.cost is None else a.cost + step * (mean - a.cost)
+        lane = self._lane_cost
+        self._lane_cost = mean if lane is None else lane + step * (mean - lane)
 
     def expire(self, now: float) -> None:
-        """A stand-in charge whose settlement did not come within ``SETTLE_WAIT`` is what its
-        request is taken to have cost (no usage metered on the route, or it reached another
-        filter process, which shares it through :mod:`.fairshare` against its own charges)."""
+        """Drop the stand-in charges older than ``SETTLE_WAIT``: their usage has arrived by
+        now (a stand-in and its usage both count meanwhile: about as long for every tenant,
+        so in proportion to what each is being served, which leaves their order as it is)."""
         for name in list(self._waiting):
             a = self._accounts.get(name)
             if a is None:
                 self._waiting.discard(name)
                 continue
             while a.unsettled and a.unsettled[0][0] <= now:
-                charge = a.unsettled.popleft()[1]
-                a.settled += charge
-                self._pending[name] = self._pending.get(name, 0.0) + charge
+                a.unsettled.popleft()
             if not a.unsettled:
                 self._waiting.discard(name)
 
-    def take_pending(self) -> dict[str, float]:
-        """The tokens settled in this process since the last call, per tenant."""
+    def take_pending(self) -> dict[str, tuple[float, int]]:
+        """The tokens and requests settled in this process since the last call, per tenant."""
         out, self._pending = self._pending, {}
         return out
 
