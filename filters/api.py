@@ -142,6 +142,8 @@ class Context:
     client_wants_usage: bool = False
     status: int | None = None
     usage: Usage | None = None
+    # the services' clock when the first response body chunk passed (set by the usage plugin)
+    first_token_at: float | None = None
     scratch: dict[str, Any] = field(default_factory=dict)
     # set by the server: ask Envoy to wait up to this many more seconds for the current phase's
     # answer (ext_proc override_message_timeout); a plugin that queues calls it before waiting

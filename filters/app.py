@@ -20,6 +20,7 @@ from typing import Any
 from controlplane.policy import Policy, load_policy
 from controlplane.policy.phases import uses_collapse, uses_shadow_pairs
 from filters.aborts import Aborter
+from filters.admission.fairshare import FairShare
 from filters.admission.gate import Gates
 from filters.admission.shared import SharedReturns
 from filters.admission.signal import (
@@ -141,6 +142,7 @@ class FilterApp:
         self._estimator: Estimator = load_estimator(settings.tokenizer_file)
         self._redis: Any = None
         self._shared_returns: SharedReturns | None = None
+        self._fairshare: FairShare | None = None
         self._keys: KeyStore | None = None
         self._budget_reader: Budget = NoBudget()
         self.watcher = PolicyWatcher(
@@ -245,6 +247,10 @@ class FilterApp:
             self._shared_lengths = SharedLengths(
                 self._redis, self.lengths, clock=self._clock, on_error=self.metrics.redis_errors.inc
             ).start()
+        # tenants' token shares of each lane, across filter processes where admission is split
+        self._fairshare = FairShare(
+            self.gates, self._redis, clock=self._clock, registry=self.metrics.registry
+        ).start()
         await self.pickers.configure(self.policy)
         host, port = self._listen()
         if any(uses_collapse(r) for g in self.policy.gateways.values() for r in g.routes):
@@ -273,9 +279,8 @@ class FilterApp:
         )
         transport = transport_for(self.settings.transport, host)
         usage_log = UsageLog(  # Envoy's usage meter reports
-            self.metrics, lambda: self.policy, self.tracing, on_cached=self.pickers.reported,
-            on_usage=self.lengths.observe,
-        )  # fmt: skip
+            self.metrics, lambda: self.policy, self.tracing, on_metered=self._metered
+        )
         if transport == "h2":
             body = self.policy.filters.max_body_bytes if self.policy.filters else 1024**2
             limits = replace(LIMITS, max_message=max(4 * 1024**2, body + 64 * 1024))
@@ -329,6 +334,26 @@ class FilterApp:
         while True:
             await self._pool_state.wait_update(5.0)
             self.gates.follow_reported()
+
+    def _metered(self, fields: dict[str, Any]) -> None:
+        """One request Envoy's usage meter covered (its access log entry's ``tokenweir``
+        fields): the picker's predicted-vs-actual, the answer's length (learned output
+        lengths), and the tokens its tenant was served (its share of the lane)."""
+        pool, tenant, model = fields.get("pool"), fields.get("tenant"), fields.get("model")
+        lane = fields.get("lane")
+        prompt, completion = fields.get("prompt_tokens"), fields.get("completion_tokens")
+        if isinstance(pool, str):
+            self.pickers.metered(pool, fields)
+        if not isinstance(completion, float):
+            return  # no usage reported
+        if isinstance(tenant, str) and isinstance(model, str):
+            self.lengths.observe(tenant, model, int(completion))
+        if isinstance(pool, str):
+            tokens = completion + (prompt if isinstance(prompt, float) else 0.0)
+            self.gates.settled(
+                pool, lane if isinstance(lane, str) else None,
+                tenant if isinstance(tenant, str) else None, tokens,
+            )  # fmt: skip
 
     def _listen(self) -> tuple[str, int]:
         if self.settings.listen:
@@ -428,6 +453,9 @@ class FilterApp:
         if self._shared_lengths is not None:
             await self._shared_lengths.aclose()
             self._shared_lengths = None
+        if self._fairshare is not None:
+            await self._fairshare.aclose()
+            self._fairshare = None
         if self._shared_returns is not None:
             self.gates.share_returns(None)
             await self._shared_returns.aclose()

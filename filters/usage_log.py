@@ -44,7 +44,9 @@ def _value(v: struct_pb2.Value) -> Any:
 
 
 _KEYS = ("meter", "tenant", "model", "lane", "route", "pool", "outcome", "timing", "t0_us",
-         "prompt", "prompt_tokens", "completion_tokens", "cached_tokens")  # fmt: skip
+         "prompt", "prompt_tokens", "completion_tokens", "cached_tokens",
+         # the endpoint picker's prediction (filters/picker/regret.py)
+         "replica", "predicted_cached_tokens", "predicted_ttft_ms", "work_tokens", "sent_us")  # fmt: skip
 
 
 def _fields(entry: Any) -> dict[str, Any]:
@@ -146,18 +148,15 @@ class UsageLog:
         metrics: FilterMetrics,
         policy: Callable[[], Any],
         tracing: TracingSwitch | None = None,
-        on_cached: Callable[[str, int], None] | None = None,
-        on_usage: Callable[[str, str, int], None] | None = None,
+        on_metered: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        """``on_cached(pool, tokens)``: the cached prompt tokens of each metered request whose
-        backend reported usage (the endpoint pickers' predicted-vs-actual count).
-        ``on_usage(tenant, model, completion_tokens)``: each such request's answer length (the
-        learned output lengths reservations read, filters/output_lengths.py)."""
+        """``on_metered(fields)``: each request Envoy's usage meter covered, with its
+        ``tokenweir`` fields (the endpoint pickers' predicted-vs-actual, the learned output
+        lengths, the tenants' token shares of their lanes: FilterApp._metered)."""
         self.metrics = metrics
         self.policy = policy
         self.tracing = tracing
-        self.on_cached = on_cached
-        self.on_usage = on_usage
+        self.on_metered = on_metered
         self.entries = 0
 
     def handle(self, message: bytes) -> None:
@@ -167,22 +166,8 @@ class UsageLog:
             self.entries += 1
             md = _fields(entry)
             record(self.metrics, policy, entry, md)
-            pool, cached = md.get("pool"), md.get("cached_tokens")
-            if self.on_cached is not None and isinstance(pool, str) and isinstance(cached, float):
-                self.on_cached(pool, int(cached))
-            tenant, model, completion = (
-                md.get("tenant"),
-                md.get("model"),
-                md.get("completion_tokens"),
-            )
-            if (
-                self.on_usage is not None
-                and md.get("meter")  # Envoy metered it (else the usage plugin learned it)
-                and isinstance(tenant, str)
-                and isinstance(model, str)
-                and isinstance(completion, float)
-            ):
-                self.on_usage(tenant, model, int(completion))
+            if self.on_metered is not None and md.get("meter"):
+                self.on_metered(md)
             if self.tracing is not None:
                 usage_span(self.tracing, entry, md)
 

@@ -47,6 +47,10 @@ ACCESS_LOG_FIELDS: dict[str, str] = {
     "completion_tokens": f"%DYNAMIC_METADATA({_TW}:completion_tokens)%",
     "cached_tokens": f"%DYNAMIC_METADATA({_TW}:cached_tokens)%",
     "ttft_ms": f"%DYNAMIC_METADATA({_TW}:ttft_ms)%",
+    # the endpoint picker's prediction beside the actuals above (routing regret)
+    "picked_replica": f"%DYNAMIC_METADATA({_TW}:replica)%",
+    "predicted_cached_tokens": f"%DYNAMIC_METADATA({_TW}:predicted_cached_tokens)%",
+    "predicted_ttft_ms": f"%DYNAMIC_METADATA({_TW}:predicted_ttft_ms)%",
     "cost_usd": f"%DYNAMIC_METADATA({_TW}:cost_usd)%",
     "ratelimit": f"%DYNAMIC_METADATA({_RL}:decision)%",
     "ratelimit_reason": f"%DYNAMIC_METADATA({_RL}:reason)%",

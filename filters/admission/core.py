@@ -170,8 +170,9 @@ class Admission(Predictions):
         probe = Ticket(-1, lane, "", 1.0, tokens, now, now, None)
         return self._fits(probe, now)
 
-    def release(self, now: float, ticket: Ticket) -> list[Ticket]:
-        """An admitted request ended (or was aborted); returns the tickets now admitted."""
+    def release(self, now: float, ticket: Ticket, settled: float | None = None) -> list[Ticket]:
+        """An admitted request ended (or was aborted); returns the tickets now admitted.
+        ``settled``: the tokens its usage settled, when known here (else :meth:`settle`)."""
         if ticket.state == "queued":  # a new head may fit where the old one did not
             self.queues[ticket.lane].remove(ticket)
             ticket.state = "dropped"
@@ -179,6 +180,7 @@ class Admission(Predictions):
         if ticket.state != "admitted":
             return []
         ticket.state = "done"
+        self.queues[ticket.lane].ledger.end(ticket.tenant, ticket.charge, now, settled)
         self.in_flight -= 1
         self.in_flight_tokens -= ticket.tokens
         self.lane_in_flight[ticket.lane] -= 1
@@ -253,7 +255,18 @@ class Admission(Predictions):
                 break  # strict priority: a lower lane waits while a higher one waits
         return out
 
+    def settle(
+        self, now: float, lane: str, tenant: str, tokens: float, *, local: bool = True,
+        requests: int = 1,
+    ) -> None:  # fmt: skip
+        """``tenant``'s ``requests`` of ``lane`` settled ``tokens`` (the usage meter);
+        ``local`` False: other filter processes' (:mod:`.fairshare`)."""
+        q = self.queues.get(lane)
+        if q is not None:
+            q.ledger.settle(tenant, tokens, now, local=local, requests=requests)
+
     def _grant(self, now: float, t: Ticket) -> None:
+        t.charge = self.queues[t.lane].ledger.start(t.tenant, t.weight, t.tokens)
         t.state = "admitted"
         t.granted_at = now
         self.in_flight += 1

@@ -177,9 +177,10 @@ class PoolGate:
         self._share(lane, key)
         return wait
 
-    def release(self, ticket: Ticket) -> None:
-        """The request ended (or never started): its slot goes to the next waiter."""
-        self._wake(self.core.release(self.clock(), ticket))
+    def release(self, ticket: Ticket, settled: float | None = None) -> None:
+        """The request ended (or never started): its slot goes to the next waiter;
+        ``settled``: the tokens its usage settled, when known here (its tenant's counter)."""
+        self._wake(self.core.release(self.clock(), ticket, settled))
 
     def set_limits(self, max_requests: int | None, max_tokens: int | None) -> None:
         self.base_limit, self.base_tokens = max_requests, max_tokens
@@ -389,6 +390,17 @@ class Gates:
         for name, g in self._gates.items():
             if g.declared_limit is None:
                 g.follow_reported(self.capacity(name))
+
+    def pools(self) -> Mapping[str, PoolGate]:
+        """Every pool's gate (read-only: :meth:`configure` changes them)."""
+        return self._gates
+
+    def settled(self, pool: str, lane: str | None, tenant: str | None, tokens: float) -> None:
+        """A request of ``pool`` settled ``tokens`` (its usage, from Envoy's meter: the access
+        log brings it after the stream ended) for ``tenant``'s counter in ``lane``."""
+        g = self._gates.get(pool)
+        if g is not None and lane is not None:
+            g.core.settle(self.clock(), lane, tenant or "anonymous", tokens)
 
     def demand(self, pool: str) -> float | None:
         """:meth:`PoolGate.demand` of the pool (None: no gate, or not limited): the degradation

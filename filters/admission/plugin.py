@@ -168,4 +168,12 @@ class AdmissionPlugin(BasePlugin):
         held: tuple[PoolGate, Ticket] | None = ctx.scratch.pop(_SCRATCH, None)
         if held is not None:
             gate, ticket = held
-            gate.release(ticket)
+            # the tokens it was served count against its tenant's share of the lane: its usage;
+            # on a route Envoy meters, the access log brings it a moment later (Gates.settled);
+            # with no usage at all, what it was expected to cost
+            usage = ctx.usage
+            if usage is not None:
+                settled: float | None = usage.total
+            else:
+                settled = None if ctx.route.metered_in_envoy else ticket.charge
+            gate.release(ticket, settled)

@@ -1,8 +1,10 @@
-"""One lane's queue: a FIFO per tenant, served by weighted fair queueing (start-time fair).
+"""One lane's queue: a FIFO per tenant, served by weighted fair queueing in tokens.
 
-Each tenant has a virtual time that advances by ``1 / weight`` per request served; the tenant
-with the smallest virtual time goes next (ties: the oldest head). A tenant that was idle joins
-at the lane's current virtual time, so idleness banks no credit. Clients that come back when a
+Each tenant has a virtual time that advances by the tokens it is served over its weight
+(:class:`~filters.admission.ledger.TokenLedger`: virtual token counters); the tenant with the
+smallest virtual time goes next (ties: the oldest head). A tenant that was idle joins at the
+virtual time the last one served had when it started (start-time fair queueing), so idleness
+banks no credit. Clients that come back when a
 ``Retry-After`` told them (``Ticket.returning``) wait in a FIFO of their own that is served
 first: their place was taken when they were shed (their tenant's virtual time is charged when
 one starts). Pure: no clock, no I/O.
@@ -14,6 +16,8 @@ import math
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+
+from filters.admission.ledger import TokenLedger
 
 __all__ = ["LaneQueue", "Ticket"]
 
@@ -34,12 +38,12 @@ class Ticket:
     granted_at: float = 0.0  # when it was admitted (same clock)
     key: Hashable | None = None  # what recognises its client when it comes back (Retry-After)
     returning: bool = False  # it came back when a Retry-After told it: served first
+    charge: float = 0.0  # the tokens its tenant's virtual counter was charged at its start
 
 
 @dataclass(slots=True)
 class _Tenant:
     queue: deque[Ticket] = field(default_factory=deque)
-    vtime: float = 0.0
 
 
 class LaneQueue:
@@ -51,8 +55,9 @@ class LaneQueue:
         self.tenant_bound = tenant_bound
         self._tenants: dict[str, _Tenant] = {}
         self._front: deque[Ticket] = deque()  # returning clients, served first
-        self._vclock = 0.0
+        self._vclock = 0.0  # the virtual time the tenant served last had at its start
         self._len = 0
+        self.ledger = TokenLedger()
 
     def __len__(self) -> int:
         return self._len
@@ -92,7 +97,7 @@ class LaneQueue:
         if t is None:
             t = self._tenants[ticket.tenant] = _Tenant()
         if not t.queue:  # (re)joining: no credit for the time it was idle
-            t.vtime = max(t.vtime, self._vclock)
+            self.ledger.join(ticket.tenant, ticket.weight, self._vclock)
         t.queue.append(ticket)
         self._len += 1
 
@@ -101,15 +106,14 @@ class LaneQueue:
         if self._front:
             return self._front[0]
         best: _Tenant | None = None
-        for t in self._tenants.values():
+        best_v = 0.0
+        vtime = self.ledger.vtime
+        for name, t in self._tenants.items():
             if not t.queue:
                 continue
-            if (
-                best is None
-                or t.vtime < best.vtime
-                or (t.vtime == best.vtime and t.queue[0].seq < best.queue[0].seq)
-            ):
-                best = t
+            v = vtime(name)
+            if best is None or v < best_v or (v == best_v and t.queue[0].seq < best.queue[0].seq):
+                best, best_v = t, v
         return best.queue[0] if best is not None else None
 
     def pop(self) -> Ticket:
@@ -118,17 +122,13 @@ class LaneQueue:
             raise IndexError("pop from an empty lane queue")
         if self._front:
             self._front.popleft()
-            self._len -= 1
-            waiting = self._tenants.get(ticket.tenant)
-            if waiting is not None:  # its start counts against its tenant's share
-                waiting.vtime += 1.0 / ticket.weight
+            self._len -= 1  # (its start is charged to its tenant's counter like any other)
             return ticket
         t = self._tenants[ticket.tenant]
         t.queue.popleft()
         self._len -= 1
-        self._vclock = t.vtime
-        t.vtime += 1.0 / ticket.weight
-        if not t.queue:  # forget idle tenants (their debt is at most one request)
+        self._vclock = self.ledger.vtime(ticket.tenant)
+        if not t.queue:  # its counter stays in the ledger; the queue forgets it
             del self._tenants[ticket.tenant]
         return ticket
 

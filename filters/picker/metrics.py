@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["PickerMetrics"]
+__all__ = ["CACHED_ERROR_BUCKETS", "TTFT_RATIO_BUCKETS", "PickerMetrics"]
+
+# signed: below 0 the picker predicted more cache than the replica had (it over-promised)
+CACHED_ERROR_BUCKETS = (-1.0, -0.5, -0.25, -0.1, -0.02, 0.02, 0.1, 0.25, 0.5, 1.0)
+# 0.8 and 1.25: a prediction "within 25%" of the actual TTFT (docs/operations.md)
+TTFT_RATIO_BUCKETS = (0.5, 0.67, 0.8, 0.9, 1.0, 1.11, 1.25, 1.5, 2.0, 4.0)
 
 
 class PickerMetrics:
@@ -28,6 +33,18 @@ class PickerMetrics:
         self.actual_tokens = Counter(
             p + "actual_cached_tokens", "cached prompt tokens the backends reported (usage)",
             ["pool"], registry=r,
+        )  # fmt: skip
+        self.cached_error = Histogram(
+            p + "cached_prediction_error",
+            "routing regret: (actual - predicted) cached prompt tokens over the prompt's tokens, "
+            "per request the picker placed",
+            ["pool", "replica"], registry=r, buckets=CACHED_ERROR_BUCKETS,
+        )  # fmt: skip
+        self.ttft_ratio = Histogram(
+            p + "ttft_ratio",
+            "routing regret: actual over predicted time to first token, per request the picker "
+            "placed once its replica's latency was learned",
+            ["pool", "replica"], registry=r, buckets=TTFT_RATIO_BUCKETS,
         )  # fmt: skip
         self.index_blocks = Gauge(
             p + "index_blocks",

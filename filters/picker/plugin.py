@@ -24,6 +24,7 @@ from filters.api import BasePlugin, Context, Result
 from filters.bodies import LlmRequest, kind_for_path, parse_request
 from filters.errors import ConfigError
 from filters.picker.coalesce import follow
+from filters.picker.regret import Routed, observe
 from filters.services import Services
 
 __all__ = ["PickerPlugin"]
@@ -64,9 +65,11 @@ class PickerPlugin(BasePlugin):
             return None
         uncached, own = picker.record_lead(prompt, pick)
         metrics.predicted_tokens.labels(picker.pool).inc(pick.predicted_tokens)
-        ctx.scratch[_KEY] = (picker, pick.replica, uncached, own)
+        replica = pick.replica
+        routed = Routed(replica, uncached, own, pick.predicted_tokens)
+        ctx.scratch[_KEY] = (picker, routed)
         if wait is not None:
-            clock, replica = picker.clock, pick.replica
+            clock = picker.clock
             started = clock()
             if ctx.hold is not None:  # Envoy waits for this answer as long as the lead may take
                 await ctx.hold(max(0.0, wait.lead.until - started))
@@ -76,13 +79,31 @@ class PickerPlugin(BasePlugin):
             )  # fmt: skip
             metrics.coalesced.labels(picker.pool, outcome).inc()
             metrics.coalesce_wait.labels(picker.pool).observe(clock() - started)
-        return Result(set_headers={ENDPOINT_HEADER: pick.replica})
+        # what the replica must prefill before this request's first token: its backlog now
+        # (this request's uncached tokens included, as record_lead counted them)
+        routed.work = picker.backlog.get(replica, uncached)
+        routed.predicted_ttft = picker.latency.predict(replica, routed.work)
+        routed.sent = picker.clock()
+        return Result(
+            set_headers={ENDPOINT_HEADER: replica}, metadata=routed.metadata(picker.wall())
+        )
 
     async def stream_end(self, ctx: Context) -> None:
         entry = ctx.scratch.pop(_KEY, None)
         if entry is None or self.pickers is None:
             return
-        picker, replica, uncached, own = entry
-        picker.done(replica, uncached, own)
-        if ctx.usage is not None and ctx.usage.cached_tokens:
-            self.pickers.metrics.actual_tokens.labels(picker.pool).inc(ctx.usage.cached_tokens)
+        picker, routed = entry
+        picker.done(routed.replica, routed.uncached, routed.lead)
+        usage = ctx.usage
+        if usage is None:  # Envoy's meter read the answer: its access log entry brings it
+            return
+        if usage.cached_tokens:
+            self.pickers.metrics.actual_tokens.labels(picker.pool).inc(usage.cached_tokens)
+        first = ctx.first_token_at
+        observe(
+            self.pickers.metrics, picker.latency, picker.pool, routed.replica,
+            predicted_cached=routed.predicted_cached, actual_cached=usage.cached_tokens,
+            prompt_tokens=usage.prompt_tokens, work=routed.work,
+            predicted_ttft=routed.predicted_ttft,
+            ttft=None if first is None else first - routed.sent,
+        )  # fmt: skip

@@ -32,6 +32,7 @@ from typing import Any
 from controlplane.policy.model import Address, LlmPool
 from controlplane.policy.routing import RoutingPolicy
 from filters.picker.coalesce import STORED_SHARE, Lead, Leads, Wait
+from filters.picker.latency import LatencyModel
 from filters.picker.mapper import EMULATOR, ROOT, CheckpointMap, Point, model_tokenizer
 from filters.picker.mapping_task import run_mapper
 from filters.picker.metrics import PickerMetrics
@@ -101,12 +102,13 @@ class PoolPicker:
         self.metrics = metrics
         self._clock = clock
         self.clock = clock
-        self._wall = wall
+        self._wall = self.wall = wall
         self.inflight: dict[str, int] = {f.name: 0 for f in self.feeds}
         # picks per replica over the balance window: each pick adds 1, all decay by 1 - 1/window
         self.recent: dict[str, float] = {f.name: 0.0 for f in self.feeds}
         # prefill backlog per replica (tokens), its bound and the stored-token counter last read
         self.backlog: dict[str, int] = {f.name: 0 for f in self.feeds}
+        self.latency = LatencyModel()  # each replica's TTFT, learned (filters/picker/regret.py)
         self._inflight_uncached: dict[str, int] = {f.name: 0 for f in self.feeds}
         self._stored_seen: dict[str, int] = {f.name: 0 for f in self.feeds}
         # checkpoint → {replica: until}: prefixes recently sent there, before their events

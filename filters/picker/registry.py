@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from filters.picker.metrics import PickerMetrics
 from filters.picker.pool import PoolPicker
+from filters.picker.regret import from_log, observe
 from runtime.chat_tokenizer import TokenizerFilesError
 
 __all__ = ["Pickers"]
@@ -40,12 +41,20 @@ class Pickers:
         entry = self._pools.get(pool) if pool is not None else None
         return entry[1] if entry is not None else None
 
-    def reported(self, pool: str, cached_tokens: int) -> None:
-        """The cached prompt tokens a backend reported for a request of ``pool``, read by
-        Envoy's usage meter (filters/usage_log.py): the picker's stream end does not see them
-        there."""
-        if cached_tokens > 0 and pool in self._pools:
-            self.metrics.actual_tokens.labels(pool).inc(cached_tokens)
+    def metered(self, pool: str, fields: Mapping[str, Any]) -> None:
+        """One request of ``pool`` that Envoy's usage meter covered (filters/usage_log.py: the
+        picker's stream end sees no usage there): the cached prompt tokens the backend reported,
+        and the routing regret of the pick (filters/picker/regret.py) when the picker placed it."""
+        picker = self.get(pool)
+        if picker is None:
+            return
+        cached = fields.get("cached_tokens")
+        reported = isinstance(fields.get("completion_tokens"), float)
+        if reported and isinstance(cached, float) and cached > 0:
+            self.metrics.actual_tokens.labels(pool).inc(cached)
+        facts = from_log(fields)
+        if facts is not None:
+            observe(self.metrics, picker.latency, pool, **facts)
 
     async def configure(self, policy: Any) -> None:
         wanted = {

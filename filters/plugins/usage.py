@@ -228,7 +228,7 @@ class UsagePlugin(BasePlugin):
         if chunk:
             now = self.services.clock()
             if st.chunks == 0:
-                st.first = now
+                st.first = ctx.first_token_at = now
                 st.ttft.observe(now - ctx.started)
             else:
                 st.tbt.observe(now - st.last)

@@ -120,16 +120,18 @@ def test_bucket_counts_add_what_observe_would_have() -> None:
         FilterMetrics.add_observations(b, counts[:-1], 1.0)
 
 
-def test_cached_tokens_reach_the_pickers_count_with_their_pool() -> None:
+def test_metered_requests_reach_the_pickers_with_their_pool() -> None:
     """On routes Envoy meters, the picker's stream end sees no usage: the cached prompt tokens
     the backend reported come from the access-log entry, with the pool the request went to."""
     from prometheus_client import CollectorRegistry
 
     from filters.picker.registry import Pickers
 
-    seen: list[tuple[str, int]] = []
+    seen: list[tuple[object, object]] = []
     log = UsageLog(
-        FilterMetrics(policy=POLICY), lambda: POLICY, on_cached=lambda p, k: seen.append((p, k))
+        FilterMetrics(policy=POLICY),
+        lambda: POLICY,
+        on_metered=lambda md: seen.append((md.get("pool"), md.get("cached_tokens"))),
     )
     usage = {"prompt_tokens": 31, "completion_tokens": 9, "cached_tokens": 8}
     log.handle(
@@ -137,15 +139,17 @@ def test_cached_tokens_reach_the_pickers_count_with_their_pool() -> None:
             http_logs=als_pb2.StreamAccessLogsMessage.HTTPAccessLogEntries(
                 log_entry=[
                     entry({**BASE, "pool": "chat", **usage}),
-                    entry({**BASE, **usage}),  # no pool named: not counted
-                    entry({**BASE, "pool": "chat"}),  # no usage reported: not counted
+                    entry({**BASE, **usage}),  # no pool named
+                    entry({**BASE, "pool": "chat"}),  # no usage reported
+                    entry({**BASE, "pool": "chat", **usage, "meter": False}),  # Python's
                 ]
             )
         ).SerializeToString()
     )
-    assert seen == [("chat", 8)]
+    assert seen == [("chat", 8.0), (None, 8.0), ("chat", None)]
     registry = CollectorRegistry()
-    Pickers(registry=registry).reported("chat", 8)  # a pool without a picker: nothing counted
+    md = {"meter": True, "pool": "chat", **{k: float(v) for k, v in usage.items()}}
+    Pickers(registry=registry).metered("chat", md)  # a pool without a picker: nothing counted
     name = "tokenweir_picker_actual_cached_tokens_total"
     assert registry.get_sample_value(name, {"pool": "chat"}) is None
 
@@ -155,8 +159,21 @@ def test_answer_lengths_reach_the_learned_reservations_once() -> None:
     an entry the Python usage plugin metered (no ``meter``) was learned at its stream end."""
     from filters.output_lengths import OutputLengths
 
+    from types import SimpleNamespace
+
+    from filters.app import FilterApp
+
     lengths = OutputLengths(clock=lambda: 0.0)
-    log = UsageLog(FilterMetrics(policy=POLICY), lambda: POLICY, on_usage=lengths.observe)
+    settled: list[tuple[object, ...]] = []
+    app = SimpleNamespace(  # what FilterApp._metered hands each entry to
+        pickers=SimpleNamespace(metered=lambda pool, md: None),
+        lengths=lengths,
+        gates=SimpleNamespace(settled=lambda *a: settled.append(a)),
+    )
+    log = UsageLog(
+        FilterMetrics(policy=POLICY), lambda: POLICY,
+        on_metered=lambda md: FilterApp._metered(app, md),  # type: ignore[arg-type]
+    )  # fmt: skip
     usage = {"prompt_tokens": 31, "completion_tokens": 9}
     log.handle(
         als_pb2.StreamAccessLogsMessage(
@@ -171,3 +188,4 @@ def test_answer_lengths_reach_the_learned_reservations_once() -> None:
     )
     assert lengths.quantile("demo-pro", MODEL, 0.5, 1) == (9, "tenant")
     assert lengths._table[("demo-pro", MODEL)].count == 1
+    assert settled == []  # no pool named: no lane share to charge

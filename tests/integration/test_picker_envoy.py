@@ -182,6 +182,21 @@ async def test_picker_sends_a_shared_prefix_to_its_replica_and_skips_a_dead_one(
                     "tokenweir_picker_picks_total", {"pool": "chat", "reason": "cache"}
                 )
                 assert cache_picks is not None and cache_picks >= 2
+                # routing regret, from Envoy's access log (this route is metered in Envoy): the
+                # three requests on the owner, each cached share predicted within a quarter
+                # of the prompt
+                labels = {"pool": "chat", "replica": owner[0]}
+                err = "tokenweir_picker_cached_prediction_error"
+
+                def regret(suffix: str, **more: str) -> float:
+                    got = reg.get_sample_value(err + suffix, {**labels, **more})
+                    return got or 0.0
+
+                await _until(lambda: regret("_count") >= 3, lambda: f"{regret('_count')} seen")
+                near = regret("_bucket", le="0.25") - regret("_bucket", le="-0.25")
+                assert near == regret("_count"), [
+                    regret("_bucket", le=b) for b in ("-0.25", "0.25")
+                ]
                 # kill the owner: the index forgets it, the next request goes to a live replica
                 dead = owner[0]
                 children[int(dead.rsplit(":", 1)[1])].close()

@@ -160,7 +160,8 @@ def test_tenants_share_a_lane_by_weight(wa: int, wb: int, grants: int) -> None:
     served = {"a": 0, "b": 0}
     running = first
     for i in range(grants):
-        (running,) = a.release(1.0 + i, running)
+        # no usage metered: each request settles what it was expected to cost (the plugin)
+        (running,) = a.release(1.0 + i, running, running.charge)
         served[running.tenant] += 1
         # start-time fair queueing: normalised service never drifts more than one request apart
         assert abs(served["a"] / wa - served["b"] / wb) <= 1 / wa + 1 / wb + 1e-9

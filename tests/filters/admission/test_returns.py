@@ -35,6 +35,7 @@ def test_a_returning_client_is_served_before_fresh_tickets_and_charged_to_its_te
         "tenant_queue_full"
     )
     assert q.pop() is back
+    q.ledger.start("x", 1.0)  # its start (admission's grant) is charged to its tenant's counter
     assert q.pop() is fresh[1]  # x's start was charged: y goes before x's fresh one
     assert q.remove(fresh[0]) and len(q) == 0
 
