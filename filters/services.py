@@ -34,7 +34,9 @@ class Services:
     balance: Any = None  # filters.admission.spread.LaneBalance: ranked pools' replica loads
     topups: Any = None  # runtime.quota.topup.TopUps: a stream's draws past its reservation
     aborts: Any = None  # filters.aborts.Aborter: backend aborts of streams stopped at the budget
-    lengths: OutputLengths | None = None  # learned output lengths (reservations), kept across reloads
+    lengths: OutputLengths | None = (
+        None  # learned output lengths (reservations), kept across reloads
+    )
 
 
 def default_services(policy: Any, clock: Callable[[], float]) -> Services:

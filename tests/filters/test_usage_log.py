@@ -157,11 +157,10 @@ def test_metered_requests_reach_the_pickers_with_their_pool() -> None:
 def test_answer_lengths_reach_the_learned_reservations_once() -> None:
     """On routes Envoy meters, the answers' lengths reach the output-length model from the log;
     an entry the Python usage plugin metered (no ``meter``) was learned at its stream end."""
-    from filters.output_lengths import OutputLengths
-
     from types import SimpleNamespace
 
     from filters.app import FilterApp
+    from filters.output_lengths import OutputLengths
 
     lengths = OutputLengths(clock=lambda: 0.0)
     settled: list[tuple[object, ...]] = []
