@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.policy.phases import meters_usage
+from controlplane.policy.phases import meters_usage, stops_at_budget
 from filters.admission.plugin import AdmissionPlugin
 from filters.api import Plugin, RouteInfo
 from filters.chain import Chain
@@ -92,6 +92,7 @@ def route_info(policy: Any, route: Any) -> RouteInfo:
         failure_mode=route.filters.failure_mode if route.filters is not None else "closed",
         rate_limited=route.rate_limit is not None and route.rate_limit.enabled,
         metered_in_envoy=meters_usage(route),
+        stops_at_budget=stops_at_budget(route),
     )
 
 

@@ -222,10 +222,15 @@ class TokensPlugin(BasePlugin):
 
     def _output_reserve(self, ctx: Context, model: str, max_tokens: int) -> int:
         """The output tokens to reserve: the learned quantile (policy ``reservation``), at most
-        ``max_tokens``; ``max_tokens`` where nothing is learned yet or the policy asks."""
+        ``max_tokens``; ``max_tokens`` where nothing is learned yet or the policy asks, and on a
+        route whose usage plugin does not stop streams at the budget: an answer longer than its
+        reservation would overshoot the budget there (docs/quotas.md)."""
         policy = self.services.policy.reservation
         lengths = self.services.lengths
         if policy.output != "learned" or lengths is None or ctx.tenant is None:
+            return max_tokens
+        if not ctx.route.stops_at_budget:
+            self.services.metrics.reservations.labels("no_stop").inc()
             return max_tokens
         learned, source = lengths.quantile(ctx.tenant, model, policy.quantile, policy.min_samples)
         if source == "none" or learned >= max_tokens:

@@ -13,7 +13,9 @@ from filters.api import Usage
 from filters.errors import ClientError
 from filters.output_lengths import bucket_of, upper_edge
 from filters.plugins.tokens import TokensPlugin
-from tests.filters.conftest import FakeBudget, FakeClock, make_ctx, make_services
+from tests.filters.conftest import ROUTE, FakeBudget, FakeClock, make_ctx, make_services
+
+STOPPING = replace(ROUTE, stops_at_budget=True)  # a route whose usage plugin stops at the budget
 
 
 def _chat(**kw: object) -> bytes:
@@ -33,30 +35,48 @@ async def test_a_history_of_short_answers_lowers_the_reservation(
     budget = FakeBudget({"demo-pro": 10})  # would clamp to nothing: reject mode never reads it
     services = make_services(policy, clock, budget=budget)
     plugin = TokensPlugin({}, services)
-    first = make_ctx(tenant="demo-pro", tier="pro")
+    first = make_ctx(route=STOPPING, tenant="demo-pro", tier="pro")
     r = await plugin.request_body(first, _chat(max_tokens=1024))
     assert r is not None and r.body is None  # max_tokens kept: nothing to rewrite
     assert first.reserve == first.prompt_tokens + 1024  # type: ignore[operator]  # no history
     for n in range(19):
         await _settle(plugin, "demo-pro", 40 + n)
-    ctx = make_ctx(tenant="demo-pro", tier="pro")
+    ctx = make_ctx(route=STOPPING, tenant="demo-pro", tier="pro")
     await plugin.request_body(ctx, _chat(max_tokens=1024))
     assert ctx.reserve == ctx.prompt_tokens + 1024  # type: ignore[operator]  # 19 < min_samples
     await _settle(plugin, "demo-pro", 100)
-    ctx = make_ctx(tenant="demo-pro", tier="pro")
+    ctx = make_ctx(route=STOPPING, tenant="demo-pro", tier="pro")
     await plugin.request_body(ctx, _chat(max_tokens=1024))
     p95 = upper_edge(bucket_of(58))  # the 19th of 20 answers
     assert ctx.reserve == ctx.prompt_tokens + p95  # type: ignore[operator]
     assert ctx.max_tokens == 1024 and budget.calls == []
     # a small max_tokens is reserved whole; a new tenant gets the model's pooled lengths
-    small = make_ctx(tenant="demo-pro", tier="pro")
+    small = make_ctx(route=STOPPING, tenant="demo-pro", tier="pro")
     await plugin.request_body(small, _chat(max_tokens=20))
     assert small.reserve == small.prompt_tokens + 20  # type: ignore[operator]
-    other = make_ctx(tenant="demo-free", tier="free")
+    other = make_ctx(route=STOPPING, tenant="demo-free", tier="free")
     await plugin.request_body(other, _chat(max_tokens=200))
     assert other.reserve == other.prompt_tokens + p95  # type: ignore[operator]
     m = services.metrics.reservations
     assert m.labels("tenant")._value.get() == 1 and m.labels("pooled")._value.get() == 1
+
+
+async def test_a_route_that_does_not_stop_at_the_budget_reserves_the_worst_case(
+    policy: Policy, clock: FakeClock
+) -> None:
+    """An answer longer than a learned reservation would overshoot the budget where nothing
+    stops it in the stream: such a route reserves ``max_tokens``, whatever was learned."""
+    services = make_services(policy, clock)
+    plugin = TokensPlugin({}, services)
+    for _ in range(30):
+        await _settle(plugin, "demo-pro", 5)
+    ctx = make_ctx(tenant="demo-pro", tier="pro")  # the usage plugin meters, stops nothing
+    await plugin.request_body(ctx, _chat(max_tokens=1024))
+    assert ctx.reserve == ctx.prompt_tokens + 1024  # type: ignore[operator]
+    assert services.metrics.reservations.labels("no_stop")._value.get() == 1
+    guarded = make_ctx(route=STOPPING, tenant="demo-pro", tier="pro")
+    await plugin.request_body(guarded, _chat(max_tokens=1024))
+    assert guarded.reserve < guarded.prompt_tokens + 1024  # type: ignore[operator]
 
 
 async def test_reserving_max_tokens_ignores_what_was_learned(

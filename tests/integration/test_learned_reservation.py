@@ -55,7 +55,7 @@ gateways:
         match: {{prefix: /v1/}}
         pool: chat
         rate_limit: {{enabled: true}}
-        filters: {{plugins: [identity, tokens, prefix, lane, usage]}}
+        filters: {{plugins: [identity, tokens, prefix, lane, {{name: usage, settings: {{stop_at_budget: true}}}}]}}
 tiers:
   small:
     max_tokens: 2048
@@ -80,7 +80,10 @@ class Mesh:
             self.url + "/v1/chat/completions", data=json.dumps(body), headers=headers
         ) as r:
             raw = await r.read()
-            return r.status, {k.lower(): v for k, v in r.headers.items()}, json.loads(raw)
+            headers = {k.lower(): v for k, v in r.headers.items()}
+            if r.status == 200 and body.get("stream"):
+                return r.status, headers, _streamed(raw)
+            return r.status, headers, json.loads(raw)
 
     async def chat(self, tenant: str, **kw: Any) -> Answer:
         msgs = [{"role": "user", "content": "Tell me briefly how a weir keeps a river steady."}]
@@ -89,7 +92,10 @@ class Mesh:
         )
 
     async def burst(self, tenant: str, n: int) -> list[Answer]:
-        return list(await asyncio.gather(*(self.chat(tenant) for _ in range(n))))
+        """``n`` streamed requests at once (a non-streamed answer cannot be stopped in the
+        stream, so it always reserves its whole max_tokens: docs/quotas.md)."""
+        stream = {"stream": True, "stream_options": {"include_usage": True}}
+        return list(await asyncio.gather(*(self.chat(tenant, **stream) for _ in range(n))))
 
     async def refill(self, tenant: str) -> None:
         await self.redis.delete(f"tw:{{{tenant}}}:b:tokens")  # docs/quotas.md: refill now
@@ -119,6 +125,19 @@ async def started(tmp_path: Path, redis_port: int) -> AsyncIterator[Mesh]:
         for c in reversed(children):
             c.close()
         await r.aclose()
+
+
+def _streamed(raw: bytes) -> dict[str, Any]:
+    """A streamed answer as the non-streamed object would say it: how it ended, its usage."""
+    finish, usage = None, None
+    for line in raw.decode().splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[6:])
+        for choice in event.get("choices") or ():
+            finish = choice.get("finish_reason") or finish
+        usage = event.get("usage") or usage
+    return {"choices": [{"finish_reason": finish}], "usage": usage}
 
 
 def _whole(answers: list[Answer]) -> list[dict[str, Any]]:
