@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.dashboard.errors import SourceError
 
-__all__ = ["Point", "Totals", "point_between", "quantile", "totals_of"]
+__all__ = ["Point", "Totals", "answers_of", "point_between", "quantile", "totals_of"]
 
 Buckets = dict[float, float]  # upper bound → cumulative count
 
@@ -37,6 +37,13 @@ class Totals:
     decisions: dict[str, float] = field(default_factory=dict)  # ratelimit result
     retry_count: dict[str, float] = field(default_factory=dict)  # tenant → over-limit answers
     retry_sum: dict[str, float] = field(default_factory=dict)  # tenant → Retry-After seconds
+    limit: dict[str, float] = field(default_factory=dict)  # pool → admission capacity (summed)
+    ladder_step: dict[str, float] = field(default_factory=dict)  # pool → highest step
+    ladder_shed: dict[tuple[str, str], float] = field(default_factory=dict)  # (pool, lane)
+    refused: dict[tuple[str, str], float] = field(default_factory=dict)  # (route, status)
+    # (cluster, "503" or "5xx"): Envoy's answers for a route's cluster; its rate-limit filter
+    # charges its 429s there too (measured: cluster.<c>.upstream_rq_429), ext_proc's do not
+    upstream: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 def _add(d: dict, key: object, value: float) -> None:  # type: ignore[type-arg]
@@ -48,12 +55,36 @@ def _le(labels: Mapping[str, str]) -> float:
     return math.inf if raw in ("+Inf", "Inf") else float(raw)
 
 
+# every sample :func:`_take` reads starts with one of these; other lines are not parsed (a busy
+# filter server's page is hundreds of KB, most of it per-tenant series the dashboard skips)
+_WANTED = (
+    "tokenweir_filters_tokens_total",
+    "tokenweir_filters_streams_total",
+    "tokenweir_filters_ttft_seconds_bucket",
+    "tokenweir_filters_tbt_seconds_bucket",
+    "tokenweir_filters_rejections_total",
+    "tokenweir_filters_ladder_",
+    "tokenweir_admission_admitted_total",
+    "tokenweir_admission_shed_total",
+    "tokenweir_admission_queued",
+    "tokenweir_admission_in_flight",
+    "tokenweir_admission_limit",
+    "tokenweir_ratelimit_decisions_total",
+    "tokenweir_ratelimit_retry_after_seconds_",
+    "envoy_cluster_upstream_rq",
+)
+
+
+def _wanted(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if line.startswith(_WANTED)) + "\n"
+
+
 def totals_of(texts: Iterable[str]) -> Totals:
     """Sum the dashboard's metrics over the given Prometheus texts (one per process)."""
     t = Totals()
     for text in texts:
         try:
-            families = list(text_string_to_metric_families(text))
+            families = list(text_string_to_metric_families(_wanted(text)))
         except ValueError as exc:
             raise SourceError(f"unparsable metrics text: {exc}") from exc
         for fam in families:
@@ -81,6 +112,21 @@ def _take(t: Totals, name: str, lb: Mapping[str, str], v: float) -> None:
         _add(t.in_flight, lb.get("pool", ""), v)
     elif name == "tokenweir_filters_rejections_total":
         _add(t.rejections, lb.get("reason", ""), v)
+        _add(t.refused, (lb.get("route", ""), lb.get("status", "")), v)
+    elif name == "tokenweir_admission_limit":
+        _add(t.limit, lb.get("pool", ""), v)
+    elif name == "tokenweir_filters_ladder_step":  # every process steps alone: the highest
+        pool = lb.get("pool", "")
+        t.ladder_step[pool] = max(v, t.ladder_step.get(pool, 0.0))
+    elif name == "tokenweir_filters_ladder_shed_total":
+        _add(t.ladder_shed, (lb.get("pool", ""), lb.get("lane", "")), v)
+    # Envoy's /stats/prometheus (every gateway): answers of each pool's cluster by code
+    elif name == "envoy_cluster_upstream_rq_xx":
+        cls = lb.get("envoy_response_code_class", "")
+        _add(t.upstream, (lb.get("envoy_cluster_name", ""), f"{cls}xx"), v)
+    elif name == "envoy_cluster_upstream_rq":
+        code = lb.get("envoy_response_code", "")
+        _add(t.upstream, (lb.get("envoy_cluster_name", ""), code), v)
     elif name == "tokenweir_ratelimit_decisions_total":
         _add(t.decisions, lb.get("result", ""), v)
     elif name == "tokenweir_ratelimit_retry_after_seconds_count":
@@ -119,6 +165,18 @@ def _kind(t: Totals, kind: str) -> float:
     return sum(v for (_, k), v in t.tokens.items() if k == kind)
 
 
+def answers_of(t: Totals) -> tuple[float, float]:
+    """(all, errors) answers to LLM requests: Envoy's per class on the pools' clusters
+    (``pool_*``; the rate-limit filter's 429s among them) and the filter server's refusals."""
+    every = errors = 0.0
+    for (cluster, code), v in t.upstream.items():
+        if cluster.startswith("pool_") and code.endswith("xx"):
+            every += v
+            errors += v if code[0] in "45" else 0.0
+    refused = sum(t.refused.values())
+    return every + refused, errors + refused
+
+
 @dataclass(frozen=True)
 class Point:
     """One chart point: rates over ``[old, new]`` and latency quantiles of what finished in it."""
@@ -131,6 +189,8 @@ class Point:
     ttft_p95: float | None
     tbt_p50: float | None
     tbt_p95: float | None
+    answers_per_s: float = 0.0
+    errors_per_s: float = 0.0
 
     def to_json(self) -> dict[str, float | None]:
         def r(x: float | None) -> float | None:
@@ -139,6 +199,8 @@ class Point:
         return {
             "t": round(self.t, 3),
             "requests_per_s": r(self.requests_per_s),
+            "answers_per_s": r(self.answers_per_s),
+            "errors_per_s": r(self.errors_per_s),
             "completion_tokens_per_s": r(self.completion_tokens_per_s),
             "prompt_tokens_per_s": r(self.prompt_tokens_per_s),
             "ttft_p50_s": r(self.ttft_p50),
@@ -152,6 +214,7 @@ def point_between(old: Totals, t_old: float, new: Totals, t_new: float) -> Point
     """Rates per second over the interval and quantiles of the observations made in it."""
     dt = max(t_new - t_old, 1e-9)
     ttft, tbt = _delta(new.ttft, old.ttft), _delta(new.tbt, old.tbt)
+    (a_new, e_new), (a_old, e_old) = answers_of(new), answers_of(old)
     return Point(
         t=t_new,
         requests_per_s=max(0.0, new.streams - old.streams) / dt,
@@ -161,4 +224,6 @@ def point_between(old: Totals, t_old: float, new: Totals, t_new: float) -> Point
         ttft_p95=quantile(0.95, ttft),
         tbt_p50=quantile(0.5, tbt),
         tbt_p95=quantile(0.95, tbt),
+        answers_per_s=max(0.0, a_new - a_old) / dt,
+        errors_per_s=max(0.0, e_new - e_old) / dt,
     )
