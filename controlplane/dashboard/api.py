@@ -106,7 +106,7 @@ class Dashboard:
         policy = self._policy
         series = list(c.points)[-points:] if points else []
         if since is not None:
-            series = [p for p in series if p.t > since]
+            series = [p for p in series if round(p.t, 3) > since]  # as the answer writes t
         rows = tenant_rows(policy, totals, tenants) if policy is not None else []
         windows, quota_error = await self.quotas.read([r["tenant"] for r in rows])
         return {

@@ -144,9 +144,11 @@ class ServiceCollector:
             self._task = asyncio.create_task(self._loop(), name="dashboard-collector")
 
     async def _loop(self) -> None:
-        while True:
+        loop = asyncio.get_running_loop()
+        while True:  # a round every interval, however long the round took (at least a pause)
+            started = loop.time()
             await self.scrape_once()
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(max(0.1 * self.interval, self.interval - (loop.time() - started)))
 
     async def aclose(self) -> None:
         task, self._task = self._task, None
