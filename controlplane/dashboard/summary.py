@@ -51,18 +51,11 @@ def _add(d: dict, key: object, value: float) -> None:  # type: ignore[type-arg]
     d[key] = d.get(key, 0.0) + value
 
 
-def _le(labels: Mapping[str, str]) -> float:
-    raw = labels.get("le", "+Inf")
-    return math.inf if raw in ("+Inf", "Inf") else float(raw)
-
-
 # every sample :func:`_take` reads starts with one of these; other lines are not parsed (a busy
 # filter server's page is hundreds of KB, most of it per-tenant series the dashboard skips)
 _WANTED = (
     "tokenweir_filters_tokens_total",
     "tokenweir_filters_streams_total",
-    "tokenweir_filters_ttft_seconds_bucket",
-    "tokenweir_filters_tbt_seconds_bucket",
     "tokenweir_filters_rejections_total",
     "tokenweir_filters_ladder_",
     "tokenweir_admission_admitted_total",
@@ -80,8 +73,8 @@ _WANTED = (
 # 12 buckets each: 5,000 lines at 100 tenants) and the parser costs ~45 µs a line; the
 # dashboard only sums them by bound. These lines come from our own exporter (prometheus_client;
 # inside a label value a quote is escaped, so ``le="`` is the bound's label), so the bound and
-# the value are read straight off each line: a 834 KB page
-# of 100 tenants parsed in 229 ms of CPU, 17 ms this way (bench in docs/api.md).
+# the value are read straight off each line: a 786 KB page of 100 tenants costs ~12x less CPU
+# (bench/dashboard_parse.py, docs/api.md).
 _BUCKET_LINE = re.compile(
     r'^tokenweir_filters_(ttft|tbt)_seconds_bucket\{(?:[^\n]*?,)?le="([^"]+)"[^\n]*\} (\S+)$',
     re.M,
@@ -89,17 +82,7 @@ _BUCKET_LINE = re.compile(
 
 
 def _wanted(text: str) -> str:
-    return (
-        "\n".join(
-            line
-            for line in text.splitlines()
-            if line.startswith(_WANTED) and not line.startswith(_BUCKETS)
-        )
-        + "\n"
-    )
-
-
-_BUCKETS = ("tokenweir_filters_ttft_seconds_bucket", "tokenweir_filters_tbt_seconds_bucket")
+    return "\n".join(line for line in text.splitlines() if line.startswith(_WANTED)) + "\n"
 
 
 def _buckets(t: Totals, text: str) -> None:
@@ -131,10 +114,6 @@ def _take(t: Totals, name: str, lb: Mapping[str, str], v: float) -> None:
         _add(t.tokens, (lb.get("tenant", ""), lb.get("kind", "")), v)
     elif name == "tokenweir_filters_streams_total":
         t.streams += v
-    elif name == "tokenweir_filters_ttft_seconds_bucket":
-        _add(t.ttft, _le(lb), v)
-    elif name == "tokenweir_filters_tbt_seconds_bucket":
-        _add(t.tbt, _le(lb), v)
     elif name == "tokenweir_admission_admitted_total":
         _add(t.admitted, (lb.get("pool", ""), lb.get("lane", "")), v)
     elif name == "tokenweir_admission_shed_total":
