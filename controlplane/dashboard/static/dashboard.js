@@ -149,7 +149,7 @@ function drawChart(id, series, keys, colors) {
   for (let i = 0; i <= 4; i++) {
     const y = (h - bottom) * (1 - i / 4);
     ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(w, y); ctx.stroke();
-    const digits = max < 0.1 ? 3 : max < 10 ? 2 : 0;
+    const digits = max < 0.01 ? 4 : max < 0.1 ? 3 : max < 10 ? 2 : 0;
     ctx.fillText(fmt(max * i / 4, digits), 2, Math.max(10, y + 3));
   }
   if (series.length < 2) return;
