@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controlplane.xds.status import ADMIN_METADATA
+
 __all__ = [
     "XDS_CLUSTER",
     "EnvoyProcess",
@@ -102,6 +104,13 @@ def _socket(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
+def _node(settings: EnvoySettings) -> dict[str, Any]:
+    node: dict[str, Any] = {"id": settings.node_id, "cluster": settings.node_cluster}
+    if settings.admin_port:  # known before start (a free port picked by Envoy is not)
+        node["metadata"] = {ADMIN_METADATA: f"{settings.admin_host}:{settings.admin_port}"}
+    return node
+
+
 def render_bootstrap(settings: EnvoySettings) -> dict[str, Any]:
     """The bootstrap: ADS over gRPC to a static ``xds_cluster``; everything else is dynamic."""
     xds = ((settings.xds_host, settings.xds_port), *settings.xds_more)
@@ -111,7 +120,7 @@ def render_bootstrap(settings: EnvoySettings) -> dict[str, Any]:
         "initial_fetch_timeout": _seconds(settings.initial_fetch_timeout_s),
     }
     bootstrap: dict[str, Any] = {
-        "node": {"id": settings.node_id, "cluster": settings.node_cluster},
+        "node": _node(settings),
         # the admin port stays reachable when clients hold every connection the cap allows
         "admin": {
             "address": _socket(settings.admin_host, settings.admin_port),

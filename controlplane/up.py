@@ -191,6 +191,7 @@ class Mesh:
         self.lines.append(
             f"control plane   xDS grpc://{cp.xds}  metrics http://{cp.metrics}/metrics"
         )
+        self.lines.append(f"dashboard       http://{cp.metrics}/dashboard/")
 
     async def _start_planes(self, count: int) -> None:
         """``count`` control planes (``tokenweir serve``) on consecutive ports."""

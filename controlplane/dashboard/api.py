@@ -9,6 +9,7 @@ sources, and chart points. Bad query values are 400 with an OpenAI-style error b
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -17,14 +18,25 @@ from typing import Any
 from aiohttp import web
 
 from controlplane.dashboard.collector import MetricsSource, ServiceCollector
+from controlplane.dashboard.pools import pool_rows
 from controlplane.dashboard.quota import QuotaWindows
-from controlplane.dashboard.view import lane_rows, sources_from_policy, tenant_rows, with_windows
+from controlplane.dashboard.view import (
+    envoy_sources,
+    lane_rows,
+    recent_rejections,
+    sources_from_policy,
+    tenant_rows,
+    with_windows,
+)
 from controlplane.policy import Policy
 
 __all__ = ["OVERVIEW_PATH", "Dashboard"]
 
 OVERVIEW_PATH = "/api/v1/overview"
-API_VERSION = 2  # 2: tenants' budgets windowed from Redis, since-start totals apart
+# 2: tenants' budgets windowed from Redis, since-start totals apart; 3: lanes' `shed` counts the
+# ladder's sheds too, `pool_status`, tenants' `binding` and `recent_429`, `since`
+API_VERSION = 3
+MAX_POINTS = 3600  # chart points one answer may carry (the history holds HISTORY_S / interval)
 _STATIC = {
     "index.html": "text/html",
     "dashboard.js": "text/javascript",
@@ -47,6 +59,16 @@ def _int_arg(q: Any, name: str, default: int, lo: int, hi: int) -> int:
     return value
 
 
+def _float_arg(q: Any, name: str) -> float | None:
+    raw = q.get(name)
+    if raw is None:
+        return None
+    value = float(raw)  # ValueError: the caller answers 400
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number")
+    return value
+
+
 class Dashboard:
     """Owns the service collector; ``pools`` and ``nodes`` read the control plane's state."""
 
@@ -61,7 +83,9 @@ class Dashboard:
         interval: float = 1.0,
         quotas: QuotaWindows | None = None,
     ) -> None:
-        self.collector = ServiceCollector(fetch, clock=wall_clock, interval=interval)
+        self.collector = ServiceCollector(
+            fetch, clock=wall_clock, interval=interval, more=lambda: envoy_sources(nodes())
+        )
         self.quotas = quotas or QuotaWindows(None)
         self._pools = pools
         self._nodes = nodes
@@ -74,19 +98,25 @@ class Dashboard:
         self.collector.configure(sources_from_policy(policy))
         self.quotas.on_policy(policy)
 
-    async def overview(self, tenants: int = 50, points: int = 120) -> dict[str, Any]:
-        await self.collector.read()
-        totals = self.collector.totals
+    async def overview(
+        self, tenants: int = 50, points: int = 120, since: float | None = None
+    ) -> dict[str, Any]:
+        c = self.collector
+        totals, now, then = c.totals, self._wall(), c.since()
         policy = self._policy
-        series = list(self.collector.points)[-points:] if points else []
+        series = list(c.points)[-points:] if points else []
+        if since is not None:
+            series = [p for p in series if round(p.t, 3) > since]  # as the answer writes t
         rows = tenant_rows(policy, totals, tenants) if policy is not None else []
         windows, quota_error = await self.quotas.read([r["tenant"] for r in rows])
         return {
             "api_version": API_VERSION,
-            "time": round(self._wall(), 3),
+            "time": round(now, 3),
+            "interval_s": c.interval,
             "pools": self._pools(),
+            "pool_status": pool_rows(policy, totals, c.window_start(), c.last_round),
             "lanes": lane_rows(totals),
-            "tenants": with_windows(rows, windows),
+            "tenants": recent_rejections(with_windows(rows, windows), totals, then, c.last_round),
             "quota_source": "redis" if self.quotas.configured else None,
             "quota_error": quota_error,
             "tenant_count": len(policy.tenants) if policy is not None else 0,
@@ -101,11 +131,16 @@ class Dashboard:
         async def overview(request: web.Request) -> web.Response:
             try:
                 tenants = _int_arg(request.query, "tenants", 50, 0, 100_000)
-                points = _int_arg(request.query, "points", 120, 0, 300)
+                points = _int_arg(request.query, "points", 120, 0, MAX_POINTS)
+                since = _float_arg(request.query, "since")
             except ValueError as exc:
-                return _bad(f"bad query: {exc} (tenants: 0..100000, points: 0..300)")
+                return _bad(
+                    f"bad query: {exc} (tenants: 0..100000, points: 0..{MAX_POINTS}, "
+                    "since: Unix seconds)"
+                )
+            answer = await self.overview(tenants, points, since)
             return web.Response(
-                text=json.dumps(await self.overview(tenants, points), separators=(",", ":")),
+                text=json.dumps(answer, separators=(",", ":")),
                 content_type="application/json",
                 headers={"Cache-Control": "no-store"},
             )

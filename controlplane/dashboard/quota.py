@@ -25,11 +25,12 @@ from runtime.quota.errors import QuotaUnavailable
 from runtime.quota.reader import QuotaReader, WindowUsage
 from runtime.redis_connect import connect_redis
 
-__all__ = ["MAX_TENANTS", "QuotaWindows"]
+__all__ = ["MAX_TENANTS", "QUOTAS", "QuotaWindows"]
 
 log = logging.getLogger("tokenweir.dashboard")
 
 MAX_TENANTS = 500  # tenants read per answer; rows past it show the budget without `used`
+QUOTAS = ("tokens", "requests", "usd")  # read for each tenant (the binding limit is any of them)
 
 
 class QuotaWindows:
@@ -74,7 +75,7 @@ class QuotaWindows:
         names = list(tenants)[:MAX_TENANTS]
         try:
             reader = await self._connect()
-            found = await asyncio.gather(*(reader.usage(t) for t in names))
+            found = await asyncio.gather(*(reader.usage(t, QUOTAS) for t in names))
         except (QuotaUnavailable, RedisError, OSError, TimeoutError) as exc:
             self.errors.inc()
             text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -9,6 +9,7 @@ that filled between them, as Prometheus' ``histogram_quantile`` does).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -16,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.dashboard.errors import SourceError
 
-__all__ = ["Point", "Totals", "point_between", "quantile", "totals_of"]
+__all__ = ["Point", "Totals", "answers_of", "point_between", "quantile", "totals_of"]
 
 Buckets = dict[float, float]  # upper bound → cumulative count
 
@@ -37,15 +38,60 @@ class Totals:
     decisions: dict[str, float] = field(default_factory=dict)  # ratelimit result
     retry_count: dict[str, float] = field(default_factory=dict)  # tenant → over-limit answers
     retry_sum: dict[str, float] = field(default_factory=dict)  # tenant → Retry-After seconds
+    limit: dict[str, float] = field(default_factory=dict)  # pool → admission capacity (summed)
+    ladder_step: dict[str, float] = field(default_factory=dict)  # pool → highest step
+    ladder_shed: dict[tuple[str, str], float] = field(default_factory=dict)  # (pool, lane)
+    refused: dict[tuple[str, str], float] = field(default_factory=dict)  # (route, status)
+    # (cluster, "503" or "5xx"): Envoy's answers for a route's cluster; its rate-limit filter
+    # charges its 429s there too (measured: cluster.<c>.upstream_rq_429), ext_proc's do not
+    upstream: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 def _add(d: dict, key: object, value: float) -> None:  # type: ignore[type-arg]
     d[key] = d.get(key, 0.0) + value
 
 
-def _le(labels: Mapping[str, str]) -> float:
-    raw = labels.get("le", "+Inf")
-    return math.inf if raw in ("+Inf", "Inf") else float(raw)
+# every sample :func:`_take` reads starts with one of these; other lines are not parsed (a busy
+# filter server's page is hundreds of KB, most of it per-tenant series the dashboard skips)
+_WANTED = (
+    "tokenweir_filters_tokens_total",
+    "tokenweir_filters_streams_total",
+    "tokenweir_filters_rejections_total",
+    "tokenweir_filters_ladder_",
+    "tokenweir_admission_admitted_total",
+    "tokenweir_admission_shed_total",
+    "tokenweir_admission_queued",
+    "tokenweir_admission_in_flight",
+    "tokenweir_admission_limit",
+    "tokenweir_ratelimit_decisions_total",
+    "tokenweir_ratelimit_retry_after_seconds_",
+    "envoy_cluster_upstream_rq",
+)
+
+
+# The TTFT and TBT bucket lines are most of a busy page (a series per tenant, model and lane,
+# 12 buckets each: 5,000 lines at 100 tenants) and the parser costs ~45 µs a line; the
+# dashboard only sums them by bound. These lines come from our own exporter (prometheus_client;
+# inside a label value a quote is escaped, so ``le="`` is the bound's label), so the bound and
+# the value are read straight off each line: a 786 KB page of 100 tenants costs ~12x less CPU
+# (bench/dashboard_parse.py, docs/api.md).
+_BUCKET_LINE = re.compile(
+    r'^tokenweir_filters_(ttft|tbt)_seconds_bucket\{(?:[^\n]*?,)?le="([^"]+)"[^\n]*\} (\S+)$',
+    re.M,
+)
+
+
+def _wanted(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if line.startswith(_WANTED)) + "\n"
+
+
+def _buckets(t: Totals, text: str) -> None:
+    try:
+        for kind, le, value in _BUCKET_LINE.findall(text):
+            bound = math.inf if le in ("+Inf", "Inf") else float(le)
+            _add(t.ttft if kind == "ttft" else t.tbt, bound, float(value))
+    except ValueError as exc:
+        raise SourceError(f"unparsable histogram bucket: {exc}") from exc
 
 
 def totals_of(texts: Iterable[str]) -> Totals:
@@ -53,9 +99,10 @@ def totals_of(texts: Iterable[str]) -> Totals:
     t = Totals()
     for text in texts:
         try:
-            families = list(text_string_to_metric_families(text))
+            families = list(text_string_to_metric_families(_wanted(text)))
         except ValueError as exc:
             raise SourceError(f"unparsable metrics text: {exc}") from exc
+        _buckets(t, text)
         for fam in families:
             for s in fam.samples:
                 _take(t, s.name, s.labels, s.value)
@@ -67,10 +114,6 @@ def _take(t: Totals, name: str, lb: Mapping[str, str], v: float) -> None:
         _add(t.tokens, (lb.get("tenant", ""), lb.get("kind", "")), v)
     elif name == "tokenweir_filters_streams_total":
         t.streams += v
-    elif name == "tokenweir_filters_ttft_seconds_bucket":
-        _add(t.ttft, _le(lb), v)
-    elif name == "tokenweir_filters_tbt_seconds_bucket":
-        _add(t.tbt, _le(lb), v)
     elif name == "tokenweir_admission_admitted_total":
         _add(t.admitted, (lb.get("pool", ""), lb.get("lane", "")), v)
     elif name == "tokenweir_admission_shed_total":
@@ -81,6 +124,21 @@ def _take(t: Totals, name: str, lb: Mapping[str, str], v: float) -> None:
         _add(t.in_flight, lb.get("pool", ""), v)
     elif name == "tokenweir_filters_rejections_total":
         _add(t.rejections, lb.get("reason", ""), v)
+        _add(t.refused, (lb.get("route", ""), lb.get("status", "")), v)
+    elif name == "tokenweir_admission_limit":
+        _add(t.limit, lb.get("pool", ""), v)
+    elif name == "tokenweir_filters_ladder_step":  # every process steps alone: the highest
+        pool = lb.get("pool", "")
+        t.ladder_step[pool] = max(v, t.ladder_step.get(pool, 0.0))
+    elif name == "tokenweir_filters_ladder_shed_total":
+        _add(t.ladder_shed, (lb.get("pool", ""), lb.get("lane", "")), v)
+    # Envoy's /stats/prometheus (every gateway): answers of each pool's cluster by code
+    elif name == "envoy_cluster_upstream_rq_xx":
+        cls = lb.get("envoy_response_code_class", "")
+        _add(t.upstream, (lb.get("envoy_cluster_name", ""), f"{cls}xx"), v)
+    elif name == "envoy_cluster_upstream_rq":
+        code = lb.get("envoy_response_code", "")
+        _add(t.upstream, (lb.get("envoy_cluster_name", ""), code), v)
     elif name == "tokenweir_ratelimit_decisions_total":
         _add(t.decisions, lb.get("result", ""), v)
     elif name == "tokenweir_ratelimit_retry_after_seconds_count":
@@ -119,6 +177,18 @@ def _kind(t: Totals, kind: str) -> float:
     return sum(v for (_, k), v in t.tokens.items() if k == kind)
 
 
+def answers_of(t: Totals) -> tuple[float, float]:
+    """(all, errors) answers to LLM requests: Envoy's per class on the pools' clusters
+    (``pool_*``; the rate-limit filter's 429s among them) and the filter server's refusals."""
+    every = errors = 0.0
+    for (cluster, code), v in t.upstream.items():
+        if cluster.startswith("pool_") and code.endswith("xx"):
+            every += v
+            errors += v if code[0] in "45" else 0.0
+    refused = sum(t.refused.values())
+    return every + refused, errors + refused
+
+
 @dataclass(frozen=True)
 class Point:
     """One chart point: rates over ``[old, new]`` and latency quantiles of what finished in it."""
@@ -131,6 +201,8 @@ class Point:
     ttft_p95: float | None
     tbt_p50: float | None
     tbt_p95: float | None
+    answers_per_s: float = 0.0
+    errors_per_s: float = 0.0
 
     def to_json(self) -> dict[str, float | None]:
         def r(x: float | None) -> float | None:
@@ -139,6 +211,8 @@ class Point:
         return {
             "t": round(self.t, 3),
             "requests_per_s": r(self.requests_per_s),
+            "answers_per_s": r(self.answers_per_s),
+            "errors_per_s": r(self.errors_per_s),
             "completion_tokens_per_s": r(self.completion_tokens_per_s),
             "prompt_tokens_per_s": r(self.prompt_tokens_per_s),
             "ttft_p50_s": r(self.ttft_p50),
@@ -152,6 +226,7 @@ def point_between(old: Totals, t_old: float, new: Totals, t_new: float) -> Point
     """Rates per second over the interval and quantiles of the observations made in it."""
     dt = max(t_new - t_old, 1e-9)
     ttft, tbt = _delta(new.ttft, old.ttft), _delta(new.tbt, old.tbt)
+    (a_new, e_new), (a_old, e_old) = answers_of(new), answers_of(old)
     return Point(
         t=t_new,
         requests_per_s=max(0.0, new.streams - old.streams) / dt,
@@ -161,4 +236,6 @@ def point_between(old: Totals, t_old: float, new: Totals, t_new: float) -> Point
         ttft_p95=quantile(0.95, ttft),
         tbt_p50=quantile(0.5, tbt),
         tbt_p95=quantile(0.95, tbt),
+        answers_per_s=max(0.0, a_new - a_old) / dt,
+        errors_per_s=max(0.0, e_new - e_old) / dt,
     )

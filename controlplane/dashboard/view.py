@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 from controlplane.dashboard.collector import Source
 from controlplane.dashboard.summary import Totals
@@ -21,7 +22,20 @@ from controlplane.policy.servers import worker_metrics_ports
 from controlplane.policy.tenancy import QuotaLimits
 from runtime.quota.reader import WindowUsage
 
-__all__ = ["lane_rows", "sources_from_policy", "tenant_rows", "with_windows"]
+__all__ = [
+    "binding",
+    "envoy_sources",
+    "lane_rows",
+    "recent_rejections",
+    "sources_from_policy",
+    "tenant_rows",
+    "with_windows",
+]
+
+# the stats of Envoy's the dashboard reads: answers by code on each route's cluster
+ENVOY_STATS = "/stats/prometheus?usedonly&filter=" + quote(
+    r"^cluster\.[^.]+\.upstream_rq_([1-5]xx|[0-9]{3})$", safe=""
+)
 
 _WINDOWS = ("per_month", "per_day", "per_hour", "per_minute")
 
@@ -36,6 +50,12 @@ def sources_from_policy(policy: Policy) -> list[Source]:
     if rl is not None and rl.metrics_port is not None:
         out += _sources("ratelimit", rl.metrics_port, n.ratelimit, rl.replicas)
     return out
+
+
+def envoy_sources(nodes: list[dict[str, Any]]) -> list[Source]:
+    """The connected Envoys that said where their admin listens (``tokenweir up`` starts
+    them so: controlplane.envoy_launcher), for their stats."""
+    return [Source(f"envoy {n['node']}", n["admin"], ENVOY_STATS) for n in nodes if n.get("admin")]
 
 
 def _sources(label: str, first: int, replicas: int, workers: int) -> list[Source]:
@@ -106,16 +126,54 @@ def tenant_rows(policy: Policy, totals: Totals, limit: int = 100) -> list[dict[s
 def with_windows(
     rows: list[dict[str, Any]], windows: Mapping[str, list[WindowUsage]]
 ) -> list[dict[str, Any]]:
-    """The rows with each read tenant's windows, and its budget (the longest window) as Redis
-    has it: live quota edits included."""
+    """The rows with each read tenant's token windows, its budget (the longest token window)
+    as Redis has it (live quota edits included), and the limit that binds now
+    (:func:`binding`) over its token, request and money quotas."""
     out = []
     for row in rows:
         read = windows.get(row["tenant"])
         if read is not None:
-            top = _longest(read)
-            row = {**row, "windows": [w.to_json() for w in read],
-                   "budget": top.to_json() if top is not None else None}  # fmt: skip
+            tokens = [w for w in read if w.quota == "tokens"]
+            top = _longest(tokens)
+            row = {**row, "windows": [w.to_json() for w in tokens],
+                   "budget": top.to_json() if top is not None else None,
+                   "binding": binding(read)}  # fmt: skip
         out.append(row)
+    return out
+
+
+def binding(read: list[WindowUsage]) -> dict[str, Any] | None:
+    """The enforced limit closest to refusing: the highest share used (a bucket: the share of
+    its capacity drawn down now), the shortest reset on a tie; None without an enforced one.
+    ``usd`` limits are shown in dollars (Redis counts micro-USD)."""
+    live = [w for w in read if not w.shadow and w.limit > 0]
+    if not live:
+        return None
+    w = min(live, key=lambda w: (-w.used / w.limit, w.reset_s if w.reset_s is not None else 1e18))
+    out = {"quota": w.quota, **w.to_json(), "use": round(min(1.0, w.used / w.limit), 4)}
+    if w.quota == "usd":
+        for k in ("limit", "used", "remaining"):
+            out[k] = round(out[k] / 1e6, 6)
+        if "refill_per_second" in out:
+            out["refill_per_second"] = out["refill_per_second"] / 1e6
+    return out
+
+
+def recent_rejections(
+    rows: list[dict[str, Any]], totals: Totals, then: tuple[float, Totals] | None, now: float
+) -> list[dict[str, Any]]:
+    """Each row's over-limit answers since ``then`` (``recent_429``, over ``recent_s``); None
+    before the collector has a round to count from."""
+    out = []
+    for row in rows:
+        name = row["tenant"]
+        if then is None:
+            recent, span = None, None
+        else:
+            recent = int(max(0.0, totals.retry_count.get(name, 0.0)
+                             - then[1].retry_count.get(name, 0.0)))  # fmt: skip
+            span = round(max(0.0, now - then[0]), 1)
+        out.append({**row, "recent_429": recent, "recent_s": span})
     return out
 
 
@@ -124,14 +182,19 @@ def _rank(row: dict[str, Any]) -> tuple[int, int, str]:
 
 
 def lane_rows(totals: Totals) -> list[dict[str, Any]]:
-    keys = set(totals.admitted) | set(totals.shed) | set(totals.queued)
-    return [
-        {
-            "pool": pool,
-            "lane": lane,
-            "admitted": int(totals.admitted.get((pool, lane), 0)),
-            "queued": int(totals.queued.get((pool, lane), 0)),
-            "shed": int(totals.shed.get((pool, lane), 0)),
-        }
-        for pool, lane in sorted(keys)
-    ]
+    """Admission's admitted / queued / shed per pool and lane, and the requests the pool's
+    ladder shed (``shed_by_ladder``; ``shed`` counts both)."""
+    keys = set(totals.admitted) | set(totals.shed) | set(totals.queued) | set(totals.ladder_shed)
+    rows = []
+    for key in sorted(keys):
+        gate, ladder = int(totals.shed.get(key, 0)), int(totals.ladder_shed.get(key, 0))
+        rows.append({
+            "pool": key[0],
+            "lane": key[1],
+            "admitted": int(totals.admitted.get(key, 0)),
+            "queued": int(totals.queued.get(key, 0)),
+            "shed": gate + ladder,
+            "shed_by_admission": gate,
+            "shed_by_ladder": ladder,
+        })  # fmt: skip
+    return rows

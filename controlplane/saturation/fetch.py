@@ -39,14 +39,15 @@ class HttpFetcher:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         return await self._http().get(url, timeout=timeout)
 
-    async def metrics(self, endpoint: str, timeout_s: float) -> str:
+    async def metrics(self, endpoint: str, timeout_s: float, path: str = "/metrics") -> str:
+        """The text at ``path`` (an Envoy's ``/stats/prometheus?…`` for the dashboard)."""
         try:
-            async with await self._get(f"http://{endpoint}/metrics", timeout_s) as r:
+            async with await self._get(f"http://{endpoint}{path}", timeout_s) as r:
                 if r.status != 200:
-                    raise ScrapeError(f"{endpoint}/metrics: HTTP {r.status}")
+                    raise ScrapeError(f"{endpoint}{path}: HTTP {r.status}")
                 return await r.text()
         except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError) as exc:
-            raise ScrapeError(f"{endpoint}/metrics: {exc!r}") from exc
+            raise ScrapeError(f"{endpoint}{path}: {exc!r}") from exc
 
     async def server_info(self, endpoint: str, timeout_s: float) -> dict[str, Any]:
         last = ""

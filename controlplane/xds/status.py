@@ -12,7 +12,11 @@ from typing import Any
 from controlplane.xds.session import Session
 from controlplane.xds.types import ORDER, short_name
 
-__all__ = ["node_status"]
+__all__ = ["ADMIN_METADATA", "node_status"]
+
+# node metadata an Envoy started by ``tokenweir up`` carries: its admin address (the dashboard
+# reads its stats there; controlplane.envoy_launcher sets it)
+ADMIN_METADATA = "tokenweir_admin"
 
 
 def node_status(session: Session[Any], now: float) -> dict[str, Any]:
@@ -35,8 +39,10 @@ def node_status(session: Session[Any], now: float) -> dict[str, Any]:
                 "current": state.rejected_key is not None,
             },
         }
+    admin = session.node.metadata.fields.get(ADMIN_METADATA)
     return {
         "node": session.node.id,
+        "admin": admin.string_value or None if admin is not None else None,
         "group": session.group,
         "mode": session.mode,
         "target_version": session.target.version if session.target is not None else None,

@@ -71,6 +71,7 @@ class DegradePlugin(BasePlugin):
                 tenant = ctx.tenant or "anonymous"
                 after = max(after, gate.retry_after(lane, tenant, return_key(tenant, headers)))
             shed = Shed(503, "degraded", after)
+            self.ladders.metrics.shed.labels(pool, lane).inc()
             self.metrics.rejected(ctx.route.name, shed.reason, shed.status)
             return Result(reply=shed_reply(shed, lane))
         fallback = self.policy.pools[pool].fallback if e.fallback else None

@@ -47,6 +47,10 @@ class LadderMetrics:
             p + "requests", "requests a ladder step affected", ["pool", "action"],
             registry=registry,
         )  # fmt: skip
+        self.shed = Counter(
+            p + "shed", "requests a ladder's shed step answered 503, by lane (the dashboard's "
+            "lanes)", ["pool", "lane"], registry=registry,
+        )  # fmt: skip
 
 
 class Ladders:

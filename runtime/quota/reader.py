@@ -54,6 +54,8 @@ class WindowUsage:
     remaining: int
     reset_s: float | None
     rate: float
+    quota: str = "tokens"  # or "requests", "usd" (micro-USD), as :meth:`QuotaReader.usage` read
+    shadow: bool = False  # counted, never refuses
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -119,15 +121,16 @@ class QuotaReader:
             return None
         return max(0, min(limit_remaining(x, state[(x.quota, x.unit)], now_us) for x in limits))
 
-    async def usage(self, tenant: str) -> list[WindowUsage]:
-        """The tenant-wide token quota's state now, one entry per enforced or shadow limit (its
-        bucket, then minute, hour, day, month windows): what this window has spent (a bucket:
-        capacity minus its level), in Redis's own accounting, reservations in flight included."""
+    async def usage(self, tenant: str, quotas: tuple[str, ...] = ("tokens",)) -> list[WindowUsage]:
+        """The state now of the tenant-wide ``quotas`` (``tokens``, ``requests``, ``usd``), one
+        entry per enforced or shadow limit (each quota's bucket, then minute, hour, day, month
+        windows): what this window has spent (a bucket: capacity minus its level), in Redis's
+        own accounting, reservations in flight included."""
         now_us = int(self._clock() * 1_000_000)
-        sq, state = await self._state(tenant, ["tokens"], now_us)
+        sq, state = await self._state(tenant, list(quotas), now_us)
         out = []
         for x in limits_for_tenant(sq, None, None):
-            if x.quota != "tokens":
+            if x.quota not in quotas:
                 continue
             raw = state[(x.quota, x.unit)]
             if x.unit == "bucket":
@@ -138,7 +141,8 @@ class QuotaReader:
                 used = int(_s(raw)) if raw is not None else 0
                 left = max(0, x.limit - used)
                 reset = (window(x.unit, now_us)[1] - now_us) / 1e6
-            out.append(WindowUsage(_WINDOW_NAMES[x.unit], x.limit, used, left, reset, x.rate))
+            name = _WINDOW_NAMES[x.unit]
+            out.append(WindowUsage(name, x.limit, used, left, reset, x.rate, x.quota, x.shadow))
         return out
 
     async def _state(

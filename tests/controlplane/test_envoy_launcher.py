@@ -31,6 +31,8 @@ def test_bootstrap_uses_ads_over_the_static_xds_cluster() -> None:
     address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
     assert address["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 18000}
     delta = render_bootstrap(EnvoySettings(**{**SETTINGS.__dict__, "delta": True}))
+    admin = render_bootstrap(EnvoySettings(**{**SETTINGS.__dict__, "admin_port": 9901}))
+    assert admin["node"]["metadata"] == {"tokenweir_admin": "127.0.0.1:9901"}  # the dashboard's
     assert delta["dynamic_resources"]["ads_config"]["api_type"] == "DELTA_GRPC"
 
 

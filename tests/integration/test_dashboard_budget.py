@@ -74,7 +74,7 @@ def test_overview_budgets_follow_the_quota_in_redis(tmp_path: Path) -> None:
         assert m is not None, banner
         client = redis.Redis.from_url(m.group(1))
         o = overview(metrics)
-        assert o["api_version"] == 2 and o["quota_source"] == "redis" and o["quota_error"] is None
+        assert o["api_version"] == 3 and o["quota_source"] == "redis" and o["quota_error"] is None
         free = row(o, "demo-free")
         assert free["budget"]["window"] == "per_day" and free["budget"]["used"] == 0
         assert windows(free)["bucket"]["used"] == 0

@@ -1,6 +1,9 @@
 """The live dashboard in real headless Chromium (Debian's ``chromium``, driven by Playwright):
-against the example mesh started by ``tokenweir up``, the page loads without a console error,
-shows the mesh's replicas, tenants and Envoys, and its numbers move when traffic flows.
+against the example mesh started by ``tokenweir up``, traffic first, the page opened after it:
+its first answer draws the history the control plane gathered with nobody watching; it shows
+the replicas, the pools' ladder step and admission capacity, the Envoys, and for the free
+tenant refused by its token bucket that bucket as the limit that binds, with its recent 429s;
+its numbers move when more traffic flows; no console error.
 
 ``TOKENWEIR_DASHBOARD_SCREENSHOT=docs/img/dashboard.png`` also saves the screenshot the docs
 show (the test always saves one in its temporary folder).
@@ -14,6 +17,7 @@ import shutil
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -26,6 +30,12 @@ from tests.integration.up_process import start_up, stop_up
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # scripts/ensure-system-deps.sh
+# headless, nothing fetched in the background, no first-run or sync prompts (Playwright adds
+# --headless itself, and a fresh --user-data-dir through launch_persistent_context)
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]  # fmt: skip
 
 
 def _text(page: Page, selector: str) -> str:
@@ -40,7 +50,7 @@ def _until(what: str, check, timeout: float = 30.0) -> None:  # type: ignore[no-
         time.sleep(0.25)
 
 
-def test_dashboard_in_chromium_shows_the_mesh_and_moves_with_traffic(tmp_path: Path) -> None:
+def test_dashboard_in_chromium_shows_history_binding_limits_and_moves(tmp_path: Path) -> None:
     text, gw = example_policy()
     # a loaded 2-core CI box: the example's 200 ms ext_proc and 50 ms RLS timeouts would fail
     # requests (504) or let them through unchecked (fail open)
@@ -50,13 +60,44 @@ def test_dashboard_in_chromium_shows_the_mesh_and_moves_with_traffic(tmp_path: P
     policy_path.write_text(text)
     metrics = load_policy(policy_path).control_plane.metrics
     url = f"http://127.0.0.1:{gw}/v1/chat/completions"
-    proc, banner = start_up(policy_path, tmp_path / "run")
+    proc, banner = start_up(policy_path, tmp_path / "run", extra_args=("--fresh",))
     problems: list[str] = []
     try:
         assert "tokenweir up: ready" in banner, banner
+        assert f"http://{metrics}/dashboard/" in banner  # `up` prints the page's address
+
+        # traffic before anybody opens the page: demo-pro is served (plain and streamed);
+        # demo-free runs its 2,000-token bucket dry (256-token reservations): 429s
+        hello = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "Hi"}],
+                 "max_tokens": 16}  # fmt: skip
+        for i in range(6):
+            status, _, _ = call(url, "tw-demo-pro-key", {**hello, "user": f"u{i}"})
+            assert status == 200
+        with openai.OpenAI(base_url=url.removesuffix("/chat/completions"),
+                           api_key="tw-demo-pro-key", max_retries=0) as client:  # fmt: skip
+            for i in range(3):  # streamed: the gateway measures time between tokens
+                stream = client.chat.completions.create(
+                    model="llama-3.1-8b", messages=[{"role": "user", "content": f"story {i}"}],
+                    max_tokens=24, stream=True,
+                )  # fmt: skip
+                assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        story = {**hello, "messages": [{"role": "user", "content": "Write a story."}],
+                 "max_tokens": 256}  # fmt: skip
+        codes = []
+        for _ in range(20):
+            codes.append(call(url, "tw-demo-free-key", story)[0])
+            if codes[-1] == 429:
+                break
+        assert codes[-1] == 429, codes
+        _until("history points", lambda: len(api(metrics)["series"]) >= 8)
+
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            context = pw.chromium.launch_persistent_context(
+                str(tmp_path / "chromium-profile"),  # a fresh profile
+                executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+                viewport={"width": 1400, "height": 1150},
+            )  # fmt: skip
+            page = context.new_page()
 
             def on_console(msg: ConsoleMessage) -> None:
                 if msg.type in ("error", "warning"):
@@ -66,6 +107,13 @@ def test_dashboard_in_chromium_shows_the_mesh_and_moves_with_traffic(tmp_path: P
             page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
             page.goto(f"http://{metrics}/dashboard/")
             page.wait_for_selector("#status[data-updates]", timeout=20_000)
+
+            # the first answer drew the control plane's history, gathered with nobody watching
+            status = page.locator("#status")
+            points = int(status.get_attribute("data-points") or 0)
+            updates = int(status.get_attribute("data-updates") or 0)
+            assert points >= 8 and points > updates + 4, (points, updates)  # not one per poll
+            assert _chart_has_ink(page, "chart-rps") and _chart_has_ink(page, "chart-tps")
 
             # the running mesh: 3 emulated replicas, both tenants of the policy, the Envoys
             rows = page.locator("#replicas tbody tr[data-pool=chat]")
@@ -77,58 +125,60 @@ def test_dashboard_in_chromium_shows_the_mesh_and_moves_with_traffic(tmp_path: P
             for tenant in ("demo-free", "demo-pro"):
                 assert page.locator(f"#tenants tr[data-tenant={tenant}]").count() == 1
             _until("the edge Envoy's ACKed routes", lambda: "edge-0" in _text(page, "#envoys"))
-            assert _text(page, "#tenants tr[data-tenant=demo-pro] td.tokens") == "0"
-            assert _text(page, "#tenants tr[data-tenant=demo-free] td.rejections") == "0"
 
-            # traffic: demo-pro is served; demo-free runs past its 10-request burst (429s)
-            hello = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "Hi"}],
-                     "max_tokens": 16}  # fmt: skip
-            for i in range(6):
-                status, _, _ = call(url, "tw-demo-pro-key", {**hello, "user": f"u{i}"})
-                assert status == 200
-            with openai.OpenAI(base_url=url.removesuffix("/chat/completions"),
-                               api_key="tw-demo-pro-key", max_retries=0) as client:  # fmt: skip
-                for i in range(3):  # streamed: the gateway measures time between tokens
-                    stream = client.chat.completions.create(
-                        model="llama-3.1-8b", messages=[{"role": "user", "content": f"story {i}"}],
-                        max_tokens=24, stream=True,
-                    )  # fmt: skip
-                    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-            codes = [call(url, "tw-demo-free-key", hello)[0] for _ in range(16)]
-            assert 429 in codes, codes
+            # pools: the ladder's step and admission's capacity, as the filter server has them
+            chat = "#pool-status tr[data-pool=chat]"
+            _until("chat's ladder step", lambda: _text(page, f"{chat} td.ladder") == "0 of 3")
+            assert _text(page, f"{chat} td.capacity") == "768"  # 3 replicas x 256 reported
+            assert page.locator("#lanes tr[data-lane='chat/batch'] td.shed-ladder").count() == 1
 
-            pro_tokens = "#tenants tr[data-tenant=demo-pro] td.tokens"
-            _until("demo-pro's tokens move", lambda: _text(page, pro_tokens) not in ("0", "–"))
+            # demo-free: the bucket binds (it refused), not the day's 1% of 200,000
+            free = "#tenants tr[data-tenant=demo-free]"
+            _until("demo-free's binding token bucket",
+                   lambda: "tokens (bucket" in _text(page, f"{free} td.binding"))  # fmt: skip
+            assert float(_text(page, f"{free} td.binding-use").rstrip("%")) >= 50
+            want = str(codes.count(429))
+            _until(f"demo-free's {want} recent 429s",
+                   lambda: _text(page, f"{free} td.recent-429") == want)  # fmt: skip
+            o = api(metrics)
+            (row,) = [t for t in o["tenants"] if t["tenant"] == "demo-free"]
+            assert (row["binding"]["quota"], row["binding"]["window"]) == ("tokens", "bucket")
+            assert row["budget"]["window"] == "per_day" and row["budget"]["used"] < 10_000
+
+            # and it moves: more of demo-pro's tokens appear without reloading
             pro_since = "#tenants tr[data-tenant=demo-pro] td.since-start"
-            _until("demo-pro's tokens since start", lambda: _text(page, pro_since) != "0")
+            before = _text(page, pro_since)
+            for i in range(3):
+                assert call(url, "tw-demo-pro-key", {**hello, "user": f"v{i}"})[0] == 200
+            _until("demo-pro's tokens since start move", lambda: _text(page, pro_since) != before)
 
-            def window_used() -> str:  # the API's number, as the page formats it
-                with urllib.request.urlopen(f"http://{metrics}/api/v1/overview") as r:
-                    rows = json.loads(r.read())["tenants"]
-                (pro,) = [t for t in rows if t["tenant"] == "demo-pro"]
-                assert pro["budget"]["window"] == "per_month"  # the longest window of its quota
-                return f"{pro['budget']['used']:,}"
-
-            # the page shows the budget's window as the quota counts it (Redis), not since start
-            _until("demo-pro's month as the API has it",
-                   lambda: _text(page, pro_tokens) == window_used())  # fmt: skip
-            assert "per_month" in _text(page, "#tenants tr[data-tenant=demo-pro] td.budget")
-            free_rej = "#tenants tr[data-tenant=demo-free] td.rejections"
-            want = str(codes.count(429))  # every 429 is a requests-quota denial with Retry-After
-            _until(f"demo-free's {want} rejections", lambda: _text(page, free_rej) == want)
-
-            def tokens_per_s() -> float:
-                with urllib.request.urlopen(f"http://{metrics}/api/v1/overview?points=60") as r:
-                    series = json.loads(r.read())["series"]
-                return max((p["completion_tokens_per_s"] or 0.0) for p in series)
-
-            _until("a tokens-per-second point above zero", lambda: tokens_per_s() > 0)
             page.wait_for_timeout(1500)  # one more poll draws the charts with the new points
             shot = tmp_path / "dashboard.png"
             page.screenshot(path=str(shot), full_page=True)
             if os.environ.get("TOKENWEIR_DASHBOARD_SCREENSHOT"):
                 shutil.copy(shot, os.environ["TOKENWEIR_DASHBOARD_SCREENSHOT"])
-            browser.close()
+            context.close()
     finally:
         stop_up(proc)
     assert problems == []
+
+
+def api(metrics: object) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{metrics}/api/v1/overview?points=3600", timeout=10) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def _chart_has_ink(page: Page, canvas: str) -> bool:
+    """Some pixel of the chart's plot is coloured (a line, not only the grey grid)."""
+    return bool(page.evaluate(
+        """(id) => {
+            const c = document.getElementById(id);
+            const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+            for (let i = 0; i < d.length; i += 4) {
+              const [r, g, b, a] = [d[i], d[i + 1], d[i + 2], d[i + 3]];
+              if (a > 0 && (Math.abs(r - g) > 40 || Math.abs(g - b) > 40)) return true;
+            }
+            return false;
+        }""",
+        canvas,
+    ))  # fmt: skip

@@ -161,3 +161,26 @@ async def test_usage_is_the_quota_windows_own_accounting(
         assert await reader.usage(f"{tenant}-open") == []
     finally:
         await store.aclose()
+
+
+async def test_usage_of_request_quotas_and_shadow_limits_for_the_binding_limit(
+    aredis: aioredis.Redis, policy: Policy, tenant: str
+) -> None:
+    """The dashboard's binding limit reads every quota: the requests bucket is drawn down by
+    each reservation (a request), the tokens bucket by its tokens; shadow limits say so."""
+    store = RedisStore(aredis)
+    try:
+        assert await _reserve(store, policy, tenant, 100)
+        assert await _reserve(store, policy, tenant, 100)
+        now = time.time()
+        got = await QuotaReader(aredis, policy, clock=lambda: now).usage(
+            tenant, ("tokens", "requests")
+        )
+        by = {(u.quota, u.window): u for u in got}
+        assert set(by) == {("tokens", "bucket"), ("tokens", "per_day"), ("requests", "bucket")}
+        assert by[("tokens", "bucket")].used == 200 and not by[("tokens", "bucket")].shadow
+        assert 1 <= by[("requests", "bucket")].used <= 2  # 2 of 50, refilling 1 a second
+        shadow = await QuotaReader(aredis, policy).usage(f"{tenant}-shadow")
+        assert [(u.window, u.shadow) for u in shadow] == [("bucket", True)]
+    finally:
+        await store.aclose()

@@ -2,8 +2,10 @@
 // canvas charts. Plain JS, no library, nothing loaded from elsewhere.
 "use strict";
 
-const API = "/api/v1/overview?tenants=50&points=120";
+const API = "/api/v1/overview?tenants=50&points=3600";  // the whole history on first open
 const POLL_MS = 1000;
+const HISTORY_S = 900;  // the charts keep 15 minutes, as the control plane does
+let history = [];  // chart points, oldest first; later polls ask only for newer ones
 
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
@@ -44,12 +46,31 @@ function renderPools(pools) {
   fill("replicas", rows);
 }
 
+function renderPoolStatus(pools) {
+  const rate = (p, k) => (p.per_s ? fmt(p.per_s[k], 1) : "–");
+  fill("pool-status", pools.map((p) => {
+    const errors = p.per_s ? p.per_s["429"] + p.per_s["503"] + p.per_s["5xx"] + p.per_s["4xx"] : 0;
+    return el("tr", { "data-pool": p.pool },
+      el("td", {}, p.pool),
+      el("td", { class: p.ladder_step ? "ladder bad" : "ladder" },
+        p.ladder_steps ? `${fmt(p.ladder_step)} of ${p.ladder_steps}` : "no ladder"),
+      el("td", { class: "capacity" }, p.admission_capacity === null ? "–" : fmt(p.admission_capacity)),
+      el("td", { class: "in-flight" }, fmt(p.in_flight)), el("td", { class: "queued" }, fmt(p.queued)),
+      el("td", { class: "rps" }, rate(p, "requests")), el("td", { class: "r2xx" }, rate(p, "2xx")),
+      el("td", { class: "r429" }, rate(p, "429")), el("td", { class: "r503" }, rate(p, "503")),
+      el("td", { class: "r5xx" }, rate(p, "5xx")), el("td", { class: "r4xx" }, rate(p, "4xx")),
+      el("td", { class: errors > 0 ? "bad" : "muted" }, p.per_s && p.per_s.requests
+        ? pct(errors / p.per_s.requests) : "–"));
+  }));
+}
+
 function renderLanes(lanes, rejections, decisions) {
   const rows = lanes.map((l) => el("tr", { "data-lane": `${l.pool}/${l.lane}` },
     el("td", {}, l.pool), el("td", {}, l.lane), el("td", { class: "admitted" }, fmt(l.admitted)),
-    el("td", {}, fmt(l.queued)), el("td", { class: "shed" }, fmt(l.shed))));
+    el("td", {}, fmt(l.queued)), el("td", { class: "shed" }, fmt(l.shed)),
+    el("td", { class: "shed-ladder" }, fmt(l.shed_by_ladder))));
   if (!rows.length) {
-    const td = el("td", { colspan: "5", class: "muted" }, "no admission plugin on any route");
+    const td = el("td", { colspan: "6", class: "muted" }, "no admission plugin on any route");
     rows.push(el("tr", {}, td));
   }
   fill("lanes", rows);
@@ -75,24 +96,41 @@ function renderEnvoys(envoys) {
   fill("envoys", rows);
 }
 
+function bar(share) {
+  const b = el("div", { class: share > 0.9 ? "bar hot" : "bar" });
+  const inner = el("i", {});
+  inner.style.width = (100 * Math.min(1, share)).toFixed(1) + "%";
+  b.append(inner);
+  return b;
+}
+
+const UNIT = { tokens: "tokens", requests: "requests", usd: "USD" };
+
+function bindingText(w) {  // "1,940 of 2,000 tokens (bucket, full in 97 s)"
+  if (!w) return "none";
+  const amount = (x) => (w.quota === "usd" ? `$${fmt(x, 2)}` : fmt(x));
+  const unit = w.quota === "usd" ? "" : ` ${UNIT[w.quota] || w.quota}`;
+  const reset = w.resets_in_s === null || w.resets_in_s === undefined ? ""
+    : `, ${w.window === "bucket" ? "full" : "resets"} in ${fmt(w.resets_in_s, 0)} s`;
+  return `${amount(w.used)} of ${amount(w.limit)}${unit} (${w.window}${reset})`;
+}
+
 function renderTenants(tenants, count) {
   fill("tenants", tenants.map((t) => {
     const b = t.budget;
     const used = b ? b.used : null;
-    const share = b && used !== null && b.limit ? Math.min(1, used / b.limit) : 0;
-    const bar = el("div", { class: share > 0.9 ? "bar hot" : "bar" });
-    const inner = el("i", {});
-    inner.style.width = (100 * share).toFixed(1) + "%";
-    bar.append(inner);
-    const reset = b && b.resets_in_s !== null && b.resets_in_s !== undefined
-      ? `${b.window === "bucket" ? "full" : "resets"} in ${fmt(b.resets_in_s, 0)} s` : "";
+    const w = t.binding;  // the limit closest to refusing now (null: Redis not read)
     return el("tr", { "data-tenant": t.tenant },
       el("td", {}, t.tenant), el("td", {}, t.tier || "–"),
-      el("td", { class: "tokens" }, used === null ? "–" : fmt(used)),
-      el("td", { class: "budget", title: reset }, b ? `${fmt(b.limit)} ${b.window}` : "none"),
-      el("td", {}, bar),
+      el("td", { class: "binding" }, w ? bindingText(w) : (b ? `${fmt(b.limit)} ${b.window}` : "none")),
+      el("td", { class: "binding-use" }, w ? pct(w.use) : "–"),
+      el("td", {}, bar(w ? w.use : 0)),
+      el("td", { class: "recent-429", title: t.recent_s ? `over the last ${fmt(t.recent_s, 0)} s` : "" },
+        t.recent_429 === null || t.recent_429 === undefined ? "–" : fmt(t.recent_429)),
+      el("td", { class: "tokens", title: b ? `${fmt(b.limit)} ${b.window}` : "" },
+        used === null ? "–" : fmt(used)),
+      el("td", { class: "budget" }, b ? `${fmt(b.limit)} ${b.window}` : "none"),
       el("td", { class: "since-start" }, fmt(t.since_start.tokens)),
-      el("td", {}, fmt(t.since_start.cached_tokens)),
       el("td", { class: "rejections" }, fmt(t.rejections)),
       el("td", {}, t.retry_after_mean_s === null ? "–" : `${fmt(t.retry_after_mean_s, 1)} s`));
   }));
@@ -111,7 +149,7 @@ function drawChart(id, series, keys, colors) {
   for (let i = 0; i <= 4; i++) {
     const y = (h - bottom) * (1 - i / 4);
     ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(w, y); ctx.stroke();
-    const digits = max < 0.1 ? 3 : max < 10 ? 2 : 0;
+    const digits = max < 0.01 ? 4 : max < 0.1 ? 3 : max < 10 ? 2 : 0;
     ctx.fillText(fmt(max * i / 4, digits), 2, Math.max(10, y + 3));
   }
   if (series.length < 2) return;
@@ -133,6 +171,7 @@ function drawChart(id, series, keys, colors) {
 
 function renderCharts(series) {
   const c = ["#1f77b4", "#d62728"];
+  drawChart("chart-rps", series, ["answers_per_s", "errors_per_s"], c);
   drawChart("chart-ttft", series, ["ttft_p50_s", "ttft_p95_s"], c);
   drawChart("chart-tbt", series, ["tbt_p50_s", "tbt_p95_s"], c);
   drawChart("chart-tps", series, ["completion_tokens_per_s", "prompt_tokens_per_s"], c);
@@ -155,18 +194,22 @@ let updates = 0;
 async function poll() {
   const status = document.getElementById("status");
   try {
-    const r = await fetch(API, { cache: "no-store" });
+    const last = history.length ? history[history.length - 1].t : null;
+    const r = await fetch(last === null ? API : `${API}&since=${last}`, { cache: "no-store" });
     if (!r.ok) throw new Error(`HTTP ${r.status}`);
     const o = await r.json();
+    history = history.concat(o.series).filter((p) => p.t > o.time - HISTORY_S);
     renderPools(o.pools);
+    renderPoolStatus(o.pool_status);
     renderLanes(o.lanes, o.rejections, o.decisions);
     renderEnvoys(o.envoys);
     renderTenants(o.tenants, o.tenant_count);
-    renderCharts(o.series);
+    renderCharts(history);
     renderSources(o.sources, o.quota_source, o.quota_error);
     updates += 1;
     status.textContent = `updated ${new Date(o.time * 1000).toLocaleTimeString()}`;
     status.dataset.updates = String(updates);
+    status.dataset.points = String(history.length);
   } catch (err) {
     status.textContent = `control plane unreachable (${err.message}); retrying`;
   }

@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.dashboard.errors import SourceError
 from controlplane.dashboard.summary import point_between, quantile, totals_of
@@ -85,3 +88,37 @@ def test_a_restarted_process_never_gives_negative_rates() -> None:
     new = totals_of([_filters_text(5, [0.02])])
     p = point_between(old, 0.0, new, 1.0)
     assert p.requests_per_s == 0 and p.prompt_tokens_per_s == 0 and p.ttft_p50 is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["acme", 'b,le="9"', 'q"uote', "x\\y"]),
+            st.sampled_from(["interactive", "batch", None]),
+            st.floats(0.0, 40.0),
+        ),
+        max_size=30,
+    )
+)
+def test_bucket_lines_read_fast_equal_the_parsers_sums(
+    obs: list[tuple[str, str | None, float]],
+) -> None:
+    """TTFT / TBT buckets are read off their lines without the parser (summary._BUCKET_LINE):
+    the same sums by bound as prometheus_client's parser, label values with quotes, commas and
+    ``le="`` inside them included."""
+    m = FilterMetrics(CollectorRegistry())
+    for tenant, lane, x in obs:
+        ttft, tbt = m.stream_timers(tenant, "m1", lane)
+        ttft.observe(x)
+        tbt.observe(x / 100)
+    text = generate_latest(m.registry).decode()
+    want: dict[str, dict[float, float]] = {"ttft": {}, "tbt": {}}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            for kind in want:
+                if s.name == f"tokenweir_filters_{kind}_seconds_bucket":
+                    le = float(s.labels["le"])
+                    want[kind][le] = want[kind].get(le, 0.0) + s.value
+    t = totals_of([text])
+    assert (t.ttft, t.tbt) == (want["ttft"], want["tbt"])

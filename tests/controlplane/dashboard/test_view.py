@@ -9,7 +9,14 @@ from typing import Any
 from controlplane.dashboard.api import Dashboard
 from controlplane.dashboard.collector import Source
 from controlplane.dashboard.summary import Totals
-from controlplane.dashboard.view import lane_rows, sources_from_policy, tenant_rows, with_windows
+from controlplane.dashboard.view import (
+    binding,
+    lane_rows,
+    recent_rejections,
+    sources_from_policy,
+    tenant_rows,
+    with_windows,
+)
 from controlplane.policy.loader import load_policy_text
 from controlplane.policy.servers import Replicas
 from runtime.quota.reader import WindowUsage
@@ -106,16 +113,46 @@ def test_with_windows_shows_the_longest_window_as_redis_counts_it() -> None:
     assert bigco["budget"]["used"] is None  # not read
 
 
-def test_lane_rows() -> None:
-    t = Totals(admitted={("chat", "interactive"): 4}, shed={("chat", "batch"): 1})
+def test_lane_rows_count_the_ladders_sheds() -> None:
+    t = Totals(
+        admitted={("chat", "interactive"): 4},
+        shed={("chat", "batch"): 1},
+        ladder_shed={("chat", "batch"): 5},
+    )
     assert lane_rows(t) == [
-        {"pool": "chat", "lane": "batch", "admitted": 0, "queued": 0, "shed": 1},
-        {"pool": "chat", "lane": "interactive", "admitted": 4, "queued": 0, "shed": 0},
-    ]
+        {"pool": "chat", "lane": "batch", "admitted": 0, "queued": 0, "shed": 6,
+         "shed_by_admission": 1, "shed_by_ladder": 5},
+        {"pool": "chat", "lane": "interactive", "admitted": 4, "queued": 0, "shed": 0,
+         "shed_by_admission": 0, "shed_by_ladder": 0},
+    ]  # fmt: skip
+
+
+def test_the_binding_limit_is_the_one_closest_to_refusing() -> None:
+    # the case: a 2,000-token bucket drawn down, 1% of the day's 200,000 spent
+    bucket = WindowUsage("bucket", 2000, 1990, 10, 99.5, 20.0)
+    day = WindowUsage("per_day", 200000, 2400, 197600, 40000.0, 0.0)
+    b = binding([day, bucket])
+    assert b is not None and (b["quota"], b["window"], b["used"], b["limit"]) == (
+        "tokens", "bucket", 1990, 2000)  # fmt: skip
+    assert b["use"] == 0.995 and b["refill_per_second"] == 20.0
+    # money: shown in dollars; a shadow limit never binds
+    usd = WindowUsage("per_day", 1_000_000, 999_000, 1_000, 10.0, 0.0, "usd")
+    shadow = WindowUsage("per_minute", 10, 10, 0, 5.0, 0.0, "requests", shadow=True)
+    b = binding([day, bucket, usd, shadow])
+    assert b is not None and (b["quota"], b["used"], b["limit"]) == ("usd", 0.999, 1.0)
+    assert binding([shadow]) is None
+
+
+def test_recent_rejections_count_since_the_oldest_recent_round() -> None:
+    rows = [{"tenant": "acme"}, {"tenant": "solo"}]
+    old, new = Totals(retry_count={"acme": 3}), Totals(retry_count={"acme": 10, "solo": 2})
+    acme, solo = recent_rejections(rows, new, (100.0, old), 400.0)
+    assert (acme["recent_429"], acme["recent_s"]) == (7, 300.0) and solo["recent_429"] == 2
+    assert recent_rejections(rows, new, None, 400.0)[0]["recent_429"] is None
 
 
 class _NoFetch:
-    async def metrics(self, endpoint: str, timeout_s: float) -> str:
+    async def metrics(self, endpoint: str, timeout_s: float, path: str = "/metrics") -> str:
         raise AssertionError("not scraped in this test")
 
 
@@ -128,9 +165,11 @@ def test_overview_document_has_every_section() -> None:
     )
     d.on_policy(_policy())
     o = asyncio.run(d.overview(tenants=2))
-    assert o["api_version"] == 2 and o["time"] == 1000.0
+    assert o["api_version"] == 3 and o["time"] == 1000.0
     assert o["quota_source"] is None and o["quota_error"] is None  # no Redis named
     assert o["pools"]["version"] == 3 and o["envoys"] == [{"node": "edge-0"}]
     assert [t["tenant"] for t in o["tenants"]] == ["acme", "bigco"] and o["tenant_count"] == 3
     assert [s["name"] for s in o["sources"]][:1] == ["filters#0"]
-    assert o["sources"][0]["ok"] is False and o["series"] == []
+    assert o["sources"][0]["ok"] is False and o["series"] == []  # not scraped yet
+    assert [p["pool"] for p in o["pool_status"]] == ["chat"]
+    assert o["pool_status"][0]["per_s"] is None  # no two rounds to take a rate between

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry
 from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.metrics import XdsMetrics
 from controlplane.xds.server import AdsServicer
-from controlplane.xds.status import node_status
+from controlplane.xds.status import ADMIN_METADATA, node_status
 from controlplane.xds.types import CLUSTER
 from tests.controlplane.xds.fakes import FakeStream, ManualClock, sotw_request
 from tests.controlplane.xds.test_server_sotw import mesh, sync
@@ -22,6 +22,9 @@ async def test_status_shows_acked_versions_and_a_current_nack() -> None:
     (session,) = servicer.sessions
     ok = node_status(session, clock())
     assert ok["group"] == "edge" and ok["mode"] == "sotw"
+    assert ok["admin"] is None  # its node metadata names no admin address
+    session.node.metadata.fields[ADMIN_METADATA].string_value = "127.0.0.1:9901"
+    assert node_status(session, clock())["admin"] == "127.0.0.1:9901"  # the dashboard reads it
     assert {t: s["acked_version"] for t, s in ok["types"].items()} == {
         "cds": "1", "eds": "1", "lds": "1", "rds": "1",
     }  # fmt: skip

@@ -159,6 +159,7 @@ async def test_step_three_sheds_lower_lanes_with_retry_after(s: Setup) -> None:
     text = s.metrics()
     assert 'tokenweir_filters_ladder_requests_total{action="shed",pool="chat"} 2.0' in text
     assert 'rejections_total{reason="degraded",route="llm",status="503"} 2.0' in text
+    assert 'tokenweir_filters_ladder_shed_total{lane="batch",pool="chat"} 2.0' in text
 
 
 async def test_steps_down_with_hysteresis_logged_once_per_change(
