@@ -19,6 +19,7 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from ratelimit_service.descriptors import Call, parse_request
 from ratelimit_service.directory import QuotaDirectory
 from ratelimit_service.errors import BadRequest, StoreUnavailable
+from ratelimit_service.false_rejects import FalseRejects
 from ratelimit_service.health import RedisHealth
 from ratelimit_service.limiter import Check, ReserveResult
 from ratelimit_service.metrics import Metrics
@@ -129,6 +130,7 @@ class Decider:
         ] = {}
         self._windows = WindowClock()
         self._reserved = metrics.tokens.labels("reserved")
+        self.false_rejects = FalseRejects()
         self._decision_seconds = metrics.decision_seconds
 
     def _log_limited(self, key: str, msg: str, *args: object) -> None:
@@ -246,6 +248,9 @@ class Decider:
             self.metrics.tenant_decisions.labels(tenant, "ok" if v.ok else "over_limit").inc()
             if not v.ok and v.retry_us >= 0:
                 self.metrics.retry_after.labels(tenant).observe(max(1, math.ceil(v.retry_us / 1e6)))
+            if not v.ok and v.kind == "tokens" and call.tenant is not None:
+                shortfall = v.requested - v.remaining
+                self.false_rejects.rejected(call.tenant, self.clock(), shortfall)
         for q in v.shadow_denied:
             self.metrics.shadow_denials.labels(q).inc()
         if v.ok and call.phase == "reserve":
@@ -283,5 +288,10 @@ class Decider:
             self.metrics.tokens.labels("settled").inc(call.hits)
             if res.delta < 0:
                 self.metrics.tokens.labels("refunded").inc(-res.delta)
+                if call.tenant is not None:
+                    false = self.false_rejects.refunded(call.tenant, self.clock(), -res.delta)
+                    if false:
+                        tenant = self.metrics.tenant_label(call.tenant)
+                        self.metrics.false_rejects.labels(tenant).inc(false)
             elif res.delta > 0:
                 self.metrics.tokens.labels("extra").inc(res.delta)

@@ -84,6 +84,13 @@ class Metrics:
             ["tenant", "result"],
             registry=r,
         )
+        self.false_rejects = Counter(
+            "tokenweir_ratelimit_false_rejects",
+            "Token 429s whose tenant had room after all: its settlements within a minute "
+            "refunded at least what the refused request lacked (ratelimit_service/false_rejects.py)",
+            ["tenant"],
+            registry=r,
+        )
         self.retry_after = Histogram(
             "tokenweir_ratelimit_retry_after_seconds",
             "Retry-After given with a denial, per tenant",

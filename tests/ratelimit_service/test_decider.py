@@ -230,3 +230,38 @@ async def test_redis_down_fail_closed_denies(policy: Policy) -> None:
     assert body(r)["code"] == "quota_unavailable" and headers(r)["retry-after"] == "1"
     assert d.health is not None
     await d.health.aclose()
+
+
+async def test_a_429_is_a_false_reject_when_the_requests_in_flight_refund_what_it_lacked(
+    policy: Policy,
+) -> None:
+    d, clock = make(policy)
+    metric = "tokenweir_ratelimit_false_rejects_total"
+    assert (await d.decide(rls.llm("acme", 900, rid="x"))).overall_code == OK
+    assert (await d.decide(rls.llm("acme", 300, rid="y"))).overall_code == OVER  # lacked 200
+    assert (await d.decide(rls.llm("acme", 950, rid="z"))).overall_code == OVER  # lacked 850
+    clock.t += 1  # (10 tokens refilled meanwhile: not a refund)
+    await d.decide(rls.llm("acme", 600, rid="x", phase="settle"))  # 300 unused: room for y
+    value = d.metrics.registry.get_sample_value
+    assert value(metric, {"tenant": d.metrics.tenant_label("acme")}) == 1
+    # z lacked more than any refund within the horizon: a true reject, forgotten after it
+    clock.t += 120
+    assert (await d.decide(rls.llm("acme", 100, rid="w"))).overall_code == OK
+    await d.decide(rls.llm("acme", 0, rid="w", phase="settle"))
+    assert value(metric, {"tenant": d.metrics.tenant_label("acme")}) == 1
+
+
+def test_false_rejects_follow_each_429_once_and_forget_old_ones() -> None:
+    from ratelimit_service.false_rejects import FalseRejects
+
+    f = FalseRejects(horizon=60.0, max_open=3)
+    f.rejected("a", 0.0, 100)
+    f.rejected("a", 1.0, 300)
+    f.rejected("b", 1.0, 50)
+    f.rejected("b", 1.0, 50)  # past max_open: not followed
+    f.rejected("a", 1.0, 0)  # lacked nothing (not a token shortfall): not followed
+    assert f.refunded("a", 2.0, 150) == 1  # the first; the second has 150 of its 300
+    assert f.refunded("a", 3.0, 150) == 1
+    assert f.refunded("a", 4.0, 1000) == 0  # each counted once
+    assert f.refunded("b", 70.0, 100) == 0  # b's 429 is past the horizon
+    assert f.refunded("nobody", 1.0, 10) == 0
