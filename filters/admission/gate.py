@@ -177,6 +177,15 @@ class PoolGate:
         held = core.in_flight + sum(len(q) for q in core.queues.values())
         return (held + core.refused_slots(self.clock())) / limit
 
+    def expected(self) -> float | None:
+        """The part of :meth:`demand` that was planned: clients queued for the place a
+        ``Retry-After`` promised them (None while the pool is not limited). The ladder holds a
+        step for them but takes none: they are the storm's demand coming back, not a new one."""
+        limit = self.base_limit
+        if not limit:
+            return None
+        return sum(q.returning for q in self.core.queues.values()) / limit
+
     async def returning(self, lane: str, key: Hashable) -> tuple[bool, bool]:
         """Whether a client of ``lane`` is back as a ``Retry-After`` told it, here or (through
         :mod:`.shared`) in another filter process: (back, kept elsewhere). The ladder's shed step
@@ -425,6 +434,11 @@ class Gates:
         ladder reads it beside the pool state's saturation."""
         g = self._gates.get(pool)
         return g.demand() if g is not None else None
+
+    def expected(self, pool: str) -> float | None:
+        """:meth:`PoolGate.expected` of the pool (None: no gate, or not limited)."""
+        g = self._gates.get(pool)
+        return g.expected() if g is not None else None
 
     def stopped_refusing(self, pool: str) -> None:
         """:meth:`PoolGate.stopped_refusing` of the pool (the ladder calls it on a step down)."""

@@ -9,6 +9,9 @@ A shed step refuses demand before admission sees it; where the pool has an admis
 gate counts the fresh requests refused (:meth:`filters.admission.gate.PoolGate.turned_away`)
 in its demand reading, so the step is left as soon as that demand fits (after ``SETTLE_S`` of
 measuring it), not after a blind ``min_dwell`` (:func:`runtime.poolstate.ladder.next_state`).
+Clients queued for the place a ``Retry-After`` promised them are demand that holds a step, but
+they do not take a higher one (``expected``): a storm's told clients coming back are not a new
+spike.
 """
 
 from __future__ import annotations
@@ -72,6 +75,9 @@ class Ladders:
         self.metrics = LadderMetrics(registry if registry is not None else CollectorRegistry())
         self.saturation: SaturationSource = lambda pool: None
         self.demand: SaturationSource = lambda pool: None
+        # pool → the part of ``demand`` that was planned (clients back when told): it holds a
+        # step but takes none
+        self.expected: SaturationSource = lambda pool: None
         # pool → called when its ladder steps down (the gates stop counting refused demand)
         self.stepped_down: Callable[[str], None] = lambda pool: None
         self._policies: dict[str, DegradationPolicy] = {}
@@ -99,8 +105,10 @@ class Ladders:
         if ladder is None:
             return 0
         before = self._states.get(pool, LadderState())
-        saturation, settle = self._reading(pool)
-        after = next_state(ladder, before, saturation, self.clock(), settle=settle)
+        saturation, settle, expected = self._reading(pool)
+        after = next_state(
+            ladder, before, saturation, self.clock(), settle=settle, expected=expected
+        )
         if after is not before:
             self._states[pool] = after
         if after.step != before.step:
@@ -119,12 +127,19 @@ class Ladders:
         """The higher of the pool state's saturation and the gate's demand (None: neither)."""
         return self._reading(pool)[0]
 
-    def _reading(self, pool: str) -> tuple[float | None, float | None]:
-        """(level, settle): ``settle`` is ``SETTLE_S`` where the gate's demand is read (it
-        counts what a shed step refuses), else None (the step's ``min_dwell`` holds)."""
-        demand = self.demand(pool)
-        seen = [v for v in (self.saturation(pool), demand) if v is not None]
-        return (max(seen) if seen else None), (SETTLE_S if demand is not None else None)
+    def _reading(self, pool: str) -> tuple[float | None, float | None, float]:
+        """(level, settle, expected): ``settle`` is ``SETTLE_S`` where the gate's demand is read
+        (it counts what a shed step refuses), else None (the step's ``min_dwell`` holds);
+        ``expected``: how much of the level the gate's clients back when told make (the level
+        without them is the higher of the saturation and the rest of the gate's demand)."""
+        saturation, demand = self.saturation(pool), self.demand(pool)
+        seen = [v for v in (saturation, demand) if v is not None]
+        level = max(seen) if seen else None
+        if level is None or demand is None:
+            return level, None, 0.0
+        back = self.expected(pool) or 0.0
+        rest = [v for v in (saturation, demand - back) if v is not None]
+        return level, SETTLE_S, max(0.0, level - max(rest))
 
     def effect(self, pool: str, tier: str | None, lane: str | None) -> Effect | None:
         """What the pool's ladder does to this request now (None: no ladder, or nothing);

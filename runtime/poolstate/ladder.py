@@ -15,6 +15,9 @@ Step 0 is normal service; on step ``k`` the first ``k`` steps of the pool's
   filter server's gate counts the fresh requests it refused, :mod:`filters.ladder`), the shed
   step is left as soon as that demand fits, after ``settle`` seconds of measuring it: the same
   demand that let it down is then admitted, and it returns only past ``enter_at``.
+* Clients that come back when a ``Retry-After`` told them are demand, not a new spike: the
+  caller passes their part of the level as ``expected``; it holds the current step (it counts
+  against ``leave_at``) but does not take a higher one (it is left out against ``enter_at``).
 
 The next step never decreases as saturation increases (same step and time), and every change
 restarts the dwell clock.
@@ -79,13 +82,17 @@ def next_state(
     now: float,
     *,
     settle: float | None = None,
+    expected: float = 0.0,
 ) -> LadderState:
     """The step after ``state`` at level ``saturation``; ``settle``: the level counts the demand
-    a shed step refuses, which may then be left after ``settle`` seconds (module docstring)."""
+    a shed step refuses, which may then be left after ``settle`` seconds; ``expected``: the
+    part of the level that was planned (clients back when a ``Retry-After`` told them), which
+    holds a step but does not take one (module docstring)."""
     s = _level(saturation)
     steps = policy.steps
     current = min(state.step, len(steps))
-    up = sum(1 for st in steps if s >= st.enter_at)
+    rise = s - max(0.0, expected) if math.isfinite(s) else s
+    up = sum(1 for st in steps if rise >= st.enter_at)
     if up > current:
         return LadderState(up, now)
     dwelt = now - state.since >= dwell(policy, current, settle)

@@ -5,6 +5,7 @@ refuses fits (not after its blind dwell), without flapping back."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
@@ -21,6 +22,7 @@ def s() -> Setup:
     setup.level = None  # no pool state: the gate's demand alone moves the ladder
     setup.ladders.demand = setup.gates.demand  # as the filter server wires it
     setup.ladders.stepped_down = setup.gates.stopped_refusing
+    setup.ladders.expected = setup.gates.expected
     return setup
 
 
@@ -114,3 +116,35 @@ async def test_the_shed_step_is_left_once_the_refused_demand_fits(s: Setup) -> N
         s.clock.now += 0.3
         await admission.stream_end(ctx)
         assert s.ladders.step("chat") < 3
+
+
+async def test_clients_back_when_told_hold_the_step_but_do_not_take_it(s: Setup) -> None:
+    """Queued for their promised place, told clients coming back are demand (the shed step
+    holds for them) but not a new spike (they do not take the shed step)."""
+    admission = AdmissionPlugin({}, s.services)
+    await drain_batch(s, admission)
+    gate = s.gates.gate("chat")
+    assert gate is not None
+    running = s.ctx("pro", "interactive")
+    assert await admission.request_headers(running, {}, False) is None  # the only slot
+    now = s.clock()
+    for i in range(3):  # three clients told to come back now, back together
+        gate.core.told["batch"].add(now, 0.0, ("t-pro", "100", f"req-{i}"), "t-pro")
+    waiting = []
+    for i in range(3):  # (pro in the batch lane: only the shed step names it)
+        ctx = s.ctx("pro", "batch")
+        assert await s.plugin.request_headers(ctx, headers(i), False) is None
+        waiting.append(asyncio.create_task(admission.request_headers(ctx, headers(i), False)))
+    await asyncio.sleep(0)
+    assert s.gates.demand("chat") == 4.0 and s.gates.expected("chat") == 3.0
+    assert s.ladders.step("chat") == 2  # every slot busy: clamp and fallback, but no shed
+    # fresh requests queued on top are a spike: the shed step is taken, and the returning
+    # clients hold it while they wait
+    fresh = s.ctx("pro", "batch")
+    assert await s.plugin.request_headers(fresh, headers(9), False) is None
+    waiting.append(asyncio.create_task(admission.request_headers(fresh, headers(9), False)))
+    await asyncio.sleep(0)
+    assert s.ladders.step("chat") == 3
+    for t in waiting:
+        t.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)

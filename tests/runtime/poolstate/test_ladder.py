@@ -155,7 +155,7 @@ def test_settle_keeps_the_ladder_monotone_and_never_longer(
     slow = next_state(p, state, lo, now).step
     fast = next_state(p, state, lo, now, settle=settle).step
     assert fast <= slow
-    assert fast in (slow, next_state(p, state, lo, now + p.min_dwell + settle).step)
+    assert fast in (slow, next_state(p, state, lo, now + p.min_dwell + 1.0).step)
 
 
 @settings(max_examples=100)
@@ -172,3 +172,23 @@ def test_no_flapping_inside_the_band_with_settle(p: DegradationPolicy, data: st.
         now += data.draw(st.floats(0.0, 100.0))
         state = next_state(p, state, s, now, settle=0.0)
         assert state.step == k
+
+
+def test_expected_demand_holds_a_step_but_takes_none() -> None:
+    """Clients back when told (``expected``) count against ``leave_at`` but not ``enter_at``."""
+    p = _ladder()
+    assert next_state(p, LadderState(), 1.6, 0.0, expected=0.5) == LadderState(2, 0.0)
+    assert next_state(p, LadderState(), 1.6, 0.0, expected=0.0) == LadderState(3, 0.0)
+    on = LadderState(3, 0.0)
+    assert next_state(p, on, 1.3, 10.0, settle=1.0, expected=1.3) == on  # holds the shed step
+    assert next_state(p, on, 1.0, 10.0, settle=1.0, expected=1.0).step == 2
+    assert next_state(p, LadderState(), float("inf"), 0.0, expected=5.0).step == 3
+
+
+@settings(max_examples=100)
+@given(policies(), st.integers(0, 4), st.floats(0, 50), LEVEL, st.floats(0, 2.5))
+def test_expected_never_raises_the_step(
+    p: DegradationPolicy, step: int, dt: float, s: float, e: float
+) -> None:
+    state = LadderState(min(step, len(p.steps)), 0.0)
+    assert next_state(p, state, s, dt, expected=e).step <= next_state(p, state, s, dt).step
