@@ -5,7 +5,8 @@ batch lane (``pools.chat.degradation``, as in ``examples/mesh.yaml``). Steady tr
 ``--base`` x capacity (30% interactive: the interactive probe, 70% batch: the fresh batch that
 must be served after the spike), and a storm of ``--clients`` batch requests in
 ``--spike-seconds``. Run twice per arm: clients that honour ``Retry-After`` (polite) and clients
-that retry at once (naive). Arms side by side in one run, each on its own fresh pool:
+that retry at once (naive); polite clients both exactly as told (the herd case) and
+with 0..25% jitter. Arms side by side in one run, each on its own fresh pool:
 ``main`` (another checkout's code, ``--baseline-src``: ``git archive main``) and ``branch``
 (this checkout), on the same policy and arrivals.
 
@@ -226,7 +227,10 @@ def summarize(
         }
     steps = got["steps"]
     changes = sum(1 for (_, a), (_, b) in itertools.pairwise(steps) if a != b)
-    shed_after = [t for t, v in steps if t >= spike_end and v >= 1]
+    # seconds the ladder spent shedding after the spike's end (samples every 0.25 s)
+    shed_after = sum(
+        b[0] - a[0] for a, b in itertools.pairwise(steps) if a[0] >= spike_end and a[1] >= 1
+    )
     return {
         "storm": {
             "requests": len(storm),
@@ -249,9 +253,8 @@ def summarize(
         "interactive": inter,
         "ladder": {
             "changes": changes,
-            "last_shed_after_spike_end_s": round(max(shed_after) - spike_end, 2)
-            if shed_after
-            else None,
+            "shed_after_spike_end_s": round(shed_after, 2),
+            "changes_at": [t for (_, a), (t, b) in itertools.pairwise(steps) if a != b],
             "steps": steps,
         },
     }
@@ -265,7 +268,7 @@ def _row(arm: str, b: str, r: dict[str, Any]) -> str:
         f"{r['recovered_s']} | {fb['served']} ({fb['served_first_attempt']}) | "
         f"{i['before']['ttft_ms_p95']} / {i['spike']['ttft_ms_p95']} / {i['after']['ttft_ms_p95']}"
         f" ({i['after']['success']}) | {r['ladder']['changes']} | "
-        f"{r['ladder']['last_shed_after_spike_end_s']} |"
+        f"{r['ladder']['shed_after_spike_end_s']} |"
     )
 
 
@@ -277,7 +280,7 @@ def report(result: dict[str, Any]) -> str:
         "| arm | clients | attempts/success (storm) | gave up | goodput before (tok/s) | "
         "after (mean) | recovered (s after spike) | fresh batch after: served (1st try) | "
         "interactive TTFT p95 ms before / spike / after (success after) | ladder changes | "
-        "last shed (s after spike) |",
+        "shedding after the spike (s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, by_b in result["arms"].items():
@@ -306,10 +309,11 @@ async def run(s: Setup, baseline: Path | None, out: Path) -> dict[str, Any]:
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "baseline_src": str(baseline) if baseline else None, "arms": {},
     }  # fmt: skip
-    behaviours = (
-        Behaviour("honour", max_attempts=s.max_attempts, retry_untold=True),
-        Behaviour("immediate", max_attempts=s.max_attempts),
-    )
+    behaviours = {  # polite: exactly as told (the herd case), and with 0..25% jitter; naive
+        "polite": Behaviour("honour", max_attempts=s.max_attempts, jitter=0.0, retry_untold=True),
+        "polite-jitter": Behaviour("honour", max_attempts=s.max_attempts, retry_untold=True),
+        "naive": Behaviour("immediate", max_attempts=s.max_attempts),
+    }
     with tempfile.TemporaryDirectory(prefix="tw-storm-") as tmp:
         arms: dict[str, Any] = {}
         try:
@@ -323,13 +327,13 @@ async def run(s: Setup, baseline: Path | None, out: Path) -> dict[str, Any]:
             for arm in arms.values():
                 await arm.pool.start(arm.name)
                 await arm.start()
-            for b in behaviours:
+            for label, b in behaviours.items():
                 for name, arm in arms.items():  # side by side: each arm, same arrivals
                     await wait_idle(arm)
                     got = await drive(arm, arrivals, b, s)
                     r = summarize(got, arrivals, storm, s)
-                    result["arms"].setdefault(name, {})[b.name] = r
-                    print(_row(name, b.name, r), flush=True)
+                    result["arms"].setdefault(name, {})[label] = r
+                    print(_row(name, label, r), flush=True)
         finally:
             for arm in arms.values():
                 await arm.aclose()
