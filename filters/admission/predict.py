@@ -147,9 +147,9 @@ class Predictions:
         """When to come back, for a client shed now: the time the lane's queue (and the ones
         above it, or ``extra`` requests ahead) plus every client already told to come back
         take to start at the measured drain rate, stretched by up to ``JITTER`` (with an rng);
-        the lane's longest wait when nothing was measured yet, for as many clients as the lane
-        may hold at once, and later ones spaced as if it drained that many per longest wait
-        (a burst shed before anything was measured does not come back as one herd). A lane blocked by the lanes
+        when nothing was measured yet, between the lane's longest wait and twice it, later for
+        each client told (a burst shed before anything was measured does not come back as one
+        herd; its returns are measured by then). A lane blocked by the lanes
         above (no room) is told no sooner than their measured need could fade, than the
         clients queued or told at or above it take at the pool's completion rate, and than its
         own queue and told clients take at the rate it lately started requests. The answer
@@ -172,10 +172,13 @@ class Predictions:
                 wait = max(wait, paced)
         elif paced is not None:
             wait = paced
-        else:  # nothing measured: the lane's longest wait, for as many as it may hold at once
+        else:  # nothing measured: from the lane's longest wait up to twice it, each later
+            # client told a later time (none shares one), the first as many as the lane holds
+            # at once nearest the longest wait
             base = max(self.lanes[lane].max_wait, 1.0)
             room = max(1, self.room(now, lane) or 1)
-            wait = max(base, (ahead + told.outstanding(now) + 1) * base / room)
+            n = ahead + told.outstanding(now)
+            wait = base * (1.0 + n / (n + room))
         if self.rng is not None:
             wait *= 1.0 + self.rng.uniform(0.0, JITTER)
         wait = min(MAX_RETRY_AFTER, wait)

@@ -42,18 +42,19 @@ async def test_a_told_herd_is_spread_and_the_ladder_steps_down_once_demand_fits(
     arm.overrides = LADDER
     records = load_sample()
     # 30 batch requests within 0.2 s (the pool runs 2 at a time), then fresh batch requests,
-    # one a second from 6 s on, well within what the pool serves
+    # one a second from 4 s to 33 s, well within what the pool serves, while the told clients
+    # come back
     burst = schedule(
         records, [Phase(0.2, 1.0)], capacity_rps=200.0, interactive_share=0.0,
         tenants_per_lane=4, length_scale=64, rng=random.Random(7),
     )[:30]  # fmt: skip
     fresh = [
-        Arrival(6.0 + 1.0 * i, "batch", i % 4, r.prompt, r.prompt_tokens, r.max_tokens)
+        Arrival(4.0 + 1.0 * i, "batch", i % 4, r.prompt, r.prompt_tokens, r.max_tokens)
         for i, r in enumerate(
             schedule(
                 records[100:], [Phase(1.0, 1.0)], capacity_rps=40.0, interactive_share=0.0,
                 tenants_per_lane=4, length_scale=64, rng=random.Random(8),
-            )[:16]
+            )[:30]
         )
     ]  # fmt: skip
     arrivals = burst + fresh
@@ -84,15 +85,13 @@ async def test_a_told_herd_is_spread_and_the_ladder_steps_down_once_demand_fits(
     assert storm <= ok, sorted(storm - ok)
     per_success = sum(1 for a in attempts if a.request in storm) / len(storm)
     assert per_success <= 4.0, per_success
-    # the ladder came down and stayed down: the fresh requests after the storm were served at
-    # once (none shed), and it went up no more than twice (no flapping between waves)
-    storm_done = max(a.done or 0.0 for a in attempts if a.request in storm and a.ok)
-    late = [i for i in range(len(burst), len(arrivals)) if arrivals[i].at > storm_done + 1.0]
-    assert late, f"the storm took too long to leave fresh requests after it ({storm_done} s)"
-    for i in late:
+    # the ladder came down once the demand fitted and stayed down while the told clients came
+    # back (they are not a new spike): every fresh request after the burst was served on its
+    # first attempt, and the ladder went up once (no flapping between waves)
+    for i in range(len(burst), len(arrivals)):
         first = next(a for a in attempts if a.request == i and a.number == 1)
-        assert first.ok, (i, first.status, first.error, storm_done, got["steps"])
+        assert first.ok, (i, first.sent, first.status, first.error, got["steps"])
     steps = got["steps"]
     assert steps and steps[-1][1] == 0.0, steps[-8:]
     ups = float(page.split(_UPS, 1)[1].split()[0])
-    assert 1.0 <= ups <= 2.0, ups
+    assert ups == 1.0, (ups, steps)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 
 import pytest
@@ -168,3 +169,18 @@ def test_a_tenant_holds_no_more_promised_places_than_it_may_queue() -> None:
     late = 1.0 + max(s.retry_after for s in sheds if isinstance(s, Shed))
     assert told.claim(late, "g0") and told.claim(late, "g1")
     assert not told.claim(late, "g2")  # told a time, never a place
+
+
+def test_a_burst_shed_before_anything_is_measured_is_told_spread_times() -> None:
+    """Nothing measured yet (no grant rate, no completion): the clients are told times from
+    the lane's longest wait up to twice it, each later than the one before (not one herd)."""
+    a = admission(cap=4, wait=1.0)  # interactive: 1 s longest wait
+    told = [a.retry_after(0.0, "interactive", key=("t", str(i), ""), tenant=f"t{i}")
+            for i in range(40)]  # fmt: skip
+    assert told[0] == 1.0
+    assert all(x < y for x, y in itertools.pairwise(told))  # none shares a time
+    assert told[-1] < 2.0
+    # the first as many as the lane holds at once nearest the longest wait
+    assert told[3] <= 1.5
+    # and a keyed client there is recognised when it comes back in its window
+    assert a.told["interactive"].claimable(told[5], ("t", "5", ""))
