@@ -146,7 +146,8 @@ class Predictions:
     ) -> float:
         """When to come back, for a client shed now: the time the lane's queue (and the ones
         above it, or ``extra`` requests ahead) plus every client already told to come back
-        take to start at the measured drain rate, stretched by up to ``JITTER`` (with an rng);
+        take to start at the measured drain rate (no slower than the lane's room over its hold
+        time: what it starts once full), stretched by up to ``JITTER`` (with an rng);
         when nothing was measured yet, between the lane's longest wait and twice it, later for
         each client told (a burst shed before anything was measured does not come back as one
         herd; its returns are measured by then). A lane blocked by the lanes
@@ -158,6 +159,11 @@ class Predictions:
         holds fewer such places in the lane than it may queue requests there."""
         outlook = self.outlook(now, lane)
         rate = self.drain_rate(now, lane)
+        if outlook is not None and outlook.room > 0:
+            # no slower than the lane drains once it is full (room / hold): a grant rate
+            # measured under a light load tells what the lane was asked, not what it can
+            # start, and would send a storm's clients back long after the pool idles
+            rate = max(rate or 0.0, outlook.rate)
         told = self.told[lane]
         queued = 0
         for name in self.order:

@@ -184,3 +184,19 @@ def test_a_burst_shed_before_anything_is_measured_is_told_spread_times() -> None
     assert told[3] <= 1.5
     # and a keyed client there is recognised when it comes back in its window
     assert a.told["interactive"].claimable(told[5], ("t", "5", ""))
+
+
+def test_clients_told_under_a_light_load_are_paced_at_what_the_lane_can_start() -> None:
+    """One request a second, each holding its slot 1 s, on 4 slots: the grant rate says 1/s,
+    but the lane starts 4/s once full, so a burst shed now is told times 0.25 s apart (at the
+    grant rate it would come back over four times as long while the pool idled)."""
+    a = admission(cap=4, wait=1.0)
+    now = 0.0
+    for _ in range(12):
+        t = ticket(a.offer(now, "interactive", "x"))
+        now += 1.0
+        a.release(now, t)
+    told = [a.retry_after(now, "interactive", key=("t", str(i), ""), tenant=f"t{i}")
+            for i in range(8)]  # fmt: skip
+    gaps = [y - x for x, y in itertools.pairwise(told)]
+    assert all(abs(g - 0.25) < 0.01 for g in gaps), gaps
