@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["JITTER", "MAX_RETRY_AFTER", "Predictions"]
 
 MAX_RETRY_AFTER = 300.0  # seconds; Envoy's rate_limited_retry_back_off reads at most this
+_PHI = (math.sqrt(5.0) - 1.0) / 2.0  # spreads the told waits when nothing is measured
 JITTER = 0.1  # a told wait is stretched by up to this share (with an rng), so returns spread
 
 
@@ -148,9 +149,10 @@ class Predictions:
         above it, or ``extra`` requests ahead) plus every client already told to come back
         take to start at the measured drain rate (no slower than the lane's room over its hold
         time: what it starts once full), stretched by up to ``JITTER`` (with an rng);
-        when nothing was measured yet, between the lane's longest wait and twice it, later for
-        each client told (a burst shed before anything was measured does not come back as one
-        herd; its returns are measured by then). A lane blocked by the lanes
+        when nothing was measured yet, the lane's longest wait for as many clients as the lane
+        holds at once and the later ones spread evenly up to twice it (a burst shed before
+        anything was measured does not come back as one herd; its returns are measured by
+        then). A lane blocked by the lanes
         above (no room) is told no sooner than their measured need could fade, than the
         clients queued or told at or above it take at the pool's completion rate, and than its
         own queue and told clients take at the rate it lately started requests. The answer
@@ -178,13 +180,13 @@ class Predictions:
                 wait = max(wait, paced)
         elif paced is not None:
             wait = paced
-        else:  # nothing measured: from the lane's longest wait up to twice it, each later
-            # client told a later time (none shares one), the first as many as the lane holds
-            # at once nearest the longest wait
+        else:  # nothing measured: the lane's longest wait for as many as it holds at once,
+            # the later ones spread evenly over one more longest wait, whatever their number
+            # (a golden-ratio sequence: every prefix of it covers the interval evenly)
             base = max(self.lanes[lane].max_wait, 1.0)
             room = max(1, self.room(now, lane) or 1)
             n = ahead + told.outstanding(now)
-            wait = base * (1.0 + n / (n + room))
+            wait = base if n < room else base * (1.0 + math.fmod((n - room + 1) * _PHI, 1.0))
         if self.rng is not None:
             wait *= 1.0 + self.rng.uniform(0.0, JITTER)
         wait = min(MAX_RETRY_AFTER, wait)

@@ -172,16 +172,18 @@ def test_a_tenant_holds_no_more_promised_places_than_it_may_queue() -> None:
 
 
 def test_a_burst_shed_before_anything_is_measured_is_told_spread_times() -> None:
-    """Nothing measured yet (no grant rate, no completion): the clients are told times from
-    the lane's longest wait up to twice it, each later than the one before (not one herd)."""
-    a = admission(cap=4, wait=1.0)  # interactive: 1 s longest wait
+    """Nothing measured yet (no grant rate, no completion): the clients are told the lane's
+    longest wait, as many as it holds at once, and the later ones times spread evenly up to
+    twice it, however many they are (not one herd)."""
+    a = admission(cap=4, wait=1.0)  # interactive: 1 s longest wait, 4 slots
     told = [a.retry_after(0.0, "interactive", key=("t", str(i), ""), tenant=f"t{i}")
             for i in range(40)]  # fmt: skip
-    assert told[0] == 1.0
-    assert all(x < y for x, y in itertools.pairwise(told))  # none shares a time
-    assert told[-1] < 2.0
-    # the first as many as the lane holds at once nearest the longest wait
-    assert told[3] <= 1.5
+    assert told[:4] == [1.0] * 4
+    rest = told[4:]
+    assert len(set(rest)) == len(rest) and all(1.0 < t < 2.0 for t in rest)
+    for k in (8, 20, 36):  # every prefix covers [1, 2) evenly: no tenth holds a crowd
+        tenths = [sum(1 for t in rest[:k] if 1.0 + i / 10 <= t < 1.1 + i / 10) for i in range(10)]
+        assert max(tenths) <= k / 10 + 2, (k, tenths)
     # and a keyed client there is recognised when it comes back in its window
     assert a.told["interactive"].claimable(told[5], ("t", "5", ""))
 
