@@ -135,6 +135,8 @@ class FilterApp:
         self.lengths = OutputLengths(clock=wall, window=self.policy.reservation.window)
         self._shared_lengths: SharedLengths | None = None
         self.ladders.demand = self.gates.demand  # the ladder reads the gates' queues too
+        self.ladders.stepped_down = self.gates.stopped_refusing  # (refused demand: counted once)
+        self.ladders.expected = self.gates.expected  # clients back when told: not a new spike
         # endpoint pickers (prefix indexes) outlive reloads too; started in start()
         self.pickers = Pickers(registry=self.metrics.registry, clock=clock, wall=wall)
         # admission's and the ladder's saturation

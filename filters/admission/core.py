@@ -20,6 +20,11 @@
 * A ``Retry-After`` is a promise (:mod:`filters.admission.herd`): a client that comes back
   when told (its ``key``) goes before the fresh tickets of its lane, and fresh tickets count the
   clients due back before they could start.
+* Demand refused before the queue (the degradation ladder's shed step, :mod:`filters.ladder`) is
+  still demand: :meth:`Admission.turn_away` counts each fresh request refused so (not a client
+  already told to come back: it was counted when first refused), and :meth:`refused_slots` is
+  the slots that demand would hold if admitted (its rate over the last ``RECENT`` seconds times
+  the lane's hold time), which the ladder reads beside the slots taken and the queues.
 * Preemptive pools (``preemptive``: the backends schedule by request priority and preempt a
   running lower-priority request for a higher one, SGLang's ``--enable-priority-scheduling``):
   a lane above the lowest counts only the slots its own and the higher lanes hold against the
@@ -39,7 +44,7 @@ import random
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from filters.admission.demand import Demand
+from filters.admission.demand import RECENT, Demand
 from filters.admission.drain import DrainMeter
 from filters.admission.herd import Promises
 from filters.admission.predict import Predictions
@@ -105,6 +110,7 @@ class Admission(Predictions):
         self.completed = DrainMeter(window)
         self.demand = {c.name: Demand(window) for c in lanes}
         self.told = {c.name: Promises() for c in lanes}
+        self.refused = {c.name: DrainMeter(RECENT) for c in lanes}  # fresh, turned away
         self.rng = rng  # None: no jitter (deterministic answers)
         self._seq = itertools.count()
 
@@ -229,6 +235,36 @@ class Admission(Predictions):
                     self.retry_after(now, lane, extra=ahead, key=t.key, tenant=t.tenant),
                 )))  # fmt: skip
         return out
+
+    def turn_away(self, now: float, lane: str, key: Hashable | None) -> bool:
+        """A request of ``lane`` refused before it could queue (the ladder's shed): counted as
+        offered demand when it is fresh, i.e. ``key`` holds no promise yet (a client told
+        before and back, early or on time, is the same demand again). Returns whether counted.
+        Call it before telling the client its ``Retry-After`` (which makes the promise)."""
+        if key is not None and self.told[lane].knows(key):
+            return False
+        self.demand[lane].offer(now)
+        self.refused[lane].record(now)
+        return True
+
+    def refused_slots(self, now: float) -> float:
+        """Slots the fresh requests refused before the queue would hold, if admitted: per lane,
+        their rate over the last ``RECENT`` seconds times the lane's hold time (each refused
+        request counts one slot while no hold time is measured)."""
+        total = 0.0
+        for lane, meter in self.refused.items():
+            rate = meter.rate(now)
+            if rate is None:
+                continue
+            hold = self.demand[lane].hold
+            total += rate * (hold if hold is not None and hold > 0 else meter.window)
+        return total
+
+    def clear_refused(self) -> None:
+        """Forget the refused demand (the ladder stopped refusing: what comes now is admitted,
+        queued or shed by admission itself, and counted there)."""
+        for lane in self.refused:
+            self.refused[lane] = DrainMeter(RECENT)
 
     def set_capacity(
         self, now: float, max_requests: int | None, max_tokens: int | None

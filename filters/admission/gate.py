@@ -102,15 +102,18 @@ class PoolGate:
         deadline: float | None = None,
         on_wait: Callable[[float], Any] | None = None,
         key: Hashable | None = None,
+        returned: bool = False,
     ) -> Ticket | Shed:
         """A running slot, after waiting if need be, or the answer to send instead.
         ``on_wait(seconds)`` is awaited before waiting (to extend Envoy's message timeout);
-        ``key`` recognises the client when it comes back as a ``Retry-After`` told it."""
+        ``key`` recognises the client when it comes back as a ``Retry-After`` told it;
+        ``returned``: another filter process's promise was already kept for it
+        (:meth:`returning`, the ladder's shed step let it through)."""
         now = self.clock()
-        returned = False
         shared = self.shared
         if (
-            shared is not None
+            not returned
+            and shared is not None
             and key is not None
             and not self.core.told[lane].claimable(now, key)
             and not self.core.starts_at_once(now, lane, tokens)
@@ -162,12 +165,48 @@ class PoolGate:
         return r
 
     def demand(self) -> float | None:
-        """This process's requests in flight and queued for the pool against its limit (1: every
-        slot taken; 2: as many more waiting); None while the pool is not limited."""
+        """This process's requests in flight and queued for the pool, and the slots the fresh
+        requests the ladder's shed step refused would hold (:meth:`turned_away`), against its
+        limit (1: every slot taken; 2: as many more waiting); None while the pool is not
+        limited. What the shed step refuses stays in the reading: the ladder leaves the step
+        when that demand fits, not when the refusing has emptied the queue."""
         limit = self.base_limit  # the capacity's share, not the limit saturation lowered
         if not limit:
             return None
-        return (self.core.in_flight + sum(len(q) for q in self.core.queues.values())) / limit
+        core = self.core
+        held = core.in_flight + sum(len(q) for q in core.queues.values())
+        return (held + core.refused_slots(self.clock())) / limit
+
+    def expected(self) -> float | None:
+        """The part of :meth:`demand` that was planned: clients queued for the place a
+        ``Retry-After`` promised them (None while the pool is not limited). The ladder holds a
+        step for them but takes none: they are the storm's demand coming back, not a new one."""
+        limit = self.base_limit
+        if not limit:
+            return None
+        return sum(q.returning for q in self.core.queues.values()) / limit
+
+    async def returning(self, lane: str, key: Hashable) -> tuple[bool, bool]:
+        """Whether a client of ``lane`` is back as a ``Retry-After`` told it, here or (through
+        :mod:`.shared`) in another filter process: (back, kept elsewhere). The ladder's shed step
+        lets such a client through to its promised place; a promise of another process is
+        kept by this call (pass ``returned=True`` to :meth:`acquire`)."""
+        if self.core.told[lane].claimable(self.clock(), key):
+            return True, False
+        if self.shared is None:
+            return False, False
+        kept = await self.shared.take(self.name, lane, key)
+        return kept, kept
+
+    def turned_away(self, lane: str, key: Hashable | None) -> None:
+        """A request of ``lane`` refused before the queue (the ladder's shed): counted as
+        demand when fresh (:meth:`Admission.turn_away`). Call before :meth:`retry_after`."""
+        self.core.turn_away(self.clock(), lane, key)
+
+    def stopped_refusing(self) -> None:
+        """The ladder left its shed step: the demand it refused is admitted (or shed by
+        admission) from now on and counted there, not twice."""
+        self.core.clear_refused()
 
     def retry_after(self, lane: str, tenant: str, key: Hashable | None) -> float:
         """When a client of ``lane`` turned away before the queue (the degradation ladder's
@@ -407,6 +446,17 @@ class Gates:
         ladder reads it beside the pool state's saturation."""
         g = self._gates.get(pool)
         return g.demand() if g is not None else None
+
+    def expected(self, pool: str) -> float | None:
+        """:meth:`PoolGate.expected` of the pool (None: no gate, or not limited)."""
+        g = self._gates.get(pool)
+        return g.expected() if g is not None else None
+
+    def stopped_refusing(self, pool: str) -> None:
+        """:meth:`PoolGate.stopped_refusing` of the pool (the ladder calls it on a step down)."""
+        g = self._gates.get(pool)
+        if g is not None:
+            g.stopped_refusing()
 
     def gate(self, pool: str) -> PoolGate | None:
         g = self._gates.get(pool)

@@ -110,6 +110,11 @@ class Promises:
             n += p.live
         return n
 
+    def knows(self, key: Hashable) -> bool:
+        """Whether ``key`` holds a live promise (in its window or not yet): a request with it is
+        that client again (back early, or on time), not a new one."""
+        return key in self._by_key
+
     def claimable(self, now: float, key: Hashable) -> bool:
         """Whether :meth:`claim` would keep a promise for ``key`` now (nothing changes)."""
         return any(p.early <= now <= p.until for p in self._by_key.get(key, ()))

@@ -31,7 +31,7 @@ from filters.admission.queues import Ticket
 from filters.admission.spread import LaneBalance
 from filters.api import BasePlugin, Context, Reply, Result, openai_error
 from filters.errors import ConfigError
-from filters.ladder.scratch import served_pool
+from filters.ladder.scratch import kept_elsewhere, served_pool
 from filters.plugins.tokens import backend_priority
 from filters.services import Services
 
@@ -126,6 +126,7 @@ class AdmissionPlugin(BasePlugin):
             deadline=deadline,
             on_wait=getattr(ctx, "hold", None),
             key=return_key(ctx.tenant or "anonymous", headers),
+            returned=kept_elsewhere(ctx),
         )
         if isinstance(result, Shed):
             self.services.metrics.rejected(ctx.route.name, result.reason, result.status)

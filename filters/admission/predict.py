@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["JITTER", "MAX_RETRY_AFTER", "Predictions"]
 
 MAX_RETRY_AFTER = 300.0  # seconds; Envoy's rate_limited_retry_back_off reads at most this
+_PHI = (math.sqrt(5.0) - 1.0) / 2.0  # spreads the told waits when nothing is measured
 JITTER = 0.1  # a told wait is stretched by up to this share (with an rng), so returns spread
 
 
@@ -146,8 +147,12 @@ class Predictions:
     ) -> float:
         """When to come back, for a client shed now: the time the lane's queue (and the ones
         above it, or ``extra`` requests ahead) plus every client already told to come back
-        take to start at the measured drain rate, stretched by up to ``JITTER`` (with an rng);
-        the lane's longest wait when nothing was measured yet. A lane blocked by the lanes
+        take to start at the measured drain rate (no slower than the lane's room over its hold
+        time: what it starts once full), stretched by up to ``JITTER`` (with an rng);
+        when nothing was measured yet, the lane's longest wait for as many clients as the lane
+        holds at once and the later ones spread evenly up to twice it (a burst shed before
+        anything was measured does not come back as one herd; its returns are measured by
+        then). A lane blocked by the lanes
         above (no room) is told no sooner than their measured need could fade, than the
         clients queued or told at or above it take at the pool's completion rate, and than its
         own queue and told clients take at the rate it lately started requests. The answer
@@ -156,6 +161,11 @@ class Predictions:
         holds fewer such places in the lane than it may queue requests there."""
         outlook = self.outlook(now, lane)
         rate = self.drain_rate(now, lane)
+        if outlook is not None and outlook.room > 0:
+            # no slower than the lane drains once it is full (room / hold): a grant rate
+            # measured under a light load tells what the lane was asked, not what it can
+            # start, and would send a storm's clients back long after the pool idles
+            rate = max(rate or 0.0, outlook.rate)
         told = self.told[lane]
         queued = 0
         for name in self.order:
@@ -168,8 +178,15 @@ class Predictions:
             wait = self._blocked_wait(now, lane, outlook, ahead)
             if paced is not None:  # and no sooner than the lane lately started them
                 wait = max(wait, paced)
-        else:
-            wait = paced if paced is not None else max(self.lanes[lane].max_wait, 1.0)
+        elif paced is not None:
+            wait = paced
+        else:  # nothing measured: the lane's longest wait for as many as it holds at once,
+            # the later ones spread evenly over one more longest wait, whatever their number
+            # (a golden-ratio sequence: every prefix of it covers the interval evenly)
+            base = max(self.lanes[lane].max_wait, 1.0)
+            room = max(1, self.room(now, lane) or 1)
+            n = ahead + told.outstanding(now)
+            wait = base if n < room else base * (1.0 + math.fmod((n - room + 1) * _PHI, 1.0))
         if self.rng is not None:
             wait *= 1.0 + self.rng.uniform(0.0, JITTER)
         wait = min(MAX_RETRY_AFTER, wait)

@@ -4,9 +4,14 @@ At the request headers the ladder's step for the route's pool is read (it advanc
 control plane's pool state) and the steps that name the request's tier or lane apply:
 
 * ``shed``: 503 with ``Retry-After`` and an OpenAI error, through admission's reply
-  (:func:`filters.admission.plugin.shed_reply`); the later of the step's remaining dwell and,
-  where the pool has an admission gate, the time its lane's queue takes to drain at the
-  measured rate (the client is counted among those told to return, as admission's own);
+  (:func:`filters.admission.plugin.shed_reply`). Where the pool has an admission gate, the
+  client is told its place in the lane's return order (admission's own ``Retry-After``: the
+  queue and the clients told before it, at the measured drain rate, so a shed burst does not
+  come back as one herd), the fresh request is counted as demand the step refused (the ladder
+  leaves the step when that demand fits), and a client back when told is let through to the
+  place it was promised in this pool (here or, :mod:`filters.admission.shared`, by another
+  filter process; no fallback for it: its place is here). Without a gate: the step's
+  remaining dwell;
 * ``fallback``: ``x-tokenweir-degrade: fallback`` is set and the route re-picked; the control
   plane routes that header to the fallback pool's cluster. The tokens plugin rewrites the
   body's ``model`` to the fallback pool's first model (:func:`~filters.ladder.scratch.served_model`), admission gates
@@ -22,6 +27,7 @@ server deletes every client ``x-tokenweir-*`` header first.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from filters.admission.core import Shed
@@ -29,9 +35,10 @@ from filters.admission.gate import Gates
 from filters.admission.plugin import return_key, shed_reply
 from filters.api import BasePlugin, Context, Result
 from filters.ladder.errors import LadderError
-from filters.ladder.scratch import SCRATCH, Degraded, degraded
+from filters.ladder.scratch import RETURNED, SCRATCH, Degraded, degraded
 from filters.ladder.state import Ladders
 from filters.services import Services
+from runtime.poolstate.ladder import Effect
 
 __all__ = ["DEGRADE_HEADER", "DegradePlugin"]
 
@@ -65,15 +72,23 @@ class DegradePlugin(BasePlugin):
             return None
         lane = ctx.lane or "interactive"
         if e.shed:
-            after = self.ladders.retry_after(pool)
             gate = self.gates.gate(pool) if self.gates is not None else None
-            if gate is not None and lane in gate.core.queues:
-                tenant = ctx.tenant or "anonymous"
-                after = max(after, gate.retry_after(lane, tenant, return_key(tenant, headers)))
-            shed = Shed(503, "degraded", after)
-            self.ladders.metrics.shed.labels(pool, lane).inc()
-            self.metrics.rejected(ctx.route.name, shed.reason, shed.status)
-            return Result(reply=shed_reply(shed, lane))
+            if gate is None or lane not in gate.core.queues:  # no promise to keep: the dwell
+                return self._shed(ctx, pool, e, lane, self.ladders.retry_after(pool))
+            tenant = ctx.tenant or "anonymous"
+            key = return_key(tenant, headers)
+            back, elsewhere = await gate.returning(lane, key)
+            if not back:  # fresh: counted as demand, told a place in the lane's return order
+                gate.turned_away(lane, key)
+                return self._shed(ctx, pool, e, lane, gate.retry_after(lane, tenant, key))
+            self.ladders.metrics.requests.labels(pool, "returned").inc()
+            if elsewhere:
+                ctx.scratch[RETURNED] = True
+            # back when told: admission gives it the place promised in this pool
+            e = replace(e, shed=False, fallback=False)
+            if not e.actions:
+                return None
+        self.ladders.count(pool, e)
         fallback = self.policy.pools[pool].fallback if e.fallback else None
         if fallback is None:
             ctx.scratch[SCRATCH] = Degraded(e)
@@ -81,6 +96,13 @@ class DegradePlugin(BasePlugin):
         model = self.policy.pools[fallback].models[0]
         ctx.scratch[SCRATCH] = Degraded(e, fallback, model)
         return Result(set_headers={DEGRADE_HEADER: "fallback"}, clear_route_cache=True)
+
+    def _shed(self, ctx: Context, pool: str, e: Effect, lane: str, after: float) -> Result:
+        self.ladders.count(pool, e)
+        self.ladders.metrics.shed.labels(pool, lane).inc()  # the dashboard's lanes table
+        shed = Shed(503, "degraded", after)
+        self.metrics.rejected(ctx.route.name, shed.reason, shed.status)
+        return Result(reply=shed_reply(shed, lane))
 
     async def response_headers(self, ctx: Context, headers: Mapping[str, str]) -> Result | None:
         d = degraded(ctx)

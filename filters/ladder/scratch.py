@@ -8,9 +8,19 @@ from dataclasses import dataclass
 from filters.api import Context
 from runtime.poolstate.ladder import Effect
 
-__all__ = ["SCRATCH", "Degraded", "degraded", "max_tokens_cap", "served_model", "served_pool"]
+__all__ = [
+    "RETURNED",
+    "SCRATCH",
+    "Degraded",
+    "degraded",
+    "kept_elsewhere",
+    "max_tokens_cap",
+    "served_model",
+    "served_pool",
+]
 
 SCRATCH = "degrade"
+RETURNED = "degrade.returned"  # the shed step let a client through on another process's promise
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,3 +51,9 @@ def served_pool(ctx: Context) -> str | None:
     """The pool that serves this request: the fallback pool when degraded, else the route's."""
     d = degraded(ctx)
     return d.pool if d is not None and d.pool is not None else ctx.route.pool
+
+
+def kept_elsewhere(ctx: Context) -> bool:
+    """The ladder's shed step let this request through because another filter process's
+    ``Retry-After`` promise was kept for it (admission gives it its place: ``returned``)."""
+    return ctx.scratch.get(RETURNED) is True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 
 import pytest
@@ -169,3 +170,36 @@ def test_a_tenant_holds_no_more_promised_places_than_it_may_queue() -> None:
     late = 1.0 + max(s.retry_after for s in sheds if isinstance(s, Shed))
     assert told.claim(late, "g0") and told.claim(late, "g1")
     assert not told.claim(late, "g2")  # told a time, never a place
+
+
+def test_a_burst_shed_before_anything_is_measured_is_told_spread_times() -> None:
+    """Nothing measured yet (no grant rate, no completion): the clients are told the lane's
+    longest wait, as many as it holds at once, and the later ones times spread evenly up to
+    twice it, however many they are (not one herd)."""
+    a = admission(cap=4, wait=1.0)  # interactive: 1 s longest wait, 4 slots
+    told = [a.retry_after(0.0, "interactive", key=("t", str(i), ""), tenant=f"t{i}")
+            for i in range(40)]  # fmt: skip
+    assert told[:4] == [1.0] * 4
+    rest = told[4:]
+    assert len(set(rest)) == len(rest) and all(1.0 < t < 2.0 for t in rest)
+    for k in (8, 20, 36):  # every prefix covers [1, 2) evenly: no tenth holds a crowd
+        tenths = [sum(1 for t in rest[:k] if 1.0 + i / 10 <= t < 1.1 + i / 10) for i in range(10)]
+        assert max(tenths) <= k / 10 + 2, (k, tenths)
+    # and a keyed client there is recognised when it comes back in its window
+    assert a.told["interactive"].claimable(told[5], ("t", "5", ""))
+
+
+def test_clients_told_under_a_light_load_are_paced_at_what_the_lane_can_start() -> None:
+    """One request a second, each holding its slot 1 s, on 4 slots: the grant rate says 1/s,
+    but the lane starts 4/s once full, so a burst shed now is told times 0.25 s apart (at the
+    grant rate it would come back over four times as long while the pool idled)."""
+    a = admission(cap=4, wait=1.0)
+    now = 0.0
+    for _ in range(12):
+        t = ticket(a.offer(now, "interactive", "x"))
+        now += 1.0
+        a.release(now, t)
+    told = [a.retry_after(now, "interactive", key=("t", str(i), ""), tenant=f"t{i}")
+            for i in range(8)]  # fmt: skip
+    gaps = [y - x for x, y in itertools.pairwise(told)]
+    assert all(abs(g - 0.25) < 0.01 for g in gaps), gaps

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.policy.degradation import DegradationPolicy, LadderStep
-from runtime.poolstate.ladder import LadderState, effect, next_state, retry_after
+from runtime.poolstate.ladder import LadderState, dwell, effect, next_state, retry_after
 
 LEVEL = st.floats(min_value=0.0, max_value=2.5, allow_nan=False)
 
@@ -118,3 +118,77 @@ def test_retry_after_is_the_remaining_dwell() -> None:
     p = _ladder()
     assert retry_after(p, LadderState(3, 100.0), 101.0) == 4.0
     assert retry_after(p, LadderState(3, 100.0), 200.0) == 1.0
+
+
+def test_a_measured_shed_step_is_left_after_settle_not_the_dwell() -> None:
+    """Where the level counts what the shed step refuses, the shed step is left as soon as that
+    demand fits (after ``settle``); the steps below keep their dwell, and inside the band the
+    step holds as before."""
+    p = _ladder()
+    s = next_state(p, LadderState(), 1.6, 0.0, settle=1.0)
+    assert s == LadderState(3, 0.0)
+    assert next_state(p, s, 0.3, 0.9, settle=1.0) == s  # still measuring
+    assert next_state(p, s, 1.3, 4.0, settle=1.0) == s  # in the band: holds (no flapping)
+    down = next_state(p, s, 0.7, 1.0, settle=1.0)
+    assert down == LadderState(1, 1.0)  # not 5 s: the refused demand was measured to fit
+    assert next_state(p, down, 0.1, 5.9, settle=1.0) == down  # the clamp keeps its dwell
+    assert next_state(p, down, 0.1, 6.0, settle=1.0) == LadderState(0, 6.0)
+    assert next_state(p, s, 0.7, 1.0) == s  # without settle: the blind dwell
+    assert dwell(p, 3, 1.0) == 1.0 and dwell(p, 2, 1.0) == 5.0 and dwell(p, 3) == 5.0
+    assert retry_after(p, LadderState(3, 100.0), 100.2, 1.0) == 1.0
+
+
+@settings(max_examples=100)
+@given(policies(), st.integers(0, 4), st.floats(0, 100), st.floats(0, 100), LEVEL, LEVEL,
+       st.floats(0, 5))  # fmt: skip
+def test_settle_keeps_the_ladder_monotone_and_never_longer(
+    p: DegradationPolicy, step: int, since: float, dt: float, a: float, b: float, settle: float
+) -> None:
+    state = LadderState(min(step, len(p.steps)), since)
+    lo, hi = sorted((a, b))
+    now = since + dt
+    assert (
+        next_state(p, state, lo, now, settle=settle).step
+        <= next_state(p, state, hi, now, settle=settle).step
+    )
+    # settle only lets a step go sooner, never later nor elsewhere than the dwell would
+    slow = next_state(p, state, lo, now).step
+    fast = next_state(p, state, lo, now, settle=settle).step
+    assert fast <= slow
+    assert fast in (slow, next_state(p, state, lo, now + p.min_dwell + 1.0).step)
+
+
+@settings(max_examples=100)
+@given(policies(), st.data())
+def test_no_flapping_inside_the_band_with_settle(p: DegradationPolicy, data: st.DataObject) -> None:
+    k = data.draw(st.integers(0, len(p.steps)))
+    low = p.steps[k - 1].leave_at if k > 0 else 0.0
+    high = p.steps[k].enter_at if k < len(p.steps) else 2.5
+    noise = data.draw(
+        st.lists(st.floats(low, high, exclude_max=True, allow_nan=False), min_size=1, max_size=50)
+    )
+    state, now = LadderState(k, 0.0), 0.0
+    for s in noise:
+        now += data.draw(st.floats(0.0, 100.0))
+        state = next_state(p, state, s, now, settle=0.0)
+        assert state.step == k
+
+
+def test_expected_demand_holds_a_step_but_takes_none() -> None:
+    """Clients back when told (``expected``) count against ``leave_at`` but not ``enter_at``."""
+    p = _ladder()
+    assert next_state(p, LadderState(), 1.6, 0.0, expected=0.5) == LadderState(2, 0.0)
+    assert next_state(p, LadderState(), 1.6, 0.0, expected=0.0) == LadderState(3, 0.0)
+    on = LadderState(3, 0.0)
+    assert next_state(p, on, 1.3, 10.0, settle=1.0, expected=1.3) == on  # holds the shed step
+    assert next_state(p, on, 1.0, 10.0, settle=1.0, expected=1.0).step == 2
+    assert next_state(p, LadderState(), float("inf"), 0.0, expected=5.0).step == 3
+
+
+@settings(max_examples=100)
+@given(policies(), st.integers(0, 4), st.floats(0, 50), LEVEL, st.floats(0, 2.5))
+def test_expected_never_raises_the_step(
+    p: DegradationPolicy, step: int, dt: float, s: float, e: float
+) -> None:
+    state = LadderState(min(step, len(p.steps)), 0.0)
+    assert next_state(p, state, s, dt, expected=e).step <= next_state(p, state, s, dt).step
