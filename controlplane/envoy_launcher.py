@@ -106,7 +106,10 @@ def _socket(host: str, port: int) -> dict[str, Any]:
 
 def _node(settings: EnvoySettings) -> dict[str, Any]:
     node: dict[str, Any] = {"id": settings.node_id, "cluster": settings.node_cluster}
-    if settings.admin_port:  # known before start (a free port picked by Envoy is not)
+    # the admin address the control plane reads Envoy's stats from (the dashboard), where it is
+    # known before start (a free port Envoy picks is not) and names a host (a wildcard bind, as
+    # in a Kubernetes pod, does not say where to reach it)
+    if settings.admin_port and settings.admin_host not in ("0.0.0.0", "::"):
         node["metadata"] = {ADMIN_METADATA: f"{settings.admin_host}:{settings.admin_port}"}
     return node
 
