@@ -246,8 +246,8 @@ class ByteBound:
     (GPT-2, Llama 3, Qwen, DeepSeek families) produces more tokens than bytes, whatever the
     vocabulary and however the text is laid out: a client cannot lower this bound by crafting
     its prompt. It over-counts English prose about 4x and CJK about 2-3x (bench/
-    filters_estimate.py); a pool that names its model's tokenizer (``routing.tokenizer``) is
-    counted exactly instead. O(1) for ASCII text (CPython knows a string is ASCII), one
+    filters_estimate.py); a filter server given the model's ``tokenizer.json`` (``--tokenizer``)
+    counts texts up to 16 KiB characters exactly instead (:class:`ExactUpTo`). O(1) for ASCII text (CPython knows a string is ASCII), one
     ``encode`` otherwise. ``prefix_chars`` is the heuristic's (a cut of 4 characters per token:
     it decides what is hashed for routing, not what is charged)."""
 
