@@ -150,8 +150,12 @@ def test_readme_overload(tmp_path: Path) -> None:
         turned = [o for o in outcomes if o.status != 200]
         assert turned, report(outcomes)  # 48 streams of ~1 s cannot all start within 1 s
         for o in turned:
-            assert o.status == 503 and o.retry_after is not None, o
-            assert float(o.retry_after) >= 1 and o.code in ADMISSION_CODES | LADDER_CODES, o
+            assert o.retry_after is not None and float(o.retry_after) >= 1, o
+            if o.status == 429:  # the free tier's 2,000-token bucket cannot hold 8 whole
+                # answers of 256 (a whole-answer 429, docs/quotas.md): refused before admission
+                assert o.tenant == "free" and o.code == "rate_limit_exceeded", o
+                continue
+            assert o.status == 503 and o.code in ADMISSION_CODES | LADDER_CODES, o
         assert admission_limit(banner) == 12
         assert ladder_degrades_the_free_tier_to_the_fallback_pool(url, banner)
     finally:
