@@ -30,7 +30,7 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import redis.asyncio as aioredis
@@ -54,6 +54,7 @@ ARMS = (
     "sglang-router",
     "tokenweir-python-meter",
     "tokenweir-baseline",
+    "tokenweir-median",
 )
 MODEL = "llama-3.1-8b"
 BUDGET_HEADER = ("x-peers-budget", "1")  # sent by the budget bursts (tokenweir's budget route)
@@ -197,6 +198,7 @@ class Tokenweir(PeerArm):
     limits_tokens = True
     usage_meter = "envoy"  # the Lua usage meter; "python": every response chunk via ext_proc
     src: Path | None = None  # another checkout's code (the baseline arm)
+    reservation: ClassVar[dict[str, Any] | None] = None  # the policy's ``reservation`` section
 
     def __init__(self, emus: Emulators, run_dir: Path, budgets: Budgets, redis_port: int) -> None:
         super().__init__(emus, run_dir, budgets)
@@ -320,6 +322,7 @@ def tokenweir_policy(arm: PeerArm) -> dict[str, Any]:
             }
         },
         "tiers": tiers,
+        **({"reservation": arm.reservation} if getattr(arm, "reservation", None) else {}),
         "tenants": tenants,
     }
 
@@ -386,6 +389,14 @@ class TokenweirPythonMeter(Tokenweir):
     usage_meter = "python"
 
 
+class TokenweirMedian(Tokenweir):
+    """tokenweir reserving the median of its tenants' answers (``reservation.quantile: 0.5``)
+    instead of p95: more of a budget admitted at once, more answers stopped at the budget."""
+
+    name = "tokenweir-median"
+    reservation: ClassVar[dict[str, Any] | None] = {"quantile": 0.5}
+
+
 class TokenweirBaseline(Tokenweir):
     """tokenweir run from another checkout's code (``--baseline-src``, e.g. a ``git archive``
     of an older commit): ``--arms tokenweir-baseline tokenweir`` measures old and new side by
@@ -414,9 +425,13 @@ def make_arm(
         if baseline_src is None:
             raise ValueError("the tokenweir-baseline arm needs --baseline-src")
         return TokenweirBaseline(emus, run_dir, budgets, redis_port, baseline_src)
-    if name in ("tokenweir", "tokenweir-python-meter"):
-        kind = Tokenweir if name == "tokenweir" else TokenweirPythonMeter
-        return kind(emus, run_dir, budgets, redis_port)
+    tokenweirs: dict[str, type[Tokenweir]] = {
+        "tokenweir": Tokenweir,
+        "tokenweir-python-meter": TokenweirPythonMeter,
+        "tokenweir-median": TokenweirMedian,
+    }
+    if name in tokenweirs:
+        return tokenweirs[name](emus, run_dir, budgets, redis_port)
     kinds: dict[str, type[PeerArm]] = {
         "direct": Direct,
         "envoy": PlainEnvoy,

@@ -162,10 +162,11 @@ def cjk_code_prompt(rng: random.Random, pieces: int = 8) -> str:
 def crafted_prompt(rng: random.Random, cheap_chars: int = 256, dense_repeats: int = 4) -> str:
     """Over 16 KiB characters: 64 blocks of cheap words ("a a a ...", where a sampler's
     windows every 1/64 of the text fall) each followed by dense CJK and emoji."""
-    out = [f"{rng.randrange(10**9)} "]
+    out = []
     for _ in range(64):
         out.append("a " * (cheap_chars // 2))
         out.append(_DENSE * dense_repeats)
+    out.append(f" {rng.randrange(10**9)}")  # at the end: the blocks stay where a sampler looks
     return "".join(out)
 
 
