@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import zlib
 from dataclasses import dataclass, field
@@ -153,6 +154,10 @@ class PeerArm:
         """The gateway's count of 429s that would have fit (None: it has none)."""
         return None
 
+    async def gateway_counters(self) -> dict[str, float]:
+        """Counters of the gateway's own that explain a burst (empty: none read)."""
+        return {}
+
     async def aclose(self) -> None:
         for child in reversed(self.children):
             await child.aclose(3.0)
@@ -237,6 +242,41 @@ class Tokenweir(PeerArm):
         async with aiohttp.ClientSession() as http, http.get(url) as resp:
             page = await resp.text()
         return false_rejects_of(page, key.removeprefix("tw-peers-"))
+
+    async def gateway_counters(self) -> dict[str, float]:
+        """Envoy's rate-limit and ext_proc counters (``/stats``), summed over their prefixes:
+        ``ratelimit.error`` and ``ratelimit.failure_mode_allowed`` count requests admitted
+        without a decision (the service did not answer within ``ratelimit.timeout``)."""
+        log = (self.run_dir / f"{self.name}-up.log").read_text(errors="replace")
+        m = re.search(r"admin (http://[0-9.:]+)", log)
+        if m is None:
+            return {}
+        async with aiohttp.ClientSession() as http, http.get(m.group(1) + "/stats") as resp:
+            return envoy_counters(await resp.text())
+
+
+def envoy_counters(page: str) -> dict[str, float]:
+    """The rate-limit filter's decisions (``ratelimit.ok`` / ``over_limit`` / ``error`` /
+    ``failure_mode_allowed``) and the ``ext_proc.<name>`` counters of an Envoy ``/stats`` page,
+    each summed over the prefixes (clusters, listeners) it appears under."""
+    out: dict[str, float] = {}
+    for line in page.splitlines():
+        name, _, value = line.partition(": ")
+        if not value.strip().isdigit():
+            continue
+        head, _, last = name.rpartition(".")
+        if head.endswith(".ratelimit") and last in _RATELIMIT_DECISIONS:
+            key = f"ratelimit.{last}"
+        elif ".ext_proc." in name:
+            key = "ext_proc." + name.rsplit(".ext_proc.", 1)[1]
+        else:
+            continue
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+# the rate-limit filter's decisions (not the service cluster's upstream_* counters)
+_RATELIMIT_DECISIONS = ("ok", "over_limit", "error", "failure_mode_allowed")
 
 
 def false_rejects_of(page: str, tenant: str) -> float:

@@ -227,6 +227,7 @@ async def budget_burst(
     await arm.restore_budget(b.key)
     urls = await arm.budget_urls(b.key)
     rejects_before = await arm.false_rejects(b.key)
+    counters_before = await arm.gateway_counters()
     async with aiohttp.ClientSession() as probe:
         before = await _emulators_idle(probe, emulator_urls)
         attempts, elapsed = await _drive(
@@ -237,6 +238,7 @@ async def budget_burst(
     if rejects_before is not None:
         await asyncio.sleep(1.0)  # the last settlements reach the rate-limit service
     rejects_after = await arm.false_rejects(b.key)
+    counters_after = await arm.gateway_counters()
     backend = after["tokens"] - before["tokens"]
     outcome = budget_outcome(b.burst, b.refill_per_second, elapsed, backend)
     real = [prompt_tokens(p) for p in b.prompts]
@@ -272,4 +274,9 @@ async def budget_burst(
         "held": outcome.held,
         **served_summary(served, outcome.allowed, backend),
         "false_rejects": false_rejects,
+        "gateway_counters": {
+            k: v - counters_before.get(k, 0.0)
+            for k, v in sorted(counters_after.items())
+            if v != counters_before.get(k, 0.0)
+        },
     }

@@ -145,10 +145,20 @@ def budget_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "overshoot": b.get("served_overshoot_tokens"),
                 "backend": b["admitted_tokens"], "backend_overshoot": b["overshoot_tokens"],
                 "false_rejects": "n/a" if fr is None else round(fr),
+                "unchecked": _unchecked(b),
                 "finish_reasons": b.get("finish_reasons", {}),
                 "met": burst_targets(b),
             })  # fmt: skip
     return rows
+
+
+def _unchecked(b: dict[str, Any]) -> int | str:
+    """Requests the gateway admitted without a rate-limit decision (tokenweir: Envoy's
+    ``ratelimit.failure_mode_allowed``, the service not answering within its timeout)."""
+    c = b.get("gateway_counters")
+    if not c:
+        return "n/a"
+    return round(c.get("ratelimit.failure_mode_allowed", 0.0))
 
 
 def budget_table(result: dict[str, Any]) -> list[str]:
@@ -158,11 +168,13 @@ def budget_table(result: dict[str, Any]) -> list[str]:
         "(budget = burst, refill = burst / 60 per s, sized so the burst asks twice the budget; "
         "allowed = burst + refill x elapsed; served = prompt + completion tokens the clients "
         "received; whole = share of served in answers that ended by themselves, "
-        "`finish_reason: stop`; backend = prompt + generated tokens the emulators worked on):",
+        "`finish_reason: stop`; backend = prompt + generated tokens the emulators worked on; "
+        "unchecked = admitted without a rate-limit decision, the service late):",
         "",
         "| arm | variant | parallel | statuses | allowed | served (/ allowed) | whole "
-        "| overshoot (backend) | false rejects | answers (stop / length) | targets met |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| overshoot (backend) | false rejects | unchecked | answers (stop / length) "
+        "| targets met |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in budget_rows(result):
         st = ", ".join(f"{k}: {v}" for k, v in sorted(r["statuses"].items()))
@@ -177,7 +189,8 @@ def budget_table(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {r['arm']} | {r['variant']} | {r['parallel']} | {st} | {r['allowed']:,.0f} "
             f"| {served} | {_pct(r['whole_share'])} | {over} ({r['backend_overshoot']:,.0f}) "
-            f"| {r['false_rejects']} | {ends.get('stop', 0)} / {ends.get('length', 0)} | {flags} |"
+            f"| {r['false_rejects']} | {r['unchecked']} "
+            f"| {ends.get('stop', 0)} / {ends.get('length', 0)} | {flags} |"
         )
     lines += ["", "Targets met: 0 overshoot, ≥ 90% of allowed served, ≥ 85% of it in whole answers "
               "(✓ / ✗ in that order)."]  # fmt: skip

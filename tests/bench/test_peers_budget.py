@@ -132,3 +132,30 @@ def test_burst_targets() -> None:
     low = {"served_ratio": 0.89, "whole_share": None, "served_overshoot_tokens": 0.0}
     assert burst_targets(low) == {"no_overshoot": True, "served": False, "whole": None}
     assert burst_targets({}) == {"no_overshoot": None, "served": None, "whole": None}
+
+
+def test_gateway_counters_and_false_rejects_are_read_from_their_pages() -> None:
+    from peers_arms import envoy_counters, false_rejects_of
+
+    stats = "\n".join([
+        "cluster.pool_chat.ratelimit.ok: 40",
+        "cluster.pool_chat.ratelimit.error: 3",
+        "cluster.pool_other.ratelimit.error: 2",
+        "cluster.pool_chat.ratelimit.failure_mode_allowed: 5",
+        "http.edge.ext_proc.streams_started: 7",
+        "http.edge.downstream_rq_total: 99",
+        "cluster.pool_chat.upstream_rq_time: P0(nan,1)",
+        "cluster.ratelimit.upstream_rq_total: 80",  # the service's cluster, not decisions
+        "cluster.ratelimit.internal.upstream_rq_200: 80",
+    ])  # fmt: skip
+    assert envoy_counters(stats) == {
+        "ratelimit.ok": 40, "ratelimit.error": 5, "ratelimit.failure_mode_allowed": 5,
+        "ext_proc.streams_started": 7,
+    }  # fmt: skip
+    page = (
+        "# TYPE tokenweir_ratelimit_false_rejects_total counter\n"
+        'tokenweir_ratelimit_false_rejects_total{tenant="budget-short-100"} 12.0\n'
+        'tokenweir_ratelimit_false_rejects_total{tenant="other"} 4.0\n'
+    )
+    assert false_rejects_of(page, "budget-short-100") == 12.0
+    assert false_rejects_of(page, "nobody") == 0.0

@@ -111,7 +111,7 @@ def test_outputs_are_written(tmp_path: Path) -> None:
     md = (tmp_path / "out" / "peers.md").read_text()
     assert "| tokenweir | 200.0 | 0.50 |" in md
     # a budget result from before the served counts: the backend's numbers only
-    assert "| litellm | trace | 300 | 200: 3, 429: 297 | 100 | – | – | – (300) | n/a |" in md
+    assert "| litellm | trace | 300 | 200: 3, 429: 297 | 100 | – | – | – (300) | n/a | n/a |" in md
     assert (tmp_path / "out" / "peers.json").exists()
     for name in ("peers_throughput.png", "peers_latency.png", "peers_budget.png"):
         assert (tmp_path / "img" / name).read_bytes()[:4] == b"\x89PNG"
@@ -153,6 +153,7 @@ def _burst(variant: str, n: int, served: float, whole: float, over: float, fr: f
 
 def _budget_result() -> dict[str, Any]:
     tw = [_burst("short", 100, 0.95, 0.9, 0.0, 3.0), _burst("long", 300, 0.6, 0.4, 0.0, 0.0)]
+    tw[0]["gateway_counters"] = {"ratelimit.ok": 10.0, "ratelimit.failure_mode_allowed": 2.0}
     peer = [_burst("short", 100, 1.3, 1.0, 300.0, None)]
     return {"arms": {"tokenweir": {"budget": tw}, "litellm": {"budget": peer}}, "skipped": {}}
 
@@ -188,13 +189,14 @@ def test_a_budget_only_run_writes_its_table_and_plot(tmp_path: Path) -> None:
     md = markdown(r)
     assert "req/s at saturation" not in md  # phases left out leave their tables out
     assert (
-        "| tokenweir | short | 100 | 200: 10, 429: 90 | 1,000 | 950 (95%) | 90% | 0 (0) | 3 " in md
+        "| tokenweir | short | 100 | 200: 10, 429: 90 | 1,000 | 950 (95%) | 90% | 0 (0) | 3 | 2 |"
+        in md
     )
     assert (
         "| litellm | short | 100 | 200: 10, 429: 90 | 1,000 | 1,300 (130%) | 100% | 300 (305) "
         in md
     )
-    assert "| 8 / 2 | ✗ ✓ ✓ |" in md
+    assert "| n/a | n/a | 8 / 2 | ✗ ✓ ✓ |" in md  # LiteLLM: no false-reject count, no counters
     write_outputs(r, tmp_path / "out", tmp_path / "img", "budget_x")
     assert (tmp_path / "out" / "budget_x.json").exists()
     assert (tmp_path / "img" / "budget_x_budget.png").read_bytes()[:4] == b"\x89PNG"
