@@ -369,9 +369,11 @@ def plot_budget(result: dict[str, Any], path: Path) -> None:
         served.append(ratio)
         whole.append(ratio * (r["whole_share"] or 0.0))
     x = range(len(rows))
-    ax.bar(x, served, color=["tab:green" if v <= 1 else "tab:red" for v in served],
-           label="served / allowed")  # fmt: skip
-    ax.bar(x, whole, color="tab:blue", alpha=0.6, label="of which in whole answers")
+    over = ["tab:red" if v > 1 else "none" for v in served]
+    ax.bar(x, whole, color="tab:blue", label="served in whole answers")
+    ax.bar(x, [v - w for v, w in zip(served, whole, strict=True)], bottom=whole,
+           color="tab:orange", label="served in answers cut short")  # fmt: skip
+    ax.bar(x, served, fill=False, edgecolor=over, linewidth=1.5, label="over budget + refill")
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="budget + refill")
     ax.axhline(SERVED_MIN, color="grey", linestyle=":", linewidth=1, label="90% target")
     ax.set_xticks(list(x), labels, fontsize=6, rotation=90)
