@@ -310,6 +310,7 @@ def tokenweir_policy(arm: PeerArm) -> dict[str, Any]:
             "api_keys": [key],
             "quotas": {"tokens": {"burst": b.burst, "refill_per_second": b.refill_per_second}},
         }
+    reservation = getattr(arm, "reservation", None)
     plugins: list[Any] = ["identity", "lane", "tokens", "prefix", "usage"]
     route: dict[str, Any] = {
         "pool": "chat",
@@ -362,7 +363,7 @@ def tokenweir_policy(arm: PeerArm) -> dict[str, Any]:
             }
         },
         "tiers": tiers,
-        **({"reservation": arm.reservation} if getattr(arm, "reservation", None) else {}),
+        **({"reservation": reservation} if reservation else {}),
         "tenants": tenants,
     }
 
