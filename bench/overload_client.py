@@ -64,6 +64,8 @@ class Attempt:
     retry_after: float | None = None  # seconds the answer said to wait
     told_to_wait: float | None = None  # the previous answer's Retry-After, when honoured
     error: str = ""  # "", "abandoned", "connection", "stream", or the body's error code
+    finish_reason: str | None = None  # the stream's finish_reason ("stop", "length", ...)
+    usage: dict[str, int] | None = None  # the usage chunk's counts, when one came
 
     @property
     def rejected(self) -> bool:
@@ -107,6 +109,8 @@ class Client:
         clock: Callable[[], float],
         rng: random.Random,
         sleep: Callable[[float], object] = asyncio.sleep,
+        body_extra: Mapping[str, object] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.session = session
         self.url = url
@@ -117,6 +121,8 @@ class Client:
         self.clock = clock
         self.rng = rng
         self._sleep = sleep
+        self.body_extra = dict(body_extra or {})  # merged into every body (wins over defaults)
+        self.extra_headers = dict(headers or {})
         self.attempts: list[Attempt] = []
         self.t0 = clock()
 
@@ -171,13 +177,14 @@ class Client:
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
+            **self.body_extra,
         }
 
     def _headers(self, arrival: Arrival) -> dict[str, str]:
         keys = self.keys.get(arrival.lane) or []
         if not keys:
-            return {}
-        return {"authorization": f"Bearer {keys[arrival.tenant % len(keys)]}"}
+            return dict(self.extra_headers)
+        return {**self.extra_headers, "authorization": f"Bearer {keys[arrival.tenant % len(keys)]}"}
 
     async def _one(self, a: Attempt, arrival: Arrival) -> None:
         """One attempt. Patience covers the wait for an answer and the first token only: a
@@ -226,7 +233,8 @@ class Client:
                 if payload == b"[DONE]":
                     done = True
                     break
-                kind = _chunk_kind(payload)
+                kind, data = _chunk(payload)
+                _record(a, data)
                 if kind == "error":
                     a.error = "stream"
                     break
@@ -245,24 +253,37 @@ class Client:
                 a.error = "stream"
 
 
-def _chunk_kind(payload: bytes) -> str:
-    """``token`` (a content delta), ``finish`` (stop/length), ``error`` or ``other``."""
+def _chunk(payload: bytes) -> tuple[str, dict[str, object] | None]:
+    """The chunk's kind — ``token`` (a content delta), ``finish`` (stop/length), ``error`` or
+    ``other`` — and its JSON object (None when it is not one)."""
     try:
         data = json.loads(payload)
     except ValueError:
-        return "error"
+        return "error", None
     if not isinstance(data, dict) or "error" in data or data.get("object") == "error":
-        return "error"
+        return "error", data if isinstance(data, dict) else None
     for choice in data.get("choices") or ():
         reason = choice.get("finish_reason")
         if reason in ("stop", "length"):
-            return "finish"
+            return "finish", data
         if reason is not None:  # "abort" and the like: SGLang's streamed rejection
-            return "error"
+            return "error", data
         delta = choice.get("delta") or {}
         if delta.get("content"):
-            return "token"
-    return "other"
+            return "token", data
+    return "other", data
+
+
+def _record(a: Attempt, data: dict[str, object] | None) -> None:
+    """Keep the stream's finish_reason and its usage counts (the last usage chunk wins)."""
+    if data is None:
+        return
+    for choice in data.get("choices") or ():  # type: ignore[attr-defined]
+        if isinstance(choice, dict) and choice.get("finish_reason") is not None:
+            a.finish_reason = str(choice["finish_reason"])
+    usage = data.get("usage")
+    if isinstance(usage, dict):
+        a.usage = {k: int(v) for k, v in usage.items() if isinstance(v, int | float)}
 
 
 def _error_code(body: bytes) -> str:

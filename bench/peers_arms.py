@@ -2,12 +2,21 @@
 
 - ``direct``: no gateway (the client spreads requests over the replicas): the latency baseline.
 - ``envoy``: plain Envoy, round robin, no governance (``overload_arms.plain_envoy_bootstrap``).
-- ``tokenweir``: ``tokenweir up`` on a policy written here: identity, lane, tokens (estimate and
-  clamp), prefix affinity, token quotas reserved in Redis, usage settlement.
+- ``tokenweir``: ``tokenweir up`` on a policy written here: identity, lane, tokens (the prompt's
+  bound, the learned answer length), prefix affinity, token quotas reserved in Redis, usage
+  settlement; the budget bursts' route (header ``x-peers-budget: 1``) stops streams at the
+  budget (the usage plugin's ``stop_at_budget``), where learned reservations apply.
 - ``litellm``: the LiteLLM proxy (``litellm[proxy]``, in its own virtual environment, see
   ``peers_litellm``) with per-key TPM limits from a custom auth module, counters in Redis.
 - ``sglang-router``: PyPI ``sglang-router`` (round robin); its own admission is global (a request
-  bucket and a concurrency cap), so the budget test starts a second instance set to the budget.
+  bucket and a concurrency cap), so each budget burst starts another instance set to the budget.
+
+The budget bursts' history (``PeerArm.warmup_target``): tokenweir learns its tenants' answer
+lengths, so the history goes to the burst's key and the key's bucket is refilled after it
+(``DEL tw:{tenant}:b:tokens``, docs/quotas.md): the burst starts on a full budget with the
+history learned. The peers learn nothing from a history (LiteLLM reserves by ``max_tokens``,
+sglang-router counts requests), so theirs goes to an unlimited key (LiteLLM) or to the main
+router (sglang-router): the same requests, and the same full budget at the burst.
 
 Every arm starts fresh, owns its children (``runtime.children.Child``) and stops them in
 ``aclose``; the emulators belong to ``Emulators`` and outlive the arms.
@@ -17,22 +26,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import aiohttp
+import redis.asyncio as aioredis
 import yaml
 from overload_arms import plain_envoy_bootstrap
 from peers_litellm import LITELLM_ENV, litellm_command, write_litellm_config
 from peers_workload import tenant_keys
+from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.envoy_launcher import envoy_binary
 from runtime.children import Child, checkout, wait_child_line, wait_child_port
 from runtime.ports import free_port
 
-__all__ = ["ARMS", "BUDGET_KEYS", "MODEL", "BudgetSpec", "Emulators", "PeerArm", "make_arm"]
+__all__ = ["ARMS", "BUDGET_HEADER", "MODEL", "BudgetSpec", "Emulators", "PeerArm", "make_arm"]
 
 ARMS = (
     "direct",
@@ -42,9 +55,11 @@ ARMS = (
     "sglang-router",
     "tokenweir-python-meter",
     "tokenweir-baseline",
+    "tokenweir-median",
 )
 MODEL = "llama-3.1-8b"
-BUDGET_KEYS = ("tw-peers-budget-0", "tw-peers-budget-1")  # one fresh key per budget burst
+BUDGET_HEADER = ("x-peers-budget", "1")  # sent by the budget bursts (tokenweir's budget route)
+WARMUP_KEY = "tw-peers-warmup"  # no limit: the peers' history (they learn nothing from it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +67,9 @@ class BudgetSpec:
     burst: int  # tokens
     refill_per_second: float  # tokens/s (burst / 60: a per-minute budget)
     mean_request_tokens: float  # for sglang-router, whose bucket counts requests
+
+
+Budgets = dict[str, BudgetSpec]  # API key -> its budget (one fresh key per burst)
 
 
 @dataclass
@@ -62,6 +80,8 @@ class Emulators:
     run_dir: Path
     time_scale: float
     running: int
+    tokenizer_path: Path | None = None  # a model directory: prompts counted by its tokenizer
+    stop_prob: float = 0.0  # per-token EOS chance (for requests without ignore_eos)
     ports: list[int] = field(default_factory=list)
     children: list[Child] = field(default_factory=list)
 
@@ -76,7 +96,8 @@ class Emulators:
                 sys.executable, "-m", "backends.emulator", "--host", "127.0.0.1",
                 "--port", str(port), "--model", MODEL, "--profile", "llama-3.1-8b-h100",
                 "--time-scale", str(self.time_scale), "--max-running-requests", str(self.running),
-                "--stop-prob", "0", "--seed", str(i), "--log-level", "WARNING",
+                "--stop-prob", str(self.stop_prob), "--seed", str(i), "--log-level", "WARNING",
+                *(["--tokenizer-path", str(self.tokenizer_path)] if self.tokenizer_path else []),
             ]  # fmt: skip
             child = Child(f"emulator#{i}", argv, self.run_dir / f"emulator-{i}.log")
             child.start()
@@ -98,10 +119,10 @@ class PeerArm:
     name = ""
     limits_tokens = False  # has a per-key token limit
 
-    def __init__(self, emus: Emulators, run_dir: Path, budget: BudgetSpec) -> None:
+    def __init__(self, emus: Emulators, run_dir: Path, budgets: Budgets) -> None:
         self.emus = emus
         self.run_dir = run_dir
-        self.budget = budget
+        self.budgets = budgets
         self.port = free_port()
         self.children: list[Child] = []
 
@@ -116,9 +137,26 @@ class PeerArm:
     async def start(self) -> None:
         raise NotImplementedError
 
-    async def budget_urls(self) -> list[str]:
-        """Where the budget test sends (the same gateway unless the arm needs its own)."""
+    async def budget_urls(self, key: str) -> list[str]:
+        """Where the burst on ``key`` sends (the same gateway unless the arm needs its own)."""
         return self.urls
+
+    def warmup_target(self, key: str) -> tuple[list[str], str]:
+        """Where and with which key the history before the burst on ``key`` goes: the peers
+        learn nothing from it, so an unlimited key keeps their budget whole for the burst."""
+        return self.urls, WARMUP_KEY
+
+    async def restore_budget(self, key: str) -> None:
+        """Refill ``key``'s budget after its history (only where the history used it)."""
+        return None
+
+    async def false_rejects(self, key: str) -> float | None:
+        """The gateway's count of 429s that would have fit (None: it has none)."""
+        return None
+
+    async def gateway_counters(self) -> dict[str, float]:
+        """Counters of the gateway's own that explain a burst (empty: none read)."""
+        return {}
 
     async def aclose(self) -> None:
         for child in reversed(self.children):
@@ -165,18 +203,90 @@ class Tokenweir(PeerArm):
     limits_tokens = True
     usage_meter = "envoy"  # the Lua usage meter; "python": every response chunk via ext_proc
     src: Path | None = None  # another checkout's code (the baseline arm)
+    reservation: ClassVar[dict[str, Any] | None] = None  # the policy's ``reservation`` section
+
+    def __init__(self, emus: Emulators, run_dir: Path, budgets: Budgets, redis_port: int) -> None:
+        super().__init__(emus, run_dir, budgets)
+        self.redis_port = redis_port  # the benchmark's Redis (the arm's quotas, histograms)
+        self.rls_metrics_port = free_port()
 
     async def start(self) -> None:
         path = self.run_dir / f"{self.name}-policy.yaml"
         path.write_text(yaml.safe_dump(tokenweir_policy(self), sort_keys=False))
+        async with self._redis() as r:
+            await (
+                r.flushdb()
+            )  # a fresh start: no quotas, buckets or answer lengths of an arm before
         argv = [
             str(Path(sys.executable).parent / "tokenweir"), "--log-level", "warning", "up",
             "-c", str(path), "--run-dir", str(self.run_dir / f"{self.name}-up"),
-            "--drain-timeout", "1",
+            "--drain-timeout", "1", "--redis-url", f"redis://127.0.0.1:{self.redis_port}/0",
         ]  # fmt: skip
         child = self._spawn(f"{self.name}-up", argv, *checkout(self.src))
         await wait_child_port("127.0.0.1", self.port, child, timeout=120)
         await wait_child_line(child, "tokenweir up: ready", timeout=90)
+
+    def _redis(self) -> aioredis.Redis:
+        return aioredis.Redis(host="127.0.0.1", port=self.redis_port)
+
+    def warmup_target(self, key: str) -> tuple[list[str], str]:
+        return self.urls, key  # the history is learned on the burst's own key
+
+    async def restore_budget(self, key: str) -> None:
+        async with self._redis() as r:
+            await r.delete(f"tw:{{{key.removeprefix('tw-peers-')}}}:b:tokens")
+
+    async def false_rejects(self, key: str) -> float | None:
+        """``tokenweir_ratelimit_false_rejects_total`` of the key's tenant (0 before any)."""
+        url = f"http://127.0.0.1:{self.rls_metrics_port}/metrics"
+        async with aiohttp.ClientSession() as http, http.get(url) as resp:
+            page = await resp.text()
+        return false_rejects_of(page, key.removeprefix("tw-peers-"))
+
+    async def gateway_counters(self) -> dict[str, float]:
+        """Envoy's rate-limit and ext_proc counters (``/stats``), summed over their prefixes:
+        ``ratelimit.error`` and ``ratelimit.failure_mode_allowed`` count requests admitted
+        without a decision (the service did not answer within ``ratelimit.timeout``)."""
+        log = (self.run_dir / f"{self.name}-up.log").read_text(errors="replace")
+        m = re.search(r"admin (http://[0-9.:]+)", log)
+        if m is None:
+            return {}
+        async with aiohttp.ClientSession() as http, http.get(m.group(1) + "/stats") as resp:
+            return envoy_counters(await resp.text())
+
+
+def envoy_counters(page: str) -> dict[str, float]:
+    """The rate-limit filter's decisions (``ratelimit.ok`` / ``over_limit`` / ``error`` /
+    ``failure_mode_allowed``) and the ``ext_proc.<name>`` counters of an Envoy ``/stats`` page,
+    each summed over the prefixes (clusters, listeners) it appears under."""
+    out: dict[str, float] = {}
+    for line in page.splitlines():
+        name, _, value = line.partition(": ")
+        if not value.strip().isdigit():
+            continue
+        head, _, last = name.rpartition(".")
+        if head.endswith(".ratelimit") and last in _RATELIMIT_DECISIONS:
+            key = f"ratelimit.{last}"
+        elif ".ext_proc." in name:
+            key = "ext_proc." + name.rsplit(".ext_proc.", 1)[1]
+        else:
+            continue
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+# the rate-limit filter's decisions (not the service cluster's upstream_* counters)
+_RATELIMIT_DECISIONS = ("ok", "over_limit", "error", "failure_mode_allowed")
+
+
+def false_rejects_of(page: str, tenant: str) -> float:
+    """The tenant's false-reject count on a rate-limit service's /metrics page."""
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(page)
+        for s in fam.samples
+        if s.name == "tokenweir_ratelimit_false_rejects_total" and s.labels.get("tenant") == tenant
+    )
 
 
 def tokenweir_policy(arm: PeerArm) -> dict[str, Any]:
@@ -187,19 +297,34 @@ def tokenweir_policy(arm: PeerArm) -> dict[str, Any]:
         t: {"lane": lane, "max_tokens": 4096, "quotas": big}
         for t, lane in (("free", "batch"), ("pro", "interactive"), ("enterprise", "interactive"))
     }
-    b = arm.budget
-    tiers["budget"] = {
-        "lane": "interactive",
-        "max_tokens": 4096,
-        "quotas": {"tokens": {"burst": b.burst, "refill_per_second": b.refill_per_second}},
-    }
-    tenants = {
+    tiers["budget"] = {"lane": "interactive", "max_tokens": 4096, "quotas": big}
+    tenants: dict[str, Any] = {
         key.removeprefix("tw-peers-"): {"tier": tier, "api_keys": [key]}
         for tier, keys in tenant_keys().items()
         for key in keys
     }
-    for key in BUDGET_KEYS:
-        tenants[key.removeprefix("tw-peers-")] = {"tier": "budget", "api_keys": [key]}
+    tenants[WARMUP_KEY.removeprefix("tw-peers-")] = {"tier": "pro", "api_keys": [WARMUP_KEY]}
+    for key, b in arm.budgets.items():
+        tenants[key.removeprefix("tw-peers-")] = {
+            "tier": "budget",
+            "api_keys": [key],
+            "quotas": {"tokens": {"burst": b.burst, "refill_per_second": b.refill_per_second}},
+        }
+    reservation = getattr(arm, "reservation", None)
+    plugins: list[Any] = ["identity", "lane", "tokens", "prefix", "usage"]
+    route: dict[str, Any] = {
+        "pool": "chat",
+        "rate_limit": {"enabled": True},
+        "filters": {"plugins": plugins, "usage_meter": getattr(arm, "usage_meter", "envoy")},
+    }
+    # the budget bursts: streams stopped at the budget, so reservations are the learned lengths
+    stop = {"name": "usage", "settings": {"stop_at_budget": True}}
+    budget_route = {
+        **route,
+        "name": "budget",
+        "match": {"prefix": "/v1/", "headers": {BUDGET_HEADER[0]: BUDGET_HEADER[1]}},
+        "filters": {"plugins": [*plugins[:-1], stop]},
+    }
     return {
         "version": 1,
         "control_plane": {
@@ -209,7 +334,7 @@ def tokenweir_policy(arm: PeerArm) -> dict[str, Any]:
         },
         "ratelimit": {
             "address": f"127.0.0.1:{free_port()}",
-            "metrics_port": free_port(),
+            "metrics_port": getattr(arm, "rls_metrics_port", None) or free_port(),
             "timeout": "200ms",
         },
         "filters": {
@@ -234,21 +359,11 @@ def tokenweir_policy(arm: PeerArm) -> dict[str, Any]:
         "gateways": {
             "edge": {
                 "listen": f"127.0.0.1:{arm.port}",
-                "routes": [
-                    {
-                        "name": "chat",
-                        "match": {"prefix": "/v1/"},
-                        "pool": "chat",
-                        "rate_limit": {"enabled": True},
-                        "filters": {
-                            "plugins": ["identity", "lane", "tokens", "prefix", "usage"],
-                            "usage_meter": getattr(arm, "usage_meter", "envoy"),
-                        },
-                    }
-                ],
+                "routes": [budget_route, {**route, "name": "chat", "match": {"prefix": "/v1/"}}],
             }
         },
         "tiers": tiers,
+        **({"reservation": reservation} if reservation else {}),
         "tenants": tenants,
     }
 
@@ -257,12 +372,12 @@ class Litellm(PeerArm):
     name = "litellm"
     limits_tokens = True
 
-    def __init__(self, emus: Emulators, run_dir: Path, budget: BudgetSpec, redis_port: int) -> None:
-        super().__init__(emus, run_dir, budget)
+    def __init__(self, emus: Emulators, run_dir: Path, budgets: Budgets, redis_port: int) -> None:
+        super().__init__(emus, run_dir, budgets)
         self.redis_port = redis_port
 
     async def start(self) -> None:
-        limits = {key: self.budget.burst for key in BUDGET_KEYS}
+        limits = {key: b.burst for key, b in self.budgets.items()}
         cfg = write_litellm_config(
             self.run_dir / "litellm", MODEL, self.emus.urls, self.redis_port, limits
         )
@@ -288,14 +403,21 @@ class SglangRouter(PeerArm):
         child = self._spawn("sglang-router", self._argv(self.port, 100_000, 100_000, 0))
         await wait_child_port("127.0.0.1", self.port, child, timeout=60)
 
-    async def budget_urls(self) -> list[str]:
-        """A second router whose bucket holds the budget in requests of the mean size, refilled
-        at the budget's rate, no queue (excess answered 429 at once)."""
-        b = self.budget
+    _budget_router: Child | None = None
+
+    async def budget_urls(self, key: str) -> list[str]:
+        """Another router (the previous burst's stopped) whose bucket holds the key's budget in
+        requests of the burst's mean size, refilled at the budget's rate, no queue (excess
+        answered 429 at once)."""
+        b = self.budgets[key]
+        if self._budget_router is not None:
+            await self._budget_router.aclose(3.0)
+            self.children.remove(self._budget_router)
         port = free_port()
         slots = max(1, round(b.burst / b.mean_request_tokens))
         rate = max(1, round(b.refill_per_second / b.mean_request_tokens))
-        child = self._spawn("sglang-router-budget", self._argv(port, slots, rate, 0))
+        child = self._spawn(f"sglang-router-{key}", self._argv(port, slots, rate, 0))
+        self._budget_router = child
         await wait_child_port("127.0.0.1", port, child, timeout=60)
         return [f"http://127.0.0.1:{port}/v1/chat/completions"]
 
@@ -308,6 +430,14 @@ class TokenweirPythonMeter(Tokenweir):
     usage_meter = "python"
 
 
+class TokenweirMedian(Tokenweir):
+    """tokenweir reserving the median of its tenants' answers (``reservation.quantile: 0.5``)
+    instead of p95: more of a budget admitted at once, more answers stopped at the budget."""
+
+    name = "tokenweir-median"
+    reservation: ClassVar[dict[str, Any] | None] = {"quantile": 0.5}
+
+
 class TokenweirBaseline(Tokenweir):
     """tokenweir run from another checkout's code (``--baseline-src``, e.g. a ``git archive``
     of an older commit): ``--arms tokenweir-baseline tokenweir`` measures old and new side by
@@ -315,8 +445,10 @@ class TokenweirBaseline(Tokenweir):
 
     name = "tokenweir-baseline"
 
-    def __init__(self, emus: Emulators, run_dir: Path, budget: BudgetSpec, src: Path) -> None:
-        super().__init__(emus, run_dir, budget)
+    def __init__(
+        self, emus: Emulators, run_dir: Path, budgets: Budgets, redis_port: int, src: Path
+    ) -> None:
+        super().__init__(emus, run_dir, budgets, redis_port)
         self.src = src
 
 
@@ -324,21 +456,26 @@ def make_arm(
     name: str,
     emus: Emulators,
     run_dir: Path,
-    budget: BudgetSpec,
+    budgets: Budgets,
     redis_port: int,
     baseline_src: Path | None = None,
 ) -> PeerArm:
     if name == "litellm":
-        return Litellm(emus, run_dir, budget, redis_port)
+        return Litellm(emus, run_dir, budgets, redis_port)
     if name == "tokenweir-baseline":
         if baseline_src is None:
             raise ValueError("the tokenweir-baseline arm needs --baseline-src")
-        return TokenweirBaseline(emus, run_dir, budget, baseline_src)
+        return TokenweirBaseline(emus, run_dir, budgets, redis_port, baseline_src)
+    tokenweirs: dict[str, type[Tokenweir]] = {
+        "tokenweir": Tokenweir,
+        "tokenweir-python-meter": TokenweirPythonMeter,
+        "tokenweir-median": TokenweirMedian,
+    }
+    if name in tokenweirs:
+        return tokenweirs[name](emus, run_dir, budgets, redis_port)
     kinds: dict[str, type[PeerArm]] = {
         "direct": Direct,
         "envoy": PlainEnvoy,
-        "tokenweir": Tokenweir,
-        "tokenweir-python-meter": TokenweirPythonMeter,
         "sglang-router": SglangRouter,
     }
-    return kinds[name](emus, run_dir, budget)
+    return kinds[name](emus, run_dir, budgets)

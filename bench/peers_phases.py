@@ -4,8 +4,10 @@
   time per tier from k6's summary, CPU per request of every process of the arm (``peers_cpu``).
 - ``chunk_timing``: the streaming client (``overload_client.Client``) at a fixed rate on reused
   connections: time to the first content chunk, gaps between chunks, total time.
-- ``budget_burst``: N parallel requests on one key with a token budget; the tokens the emulators
-  served (their own counters) against burst + refill x elapsed.
+- ``budget_burst``: a history of answers on one key, then N parallel requests on it with a token
+  budget (``peers_budget``): tokens served (what the clients received) and the tokens the
+  emulators worked on (their own counters) against burst + refill x elapsed, the share served in
+  answers that ended by themselves, the gateway's false rejects.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from overload_client import Behaviour, Client
 from overload_workload import Arrival
+from peers_arms import BUDGET_HEADER, PeerArm
+from peers_budget import Answers, BudgetBurst, Served, served_summary
 from peers_cpu import per_request_ms, snapshot
 from peers_workload import PeerRequest, budget_outcome, percentile
 from prometheus_client.parser import text_string_to_metric_families
@@ -100,9 +104,18 @@ def _arrivals(requests: Sequence[PeerRequest], keys: list[str], rate: float) -> 
 
 
 async def _drive(
-    urls: Sequence[str], model: str, requests: Sequence[PeerRequest], rate: float, seed: int
+    urls: Sequence[str],
+    model: str,
+    requests: Sequence[PeerRequest],
+    rate: float,
+    seed: int,
+    *,
+    body_extra: Mapping[str, object] | None = None,
+    headers: Mapping[str, str] | None = None,
+    sequential: bool = False,
 ) -> tuple[list[Any], float]:
-    """Send ``requests`` (at ``rate``/s, or all at once when 0), spread over ``urls`` in turn."""
+    """Send ``requests`` (at ``rate``/s, or all at once when 0, or one after the other when
+    ``sequential``), spread over ``urls`` in turn."""
     keys = sorted({r.key for r in requests})
     arrivals = _arrivals(requests, keys, rate)
     loop = asyncio.get_running_loop()
@@ -119,13 +132,20 @@ async def _drive(
                 behaviour=Behaviour("none", max_attempts=1),
                 clock=loop.time,
                 rng=random.Random(seed),
+                body_extra=body_extra,
+                headers=headers,
             )
             for url in urls
         ]
         for c in clients:
             c.start()
         t0 = loop.time()
-        await asyncio.gather(*(clients[i % len(clients)].run(i, a) for i, a in enumerate(arrivals)))
+        if sequential:
+            for i, a in enumerate(arrivals):
+                await clients[i % len(clients)].run(i, a)
+        else:
+            runs = (clients[i % len(clients)].run(i, a) for i, a in enumerate(arrivals))
+            await asyncio.gather(*runs)
         elapsed = loop.time() - t0
     return [a for c in clients for a in c.attempts], elapsed
 
@@ -172,39 +192,91 @@ async def emulator_tokens(http: aiohttp.ClientSession, urls: Sequence[str]) -> d
     return out
 
 
+def _requests(key: str, prompts: Sequence[str], answers: Answers) -> list[PeerRequest]:
+    return [PeerRequest(key, "budget", p, 0, answers.max_tokens) for p in prompts]
+
+
+async def _emulators_idle(http: aiohttp.ClientSession, urls: Sequence[str]) -> dict[str, float]:
+    for _ in range(100):  # aborted streams leave the emulators within a moment
+        now = await emulator_tokens(http, urls)
+        if now["busy"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    return now
+
+
 async def budget_burst(
-    urls: Sequence[str],
+    arm: PeerArm,
+    b: BudgetBurst,
     emulator_urls: Sequence[str],
     model: str,
-    requests: Sequence[PeerRequest],
-    burst: float,
-    refill_per_second: float,
     seed: int,
+    prompt_tokens: Callable[[str], int],
+    history_sync_s: float,
 ) -> dict[str, Any]:
-    """All ``requests`` at once on one key; did the served tokens stay within the budget?"""
+    """The key's history (``b.warmup_prompts`` one after the other), ``history_sync_s`` for a
+    gateway to learn it (tokenweir's filter processes share answer lengths every 2 s), the
+    budget refilled, then all of ``b.prompts`` at once: what was served, and was it allowed?"""
+    header = dict([BUDGET_HEADER])
+    warm_urls, warm_key = arm.warmup_target(b.key)
+    history, _ = await _drive(
+        warm_urls, model, _requests(warm_key, b.warmup_prompts, b.warmup_answers), 0.0, seed,
+        body_extra=b.warmup_answers.body_extra(), headers=header, sequential=True,
+    )  # fmt: skip
+    await asyncio.sleep(history_sync_s)
+    await arm.restore_budget(b.key)
+    urls = await arm.budget_urls(b.key)
+    rejects_before = await arm.false_rejects(b.key)
+    counters_before = await arm.gateway_counters()
     async with aiohttp.ClientSession() as probe:
-        before = await emulator_tokens(probe, emulator_urls)
-        attempts, elapsed = await _drive(urls, model, requests, 0.0, seed)
-        for _ in range(100):  # aborted streams leave the emulators within a moment
-            after = await emulator_tokens(probe, emulator_urls)
-            if after["busy"] == 0:
-                break
-            await asyncio.sleep(0.1)
-    admitted = after["tokens"] - before["tokens"]
-    outcome = budget_outcome(burst, refill_per_second, elapsed, admitted)
+        before = await _emulators_idle(probe, emulator_urls)
+        attempts, elapsed = await _drive(
+            urls, model, _requests(b.key, b.prompts, b.answers), 0.0, seed,
+            body_extra=b.answers.body_extra(), headers=header,
+        )  # fmt: skip
+        after = await _emulators_idle(probe, emulator_urls)
+    if rejects_before is not None:
+        await asyncio.sleep(1.0)  # the last settlements reach the rate-limit service
+    rejects_after = await arm.false_rejects(b.key)
+    counters_after = await arm.gateway_counters()
+    backend = after["tokens"] - before["tokens"]
+    outcome = budget_outcome(b.burst, b.refill_per_second, elapsed, backend)
+    real = [prompt_tokens(p) for p in b.prompts]
+    served = [
+        Served(
+            status=a.status,
+            finish_reason=a.finish_reason,
+            prompt_tokens=real[a.request],
+            completion_tokens=(a.usage or {}).get("completion_tokens", a.tokens),
+        )
+        for a in attempts
+    ]
     statuses: dict[str, int] = {}
     for a in attempts:
         statuses[str(a.status)] = statuses.get(str(a.status), 0) + 1
+    false_rejects = (
+        None if rejects_before is None or rejects_after is None else rejects_after - rejects_before
+    )
     return {
-        "parallel": len(requests),
+        "variant": b.variant,
+        "parallel": len(b.prompts),
+        "history": {"requests": len(history), "ok": sum(1 for a in history if a.ok)},
         "elapsed_s": round(elapsed, 3),
         "statuses": statuses,
         "streams_ok": sum(1 for a in attempts if a.ok),
-        "budget_tokens": burst,
-        "refill_per_second": refill_per_second,
+        "budget_tokens": b.burst,
+        "refill_per_second": b.refill_per_second,
+        "mean_request_tokens": round(b.mean_request_tokens, 1),
         "allowed_tokens": round(outcome.allowed, 1),
-        "admitted_tokens": admitted,
+        "admitted_tokens": backend,  # what the emulators worked on (prompt + generated)
         "overshoot_tokens": round(outcome.overshoot, 1),
         "overshoot_ratio": round(outcome.overshoot_ratio, 3),
         "held": outcome.held,
+        **served_summary(served, outcome.allowed, backend),
+        "false_rejects": false_rejects,
+        "gateway_counters": {
+            k: v - counters_before.get(k, 0.0)
+            for k, v in sorted(counters_after.items())
+            if v != counters_before.get(k, 0.0)
+        },
     }

@@ -2,7 +2,10 @@
 
 ``write_outputs(result, out_dir, img_dir)`` writes ``peers.json`` and ``peers.md`` into
 ``out_dir`` and ``peers_throughput.png``, ``peers_latency.png``, ``peers_budget.png`` into
-``img_dir``; docs/benchmarks.md embeds the plots. ``targets(result)`` checks issue 12's targets.
+``img_dir``; docs/benchmarks.md embeds the plots. ``targets(result)`` checks issue 12's targets
+and issue 36's budget targets (``budget_rows``: per arm and burst, tokens served / allowed, the
+share in whole answers, overshoot, false rejects). A phase left out (``--phases``) leaves its
+table and plot out.
 """
 
 from __future__ import annotations
@@ -15,22 +18,29 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from peers_budget import SERVED_MIN, WHOLE_MIN, burst_targets
 
-__all__ = ["PLOTS", "markdown", "targets", "write_outputs"]
+__all__ = ["PLOTS", "budget_rows", "budget_targets", "markdown", "targets", "write_outputs"]
 
 PLOTS = ("peers_throughput.png", "peers_latency.png", "peers_budget.png")
 TOKENWEIR_PY = ("filters", "ratelimit_service")  # the Python processes on the request path
 
 
-def write_outputs(result: dict[str, Any], out_dir: Path, img_dir: Path) -> None:
+def write_outputs(
+    result: dict[str, Any], out_dir: Path, img_dir: Path, name: str = "peers"
+) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     img_dir.mkdir(parents=True, exist_ok=True)
     result["targets"] = targets(result)
-    (out_dir / "peers.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    (out_dir / "peers.md").write_text(markdown(result))
-    plot_throughput(result, img_dir / PLOTS[0])
-    plot_latency(result, img_dir / PLOTS[1])
-    plot_budget(result, img_dir / PLOTS[2])
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (out_dir / f"{name}.md").write_text(markdown(result))
+    arms = result["arms"].values()
+    if arms and all("saturation" in a for a in arms):
+        plot_throughput(result, img_dir / PLOTS[0])
+    if arms and all("chunks" in a for a in arms):
+        plot_latency(result, img_dir / PLOTS[1])
+    if any(a.get("budget") for a in arms):
+        plot_budget(result, img_dir / PLOTS[2].replace("peers", name, 1))
 
 
 def _f(v: Any, digits: int = 1) -> str:
@@ -45,7 +55,7 @@ def _sub(a: float | None, b: float | None) -> float | None:
 
 def _rps(result: dict[str, Any], arm: str) -> float | None:
     a = result["arms"].get(arm)
-    return None if a is None else a["saturation"]["ok_per_s"]
+    return None if a is None or "saturation" not in a else a["saturation"]["ok_per_s"]
 
 
 def python_ms(cpu: dict[str, dict[str, Any]], labels: tuple[str, ...] | None = None) -> float:
@@ -60,6 +70,24 @@ def python_ms(cpu: dict[str, dict[str, Any]], labels: tuple[str, ...] | None = N
 
 def markdown(result: dict[str, Any]) -> str:
     arms = result["arms"]
+    lines: list[str] = []
+    if arms and all(k in a for a in arms.values() for k in ("saturation", "mix", "chunks")):
+        lines += _gateway_tables(arms)
+    if any(a.get("budget") for a in arms.values()):
+        lines += budget_table(result)
+    rls = result.get("rls")
+    if rls:
+        lines += rls_table(rls)
+    lines += ["", "Targets:", "", "| target | measured | met |", "|---|---|---|"]
+    for t in result.get("targets") or targets(result):
+        met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
+        lines.append(f"| {t['name']} | {t['measured']} | {met} |")
+    for arm, why in result.get("skipped", {}).items():
+        lines.append(f"\n{arm}: {why}")
+    return "\n".join(lines) + "\n"
+
+
+def _gateway_tables(arms: dict[str, Any]) -> list[str]:
     base = arms.get("direct")
     lines = [
         "| arm | req/s at saturation | vs Envoy | TTFB p50 / p99 ms (k6, mix) | total p50 / p99 ms "
@@ -67,7 +95,7 @@ def markdown(result: dict[str, Any]) -> str:
         "| rejected (sat / mix) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    envoy = _rps(result, "envoy")
+    envoy = arms["envoy"]["saturation"]["ok_per_s"] if "envoy" in arms else None
     for name, a in arms.items():
         s, m, c = a["saturation"], a["mix"], a["chunks"]
         ratio = s["ok_per_s"] / envoy if envoy else None
@@ -96,32 +124,106 @@ def markdown(result: dict[str, Any]) -> str:
             for k in labels
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {python_ms(cpu):.3f} |")
-    lines += [
+    return lines
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.0f}%"
+
+
+def budget_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per arm and burst: the numbers of the budget table and which targets it meets."""
+    rows = []
+    for name, a in result["arms"].items():
+        for b in a.get("budget") or ():
+            fr = b.get("false_rejects")
+            rows.append({
+                "arm": name, "variant": b.get("variant", "trace"), "parallel": b["parallel"],
+                "statuses": b["statuses"], "allowed": b["allowed_tokens"],
+                "served": b.get("served_tokens"), "served_ratio": b.get("served_ratio"),
+                "whole_share": b.get("whole_share"),
+                "overshoot": b.get("served_overshoot_tokens"),
+                "backend": b["admitted_tokens"], "backend_overshoot": b["overshoot_tokens"],
+                "false_rejects": "n/a" if fr is None else round(fr),
+                "unchecked": _unchecked(b),
+                "finish_reasons": b.get("finish_reasons", {}),
+                "met": burst_targets(b),
+            })  # fmt: skip
+    return rows
+
+
+def _unchecked(b: dict[str, Any]) -> int | str:
+    """Requests the gateway admitted without a rate-limit decision (tokenweir: Envoy's
+    ``ratelimit.failure_mode_allowed``, the service not answering within its timeout)."""
+    c = b.get("gateway_counters")
+    if not c:
+        return "n/a"
+    return round(c.get("ratelimit.failure_mode_allowed", 0.0))
+
+
+def budget_table(result: dict[str, Any]) -> list[str]:
+    lines = [
         "",
-        "Token budget under N parallel requests (one key; budget = burst, refill = burst / 60 "
-        "per s; admitted = prompt + completion tokens the emulators served):",
+        "Token budgets under N parallel streams on one key, after a history of answers on it "
+        "(budget = burst, refill = burst / 60 per s, sized so the burst asks twice the budget; "
+        "allowed = burst + refill x elapsed; served = prompt + completion tokens the clients "
+        "received; whole = share of served in answers that ended by themselves, "
+        "`finish_reason: stop`; backend = prompt + generated tokens the emulators worked on; "
+        "unchecked = admitted without a rate-limit decision, the service late):",
         "",
-        "| arm | parallel | statuses | allowed tokens | admitted tokens | overshoot | held |",
-        "|---|---|---|---|---|---|---|",
+        "| arm | variant | parallel | statuses | allowed | served (/ allowed) | whole "
+        "| overshoot (backend) | false rejects | unchecked | answers (stop / length) "
+        "| targets met |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, a in arms.items():
-        for b in a["budget"]:
-            st = ", ".join(f"{k}: {v}" for k, v in sorted(b["statuses"].items()))
-            lines.append(
-                f"| {name} | {b['parallel']} | {st} | {b['allowed_tokens']:,.0f} "
-                f"| {b['admitted_tokens']:,.0f} | {b['overshoot_tokens']:,.0f} "
-                f"({100 * b['overshoot_ratio']:.0f}%) | {'yes' if b['held'] else '**no**'} |"
-            )
-    rls = result.get("rls")
-    if rls:
-        lines += rls_table(rls)
-    lines += ["", "Targets:", "", "| target | measured | met |", "|---|---|---|"]
-    for t in result.get("targets") or targets(result):
-        met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
-        lines.append(f"| {t['name']} | {t['measured']} | {met} |")
-    for arm, why in result.get("skipped", {}).items():
-        lines.append(f"\n{arm}: {why}")
-    return "\n".join(lines) + "\n"
+    for r in budget_rows(result):
+        st = ", ".join(f"{k}: {v}" for k, v in sorted(r["statuses"].items()))
+        ends = r["finish_reasons"]
+        met = r["met"]
+        flags = " ".join(
+            ("✓" if met[k] else "✗") if met[k] is not None else "–"
+            for k in ("no_overshoot", "served", "whole")
+        )
+        served = "–" if r["served"] is None else f"{r['served']:,.0f} ({_pct(r['served_ratio'])})"
+        over = "–" if r["overshoot"] is None else f"{r['overshoot']:,.0f}"
+        lines.append(
+            f"| {r['arm']} | {r['variant']} | {r['parallel']} | {st} | {r['allowed']:,.0f} "
+            f"| {served} | {_pct(r['whole_share'])} | {over} ({r['backend_overshoot']:,.0f}) "
+            f"| {r['false_rejects']} | {r['unchecked']} "
+            f"| {ends.get('stop', 0)} / {ends.get('length', 0)} | {flags} |"
+        )
+    lines += ["", "Targets met: 0 overshoot, ≥ 90% of allowed served, ≥ 85% of it in whole answers "
+              "(✓ / ✗ in that order)."]  # fmt: skip
+    return lines
+
+
+def budget_targets(result: dict[str, Any], arm: str = "tokenweir") -> list[dict[str, Any]]:
+    """Issue 36's three budget targets over every burst of ``arm``: met in how many bursts,
+    and the worst burst's number."""
+    rows = [r for r in budget_rows(result) if r["arm"] == arm and r["served"] is not None]
+    if not rows:
+        return []
+    n = len(rows)
+
+    def worst(key: str) -> dict[str, Any]:
+        return min(rows, key=lambda r: r[key] if r[key] is not None else -1.0)
+
+    over = [r for r in rows if r["overshoot"]]
+    lo_served, lo_whole = worst("served_ratio"), worst("whole_share")
+    return [
+        {"name": f"{arm}: 0 overshoot in every burst",
+         "measured": f"{n - len(over)}/{n} bursts"
+         + (f"; worst {max(r['overshoot'] for r in over):,.0f} tokens" if over else ""),
+         "met": not over},
+        {"name": f"{arm}: ≥ {SERVED_MIN:.0%} of allowed tokens served in every burst",
+         "measured": f"{sum(1 for r in rows if r['met']['served'])}/{n} bursts; lowest "
+         f"{_pct(lo_served['served_ratio'])} ({lo_served['variant']} x{lo_served['parallel']})",
+         "met": all(r["met"]["served"] for r in rows)},
+        {"name": f"{arm}: ≥ {WHOLE_MIN:.0%} of served tokens in whole answers in every burst",
+         "measured": f"{sum(1 for r in rows if r['met']['whole'])}/{n} bursts; lowest "
+         f"{_pct(lo_whole['whole_share'])} ({lo_whole['variant']} x{lo_whole['parallel']})",
+         "met": all(r["met"]["whole"] for r in rows)},
+    ]  # fmt: skip
 
 
 def rls_table(rls: dict[str, Any]) -> list[str]:
@@ -165,7 +267,7 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                     "measured": f"{tw / lite:.1f}x; budget held {sum(held)}/{len(held)}", "met": ok})  # fmt: skip
     else:
         out.append({"name": "tokenweir ≥ 20x LiteLLM req/s, 0 overshoot", "measured": "–", "met": None})  # fmt: skip
-    if "tokenweir" in arms:
+    if "tokenweir" in arms and "saturation" in arms["tokenweir"]:
         py = python_ms(arms["tokenweir"]["saturation"]["cpu_ms_per_request"], TOKENWEIR_PY)
         out.append({"name": "Python CPU ≤ 0.5 ms/request (full path)",
                     "measured": f"{py:.3f} ms", "met": py <= 0.5})  # fmt: skip
@@ -184,6 +286,7 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                     "met": o["p99_ms"] < 5.0})  # fmt: skip
         if rls.get("setups"):
             out.append(_rls_setup_target(rls["setups"]))
+    out += budget_targets(result)
     return out
 
 
@@ -257,19 +360,26 @@ def plot_latency(result: dict[str, Any], path: Path) -> None:
 
 
 def plot_budget(result: dict[str, Any], path: Path) -> None:
-    arms = {n: a for n, a in result["arms"].items() if a["budget"]}
-    fig, ax = plt.subplots(figsize=(9, 4))
-    labels, vals = [], []
-    for name, a in arms.items():
-        for b in a["budget"]:
-            labels.append(f"{name}\n{b['parallel']} parallel")
-            vals.append(b["admitted_tokens"] / b["allowed_tokens"] if b["allowed_tokens"] else 0)
-    ax.bar(range(len(vals)), vals, color=["tab:green" if v <= 1 else "tab:red" for v in vals])
+    rows = budget_rows(result)
+    fig, ax = plt.subplots(figsize=(max(9, 0.45 * len(rows)), 4.5))
+    labels, served, whole = [], [], []
+    for r in rows:
+        ratio = r["served_ratio"] if r["served_ratio"] is not None else r["backend"] / r["allowed"]
+        labels.append(f"{r['arm']}\n{r['variant']} x{r['parallel']}")
+        served.append(ratio)
+        whole.append(ratio * (r["whole_share"] or 0.0))
+    x = range(len(rows))
+    over = ["tab:red" if v > 1 else "none" for v in served]
+    ax.bar(x, whole, color="tab:blue", label="served in whole answers")
+    ax.bar(x, [v - w for v, w in zip(served, whole, strict=True)], bottom=whole,
+           color="tab:orange", label="served in answers cut short")  # fmt: skip
+    ax.bar(x, served, fill=False, edgecolor=over, linewidth=1.5, label="over budget + refill")
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="budget + refill")
-    ax.set_xticks(range(len(vals)), labels, fontsize=7)
-    ax.set_ylabel("admitted tokens / allowed")
-    ax.set_title("Token budget under parallel requests")
-    ax.legend(fontsize=8)
+    ax.axhline(SERVED_MIN, color="grey", linestyle=":", linewidth=1, label="90% target")
+    ax.set_xticks(list(x), labels, fontsize=6, rotation=90)
+    ax.set_ylabel("tokens / allowed")
+    ax.set_title("Token budgets under parallel streams (after a history of answers)")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -131,6 +131,28 @@ async def test_a_stream_is_timed_per_token_and_ok_only_with_finish_and_done() ->
     assert isinstance(body, dict) and body["stream"] is True and body["max_tokens"] == 3
 
 
+async def test_a_stream_records_its_finish_reason_and_usage_and_sends_extras() -> None:
+    stop = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    usage = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2, "x": "y"}}
+    client, session, _ = make([(200, {}, sse(ROLE, token("x"), stop, usage, b"[DONE]"))],
+                              Behaviour("none"))  # fmt: skip
+    client.body_extra = {"ignore_eos": False, "stop": ["w"]}
+    client.extra_headers = {"x-peers-budget": "1"}
+    await client.run(0, ARRIVAL)
+    (a,) = client.attempts
+    assert a.ok and a.finish_reason == "stop"
+    assert a.usage == {"prompt_tokens": 7, "completion_tokens": 2}
+    sent = session.sent[0]
+    assert sent["headers"] == {"x-peers-budget": "1", "authorization": "Bearer k1"}
+    body = sent["json"]
+    assert isinstance(body, dict) and body["ignore_eos"] is False and body["stop"] == ["w"]
+    # the default stream: cut by max_tokens, usage without a prompt count
+    client, _, _ = make([(200, {}, STREAM)], Behaviour("none"))
+    await client.run(0, ARRIVAL)
+    assert client.attempts[0].finish_reason == "length"
+    assert client.attempts[0].usage == {"completion_tokens": 3}
+
+
 async def test_a_stream_without_done_or_with_an_error_event_is_not_a_success() -> None:
     cut = sse(ROLE, token("x"), FINISH)  # no [DONE]: the connection ended early
     aborted = sse(

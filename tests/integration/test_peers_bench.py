@@ -1,7 +1,7 @@
 """The gateway comparison's smoke run (``bench/peers.py --smoke``): every arm starts fresh in front
 of the same emulators, every scenario (k6 saturation, k6 tier mix with bursts, the streaming
-client, the budget bursts, the rate-limit service alone) runs and the JSON, the markdown and the
-plots come out. Keeps the harness from rotting; it asserts that results were produced, never how
+client, the budget bursts of every variant after a history on their key, the rate-limit service
+alone) runs and the JSON, the markdown and the plots come out. Keeps the harness from rotting; it asserts that results were produced, never how
 fast anything was. The LiteLLM arm needs the proxy in ``.venv-peers/``: CI (``CI=true``) installs
 it (about a minute), so the arm cannot rot unseen; elsewhere the test runs where ``bench/peers.py``
 already created it and skips otherwise."""
@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from peers_budget import VARIANTS  # noqa: E402
 from peers_litellm import ensure_venv  # noqa: E402
 
 
@@ -41,10 +42,18 @@ def _smoke(tmp_path: Path, arms: list[str], *extra: str) -> dict[str, Any]:
         assert r["mix"]["ok"] > 0 and r["mix"]["ttfb_ms"]["p50"] is not None, arm
         assert r["chunks"]["ok"] > 0 and r["chunks"]["chunk_gap_ms"]["p50"] is not None, arm
         if arm != "direct":
-            assert [b["parallel"] for b in r["budget"]] == [5, 10], arm
-            assert all(b["admitted_tokens"] > 0 for b in r["budget"]), arm
+            bursts = [(b["variant"], b["parallel"]) for b in r["budget"]]
+            assert bursts == [(v, n) for v in VARIANTS for n in (5, 10)], arm
+            for b in r["budget"]:
+                assert sum(b["statuses"].values()) == b["parallel"], arm
+                assert b["history"]["requests"] == 2, arm  # the key's history came first
+                assert {"served_ratio", "whole_share", "false_rejects"} <= set(b), arm
+            assert any(b["served_tokens"] > 0 for b in r["budget"]), arm
+            if arm == "tokenweir":  # its rate-limit service's counter was read
+                assert all(b["false_rejects"] is not None for b in r["budget"])
     md = (out / "peers.md").read_text()
     assert "Targets:" in md and "| target | measured | met |" in md
+    assert "| arm | variant | parallel | statuses | allowed | served (/ allowed) |" in md
     for name in ("peers_throughput.png", "peers_latency.png", "peers_budget.png"):
         assert (img / name).read_bytes()[:4] == b"\x89PNG"
     return result
