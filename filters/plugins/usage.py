@@ -55,6 +55,7 @@ from filters.sse import (
 )
 from filters.stop import cut, generate_count, quick_count, stop_events, stream_head
 from runtime.cost import cost_usd, micro_usd
+from runtime.quota.config import tenant_defaults
 from runtime.quota.errors import QuotaUnavailable
 from runtime.quota.keys import record_key
 from runtime.quota.topup import NO_RECORD
@@ -354,6 +355,12 @@ class UsagePlugin(BasePlugin):
             m.child(m.topups, tenant, "error").inc()
             return want
         if res.status == NO_RECORD:
+            if _limits_tokens(self.services.policy, ctx.tenant):
+                # the tenant has a token limit, yet nothing was reserved: the rate-limit
+                # service's call failed or timed out and Envoy let the request through
+                # (failure_mode_deny false). The stream ends at what it would have reserved
+                m.child(m.topups, tenant, "unreserved").inc()
+                return 0
             m.child(m.topups, tenant, "no_record").inc()
             return None
         m.child(m.topups, tenant, "granted" if res.granted > 0 else "refused").inc()
@@ -491,3 +498,9 @@ def _tail_after_events(data: bytes) -> bytes:
     end = data.replace(b"\r\n", b"\n").rfind(b"\n\n")
     tail = data if end < 0 else data.replace(b"\r\n", b"\n")[end + 2 :]
     return tail[-_MAX_TAIL:]
+
+
+def _limits_tokens(policy: Any, tenant: str) -> bool:
+    """Whether the policy gives ``tenant`` a token limit (its own or its tier's)."""
+    fields = tenant_defaults(policy, tenant)
+    return bool(fields) and any(k.startswith("tokens.") for k in fields or ())

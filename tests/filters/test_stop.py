@@ -263,8 +263,22 @@ async def test_no_record_runs_unmetered_and_a_store_error_fails_open(
 ) -> None:
     p, aborts = plugin(services, Bucket(left=0, status=NO_RECORD))
     chunks = answer(30)
-    body, _ = await run(p, stream_ctx(5), chunks, clock)
+    unlimited = stream_ctx(5)
+    unlimited.tenant = "no-token-limit"  # not in the policy: no token limit, no record
+    body, _ = await run(p, unlimited, chunks, clock)
     assert body == b"".join(chunks) and not aborts.calls
+    # a tenant with a token limit and no record: the rate-limit service's call failed and Envoy
+    # let the request through unrated; the stream ends at what it reserved
+    p, aborts = plugin(services, Bucket(left=0, status=NO_RECORD))
+    body, meta = await run(p, stream_ctx(5), chunks, clock)
+    assert body != b"".join(chunks) and b'"finish_reason":"length"' in body
+    assert meta["settle_tokens"] == 9 + 5 and body.endswith(DONE)
+    assert (
+        services.metrics.registry.get_sample_value(
+            "tokenweir_filters_topups_total", {"tenant": "demo-pro", "result": "unreserved"}
+        )
+        == 1
+    )
     p, aborts = plugin(services, Broken())
     body, _ = await run(p, stream_ctx(5), chunks, clock)
     assert body == b"".join(chunks) and not aborts.calls
