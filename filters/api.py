@@ -138,6 +138,9 @@ class Context:
     lane: str | None = None
     model: str | None = None
     body: Any = None  # the parsed request body (filters.bodies.LlmRequest) once tokens ran
+    # the prompt as the pool's backend renders it (its model's chat template), where the tokens
+    # plugin rendered it to count it exactly: the picker hashes the same bytes
+    rendered: bytes | None = None
     prompt_tokens: int | None = None
     max_tokens: int | None = None
     reserve: int | None = None

@@ -53,7 +53,9 @@ class PickerPlugin(BasePlugin):
                 return None
             req = parse_request(kind, body, reject_unknown=False)
         metrics = self.pickers.metrics
-        data = None if req.input_ids is not None else picker.render(req.kind, req.data)
+        data: bytes | None = None
+        if req.input_ids is None:  # rendered already where the tokens plugin counted it
+            data = ctx.rendered if ctx.rendered is not None else picker.render(req.kind, req.data)
         if data is None:
             metrics.fallbacks.labels(picker.pool, "no_prompt").inc()
             return None

@@ -50,15 +50,17 @@ from filters.bodies import (
 from filters.errors import ClientError, ConfigError
 from filters.ladder.scratch import max_tokens_cap, served_model, served_pool
 from filters.services import Services
+from runtime.chat_tokenizer import ChatTemplateError
 from runtime.throttled_log import ThrottledLog
 
-__all__ = ["TokensPlugin", "backend_priority", "estimate_prompt"]
+__all__ = ["EXACT_BYTES", "TokensPlugin", "backend_priority", "estimate_prompt"]
 
 _log = logging.getLogger(__name__)
 _PER_MESSAGE = 4  # special tokens a chat template adds per message beyond the rendered text's
 # what a template adds per request: BOS, the assistant header, a default system prompt (Qwen's
 # is 16 tokens); the rendered text already holds each role name and two separators per message
 _TEMPLATE_TOKENS = 64
+EXACT_BYTES = 16 * 1024  # rendered prompts counted exactly with the pool's tokenizer, at most
 
 
 def estimate_prompt(req: LlmRequest, services: Services) -> int:
@@ -183,7 +185,9 @@ class TokensPlugin(BasePlugin):
         ctx.model = model
         ctx.stream = req.stream
         ctx.client_wants_usage = req.include_usage
-        prompt = estimate_prompt(req, self.services)
+        prompt = self._exact_prompt(ctx, req)
+        if prompt is None:
+            prompt = estimate_prompt(req, self.services)
         ctx.prompt_tokens = prompt
         final, why = await self._clamp(ctx, req, prompt, model)
         ctx.max_tokens = final
@@ -219,6 +223,28 @@ class TokensPlugin(BasePlugin):
         new = dump_body(req.data)
         headers["content-length"] = str(len(new))
         return Result(set_headers=headers, body=new)
+
+    def _exact_prompt(self, ctx: Context, req: LlmRequest) -> int | None:
+        """The prompt's exact token count where the pool names its model's tokenizer
+        (``routing.tokenizer``, loaded by the pool's endpoint picker): rendered with the
+        model's chat template as the backend renders it, and tokenized, for rendered prompts
+        up to ``EXACT_BYTES`` (past that, the byte bound: tokenizing costs about a microsecond
+        a byte, docs/quotas.md); None where there is no such tokenizer or the template refuses
+        the request (the byte bound then)."""
+        pickers = self.services.pickers
+        picker = pickers.get(ctx.route.pool) if pickers is not None else None
+        if picker is None or picker.model is None or req.input_ids is not None:
+            return None
+        model = picker.model
+        data = picker.render(req.kind, req.data)
+        if data is None or len(data) > EXACT_BYTES:
+            return None
+        try:
+            n = len(model.encode(data.decode("utf-8", "surrogatepass")))
+        except ChatTemplateError:
+            return None
+        ctx.rendered = data
+        return max(1, n)
 
     def _output_reserve(self, ctx: Context, model: str, max_tokens: int) -> int:
         """The output tokens to reserve: the learned quantile (policy ``reservation``), at most

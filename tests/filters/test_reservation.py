@@ -127,3 +127,38 @@ async def test_bad_input_is_a_clear_error(
         await TokensPlugin({}, services).request_body(ctx, body)
     assert info.value.status == status and info.value.param == param
     assert param in info.value.message or "model" in info.value.message
+
+
+async def test_a_pool_naming_its_models_tokenizer_counts_the_prompt_exactly(
+    policy: Policy, clock: FakeClock, tmp_path: object
+) -> None:
+    """Where the pool's picker loaded the model's tokenizer (``routing.tokenizer``), the prompt
+    is rendered with its chat template and counted exactly, up to EXACT_BYTES rendered; past
+    that (and where the template refuses) the byte bound."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from filters.picker.prompt import prompt_bytes
+    from filters.plugins.tokens import EXACT_BYTES
+    from runtime.chat_tokenizer import HfChatTokenizer
+    from tests.chat_model import make_model_dir
+
+    assert isinstance(tmp_path, Path)
+    tok = HfChatTokenizer.load(make_model_dir(tmp_path / "model"))
+    picker = SimpleNamespace(model=tok, render=lambda kind, data: prompt_bytes(kind, data, tok))
+    services = replace(make_services(policy, clock), pickers=SimpleNamespace(get=lambda p: picker))
+    plugin = TokensPlugin({}, services)
+    text = "Tell me about weirs, rivers and the naïve café by the mill. " * 20
+    body = json.dumps({"model": "llama-3.1-8b", "messages": [{"role": "user", "content": text}]})
+    ctx = make_ctx(tenant="demo-pro", tier="pro")
+    await plugin.request_body(ctx, body.encode())
+    rendered = prompt_bytes("chat", json.loads(body), tok)
+    assert rendered is not None and ctx.rendered == rendered  # the picker hashes these bytes
+    assert ctx.prompt_tokens == len(tok.encode(rendered.decode()))
+    assert ctx.prompt_tokens < len(text)  # far under the byte bound
+    long = json.dumps({"model": "llama-3.1-8b", "messages": [
+        {"role": "user", "content": "x" * (EXACT_BYTES + 1)}]})  # fmt: skip
+    ctx = make_ctx(tenant="demo-pro", tier="pro")
+    await plugin.request_body(ctx, long.encode())
+    assert ctx.rendered is None and ctx.prompt_tokens is not None
+    assert ctx.prompt_tokens >= EXACT_BYTES + 1  # its bytes: the bound

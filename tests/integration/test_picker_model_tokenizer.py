@@ -131,6 +131,17 @@ async def test_chat_prompts_rendered_with_the_model_template_find_their_replica(
                 "tokenweir_picker_picks_total", {"pool": "chat", "reason": "cache"}
             )
             assert picks is not None and picks >= 2
+            # the reservation counted each prompt exactly with the model's tokenizer: the
+            # reported prompt tokens are what was reserved (estimate / reported = 1, from the
+            # access log of Envoy's usage meter)
+            ratio = "tokenweir_filters_prompt_estimate_ratio"
+
+            def seen(suffix: str, **more: str) -> float:
+                return reg.get_sample_value(ratio + suffix, {"model": "m1", **more}) or 0.0
+
+            await _until(lambda: seen("_count") >= 3, lambda: f"{seen('_count')} logged")
+            exact = seen("_bucket", le="1.0") - seen("_bucket", le="0.95")
+            assert exact == seen("_count"), [seen("_bucket", le=b) for b in ("0.95", "1.0")]
             await client.close()
     finally:
         if app is not None:
