@@ -7,9 +7,11 @@ closed: OVER_LIMIT), both within ``deadline`` seconds.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,12 +25,14 @@ from ratelimit_service.false_rejects import FalseRejects
 from ratelimit_service.health import RedisHealth
 from ratelimit_service.limiter import Check, ReserveResult
 from ratelimit_service.metrics import Metrics
+from ratelimit_service.outage import OutageLedger
 from ratelimit_service.plan import WindowClock, checks_for, scaled
 from ratelimit_service.responses import Verdict, error_response, response
 from ratelimit_service.store import MemoryStore, QuotaStore
 from runtime.cost import worst_case_micro_usd
 from runtime.quota.config import Limit, SubjectQuotas, limits_for_service, limits_for_tenant
 from runtime.quota.keys import record_key, service_subject
+from runtime.tasks import stop_task
 
 __all__ = ["CallTrace", "Decider", "DeciderSettings", "verdict"]
 
@@ -131,6 +135,9 @@ class Decider:
         self._windows = WindowClock()
         self._reserved = metrics.tokens.labels("reserved")
         self.false_rejects = FalseRejects()
+        # what the local buckets spent while Redis was down, charged into Redis once it is back
+        self.outage = OutageLedger(settings.reservation_ttl_ms * 1000)
+        self._reconcile: asyncio.Task[None] | None = None
         self._decision_seconds = metrics.decision_seconds
 
     def _log_limited(self, key: str, msg: str, *args: object) -> None:
@@ -216,6 +223,8 @@ class Decider:
         ttl = self.settings.reservation_ttl_ms
         res: ReserveResult | None = None
         if self.store is not None and (self.health is None or self.health.up):
+            if len(self.outage) and (self._reconcile is None or self._reconcile.done()):
+                self._reconcile = asyncio.get_running_loop().create_task(self.reconcile())
             checks = checks_for(subject, limits, call.hits, now_us, self._windows, usd=usd)
             try:
                 res = await self.store.reserve(record, rid is not None, checks, now_us, ttl, trace)
@@ -226,14 +235,59 @@ class Decider:
             self.metrics.fallbacks.labels(self.settings.failure_mode).inc()
             if self.settings.failure_mode == "closed":
                 raise StoreUnavailable("redis unavailable")
+            whole = limits
             limits = scaled(limits, self.settings.replicas)
             checks = checks_for(subject, limits, call.hits, now_us, self._windows, usd=usd)
             res = await self.local.reserve(record, rid is not None, checks, now_us, ttl, trace)
+            if res.admitted and self.store is not None and rid is not None:
+                key = (subject, call.model, call.lane)
+                self.outage.reserved(record, key, whole, call.hits, usd, now_us)
         v = verdict(res, limits, checks, call.hits, now_us, subject, usd)
         self._count(v, call)
         if call.phase == "reserve":
             self.metrics.observe_quota(subject, limits, res.outcomes)
         return v
+
+    async def reconcile(self) -> None:
+        """Charge into Redis what the local buckets spent while it was down (:mod:`.outage`):
+        per subject, once its local reservations are settled, one reservation of nothing (it
+        names every counter the subject's limits use) settled at what was spent. Runs while
+        anything is left and Redis answers; what fails is kept for the next run."""
+        m = self.metrics
+        while len(self.outage) and self.store is not None:
+            if self.health is not None and not self.health.up:
+                return
+            now_us = int(self.clock() * 1_000_000)
+            for spent in self.outage.due(now_us):
+                if spent.tokens <= 0 and spent.usd <= 0:
+                    continue
+                checks = checks_for(spent.subject, spent.limits, 0, now_us, self._windows, usd=0)
+                record = record_key(spent.subject, f"outage-{uuid.uuid4().hex}")
+                ttl = self.settings.reservation_ttl_ms
+                try:
+                    res = await self.store.reserve(record, True, checks, now_us, ttl)
+                    if not res.admitted:  # already in debt: nothing can be added
+                        m.outage_charges.labels("refused").inc()
+                        continue
+                    await self.store.settle(record, spent.tokens, now_us, spent.usd)
+                except (StoreUnavailable, TimeoutError) as exc:
+                    self.outage.put_back(spent)
+                    m.outage_charges.labels("failed").inc()
+                    if self.health is not None:
+                        self.health.failed(exc)
+                    return
+                m.outage_charges.labels("charged").inc()
+                m.outage_tokens.inc(max(0, spent.tokens))
+                log.info(
+                    "charged %s's %d tokens spent while redis was down", spent.subject, spent.tokens
+                )
+            if len(self.outage):
+                await asyncio.sleep(1.0)  # reservations still open: their settlements first
+
+    async def aclose(self) -> None:
+        if self._reconcile is not None:
+            await stop_task(self._reconcile)
+            self._reconcile = None
 
     def _count(self, v: Verdict, call: Call) -> None:
         key = (v.ok, v.quota, v.unit)
@@ -269,6 +323,8 @@ class Decider:
         if self.local.has_record(record):
             res = await self.local.settle(record, call.hits, now_us, usd)
             result = "local"
+            if res.found:
+                self.outage.settled(record, call.hits, usd)
         elif self.store is not None and (self.health is None or self.health.up):
             try:
                 res = await self.store.settle(record, call.hits, now_us, usd)

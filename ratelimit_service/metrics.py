@@ -84,6 +84,19 @@ class Metrics:
             ["tenant", "result"],
             registry=r,
         )
+        self.outage_charges = Counter(
+            "tokenweir_ratelimit_outage_charges",
+            "Subjects whose spending from the local buckets while Redis was down was charged "
+            "into Redis once it answered (charged; refused: already in debt; failed: Redis "
+            "failed again, retried later)",
+            ["result"],
+            registry=r,
+        )
+        self.outage_tokens = Counter(
+            "tokenweir_ratelimit_outage_charged_tokens",
+            "Tokens spent from the local buckets while Redis was down, charged into Redis after",
+            registry=r,
+        )
         self.false_rejects = Counter(
             "tokenweir_ratelimit_false_rejects",
             "Token 429s whose tenant had room after all: its settlements within a minute "

@@ -345,6 +345,8 @@ class Service:
 
     async def aclose(self) -> None:
         await self.watcher.aclose()
+        if self.decider is not None:
+            await self.decider.aclose()
         await stop_task(self._seeder, log=log)
         self._seeder = None
         await self.drain(1.0)

@@ -1,6 +1,7 @@
 """Redis killed mid-run: every answer still comes within Envoy's RLS timeout; fail-open keeps each
 tenant inside a local per-replica share; the service reconnects by itself; reservations made during
-the outage are settled locally, never replayed into Redis. Fail-closed denies, fast."""
+the outage are settled locally, and what they spent is charged into Redis once it answers again
+(ratelimit_service/outage.py). Fail-closed denies, fast."""
 
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ async def test_redis_killed_mid_run(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, "the service did not reconnect"
                 await asyncio.sleep(0.1)
             for rid in admitted[half:]:
-                await ask(10, rid, "settle")  # still settled locally: not replayed into Redis
+                await ask(10, rid, "settle")  # settled locally: its record is local
             r = redis.Redis(port=rport)
             assert r.exists("tw:{acme}:b:tokens") == 0
             assert await _metric(mport, "tokenweir_ratelimit_settles_total", result="local") == len(
@@ -125,6 +126,17 @@ async def test_redis_killed_mid_run(tmp_path: Path) -> None:
             assert (await ask(100, "after"))[0] == OK
             assert r.exists("tw:{acme}:b:tokens") == 1  # decided in Redis again
             assert await _metric(mport, "tokenweir_ratelimit_fallback_decisions_total") == fallbacks
+            # what the outage spent (each admitted request settled 10 tokens) is charged into
+            # Redis too: the tenant's bucket does not start the outage's end full again
+            spent = 10 * len(admitted)
+            charged = "tokenweir_ratelimit_outage_charged_tokens_total"
+            deadline = time.monotonic() + 10
+            while await _metric(mport, charged) < spent:
+                assert time.monotonic() < deadline, await _metric(mport, charged)
+                await asyncio.sleep(0.1)
+            assert await _metric(mport, charged) == spent
+            tk = float(r.hget("tw:{acme}:b:tokens", "tk") or 0)
+            assert tk <= 2000 - 100 - spent + 100 * 2, (tk, spent)  # (2 s of refill at most)
             r.close()
         assert svc.alive()
         assert "redis unavailable" in svc.output() and "redis answers again" in svc.output()
