@@ -102,8 +102,10 @@ def test_the_dashboard_agrees_with_metrics_and_with_the_clients(tmp_path: Path) 
             want = {"2xx": seen[200], "429": seen[429], "503": seen[503], "4xx": 0, "5xx": 0}
             checks = {"clients": (dict(answered), want)}
             # Envoy's own counters of the pool's route cluster
+            # (a request the ladder sent to the fallback pool is answered through the same
+            # route cluster: the dashboard counts it under the pool that served it)
             checks["envoy 2xx"] = (
-                pools["chat"]["answers"]["2xx"],
+                sum(p["answers"]["2xx"] for p in pools.values()),
                 # the route's cluster (pool_chat_with_fallback), not its `.external.` twin
                 sum(v for k, v in e.items() if re.fullmatch(r"cluster\.pool_chat[^.]*\.upstream_rq_2xx", k)),
             )  # fmt: skip
@@ -145,9 +147,11 @@ def test_the_dashboard_agrees_with_metrics_and_with_the_clients(tmp_path: Path) 
             ok, last = agree()
         assert ok, json.dumps(last, indent=1, default=str)
         assert last["checks"]["sheds"][0] > 0  # the burst was shed, and the lanes show it
-        # the free tenant was refused by its token bucket: that limit binds, not the day's 1%
+        # the free tenant was refused by a bucket (its tokens', or its requests' after the
+        # loop's requests: whichever is closer to refusing): that limit binds, not the day's 1%
         binding = last["free"]["binding"]
-        assert (binding["quota"], binding["window"]) == ("tokens", "bucket"), last["free"]
+        assert binding["quota"] in ("tokens", "requests"), last["free"]
+        assert binding["window"] == "bucket", last["free"]
         assert binding["use"] > 0.5 and last["free"]["budget"]["window"] == "per_day"
         assert last["free"]["budget"]["used"] / 200000 < 0.05
 
