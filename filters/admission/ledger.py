@@ -48,6 +48,7 @@ class _Account:
     running: int = 0
     # charges of ended requests whose settlement has not arrived yet: (expires, charge)
     unsettled: deque[tuple[float, float]] = field(default_factory=deque)
+    standing: float = 0.0  # the sum of the charges in ``unsettled``
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +94,7 @@ class TokenLedger:
         a = self._accounts.get(tenant)
         if a is None:
             return 0.0
-        waiting = sum(c for _, c in a.unsettled)
-        return (a.settled + a.in_flight + waiting) / a.weight + a.lift
+        return (a.settled + a.in_flight + a.standing) / a.weight + a.lift
 
     def join(self, tenant: str, weight: float, floor: float) -> None:
         """``tenant`` has a request queued again: not behind ``floor`` (the least virtual time
@@ -138,6 +138,7 @@ class TokenLedger:
             self._settled(tenant, a, tokens, local=True)
         else:
             a.unsettled.append((now + SETTLE_WAIT, charge))
+            a.standing += charge
             self._waiting.add(tenant)
         self.expire(now)
 
@@ -178,8 +179,9 @@ class TokenLedger:
                 self._waiting.discard(name)
                 continue
             while a.unsettled and a.unsettled[0][0] <= now:
-                a.unsettled.popleft()
+                a.standing -= a.unsettled.popleft()[1]
             if not a.unsettled:
+                a.standing = 0.0  # (no float residue)
                 self._waiting.discard(name)
 
     def take_pending(self) -> dict[str, tuple[float, int]]:
