@@ -30,6 +30,7 @@ from controlplane.saturation.targets import targets_from_policy
 from controlplane.xds.server import XdsServer
 from policy import Address, Policy
 from policy.servers import Replicas
+from runtime.buildworker import Target
 from runtime.grpc_health import AioHealth
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
@@ -59,7 +60,7 @@ class ControlPlane:
         settings: ControlPlaneSettings,
         *,
         check: PolicyCheck | None = None,
-        build_worker: str | None = None,
+        build_worker: Target | None = None,
     ) -> None:
         self.settings = settings
         self.registry = CollectorRegistry()
@@ -91,7 +92,7 @@ class ControlPlane:
             check=check,  # the services' builders (tokenweir.check), given by the CLI
             transform=self.eds.transform,
             adjust=self._adjust if settings.replicas is not None else None,
-            build_worker=build_worker,  # tokenweir.check:reloader_prepare, given by the CLI
+            build_worker=build_worker,  # tokenweir.check.reloader_prepare, given by the CLI
         )
         self.fetcher = HttpFetcher()
         self.dashboard = Dashboard(

@@ -25,6 +25,7 @@ from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.errors import InconsistentSnapshotError
 from controlplane.xds.snapshot import Snapshot
 from policy import Issue, Policy, PolicyError, endpoint_files, load_policy
+from runtime.buildworker import Target
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics
 
 __all__ = ["PolicyCheck", "Prepared", "ReloadResult", "Reloader", "prepare", "snapshots_for"]
@@ -98,8 +99,9 @@ class Reloader:
 
     ``check(policy, path)`` (optional) lists problems the services' builders find: the CLI
     passes :func:`tokenweir.check.service_issues`, so a policy the filter server or the
-    rate-limit service would refuse is refused here too. ``build_worker`` ("module:function"
-    returning :func:`prepare`'s result; the CLI passes ``tokenweir.check:reloader_prepare``)
+    rate-limit service would refuse is refused here too. ``build_worker`` (a module-level
+    function returning :func:`prepare`'s result; the CLI passes
+    :func:`tokenweir.check.reloader_prepare`)
     moves loading, checking and rendering into a child process (:mod:`runtime.buildworker`).
     """
 
@@ -116,7 +118,7 @@ class Reloader:
         transform: Callable[[str, Snapshot], Snapshot] | None = None,
         adjust: Callable[[Policy], Policy] | None = None,
         clock: Callable[[], float] = time.time,
-        build_worker: str | None = None,
+        build_worker: Target | None = None,
     ) -> None:
         self.path = path.resolve()
         self.cache = cache

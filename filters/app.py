@@ -149,9 +149,7 @@ class FilterApp:
         self._budget_reader: Budget = NoBudget()
         self.watcher = PolicyWatcher(
             settings.policy_path,
-            load=InWorker("filters.app:prepare", self._finish)
-            if settings.build_worker
-            else self._build,
+            load=InWorker(prepare, self._finish) if settings.build_worker else self._build,
             apply=self._swap,
             metrics=ReloadMetrics(self.metrics.registry),
             log=_log,

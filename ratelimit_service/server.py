@@ -195,9 +195,7 @@ class Service:
         self._metrics_server: MetricsServer | None = None
         self.watcher = PolicyWatcher(
             settings.policy_path,
-            load=InWorker("ratelimit_service.server:prepare", self._finish)
-            if settings.build_worker
-            else self._build,
+            load=InWorker(prepare, self._finish) if settings.build_worker else self._build,
             apply=self._swap,
             metrics=ReloadMetrics(self.metrics.registry),
             log=log,

@@ -1,20 +1,35 @@
-"""The options every admin CLI that talks to the running mesh's Redis shares (``tokenweir
+"""What the subcommands share: the policy read or its problems printed (:func:`load_or_report`),
+and the options every admin CLI that talks to the running mesh's Redis has (``tokenweir
 quota``, ``tokenweir shadow``): the policy, ``--redis-url`` and the state directory of
-``tokenweir up`` (runtime/statedir.py's ``find_redis`` reads them in that order)."""
+``tokenweir up`` (runtime/statedir.py's ``find_redis`` reads them in that order).
+
+Its own module so that the subcommands' modules import it, not :mod:`tokenweir.cli`, which
+registers them."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import redis
 
+from policy import Policy, PolicyError, load_policy
 from runtime.statedir import RedisTarget, unreachable
 
-__all__ = ["REDIS_FAILURES", "add_mesh_redis_args", "redis_failure"]
+__all__ = ["REDIS_FAILURES", "add_mesh_redis_args", "load_or_report", "redis_failure"]
 
 REDIS_FAILURES = (redis.RedisError, OSError)  # what an admin CLI's Redis call may raise
 _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+def load_or_report(path: Path) -> Policy | None:
+    """The policy at ``path``, or None after printing every problem to stderr."""
+    try:
+        return load_policy(path)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return None
 
 
 def redis_failure(target: RedisTarget, exc: BaseException) -> str:

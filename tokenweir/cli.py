@@ -8,7 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
-from policy import Address, Policy, PolicyError, load_policy
+from policy import Address
+from tokenweir.admin_args import load_or_report
 
 __all__ = ["main"]
 
@@ -160,15 +161,6 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_or_report(path: Path) -> Policy | None:
-    """The policy at ``path``, or None after printing every problem to stderr."""
-    try:
-        return load_policy(path)
-    except PolicyError as exc:
-        print(exc, file=sys.stderr)
-        return None
-
-
 def _render(args: argparse.Namespace) -> int:
     policy = load_or_report(_policy_path(args))
     if policy is None:
@@ -215,11 +207,9 @@ def _serve(args: argparse.Namespace) -> int:
     )  # fmt: skip
 
     from runtime.process import run, serve
-    from tokenweir.check import service_issues
+    from tokenweir.check import reloader_prepare, service_issues
 
-    plane = ControlPlane(
-        settings, check=service_issues, build_worker="tokenweir.check:reloader_prepare"
-    )
+    plane = ControlPlane(settings, check=service_issues, build_worker=reloader_prepare)
     drain = args.drain_timeout if args.drain_timeout is not None else cp.drain_timeout
 
     def ready() -> str:

@@ -82,7 +82,7 @@ def _get(url: str) -> Any:
 def _status(args: argparse.Namespace) -> int:
     addr = args.control_plane
     if addr is None:
-        from tokenweir.cli import load_or_report
+        from tokenweir.admin_args import load_or_report
 
         policy = load_or_report(args.config) if args.config else None
         if policy is None:

@@ -48,7 +48,7 @@ from runtime.statedir import (
     MeshInfo,
     write_mesh_info,
 )
-from tokenweir.check import service_issues
+from tokenweir.check import reloader_prepare, service_issues
 from tokenweir.envoy_launcher import EnvoyProcess, EnvoySettings
 from tokenweir.prometheus import (
     Prometheus,
@@ -181,7 +181,7 @@ class Mesh:
                 self.config, cp.xds, cp.metrics, cp.debounce, self.override, self.redis_url
             ),
             check=service_issues,
-            build_worker="tokenweir.check:reloader_prepare",
+            build_worker=reloader_prepare,
         )
         self.plane.registry.register(self.supervisor.collector())  # on the plane's /metrics
         result = await self.plane.start()

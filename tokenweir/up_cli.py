@@ -80,7 +80,7 @@ def port_problems(policy: Policy, replicas: Replicas | None, prometheus_port: in
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tokenweir.cli import load_or_report
+    from tokenweir.admin_args import load_or_report
 
     policy = load_or_report(args.config)
     if policy is None:

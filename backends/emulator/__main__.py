@@ -11,8 +11,8 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from backends.emulator.app import start_emulator
 from backends.emulator.priority import DEFAULT_PREEMPTION_THRESHOLD, PriorityConfig
-from backends.emulator.server import start_emulator
 from backends.emulator.settings import EmulatorSettings
 from backends.profiles import profile_names
 from chat.tokenizer import TokenizerFilesError
