@@ -16,6 +16,7 @@ from typing import Annotated
 
 from policy.common import Address, Positive
 from policy.decode import Duration, Range
+from wire.contract import HEADER_PREFIX
 
 __all__ = ["CanaryPolicy", "CanaryRollback"]
 
@@ -51,5 +52,5 @@ class CanaryPolicy:
             raise ValueError("endpoints: a canary needs at least one replica")
         if self.force_header != self.force_header.lower() or not self.force_header:
             raise ValueError("force_header: a lower-case header name is allowed")
-        if self.force_header.startswith("x-tokenweir-"):
+        if self.force_header.startswith(HEADER_PREFIX):
             raise ValueError("force_header: x-tokenweir-* headers are internal and stripped")

@@ -10,6 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from wire.contract import (
+    CANARY_HEADER,
+    COLLAPSE_ID_HEADER,
+    COLLAPSE_TO_HEADER,
+    OVERSIZE_ROUTE_PREFIX,
+    ROUTE_HEADER,
+    SHADOW_CLUSTER,
+    SHADOW_CLUSTER_HEADER,
+    SHADOW_ID_HEADER,
+    SHADOW_TO_HEADER,
+    UPSTREAM_HEADER,
+    VERSION_HEADER,
+)
+
 __all__ = [
     "BUILTIN_HOOKS",
     "CANARY_HEADER",
@@ -30,31 +44,8 @@ __all__ = [
     "uses_shadow_pairs",
 ]
 
-ROUTE_HEADER = "x-tokenweir-route"  # gRPC initial metadata naming the route (set per route)
-# added by Envoy to the responses of a route whose usage plugin stops streams at the budget: the
-# replica that answered (%UPSTREAM_HOST%), where the plugin sends the backend abort; the plugin
-# removes it before the client sees it
-UPSTREAM_HEADER = "x-tokenweir-upstream"
-# the route name of a body over its route's limit, followed by the limit in bytes: the filter
-# server reads such a body to its end (discarding it) and answers 413, so the client can read it
-OVERSIZE_ROUTE_PREFIX = "tokenweir.oversize:"
-# set by the collapse plugin on a follower (clients' x-tokenweir-* headers are stripped first):
-# the route with this header sends the request to the filter server's fan-out endpoint
-# (host:port, an ORIGINAL_DST cluster), which streams the leader's answer; the id names the run
-COLLAPSE_TO_HEADER = "x-tokenweir-collapse-to"
-COLLAPSE_ID_HEADER = "x-tokenweir-collapse-id"
-# set by the shadow plugin on a request it samples for mirroring (clients' are stripped first):
-# the route's mirror policy reads the cluster name from the first (Envoy mirrors nothing when it
-# is absent), that cluster (ORIGINAL_DST) sends the mirror to the host:port in the second (the
-# sampling filter process's shadow recorder), and the id pairs the mirror with its primary
-SHADOW_CLUSTER_HEADER = "x-tokenweir-shadow-cluster"
-SHADOW_CLUSTER = "tokenweir_shadow"  # the value: the recorders' ORIGINAL_DST cluster
-SHADOW_TO_HEADER = "x-tokenweir-shadow-to"
-SHADOW_ID_HEADER = "x-tokenweir-shadow-id"
-# set by the canary plugin for tenants allowed to force a version: "canary" or "baseline"
-CANARY_HEADER = "x-tokenweir-canary"
-# added by Envoy to every response of a pool with a canary: which version answered
-VERSION_HEADER = "x-tokenweir-version"
+# the names on the wire above are written in wire/contract.py; they are re-exported here for
+# the modules that read them beside the phases
 
 # ``response_end`` (not a plugin hook): the plugin's ``stream_end`` must come at the response's
 # end, but it reads no chunk. Envoy ends the ext_proc stream right after the last phase it

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from policy.decode import Duration, Range, Size
+from wire.contract import ENDPOINT_HEADER
 
 __all__ = ["EMULATOR_TOKENIZER", "ENDPOINT_HEADER", "RoutingPolicy"]
-
-ENDPOINT_HEADER = "x-tokenweir-endpoint"  # internal: the identity step strips client copies
 
 
 # routing.tokenizer: the emulator's word tokenizer and chat template (else a model directory)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from policy.decode import Duration, Range, Size
+from wire.contract import HEADER_PREFIX
 
 __all__ = ["CollapsingPolicy", "IdempotencyPolicy", "RouteShadow"]
 
@@ -47,7 +48,7 @@ class IdempotencyPolicy:
                 f"header {self.header!r}: a lower-case header name (letters, digits, '-') is "
                 "allowed"
             )
-        if self.header.startswith("x-tokenweir-"):
+        if self.header.startswith(HEADER_PREFIX):
             raise ValueError("header: x-tokenweir-* headers are internal and stripped")
 
 

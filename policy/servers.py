@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 from policy.common import Address, Port
 from policy.decode import Duration, Range, Size
 from policy.saturation import PoolStateScrape
+from wire.contract import RATELIMIT_DOMAIN
 
 __all__ = [
     "ROLES",
@@ -34,7 +35,7 @@ __all__ = [
 @dataclass(frozen=True)
 class RateLimitServer:
     address: Address = field(default_factory=lambda: Address("127.0.0.1", 18081))
-    domain: str = "tokenweir"
+    domain: str = RATELIMIT_DOMAIN
     timeout: Annotated[float, Duration(0.001, 10)] = 0.05
     failure_mode_deny: bool = False
     redis_url: str | None = None

@@ -33,6 +33,7 @@ from ratelimit_service.plan import WindowClock, checks_for, scaled
 from ratelimit_service.responses import Verdict, error_response, response
 from ratelimit_service.store import MemoryStore, QuotaStore
 from runtime.tasks import stop_task
+from wire.contract import RATELIMIT_DOMAIN
 
 __all__ = ["CallTrace", "Decider", "DeciderSettings", "verdict"]
 
@@ -51,7 +52,7 @@ class CallTrace:
 
 @dataclass(frozen=True)
 class DeciderSettings:
-    domain: str = "tokenweir"
+    domain: str = RATELIMIT_DOMAIN
     failure_mode: str = "open"  # Redis down: "open" (local bucket) or "closed" (deny)
     deadline: float = 0.03  # seconds we wait for Redis before the fallback answers (the store's)
     reservation_ttl_ms: int = 600_000

@@ -17,10 +17,11 @@ from google.protobuf import struct_pb2
 
 from controlplane.translate.protos import any_of
 from policy.model import AccessLog
+from wire.contract import METADATA_NAMESPACE
 
 __all__ = ["ACCESS_LOG_FIELDS", "access_logs"]
 
-_TW = "tokenweir"
+_TW = METADATA_NAMESPACE
 _RL = "envoy.filters.http.ratelimit"
 
 ACCESS_LOG_FIELDS: dict[str, str] = {

@@ -34,6 +34,7 @@ from policy.phases import (
     route_hooks,
     stops_at_budget,
 )
+from wire.contract import METADATA_NAMESPACE
 
 __all__ = [
     "EXT_PROC_FILTER",
@@ -108,7 +109,7 @@ def ext_proc_http_filter(policy: Policy) -> hcm_pb2.HttpFilter:
         ),
         metadata_options=ext_proc_pb2.MetadataOptions(
             receiving_namespaces=ext_proc_pb2.MetadataOptions.MetadataNamespaces(
-                untyped=["tokenweir"]
+                untyped=[METADATA_NAMESPACE]
             )
         ),
     )

@@ -41,6 +41,7 @@ from policy.phases import (
     uses_collapse,
     uses_shadow_pairs,
 )
+from wire.contract import DEGRADE_HEADER, HEADER_PREFIX, LANE_HEADER, MODEL_HEADER
 
 __all__ = [
     "INTERNAL_PREFIX",
@@ -50,10 +51,7 @@ __all__ = [
     "sidecar_outbound_routes",
 ]
 
-INTERNAL_PREFIX = "x-tokenweir-"
-LANE_HEADER = "x-tokenweir-lane"
-DEGRADE_HEADER = "x-tokenweir-degrade"  # set by the degrade plugin (filters/ladder)
-MODEL_HEADER = "x-tokenweir-model"
+INTERNAL_PREFIX = HEADER_PREFIX
 
 _NO_RETRIES = Retries(enabled=False)
 

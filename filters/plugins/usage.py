@@ -59,12 +59,13 @@ from quota.cost import cost_usd, micro_usd
 from quota.errors import QuotaUnavailable
 from quota.keys import record_key
 from quota.topup import NO_RECORD
+from wire.contract import RESERVE_HEADER, SETTLE_USD_KEY
 
 __all__ = ["METERED", "OUTCOME_KEY", "SETTLE_USD_KEY", "UsagePlugin"]
 
-# dynamic metadata: the real price the settle charges, micro-USD as a *string* (Envoy's metadata
-# rate-limit action reads only string values; a number would yield its default "-")
-SETTLE_USD_KEY = "settle_usd_micros"
+# SETTLE_USD_KEY (wire/contract.py), dynamic metadata: the real price the settle charges,
+# micro-USD as a *string* (Envoy's metadata rate-limit action reads only string values; a number
+# would yield its default "-"); re-exported here for the usage plugin's readers
 
 OUTCOME_KEY = "outcome"  # ctx.scratch: how the answer ended (tokenweir_filters_requests_total)
 METERED = "metered_in_envoy"  # ctx.scratch: Envoy's usage meter reports this request
@@ -167,7 +168,7 @@ class UsagePlugin(BasePlugin):
         if ctx.reserve >= need:
             return None
         ctx.reserve = need
-        return Result(set_headers={"x-tokenweir-reserve": str(need)}, metadata={"reserve": need})
+        return Result(set_headers={RESERVE_HEADER: str(need)}, metadata={"reserve": need})
 
     async def response_headers(self, ctx: Context, headers: Mapping[str, str]) -> Result | None:
         """The replica that answered (Envoy's ``x-tokenweir-upstream``): where an abort goes."""
