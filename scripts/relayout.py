@@ -25,6 +25,7 @@ longer resolves, a path built from separate strings) for a hand edit.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import os
 import re
 import shutil
@@ -69,6 +70,11 @@ MOVES: list[tuple[str, str]] = [
     ("tests/controlplane/test_restarter.py", "tests/tokenweir/test_restarter.py"),
     ("tests/controlplane/test_status_cli.py", "tests/tokenweir/test_status_cli.py"),
     ("tests/controlplane/test_up_parts.py", "tests/tokenweir/test_up_parts.py"),
+    # patterns (a new `up` part or admin CLI written on another branch goes to the roof too)
+    ("controlplane/up_*.py", "tokenweir/"),
+    ("controlplane/*_cli.py", "tokenweir/"),
+    ("tests/controlplane/test_up_*.py", "tests/tokenweir/"),
+    ("tests/controlplane/test_*_cli.py", "tests/tokenweir/"),
 ]
 
 # new packages and the __init__.py each gets when it has none
@@ -134,6 +140,24 @@ def tracked() -> list[str]:
 
 def dotted(path: str) -> str:
     return path.removesuffix(".py").replace("/", ".")
+
+
+def expand(files: list[str]) -> None:
+    """Each pattern row of MOVES (``*`` in the old path) becomes one row per tracked file it
+    matches, in place; a file that a plain row moves already is left to that row."""
+    plain = {o for o, _ in MOVES if "*" not in o}
+    rows: list[tuple[str, str]] = []
+    for old, new in MOVES:
+        if "*" not in old:
+            rows.append((old, new))
+            continue
+        for f in files:
+            row = (f, new + Path(f).name)
+            same_folder = "/" not in f[len(old.split("*")[0]) :]
+            if fnmatch.fnmatchcase(f, old) and same_folder and f not in plain and row not in rows:
+                rows.append(row)
+    MOVES[:] = rows
+    _compile()
 
 
 # -- 1. moves --------------------------------------------------------------------------------
@@ -206,8 +230,9 @@ def packages() -> list[str]:
 
 # -- 3. references ---------------------------------------------------------------------------
 def _table() -> tuple[dict[str, str], dict[str, str]]:
-    mods = {dotted(o): dotted(n) for o, n in MOVES}
-    paths = dict(MOVES)
+    rows = [(o, n) for o, n in MOVES if "*" not in o]  # patterns count once expanded
+    mods = {dotted(o): dotted(n) for o, n in rows}
+    paths = dict(rows)
     return mods, paths
 
 
@@ -215,27 +240,29 @@ def _alternation(keys: list[str]) -> str:
     return "|".join(re.escape(k) for k in sorted(keys, key=len, reverse=True))
 
 
-MODS, PATHS = _table()
-# a dotted name: not preceded by a name character or a dot, not continued by a name character
-DOTTED = re.compile(rf"(?<![\w.]){'(' + _alternation(list(MODS)) + ')'}(?![\w])")
-# a path: at a word's start, or after ./ or ../ (a docs link); not continued by a name character
-PATH = re.compile(rf"(?:(?<=\./)|(?<![\w./-])){'(' + _alternation(list(PATHS)) + ')'}(?![\w-])")
+def _compile() -> None:
+    """The patterns of the current table (again after :func:`expand`)."""
+    global MODS, PATHS, DOTTED, PATH, PARTS
+    MODS, PATHS = _table()
+    # a dotted name: not preceded by a name character or a dot, not continued by a name character
+    DOTTED = re.compile(rf"(?<![\w.]){'(' + _alternation(list(MODS)) + ')'}(?![\w])")
+    # a path: at a word's start, or after ./ or ../ (a docs link); not continued by a name
+    # character
+    PATH = re.compile(rf"(?:(?<=\./)|(?<![\w./-])){'(' + _alternation(list(PATHS)) + ')'}(?![\w-])")
+    # a path built from quoted parts: ROOT / "tests" / "controlplane" / "policy"
+    PARTS = re.compile(
+        r"(?P<q>[\"'])(?:"
+        + "|".join(
+            f"(?P<m{i}>{_segments(o)})"
+            for i, (o, _) in sorted(enumerate(MOVES), key=lambda e: -e[1][0].count("/"))
+            if "/" in o
+        )
+        + ")"
+    )
 
 
 def _segments(path: str) -> str:
     return r"\s*/\s*".join(rf"(?P=q){re.escape(s)}(?P=q)" for s in path.split("/"))[6:]
-
-
-# a path built from quoted parts: ROOT / "tests" / "controlplane" / "policy"
-PARTS = re.compile(
-    r"(?P<q>[\"'])(?:"
-    + "|".join(
-        f"(?P<m{i}>{_segments(o)})"
-        for i, (o, _) in sorted(enumerate(MOVES), key=lambda e: -e[1][0].count("/"))
-        if "/" in o
-    )
-    + ")"
-)
 
 
 def _parts(m: re.Match[str]) -> str:
@@ -244,6 +271,10 @@ def _parts(m: re.Match[str]) -> str:
     return q + f"{q} / {q}".join(MOVES[i][1].split("/")) + q
 
 
+MODS: dict[str, str] = {}
+PATHS: dict[str, str] = {}
+DOTTED = PATH = PARTS = re.compile("")
+_compile()
 FROM_IMPORT = re.compile(r"^(\s*from\s+)([\w.]+)(\s+import\s+)([\w, ]+?)(\s*(?:#.*)?)$", re.M)
 
 
@@ -371,6 +402,7 @@ def leftovers(files: list[str]) -> list[str]:
 def main() -> int:
     root = Path(git("rev-parse", "--show-toplevel").strip())
     os.chdir(root)
+    expand(tracked())
     moved = move(tracked())
     depth = [dst for src, dst in moved if fix_depth(src, dst)]
     made = packages()
