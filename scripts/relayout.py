@@ -15,7 +15,7 @@ One table, MOVES, of old → new paths (a file or a whole folder). The script
    targets, entry points), ``from a import b`` where ``a.b`` moved to another parent, and file
    paths (``controlplane/policy/model.py``, ``../runtime/quota/`` in a docs link);
 4. lists the new top-level packages in pyproject.toml (setuptools ``include``, mypy
-   ``packages``) and sorts the import blocks it changed (``ruff check --select I --fix``).
+   ``packages``) and in the Dockerfiles that copy packages one by one and sorts the import blocks it changed (``ruff check --select I --fix``).
 
 Running it twice changes nothing: no new name starts with an old one, and a move whose old path
 is gone is skipped. It prints what it did, and what it could not mend (a relative import that no
@@ -346,6 +346,26 @@ def pyproject() -> bool:
     return new != text
 
 
+def dockerfiles(files: list[str]) -> list[str]:
+    """Images that copy the packages one by one (``COPY runtime runtime``) copy the new ones."""
+    changed = []
+    present = [pkg for pkg in PACKAGES if (Path(pkg) / "__init__.py").exists()]
+    for f in files:
+        if not Path(f).name.startswith("Dockerfile") or not Path(f).is_file():
+            continue
+        text = Path(f).read_text()
+        copied = re.findall(r"^COPY (\w+) \1$", text, re.M)
+        if not copied:
+            continue
+        missing = [pkg for pkg in present if pkg not in copied]
+        if missing:
+            last = re.findall(r"^COPY \w+ \w+$", text, re.M)[-1]
+            add = "".join(f"\nCOPY {pkg} {pkg}" for pkg in missing)
+            Path(f).write_text(text.replace(last + "\n", last + add + "\n", 1))
+            changed.append(f)
+    return changed
+
+
 def sort_imports(changed: list[str]) -> None:
     py = [f for f in changed if f.endswith(".py") and Path(f).exists()]
     ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
@@ -410,6 +430,7 @@ def main() -> int:
     changed = rewrite(files)
     if pyproject():
         changed.append("pyproject.toml")
+    changed += dockerfiles(files)
     sort_imports(changed + depth)
     print(f"moved {len(moved)} files, made {len(made)} __init__.py, rewrote {len(changed)} files")
     for dst in depth:
