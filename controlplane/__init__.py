@@ -1,1 +1,2 @@
-"""tokenweir control plane: policy model, translation to Envoy resources, xDS server, CLI."""
+"""tokenweir control plane: translation of the policy to Envoy resources, the xDS server, the
+control-plane process (reloader, pool scraper, dashboard, canary) and the capacity planner."""

@@ -12,6 +12,7 @@ from google.protobuf import struct_pb2
 
 from filters.api import Reply
 from filters.chain import Outcome
+from wire.contract import METADATA_NAMESPACE
 
 __all__ = [
     "CONTINUE_REQUEST_BODY",
@@ -25,7 +26,6 @@ __all__ = [
     "trailers_response",
 ]
 
-METADATA_NAMESPACE = "tokenweir"
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 

@@ -17,8 +17,6 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from controlplane.policy.admission import hold_slack
-from controlplane.policy.phases import OVERSIZE_ROUTE_PREFIX, ROUTE_HEADER
 from filters.api import Context, openai_error
 from filters.chain import Outcome
 from filters.metrics import FilterMetrics
@@ -37,15 +35,18 @@ from filters.protocol import (
 from filters.registry import RouteEntry
 from filters.sse import SETTLE_KEY
 from filters.tracing import end_stream_span, reply_status
+from policy.admission import hold_slack
+from policy.phases import OVERSIZE_ROUTE_PREFIX, ROUTE_HEADER
 from runtime.drain import Inflight
 from runtime.grpc_health import AioHealth
 from runtime.health import HealthState
 from runtime.tracing import Tracing, TracingSwitch
+from wire.contract import HEADER_PREFIX, LANE_HEADER, MODEL_HEADER, RESERVE_HEADER, TENANT_HEADER
 
 __all__ = ["FilterServer", "FilterServicer"]
 
 _log = logging.getLogger(__name__)
-_INTERNAL = "x-tokenweir-"
+_INTERNAL = HEADER_PREFIX
 
 
 def _route_name(context: Any) -> str | None:
@@ -69,10 +70,10 @@ def _finish(out: Outcome) -> Outcome:
 
 def _descriptor_headers(ctx: Context) -> dict[str, str]:
     return {
-        "x-tokenweir-tenant": ctx.tenant or "anonymous",
-        "x-tokenweir-model": ctx.model or (ctx.route.models[0] if ctx.route.models else "unknown"),
-        "x-tokenweir-lane": ctx.lane or ctx.route.lane or "interactive",
-        "x-tokenweir-reserve": str(ctx.reserve or 0),
+        TENANT_HEADER: ctx.tenant or "anonymous",
+        MODEL_HEADER: ctx.model or (ctx.route.models[0] if ctx.route.models else "unknown"),
+        LANE_HEADER: ctx.lane or ctx.route.lane or "interactive",
+        RESERVE_HEADER: str(ctx.reserve or 0),
     }
 
 
@@ -272,10 +273,10 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         if entry.info.rate_limited and out.reply is None:
             # tenant and lane were set with the headers; the body decides model and reserve
             d = _descriptor_headers(ctx)
-            out.set_headers.setdefault("x-tokenweir-model", d["x-tokenweir-model"])
-            out.set_headers.setdefault("x-tokenweir-reserve", d["x-tokenweir-reserve"])
+            out.set_headers.setdefault(MODEL_HEADER, d[MODEL_HEADER])
+            out.set_headers.setdefault(RESERVE_HEADER, d[RESERVE_HEADER])
             out.clear_route_cache = True
-            out.metadata.setdefault("model", d["x-tokenweir-model"])
+            out.metadata.setdefault("model", d[MODEL_HEADER])
             out.metadata.setdefault("reserve", ctx.reserve or 0)
             if not _meters_usage(entry):  # nobody will count: the worst case stays charged
                 out.metadata.setdefault(SETTLE_KEY, ctx.reserve or 0)

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from filters.api import Usage
+from wire.contract import SETTLE_KEY
 
 __all__ = [
     "SETTLE_KEY",
@@ -20,9 +21,6 @@ __all__ = [
     "usage_from_json",
     "usage_of",
 ]
-
-
-SETTLE_KEY = "settle_tokens"  # dynamic metadata (namespace tokenweir) the settle descriptor reads
 
 
 def count_events(chunk: bytes) -> int:

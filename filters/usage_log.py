@@ -23,9 +23,10 @@ from envoy.service.accesslog.v3 import als_pb2
 from google.protobuf import struct_pb2
 
 from filters.metrics import FilterMetrics
+from quota.cost import cost_usd
 from runtime import tracing as t
-from runtime.cost import cost_usd
 from runtime.tracing import TracingSwitch
+from wire.contract import METADATA_NAMESPACE
 
 __all__ = ["ALS_PATH", "UsageLog", "record"]
 
@@ -50,7 +51,7 @@ _KEYS = ("meter", "tenant", "model", "lane", "route", "pool", "outcome", "timing
 
 
 def _fields(entry: Any) -> dict[str, Any]:
-    st = entry.common_properties.metadata.filter_metadata.get("tokenweir")
+    st = entry.common_properties.metadata.filter_metadata.get(METADATA_NAMESPACE)
     if st is None:
         return {}
     fields = st.fields

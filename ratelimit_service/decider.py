@@ -18,6 +18,9 @@ from typing import Any
 
 from envoy.service.ratelimit.v3 import rls_pb2
 
+from quota.config import Limit, SubjectQuotas, limits_for_service, limits_for_tenant
+from quota.cost import worst_case_micro_usd
+from quota.keys import record_key, service_subject
 from ratelimit_service.descriptors import Call, parse_request
 from ratelimit_service.directory import QuotaDirectory
 from ratelimit_service.errors import BadRequest, StoreUnavailable
@@ -29,10 +32,8 @@ from ratelimit_service.outage import OutageLedger
 from ratelimit_service.plan import WindowClock, checks_for, scaled
 from ratelimit_service.responses import Verdict, error_response, response
 from ratelimit_service.store import MemoryStore, QuotaStore
-from runtime.cost import worst_case_micro_usd
-from runtime.quota.config import Limit, SubjectQuotas, limits_for_service, limits_for_tenant
-from runtime.quota.keys import record_key, service_subject
 from runtime.tasks import stop_task
+from wire.contract import RATELIMIT_DOMAIN
 
 __all__ = ["CallTrace", "Decider", "DeciderSettings", "verdict"]
 
@@ -51,7 +52,7 @@ class CallTrace:
 
 @dataclass(frozen=True)
 class DeciderSettings:
-    domain: str = "tokenweir"
+    domain: str = RATELIMIT_DOMAIN
     failure_mode: str = "open"  # Redis down: "open" (local bucket) or "closed" (deny)
     deadline: float = 0.03  # seconds we wait for Redis before the fallback answers (the store's)
     reservation_ttl_ms: int = 600_000

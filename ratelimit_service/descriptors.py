@@ -10,11 +10,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from ratelimit_service.errors import BadRequest
+from wire.contract import (
+    KEY_LANE,
+    KEY_MODEL,
+    KEY_PHASE,
+    KEY_REMOTE_ADDRESS,
+    KEY_REQUEST_ID,
+    KEY_SERVICE,
+    KEY_TENANT,
+    KEY_USD,
+    PHASE_REQUESTS,
+    PHASE_RESERVE,
+    PHASE_SETTLE,
+)
 
 __all__ = ["MAX_HITS", "Call", "parse_request"]
 
 MAX_HITS = 100_000_000  # more tokens than any one request can cost: Envoy or a header is broken
-PHASES = frozenset({"reserve", "settle", "requests"})
+PHASES = frozenset({PHASE_RESERVE, PHASE_SETTLE, PHASE_REQUESTS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,27 +46,29 @@ class Call:
 
 
 def _call(entries: dict[str, str], hits: int) -> Call:
-    phase = entries.get("phase") or ("requests" if "service" in entries else "reserve")
+    phase = entries.get(KEY_PHASE) or (PHASE_REQUESTS if KEY_SERVICE in entries else PHASE_RESERVE)
     if phase not in PHASES:
         raise BadRequest(f"unknown phase {phase!r}; expected one of {sorted(PHASES)}")
     if hits < 0 or hits > MAX_HITS:
         raise BadRequest(f"hits_addend {hits} is outside 0..{MAX_HITS}", "invalid_hits_addend")
-    if phase == "requests":
-        service = entries.get("service")
+    if phase == PHASE_REQUESTS:
+        service = entries.get(KEY_SERVICE)
         if not service:
             raise BadRequest("a request-count descriptor needs a 'service' entry")
-        return Call("requests", 1, service=service, remote_address=entries.get("remote_address"))
-    tenant = entries.get("tenant")
+        return Call(
+            PHASE_REQUESTS, 1, service=service, remote_address=entries.get(KEY_REMOTE_ADDRESS)
+        )
+    tenant = entries.get(KEY_TENANT)
     if not tenant:
         raise BadRequest(f"a {phase} descriptor needs a 'tenant' entry", "missing_tenant")
     return Call(
         phase,
         hits,
         tenant=tenant,
-        model=entries.get("model") or None,
-        lane=entries.get("lane") or None,
-        request_id=entries.get("request_id") or None,
-        usd=_micro_usd(entries.get("usd")),
+        model=entries.get(KEY_MODEL) or None,
+        lane=entries.get(KEY_LANE) or None,
+        request_id=entries.get(KEY_REQUEST_ID) or None,
+        usd=_micro_usd(entries.get(KEY_USD)),
     )
 
 

@@ -11,6 +11,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import duration_pb2, struct_pb2
 
+from wire.contract import SHADOW_OVER_LIMIT_HEADER
+
 __all__ = ["U32_MAX", "Verdict", "error_response", "ok_response", "response"]
 
 U32_MAX = 2**32 - 1
@@ -126,9 +128,7 @@ def ok_response(verdicts: list[Verdict]) -> rls_pb2.RateLimitResponse:
     )
     shadow = sorted({q for v in verdicts for q in v.shadow_denied})
     if shadow:
-        resp.response_headers_to_add.append(
-            _header("x-tokenweir-shadow-over-limit", ",".join(shadow))
-        )
+        resp.response_headers_to_add.append(_header(SHADOW_OVER_LIMIT_HEADER, ",".join(shadow)))
     return resp
 
 

@@ -10,7 +10,7 @@ at a lower CPU priority) runs ``TARGET(path)`` -- a module-level function return
 Wire (the child's stdout, 4-byte big-endian length before each frame): per request, ``f`` +
 the pickled tuple of files the value was built from, then the value's frames (``c`` slices,
 ``s`` skeleton); or one ``e`` frame: the pickled tuple of problems
-(``file:line: key.path: message`` for a :class:`~controlplane.policy.PolicyError`). Requests
+(``file:line: key.path: message`` for a :class:`~policy.PolicyError`). Requests
 are one JSON string (the path) per line on its stdin. Anything the build prints goes to stderr.
 
 A child that dies (killed, out of memory) is noticed at once (its stdout closes): the request
@@ -37,28 +37,43 @@ from typing import Any, BinaryIO
 
 from runtime.children import PipeChild
 from runtime.chunked import Assembler, encode
-from runtime.errors import BuildFailed, BuildTimeout, WorkerCrashed
+from runtime.errors import BuildFailed, BuildTimeout, WorkerCrashed, problem_lines
 
-__all__ = ["BuildWorker", "main", "resolve"]
+__all__ = ["BuildWorker", "Target", "main", "resolve", "target_name"]
 
 _LEN = struct.Struct(">I")
 _FILES, _ERROR = b"f", b"e"
 _log = logging.getLogger(__name__)
 
 
+Target = str | Callable[[Path], Any]  # a module-level function, or its "module:function"
+
+
+def target_name(target: Target) -> str:
+    """``"module:function"`` for a module-level function handed in by the layer above (the child
+    imports it by that name, the one way to hand a function to another process)."""
+    if isinstance(target, str):
+        return target
+    name = f"{target.__module__}:{target.__qualname__}"
+    if "." in target.__qualname__ or "<" in name:
+        raise ValueError(f"a build target must be a module-level function, not {name}")
+    return name
+
+
 class BuildWorker(PipeChild):
-    """One child process for ``target`` ("module:function"); ``aclose()`` stops it."""
+    """One child process for ``target`` (a module-level function, or "module:function");
+    ``aclose()`` stops it."""
 
     def __init__(
         self,
-        target: str,
+        target: Target,
         *,
         nice: int = 10,
         timeout: float = 600.0,
         on_restart: Callable[[], None] = lambda: None,
         log: logging.Logger = _log,
     ) -> None:
-        self.target = target
+        self.target = target_name(target)
         self.nice = nice
         self.timeout = timeout
         self._on_restart = on_restart
@@ -133,21 +148,13 @@ def resolve(target: str) -> Callable[[Path], Any]:
     return fn
 
 
-def _problems(path: Path, exc: Exception) -> tuple[str, ...]:
-    from controlplane.policy import PolicyError  # imported by the target already
-
-    if isinstance(exc, PolicyError):
-        return tuple(str(i) for i in exc.issues)
-    return (f"{path}: {type(exc).__name__}: {exc}",)
-
-
 def _answer(fn: Callable[[Path], Any], path: Path) -> list[bytes]:
     try:
         loaded = fn(path)
         files = pickle.dumps(tuple(str(f) for f in loaded.files))
         return [_FILES + files, *encode(loaded.value)]
     except Exception as exc:  # any failure of the build is the answer, never the child's end
-        return [_ERROR + pickle.dumps(_problems(path, exc))]
+        return [_ERROR + pickle.dumps(problem_lines(path, exc))]
 
 
 def _serve(fn: Callable[[Path], Any], requests: BinaryIO, out: BinaryIO) -> None:

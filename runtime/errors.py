@@ -12,13 +12,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
 __all__ = [
     "BuildFailed",
     "BuildTimeout",
     "ChildError",
     "PortTimeout",
+    "Problems",
     "RuntimeMachineryError",
     "WorkerCrashed",
+    "problem_lines",
 ]
 
 
@@ -48,3 +54,19 @@ class WorkerCrashed(BuildFailed):
 
 class BuildTimeout(BuildFailed, TimeoutError):
     """A build ran past the worker's time limit; the worker was killed."""
+
+
+@runtime_checkable
+class Problems(Protocol):
+    """An error that lists its problems, one ``file:line: key.path: message`` each: the policy's
+    ``PolicyError`` (policy/errors.py). Named by shape, so the runtime imports no policy."""
+
+    @property
+    def issues(self) -> Iterable[object]: ...
+
+
+def problem_lines(path: Path, exc: Exception) -> tuple[str, ...]:
+    """The lines a failed build of ``path`` reports: one per listed problem, else one."""
+    if isinstance(exc, Problems):
+        return tuple(str(i) for i in exc.issues)
+    return (f"{path}: {type(exc).__name__}: {exc}",)

@@ -24,9 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
-
-from controlplane.policy.tracing import Tracing as TracingPolicy
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # the SDK is imported only by a process that traces
     from opentelemetry.context import Context
@@ -136,6 +134,25 @@ class Tracing:
     async def aclose(self) -> None:
         """Export what is left and stop the exporter thread."""
         await asyncio.to_thread(self.provider.shutdown)
+
+
+class _Address(Protocol):
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+
+
+class TracingPolicy(Protocol):
+    """What a tracer is built from: the policy's ``tracing`` section (policy/tracing.py),
+    named by shape so the runtime imports no policy."""
+
+    @property
+    def collector(self) -> _Address: ...
+    @property
+    def sample_percent(self) -> float: ...
+    @property
+    def flush_interval(self) -> float: ...
 
 
 def _build(t: TracingPolicy | None, service: str) -> Tracing | None:

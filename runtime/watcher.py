@@ -17,7 +17,7 @@ One implementation for the control plane, the filter server and the rate-limit s
   request sees the old config or the new one, never half of each, and in-flight work finishes
   on what it started with (``apply`` returns False when nothing changed: counted "unchanged");
 - any exception while loading, building or applying is caught: the reason is logged once (a
-  :class:`~controlplane.policy.PolicyError` as one ``file:line: key.path: message`` line per
+  :class:`~policy.PolicyError` as one ``file:line: key.path: message`` line per
   problem), counted in ``tokenweir_config_reloads_total{result="error"}`` and flagged by
   ``tokenweir_config_last_reload_error`` (back to 0 on the next good load); the last good
   config keeps serving and the next edit is picked up. The watcher itself never dies.
@@ -38,10 +38,9 @@ from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from controlplane.policy import PolicyError
-from runtime.buildworker import BuildWorker, resolve
+from runtime.buildworker import BuildWorker, Target, resolve, target_name
 from runtime.dispose import WORTH_IT, dispose
-from runtime.errors import BuildFailed, WorkerCrashed
+from runtime.errors import BuildFailed, WorkerCrashed, problem_lines
 from runtime.gil import SwitchInterval
 from runtime.tasks import stop_task
 
@@ -62,11 +61,11 @@ class Loaded(Generic[T]):
 
 @dataclass(frozen=True)
 class InWorker(Generic[T]):
-    """Build in the worker process: ``target`` ("module:function", ``path -> Loaded[P]``, its
-    value picklable) runs there; ``finish(P) -> T`` runs on the loop and must be cheap, or be
+    """Build in the worker process: ``target`` (a module-level function ``path -> Loaded[P]``,
+    its value picklable, handed in by the service that owns the watcher) runs there; ``finish(P) -> T`` runs on the loop and must be cheap, or be
     a generator that yields between short steps and returns ``T``."""
 
-    target: str
+    target: Target
     finish: Callable[[Any], T | Generator[None, None, T]]
     nice: int = 10
     timeout: float = 600.0
@@ -218,7 +217,7 @@ class PolicyWatcher(Generic[T]):
         start = time.perf_counter()
         try:
             if isinstance(self._load, InWorker):  # start-up: built here, in this thread
-                built = resolve(self._load.target)(self.path)
+                built = resolve(target_name(self._load.target))(self.path)
                 step = self._load.finish(built.value)
                 done: T = _run_through(step) if isinstance(step, Generator) else step
                 return Loaded(done, built.files)
@@ -263,12 +262,8 @@ class PolicyWatcher(Generic[T]):
         self._seen = seen  # this version of the files is judged: wait for the next edit
         self.metrics.reloads.labels("error").inc()
         self.metrics.last_error.set(1)
-        if isinstance(exc, PolicyError):
-            problems = tuple(str(i) for i in exc.issues)
-        elif isinstance(exc, BuildFailed):  # from the worker process, already formatted
-            problems = exc.problems
-        else:
-            problems = (f"{self.path}: {type(exc).__name__}: {exc}",)
+        # from the worker process already formatted; else a PolicyError's lines, one per issue
+        problems = exc.problems if isinstance(exc, BuildFailed) else problem_lines(self.path, exc)
         for line in problems:
             self._log.error("policy rejected, last good config keeps serving: %s", line)
         return ReloadOutcome(False, problems)

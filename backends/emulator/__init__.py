@@ -8,7 +8,8 @@ In-process use::
     await server.aclose()
 """
 
-from backends.emulator.server import EmulatorServer, start_emulator
+from backends.emulator.app import start_emulator
+from backends.emulator.server import EmulatorServer
 from backends.emulator.settings import EmulatorSettings
 
 __all__ = ["EmulatorServer", "EmulatorSettings", "start_emulator"]

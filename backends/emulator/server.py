@@ -14,12 +14,11 @@ import logging
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeAlias
 
 from aiohttp import web
 
-from backends.emulator import native_api, openai_api
 from backends.emulator.faults import FaultConfig, decide
 from backends.emulator.kv_events import KvEventPublisher
 from backends.emulator.metrics import EmulatorMetrics
@@ -36,12 +35,14 @@ from backends.errors import (
     SchedulerAbortError,
     ServerClosingError,
 )
-from runtime.chat_tokenizer import ChatTemplateError, HfChatTokenizer
+from chat.tokenizer import ChatTemplateError, HfChatTokenizer
 from runtime.tracing import Tracing
 
-__all__ = ["EmulatorServer", "start_emulator"]
+__all__ = ["Api", "EmulatorServer"]
 
 log = logging.getLogger("backends.emulator")
+# one HTTP API: its routes, bound to the server (openai_api.routes, native_api.routes)
+Api: TypeAlias = Callable[["EmulatorServer"], list[web.RouteDef]]
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -58,7 +59,8 @@ async def _map_errors(request: web.Request, handler: _Handler) -> web.StreamResp
 
 
 class EmulatorServer:
-    """One emulated SGLang server. Build with ``start_emulator``; stop with ``aclose()``."""
+    """One emulated SGLang server. Build with :func:`backends.emulator.app.start_emulator`
+    (which hands it the HTTP APIs it serves); stop with ``aclose()``."""
 
     def __init__(
         self,
@@ -66,8 +68,10 @@ class EmulatorServer:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        apis: Sequence[Api] = (),
     ) -> None:
         self.settings = settings
+        self.apis = tuple(apis)  # each: the routes of one HTTP API (OpenAI's, SGLang's native)
         self.profile = settings.resolved_profile()
         self.clock = clock
         self.wall_clock = wall_clock
@@ -160,8 +164,8 @@ class EmulatorServer:
                     end_request_span(request, status)
 
         app = web.Application(middlewares=[track], client_max_size=64 * 1024**2)
-        app.add_routes(openai_api.routes(self))
-        app.add_routes(native_api.routes(self))
+        for api in self.apis:
+            app.add_routes(api(self))
         return app
 
     async def start(self) -> None:
@@ -271,14 +275,3 @@ class EmulatorServer:
         finally:
             if not req.done:
                 self.scheduler.abort(req)
-
-
-async def start_emulator(settings: EmulatorSettings) -> EmulatorServer:
-    """Start an emulator in this event loop; it serves until ``aclose()``."""
-    server = EmulatorServer(settings)
-    try:
-        await server.start()
-    except BaseException:
-        await server.aclose()
-        raise
-    return server

@@ -36,6 +36,7 @@ from google.protobuf import struct_pb2
 
 from controlplane.translate.ext_proc import EXT_PROC_FILTER, ext_proc_oversize_per_route
 from controlplane.translate.protos import any_of
+from wire.contract import HEADER_PREFIX
 
 __all__ = [
     "ENVOY_ERROR_FLAGS",
@@ -46,7 +47,7 @@ __all__ = [
     "too_large_route",
 ]
 
-INTERNAL_HEADER_PREFIX = "x-tokenweir-"
+INTERNAL_HEADER_PREFIX = HEADER_PREFIX
 
 # Response flags of replies Envoy makes up itself (the rate-limit 429 — flag RL — and the filter
 # server's immediate responses already carry OpenAI-style bodies and are left alone).

@@ -28,9 +28,22 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 )
 from envoy.type.metadata.v3 import metadata_pb2
 
-from controlplane.policy.model import Policy, RateLimitServer, Route
 from controlplane.translate.names import RATELIMIT_CLUSTER
 from controlplane.translate.protos import any_of, dur
+from policy.model import Policy, RateLimitServer, Route
+from wire.contract import (
+    DESCRIPTOR_HEADERS,
+    KEY_PHASE,
+    KEY_SERVICE,
+    KEY_USD,
+    METADATA_NAMESPACE,
+    PHASE_REQUESTS,
+    PHASE_RESERVE,
+    PHASE_SETTLE,
+    RESERVE_HEADER,
+    SETTLE_KEY,
+    SETTLE_USD_KEY,
+)
 
 __all__ = [
     "RATELIMIT_FILTER",
@@ -43,45 +56,38 @@ __all__ = [
 ]
 
 RATELIMIT_FILTER = "envoy.filters.http.ratelimit"
-RESERVE_FORMAT = "%REQ(x-tokenweir-reserve)%"
-SETTLE_FORMAT = "%DYNAMIC_METADATA(tokenweir:settle_tokens)%"
-SETTLE_USD_KEY = (
-    "settle_usd_micros"  # the real price, micro-USD; "-" when the filter server has none
-)
-_HEADERS = (
-    ("x-tokenweir-tenant", "tenant"),
-    ("x-tokenweir-model", "model"),
-    ("x-tokenweir-lane", "lane"),
-    ("x-request-id", "request_id"),
-)
+RESERVE_FORMAT = f"%REQ({RESERVE_HEADER})%"
+SETTLE_FORMAT = f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{SETTLE_KEY})%"
 _A = rc.RateLimit.Action
 
 
 def _phase(value: str) -> rc.RateLimit.Action:
-    return _A(generic_key=_A.GenericKey(descriptor_key="phase", descriptor_value=value))
+    return _A(generic_key=_A.GenericKey(descriptor_key=KEY_PHASE, descriptor_value=value))
 
 
 def llm_rate_limits() -> list[rc.RateLimit]:
     """The reserve (request time) and settle (stream done) entries."""
     actions = [
-        _A(request_headers=_A.RequestHeaders(header_name=h, descriptor_key=k)) for h, k in _HEADERS
+        _A(request_headers=_A.RequestHeaders(header_name=h, descriptor_key=k))
+        for h, k in DESCRIPTOR_HEADERS
     ]
     reserve = rc.RateLimit(
-        actions=[*actions, _phase("reserve")],
+        actions=[*actions, _phase(PHASE_RESERVE)],
         hits_addend=rc.RateLimit.HitsAddend(format=RESERVE_FORMAT),
     )
     usd = _A(
         metadata=_A.MetaData(
-            descriptor_key="usd",
+            descriptor_key=KEY_USD,
             metadata_key=metadata_pb2.MetadataKey(
-                key="tokenweir", path=[metadata_pb2.MetadataKey.PathSegment(key=SETTLE_USD_KEY)]
+                key=METADATA_NAMESPACE,
+                path=[metadata_pb2.MetadataKey.PathSegment(key=SETTLE_USD_KEY)],
             ),
             default_value="-",
             source=_A.MetaData.DYNAMIC,
         )
     )
     settle = rc.RateLimit(
-        actions=[*actions, usd, _phase("settle")],
+        actions=[*actions, usd, _phase(PHASE_SETTLE)],
         hits_addend=rc.RateLimit.HitsAddend(format=SETTLE_FORMAT),
         apply_on_stream_done=True,
     )
@@ -93,9 +99,9 @@ def service_rate_limits(service: str) -> list[rc.RateLimit]:
     return [
         rc.RateLimit(
             actions=[
-                _A(generic_key=_A.GenericKey(descriptor_key="service", descriptor_value=service)),
+                _A(generic_key=_A.GenericKey(descriptor_key=KEY_SERVICE, descriptor_value=service)),
                 _A(remote_address=_A.RemoteAddress()),
-                _phase("requests"),
+                _phase(PHASE_REQUESTS),
             ]
         )
     ]

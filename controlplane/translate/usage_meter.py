@@ -33,10 +33,11 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from envoy.type.matcher.v3 import metadata_pb2 as metadata_matcher_pb2
 from envoy.type.matcher.v3 import value_pb2
 
-from controlplane.policy.model import Route
-from controlplane.policy.phases import meters_usage
 from controlplane.translate.names import FILTERS_CLUSTER
 from controlplane.translate.protos import any_of, dur, u32
+from policy.model import Route
+from policy.phases import meters_usage
+from wire.contract import METADATA_NAMESPACE
 
 __all__ = [
     "GAP_BUCKETS",
@@ -79,7 +80,7 @@ def usage_access_log() -> accesslog_pb2.AccessLog:
     """Every metered request (``tokenweir.meter`` set by the filter server) → the filter server,
     batched: at most every 200 ms or 64 KiB, whichever comes first."""
     present = metadata_matcher_pb2.MetadataMatcher(
-        filter="tokenweir",
+        filter=METADATA_NAMESPACE,
         path=[metadata_matcher_pb2.MetadataMatcher.PathSegment(key="meter")],
         value=value_pb2.ValueMatcher(present_match=True),
     )

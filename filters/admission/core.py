@@ -47,20 +47,11 @@ from dataclasses import dataclass
 from filters.admission.demand import RECENT, Demand
 from filters.admission.drain import DrainMeter
 from filters.admission.herd import Promises
+from filters.admission.lanes import LaneConfig
 from filters.admission.predict import Predictions
 from filters.admission.queues import LaneQueue, Ticket
 
 __all__ = ["Admission", "LaneConfig", "Shed"]
-
-
-@dataclass(frozen=True, slots=True)
-class LaneConfig:
-    name: str
-    max_queue: int
-    max_queue_per_tenant: int
-    max_wait: float
-    max_share: float = 1.0
-    leave_for_higher: float | None = None  # headroom over the higher lanes' demand; None: off
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,16 +10,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Hashable
-from typing import TYPE_CHECKING
 
 from filters.admission.demand import Demand
 from filters.admission.drain import DrainMeter
 from filters.admission.forecast import Outlook, fade
 from filters.admission.herd import Promises
+from filters.admission.lanes import LaneConfig
 from filters.admission.queues import LaneQueue
-
-if TYPE_CHECKING:
-    from filters.admission.core import LaneConfig
 
 __all__ = ["JITTER", "MAX_RETRY_AFTER", "Predictions"]
 

@@ -30,11 +30,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from controlplane.policy.phases import COLLAPSE_ID_HEADER, COLLAPSE_TO_HEADER
 from filters.api import BasePlugin, Context, Result
 from filters.collapse.hub import Hub, Origin, Run, registry_key
 from filters.errors import ConfigError
 from filters.services import Services
+from policy.phases import COLLAPSE_ID_HEADER, COLLAPSE_TO_HEADER
+from wire.contract import HEADER_PREFIX
 
 __all__ = ["CollapsePlugin", "collapse_key", "is_deterministic", "replica_order"]
 
@@ -115,7 +116,7 @@ class CollapsePlugin(BasePlugin):
             return None
         headers = tuple(
             (k, v) for k, v in ctx.request_headers.items()
-            if not k.startswith(":") and k not in _HOP and not k.startswith("x-tokenweir-")
+            if not k.startswith(":") and k not in _HOP and not k.startswith(HEADER_PREFIX)
         )  # fmt: skip
         endpoints = replica_order(key, tuple(str(e) for e in pool.endpoints))
         return Origin(ctx.method or "POST", ctx.path, headers, body, endpoints)

@@ -38,11 +38,10 @@ from filters.ladder.errors import LadderError
 from filters.ladder.scratch import RETURNED, SCRATCH, Degraded, degraded
 from filters.ladder.state import Ladders
 from filters.services import Services
-from runtime.poolstate.ladder import Effect
+from poolstate.ladder import Effect
+from wire.contract import DEGRADE_HEADER, DEGRADED_HEADER, SERVED_MODEL_HEADER
 
 __all__ = ["DEGRADE_HEADER", "DegradePlugin"]
-
-DEGRADE_HEADER = "x-tokenweir-degrade"  # request: set by this plugin, matched by the route
 
 
 class DegradePlugin(BasePlugin):
@@ -108,7 +107,7 @@ class DegradePlugin(BasePlugin):
         d = degraded(ctx)
         if d is None:
             return None
-        out = {"x-tokenweir-degraded": ",".join(d.effect.actions)}
+        out = {DEGRADED_HEADER: ",".join(d.effect.actions)}
         if d.model is not None:
-            out["x-tokenweir-served-model"] = d.model
+            out[SERVED_MODEL_HEADER] = d.model
         return Result(set_headers=out)

@@ -4,17 +4,18 @@ from the prompts :class:`~filters.picker.pool.PoolPicker` queues after each pick
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from filters.picker.errors import MapperDown
-from filters.picker.mapper import EMULATOR, Job, Point, map_batch
+from filters.picker.mapper import EMULATOR, CheckpointMap, Job, Point, map_batch
+from filters.picker.metrics import PickerMetrics
+from filters.picker.prompt import Prompt
+from filters.picker.worker import MapperWorker
+from policy.routing import RoutingPolicy
 
-if TYPE_CHECKING:
-    from filters.picker.pool import PoolPicker
-    from filters.picker.prompt import Prompt
-
-__all__ = ["run_mapper"]
+__all__ = ["MapperHost", "run_mapper"]
 
 _log = logging.getLogger("filters.picker.pool")
 _SLICE = 64  # checkpoints per prompt per call of the worker process
@@ -29,7 +30,27 @@ _INLINE_BYTES = 2048
 _INLINE_BYTES_MODEL = 256
 
 
-async def run_mapper(picker: PoolPicker) -> None:
+class MapperHost(Protocol):
+    """What the mapper reads and calls of its picker (:class:`~filters.picker.pool.PoolPicker`),
+    so that this module needs no import of the picker's."""
+
+    @property
+    def pool(self) -> str: ...
+    @property
+    def routing(self) -> RoutingPolicy: ...
+    @property
+    def map(self) -> CheckpointMap: ...
+    @property
+    def queue(self) -> asyncio.Queue[Prompt] | None: ...
+    @property
+    def worker(self) -> MapperWorker | None: ...
+    @property
+    def metrics(self) -> PickerMetrics: ...
+
+    def mapped(self, prompt: Prompt) -> None: ...
+
+
+async def run_mapper(picker: MapperHost) -> None:
     """Map queued prompts in a worker process (the filter's event loop stays free). Each
     call takes every prompt queued meanwhile (at most ``_BATCH``), one slice of each: on a
     busy box the mapper runs behind (tens of prompts queued), and every call costs the event

@@ -17,10 +17,11 @@ from typing import Any
 from filters.api import BasePlugin, Context, Result
 from filters.errors import ClientError, ConfigError, KeyServiceUnavailable
 from filters.services import Services
+from wire.contract import HEADER_PREFIX, TENANT_HEADER, TIER_HEADER
 
 __all__ = ["INTERNAL_PREFIX", "IdentityPlugin", "bearer_key"]
 
-INTERNAL_PREFIX = "x-tokenweir-"
+INTERNAL_PREFIX = HEADER_PREFIX
 
 
 def bearer_key(headers: Mapping[str, str]) -> str | None:
@@ -94,9 +95,9 @@ class IdentityPlugin(BasePlugin):
         ctx.tenant, ctx.tier = tenant, tier
         if not self.forward_authorization and "authorization" in headers:
             remove.append("authorization")
-        set_headers = {"x-tokenweir-tenant": tenant}
+        set_headers = {TENANT_HEADER: tenant}
         if tier is not None:
-            set_headers["x-tokenweir-tier"] = tier
+            set_headers[TIER_HEADER] = tier
         return Result(set_headers=set_headers, remove_headers=tuple(remove))
 
 

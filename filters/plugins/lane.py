@@ -13,6 +13,7 @@ from typing import Any
 from filters.api import BasePlugin, Context, Result
 from filters.errors import ClientError, ConfigError
 from filters.services import Services
+from wire.contract import LANE_HEADER
 
 __all__ = ["LanePlugin"]
 
@@ -56,4 +57,4 @@ class LanePlugin(BasePlugin):
                         error_type="permission_error",
                     )
         ctx.lane = lane
-        return Result(set_headers={"x-tokenweir-lane": lane}, clear_route_cache=True)
+        return Result(set_headers={LANE_HEADER: lane}, clear_route_cache=True)

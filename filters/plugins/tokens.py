@@ -37,6 +37,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from chat.tokenizer import ChatTemplateError
 from filters.admission.limits import preemptive
 from filters.api import BasePlugin, Context, Result
 from filters.bodies import (
@@ -50,8 +51,8 @@ from filters.bodies import (
 from filters.errors import ClientError, ConfigError
 from filters.ladder.scratch import max_tokens_cap, served_model, served_pool
 from filters.services import Services
-from runtime.chat_tokenizer import ChatTemplateError
 from runtime.throttled_log import ThrottledLog
+from wire.contract import MODEL_HEADER, RESERVE_HEADER
 
 __all__ = ["EXACT_BYTES", "TokensPlugin", "backend_priority", "estimate_prompt"]
 
@@ -217,7 +218,7 @@ class TokensPlugin(BasePlugin):
             opts = req.data.get("stream_options")
             req.data["stream_options"] = {**(opts or {}), "include_usage": True}
             rewrite = True
-        headers = {"x-tokenweir-model": model, "x-tokenweir-reserve": str(ctx.reserve)}
+        headers = {MODEL_HEADER: model, RESERVE_HEADER: str(ctx.reserve)}
         if not rewrite:
             return Result(set_headers=headers)
         new = dump_body(req.data)

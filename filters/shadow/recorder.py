@@ -23,14 +23,15 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from controlplane.policy.phases import SHADOW_ID_HEADER
 from filters.errors import FiltersError
 from filters.shadow.book import Book, Pending
 from filters.shadow.metrics import ShadowMetrics
 from filters.shadow.scan import UsageScan
+from policy.phases import SHADOW_ID_HEADER
 from runtime.local_http import serve_any_path
 from runtime.shadow import Pair, Side, judge, pairs_key
 from runtime.tasks import stop_task
+from wire.contract import SHADOW_HEADER_PREFIX
 
 __all__ = ["ShadowRecorder"]
 
@@ -107,7 +108,7 @@ class ShadowRecorder:
             return web.Response(status=503, text="shadow requests of this route at their bound")
         headers = {
             k: v for k, v in request.headers.items()
-            if k.lower() not in _HOP and not k.lower().startswith("x-tokenweir-shadow-")
+            if k.lower() not in _HOP and not k.lower().startswith(SHADOW_HEADER_PREFIX)
         }  # fmt: skip
         self._inflight[route] = self._inflight.get(route, 0) + 1
         task = asyncio.create_task(

@@ -14,13 +14,48 @@ under load is not cut off while most of its calls are answered."""
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from runtime.h2 import frames as f
 from runtime.h2.errors import ErrorCode, H2ConnectionError, H2StreamError
+from runtime.h2.stream import Stream
 
-if TYPE_CHECKING:
-    from runtime.h2.connection import H2Connection
+
+class _Clocked(Protocol):
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+
+class Connection(Protocol):
+    """What the control frames read and change of a connection
+    (:class:`runtime.h2.connection.H2Connection`), named here so that this module imports
+    nothing of the connection's."""
+
+    draining: bool
+    send_window: int
+    resets: float
+    reset_at: float
+    table_update: bytes
+    peer_initial: int
+    peer_max_frame: int
+
+    @property
+    def host(self) -> _Clocked: ...
+    @property
+    def limits(self) -> f.Limits: ...
+    @property
+    def streams(self) -> dict[int, Stream]: ...
+    @property
+    def last_stream(self) -> int: ...
+    @property
+    def out(self) -> list[bytes]: ...
+
+    def schedule(self) -> None: ...
+    def linger(self) -> None: ...
+    def drop(self, s: Stream) -> None: ...
+    def wake_writers(self) -> None: ...
+
 
 __all__ = [
     "on_goaway",
@@ -34,7 +69,7 @@ __all__ = [
 E = ErrorCode
 
 
-def on_ping(conn: H2Connection, flags: int, stream: int, payload: bytes) -> None:
+def on_ping(conn: Connection, flags: int, stream: int, payload: bytes) -> None:
     if len(payload) != 8:
         raise H2ConnectionError(E.FRAME_SIZE_ERROR, "PING of the wrong size")
     if stream:
@@ -51,7 +86,7 @@ def on_priority(stream: int, payload: bytes) -> None:
         raise H2StreamError(stream, E.FRAME_SIZE_ERROR, "PRIORITY of the wrong size")
 
 
-def on_goaway(conn: H2Connection, stream: int, payload: bytes) -> None:
+def on_goaway(conn: Connection, stream: int, payload: bytes) -> None:
     if stream:
         raise H2ConnectionError(E.PROTOCOL_ERROR, "GOAWAY on a stream")
     if len(payload) < 8:
@@ -61,7 +96,7 @@ def on_goaway(conn: H2Connection, stream: int, payload: bytes) -> None:
         conn.linger()
 
 
-def on_window_update(conn: H2Connection, stream: int, payload: bytes) -> None:
+def on_window_update(conn: Connection, stream: int, payload: bytes) -> None:
     if len(payload) != 4:
         raise H2ConnectionError(E.FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size")
     inc = int.from_bytes(payload, "big") & 0x7FFFFFFF
@@ -82,7 +117,7 @@ def on_window_update(conn: H2Connection, stream: int, payload: bytes) -> None:
     conn.wake_writers()
 
 
-def on_rst_stream(conn: H2Connection, stream: int, payload: bytes) -> None:
+def on_rst_stream(conn: Connection, stream: int, payload: bytes) -> None:
     if len(payload) != 4:
         raise H2ConnectionError(E.FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
     if not stream or stream > conn.last_stream:
@@ -100,7 +135,7 @@ def on_rst_stream(conn: H2Connection, stream: int, payload: bytes) -> None:
     conn.drop(s)
 
 
-def on_settings(conn: H2Connection, flags: int, stream: int, payload: bytes) -> None:
+def on_settings(conn: Connection, flags: int, stream: int, payload: bytes) -> None:
     if stream:
         raise H2ConnectionError(E.PROTOCOL_ERROR, "SETTINGS on a stream")
     if flags & f.ACK:

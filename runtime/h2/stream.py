@@ -9,12 +9,26 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from runtime.h2.connection import H2Connection
+from runtime.h2.frames import Limits
 
-__all__ = ["Stream"]
+__all__ = ["Stream", "StreamOwner"]
+
+
+class StreamOwner(Protocol):
+    """What a stream needs of its connection (:class:`~runtime.h2.connection.H2Connection`),
+    named here so that this module imports nothing of the connection's."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def limits(self) -> Limits: ...
+    @property
+    def peer_initial(self) -> int: ...
+
+    def consumed(self, s: Stream, n: int) -> None: ...
+    async def send(self, s: Stream, data: bytes) -> None: ...
 
 
 class Stream:
@@ -43,7 +57,7 @@ class Stream:
 
     def __init__(
         self,
-        conn: H2Connection,
+        conn: StreamOwner,
         sid: int,
         path: str,
         metadata: tuple[tuple[str, str], ...],
