@@ -21,6 +21,7 @@ from aiohttp import web
 
 from backends.emulator import native_api, openai_api
 from backends.emulator.faults import FaultConfig, decide
+from backends.emulator.flavor import VLLM_NATIVE_PATHS, VllmEventEncoder, VllmMetrics
 from backends.emulator.kv_events import KvEventPublisher
 from backends.emulator.metrics import EmulatorMetrics
 from backends.emulator.protocol import error_body
@@ -71,7 +72,12 @@ class EmulatorServer:
         self.profile = settings.resolved_profile()
         self.clock = clock
         self.wall_clock = wall_clock
-        self.metrics = EmulatorMetrics(settings.model)
+        vllm = settings.flavor == "vllm"  # --flavor vllm: vLLM's names, routes, events
+        self.metrics: EmulatorMetrics | VllmMetrics = (
+            VllmMetrics(settings.model, self.profile.page_size)
+            if vllm
+            else EmulatorMetrics(settings.model)
+        )
         # --tokenizer-path: the model's tokenizer and chat template (TokenizerFilesError if bad)
         path = settings.tokenizer_path
         self.model = HfChatTokenizer.load(path) if path else None
@@ -83,7 +89,9 @@ class EmulatorServer:
         )
         kv = settings.kv_events
         self.kv_events = (
-            KvEventPublisher(kv, wall_clock=wall_clock) if kv is not None and kv.enabled else None
+            KvEventPublisher(kv, wall_clock=wall_clock, encode=VllmEventEncoder() if vllm else None)
+            if kv is not None and kv.enabled
+            else None
         )
         self.request_log = (
             RequestLog(self.metrics, settings.request_log) if settings.request_log else None
@@ -161,7 +169,10 @@ class EmulatorServer:
 
         app = web.Application(middlewares=[track], client_max_size=64 * 1024**2)
         app.add_routes(openai_api.routes(self))
-        app.add_routes(native_api.routes(self))
+        native = native_api.routes(self)
+        if self.settings.flavor == "vllm":
+            native = [r for r in native if _vllm_route(r)]
+        app.add_routes(native)
         return app
 
     async def start(self) -> None:
@@ -271,6 +282,10 @@ class EmulatorServer:
         finally:
             if not req.done:
                 self.scheduler.abort(req)
+
+
+def _vllm_route(route: web.RouteDef) -> bool:
+    return route.path in VLLM_NATIVE_PATHS or route.path.startswith("/_emulator/")
 
 
 async def start_emulator(settings: EmulatorSettings) -> EmulatorServer:

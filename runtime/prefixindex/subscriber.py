@@ -38,6 +38,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from runtime.prefixindex.errors import KvEventDecodeError
 from runtime.prefixindex.index import Applied, PrefixIndex
+from runtime.prefixindex.vllm_wire import VllmBlockMap
 from runtime.prefixindex.wire import (
     END_SEQ,
     decode_for_index,
@@ -61,6 +62,7 @@ class ReplicaFeed:
     endpoint: str
     replay_endpoint: str | None = None
     topic: str = ""
+    backend: str = "sglang"  # "vllm": its events are read through a VllmBlockMap (vllm_wire)
 
 
 class KvEventSubscriber:
@@ -84,6 +86,12 @@ class KvEventSubscriber:
         self._sync: zmq.Context[zmq.Socket[bytes]] | None = None  # SUB and monitor sockets
         self._tasks: list[asyncio.Task[None]] = []
         self.decode_errors = 0
+        # vLLM replicas: their block hashes → the index's (runtime/prefixindex/vllm_wire.py)
+        self.vllm_maps = {
+            f.name: VllmBlockMap(index.page_size, index.max_blocks)
+            for f in self.feeds
+            if f.backend == "vllm"
+        }
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
@@ -111,6 +119,8 @@ class KvEventSubscriber:
             # process, so a fresh socket follows the next one
             log.info("KV events: %s disconnected; forgetting it", feed.name)
             self.index.forget(feed.name, "disconnected")
+            if feed.name in self.vllm_maps:  # another process: its hashes may be seeded anew
+                self.vllm_maps[feed.name].reset()
 
     async def _follow_connection(self, feed: ReplicaFeed) -> None:
         """Follow one connection of ``feed`` until its publisher disconnects."""
@@ -172,7 +182,11 @@ class KvEventSubscriber:
     def _on_message(self, feed: ReplicaFeed, parts: list[bytes]) -> bool:
         """Apply one live batch; True when the replica needs a replay."""
         try:
-            seq, batch = decode_index_frame(parts, self.index.anchor_every)
+            vllm = self.vllm_maps.get(feed.name)
+            if vllm is not None:
+                seq, batch = vllm.read_frame(parts, self.index.anchor_every)
+            else:
+                seq, batch = decode_index_frame(parts, self.index.anchor_every)
         except KvEventDecodeError as exc:
             self.decode_errors += 1
             log.warning("KV events from %s: %s", feed.name, exc)
@@ -199,7 +213,12 @@ class KvEventSubscriber:
                 seq = decode_seq(frames[1])
                 if seq == END_SEQ:
                     break
-                batch = decode_for_index(frames[2], self.index.anchor_every)
+                vllm = self.vllm_maps.get(feed.name)
+                batch = (
+                    vllm.read(seq, frames[2], self.index.anchor_every)
+                    if vllm is not None
+                    else decode_for_index(frames[2], self.index.anchor_every)
+                )
                 self.index.apply(feed.name, seq, batch, live=False)
             self.index.heard(feed.name, self._clock())
         except TimeoutError:
