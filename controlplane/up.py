@@ -51,7 +51,14 @@ from controlplane.prometheus import (
     scrape_targets,
 )
 from controlplane.restarter import Part, Supervisor
-from controlplane.up_parts import base_id, connection_cap, kv_event_args, unless, wait_listening
+from controlplane.up_parts import (
+    base_id,
+    connection_cap,
+    flavor_args,
+    kv_event_args,
+    unless,
+    wait_listening,
+)
 from runtime.children import Child, wait_child_port
 from runtime.metrics_http import MetricsServer
 from runtime.ports import free_port
@@ -275,6 +282,7 @@ class Mesh:
                 if em.cache_tokens is not None:
                     argv += ["--cache-tokens", str(em.cache_tokens)]
                 argv += kv_event_args(pool.routing, addr)
+                argv += flavor_args(pool)  # backend: vllm → --flavor vllm
                 argv += pool.priority_scheduling.server_flags()  # as a real SGLang gets them
                 if self.policy.tracing is not None:  # as SGLang: a span per request
                     argv += [

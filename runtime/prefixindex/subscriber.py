@@ -41,6 +41,8 @@ from runtime.prefixindex.index import Applied, PrefixIndex
 from runtime.prefixindex.vllm_wire import VllmBlockMap
 from runtime.prefixindex.wire import (
     END_SEQ,
+    AllBlocksCleared,
+    IndexBatch,
     decode_for_index,
     decode_index_frame,
     decode_seq,
@@ -203,6 +205,7 @@ class KvEventSubscriber:
         try:
             start = self.index.resync_from(feed.name)
             await dealer.send_multipart([b"", encode_seq(start)])
+            replayed = 0
             while True:
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the answer and
                 # drops a cancel that arrives as it completes, so aclose waited forever
@@ -212,7 +215,10 @@ class KvEventSubscriber:
                     raise KvEventDecodeError(f"replay answer has {len(frames)} parts, 3 expected")
                 seq = decode_seq(frames[1])
                 if seq == END_SEQ:
+                    if not replayed and start == 0 and feed.name in self.vllm_maps:
+                        self._empty_baseline(feed)
                     break
+                replayed += 1
                 vllm = self.vllm_maps.get(feed.name)
                 batch = (
                     vllm.read(seq, frames[2], self.index.anchor_every)
@@ -228,6 +234,14 @@ class KvEventSubscriber:
             log.warning("KV events: replay from %s: %s", feed.name, exc)
         finally:
             dealer.close(linger=0)
+
+    def _empty_baseline(self, feed: ReplicaFeed) -> None:
+        """A vLLM replica whose replay socket holds nothing from seq 0 has published nothing
+        since it started: its cache is empty. vLLM announces no empty cache at start (SGLang's
+        first batch is an ``AllBlocksCleared``), so this is its baseline, before batch 0."""
+        if self.index.resync_from(feed.name) == 0:
+            empty = IndexBatch(0.0, [AllBlocksCleared()], self.index.anchor_every)
+            self.index.apply(feed.name, -1, empty, live=False)
 
 
 class _Wake:
