@@ -394,6 +394,9 @@ class PoolPicker:
             self._drain()
             for name, tokens in self.backlog.items():
                 self.metrics.backlog.labels(self.pool, name).set(tokens)
+            maps = self._subscriber.vllm_maps if self._subscriber is not None else {}
+            for name, vmap in maps.items():
+                self.metrics.vllm_skipped.labels(self.pool, name).set(vmap.skipped_blocks)
             for name in self.index.replicas():
                 view = self.index.view(name, now)
                 self.metrics.known.labels(self.pool, name).set(1 if view.known else 0)

@@ -90,7 +90,7 @@ class KvEventSubscriber:
         self.decode_errors = 0
         # vLLM replicas: their block hashes → the index's (runtime/prefixindex/vllm_wire.py)
         self.vllm_maps = {
-            f.name: VllmBlockMap(index.page_size, index.max_blocks)
+            f.name: VllmBlockMap(index.page_size, index.max_blocks, f.name)
             for f in self.feeds
             if f.backend == "vllm"
         }

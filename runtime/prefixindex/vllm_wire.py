@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import array
 import itertools
+import logging
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -66,6 +67,7 @@ __all__ = [
 ]
 
 _SWAP = sys.byteorder != "little"
+log = logging.getLogger("runtime.prefixindex")
 
 
 # -- the newer (map) encoding, as vLLM's structs produce it; the emulator's vllm flavour uses it --
@@ -170,9 +172,11 @@ class VllmBlockMap:
     block is evicted or a batch is not applied (a replay sends the batch again): only the
     bound ``max_entries`` drops the oldest ones."""
 
-    def __init__(self, page_size: int, max_entries: int = 2_000_000) -> None:
+    def __init__(self, page_size: int, max_entries: int = 2_000_000, name: str = "") -> None:
         if page_size <= 0 or max_entries <= 0:
             raise ValueError("page_size and max_entries must be > 0")
+        self.name = name
+        self._warned_size = False
         self.page_size = page_size
         self.max_entries = max_entries
         self._digests: dict[int, bytes] = {}
@@ -236,6 +240,14 @@ class VllmBlockMap:
             or f.get("lora_name") is not None
             or (isinstance(extra, list) and any(e is not None for e in extra))
         )
+        if size != self.page_size and not self._warned_size:
+            self._warned_size = True
+            log.warning(
+                "KV events from vLLM replica %s: block_size %d, but routing.page_size is %d: its "
+                "blocks are left out (the picker routes by load); set the pool's "
+                "routing.page_size to the servers' --block-size",
+                self.name or "?", size, self.page_size,
+            )  # fmt: skip
         if (
             namespaced
             or f.get("group_idx") not in (None, 0)

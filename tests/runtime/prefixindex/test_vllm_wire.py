@@ -149,3 +149,15 @@ def test_frames_need_three_parts() -> None:
     assert seq == 7 and len(batch.events) == 1
     with pytest.raises(KvEventDecodeError):
         m.read_frame([b"", encode_seq(7)])
+
+
+def test_a_block_size_other_than_the_page_size_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    m = VllmBlockMap(PAGE, name="10.0.0.7:8000")
+    wrong = stored(0, 1, block_size=8, token_ids=TOKENS[:8])
+    with caplog.at_level("WARNING", logger="runtime.prefixindex"):
+        m.read(1, payload(wrong))
+        m.read(2, payload(wrong))
+    (record,) = caplog.records
+    assert "10.0.0.7:8000: block_size 8, but routing.page_size is 4" in record.getMessage()
