@@ -111,14 +111,10 @@ def encode_vllm_batch(batch: VllmEventBatch) -> bytes:
     return _ENCODER.encode(batch)
 
 
-def external_hash(value: object) -> int:
-    """vLLM's block hash as a dict key: an integer as is, raw bytes read big-endian."""
-    if isinstance(value, bool):
-        raise KvEventDecodeError("block hash: a boolean is not a hash")
-    if isinstance(value, int):
+def external_hash(value: object) -> bytes | int:
+    """vLLM's block hash as a dict key: raw bytes or an integer, as it came."""
+    if isinstance(value, bytes) or (isinstance(value, int) and not isinstance(value, bool)):
         return value
-    if isinstance(value, bytes | bytearray):
-        return int.from_bytes(value, "big")
     raise KvEventDecodeError(f"block hash: {type(value).__name__} is not bytes or an integer")
 
 
@@ -156,12 +152,18 @@ def _batch(payload: bytes) -> tuple[float, list[Any]]:
     return float(ts), events
 
 
-def _int_list(value: object, what: str) -> list[int]:
-    if not isinstance(value, list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
-    ):
-        raise KvEventDecodeError(f"BlockStored: {what} must be a list of integers")
-    return value
+def _packed(value: object) -> array.array[int]:
+    """Token ids as 4-byte little-endian unsigned integers (what the chain hashes), checked in C:
+    anything but a list of integers in 0..2**32-1 is a decode error."""
+    if not isinstance(value, list):
+        raise KvEventDecodeError("BlockStored: token_ids must be a list of integers")
+    try:
+        packed = array.array("I", value)
+    except (TypeError, OverflowError) as exc:
+        raise KvEventDecodeError(f"BlockStored: token_ids: {exc}") from exc
+    if _SWAP:
+        packed.byteswap()
+    return packed
 
 
 class VllmBlockMap:
@@ -179,7 +181,7 @@ class VllmBlockMap:
         self._warned_size = False
         self.page_size = page_size
         self.max_entries = max_entries
-        self._digests: dict[int, bytes] = {}
+        self._digests: dict[bytes | int, bytes] = {}
         self.skipped_blocks = 0  # stored blocks left out (no parent, extra keys, other size)
 
     def __len__(self) -> int:
@@ -229,7 +231,7 @@ class VllmBlockMap:
         if not isinstance(hashes, list):
             raise KvEventDecodeError("BlockStored: block_hashes must be a list")
         keys = [external_hash(h) for h in hashes]
-        tokens = _int_list(f.get("token_ids"), "token_ids")
+        tokens = _packed(f.get("token_ids"))
         size = f.get("block_size")
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise KvEventDecodeError("BlockStored: block_size must be a positive integer")
@@ -263,10 +265,7 @@ class VllmBlockMap:
                 self.skipped_blocks += len(keys)
                 return None
             prior = known
-        packed = array.array("I", tokens)
-        if _SWAP:
-            packed.byteswap()
-        digests = raw_chain(packed.tobytes(), 4 * size, prior)
+        digests = raw_chain(tokens.tobytes(), 4 * size, prior)
         self._remember(keys, digests)
         ids = [block_id(d) for d in digests]
         return StoredBlocks(
@@ -277,11 +276,9 @@ class VllmBlockMap:
             len(ids),
         )
 
-    def _remember(self, keys: list[int], digests: list[bytes]) -> None:
+    def _remember(self, keys: list[bytes | int], digests: list[bytes]) -> None:
         table = self._digests
-        for key, digest in zip(keys, digests, strict=True):
-            table.pop(key, None)  # re-stored: now the newest
-            table[key] = digest
+        table.update(zip(keys, digests, strict=True))
         excess = len(table) - self.max_entries
         if excess > 0:
             for key in list(itertools.islice(table, excess)):  # the oldest first
