@@ -51,6 +51,8 @@ async def test_a_vllm_flavoured_server_answers_as_vllm_does() -> None:
             for path, status in (("/v1/models", 200), ("/health", 200), ("/get_server_info", 404)):
                 async with http.get(server.url + path) as r:
                     assert r.status == status, path
+            async with http.get(server.url + "/v1/models") as r:
+                assert (await r.json())["data"][0]["owned_by"] == "vllm"
             body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
             async with http.post(server.url + "/generate", json=body) as r:
                 assert r.status == 404
