@@ -20,14 +20,14 @@ import statistics
 import time
 from pathlib import Path
 
-from runtime.prefixindex.hashing import prefix_block_ids
-from runtime.prefixindex.vllm_wire import (
+from prefixindex.hashing import prefix_block_ids
+from prefixindex.vllm_wire import (
     VllmBlockMap,
     VllmBlockStored,
     VllmEventBatch,
     encode_vllm_batch,
 )
-from runtime.prefixindex.wire import BlockStored, KVEventBatch, decode_for_index, encode_batch
+from prefixindex.wire import BlockStored, KVEventBatch, decode_for_index, encode_batch
 
 OUT = Path(__file__).parent / "results" / "vllm_events_bench.json"
 

@@ -31,14 +31,14 @@ from prometheus_client.registry import Collector
 
 from backends.emulator.request import EmuRequest
 from backends.emulator.scheduler import SchedulerStats
-from runtime.prefixindex.vllm_wire import (
+from prefixindex.vllm_wire import (
     VllmAllBlocksCleared,
     VllmBlockRemoved,
     VllmBlockStored,
     VllmEventBatch,
     encode_vllm_batch,
 )
-from runtime.prefixindex.wire import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from prefixindex.wire import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 __all__ = ["FLAVORS", "VLLM_NATIVE_PATHS", "VllmEventEncoder", "VllmMetrics"]
 

@@ -10,10 +10,10 @@ from backends.emulator.flavor import VllmEventEncoder
 from backends.emulator.radix_cache import RadixCache
 from backends.emulator.server import start_emulator
 from backends.emulator.settings import EmulatorSettings
-from runtime.poolstate import parse_backend_metrics
-from runtime.prefixindex.hashing import prefix_block_ids
-from runtime.prefixindex.vllm_wire import VllmBlockMap
-from runtime.prefixindex.wire import StoredBlocks
+from poolstate import parse_backend_metrics
+from prefixindex.hashing import prefix_block_ids
+from prefixindex.vllm_wire import VllmBlockMap
+from prefixindex.wire import StoredBlocks
 
 
 def test_vllm_flags_set_the_same_settings() -> None:
