@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 
 from policy.admission import AdmissionPolicy, LaneAdmission
+from policy.backend import BackendKind, check_backend_capacity
 from policy.canary import CanaryPolicy, CanaryRollback
 from policy.common import (
     LANES,
@@ -213,6 +214,7 @@ class LlmPool:
     endpoints: tuple[Address, ...] = ()
     endpoints_file: str | None = None
     emulated: EmulatedPool | None = None
+    backend: BackendKind = "sglang"  # which server the replicas run (policy/backend.py)
     affinity: Affinity = field(default_factory=Affinity)
     routing: RoutingPolicy = field(default_factory=RoutingPolicy)
     outlier_detection: OutlierDetection = field(default_factory=OutlierDetection)
@@ -229,6 +231,7 @@ class LlmPool:
     canary: CanaryPolicy | None = None
 
     def __post_init__(self) -> None:
+        check_backend_capacity(self.backend, self.capacity.max_running_requests)
         if self.routing.mode == "prefix_index" and self.priority_scheduling.balance == "lane":
             raise ValueError(
                 "priority_scheduling.balance: lane applies to ring_hash pools; with routing.mode "

@@ -16,6 +16,7 @@ from poolstate.saturation import (
     summarize_pool,
 )
 from poolstate.state import SATURATED, PoolState, PoolSummary, ReplicaState
+from poolstate.vllm_metrics import parse_backend_metrics
 
 __all__ = [
     "SATURATED",
@@ -29,6 +30,7 @@ __all__ = [
     "Ranking",
     "ReplicaSample",
     "ReplicaState",
+    "parse_backend_metrics",
     "parse_metrics_text",
     "pool_mismatch",
     "replica_mismatch",

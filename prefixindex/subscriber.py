@@ -38,8 +38,11 @@ from zmq.utils.monitor import parse_monitor_message
 
 from prefixindex.errors import KvEventDecodeError
 from prefixindex.index import Applied, PrefixIndex
+from prefixindex.vllm_wire import VllmBlockMap
 from prefixindex.wire import (
     END_SEQ,
+    AllBlocksCleared,
+    IndexBatch,
     decode_for_index,
     decode_index_frame,
     decode_seq,
@@ -61,6 +64,7 @@ class ReplicaFeed:
     endpoint: str
     replay_endpoint: str | None = None
     topic: str = ""
+    backend: str = "sglang"  # "vllm": its events are read through a VllmBlockMap (vllm_wire)
 
 
 class KvEventSubscriber:
@@ -84,6 +88,12 @@ class KvEventSubscriber:
         self._sync: zmq.Context[zmq.Socket[bytes]] | None = None  # SUB and monitor sockets
         self._tasks: list[asyncio.Task[None]] = []
         self.decode_errors = 0
+        # vLLM replicas: their block hashes → the index's (prefixindex/vllm_wire.py)
+        self.vllm_maps = {
+            f.name: VllmBlockMap(index.page_size, index.max_blocks, f.name)
+            for f in self.feeds
+            if f.backend == "vllm"
+        }
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
@@ -111,6 +121,8 @@ class KvEventSubscriber:
             # process, so a fresh socket follows the next one
             log.info("KV events: %s disconnected; forgetting it", feed.name)
             self.index.forget(feed.name, "disconnected")
+            if feed.name in self.vllm_maps:  # another process: its hashes may be seeded anew
+                self.vllm_maps[feed.name].reset()
 
     async def _follow_connection(self, feed: ReplicaFeed) -> None:
         """Follow one connection of ``feed`` until its publisher disconnects."""
@@ -172,7 +184,11 @@ class KvEventSubscriber:
     def _on_message(self, feed: ReplicaFeed, parts: list[bytes]) -> bool:
         """Apply one live batch; True when the replica needs a replay."""
         try:
-            seq, batch = decode_index_frame(parts, self.index.anchor_every)
+            vllm = self.vllm_maps.get(feed.name)
+            if vllm is not None:
+                seq, batch = vllm.read_frame(parts, self.index.anchor_every)
+            else:
+                seq, batch = decode_index_frame(parts, self.index.anchor_every)
         except KvEventDecodeError as exc:
             self.decode_errors += 1
             log.warning("KV events from %s: %s", feed.name, exc)
@@ -189,6 +205,7 @@ class KvEventSubscriber:
         try:
             start = self.index.resync_from(feed.name)
             await dealer.send_multipart([b"", encode_seq(start)])
+            replayed = 0
             while True:
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the answer and
                 # drops a cancel that arrives as it completes, so aclose waited forever
@@ -198,8 +215,16 @@ class KvEventSubscriber:
                     raise KvEventDecodeError(f"replay answer has {len(frames)} parts, 3 expected")
                 seq = decode_seq(frames[1])
                 if seq == END_SEQ:
+                    if not replayed and start == 0 and feed.name in self.vllm_maps:
+                        self._empty_baseline(feed)
                     break
-                batch = decode_for_index(frames[2], self.index.anchor_every)
+                replayed += 1
+                vllm = self.vllm_maps.get(feed.name)
+                batch = (
+                    vllm.read(seq, frames[2], self.index.anchor_every)
+                    if vllm is not None
+                    else decode_for_index(frames[2], self.index.anchor_every)
+                )
                 self.index.apply(feed.name, seq, batch, live=False)
             self.index.heard(feed.name, self._clock())
         except TimeoutError:
@@ -209,6 +234,14 @@ class KvEventSubscriber:
             log.warning("KV events: replay from %s: %s", feed.name, exc)
         finally:
             dealer.close(linger=0)
+
+    def _empty_baseline(self, feed: ReplicaFeed) -> None:
+        """A vLLM replica whose replay socket holds nothing from seq 0 has published nothing
+        since it started: its cache is empty. vLLM announces no empty cache at start (SGLang's
+        first batch is an ``AllBlocksCleared``), so this is its baseline, before batch 0."""
+        if self.index.resync_from(feed.name) == 0:
+            empty = IndexBatch(0.0, [AllBlocksCleared()], self.index.anchor_every)
+            self.index.apply(feed.name, -1, empty, live=False)
 
 
 class _Wake:

@@ -58,7 +58,14 @@ from tokenweir.prometheus import (
     scrape_targets,
 )
 from tokenweir.restarter import Part, Supervisor
-from tokenweir.up_parts import base_id, connection_cap, kv_event_args, unless, wait_listening
+from tokenweir.up_parts import (
+    base_id,
+    connection_cap,
+    flavor_args,
+    kv_event_args,
+    unless,
+    wait_listening,
+)
 
 __all__ = ["Mesh"]
 
@@ -275,6 +282,7 @@ class Mesh:
                 if em.cache_tokens is not None:
                     argv += ["--cache-tokens", str(em.cache_tokens)]
                 argv += kv_event_args(pool.routing, addr)
+                argv += flavor_args(pool)  # backend: vllm → --flavor vllm
                 argv += pool.priority_scheduling.server_flags()  # as a real SGLang gets them
                 if self.policy.tracing is not None:  # as SGLang: a span per request
                     argv += [

@@ -12,13 +12,14 @@ from collections.abc import Awaitable
 from pathlib import Path
 
 from policy import Address, Policy
+from policy.model import LlmPool
 from policy.routing import EMULATOR_TOKENIZER, RoutingPolicy
 from runtime.children import ChildError
 from runtime.errors import PortTimeout
 from runtime.ports import wait_port
 from tokenweir.envoy_launcher import EnvoyProcess
 
-__all__ = ["base_id", "connection_cap", "kv_event_args", "unless", "wait_listening"]
+__all__ = ["base_id", "connection_cap", "flavor_args", "kv_event_args", "unless", "wait_listening"]
 
 log = logging.getLogger("tokenweir.up")
 
@@ -38,6 +39,17 @@ def kv_event_args(routing: RoutingPolicy, addr: Address) -> list[str]:
     args = ["--kv-events-config", json.dumps(cfg), "--page-size", str(routing.page_size)]
     if routing.tokenizer != EMULATOR_TOKENIZER:
         args += ["--tokenizer-path", routing.tokenizer]
+    return args
+
+
+def flavor_args(pool: LlmPool) -> list[str]:
+    """A ``backend: vllm`` pool's emulators present themselves as vLLM, with the policy's
+    ``capacity.max_running_requests`` as their ``--max-num-seqs`` (docs/emulator.md)."""
+    if pool.backend != "vllm":
+        return []
+    args = ["--flavor", "vllm"]
+    if pool.capacity.max_running_requests is not None:
+        args += ["--max-num-seqs", str(pool.capacity.max_running_requests)]
     return args
 
 

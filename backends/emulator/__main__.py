@@ -56,6 +56,14 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
     p.add_argument("--slow-start", type=float, default=0.0, help="seconds of 503 after start")
     p.add_argument("--log-level", default="INFO")
     p.add_argument(
+        "--flavor", choices=("sglang", "vllm"), default="sglang",
+        help="present itself as SGLang or as vLLM: metric names, endpoints, KV-event fields "
+        "(docs/emulator.md)",
+    )  # fmt: skip
+    vl = p.add_argument_group("vLLM's names for the same settings (with --flavor vllm)")
+    vl.add_argument("--max-num-seqs", type=int, dest="max_running_requests")
+    vl.add_argument("--block-size", type=int, dest="page_size")
+    p.add_argument(
         "--kv-events-config",
         help='SGLang\'s KV-event publisher as JSON, e.g. \'{"publisher": "zmq", "endpoint": '
         '"tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\' (docs/emulator.md)',
@@ -125,6 +133,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
             tokenizer_path=a.tokenizer_path,
             enable_trace=a.enable_trace,
             otlp_traces_endpoint=a.otlp_traces_endpoint,
+            flavor=a.flavor,
             priority=PriorityConfig(
                 enabled=a.enable_priority_scheduling,
                 low_values_first=a.schedule_low_priority_values_first,

@@ -4,18 +4,32 @@ so neither side imports the other."""
 
 from __future__ import annotations
 
+from aiohttp import web
+
 from backends.emulator import native_api, openai_api
+from backends.emulator.flavor import VLLM_NATIVE_PATHS
 from backends.emulator.server import Api, EmulatorServer
 from backends.emulator.settings import EmulatorSettings
 
-__all__ = ["APIS", "start_emulator"]
+__all__ = ["APIS", "apis_for", "start_emulator"]
 
 APIS: tuple[Api, ...] = (openai_api.routes, native_api.routes)
 
 
+def _vllm_native(server: EmulatorServer) -> list[web.RouteDef]:
+    """The native routes a vLLM server also has (the rest answer 404), and the emulator's own."""
+    routes = native_api.routes(server)
+    return [r for r in routes if r.path in VLLM_NATIVE_PATHS or r.path.startswith("/_emulator/")]
+
+
+def apis_for(flavor: str) -> tuple[Api, ...]:
+    """The HTTP APIs an emulator of ``flavor`` serves."""
+    return (openai_api.routes, _vllm_native) if flavor == "vllm" else APIS
+
+
 async def start_emulator(settings: EmulatorSettings) -> EmulatorServer:
     """Start an emulator in this event loop; it serves until ``aclose()``."""
-    server = EmulatorServer(settings, apis=APIS)
+    server = EmulatorServer(settings, apis=apis_for(settings.flavor))
     try:
         await server.start()
     except BaseException:

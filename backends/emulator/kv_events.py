@@ -41,13 +41,23 @@ __all__ = ["KvEventPublisher"]
 log = logging.getLogger("backends.emulator")
 
 
+def _sglang_payload(ts: float, events: list[KvEvent]) -> bytes:
+    return encode_batch(KVEventBatch(ts=ts, events=events))
+
+
 class KvEventPublisher:
     """Publishes the radix cache's events; build, ``await start()``, ``publish``, ``aclose()``."""
 
     def __init__(
-        self, config: KvEventsConfig, *, wall_clock: Callable[[], float] = time.time
+        self,
+        config: KvEventsConfig,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        encode: Callable[[float, list[KvEvent]], bytes | None] | None = None,
     ) -> None:
         self.config = config
+        # a batch's payload (None: nothing to send); SGLang's by default, vLLM's (flavor.py)
+        self._encode = encode or _sglang_payload
         self._wall_clock = wall_clock
         self._seq = itertools.count()
         self._buffer: collections.deque[tuple[int, bytes]] = collections.deque(
@@ -88,8 +98,10 @@ class KvEventPublisher:
         """Send one batch now (dropped by ZMQ when the high-water mark is reached)."""
         if self._pub is None or not events:
             return
+        payload = self._encode(self._wall_clock(), events)
+        if payload is None:
+            return
         seq = next(self._seq)
-        payload = encode_batch(KVEventBatch(ts=self._wall_clock(), events=events))
         self._buffer.append((seq, payload))
         with contextlib.suppress(zmq.Again):
             self._pub.send_multipart([self._topic, encode_seq(seq), payload], flags=zmq.NOBLOCK)

@@ -151,7 +151,7 @@ class _OpenAIApi:
             "id": s.model,
             "object": "model",
             "created": int(self.server.wall_clock()),
-            "owned_by": "sglang",
+            "owned_by": s.flavor,  # "sglang" or "vllm", as each server says
             "root": s.model,
             "max_model_len": self.server.profile.context_length,
         }

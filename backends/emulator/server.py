@@ -20,6 +20,7 @@ from typing import Any, TypeAlias
 from aiohttp import web
 
 from backends.emulator.faults import FaultConfig, decide
+from backends.emulator.flavor import VLLM_NATIVE_PATHS, VllmEventEncoder, VllmMetrics
 from backends.emulator.kv_events import KvEventPublisher
 from backends.emulator.metrics import EmulatorMetrics
 from backends.emulator.protocol import error_body
@@ -75,7 +76,12 @@ class EmulatorServer:
         self.profile = settings.resolved_profile()
         self.clock = clock
         self.wall_clock = wall_clock
-        self.metrics = EmulatorMetrics(settings.model)
+        vllm = settings.flavor == "vllm"  # --flavor vllm: vLLM's names, routes, events
+        self.metrics: EmulatorMetrics | VllmMetrics = (
+            VllmMetrics(settings.model, self.profile.page_size)
+            if vllm
+            else EmulatorMetrics(settings.model)
+        )
         # --tokenizer-path: the model's tokenizer and chat template (TokenizerFilesError if bad)
         path = settings.tokenizer_path
         self.model = HfChatTokenizer.load(path) if path else None
@@ -87,7 +93,9 @@ class EmulatorServer:
         )
         kv = settings.kv_events
         self.kv_events = (
-            KvEventPublisher(kv, wall_clock=wall_clock) if kv is not None and kv.enabled else None
+            KvEventPublisher(kv, wall_clock=wall_clock, encode=VllmEventEncoder() if vllm else None)
+            if kv is not None and kv.enabled
+            else None
         )
         self.request_log = (
             RequestLog(self.metrics, settings.request_log) if settings.request_log else None

@@ -47,8 +47,12 @@ class EmulatorSettings:
     tokenizer_path: str | None = None
     # --enable-priority-scheduling, --schedule-low-priority-values-first, ... (SGLang)
     priority: PriorityConfig = field(default_factory=PriorityConfig)
+    # --flavor: which server it presents itself as, "sglang" or "vllm" (backends/emulator/flavor.py)
+    flavor: str = "sglang"
 
     def __post_init__(self) -> None:
+        if self.flavor not in ("sglang", "vllm"):
+            raise ValueError(f"flavor: {self.flavor!r} is not allowed; allowed: sglang, vllm")
         if not self.time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
         if not 0 <= self.port <= 65535:

@@ -32,7 +32,7 @@ from poolstate import (
     Ranking,
     ReplicaSample,
     ReplicaState,
-    parse_metrics_text,
+    parse_backend_metrics,
     replica_mismatch,
     replica_state,
     summarize_pool,
@@ -54,6 +54,7 @@ class _Replica:
     info_next_try: float = 0.0
     ranking: Ranking = field(default_factory=Ranking)
     reread: bool = False  # read the server info again once it answers (it may have restarted)
+    backend: str = "sglang"  # its pool's backend kind: the metric names read, server info or not
 
 
 class _Metrics:
@@ -147,6 +148,9 @@ class PoolScraper:
         self.settings, self.targets = settings, dict(targets)
         wanted = {ep for t in targets.values() for ep in t.endpoints}
         self._replicas = {ep: self._replicas.get(ep, _Replica()) for ep in sorted(wanted)}
+        for t in targets.values():
+            for ep in t.endpoints:
+                self._replicas[ep].backend = t.backend
 
     def subscribe(self, listener: Callable[[PoolState], None]) -> None:
         """Called with every newly published state (the EDS publisher is one)."""
@@ -163,17 +167,20 @@ class PoolScraper:
     async def _scrape(self, ep: str, rep: _Replica) -> None:
         now = self._clock()
         timeout = self.settings.timeout_s
-        if rep.info is None and now >= rep.info_next_try:
+        info = rep.backend != "vllm"  # vLLM has no server-info endpoint: the policy's capacity
+        if info and rep.info is None and now >= rep.info_next_try:
             await self._read_info(ep, rep, now)
         try:
-            sample = parse_metrics_text(await self._fetcher.metrics(ep, timeout))
+            sample = parse_backend_metrics(await self._fetcher.metrics(ep, timeout), rep.backend)
         except (ScrapeError, MetricsTextError) as exc:
             rep.answered = False
             rep.reread = rep.info is not None
             self._count("error")
             log.debug("scrape failed: %s", exc)
             return
-        if rep.reread:  # back after a failure: the server may have restarted with other flags
+        if (
+            rep.reread and info
+        ):  # back after a failure: the server may have restarted with other flags
             rep.reread = False
             await self._read_info(ep, rep, now)
         rep.answered = sample.complete

@@ -28,6 +28,7 @@ class PoolTargets:
     degraded_weight: int = 0  # percent of the ring weight a marked replica keeps; 0: DEGRADED
     # the replicas must schedule by priority like this (None: the pool does not declare it)
     priority: PriorityScheduling | None = None
+    backend: str = "sglang"  # whose metric names the replicas export (policy: pools.NAME.backend)
 
 
 def targets_from_policy(policy: Policy) -> tuple[ScrapeSettings, dict[str, PoolTargets]]:
@@ -44,5 +45,6 @@ def targets_from_policy(policy: Policy) -> tuple[ScrapeSettings, dict[str, PoolT
             hysteresis=Hysteresis(sat.degrade_at, sat.recover_at) if sat.enabled else None,
             degraded_weight=sat.degraded_weight,
             priority=pool.priority_scheduling if pool.priority_scheduling.enabled else None,
+            backend=pool.backend,
         )
     return settings, pools

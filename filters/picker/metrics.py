@@ -60,6 +60,12 @@ class PickerMetrics:
             p + "event_lag_seconds", "now minus the publish time of the last applied batch",
             ["pool", "replica"], registry=r,
         )  # fmt: skip
+        self.vllm_skipped = Gauge(
+            p + "vllm_blocks_left_out",
+            "vLLM pools: stored blocks the index could not place (parent unseen, extra keys or "
+            "LoRA, another KV-cache group, block_size other than routing.page_size), since start",
+            ["pool", "replica"], registry=r,
+        )  # fmt: skip
         self.backlog = Gauge(
             p + "backlog_tokens",
             "prompt tokens sent to the replica and not yet reported prefilled (its KV events)",

@@ -51,14 +51,18 @@ _MAP_GRACE_S = 30.0  # longest a pending pick waits for its prompt to be mapped
 _WARM_TIMEOUT_S = 30.0  # longest start() waits for the worker process to come up
 
 
-def feeds_for(endpoints: Sequence[Address], routing: RoutingPolicy) -> list[ReplicaFeed]:
-    """Each replica's KV-event endpoints: its port + offset (PUB), + the replay offset."""
+def feeds_for(
+    endpoints: Sequence[Address], routing: RoutingPolicy, backend: str = "sglang"
+) -> list[ReplicaFeed]:
+    """Each replica's KV-event endpoints: its port + offset (PUB), + the replay offset; the
+    events are read as ``backend`` (``pools.NAME.backend``) publishes them."""
     off, replay = routing.kv_events_port_offset, routing.replay_offset
     return [
         ReplicaFeed(
             name=f"{ep.host}:{ep.port}",
             endpoint=f"tcp://{ep.host}:{ep.port + off}",
             replay_endpoint=f"tcp://{ep.host}:{ep.port + replay}",
+            backend=backend,
         )
         for ep in endpoints
     ]
@@ -96,7 +100,7 @@ class PoolPicker:
             anchor_every=r.anchor_every,
         )
         self.map = CheckpointMap(r.page_size, r.checkpoint_bytes, anchor_every=r.anchor_every)
-        self.feeds = list(feeds if feeds is not None else feeds_for(cfg.endpoints, r))
+        self.feeds = list(feeds if feeds is not None else feeds_for(cfg.endpoints, r, cfg.backend))
         for feed in self.feeds:
             self.index.add_replica(feed.name)
         self.metrics = metrics
@@ -390,6 +394,9 @@ class PoolPicker:
             self._drain()
             for name, tokens in self.backlog.items():
                 self.metrics.backlog.labels(self.pool, name).set(tokens)
+            maps = self._subscriber.vllm_maps if self._subscriber is not None else {}
+            for name, vmap in maps.items():
+                self.metrics.vllm_skipped.labels(self.pool, name).set(vmap.skipped_blocks)
             for name in self.index.replicas():
                 view = self.index.view(name, now)
                 self.metrics.known.labels(self.pool, name).set(1 if view.known else 0)

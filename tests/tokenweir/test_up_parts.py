@@ -35,3 +35,16 @@ def test_the_replay_port_follows_its_offset_and_the_picker_looks_there() -> None
     (feed,) = feeds_for([addr], routing)
     assert feed.endpoint == "tcp://127.0.0.1:31001"
     assert feed.replay_endpoint == "tcp://127.0.0.1:32001"
+
+
+def test_a_vllm_pool_runs_vllm_flavoured_emulators_and_its_picker_reads_vllm_events() -> None:
+    from filters.picker.pool import feeds_for
+    from policy.model import LlmPool
+    from policy.saturation import PoolCapacity
+    from tokenweir.up_parts import flavor_args
+
+    assert flavor_args(LlmPool(models=("m",))) == []
+    pool = LlmPool(models=("m",), backend="vllm", capacity=PoolCapacity(max_running_requests=8))
+    assert flavor_args(pool) == ["--flavor", "vllm", "--max-num-seqs", "8"]
+    (feed,) = feeds_for([Address("127.0.0.1", 30001)], RoutingPolicy(), pool.backend)
+    assert feed.backend == "vllm"

@@ -286,3 +286,31 @@ def test_targets_carry_the_declared_priority_scheduling_of_pools_that_enable_it(
     _, pools = targets_from_policy(policy)
     assert pools["chat"].priority is not None and pools["chat"].priority.preemption_threshold == 10
     assert pools["plain"].priority is None
+
+
+async def test_a_vllm_pool_is_read_by_vllm_names_and_never_asked_for_server_info() -> None:
+    fetcher, clock = FakeFetcher(), Clock()
+    s = PoolScraper(fetcher, clock=clock, wall_clock=clock, registry=CollectorRegistry())
+    s.configure(ScrapeSettings(), {"chat": PoolTargets((A,), CAP, None, backend="vllm")})
+    fetcher.texts = {
+        A: (
+            'vllm:num_requests_running{engine="0",model_name="m"} 10\n'
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 5\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+        )
+    }
+    a = (await s.scrape_once()).pools["chat"].endpoints[A]
+    assert (a.running, a.queued, a.token_usage, a.saturation, a.stale) == (10, 5, 0.5, 1.5, False)
+    assert fetcher.info_calls == []
+    fetcher.texts[A] = gauges(1, 0)  # SGLang's names on a vllm pool: not an answer
+    clock.t += 2
+    assert (await s.scrape_once()).pools["chat"].endpoints[A].stale
+
+
+def test_the_pools_backend_reaches_the_scrape_targets() -> None:
+    policy = load_policy_text(
+        "version: 1\npools:\n  chat:\n    backend: vllm\n    models: [m]\n"
+        "    endpoints: [127.0.0.1:1]\n    capacity: {max_running_requests: 4}\n"
+    )
+    _, targets = targets_from_policy(policy)
+    assert targets["chat"].backend == "vllm" and targets["chat"].capacity.max_running_requests == 4
