@@ -10,11 +10,14 @@ import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
 from filters.errors import ClientError
+
+if TYPE_CHECKING:
+    from filters.api import Context
 
 __all__ = [
     "MAX_TOKENS_LIMIT",
@@ -25,6 +28,7 @@ __all__ = [
     "empty_body",
     "kind_for_path",
     "parse_request",
+    "request_of",
 ]
 
 Kind = Literal["chat", "completion", "generate"]
@@ -345,6 +349,23 @@ def parse_request(
         prefix_text=prefix,
         input_ids=ids,
     )
+
+
+def request_of(ctx: Context, body: bytes) -> LlmRequest | None:
+    """The request's parsed body, read once per request: the one already in ``ctx.body`` (the
+    tokens plugin keeps its checked parse there), else ``body`` parsed here leniently (unknown
+    fields pass: only the tokens plugin refuses them) and kept in ``ctx.body`` for the plugins
+    after this one. None on a path that carries no LLM body. The one side effect of this module:
+    the parse is the request's, so it lives on its context."""
+    req = ctx.body
+    if isinstance(req, LlmRequest):
+        return req
+    kind = kind_for_path(ctx.path)
+    if kind is None:
+        return None
+    req = parse_request(kind, body, reject_unknown=False)
+    ctx.body = req
+    return req
 
 
 def _parse_generate(data: dict[str, Any]) -> LlmRequest:

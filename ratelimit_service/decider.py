@@ -285,6 +285,7 @@ class Decider:
                 await asyncio.sleep(1.0)  # reservations still open: their settlements first
 
     async def aclose(self) -> None:
+        await self.directory.aclose()
         if self._reconcile is not None:
             await stop_task(self._reconcile)
             self._reconcile = None
