@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from controlplane.policy.loader import load_policy_text
-from controlplane.policy.model import Policy
+from policy.loader import load_policy_text
+from policy.model import Policy
+from quota.config import SubjectQuotas
 from ratelimit_service.directory import QuotaDirectory
-from runtime.quota.config import SubjectQuotas
 
 YAML = """
 version: 1
