@@ -10,11 +10,14 @@ import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
 from filters.errors import ClientError
+
+if TYPE_CHECKING:
+    from filters.api import Context
 
 __all__ = [
     "MAX_TOKENS_LIMIT",
@@ -25,6 +28,7 @@ __all__ = [
     "empty_body",
     "kind_for_path",
     "parse_request",
+    "request_of",
 ]
 
 Kind = Literal["chat", "completion", "generate"]
@@ -131,7 +135,24 @@ def empty_body() -> ClientError:
 
 def decode_json(body: bytes) -> dict[str, Any]:
     """The body as a JSON object; 400 on an empty body, invalid UTF-8 (lone surrogates written
-    as ``\\ud800`` escapes included: no backend can encode them), malformed or non-object JSON."""
+    as ``\\ud800`` escapes included: no backend can encode them), malformed or non-object JSON.
+
+    msgspec reads the bytes first (in C, without a decoded copy of the text: 0.2x the standard
+    library's time on a 300 KB prompt in raw UTF-8, 0.4x at 3-71 KB; ``bench/body_decode.py``). It
+    accepts strict RFC 8259 JSON only, and decodes what it accepts as the standard library does;
+    everything it refuses (NaN and Infinity, lone surrogates, numbers out of range, invalid UTF-8,
+    too deep, malformed) is read again by :func:`_decode_checked`, the standard library's reading,
+    so every answer, error message included, is what it was."""
+    try:
+        data = msgspec.json.decode(body)
+    except (msgspec.MsgspecError, RecursionError):
+        return _decode_checked(body)
+    if not isinstance(data, dict):
+        raise _bad("the request body must be a JSON object", "bad_json")
+    return data
+
+
+def _decode_checked(body: bytes) -> dict[str, Any]:
     if not body.strip():
         raise empty_body()
     try:
@@ -345,6 +366,23 @@ def parse_request(
         prefix_text=prefix,
         input_ids=ids,
     )
+
+
+def request_of(ctx: Context, body: bytes) -> LlmRequest | None:
+    """The request's parsed body, read once per request: the one already in ``ctx.body`` (the
+    tokens plugin keeps its checked parse there), else ``body`` parsed here leniently (unknown
+    fields pass: only the tokens plugin refuses them) and kept in ``ctx.body`` for the plugins
+    after this one. None on a path that carries no LLM body. The one side effect of this module:
+    the parse is the request's, so it lives on its context."""
+    req = ctx.body
+    if isinstance(req, LlmRequest):
+        return req
+    kind = kind_for_path(ctx.path)
+    if kind is None:
+        return None
+    req = parse_request(kind, body, reject_unknown=False)
+    ctx.body = req
+    return req
 
 
 def _parse_generate(data: dict[str, Any]) -> LlmRequest:

@@ -130,6 +130,7 @@ class Decider:
         self.clock = clock
         self._last_log: dict[str, float] = {}
         self._counters: dict[tuple[bool, str, str], Any] = {}
+        self._tenant_counters: dict[tuple[str, bool], Any] = {}
         self._limits: dict[
             tuple[str, str | None, str | None], tuple[SubjectQuotas, list[Limit]]
         ] = {}
@@ -286,6 +287,7 @@ class Decider:
                 await asyncio.sleep(1.0)  # reservations still open: their settlements first
 
     async def aclose(self) -> None:
+        await self.directory.aclose()
         if self._reconcile is not None:
             await stop_task(self._reconcile)
             self._reconcile = None
@@ -300,7 +302,16 @@ class Decider:
         counter.inc()
         if call.phase == "reserve":
             tenant = self.metrics.tenant_label(call.tenant)
-            self.metrics.tenant_decisions.labels(tenant, "ok" if v.ok else "over_limit").inc()
+            tkey = (tenant, v.ok)
+            child = self._tenant_counters.get(tkey)
+            if child is None:  # labels() costs as much as the rest of the counting
+                if len(self._tenant_counters) > 50_000:
+                    self._tenant_counters.clear()
+                outcome = "ok" if v.ok else "over_limit"
+                child = self._tenant_counters[tkey] = self.metrics.tenant_decisions.labels(
+                    tenant, outcome
+                )
+            child.inc()
             if not v.ok and v.retry_us >= 0:
                 self.metrics.retry_after.labels(tenant).observe(max(1, math.ceil(v.retry_us / 1e6)))
             if not v.ok and v.kind == "tokens" and call.tenant is not None:

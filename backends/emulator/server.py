@@ -20,7 +20,7 @@ from typing import Any, TypeAlias
 from aiohttp import web
 
 from backends.emulator.faults import FaultConfig, decide
-from backends.emulator.flavor import VLLM_NATIVE_PATHS, VllmEventEncoder, VllmMetrics
+from backends.emulator.flavor import VllmEventEncoder, VllmMetrics
 from backends.emulator.kv_events import KvEventPublisher
 from backends.emulator.metrics import EmulatorMetrics
 from backends.emulator.protocol import error_body

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from filters.api import BasePlugin, Context, Result
-from filters.bodies import LlmRequest, kind_for_path, parse_request
+from filters.bodies import request_of
 from filters.errors import ConfigError
 from filters.picker.coalesce import follow
 from filters.picker.regret import Routed, observe
@@ -46,12 +46,9 @@ class PickerPlugin(BasePlugin):
         picker = self.pickers.get(ctx.route.pool) if self.pickers is not None else None
         if picker is None:
             return None
-        req = ctx.body
-        if not isinstance(req, LlmRequest):
-            kind = kind_for_path(ctx.path)
-            if kind is None:
-                return None
-            req = parse_request(kind, body, reject_unknown=False)
+        req = request_of(ctx, body)
+        if req is None:
+            return None
         metrics = self.pickers.metrics
         data: bytes | None = None
         if req.input_ids is None:  # rendered already where the tokens plugin counted it

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from filters.api import BasePlugin, Context, Result
-from filters.bodies import LlmRequest, kind_for_path, parse_request
+from filters.bodies import LlmRequest, request_of
 from filters.errors import ConfigError
 from filters.services import Services
 
@@ -50,12 +50,9 @@ class PrefixPlugin(BasePlugin):
         self.services = services
 
     async def request_body(self, ctx: Context, body: bytes) -> Result | None:
-        req = ctx.body
-        if not isinstance(req, LlmRequest):
-            kind = kind_for_path(ctx.path)
-            if kind is None:
-                return None
-            req = parse_request(kind, body, reject_unknown=False)
+        req = request_of(ctx, body)
+        if req is None:
+            return None
         model = ctx.model or req.model or ""
         tokens = self.tokens or ctx.route.prefix_tokens
         value = prefix_hash(req, tokens, self.services, model)

@@ -6,9 +6,9 @@ import aiohttp
 import msgspec
 
 from backends.emulator.__main__ import parse_args
+from backends.emulator.app import start_emulator
 from backends.emulator.flavor import VllmEventEncoder
 from backends.emulator.radix_cache import RadixCache
-from backends.emulator.server import start_emulator
 from backends.emulator.settings import EmulatorSettings
 from poolstate import parse_backend_metrics
 from prefixindex.hashing import prefix_block_ids
