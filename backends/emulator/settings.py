@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from backends.emulator.disagg import DisaggConfig
 from backends.emulator.priority import PriorityConfig
 from backends.profiles import BackendProfile, get_profile
 from runtime.prefixindex.wire import KvEventsConfig
@@ -47,6 +48,8 @@ class EmulatorSettings:
     tokenizer_path: str | None = None
     # --enable-priority-scheduling, --schedule-low-priority-values-first, ... (SGLang)
     priority: PriorityConfig = field(default_factory=PriorityConfig)
+    # --disaggregation-mode prefill|decode, --disaggregation-bootstrap-port, ... (disagg.py)
+    disaggregation: DisaggConfig = field(default_factory=DisaggConfig)
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0:
