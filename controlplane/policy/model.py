@@ -28,6 +28,7 @@ from controlplane.policy.common import (
 )
 from controlplane.policy.decode import Decoder, Duration, Range, Size
 from controlplane.policy.degradation import DegradationPolicy, LadderStep
+from controlplane.policy.disaggregation import Disaggregation
 from controlplane.policy.reservation import ReservationPolicy
 from controlplane.policy.routing import RoutingPolicy
 from controlplane.policy.safety import CollapsingPolicy, IdempotencyPolicy, RouteShadow
@@ -227,8 +228,15 @@ class LlmPool:
     priority_scheduling: PriorityScheduling = field(default_factory=PriorityScheduling)
     degradation: DegradationPolicy | None = None
     canary: CanaryPolicy | None = None
+    disaggregation: Disaggregation | None = None  # PD pools (disaggregation.py)
 
     def __post_init__(self) -> None:
+        pd = self.disaggregation  # the loader copies its decode replicas into endpoints
+        if pd is not None and (self.endpoints_file or self.endpoints not in ((), pd.decode)):
+            raise ValueError(
+                "disaggregation: a PD pool's endpoints are its decode replicas; "
+                "leave endpoints and endpoints_file out"
+            )
         if self.routing.mode == "prefix_index" and self.priority_scheduling.balance == "lane":
             raise ValueError(
                 "priority_scheduling.balance: lane applies to ring_hash pools; with routing.mode "
