@@ -237,6 +237,11 @@ class LlmPool:
                 "disaggregation: a PD pool's endpoints are its decode replicas; "
                 "leave endpoints and endpoints_file out"
             )
+        if pd is not None and self.retries.enabled and self.retries.num_retries:
+            raise ValueError(
+                "retries: Envoy cannot retry one side of a PD request (its prefill side handed "
+                "the KV to the first decode attempt); set retries.enabled: false"
+            )
         if self.routing.mode == "prefix_index" and self.priority_scheduling.balance == "lane":
             raise ValueError(
                 "priority_scheduling.balance: lane applies to ring_hash pools; with routing.mode "
