@@ -397,6 +397,8 @@ def main() -> int:
     ap.add_argument("--prefill", type=int, default=2, help="pd workload: prefill servers")
     ap.add_argument("--decode", type=int, default=2, help="pd workload: decode servers")
     ap.add_argument("--pd-arms", nargs="+", default=list(PD_ARMS), choices=PD_ARMS)
+    ap.add_argument("--pd-kill", choices=("prefill", "decode"), help="pd: kill one mid-run")
+    ap.add_argument("--pd-kill-after", type=float, default=2.0, help="pd: seconds into the run")
     a = ap.parse_args()
     if a.workload == "pd":  # the PD arms (bench/routing_pd.py): trace, PD emulators
         asyncio.run(run_pd(a))

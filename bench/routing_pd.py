@@ -8,6 +8,9 @@ Arms:
 - ``sglang-router-pd``: PyPI ``sglang-router --pd-disaggregation`` (``--policy cache_aware``
   for prefill, ``power_of_two`` for decode: its documented PD setup).
 
+``--pd-kill prefill|decode`` SIGKILLs the first prefill or decode server ``--pd-kill-after``
+seconds into each arm's run: the run must still end, each request answered or failed.
+
 Measured per arm: client TTFT p50/p95/p99 (streamed chat, to the first content chunk),
 requests/s, failures, the decode servers' mean inter-token latency (their own histogram), the
 prefill servers' prefix-cache hit ratio.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -164,7 +168,15 @@ async def _arm(arm: str, jobs: list[Job], a: argparse.Namespace, run_dir: Path) 
     try:
         await pool.start()
         gw, children = await _gateway(arm, pool, run_dir)
-        res = await drive(f"http://127.0.0.1:{gw}/v1/chat/completions", jobs, a)
+        run = asyncio.ensure_future(drive(f"http://127.0.0.1:{gw}/v1/chat/completions", jobs, a))
+        if a.pd_kill:  # a replica dies mid-run: every request must still end (answer or error)
+            await asyncio.sleep(a.pd_kill_after)
+            victim = next(c for c in pool.children if c.name.startswith(f"{a.pd_kill}0-"))
+            victim.signal(signal.SIGKILL)
+            res_kill = {"killed": victim.name, "at_s": a.pd_kill_after}
+        res = await run
+        if a.pd_kill:
+            res["kill"] = res_kill
         res.pop("per_request")
         pre = await pool.sums([p for p, _ in pool.prefill])
         dec = await pool.sums(pool.decode)
