@@ -93,8 +93,11 @@ class PdPool:
         out: dict[str, float] = {}
         async with aiohttp.ClientSession() as http:
             for p in ports:
-                async with http.get(f"http://127.0.0.1:{p}/metrics") as r:
-                    text = await r.text()
+                try:
+                    async with http.get(f"http://127.0.0.1:{p}/metrics") as r:
+                        text = await r.text()
+                except aiohttp.ClientError:  # a server killed mid-run (--pd-kill)
+                    continue
                 for fam in text_string_to_metric_families(text):
                     for s in fam.samples:
                         if s.name in _SUMS:
