@@ -7,7 +7,8 @@ Fan-out design: Envoy carries the client's request to the decode replica (the po
 settlement stay on the ordinary path; the filter server sends the same body to the prefill
 replica itself, at the request's body phase, and reads that answer to its end (SGLang's prefill
 answers once the KV is handed over). A prefill call that fails ejects that replica for
-``eject_for``; the decode side then fails on its own (its KV never comes: SGLang's decode answers
+``eject_for``, and so does a decode side that never answered or got Envoy's 502/503/504; the
+decode side of a failed prefill fails on its own (its KV never comes: SGLang's decode answers
 500), and a decode side that fails or whose client leaves cancels the prefill call (the prefill
 server aborts the request when its client goes).
 """
@@ -59,6 +60,7 @@ class Flight:
     tokens: int  # prompt tokens (prefill backlog)
     held: int  # prompt + max new tokens (decode KV)
     started: float
+    eject_for: float = 5.0
     task: asyncio.Task[int | None] | None = None
     prefill_error: str | None = None
     decode_status: int | None = None
@@ -92,8 +94,11 @@ class PdHub:
         prefill = pick_prefill(
             key, [str(r.address) for r in pd.prefill], self.backlog, tokens, ejected=ejected
         )
-        decode = pick_decode([str(a) for a in pd.decode], self.decode_tokens, self.decode_requests)
-        flight = Flight(pool, prefill, decode, self._rng.getrandbits(_ROOM_BITS), tokens, held, now)
+        decodes = [str(a) for a in pd.decode]
+        decodes = [d for d in decodes if d not in ejected] or decodes
+        decode = pick_decode(decodes, self.decode_tokens, self.decode_requests)
+        room = self._rng.getrandbits(_ROOM_BITS)
+        flight = Flight(pool, prefill, decode, room, tokens, held, now, pd.eject_for)
         self.backlog[prefill] = self.backlog.get(prefill, 0) + tokens
         self.decode_tokens[decode] = self.decode_tokens.get(decode, 0) + held
         self.decode_requests[decode] = self.decode_requests.get(decode, 0) + 1
@@ -162,6 +167,10 @@ class PdHub:
             outcome = "prefill_failed"
         elif not decode_ok:
             outcome = "decode_failed"
+            # no answer, or Envoy's 502/503/504 (refused, reset, timed out): the decode replica
+            # is gone or sick; it would otherwise look the least loaded and draw every request
+            if flight.decode_status is None or flight.decode_status >= 502:
+                self._ejected_until[d] = self._clock() + flight.eject_for
         else:
             outcome = "ok"
         self.metrics.requests.labels(flight.pool, outcome).inc()

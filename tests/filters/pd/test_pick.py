@@ -55,3 +55,25 @@ def test_hub_counts_a_request_in_and_out_of_both_replicas() -> None:
     assert hub.finish(a) == "ok"
     assert hub.finish(b) == "decode_failed"  # no decode status: it never answered
     assert hub.decode_tokens == {"10.0.0.2:30000": 0, "10.0.0.3:30000": 0}
+
+
+def test_a_decode_replica_that_never_answered_is_ejected_a_while() -> None:
+    pd = Disaggregation(
+        prefill=(PrefillReplica(Address("10.0.0.1", 30000)),),
+        decode=(Address("10.0.0.2", 30000), Address("10.0.0.3", 30000)),
+        eject_for=5.0,
+    )
+    now = [0.0]
+    hub = PdHub(CollectorRegistry(), clock=lambda: now[0], rng=random.Random(1))
+    dead = hub.start("chat", pd, b"x", 10, 10)
+    assert hub.finish(dead) == "decode_failed"  # refused: no response headers came
+    # the dead one holds nothing now, yet the next requests go to the other one
+    assert all(hub.start("chat", pd, b"x", 10, 10).decode != dead.decode for _ in range(3))
+    now[0] = 6.0
+    assert hub.start("chat", pd, b"x", 0, 0).decode == dead.decode  # back after eject_for
+    # a 500 from the decode side whose prefill failed ejects no decode replica
+    f = hub.start("chat", pd, b"x", 0, 0)
+    f.prefill_error, f.decode_status = "HTTP 500", 500
+    assert hub.finish(f) == "prefill_failed"
+    hub.decode_tokens = {f.decode: 0, dead.decode: 100}  # f's replica is the least loaded
+    assert hub.start("chat", pd, b"x", 0, 0).decode == f.decode  # and not ejected
