@@ -75,5 +75,6 @@ def test_a_decode_replica_that_never_answered_is_ejected_a_while() -> None:
     f = hub.start("chat", pd, b"x", 0, 0)
     f.prefill_error, f.decode_status = "HTTP 500", 500
     assert hub.finish(f) == "prefill_failed"
-    hub.decode_tokens = {f.decode: 0, dead.decode: 100}  # f's replica is the least loaded
+    other = next(a for a in ("10.0.0.2:30000", "10.0.0.3:30000") if a != f.decode)
+    hub.decode_tokens = {f.decode: 0, other: 100}  # f's replica is the least loaded
     assert hub.start("chat", pd, b"x", 0, 0).decode == f.decode  # and not ejected
