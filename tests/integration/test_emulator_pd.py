@@ -44,7 +44,7 @@ async def pd() -> AsyncIterator[tuple[EmulatorServer, EmulatorServer]]:
 def _body(prefill: EmulatorServer, room: int, **extra: Any) -> dict[str, Any]:
     port = prefill.disagg.port if prefill.disagg is not None else 0
     return {
-        "text": "the quick brown fox jumps over the lazy dog " * 20,
+        "text": "the quick brown fox jumps over the lazy dog " * 120,
         "sampling_params": {"max_new_tokens": 8, "ignore_eos": True},
         "bootstrap_host": "127.0.0.1",
         "bootstrap_port": port,
@@ -65,6 +65,14 @@ async def _send_both(
 
     p, d = await asyncio.gather(post(prefill.url), post(decode.url))
     return p, d
+
+
+async def _metric(http: aiohttp.ClientSession, server: EmulatorServer, name: str) -> float:
+    async with http.get(server.url + "/metrics") as r:
+        for line in (await r.text()).splitlines():
+            if line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
 
 
 async def _state(http: aiohttp.ClientSession, server: EmulatorServer) -> dict[str, Any]:
@@ -95,14 +103,19 @@ async def test_decode_answers_after_the_prefill_computed_the_prompt(
             info = await r.json()
         assert info["disaggregation_mode"] == "prefill"
         assert info["disaggregation_bootstrap_port"] == prefill.disagg.port  # type: ignore[union-attr]
+        # the decode placed the prompt's KV, it did not compute it: its time to the first
+        # token (from its admission) is a decode step, the prefill's is the whole prompt
+        ttft = "sglang:time_to_first_token_seconds_sum"
+        p_ttft, d_ttft = await _metric(http, prefill, ttft), await _metric(http, decode, ttft)
+        assert d_ttft < p_ttft / 2, (d_ttft, p_ttft)
         # a second request with the same prompt hits the prefill's radix cache
         (_, pbody2), (ds2, _) = await _send_both(http, prefill, decode, _body(prefill, room + 1))
         assert ds2 == 200 and pbody2["meta_info"]["cached_tokens"] > 0
 
 
 async def test_the_link_bandwidth_sets_the_transfer_time() -> None:
-    # 200 prompt tokens x 128 KiB over 0.001 GB/s = 26 s emulated, x 0.05 = 1.3 s
-    prefill, decode = await _pair(link_gb_per_s=0.001)
+    # ~1080 prompt tokens x 128 KiB over 0.005 GB/s = 28 s emulated, x 0.05 = 1.4 s
+    prefill, decode = await _pair(link_gb_per_s=0.005)
     fast_p, fast_d = await _pair()
     try:
         async with aiohttp.ClientSession() as http:
