@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from controlplane.policy.disaggregation import Disaggregation
 from filters.pd.pick import pick_decode, pick_prefill
+from policy.disaggregation import Disaggregation
 from runtime.throttled_log import ThrottledLog
 
 __all__ = ["Flight", "PdHub", "PdMetrics"]

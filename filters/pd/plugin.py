@@ -16,11 +16,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from controlplane.policy.routing import ENDPOINT_HEADER
 from filters.api import BasePlugin, Context, Result
 from filters.bodies import dump_body
 from filters.errors import ConfigError
 from filters.services import Services
+from policy.routing import ENDPOINT_HEADER
 
 __all__ = ["PdPlugin"]
 

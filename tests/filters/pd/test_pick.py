@@ -8,10 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from controlplane.policy.common import Address
-from controlplane.policy.disaggregation import Disaggregation, PrefillReplica
 from filters.pd.hub import PdHub
 from filters.pd.pick import pick_decode, pick_prefill, rendezvous_order
+from policy.common import Address
+from policy.disaggregation import Disaggregation, PrefillReplica
 
 REPLICAS = ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"]
 

@@ -11,12 +11,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from controlplane.policy import load_policy
-from controlplane.policy.routing import ENDPOINT_HEADER
 from filters.api import Context, RouteInfo
 from filters.pd.hub import Flight, PdHub
 from filters.pd.plugin import PdPlugin
 from filters.services import default_services
+from policy import load_policy
+from policy.routing import ENDPOINT_HEADER
 
 POLICY = """
 version: 1
