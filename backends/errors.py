@@ -10,6 +10,8 @@ Exception tree::
     │   └── QueueFullError                     the waiting queue is full (503, as SGLang)
     ├── ServerClosingError                     the server is stopping or starting (503)
     ├── InjectedFaultError                     an error injected on purpose (500)
+    ├── KvTransferError                        PD mode: the KV hand-over between a prefill and a
+    │                                          decode server failed (500, as SGLang's decode)
     └── LauncherError                          the real-SGLang launcher failed
         └── LaunchTimeoutError                 /health did not come up in time
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 __all__ = [
     "BackendError",
     "InjectedFaultError",
+    "KvTransferError",
     "LaunchTimeoutError",
     "LauncherError",
     "QueueFullError",
@@ -68,6 +71,11 @@ class ServerClosingError(BackendError):
 
 class InjectedFaultError(BackendError):
     """Fault injection chose to fail this request."""
+
+
+class KvTransferError(BackendError):
+    """PD disaggregation: the prefill side of a request failed, timed out or could not be
+    reached, or its decode side never came (SGLang's decode aborts such a request with 500)."""
 
 
 class LauncherError(BackendError):

@@ -49,6 +49,7 @@ from backends.emulator.trace import load_trace  # noqa: E402
 from bench.peers_cpu import per_request_ms, snapshot  # noqa: E402
 from bench.routing_client import MODEL, drive  # noqa: E402
 from bench.routing_jobs import Job, combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
+from bench.routing_pd import PD_ARMS, run_pd  # noqa: E402
 from bench.routing_report import picker_metrics, plot  # noqa: E402
 from bench.routing_split import read_logs, split, split_line  # noqa: E402
 from runtime.children import Child, checkout, wait_child_line, wait_child_port  # noqa: E402
@@ -353,7 +354,7 @@ async def main_async(a: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workload", choices=("trace", "docs"), default="trace")
+    ap.add_argument("--workload", choices=("trace", "docs", "pd"), default="trace")
     ap.add_argument("--docs", type=int, default=24, help="docs workload: documents")
     ap.add_argument("--doc-words", type=int, default=3000, help="docs workload: words each")
     ap.add_argument("--start", type=int, default=500, help="trace: first record; docs: seed")
@@ -393,7 +394,16 @@ def main() -> int:
     ap.add_argument("--tokenizer-path", help="a model directory: emulators and picker use it")
     ap.add_argument("--tag", help="results as routing-WORKLOAD-TAG.{json,png}")
     ap.add_argument("--baseline-src", help="a checkout whose code the picker-baseline arm runs")
-    return asyncio.run(main_async(ap.parse_args()))
+    ap.add_argument("--prefill", type=int, default=2, help="pd workload: prefill servers")
+    ap.add_argument("--decode", type=int, default=2, help="pd workload: decode servers")
+    ap.add_argument("--pd-arms", nargs="+", default=list(PD_ARMS), choices=PD_ARMS)
+    ap.add_argument("--pd-kill", choices=("prefill", "decode"), help="pd: kill one mid-run")
+    ap.add_argument("--pd-kill-after", type=float, default=2.0, help="pd: seconds into the run")
+    a = ap.parse_args()
+    if a.workload == "pd":  # the PD arms (bench/routing_pd.py): trace, PD emulators
+        asyncio.run(run_pd(a))
+        return 0
+    return asyncio.run(main_async(a))
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from filters.ladder.state import Ladders, uses_ladder
 from filters.metrics import FilterMetrics
 from filters.output_lengths import OutputLengths
 from filters.output_lengths_shared import SharedLengths
+from filters.pd.hub import PdHub
 from filters.picker.registry import Pickers
 from filters.redis_pool import redis_client
 from filters.registry import RouteEntry, build_routes, iter_routes
@@ -173,6 +174,8 @@ class FilterApp:
         # the backend aborts of streams it ends
         self.topups: TopUps | None = None
         self.aborts = Aborter(self.metrics.backend_aborts, clock=clock)
+        # PD pools: pair loads and the prefill calls (filters/pd)
+        self.pd = PdHub(self.metrics.registry, clock=clock)
 
     def _redis_url(self) -> str | None:
         if self.settings.redis_url:
@@ -230,6 +233,7 @@ class FilterApp:
             balance=self.balance,
             topups=self.topups,
             aborts=self.aborts,
+            pd=self.pd,
             lengths=self.lengths,
         )
 
@@ -444,6 +448,7 @@ class FilterApp:
             await self.shadow.aclose()
             self.shadow = None
         await self.aborts.aclose()
+        await self.pd.aclose()
         await self.tracing.aclose()
         if isinstance(self._budget_reader, CachedBudget):
             await self._budget_reader.aclose()

@@ -19,6 +19,7 @@ from filters.collapse.plugin import CollapsePlugin
 from filters.errors import ConfigError
 from filters.idempotency.plugin import IdempotencyPlugin
 from filters.ladder.plugin import DegradePlugin
+from filters.pd.plugin import PdPlugin
 from filters.picker.plugin import PickerPlugin
 from filters.plugins.canary import CanaryPlugin
 from filters.plugins.identity import IdentityPlugin
@@ -42,6 +43,7 @@ BUILTINS: Mapping[str, Factory] = {
     "admission": AdmissionPlugin,
     "degrade": DegradePlugin,
     "picker": PickerPlugin,
+    "pd": PdPlugin,
     "idempotency": IdempotencyPlugin,
     "collapse": CollapsePlugin,
     "canary": CanaryPlugin,

@@ -34,6 +34,7 @@ class Services:
     balance: Any = None  # filters.admission.spread.LaneBalance: ranked pools' replica loads
     topups: Any = None  # quota.topup.TopUps: a stream's draws past its reservation
     aborts: Any = None  # filters.aborts.Aborter: backend aborts of streams stopped at the budget
+    pd: Any = None  # filters.pd.hub.PdHub: PD pools' pair loads and prefill calls
     lengths: OutputLengths | None = (
         None  # learned output lengths (reservations), kept across reloads
     )

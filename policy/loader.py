@@ -162,6 +162,7 @@ def _resolve_endpoints(
     for name, pool in policy.pools.items():
         eps = list(pool.endpoints) + list(from_file("pools", name, pool.endpoints_file))
         eps += list(_emulated_endpoints(pool))
+        eps += list(pool.disaggregation.decode if pool.disaggregation is not None else ())
         pools[name] = dataclasses.replace(pool, endpoints=tuple(dict.fromkeys(eps)))
     services = {
         name: dataclasses.replace(

@@ -29,6 +29,7 @@ from policy.common import (
 )
 from policy.decode import Decoder, Duration, Range, Size
 from policy.degradation import DegradationPolicy, LadderStep
+from policy.disaggregation import Disaggregation
 from policy.reservation import ReservationPolicy
 from policy.routing import RoutingPolicy
 from policy.safety import CollapsingPolicy, IdempotencyPolicy, RouteShadow
@@ -229,9 +230,21 @@ class LlmPool:
     priority_scheduling: PriorityScheduling = field(default_factory=PriorityScheduling)
     degradation: DegradationPolicy | None = None
     canary: CanaryPolicy | None = None
+    disaggregation: Disaggregation | None = None  # PD pools (disaggregation.py)
 
     def __post_init__(self) -> None:
         check_backend_capacity(self.backend, self.capacity.max_running_requests)
+        pd = self.disaggregation  # the loader copies its decode replicas into endpoints
+        if pd is not None and (self.endpoints_file or self.endpoints not in ((), pd.decode)):
+            raise ValueError(
+                "disaggregation: a PD pool's endpoints are its decode replicas; "
+                "leave endpoints and endpoints_file out"
+            )
+        if pd is not None and self.retries.enabled and self.retries.num_retries:
+            raise ValueError(
+                "retries: Envoy cannot retry one side of a PD request (its prefill side handed "
+                "the KV to the first decode attempt); set retries.enabled: false"
+            )
         if self.routing.mode == "prefix_index" and self.priority_scheduling.balance == "lane":
             raise ValueError(
                 "priority_scheduling.balance: lane applies to ring_hash pools; with routing.mode "

@@ -68,6 +68,8 @@ BUILTIN_HOOKS: dict[str, frozenset[str]] = {
         {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}
     ),
     "canary": frozenset({"request_headers", "response_headers"}),
+    # the decode side's status, and its end (loads drop, a running prefill call is cancelled)
+    "pd": frozenset({"request_body", "response_headers", "response_end", "stream_end"}),
     "shadow": frozenset(
         {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}
     ),

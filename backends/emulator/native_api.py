@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from backends.emulator.disagg import parse_bootstrap
 from backends.emulator.faults import update_faults
 from backends.emulator.metrics import CONTENT_TYPE
 from backends.emulator.protocol import (
@@ -140,7 +141,7 @@ class _NativeApi:
         rid = body.get("rid")
         rid = rid if isinstance(rid, str) and rid else self.server.next_id()
         try:
-            req = await self.server.open_request(params, rid, request)
+            req = await self.server.open_request(params, rid, request, parse_bootstrap(body))
         except SchedulerAbortError as exc:
             if not parse_bool(body, "stream"):
                 raise
@@ -213,6 +214,7 @@ class _NativeApi:
             "enable_cache_report": s.enable_cache_report,
             "random_seed": s.seed,
             "kv_events_config": self._kv_events_config(),
+            **self.server.disagg_info(),
             "version": "tokenweir-emulator",
             "emulator": {"profile": p.name, "time_scale": s.time_scale, "source": p.source},
             "internal_states": [
@@ -277,6 +279,7 @@ class _NativeApi:
                 "waiting": by_priority(sched.waiting),
                 "preempted_total": sched.preempted_total,
                 "abort_requests": dict(self.server.abort_requests),
+                "disaggregation": self.server.disagg.state() if self.server.disagg else None,
             }
         )
 

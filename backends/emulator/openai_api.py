@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from backends.emulator.disagg import parse_bootstrap
 from backends.emulator.protocol import (
     DONE,
     context_check,
@@ -96,7 +97,7 @@ class _OpenAIApi:
         stream, include_usage = self._stream_flags(body)
         try:
             req = await self.server.open_request(
-                params, "chatcmpl-" + self.server.next_id(), request
+                params, "chatcmpl-" + self.server.next_id(), request, parse_bootstrap(body)
             )
         except SchedulerAbortError as exc:
             if not stream:
@@ -126,7 +127,9 @@ class _OpenAIApi:
         params = self._params(body, _prompt_ids(body.get("prompt"), self.server.encode_text))
         stream, include_usage = self._stream_flags(body)
         try:
-            req = await self.server.open_request(params, "cmpl-" + self.server.next_id(), request)
+            req = await self.server.open_request(
+                params, "cmpl-" + self.server.next_id(), request, parse_bootstrap(body)
+            )
         except SchedulerAbortError as exc:
             if not stream:
                 raise

@@ -48,6 +48,7 @@ class EmuRequest:
     priority: int = 0  # as the scheduler ranks it (``priority.PriorityConfig.resolve``)
     queue_seq: int = 0  # order of the latest entry into the waiting queue
     abort_message: str | None = None  # the scheduler aborted it: SGLang's message (503)
+    kv_transferred: bool = False  # PD decode: its prompt's KV came from a prefill server
     # handler side
     event: asyncio.Event = field(default_factory=asyncio.Event)
     read_upto: int = 0

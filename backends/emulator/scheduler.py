@@ -64,6 +64,12 @@ _LATE_SLACK_S = 0.05  # behind schedule by less than this: catch up; more: start
 _QUEUE_FULL = "The request queue is full."  # SGLang's words
 
 
+def _placed(req: EmuRequest) -> bool:
+    """A PD decode server's request whose prompt KV came over the link (not computed here;
+    after a retraction it is recomputed like any other)."""
+    return req.kv_transferred and not req.recomputed
+
+
 class Scheduler:
     """Continuous batching over a radix cache, timed by a ``BackendProfile``."""
 
@@ -231,7 +237,8 @@ class Scheduler:
                 self._target = self._clock()  # idle time is not a debt to catch up on
                 continue
             prefill, decode = self._form_batch()
-            prefill_tokens = sum(n for _, n in prefill)
+            # a PD decode server's prompt arrived as KV: placed, not computed
+            prefill_tokens = sum(n for r, n in prefill if not _placed(r))
             if not prefill and not decode:
                 # waiting requests that do not fit while nothing runs cannot happen (add()
                 # rejects them); be safe and wait for a change instead of spinning
@@ -250,7 +257,7 @@ class Scheduler:
         (``prefilled`` before the step) and each decoding stream's prompt and output so far."""
         if self.profile.context_free:
             return self.profile.step_s(prefill_tokens, len(decode))
-        attended = sum(n * (req.prefilled + n / 2) for req, n in prefill)
+        attended = sum(n * (r.prefilled + n / 2) for r, n in prefill if not _placed(r))
         kv = sum(req.prompt_len + req.output_len for req in decode)
         return self.profile.step_s(prefill_tokens, len(decode), kv, attended)
 
@@ -269,7 +276,7 @@ class Scheduler:
             if not req.prefill_done:
                 n = min(req.fill_len - req.prefilled, budget)
                 prefill.append((req, n))
-                budget -= n
+                budget -= 0 if _placed(req) else n
         ratio = self.new_token_ratio.value
         reserved = running_expectation(self.running, ratio)
         self.waiting.sort()
@@ -291,8 +298,10 @@ class Scheduler:
             self.waiting.popleft()
             self.running.append(req)
             n = min(req.fill_len - req.prefilled, budget)
+            if _placed(req):  # the whole prompt arrives at once
+                n = req.fill_len - req.prefilled
             prefill.append((req, n))
-            budget -= n
+            budget -= 0 if _placed(req) else n
         if preempted:
             decode = [r for r in decode if r not in preempted]
             self._requeue_preempted(preempted)

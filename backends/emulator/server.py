@@ -19,6 +19,7 @@ from typing import Any, TypeAlias
 
 from aiohttp import web
 
+from backends.emulator.disagg import Bootstrap, DecodeSide, PrefillSide
 from backends.emulator.faults import FaultConfig, decide
 from backends.emulator.flavor import VllmEventEncoder, VllmMetrics
 from backends.emulator.kv_events import KvEventPublisher
@@ -32,6 +33,7 @@ from backends.emulator.tokenizer import encode, render_chat
 from backends.emulator.tracing import end_request_span, start_request_span
 from backends.errors import (
     InjectedFaultError,
+    KvTransferError,
     RequestError,
     SchedulerAbortError,
     ServerClosingError,
@@ -55,7 +57,7 @@ async def _map_errors(request: web.Request, handler: _Handler) -> web.StreamResp
         return web.json_response(error_body(400, exc.message, exc.param), status=400)
     except (SchedulerAbortError, ServerClosingError) as exc:
         return web.json_response(error_body(503, str(exc)), status=503)
-    except InjectedFaultError as exc:
+    except (InjectedFaultError, KvTransferError) as exc:
         return web.json_response(error_body(500, str(exc)), status=500)
 
 
@@ -118,6 +120,12 @@ class EmulatorServer:
             unavailable_until=clock() + settings.slow_start_s,
         )
         self.scheduler.slow_factor = settings.slow_factor
+        # --disaggregation-mode prefill|decode: the PD side of this server (disagg.py)
+        pd = settings.disaggregation
+        self.disagg: PrefillSide | DecodeSide | None = (
+            PrefillSide(self, pd) if pd.mode == "prefill"
+            else DecodeSide(self, pd) if pd.mode == "decode" else None
+        )  # fmt: skip
         self._fault_rng = random.Random(settings.seed)
         self._ids = itertools.count(1)
         # POST /abort_request calls that arrived, and the requests they stopped
@@ -150,6 +158,12 @@ class EmulatorServer:
         except ChatTemplateError as exc:
             raise RequestError(str(exc), "messages") from exc
 
+    def disagg_info(self) -> dict[str, Any]:
+        """SGLang's server_info keys for PD mode (the bootstrap port actually bound)."""
+        pd = self.settings.disaggregation
+        port = self.disagg.port if isinstance(self.disagg, PrefillSide) else pd.bootstrap_port
+        return {"disaggregation_mode": pd.mode, "disaggregation_bootstrap_port": port}
+
     @property
     def url(self) -> str:
         return f"http://{self.settings.host}:{self.port}"
@@ -180,6 +194,8 @@ class EmulatorServer:
         if self.kv_events is not None:
             await self.kv_events.start()
         self.scheduler.start()
+        if self.disagg is not None:
+            await self.disagg.start(self.settings.host)
         self._runner = web.AppRunner(
             self.build_app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
         )
@@ -198,6 +214,8 @@ class EmulatorServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.disagg is not None:
+            await self.disagg.aclose()
         if self.kv_events is not None:
             await self.kv_events.aclose()
         if self.tracing is not None:
@@ -250,11 +268,23 @@ class EmulatorServer:
         return f"{self.port:x}{next(self._ids):08x}"
 
     async def open_request(
-        self, params: GenerationParams, rid: str, http: web.Request | None = None
+        self,
+        params: GenerationParams,
+        rid: str,
+        http: web.Request | None = None,
+        bootstrap: Bootstrap | None = None,
     ) -> EmuRequest:
         """Admit a request to the scheduler after the fault checks (may hang on purpose).
         With tracing on, ``http`` (the HTTP request) gets the request's span, ended by the
-        middleware once the answer is written."""
+        middleware once the answer is written. In PD mode a request with ``bootstrap`` fields
+        goes through its side of the KV hand-over first (``disagg``)."""
+        if self.disagg is not None and bootstrap is not None:
+            return await self.disagg.open(self._open_request, params, rid, http, bootstrap)
+        return await self._open_request(params, rid, http, False)
+
+    async def _open_request(
+        self, params: GenerationParams, rid: str, http: web.Request | None, transferred: bool
+    ) -> EmuRequest:
         if self.closing:
             raise ServerClosingError("the server is shutting down")
         if not self.available():
@@ -270,6 +300,7 @@ class EmulatorServer:
             params=params,
             rng=self.scheduler.words.rng_for(self.settings.seed, params.prompt_ids),
             arrival=self.clock(),
+            kv_transferred=transferred,
         )
         req = self.scheduler.add(req)
         if self.tracing is not None and http is not None:

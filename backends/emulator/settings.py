@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from backends.emulator.disagg import DisaggConfig
 from backends.emulator.priority import PriorityConfig
 from backends.profiles import BackendProfile, get_profile
 from prefixindex.wire import KvEventsConfig
@@ -49,6 +50,8 @@ class EmulatorSettings:
     priority: PriorityConfig = field(default_factory=PriorityConfig)
     # --flavor: which server it presents itself as, "sglang" or "vllm" (backends/emulator/flavor.py)
     flavor: str = "sglang"
+    # --disaggregation-mode prefill|decode, --disaggregation-bootstrap-port, ... (disagg.py)
+    disaggregation: DisaggConfig = field(default_factory=DisaggConfig)
 
     def __post_init__(self) -> None:
         if self.flavor not in ("sglang", "vllm"):
