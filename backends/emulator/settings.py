@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from backends.emulator.disagg import DisaggConfig
+from backends.emulator.disagg_config import DisaggConfig
 from backends.emulator.priority import PriorityConfig
 from backends.profiles import BackendProfile, get_profile
 from prefixindex.wire import KvEventsConfig
