@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -44,8 +44,36 @@ from backends.emulator.disagg_config import (
 from backends.emulator.request import EmuRequest, GenerationParams
 from backends.errors import KvTransferError, RequestError
 
-if TYPE_CHECKING:
-    from backends.emulator.server import EmulatorServer
+
+class _Scheduler(Protocol):
+    def abort(self, req: EmuRequest) -> None: ...
+
+
+class _Settings(Protocol):
+    @property
+    def time_scale(self) -> float: ...
+
+
+class _Profile(Protocol):
+    @property
+    def page_size(self) -> int: ...
+
+
+class EmulatorServer(Protocol):
+    """What the PD sides use of :class:`backends.emulator.server.EmulatorServer` (a protocol, so
+    this module does not import the server that imports it)."""
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def scheduler(self) -> _Scheduler: ...
+    @property
+    def settings(self) -> _Settings: ...
+    @property
+    def profile(self) -> _Profile: ...
+
+    def spawn(self, coro: Awaitable[Any]) -> None: ...
+
 
 __all__ = [
     "DEFAULT_BOOTSTRAP_PORT",
