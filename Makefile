@@ -2,6 +2,8 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# the suite's workers: its integration tests mostly wait on processes, so more than the cores
+TEST_WORKERS ?= 4
 
 .PHONY: up test lint bench clean
 
@@ -29,7 +31,8 @@ lint: $(STAMP)
 test: $(STAMP)
 	bash scripts/ensure-system-deps.sh
 	$(MAKE) lint
-	$(VENV)/bin/pytest -q -p no:cacheprovider
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m serial
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache

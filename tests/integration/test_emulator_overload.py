@@ -14,7 +14,7 @@ import pytest
 from backends.emulator import EmulatorServer, EmulatorSettings, start_emulator
 from poolstate import parse_metrics_text
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 FULL = "The request queue is full."
 

@@ -22,7 +22,7 @@ from overload_stats import summarize  # noqa: E402
 from overload_tokenweir import Tokenweir  # noqa: E402
 from overload_workload import Phase, load_sample, schedule  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(300)]
 
 
 async def test_retry_after_honouring_clients_need_few_attempts_per_success(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import ChildProcess, free_port, redis_server, wait_for_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(400)]
 DRAIN_S = 5.0
 
 

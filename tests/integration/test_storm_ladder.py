@@ -27,7 +27,7 @@ from overload_tokenweir import Tokenweir  # noqa: E402
 from overload_workload import Arrival, Phase, load_sample, schedule  # noqa: E402
 from storm import LADDER, Setup, drive  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(420)]
 
 _UPS = 'tokenweir_filters_ladder_changes_total{direction="up",pool="chat"} '
 

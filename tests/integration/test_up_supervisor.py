@@ -194,7 +194,8 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
     finally:
         load.stop.set()
         for c in clients:
-            c.join(15)
+            if c.ident is not None:  # started (a failed start-up never starts them)
+                c.join(15)
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             try:
