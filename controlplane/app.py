@@ -17,6 +17,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from controlplane.autoscale import Autoscaler
 from controlplane.canary import CanaryWatcher, OverrideCache
 from controlplane.canary.shadow import ShadowWatcher
 from controlplane.dashboard.api import Dashboard
@@ -82,6 +83,9 @@ class ControlPlane:
         self.shadow = ShadowWatcher(self._canary_fetcher.metrics)
         self.eds = EdsMarks(self.cache, registry=self.registry)
         self.scraper.subscribe(self.eds.on_state)
+        self.autoscaler = Autoscaler(clock=time.monotonic, registry=self.registry)  # issue 42
+        self.scraper.tap(self.autoscaler.tap)
+        self.scraper.subscribe(self.autoscaler.on_state)
         self.reloader = Reloader(
             settings.policy_path,
             self.cache,
@@ -110,6 +114,7 @@ class ControlPlane:
                 *self.canary.routes(),
                 *self.shadow.routes(),
                 *self.dashboard.routes(),
+                *self.autoscaler.routes(),
             ],
         )
 
@@ -123,6 +128,7 @@ class ControlPlane:
         self.canary.configure(policy)
         self.shadow.configure(policy)
         self.dashboard.on_policy(policy)
+        self.autoscaler.configure(policy)
 
     async def start(self) -> ReloadResult:
         """Load the policy (a rejected file is reported, not fatal: the server waits for a good
@@ -135,6 +141,7 @@ class ControlPlane:
         self.canary.start()
         self.shadow.start()
         self.dashboard.start()
+        self.autoscaler.start()
         return result
 
     @property
@@ -151,6 +158,7 @@ class ControlPlane:
     async def aclose(self) -> None:
         await self.drain()
         await self.canary.aclose()
+        await self.autoscaler.aclose()
         await self.shadow.aclose()
         await self._canary_fetcher.aclose()
         await self.scraper.aclose()

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 
 from controlplane.policy.admission import AdmissionPolicy, LaneAdmission
+from controlplane.policy.autoscale import AutoscalePolicy
 from controlplane.policy.canary import CanaryPolicy, CanaryRollback
 from controlplane.policy.common import (
     LANES,
@@ -227,6 +228,7 @@ class LlmPool:
     priority_scheduling: PriorityScheduling = field(default_factory=PriorityScheduling)
     degradation: DegradationPolicy | None = None
     canary: CanaryPolicy | None = None
+    autoscale: AutoscalePolicy | None = None  # the online planner (policy/autoscale.py)
 
     def __post_init__(self) -> None:
         if self.routing.mode == "prefix_index" and self.priority_scheduling.balance == "lane":

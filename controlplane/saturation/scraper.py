@@ -138,6 +138,7 @@ class PoolScraper:
         self._signature: Any = None
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[PoolState], None]] = []
+        self._taps: list[Callable[[str, str], None]] = []  # (endpoint, /metrics text)
         self._task: asyncio.Task[None] | None = None
         self._mismatch: dict[tuple[str, str], str | None] = {}  # (pool, endpoint) → last logged
 
@@ -147,6 +148,10 @@ class PoolScraper:
         self.settings, self.targets = settings, dict(targets)
         wanted = {ep for t in targets.values() for ep in t.endpoints}
         self._replicas = {ep: self._replicas.get(ep, _Replica()) for ep in sorted(wanted)}
+
+    def tap(self, reader: Callable[[str, str], None]) -> None:
+        """Called with every replica page read (the online planner reads its counters)."""
+        self._taps.append(reader)
 
     def subscribe(self, listener: Callable[[PoolState], None]) -> None:
         """Called with every newly published state (the EDS publisher is one)."""
@@ -166,7 +171,10 @@ class PoolScraper:
         if rep.info is None and now >= rep.info_next_try:
             await self._read_info(ep, rep, now)
         try:
-            sample = parse_metrics_text(await self._fetcher.metrics(ep, timeout))
+            text = await self._fetcher.metrics(ep, timeout)
+            sample = parse_metrics_text(text)
+            for reader in self._taps:
+                reader(ep, text)
         except (ScrapeError, MetricsTextError) as exc:
             rep.answered = False
             rep.reread = rep.info is not None
