@@ -5,7 +5,9 @@ done or still running or queued), so the rate does not lag by a service time. Pr
 means are ``Δprompt / Δarrivals`` and ``Δgenerated / Δfinished``; the cache hit ratio is
 ``Δcached / Δprompt``. A replica seen for the first time, or whose counters went down (it
 restarted), adds nothing that round. The trend is the rate of the window's newer half minus the
-rate of its older half, over the time between their midpoints (req/s per s).
+rate of its older half, over the time between their midpoints (req/s per s), once the window
+is full. Until a request has finished, the token means are unknown (``measured`` False) and the
+planner sizes the pool by the requests in flight alone.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Demand:
     hit_rate: float = 0.0
     inflight: float = 0.0
     span_s: float = 0.0  # how much history the numbers rest on
+    measured: bool = False  # a request has finished: the token means are the pool's own
 
     def forecast_rps(self, horizon_s: float) -> float:
         """The arrival rate ``horizon_s`` ahead on the trend; never below the rate now (a
@@ -62,6 +65,7 @@ class DemandWindow:
         self._prompt_mean = DEFAULT_PROMPT
         self._output_mean = DEFAULT_OUTPUT
         self._hit = 0.0
+        self._measured = False
 
     def observe(self, now: float, replicas: Mapping[str, ReplicaCounters]) -> None:
         """Add one round of the pool's replicas' counters (only those that answered)."""
@@ -108,6 +112,7 @@ class DemandWindow:
             self._prompt_mean = prompt / arrivals
         if finished > 0:
             self._output_mean = max((last.generated - first.generated) / finished, 1.0)
+            self._measured = True
         if prompt > 0:
             self._hit = min(max((last.cached - first.cached) / prompt, 0.0), 0.99)
         return Demand(
@@ -118,12 +123,13 @@ class DemandWindow:
             hit_rate=self._hit,
             inflight=self._inflight,
             span_s=span,
+            measured=self._measured,
         )
 
     def _trend(self) -> float:
         pts = list(self._points)
-        if len(pts) < 4:
-            return 0.0
+        if len(pts) < 4 or pts[-1].t - pts[0].t < 0.9 * self.window_s:
+            return 0.0  # a trend rests on a full window
         mid = len(pts) // 2
         old, new = pts[: mid + 1], pts[mid:]
         dt_old, dt_new = old[-1].t - old[0].t, new[-1].t - new[0].t

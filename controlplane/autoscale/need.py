@@ -112,7 +112,7 @@ def replicas_for(
     except (InfeasibleError, PlanInputError) as exc:
         return Need(0, "infeasible", 0, str(exc))
     floor = math.ceil(demand.inflight / cap.c - 1e-9) if demand.inflight > 0 else 0
-    if rate_rps <= 0:
+    if rate_rps <= 0 or not demand.measured:  # no load, or no finished request to size it by
         return Need(floor, "ttft" if floor else "idle", cap.c)
     try:
         n, n_util, n_lat, _ = replicas_needed(inputs, cap, "batch")

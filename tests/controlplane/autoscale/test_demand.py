@@ -40,7 +40,7 @@ def test_arrivals_count_in_flight_requests_and_token_means() -> None:
     assert d.prompt_mean == pytest.approx(100.0)
     assert d.output_mean == pytest.approx(50.0)
     assert d.hit_rate == pytest.approx(0.25)
-    assert d.inflight == 3
+    assert d.inflight == 3 and d.measured
 
 
 def test_a_restarted_or_new_replica_adds_nothing_that_round() -> None:
@@ -73,3 +73,11 @@ def test_a_falling_rate_never_forecasts_below_now() -> None:
     d = w.demand()
     assert d.trend_rps_per_s < 0
     assert d.forecast_rps(30.0) == d.arrival_rps
+
+
+def test_a_trend_waits_for_a_full_window_and_nothing_finished_is_not_measured() -> None:
+    w = DemandWindow(10.0)
+    for t in range(0, 5):
+        w.observe(float(t), {"a": _c(0, inflight=t * t)})
+    d = w.demand()
+    assert d.trend_rps_per_s == 0.0 and not d.measured

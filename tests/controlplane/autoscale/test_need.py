@@ -12,7 +12,7 @@ from controlplane.planner import FlatReplica, profile_replica
 from controlplane.policy.autoscale import AutoscalePolicy
 
 SEED = profile_replica("seed-2k")
-D = Demand(prompt_mean=500.0, output_mean=200.0)
+D = Demand(prompt_mean=500.0, output_mean=200.0, measured=True)
 
 
 def test_more_load_needs_more_replicas_and_headroom_adds_some() -> None:
@@ -105,3 +105,9 @@ def test_a_reload_with_tighter_bounds_is_held_at_once() -> None:
     s.policy = dataclasses.replace(P, max_replicas=2)
     d = s.step(0.0, Need(6, "ttft"))
     assert (d.desired, d.reason) == (2, "max")
+
+
+def test_before_any_request_finished_only_the_queue_counts() -> None:
+    blind = dataclasses.replace(D, measured=False, inflight=50)
+    n = replicas_for(blind, 30.0, SEED, ttft_s=1.0, tbt_s=0.02, headroom=0.3)
+    assert (n.replicas, n.reason) == (2, "ttft")  # 50 in flight / 40 slots, not the 30 req/s
