@@ -23,7 +23,7 @@ import pytest
 from tests.helpers import free_port, free_port_block
 from tests.integration.up_process import start_up, stop_up
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 
 MAX = 3
 
@@ -125,7 +125,9 @@ def _get(url: str) -> str:
 
 def _desired(metrics: int) -> tuple[int, str] | None:
     text = _get(f"http://127.0.0.1:{metrics}/metrics")
-    m = re.search(r'^tokenweir_pool_desired_replicas\{pool="chat",reason="(\w+)"\} (\S+)', text, re.M)
+    m = re.search(
+        r'^tokenweir_pool_desired_replicas\{pool="chat",reason="(\w+)"\} (\S+)', text, re.M
+    )
     return (int(float(m.group(2))), m.group(1)) if m else None
 
 
@@ -142,7 +144,9 @@ def _metric(metrics: int, pattern: str) -> float:
 def _serving(path: Path) -> list[str]:
     if not path.exists():
         return []
-    return [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    return [
+        ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")
+    ]
 
 
 def _listening(port: int) -> bool:
@@ -187,7 +191,7 @@ def test_up_autoscale_ramps_up_and_down_without_cutting_a_stream(tmp_path: Path)
 
         load.rate = 12.0  # needs more than one replica, more than the bound allows
         eps = tmp_path / "chat.endpoints"
-        watch(40, until=lambda: _api(metrics)["serving"] >= 2 and _desired(metrics) == (MAX, "max"))
+        watch(120, until=lambda: _api(metrics)["serving"] >= 2 and _desired(metrics) == (MAX, "max"))
         assert max(n for _, n, _ in seen) == MAX, seen
         assert _desired(metrics) == (MAX, "max"), seen[-5:]
         assert len(_serving(eps)) == 2  # slot 1 is blocked: 0 and 2 serve
@@ -201,7 +205,7 @@ def test_up_autoscale_ramps_up_and_down_without_cutting_a_stream(tmp_path: Path)
         load.tokens = 300
         watch(3)
         load.rate = 0.0
-        watch(60, until=lambda: len(_serving(eps)) == 1 and not _listening(base + 2))
+        watch(150, until=lambda: len(_serving(eps)) == 1 and not _listening(base + 2))
         assert _serving(eps) == [f"127.0.0.1:{base}"], _serving(eps)
         assert not _listening(base + 2), "the drained replica still runs"
         assert _desired(metrics) == (1, "min")
