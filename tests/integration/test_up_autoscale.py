@@ -113,7 +113,8 @@ class Load:
 
     def finish(self, timeout: float) -> None:
         self._stop.set()
-        self._pacer.join(5)
+        if self._pacer.is_alive():
+            self._pacer.join(5)
         for t in self._threads:
             t.join(max(0.1, timeout))
 
@@ -165,7 +166,7 @@ def test_up_autoscale_ramps_up_and_down_without_cutting_a_stream(tmp_path: Path)
     blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     blocker.bind(("127.0.0.1", base + 1))
     blocker.listen(1)
-    proc, banner = start_up(policy, tmp_path / "run", extra_args=("--autoscale",))
+    proc, banner = start_up(policy, tmp_path / "run", 240.0, ("--autoscale",))  # a busy box
     load = Load(gw, tokens=60)
     seen: list[tuple[float, int, str]] = []
     rest = ""
