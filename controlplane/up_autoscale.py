@@ -171,7 +171,7 @@ class EmulatorFleet:
         await self._check_starting()
         self._check_serving()
         await self._check_draining()
-        self._reconcile()
+        await self._reconcile()
         self._write()
         if self._autoscaler is not None:
             starting = sum(1 for r in self.replicas.values() if r.phase is Phase.STARTING)
@@ -237,7 +237,7 @@ class EmulatorFleet:
             return None if rep.child.alive() else 0.0
         return None if counters is None else counters.inflight
 
-    def _reconcile(self) -> None:
+    async def _reconcile(self) -> None:
         want = max(0, min(self._desired(), self.slots))
         live = [r for r in self.replicas.values() if r.phase is not Phase.DRAINING]
         now = self._clock()
@@ -255,7 +255,7 @@ class EmulatorFleet:
             )
             for rep in starting[:extra]:  # holds no stream: stopped at once
                 self.replicas.pop(rep.slot, None)
-                rep.child.signal()
+                await rep.child.aclose(1.0)
                 self._count("stop")
                 self._say(f"autoscale: {self.name}#{rep.slot} no longer needed while loading")
                 extra -= 1
