@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
 import math
 import random
@@ -91,7 +92,7 @@ def trace(base_rps: float) -> list[tuple[float, float]]:
 
 
 def rate_at(knots: list[tuple[float, float]], t: float) -> float:
-    for (t0, r0), (t1, r1) in zip(knots, knots[1:], strict=False):
+    for (t0, r0), (t1, r1) in itertools.pairwise(knots):
         if t0 <= t <= t1:
             return r0 + (r1 - r0) * (t - t0) / (t1 - t0) if t1 > t0 else r1
     return knots[-1][1]
@@ -149,10 +150,7 @@ def desired_queue(mesh: Mesh, per_replica: float, window: float, state: dict[str
         while hist and hist[0][0] < now - window:
             hist.pop(0)
         cur = int(state.get("cur", 1))
-        if want > cur:
-            cur = want
-        else:
-            cur = max(w for _, w in hist)
+        cur = want if want > cur else max(w for _, w in hist)
         state["cur"] = cur
         return cur
 
@@ -170,8 +168,8 @@ async def arm(name: str, base_rps: float, peak_n: int, seed: int) -> dict[str, o
                      time_scale=SCALE).slots  # fmt: skip
     await mesh.start()
     fleet = mesh.fleets["chat"]
-    inner = fleet._argv
-    fleet._argv = lambda i, a: [*inner(i, a), "--max-running-requests", str(c)]
+    inner = fleet.argv
+    fleet.argv = lambda i, a: [*inner(i, a), "--max-running-requests", str(c)]
     if name == "fixed-peak":
         fleet.start(desired=lambda: peak_n)
     elif name == "queue-depth":
@@ -243,7 +241,7 @@ def main() -> int:
     peak = replicas_for(DEMAND, 3 * a.base_rps, REPLICA, ttft_s=TTFT, tbt_s=TBT, headroom=0.3,
                         time_scale=SCALE).replicas  # fmt: skip
     rows = []
-    for i, name in enumerate(a.arms.split(",")):
+    for _i, name in enumerate(a.arms.split(",")):
         row = asyncio.run(arm(name, a.base_rps, peak, seed=42))
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "replicas_by_second"}), flush=True)

@@ -103,7 +103,7 @@ class EmulatorFleet:
         self.base_port = em.base_port
         self.slots = emulated_slots(em.replicas, a)
         self.policy = a
-        self._argv = argv
+        self.argv = argv  # the bench appends flags to every replica's command line
         self._desired: Callable[[], int] = lambda: em.replicas
         self._published: Callable[[], frozenset[str]] = frozenset
         self._autoscaler: Autoscaler | None = None
@@ -138,7 +138,7 @@ class EmulatorFleet:
     # ---- start and stop ----------------------------------------------------------------------
     def _start(self, slot: int) -> None:
         addr = Address("127.0.0.1", self.base_port + slot)
-        argv = [*self._argv(slot, addr), "--slow-start", str(self.policy.load_time)]
+        argv = [*self.argv(slot, addr), "--slow-start", str(self.policy.load_time)]
         name = f"emulator {self.name}#{slot}"
         child = Child(name, argv, self.run_dir / f"emulator-{self.name}-{slot}.log")
         child.start(append=True)
@@ -282,7 +282,8 @@ class EmulatorFleet:
         drains against ``published()`` (the endpoints the control plane serves the pool with)."""
         self._desired = desired or self._desired
         self._published = published or self._published
-        self._autoscaler, self._metrics = autoscaler, metrics
+        self._autoscaler = autoscaler or self._autoscaler
+        self._metrics = metrics or self._metrics
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"tokenweir-fleet-{self.name}")
 
