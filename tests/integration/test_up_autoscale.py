@@ -217,9 +217,9 @@ def test_up_autoscale_ramps_up_and_down_without_cutting_a_stream(tmp_path: Path)
         assert all(n <= MAX for _, n, _ in seen)
         assert load.cut == [], load.cut[:5]
         assert load.done > 30
-        stopped = r'^tokenweir_autoscale_replica_changes_total\{change="stop",pool="chat"\} (\S+)'
+        stopped = r'^tokenweir_autoscale_replica_changes_total\{pool="chat",change="stop"\} (\S+)'
         assert _metric(metrics, stopped) >= 1
-        cut = r'^tokenweir_autoscale_replica_changes_total\{change="cut",pool="chat"\} (\S+)'
+        cut = r'^tokenweir_autoscale_replica_changes_total\{pool="chat",change="cut"\} (\S+)'
         assert _metric(metrics, cut) == 0
     finally:
         load.finish(1)
