@@ -25,6 +25,7 @@ import contextlib
 import enum
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ log = logging.getLogger("tokenweir.up")
 _TICK_S = 0.25
 _FAILED_REST_S = 30.0
 _EDS_SETTLE_S = 1.0
+_SETPRIV = shutil.which("setpriv")
 
 
 class Phase(enum.Enum):
@@ -140,7 +142,13 @@ class EmulatorFleet:
         addr = Address("127.0.0.1", self.base_port + slot)
         argv = [*self.argv(slot, addr), "--slow-start", str(self.policy.load_time)]
         name = f"emulator {self.name}#{slot}"
-        child = Child(name, argv, self.run_dir / f"emulator-{self.name}-{slot}.log")
+        # spawned without Python code between fork and exec: this process runs gRPC threads (the
+        # control plane), and a child that runs Python after fork may crash (SIGSEGV) before
+        # exec. setpriv gives the replica the parent-death signal Child otherwise sets.
+        if _SETPRIV is not None:
+            argv = [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
+        log_path = self.run_dir / f"emulator-{self.name}-{slot}.log"
+        child = Child(name, argv, log_path, die_with_parent=False)
         child.start(append=True)
         self.replicas[slot] = _Replica(slot, addr, child, Phase.STARTING, self._clock())
         self._count("start")
@@ -148,8 +156,8 @@ class EmulatorFleet:
 
     async def _stop(self, rep: _Replica, change: str) -> None:
         self.replicas.pop(rep.slot, None)
-        await rep.child.aclose(5.0)
         self._count(change)
+        await rep.child.aclose(5.0)
 
     async def start_initial(self, count: int) -> None:
         """``count`` replicas, waited for until they serve (``up`` starts with them)."""

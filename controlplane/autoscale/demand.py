@@ -2,7 +2,8 @@
 
 Arrivals are counted as ``Δfinished + Δin-flight`` per replica (a request that arrived is either
 done or still running or queued), so the rate does not lag by a service time. Prompt and output
-means are ``Δprompt / Δarrivals`` and ``Δgenerated / Δfinished``; the cache hit ratio is
+means are ``Δprompt / Δarrivals`` and ``Δgenerated / max(Δfinished, Δarrivals)`` (generated
+tokens include those of requests still in flight); the cache hit ratio is
 ``Δcached / Δprompt``. A replica seen for the first time, or whose counters went down (it
 restarted), adds nothing that round. The trend is the rate of the window's newer half minus the
 rate of its older half, over the time between their midpoints (req/s per s), once the window
@@ -111,7 +112,11 @@ class DemandWindow:
         if arrivals > 0 and prompt > 0:
             self._prompt_mean = prompt / arrivals
         if finished > 0:
-            self._output_mean = max((last.generated - first.generated) / finished, 1.0)
+            # generated tokens include those of requests still in flight: per finished request
+            # that overstates the mean while the in-flight count grows (a ramp, the start), per
+            # arrival it understates it while it shrinks; the larger count bounds both biases
+            per = max(finished, arrivals)
+            self._output_mean = max((last.generated - first.generated) / per, 1.0)
             self._measured = True
         if prompt > 0:
             self._hit = min(max((last.cached - first.cached) / prompt, 0.0), 0.99)

@@ -33,12 +33,12 @@ def _c(finished: float, inflight: float = 0, prompt: float = 0, gen: float = 0, 
 def test_arrivals_count_in_flight_requests_and_token_means() -> None:
     w = DemandWindow(10.0)
     w.observe(0.0, {"a": _c(0)})
-    # 4 arrived in 2 s: 1 finished (100 prompt + 50 out), 3 still in flight (300 prompt)
-    w.observe(2.0, {"a": _c(1, 3, prompt=400, gen=50, cached=100)})
+    # 4 arrived in 2 s: 1 finished (100 prompt + 50 out), 3 in flight (300 prompt, 10 out each)
+    w.observe(2.0, {"a": _c(1, 3, prompt=400, gen=80, cached=100)})  # 50 + 3 × 10 in flight
     d = w.demand()
     assert d.arrival_rps == pytest.approx(2.0)
     assert d.prompt_mean == pytest.approx(100.0)
-    assert d.output_mean == pytest.approx(50.0)
+    assert d.output_mean == pytest.approx(80 / 4)
     assert d.hit_rate == pytest.approx(0.25)
     assert d.inflight == 3 and d.measured
 
@@ -81,3 +81,11 @@ def test_a_trend_waits_for_a_full_window_and_nothing_finished_is_not_measured() 
         w.observe(float(t), {"a": _c(0, inflight=t * t)})
     d = w.demand()
     assert d.trend_rps_per_s == 0.0 and not d.measured
+
+
+def test_tokens_of_streams_in_flight_do_not_inflate_the_output_mean() -> None:
+    w = DemandWindow(10.0)
+    w.observe(0.0, {"a": _c(0)})
+    # 1 finished (24 tokens) while 9 more arrived and already streamed 20 tokens each
+    w.observe(2.0, {"a": _c(1, 9, prompt=200, gen=24 + 9 * 20)})
+    assert w.demand().output_mean == pytest.approx(204 / 10)  # not 204 per finished request
