@@ -217,12 +217,12 @@ def test_up_autoscale_ramps_up_and_down_without_cutting_a_stream(tmp_path: Path)
         assert all(n <= MAX for _, n, _ in seen)
         assert load.cut == [], load.cut[:5]
         assert load.done > 30
-        stopped = r'^tokenweir_autoscale_replica_changes_total\{pool="chat",change="stop"\} (\S+)'
+        stopped = r'^tokenweir_autoscale_replica_changes_total\{change="stop",pool="chat"\} (\S+)'
         deadline = time.monotonic() + 20  # counted once its process is signalled
         while _metric(metrics, stopped) < 1 and time.monotonic() < deadline:
             time.sleep(0.5)
         assert _metric(metrics, stopped) >= 1
-        cut = r'^tokenweir_autoscale_replica_changes_total\{pool="chat",change="cut"\} (\S+)'
+        cut = r'^tokenweir_autoscale_replica_changes_total\{change="cut",pool="chat"\} (\S+)'
         assert _metric(metrics, cut) == 0
     finally:
         load.finish(1)
