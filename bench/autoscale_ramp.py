@@ -70,7 +70,7 @@ pools:
       headroom: 0.3
       tbt_budget: {TBT * 1000:g}ms
       interval: 0.5s
-      window: 6s
+      window: 10s
       forecast: {LOAD_S + 2:g}s
       scale_up_cooldown: 1s
       scale_down_cooldown: 6s

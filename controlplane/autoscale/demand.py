@@ -7,12 +7,14 @@ tokens include those of requests still in flight); the cache hit ratio is
 ``Δcached / Δprompt``. A replica seen for the first time, or whose counters went down (it
 restarted), adds nothing that round. The trend is the rate of the window's newer half minus the
 rate of its older half, over the time between their midpoints (req/s per s), once the window
-is full. Until a request has finished, the token means are unknown (``measured`` False) and the
+is full, and only by what exceeds two standard deviations of Poisson noise in the two counts (at
+a few requests per second a constant rate otherwise reads as ramps of ±50%). Until a request has finished, the token means are unknown (``measured`` False) and the
 planner sizes the pool by the requests in flight alone.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ __all__ = ["DEFAULT_OUTPUT", "DEFAULT_PROMPT", "Demand", "DemandWindow"]
 
 DEFAULT_PROMPT = 1024.0  # tokens, until the pool has served a request
 DEFAULT_OUTPUT = 256.0
+_Z_TREND = 2.0  # a trend must exceed two standard deviations of Poisson noise
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +143,14 @@ class DemandWindow:
         dt_old, dt_new = old[-1].t - old[0].t, new[-1].t - new[0].t
         if dt_old <= 0 or dt_new <= 0:
             return 0.0
-        r_old = (old[-1].arrivals - old[0].arrivals) / dt_old
-        r_new = (new[-1].arrivals - new[0].arrivals) / dt_new
+        n_old = old[-1].arrivals - old[0].arrivals
+        n_new = new[-1].arrivals - new[0].arrivals
         gap = (new[0].t + new[-1].t) / 2 - (old[0].t + old[-1].t) / 2
-        return (r_new - r_old) / gap if gap > 0 else 0.0
+        if gap <= 0:
+            return 0.0
+        # Poisson counts differ by about √(n_old + n_new) with no trend at all: only the excess
+        # over two of those (rescaled to the newer half's span) is taken as a trend
+        diff = n_new - n_old * dt_new / dt_old
+        noise = _Z_TREND * math.sqrt(n_old + n_new)
+        excess = math.copysign(max(abs(diff) - noise, 0.0), diff)
+        return excess / dt_new / gap

@@ -55,20 +55,28 @@ def test_the_window_slides_and_a_ramp_has_a_positive_trend() -> None:
     w = DemandWindow(4.0)
     total = 0.0
     for t in range(0, 21):
-        total += t  # the rate grows by 1 req/s each second
+        total += 10 * t  # the rate grows by 10 req/s each second
         w.observe(float(t), {"a": _c(total)})
     d = w.demand()
     assert d.span_s == pytest.approx(4.0)
-    assert d.arrival_rps == pytest.approx(18.5)  # (17+18+19+20)/4
-    assert d.trend_rps_per_s == pytest.approx(1.0)
-    assert d.forecast_rps(10.0) == pytest.approx(28.5)
+    assert d.arrival_rps == pytest.approx(185.0)  # (170+180+190+200)/4
+    # halves of 2 s: 370 and 390 requests; 20 less 2·√760 = 55 of noise: no trend taken
+    assert d.trend_rps_per_s == 0.0
+    w = DemandWindow(20.0)
+    total = 0.0
+    for t in range(0, 41):
+        total += 10 * t
+        w.observe(float(t), {"a": _c(total)})
+    d = w.demand()  # a long window: the ramp stands out of the noise, shrunk by it
+    assert 7.0 < d.trend_rps_per_s < 10.0
+    assert d.forecast_rps(10.0) == pytest.approx(d.arrival_rps + 10 * d.trend_rps_per_s)
 
 
 def test_a_falling_rate_never_forecasts_below_now() -> None:
     w = DemandWindow(6.0)
     total = 0.0
     for t in range(0, 7):
-        total += 10 - t
+        total += 100 * (10 - t)
         w.observe(float(t), {"a": _c(total)})
     d = w.demand()
     assert d.trend_rps_per_s < 0
