@@ -52,6 +52,7 @@ from runtime.ports import free_port, free_port_block  # noqa: E402
 
 PROFILE, SCALE, TBT, TTFT, OUT, LOAD_S = "seed-2k", 10.0, 0.107, 3.0, 24, 6.0
 MAX = 6
+SLOTS = 4  # the TBT budget's batch: itl(4) = 106.4 ms ≤ 107 ms < itl(5) (seed-2k, time scale 10)
 
 
 def policy_text(gw: int, base: int, xds: int, metrics: int) -> str:
@@ -64,6 +65,7 @@ pools:
     models: [m]
     endpoints_file: chat.endpoints
     emulated: {{replicas: 1, profile: {PROFILE}, base_port: {base}, time_scale: {SCALE}}}
+    capacity: {{max_running_requests: {SLOTS}}}
     autoscale:
       min_replicas: 1
       max_replicas: {MAX}
@@ -164,12 +166,8 @@ async def arm(name: str, base_rps: float, peak_n: int, seed: int) -> dict[str, o
     policy = load_policy(work / "mesh.yaml")
     mesh = Mesh(work / "mesh.yaml", policy, work / "run", redis_url=None, delta=True,
                 autoscale=(name == "planner"))  # fmt: skip
-    c = replicas_for(DEMAND, 1.0, REPLICA, ttft_s=TTFT, tbt_s=TBT, headroom=0.3,
-                     time_scale=SCALE).slots  # fmt: skip
     await mesh.start()
     fleet = mesh.fleets["chat"]
-    inner = fleet.argv
-    fleet.argv = lambda i, a: [*inner(i, a), "--max-running-requests", str(c)]
     if name == "fixed-peak":
         fleet.start(desired=lambda: peak_n)
     elif name == "queue-depth":

@@ -295,6 +295,8 @@ class Mesh:
         ]  # fmt: skip
         if em.cache_tokens is not None:
             argv += ["--cache-tokens", str(em.cache_tokens)]
+        if pool.capacity.max_running_requests is not None:  # the capacity the policy declares
+            argv += ["--max-running-requests", str(pool.capacity.max_running_requests)]
         argv += kv_event_args(pool.routing, addr)
         argv += pool.priority_scheduling.server_flags()  # as a real SGLang gets them
         if self.policy.tracing is not None:  # as SGLang: a span per request
