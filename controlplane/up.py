@@ -295,8 +295,6 @@ class Mesh:
         ]  # fmt: skip
         if em.cache_tokens is not None:
             argv += ["--cache-tokens", str(em.cache_tokens)]
-        if pool.capacity.max_running_requests is not None:  # the capacity the policy declares
-            argv += ["--max-running-requests", str(pool.capacity.max_running_requests)]
         argv += kv_event_args(pool.routing, addr)
         argv += pool.priority_scheduling.server_flags()  # as a real SGLang gets them
         if self.policy.tracing is not None:  # as SGLang: a span per request
@@ -312,9 +310,11 @@ class Mesh:
         pool = self.policy.pools[name]
         assert pool.emulated is not None and pool.endpoints_file is not None
         path = (self.config.parent / pool.endpoints_file).resolve()
+        slots = pool.capacity.max_running_requests  # the batch the pool declares, as SGLang runs
+        cap = ["--max-running-requests", str(slots)] if slots is not None else []
         fleet = EmulatorFleet(
             name, pool, path, self.run_dir,
-            argv=lambda i, addr: self._emulator_argv(name, i, addr), say=_say,
+            argv=lambda i, addr: self._emulator_argv(name, i, addr) + cap, say=_say,
         )  # fmt: skip
         self.fleets[name] = fleet
         await fleet.start_initial(pool.emulated.replicas)
