@@ -3,7 +3,7 @@ for the peak and a queue-depth threshold autoscaler (a KEDA rule on ``sglang:num
 one after the other in one run, on the same trace, the same emulated replicas and the same load
 time.
 
-Each arm runs the real mesh in this process (``controlplane.up.Mesh``: Envoy, the control
+Each arm runs the real mesh in this process (``tokenweir.up.Mesh``: Envoy, the control
 plane, emulator replicas started and drained by ``up``'s fleet) and sends streamed chat
 completions through the gateway at the trace's rate (Poisson arrivals). Only the source of the
 desired count differs between arms:
@@ -46,9 +46,9 @@ sys.path.insert(0, str(ROOT))
 
 from controlplane.autoscale import Demand, replicas_for  # noqa: E402
 from controlplane.planner import profile_replica  # noqa: E402
-from controlplane.policy import load_policy  # noqa: E402
-from controlplane.up import Mesh  # noqa: E402
+from policy import load_policy  # noqa: E402
 from runtime.ports import free_port, free_port_block  # noqa: E402
+from tokenweir.up import Mesh  # noqa: E402
 
 PROFILE, SCALE, TBT, TTFT, OUT, LOAD_S = "seed-2k", 10.0, 0.107, 3.0, 24, 6.0
 MAX = 6

@@ -21,9 +21,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 
 from controlplane.planner import PlannerError, ReplicaModel, profile_replica
-from controlplane.policy import Policy
-from controlplane.policy.autoscale import AutoscalePolicy
-from runtime.poolstate import PoolState
+from policy import Policy
+from policy.autoscale import AutoscalePolicy
+from poolstate import PoolState
 from runtime.tasks import stop_task
 
 from .counters import ReplicaCounters, parse_counters

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from controlplane.policy.autoscale import AutoscalePolicy
+from policy.autoscale import AutoscalePolicy
 
 from .need import Need
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from controlplane.autoscale import Autoscaler
-from controlplane.policy import load_policy_text
-from runtime.poolstate import PoolState, PoolSummary, ReplicaState
+from policy import load_policy_text
+from poolstate import PoolState, PoolSummary, ReplicaState
 
 POLICY = """
 version: 1

@@ -9,7 +9,7 @@ import pytest
 
 from controlplane.autoscale import Demand, Need, Stabilizer, bounded, replicas_for
 from controlplane.planner import FlatReplica, profile_replica
-from controlplane.policy.autoscale import AutoscalePolicy
+from policy.autoscale import AutoscalePolicy
 
 SEED = profile_replica("seed-2k")
 D = Demand(prompt_mean=500.0, output_mean=200.0, measured=True)
