@@ -17,6 +17,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from controlplane.autoscale import Autoscaler
 from controlplane.canary import CanaryWatcher, OverrideCache
 from controlplane.canary.shadow import ShadowWatcher
 from controlplane.dashboard.api import Dashboard
@@ -83,6 +84,9 @@ class ControlPlane:
         self.shadow = ShadowWatcher(self._canary_fetcher.metrics)
         self.eds = EdsMarks(self.cache, registry=self.registry)
         self.scraper.subscribe(self.eds.on_state)
+        self.autoscaler = Autoscaler(clock=time.monotonic, registry=self.registry)  # issue 42
+        self.scraper.tap(self.autoscaler.tap)
+        self.scraper.subscribe(self.autoscaler.on_state)
         self.reloader = Reloader(
             settings.policy_path,
             self.cache,
@@ -111,6 +115,7 @@ class ControlPlane:
                 *self.canary.routes(),
                 *self.shadow.routes(),
                 *self.dashboard.routes(),
+                *self.autoscaler.routes(),
             ],
         )
 
@@ -124,6 +129,7 @@ class ControlPlane:
         self.canary.configure(policy)
         self.shadow.configure(policy)
         self.dashboard.on_policy(policy)
+        self.autoscaler.configure(policy)
 
     async def start(self) -> ReloadResult:
         """Load the policy (a rejected file is reported, not fatal: the server waits for a good
@@ -136,6 +142,7 @@ class ControlPlane:
         self.canary.start()
         self.shadow.start()
         self.dashboard.start()
+        self.autoscaler.start()
         return result
 
     @property
@@ -152,6 +159,7 @@ class ControlPlane:
     async def aclose(self) -> None:
         await self.drain()
         await self.canary.aclose()
+        await self.autoscaler.aclose()
         await self.shadow.aclose()
         await self._canary_fetcher.aclose()
         await self.scraper.aclose()

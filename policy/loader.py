@@ -180,6 +180,8 @@ def _emulated_endpoints(pool: LlmPool) -> tuple[Address, ...]:
     em = pool.emulated
     if em is None or em.base_port is None:
         return ()
+    if pool.autoscale is not None:  # the replicas serving now: `up` writes them to endpoints_file
+        return ()
     return tuple(Address("127.0.0.1", em.base_port + i) for i in range(em.replicas))
 
 

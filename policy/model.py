@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 
 from policy.admission import AdmissionPolicy, LaneAdmission
+from policy.autoscale import AutoscalePolicy
 from policy.backend import BackendKind, check_backend_capacity
 from policy.canary import CanaryPolicy, CanaryRollback
 from policy.common import (
@@ -231,6 +232,7 @@ class LlmPool:
     degradation: DegradationPolicy | None = None
     canary: CanaryPolicy | None = None
     disaggregation: Disaggregation | None = None  # PD pools (disaggregation.py)
+    autoscale: AutoscalePolicy | None = None  # the online planner (policy/autoscale.py)
 
     def __post_init__(self) -> None:
         check_backend_capacity(self.backend, self.capacity.max_running_requests)

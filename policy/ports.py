@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from policy.autoscale import emulated_slots
 from policy.model import Address, Policy
 from policy.servers import replica_addresses, worker_metrics_ports
 
@@ -169,10 +170,11 @@ def _emulators(policy: Policy, name: str) -> list[PortClaim]:
     if em is None or em.base_port is None:
         return []
     part, key = f"emulator {name}", f"pools.{name}.emulated.base_port"
-    out = [PortClaim(em.base_port + i, key, part, i, "HTTP", origin=i) for i in range(em.replicas)]
+    slots = emulated_slots(em.replicas, pool.autoscale)  # autoscaled: up to max_replicas
+    out = [PortClaim(em.base_port + i, key, part, i, "HTTP", origin=i) for i in range(slots)]
     if pool.routing.mode == "prefix_index":  # `up` binds each replica's KV-event ports
         r, at = pool.routing, f"pools.{name}.routing"
-        for i in range(em.replicas):
+        for i in range(slots):
             port = em.base_port + i
             for k, off, what in (
                 ("kv_events_port_offset", r.kv_events_port_offset, "KV events"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from policy.autoscale import autoscale_issues
 from policy.common import check_name
 from policy.model import LANES, Address, LlmPool, Policy
 from policy.phases import uses_collapse
@@ -64,6 +65,11 @@ def _pools(policy: Policy) -> Iterator[tuple[str, str]]:
         yield from _ladder(policy, pool, path)
         yield from _routing(policy, name, pool, path)
         yield from _canary(policy, name, pool)
+        if pool.autoscale is not None:
+            em = pool.emulated is not None
+            yield from autoscale_issues(
+                path, pool.autoscale, emulated=em, endpoints_file=pool.endpoints_file
+            )
         seen: set[Address] = set()
         for i, ep in enumerate(pool.endpoints):
             if ep in seen:

@@ -53,6 +53,9 @@ class Child:
     log_path: Path | None  # None: share the parent's stdout and stderr
     env: dict[str, str] = field(default_factory=dict)
     cwd: Path | None = None  # None: the parent's (``python -m`` imports from the cwd first)
+    # False: no Python runs between fork and exec (the child can be spawned safely from a
+    # process with gRPC threads), and the child does not get the parent-death signal
+    die_with_parent: bool = True
     _proc: subprocess.Popen[bytes] | None = None
 
     def start(self, *, append: bool = False) -> None:
@@ -62,7 +65,7 @@ class Child:
         if self.log_path is None:
             self._proc = subprocess.Popen(
                 self.argv, start_new_session=True, env=env, cwd=self.cwd,
-                preexec_fn=die_with_parent,
+                preexec_fn=die_with_parent if self.die_with_parent else None,
             )  # fmt: skip
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,7 +77,7 @@ class Child:
                 start_new_session=True,
                 env=env,
                 cwd=self.cwd,
-                preexec_fn=die_with_parent,
+                preexec_fn=die_with_parent if self.die_with_parent else None,
             )
 
     @property

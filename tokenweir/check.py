@@ -123,4 +123,13 @@ def _emulator_problems(policy: Policy) -> list[tuple[str, str]]:
         )
         for name, pool in policy.pools.items()
         if pool.emulated is not None and pool.emulated.profile not in known
+    ] + [
+        (
+            f"pools.{name}.autoscale.profile",
+            f"unknown backend profile {pool.autoscale.profile!r}; known: {', '.join(known)}",
+        )
+        for name, pool in policy.pools.items()
+        if pool.autoscale is not None
+        and pool.autoscale.profile is not None
+        and pool.autoscale.profile not in known
     ]

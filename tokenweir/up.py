@@ -58,6 +58,7 @@ from tokenweir.prometheus import (
     scrape_targets,
 )
 from tokenweir.restarter import Part, Supervisor
+from tokenweir.up_autoscale import EmulatorFleet, FleetMetrics
 from tokenweir.up_parts import (
     base_id,
     connection_cap,
@@ -89,6 +90,7 @@ class Mesh:
         state_dir: Path | None = None,
         replicas: Replicas | None = None,
         prometheus: tuple[int, float] | None = None,
+        autoscale: bool = False,
     ) -> None:
         self.config = config.resolve()
         self.override = replicas  # --replicas (the control planes apply it on every reload)
@@ -114,6 +116,8 @@ class Mesh:
         # the ports the policy places (up_cli has checked them for clashes): the ports picked
         # here for Redis, Envoy admins and Prometheus stay off them
         self.planned = frozenset(c.port for c in port_plan(self.policy))
+        self.autoscale = autoscale  # --autoscale: fleets follow the online planner (issue 42)
+        self.fleets: dict[str, EmulatorFleet] = {}  # autoscaled emulated pools
 
     async def start(self) -> None:
         p = self.policy
@@ -142,6 +146,7 @@ class Mesh:
         else:
             await self._start_planes(n.controlplane)
         await self._start_envoys()
+        self._run_fleets()
 
     async def _start_prometheus(self, port: int, interval: float) -> None:
         binary = prometheus_binary()
@@ -271,25 +276,12 @@ class Mesh:
             em = pool.emulated
             if em is None or em.base_port is None:
                 continue
+            if pool.autoscale is not None:
+                await self._start_fleet(name)
+                continue
             for i in range(em.replicas):
                 addr = Address("127.0.0.1", em.base_port + i)
-                argv = [
-                    sys.executable, "-m", "backends.emulator",
-                    "--host", addr.host, "--port", str(addr.port),
-                    "--model", pool.models[0], "--profile", em.profile,
-                    "--time-scale", str(em.time_scale), "--seed", str(i),
-                ]  # fmt: skip
-                if em.cache_tokens is not None:
-                    argv += ["--cache-tokens", str(em.cache_tokens)]
-                argv += kv_event_args(pool.routing, addr)
-                argv += flavor_args(pool)  # backend: vllm → --flavor vllm
-                argv += pool.priority_scheduling.server_flags()  # as a real SGLang gets them
-                if self.policy.tracing is not None:  # as SGLang: a span per request
-                    argv += [
-                        "--enable-trace",
-                        "--otlp-traces-endpoint",
-                        str(self.policy.tracing.collector),
-                    ]
+                argv = self._emulator_argv(name, i, addr)
                 await self._spawn(
                     Child(f"emulator {name}#{i}", argv, self.run_dir / f"emulator-{name}-{i}.log"),
                     addr,
@@ -297,6 +289,72 @@ class Mesh:
                 self.lines.append(
                     f"emulator        {name}#{i} http://{addr} (metrics http://{addr}/metrics)"
                 )
+
+    def _emulator_argv(self, name: str, i: int, addr: Address) -> list[str]:
+        pool = self.policy.pools[name]
+        em = pool.emulated
+        assert em is not None
+        argv = [
+            sys.executable, "-m", "backends.emulator",
+            "--host", addr.host, "--port", str(addr.port),
+            "--model", pool.models[0], "--profile", em.profile,
+            "--time-scale", str(em.time_scale), "--seed", str(i),
+        ]  # fmt: skip
+        if em.cache_tokens is not None:
+            argv += ["--cache-tokens", str(em.cache_tokens)]
+        argv += kv_event_args(pool.routing, addr)
+        argv += flavor_args(pool)  # backend: vllm → --flavor vllm
+        argv += pool.priority_scheduling.server_flags()  # as a real SGLang gets them
+        if self.policy.tracing is not None:  # as SGLang: a span per request
+            argv += [
+                "--enable-trace",
+                "--otlp-traces-endpoint",
+                str(self.policy.tracing.collector),
+            ]
+        return argv
+
+    async def _start_fleet(self, name: str) -> None:
+        """An autoscaled emulated pool: its replicas and endpoints file belong to a fleet."""
+        pool = self.policy.pools[name]
+        assert pool.emulated is not None and pool.endpoints_file is not None
+        path = (self.config.parent / pool.endpoints_file).resolve()
+        slots = pool.capacity.max_running_requests  # the batch the pool declares, as SGLang runs
+        cap = ["--max-running-requests", str(slots)] if slots is not None else []
+        fleet = EmulatorFleet(
+            name, pool, path, self.run_dir,
+            argv=lambda i, addr: self._emulator_argv(name, i, addr) + cap, say=_say,
+        )  # fmt: skip
+        self.fleets[name] = fleet
+        await fleet.start_initial(pool.emulated.replicas)
+        how = "follows the planner" if self.autoscale else "fixed: no --autoscale"
+        self.lines.append(
+            f"emulator        {name}: {len(fleet.serving())} replica(s) from :{fleet.base_port}"
+            f" ({how}; serving replicas listed in {path})"
+        )
+
+    def _run_fleets(self) -> None:
+        plane = self.plane
+        metrics = FleetMetrics(plane.registry) if plane is not None and self.fleets else None
+        for name, fleet in self.fleets.items():
+            if plane is None:  # control planes in child processes: the count stays
+                fleet.start()
+                continue
+            em = self.policy.pools[name].emulated
+            assert em is not None
+
+            def published(pool: str = name) -> frozenset[str]:
+                assert plane is not None
+                t = plane.scraper.targets.get(pool)
+                return frozenset(t.endpoints) if t is not None else frozenset()
+
+            def desired(pool: str = name, start: int = em.replicas) -> int:
+                assert plane is not None
+                want = plane.autoscaler.desired(pool) if self.autoscale else None
+                return start if want is None else want
+
+            fleet.start(
+                desired=desired, published=published, autoscaler=plane.autoscaler, metrics=metrics
+            )
 
     async def _start_module(
         self,
@@ -437,6 +495,7 @@ class Mesh:
             self.plane = None
         await asyncio.gather(*(c.aclose(5.0) for c in self.planes))
         self.planes.clear()
+        await asyncio.gather(*(f.aclose() for f in self.fleets.values()))
         for child in reversed(self.children):
             await child.aclose()
         self.children.clear()

@@ -49,6 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "(default: the policy's replicas; docs/deploy.md)",
     )
     p.add_argument(
+        "--autoscale",
+        action="store_true",
+        help="start and drain the emulated replicas of pools with `autoscale:` on the online "
+        "planner's desired count (docs/capacity.md)",
+    )
+    p.add_argument(
         "--no-prometheus", action="store_true", help="do not start Prometheus even if installed"
     )
     p.add_argument(
@@ -90,6 +96,9 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tokenweir up: --replicas: {exc}", file=sys.stderr)
         return 2
+    if args.autoscale and (replicas or policy.replicas).controlplane > 1:
+        print("tokenweir up: --autoscale runs with one control plane", file=sys.stderr)
+        return 2
     problems = port_problems(policy, replicas, args.prometheus_port)
     if problems:  # before anything starts: two parts on one port cross-wire the mesh silently
         for problem in problems:
@@ -115,6 +124,7 @@ def _run(args: argparse.Namespace) -> int:
         state_dir=state_dir,
         replicas=replicas,
         prometheus=None if args.no_prometheus else (args.prometheus_port, args.scrape_interval),
+        autoscale=args.autoscale,
     )
 
     drain = args.drain_timeout

@@ -139,6 +139,7 @@ class PoolScraper:
         self._signature: Any = None
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[PoolState], None]] = []
+        self._taps: list[Callable[[str, str], None]] = []  # (endpoint, /metrics text)
         self._task: asyncio.Task[None] | None = None
         self._mismatch: dict[tuple[str, str], str | None] = {}  # (pool, endpoint) → last logged
 
@@ -151,6 +152,10 @@ class PoolScraper:
         for t in targets.values():
             for ep in t.endpoints:
                 self._replicas[ep].backend = t.backend
+
+    def tap(self, reader: Callable[[str, str], None]) -> None:
+        """Called with every replica page read (the online planner reads its counters)."""
+        self._taps.append(reader)
 
     def subscribe(self, listener: Callable[[PoolState], None]) -> None:
         """Called with every newly published state (the EDS publisher is one)."""
@@ -171,7 +176,10 @@ class PoolScraper:
         if info and rep.info is None and now >= rep.info_next_try:
             await self._read_info(ep, rep, now)
         try:
-            sample = parse_backend_metrics(await self._fetcher.metrics(ep, timeout), rep.backend)
+            text = await self._fetcher.metrics(ep, timeout)
+            sample = parse_backend_metrics(text, rep.backend)
+            for reader in self._taps:
+                reader(ep, text)
         except (ScrapeError, MetricsTextError) as exc:
             rep.answered = False
             rep.reread = rep.info is not None

@@ -93,3 +93,16 @@ def test_validate_refuses_an_emulator_profile_the_emulator_lacks(
     )
     assert want in err, err
     assert "llama-3.1-8b-h100" in err  # the known names are listed
+
+
+def test_validate_refuses_an_autoscale_profile_no_backend_has(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "mesh.yaml"
+    bad.write_text(
+        "version: 1\npools:\n  chat:\n    models: [m]\n    endpoints: [127.0.0.1:9]\n"
+        "    autoscale: {profile: nope, max_replicas: 4}\n"
+    )
+    assert main(["validate", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:6: pools.chat.autoscale.profile: unknown backend profile 'nope'" in err, err

@@ -1,0 +1,259 @@
+"""The online planner in the control plane: per autoscaled pool, each ``interval``, the live
+demand → the planner's need → bounds, budget and damping → the desired replica count.
+
+Published as ``tokenweir_pool_desired_replicas{pool,reason}`` beside
+``tokenweir_pool_replicas{pool}`` (replicas serving: fresh in the pool state), on
+``GET /api/v1/autoscale`` (JSON) and on the dashboard. Whoever acts on it (``tokenweir up
+--autoscale``, a Kubernetes HPA or KEDA on the metric) reports the replicas it is starting with
+:meth:`Autoscaler.set_starting`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge
+
+from controlplane.planner import PlannerError, ReplicaModel, profile_replica
+from policy import Policy
+from policy.autoscale import AutoscalePolicy
+from poolstate import PoolState
+from runtime.tasks import stop_task
+
+from .counters import ReplicaCounters, parse_counters
+from .demand import DemandWindow
+from .need import replicas_for
+from .stabilize import Decision, Stabilizer
+
+__all__ = ["AUTOSCALE_PATH", "Autoscaler", "PoolPlan"]
+
+log = logging.getLogger("tokenweir.autoscale")
+
+AUTOSCALE_PATH = "/api/v1/autoscale"
+
+
+@dataclass
+class PoolPlan:
+    """One autoscaled pool: its policy, replica model and damping state."""
+
+    policy: AutoscalePolicy
+    replica: ReplicaModel
+    time_scale: float
+    ttft_s: float
+    endpoints: tuple[str, ...]
+    window: DemandWindow
+    stabilizer: Stabilizer
+    next_at: float = 0.0
+    last: Decision | None = None
+    forecast_rps: float = 0.0
+    serving: int = 0
+    starting: int = 0
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.desired = Gauge(
+            "tokenweir_pool_desired_replicas",
+            "Replicas the online planner asks for, with the reason that binds (ttft, tbt, kv, "
+            "slots, budget, min, max)", ["pool", "reason"], registry=registry,
+        )  # fmt: skip
+        self.replicas = Gauge(
+            "tokenweir_pool_replicas", "Replicas of a pool serving now (fresh in the pool state)",
+            ["pool"], registry=registry,
+        )  # fmt: skip
+        self.needed = Gauge(
+            "tokenweir_pool_needed_replicas",
+            "Replicas the planner computes for this round's forecast, before bounds and damping",
+            ["pool"], registry=registry,
+        )  # fmt: skip
+        self.starting = Gauge(
+            "tokenweir_pool_replicas_starting", "Replicas started and not yet serving",
+            ["pool"], registry=registry,
+        )  # fmt: skip
+        self.rate = Gauge(
+            "tokenweir_pool_arrival_rate", "Requests per second arriving at a pool: measured "
+            "now (over the window) and forecast (trend projected ahead)", ["pool", "kind"],
+            registry=registry,
+        )  # fmt: skip
+        self.reasons: dict[str, str] = {}
+
+    def publish(self, pool: str, plan: PoolPlan) -> None:
+        d = plan.last
+        if d is None:
+            return
+        old = self.reasons.get(pool)
+        if old is not None and old != d.reason:
+            self.desired.remove(pool, old)
+        self.reasons[pool] = d.reason
+        self.desired.labels(pool, d.reason).set(d.desired)
+        self.needed.labels(pool).set(d.need.replicas)
+        self.rate.labels(pool, "forecast").set(plan.forecast_rps)
+
+    def forget(self, pool: str) -> None:
+        old = self.reasons.pop(pool, None)
+        if old is not None:
+            self.desired.remove(pool, old)
+
+
+class Autoscaler:
+    """Owns its loop task; ``aclose`` stops it. ``tap`` goes to the pool scraper, ``on_state``
+    is a pool-state listener, ``configure`` runs on every accepted policy."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        registry: CollectorRegistry | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._clock = clock
+        self._sleep = sleep
+        self._metrics = _Metrics(registry) if registry is not None else None
+        self.pools: dict[str, PoolPlan] = {}
+        self._counters: dict[str, ReplicaCounters] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+
+    # ---- inputs ------------------------------------------------------------------------------
+    def configure(self, policy: Policy) -> None:
+        """The autoscaled pools of ``policy``; a pool keeps its history across reloads."""
+        keep: dict[str, PoolPlan] = {}
+        for name, pool in policy.pools.items():
+            a = pool.autoscale
+            if a is None:
+                continue
+            em = pool.emulated
+            profile = a.profile or (em.profile if em is not None else None)
+            try:
+                replica = profile_replica(profile or "")
+            except PlannerError as exc:  # check.py refused this policy already; be safe
+                log.error("pool %s: autoscale.profile: %s", name, exc)
+                continue
+            scale = a.time_scale or (em.time_scale if em is not None else 1.0)
+            eps = tuple(str(ep) for ep in pool.endpoints)
+            old = self.pools.get(name)
+            ttft = policy.admission.interactive.ttft_budget
+            if old is not None and old.policy == a:
+                old.replica, old.time_scale, old.ttft_s, old.endpoints = replica, scale, ttft, eps
+                old.window.forget(set(eps))
+                keep[name] = old
+                continue
+            start = min(max(len(eps), a.min_replicas), a.max_replicas)
+            window = old.window if old is not None else DemandWindow(a.window)
+            window.window_s = a.window
+            keep[name] = PoolPlan(a, replica, scale, ttft, eps, window, Stabilizer(a, start))
+        for gone in set(self.pools) - set(keep):
+            if self._metrics is not None:
+                self._metrics.forget(gone)
+        self.pools = keep
+
+    def tap(self, endpoint: str, text: str) -> None:
+        counters = parse_counters(text)
+        if counters is not None:
+            self._counters[endpoint] = counters
+
+    def on_state(self, state: PoolState) -> None:
+        for name, summary in state.pools.items():
+            serving = sum(1 for r in summary.endpoints.values() if r.healthy and not r.stale)
+            if name in self.pools:
+                self.pools[name].serving = serving
+            if self._metrics is not None:
+                self._metrics.replicas.labels(name).set(serving)
+
+    def set_starting(self, pool: str, count: int) -> None:
+        """Replicas an actor has started for ``pool`` that do not serve yet."""
+        if pool in self.pools:
+            self.pools[pool].starting = count
+        if self._metrics is not None:
+            self._metrics.starting.labels(pool).set(count)
+
+    # ---- one round ---------------------------------------------------------------------------
+    def tick(self) -> dict[str, Decision]:
+        """Every pool whose interval is due: observe, plan, damp. Returns the new decisions."""
+        now = self._clock()
+        out = {}
+        for name, plan in self.pools.items():
+            if now < plan.next_at:
+                continue
+            plan.next_at = now + plan.policy.interval
+            seen = {ep: self._counters[ep] for ep in plan.endpoints if ep in self._counters}
+            plan.window.observe(now, seen)
+            demand = plan.window.demand()
+            a = plan.policy
+            plan.forecast_rps = demand.forecast_rps(a.forecast)
+            need = replicas_for(
+                demand, plan.forecast_rps, plan.replica, ttft_s=plan.ttft_s,
+                tbt_s=a.tbt_budget, headroom=a.headroom, time_scale=plan.time_scale,
+            )  # fmt: skip
+            before = plan.last.desired if plan.last is not None else None
+            plan.last = plan.stabilizer.step(now, need)
+            if plan.last.desired != before:
+                log.info(
+                    "pool %s: desired replicas %s → %d (%s; %.3g req/s now, %.3g forecast)",
+                    name, before, plan.last.desired, plan.last.reason, demand.arrival_rps,
+                    plan.forecast_rps,
+                )  # fmt: skip
+                self._changed.set()
+                self._changed = asyncio.Event()
+            if self._metrics is not None:
+                self._metrics.rate.labels(name, "now").set(demand.arrival_rps)
+                self._metrics.publish(name, plan)
+            out[name] = plan.last
+        return out
+
+    def desired(self, pool: str) -> int | None:
+        plan = self.pools.get(pool)
+        return None if plan is None else plan.stabilizer.desired
+
+    def to_json(self) -> dict[str, Any]:
+        out = {}
+        for name, plan in self.pools.items():
+            d = plan.last
+            out[name] = {
+                "desired": plan.stabilizer.desired,
+                "reason": plan.stabilizer.reason,
+                "needed": d.need.replicas if d else None,
+                "need_reason": d.need.reason if d else None,
+                "slots_per_replica": d.need.slots if d else None,
+                "serving": plan.serving,
+                "starting": plan.starting,
+                "forecast_rps": _round(plan.forecast_rps),
+                "min": plan.policy.min_replicas,
+                "max": plan.policy.max_replicas,
+                "budget": plan.policy.budget_replicas,
+            }
+        return {"pools": out}
+
+    def routes(self) -> list[web.RouteDef]:
+        async def get(_request: web.Request) -> web.Response:
+            return web.json_response(self.to_json(), headers={"Cache-Control": "no-store"})
+
+        return [web.get(AUTOSCALE_PATH, get)]
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="tokenweir-autoscale")
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.tick()
+            except Exception:  # a bug in one round must not end the loop; logged, next round
+                log.exception("autoscale round failed")
+            step = min((p.policy.interval for p in self.pools.values()), default=1.0)
+            await self._sleep(min(step, 1.0))
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        await stop_task(task, log=log)
+
+
+def _round(x: float) -> float:
+    return round(x, 4) if math.isfinite(x) else x

@@ -1,0 +1,124 @@
+"""Pure: the replicas a pool needs for a demand, by the capacity planner's model.
+
+The planner (controlplane/planner) is run as ``tokenweir plan`` runs it, with the live demand as
+its inputs: one traffic class at the forecast arrival rate, the measured prompt and output means
+(p95 taken as 3× the mean, an exponential tail, since counters carry no distribution), the
+measured cache hit ratio, the replica's profile folded at this workload's context and slowed by
+the emulator's time scale, the interactive lane's TTFT budget and the pool's TBT budget, and a
+target utilization of ``1 / (1 + headroom)``. The binding reason is ``ttft`` when the wait budget
+needs more replicas than the utilization target, else what bounds a replica's batch (``tbt``,
+``kv``, ``slots`` for max_running_requests). The requests in flight set a floor too
+(``⌈in-flight / c⌉``, reason ``ttft``): a queue that already formed is served now.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from controlplane.planner import (
+    InfeasibleError,
+    PlanInputError,
+    PlanInputs,
+    ReplicaModel,
+    TokenDist,
+    TrafficClass,
+    for_workload,
+)
+from controlplane.planner.capacity import replica_capacity, replicas_needed
+
+from .demand import Demand
+
+__all__ = ["Need", "TimeScaled", "replicas_for"]
+
+P95_OVER_MEAN = 3.0
+_BINDING = {"TBT budget": "tbt", "KV cache": "kv", "max_running_requests": "slots"}
+
+
+@dataclass(frozen=True)
+class TimeScaled:
+    """``inner`` with every duration multiplied by ``k`` (the emulator's ``--time-scale``)."""
+
+    inner: ReplicaModel
+    k: float
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.inner.prefill_tok_s / self.k
+
+    @property
+    def step_overhead_s(self) -> float:
+        return self.inner.step_overhead_s * self.k
+
+    @property
+    def max_running_requests(self) -> int:
+        return self.inner.max_running_requests
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.inner.max_total_tokens
+
+    def itl_s(self, batch: int) -> float:
+        return self.inner.itl_s(batch) * self.k
+
+    def max_concurrency_for_tbt(self, tbt_s: float) -> int:
+        return self.inner.max_concurrency_for_tbt(tbt_s / self.k)
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """Replicas the demand needs (before bounds and damping), why, and the per-replica slots."""
+
+    replicas: int
+    reason: str
+    slots: int = 0
+    note: str = ""
+
+
+def replicas_for(
+    demand: Demand,
+    rate_rps: float,
+    replica: ReplicaModel,
+    *,
+    ttft_s: float,
+    tbt_s: float,
+    headroom: float,
+    time_scale: float = 1.0,
+) -> Need:
+    """Replicas for ``rate_rps`` arrivals of ``demand``'s shape (see the module docstring)."""
+    folded, _ = for_workload(replica, demand.prompt_mean, demand.output_mean, demand.hit_rate)
+    model: ReplicaModel = TimeScaled(folded, time_scale) if time_scale != 1.0 else folded
+    util = min(1.0 / (1.0 + headroom), 0.99)
+    try:
+        inputs = PlanInputs(
+            replica=model,
+            prompt=TokenDist(
+                demand.prompt_mean, demand.prompt_mean * P95_OVER_MEAN, None, "prompt"
+            ),
+            output=TokenDist(
+                demand.output_mean, demand.output_mean * P95_OVER_MEAN, None, "output"
+            ),
+            ttft_s=ttft_s,
+            tbt_s=tbt_s,
+            classes=(TrafficClass("observed", max(rate_rps, 1e-9)),),
+            target_utilization=util,
+            prefix_hit_rate=demand.hit_rate,
+        )
+        cap = replica_capacity(inputs)
+    except (InfeasibleError, PlanInputError) as exc:
+        return Need(0, "infeasible", 0, str(exc))
+    floor = math.ceil(demand.inflight / cap.c - 1e-9) if demand.inflight > 0 else 0
+    if rate_rps <= 0 or not demand.measured:  # no load, or no finished request to size it by
+        return Need(floor, "ttft" if floor else "idle", cap.c)
+    try:
+        n, n_util, n_lat, _ = replicas_needed(inputs, cap, "batch")
+    except InfeasibleError as exc:
+        return Need(max(floor, 1), "ttft", cap.c, str(exc))
+    reason = "ttft" if n_lat > n_util else _BINDING.get(cap.binding, "tbt")
+    if floor > n:
+        return Need(floor, "ttft", cap.c, f"{demand.inflight:g} in flight / c = {cap.c}")
+    return Need(n, reason, cap.c)

@@ -1,0 +1,86 @@
+"""The control plane's autoscaler on a fake clock: pages in → desired count and metrics out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from controlplane.autoscale import Autoscaler
+from policy import load_policy_text
+from poolstate import PoolState, PoolSummary, ReplicaState
+
+POLICY = """
+version: 1
+admission: {interactive: {ttft_budget: 2s}}
+pools:
+  chat:
+    models: [m]
+    endpoints: [127.0.0.1:9001, 127.0.0.1:9002]
+    autoscale:
+      profile: seed-2k
+      min_replicas: 1
+      max_replicas: 4
+      tbt_budget: 20ms
+      interval: 1s
+      window: 5s
+      scale_up_cooldown: 0s
+  plain:
+    models: [n]
+    endpoints: [127.0.0.1:9003]
+"""
+
+
+def _page(finished: float, running: float, prompt: float, generated: float) -> str:
+    return (
+        f'sglang:num_requests_total{{model_name="m"}} {finished}\n'
+        f'sglang:prompt_tokens_total{{model_name="m"}} {prompt}\n'
+        f'sglang:generation_tokens_total{{model_name="m"}} {generated}\n'
+        f"sglang:cached_tokens_total 0\n"
+        f"sglang:num_running_reqs {running}\nsglang:num_queue_reqs 0\n"
+    )
+
+
+def test_pages_in_desired_count_and_metrics_out(tmp_path: Path) -> None:
+    now = [0.0]
+    reg = CollectorRegistry()
+    a = Autoscaler(clock=lambda: now[0], registry=reg)
+    a.configure(load_policy_text(POLICY, str(tmp_path / "p.yaml")))
+    assert set(a.pools) == {"chat"} and a.desired("chat") == 2  # starts at what serves
+    state = PoolState(
+        1, 0.0,
+        {"chat": PoolSummary({"127.0.0.1:9001": ReplicaState(0.1), "127.0.0.1:9002":
+                              ReplicaState(2.0, stale=True)})},
+    )  # fmt: skip
+    a.on_state(state)
+    # 60 req/s of 500-token prompts and 200-token answers, split over the two replicas
+    for t in range(0, 12):
+        now[0] = float(t)
+        done = 60.0 * t / 2
+        for ep in ("127.0.0.1:9001", "127.0.0.1:9002"):
+            a.tap(ep, _page(done, 0, done * 500, done * 200))
+        a.tick()
+    assert a.desired("chat") == 4
+    labels = {"pool": "chat", "reason": "max"}
+    assert reg.get_sample_value("tokenweir_pool_desired_replicas", labels) == 4
+    assert reg.get_sample_value("tokenweir_pool_replicas", {"pool": "chat"}) == 1
+    assert reg.get_sample_value("tokenweir_pool_needed_replicas", {"pool": "chat"}) > 4
+    rate = reg.get_sample_value("tokenweir_pool_arrival_rate", {"pool": "chat", "kind": "now"})
+    assert abs(rate - 60.0) < 1e-6
+    body = a.to_json()["pools"]["chat"]
+    assert body["desired"] == 4 and body["reason"] == "max" and body["serving"] == 1
+    # a reload with a lower bound holds it at once
+    a.configure(load_policy_text(POLICY.replace("max_replicas: 4", "max_replicas: 3"), "p.yaml"))
+    now[0] = 12.0
+    a.tick()
+    assert a.desired("chat") == 3
+    assert reg.get_sample_value("tokenweir_pool_desired_replicas", labels) == 3
+    # no load any more: down to min after the window; the old reason's series is gone
+    for t in range(13, 90):
+        now[0] = float(t)
+        for ep in ("127.0.0.1:9001", "127.0.0.1:9002"):
+            a.tap(ep, _page(330.0, 0, 330 * 500, 330 * 200))
+        a.tick()
+    assert a.desired("chat") == 1
+    assert reg.get_sample_value("tokenweir_pool_desired_replicas", labels) is None
+    assert reg.get_sample_value("tokenweir_pool_desired_replicas", {**labels, "reason": "min"}) == 1
