@@ -21,6 +21,7 @@ from google.protobuf.message import Message
 from prometheus_client import CollectorRegistry
 
 from controlplane.policy import Issue, Policy, PolicyError, endpoint_files, load_policy
+from controlplane.sds_files import write_sds_files
 from controlplane.translate.render import Resources, render
 from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.errors import InconsistentSnapshotError
@@ -90,6 +91,10 @@ def prepare(
         group: (snap.version, {t: dict(by_name) for t, by_name in snap.resources.items()})
         for group, snap in snapshots_for(render(policy)).items()
     }
+    try:
+        write_sds_files(policy)  # before any listener naming them is published
+    except OSError as exc:
+        raise PolicyError([Issue(str(path), 0, "tls.sds_dir", f"cannot write: {exc}")]) from exc
     return Loaded(Prepared(policy, snaps), tuple(endpoint_files(policy, path.parent)))
 
 

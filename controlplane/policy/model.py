@@ -35,6 +35,7 @@ from controlplane.policy.saturation import PoolCapacity, PoolStateScrape, Satura
 from controlplane.policy.scheduling import PriorityScheduling
 from controlplane.policy.servers import ControlPlane, FiltersServer, RateLimitServer, Replicas
 from controlplane.policy.tenancy import MoneyLimits, Price, QuotaLimits, Quotas, Tenant, Tier
+from controlplane.policy.tls import GatewayTls, UpstreamTls
 from controlplane.policy.tracing import Tracing
 
 __all__ = [
@@ -227,6 +228,7 @@ class LlmPool:
     priority_scheduling: PriorityScheduling = field(default_factory=PriorityScheduling)
     degradation: DegradationPolicy | None = None
     canary: CanaryPolicy | None = None
+    tls: UpstreamTls | None = None  # Envoy -> replicas over TLS (controlplane.policy.tls)
 
     def __post_init__(self) -> None:
         if self.routing.mode == "prefix_index" and self.priority_scheduling.balance == "lane":
@@ -258,6 +260,7 @@ class HttpService:
     outlier_detection: OutlierDetection | None = None
     health_check: HealthCheck | None = None
     rate_limit: QuotaLimits | None = None
+    tls: UpstreamTls | None = None  # Envoy -> endpoints over TLS (controlplane.policy.tls)
 
 
 # -- routes and filters -----------------------------------------------------------------------
@@ -361,6 +364,7 @@ class Gateway:
     max_request_headers_kb: Annotated[int, Range(1, 8192)] = 60
     downstream: Downstream = field(default_factory=Downstream)
     access_log: AccessLog = field(default_factory=AccessLog)
+    tls: GatewayTls | None = None  # HTTPS on `listen` (controlplane.policy.tls)
 
 
 @dataclass(frozen=True)

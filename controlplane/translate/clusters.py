@@ -31,6 +31,7 @@ from controlplane.policy.routing import ENDPOINT_HEADER
 from controlplane.translate import names
 from controlplane.translate.dns import is_dns, resolve_by_dns
 from controlplane.translate.protos import ads_source, any_of, dur, socket_address, u32
+from controlplane.translate.tls import upstream_transport_socket
 
 __all__ = [
     "fallback_cluster",
@@ -49,6 +50,8 @@ def pool_cluster(name: str, pool: LlmPool) -> cluster_pb2.Cluster:
     _outliers(c, pool.outlier_detection)
     _health(c, pool.health_check)
     _http1(c, idle=pool.timeouts.stream_idle)
+    if pool.tls is not None:  # replicas on other hosts (controlplane.translate.tls)
+        c.transport_socket.CopyFrom(upstream_transport_socket(pool.tls))
     if pool.routing.mode == "prefix_index" or pool.balances_lanes:
         c.load_balancing_policy.CopyFrom(override_host_policy(pool))
         return c
@@ -114,6 +117,8 @@ def service_cluster(name: str, svc: HttpService) -> cluster_pb2.Cluster:
     if svc.health_check is not None:
         _health(c, svc.health_check)
     _http1(c, idle=svc.timeouts.stream_idle)
+    if svc.tls is not None:
+        c.transport_socket.CopyFrom(upstream_transport_socket(svc.tls))
     return c
 
 
