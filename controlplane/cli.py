@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -61,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--redis-url",
+        default=os.environ.get("TOKENWEIR_REDIS_URL"),
         help="the rate-limit service's Redis, read by the dashboard for the tenants' budgets "
         "(default: ratelimit.redis_url)",
     )
@@ -209,9 +211,16 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"--replicas: {exc}", file=sys.stderr)
         return 2
+    from runtime.admin_auth import AdminAuthError, admin_token
+
+    try:
+        token = admin_token(os.environ)
+    except AdminAuthError as exc:
+        print(f"tokenweir: {exc}", file=sys.stderr)
+        return 2
     settings = ControlPlaneSettings(
         args.config, args.xds or cp.xds, args.metrics or cp.metrics, cp.debounce, replicas,
-        redis_url=args.redis_url,
+        redis_url=args.redis_url, admin_token=token,
     )  # fmt: skip
 
     from controlplane.check import service_issues

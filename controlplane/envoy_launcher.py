@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.xds.status import ADMIN_METADATA
+from runtime.admin_auth import is_loopback
 
 __all__ = [
     "XDS_CLUSTER",
@@ -115,7 +116,16 @@ def _node(settings: EnvoySettings) -> dict[str, Any]:
 
 
 def render_bootstrap(settings: EnvoySettings) -> dict[str, Any]:
-    """The bootstrap: ADS over gRPC to a static ``xds_cluster``; everything else is dynamic."""
+    """The bootstrap: ADS over gRPC to a static ``xds_cluster``; everything else is dynamic.
+
+    Envoy's admin has no authentication of its own (it can drain listeners and stop the
+    process): an admin address beyond loopback is refused (:class:`EnvoyStartError`)."""
+    if not is_loopback(settings.admin_host):
+        raise EnvoyStartError(
+            f"Envoy's admin would listen on {settings.admin_host}: it has no authentication "
+            "(it drains listeners and quits on request); keep it on 127.0.0.1 and read its "
+            "stats through the control plane's /metrics and dashboard"
+        )
     xds = ((settings.xds_host, settings.xds_port), *settings.xds_more)
     config_source = {
         "ads": {},

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from ratelimit_service.resp import fast_path_url
 from ratelimit_service.responses import error_response, ok_response
 from ratelimit_service.store import RedisStore
 from ratelimit_service.tracing import end_call_span
+from runtime.admin_auth import admin_token
 from runtime.grpc_health import AioHealth
 from runtime.h2 import transport_for
 from runtime.health import HealthState
@@ -282,6 +284,7 @@ class Service:
             host,
             port + self.settings.worker_index,
             health=self.serving,
+            token=admin_token(os.environ),
         )
         self.metrics_port = await server.start()
         self._metrics_server = server

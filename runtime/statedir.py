@@ -63,7 +63,9 @@ def write_mesh_info(state_dir: Path, info: MeshInfo) -> Path:
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / MESH_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(info.__dict__, indent=2) + "\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds Redis's password
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(info.__dict__, indent=2) + "\n")
     os.replace(tmp, path)
     return path
 
