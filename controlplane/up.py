@@ -260,7 +260,7 @@ class Mesh:
         password = secret_file(secrets_dir / "redis-password")
         argv = [
             binary,
-            str(redis_config(self.run_dir, password)),  # the ACL, off the command line
+            str(redis_config(secrets_dir, password)),  # the ACL, off the command line
             "--port",
             str(port),
             "--bind",

@@ -35,7 +35,7 @@ from runtime.grpc_health import AioHealth
 from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
-from runtime.redis_connect import connect_redis
+from runtime.redis_connect import connect_redis, redacted
 from runtime.tasks import honour_cancel, stop_task
 from runtime.tracing import Tracing, TracingSwitch
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics
@@ -266,10 +266,10 @@ class Service:
             self._seed_loop(), name="quota-seeder"
         )
         log.info(
-            "rate-limit service on port %d (transport %s, redis %s)",
+            "rate-limit service on port %d (transport %s, redis %s)",  # password redacted
             self.port,
             transport,
-            url or "none",
+            redacted(url) if url else "none",
         )
 
     async def _start_metrics(self, rl: RateLimitServer) -> None:

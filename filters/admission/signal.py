@@ -10,11 +10,13 @@ that schedules otherwise (:func:`ranking_source`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from filters.admission.gate import CapacitySource, RankingSource, SaturationSource
 from filters.admission.spread import Down, replicas_down
+from runtime.admin_auth import admin_token
 from runtime.poolstate.reader import PoolStateReader, pools_url
 from runtime.poolstate.state import PoolSummary, ReplicaState
 
@@ -56,6 +58,7 @@ def pool_state_reader(
         pools_url(cp.metrics.host, cp.metrics.port),
         clock=clock,
         stale_after_s=max(2.0, 2 * cp.pool_state.stale_after),
+        token=admin_token(os.environ),  # the process's settings: runtime.admin_auth
     )
 
 
