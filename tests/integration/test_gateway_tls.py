@@ -216,3 +216,53 @@ def _who(who: CertPair | None) -> Iterator[None]:
         yield
     except pytest.fail.Exception as exc:
         raise AssertionError(f"{who.cert.name if who else 'no certificate'}: {exc}") from None
+
+
+async def test_upstream_tls_with_ca_sni_and_client_certificate(tmp_path: Path) -> None:
+    from aiohttp import web
+
+    ca = make_ca(tmp_path / "ca")
+    backend_cert = make_cert(tmp_path / "b", "sglang.internal", ca, dns=("sglang.internal",))
+    envoy_client = make_cert(tmp_path / "c", "gateway", ca, client=True)
+    seen: list[str] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        peer = request.transport.get_extra_info("peercert") if request.transport else None
+        seen.append(dict(x[0] for x in peer["subject"])["commonName"] if peer else "")
+        return web.Response(text="over tls")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ca.cert))
+    server_ctx.load_cert_chain(str(backend_cert.cert), str(backend_cert.key))
+    server_ctx.verify_mode = ssl.CERT_REQUIRED  # the backend wants the gateway's certificate
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=server_ctx).start()
+    gw = free_port()
+    good = f"{{ca: {ca.cert}, sni: sglang.internal, cert: {envoy_client.cert}, key: {envoy_client.key}}}"
+    text = f"""
+version: 1
+pools:
+  chat: {{models: [m], endpoints: [127.0.0.1:{port}], health_check: {{enabled: false}},
+          retries: {{enabled: false}}, tls: {good}}}
+gateways:
+  edge:
+    listen: 127.0.0.1:{gw}
+    routes: [{{name: chat, pool: chat}}]
+"""
+    try:
+        async with mesh(tmp_path, text, {"edge": gw}) as m:
+            status, _, body = await m.get(gw, "/v1/x")
+            assert (status, body) == (200, "over tls") and seen == ["gateway"]
+            # a server name the backend's certificate does not carry: Envoy refuses it
+            m.write_policy(text.replace("sni: sglang.internal", "sni: other.internal"))
+            for _ in range(100):
+                status, _, _ = await m.get(gw, "/v1/x")
+                if status != 200:
+                    break
+                await asyncio.sleep(0.1)
+            assert status == 503
+    finally:
+        await runner.cleanup()
