@@ -11,7 +11,12 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controlplane.envoy_launcher import EnvoySettings, EnvoyStartError, render_bootstrap
+from controlplane.envoy_launcher import (
+    EnvoyProcess,
+    EnvoySettings,
+    EnvoyStartError,
+    render_bootstrap,
+)
 from runtime.admin_auth import TOKEN_ENV, TOKEN_FILE_ENV, AdminAuthError, admin_token
 from runtime.metrics_http import MetricsServer
 
@@ -68,12 +73,8 @@ def test_token_sources(tmp_path: Path) -> None:
         admin_token({TOKEN_ENV: "short"})
 
 
-def test_envoy_admin_stays_on_loopback() -> None:
-    settings = EnvoySettings(node_id="n", node_cluster="c", xds_port=1, base_id=1)
-    assert render_bootstrap(settings)["admin"]
+async def test_envoy_admin_stays_on_loopback(tmp_path: Path) -> None:
+    wide = EnvoySettings(node_id="n", node_cluster="c", xds_port=1, base_id=1, admin_host="0.0.0.0")
+    assert render_bootstrap(wide)["admin"]  # a pod's bootstrap: NetworkPolicy guards it
     with pytest.raises(EnvoyStartError, match="no authentication"):
-        render_bootstrap(
-            EnvoySettings(
-                node_id="n", node_cluster="c", xds_port=1, base_id=1, admin_host="0.0.0.0"
-            )
-        )
+        await EnvoyProcess(wide, tmp_path).start()
