@@ -47,6 +47,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--static", action="store_true", help="as a static Envoy bootstrap (one node)")
     r.set_defaults(func=_render)
 
+    t = sub.add_parser(
+        "sds", help="write the SDS files of the policy's TLS gateways (on a gateway's host)"
+    )
+    _policy_args(t)
+    t.set_defaults(func=_sds)
+
     s = sub.add_parser("serve", help="run the control plane only (xDS + policy watcher + metrics)")
     s.add_argument("-c", "--config", type=Path, required=True)
     s.add_argument("--xds", type=Address.parse, help="override control_plane.xds (host:port)")
@@ -159,6 +165,24 @@ def _validate(args: argparse.Namespace) -> int:
         f"{path}: OK ({len(policy.pools)} pools, {len(policy.services)} services, "
         f"{groups} node groups, {len(policy.tenants)} tenants)"
     )
+    return 0
+
+
+def _sds(args: argparse.Namespace) -> int:
+    """What the control plane writes before publishing a TLS listener, for a gateway that runs
+    on another host (a Kubernetes gateway pod: docs/deploy.md "TLS on Kubernetes")."""
+    from controlplane.sds_files import write_sds_files
+
+    policy = load_or_report(_policy_path(args))
+    if policy is None:
+        return 1
+    try:
+        written = write_sds_files(policy)
+    except OSError as exc:
+        print(f"tokenweir sds: {exc}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(path)
     return 0
 
 

@@ -3,7 +3,7 @@
 The reloader writes them before it publishes a snapshot whose listeners name them. A file is
 replaced only when its content changes, by a rename into the watched directory (Envoy reloads
 on a move, never on a half-written file). On a gateway host other than the control plane's,
-``tokenweir tls sds -c POLICY`` writes the same files (docs/deploy.md "TLS").
+``tokenweir sds -c POLICY`` writes the same files (docs/deploy.md "TLS on Kubernetes").
 """
 
 from __future__ import annotations
