@@ -9,6 +9,7 @@ from pathlib import Path
 
 import redis
 
+from runtime.redis_connect import redacted
 from runtime.statedir import RedisTarget, unreachable
 
 __all__ = ["REDIS_FAILURES", "add_mesh_redis_args", "redis_failure"]
@@ -22,7 +23,7 @@ def redis_failure(target: RedisTarget, exc: BaseException) -> str:
     change when Redis cannot be reached, the URL and Redis's own error otherwise."""
     if isinstance(exc, _UNREACHABLE):
         return unreachable(target, exc)
-    return f"redis at {target.url}: {exc}"
+    return f"redis at {redacted(target.url)}: {exc}"
 
 
 def add_mesh_redis_args(parser: argparse.ArgumentParser) -> None:

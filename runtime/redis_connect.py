@@ -17,7 +17,13 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
-__all__ = ["RedisAuthError", "connect_redis", "redacted", "verify_credentials"]
+__all__ = [
+    "RedisAuthError",
+    "connect_redis",
+    "redacted",
+    "split_cluster_flag",
+    "verify_credentials",
+]
 
 
 class RedisAuthError(Exception):
@@ -77,6 +83,12 @@ def _split_cluster_flag(url: str) -> tuple[str, bool | None]:
     clean = f"{parts.scheme}://{parts.netloc}{parts.path}"
     clean += (f"?{rest}" if rest else "") + (f"#{parts.fragment}" if parts.fragment else "")
     return clean, flag.lower() in ("1", "true", "yes")
+
+
+def split_cluster_flag(url: str) -> tuple[str, bool]:
+    """The URL without ``?cluster=`` (its TLS arguments kept), and whether it forces a cluster."""
+    clean, flag = _split_cluster_flag(url)
+    return clean, bool(flag)
 
 
 async def connect_redis(url: str, *, timeout: float = 0.5) -> Any:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from runtime.redis_connect import redacted
+
 __all__ = [
     "DEFAULT_REDIS",
     "MESH_FILE",
@@ -152,7 +154,7 @@ def find_redis(
 def unreachable(target: RedisTarget, exc: BaseException) -> str:
     """The error line for a failed connection: the URL, its source, what to change."""
     return (
-        f"cannot reach Redis at {target.url} ({target.source}): {exc}\n"
+        f"cannot reach Redis at {redacted(target.url)} ({target.source}): {exc}\n"
         "Start the mesh with `tokenweir up -c POLICY`, or pass --redis-url URL "
         "(--state-dir DIR for a mesh started with one)."
     )
