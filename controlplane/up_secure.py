@@ -1,7 +1,7 @@
 """The secrets ``tokenweir up`` keeps in its state directory, each a file of mode 0600:
 
 - ``redis-password``: its private Redis runs with ACL user ``tokenweir`` and this password (the
-  ``default`` user is off, so ``redis-cli ping`` without it answers ``NOAUTH``), bound to
+  ``default`` user wants it too, so ``redis-cli ping`` without it answers ``NOAUTH``), bound to
   127.0.0.1; the password reaches the other processes in ``TOKENWEIR_REDIS_URL`` (their
   environment, never their command line, which ``ps`` shows) and ``mesh.json`` (0600).
 - ``admin-token``: when a gateway serves HTTPS (``examples/production.yaml``) the mesh counts as
@@ -64,11 +64,15 @@ def secret_file(path: Path, *, nbytes: int = 32) -> str:
 
 
 def redis_config(directory: Path, password: str) -> Path:
-    """A redis.conf (0600) with the ACL: ``default`` off, ``tokenweir`` with ``password``."""
+    """A redis.conf (0600) with the ACL: ``tokenweir`` and ``default`` both want ``password``.
+
+    ``default`` is not turned off: Redis 7.0 replays the append-only file's MULTI blocks as the
+    default user, and with it off every transaction of the file is refused at load (NOPERM):
+    the live edits kept in the state directory would be lost on the next start."""
     path = directory / "redis-acl.conf"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write("user default off\n")
+        fh.write(f"user default on >{password} ~* &* +@all\n")
         fh.write(f"user {REDIS_USER} on >{password} ~* &* +@all\n")
     return path
 

@@ -150,6 +150,24 @@ async def test_https_by_sni_plain_http_refused_and_renewal_drops_nothing(tmp_pat
                 assert seen == "a.test-v2", "the renewed certificate was not picked up"
                 assert failures == [] and ok > 20, (failures[:5], ok)
                 assert (await _handshake(gw, client, "b.test"))[0] == "b.test"
+
+                # a policy naming a key of another certificate: refused, HTTPS keeps serving
+                def errors() -> float:
+                    value = m.plane.registry.get_sample_value(
+                        "tokenweir_config_reloads_total", {"result": "error"}
+                    )
+                    return value or 0.0
+
+                before = errors()
+                text = _policy(gw, bs.port, tls.replace(f"key: {a.key}", f"key: {b.key}"))
+                m.write_policy(text)
+                for _ in range(100):
+                    if errors() > before:
+                        break
+                    await asyncio.sleep(0.1)
+                assert errors() > before, "the bad policy was not refused"
+                assert (await _get(session, gw, h1))[0] == 200
+                assert (await _handshake(gw, client, "a.test"))[0] == "a.test-v2"
     finally:
         await close_backends([bs])
 
