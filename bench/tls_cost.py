@@ -32,10 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from controlplane.app import ControlPlane, ControlPlaneSettings  # noqa: E402
-from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings  # noqa: E402
-from controlplane.policy import Address  # noqa: E402
 from controlplane.tls_material import make_ca, make_cert  # noqa: E402
+from policy import Address  # noqa: E402
 from tests.helpers import ChildProcess, free_port, wait_for_port  # noqa: E402
+from tokenweir.envoy_launcher import EnvoyProcess, EnvoySettings  # noqa: E402
 
 BODY = {"model": "m1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 K6_SCRIPT = """

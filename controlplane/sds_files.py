@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from controlplane.policy.model import Policy
 from controlplane.translate.tls import sds_documents
+from policy.model import Policy
 
 __all__ = ["write_sds_files"]
 

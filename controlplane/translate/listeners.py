@@ -26,8 +26,6 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
 
-from controlplane.policy.model import Address, Downstream, Gateway, Policy, Route
-from controlplane.policy.tls import GatewayTls
 from controlplane.translate import names
 from controlplane.translate.access_log import access_logs
 from controlplane.translate.edge import openai_local_replies, strip_internal_headers
@@ -47,6 +45,8 @@ from controlplane.translate.usage_meter import (
     usage_http_filter,
     usage_per_route,
 )
+from policy.model import Address, Downstream, Gateway, Policy, Route
+from policy.tls import GatewayTls
 
 __all__ = ["gateway_listener", "route_hooks", "sidecar_listener"]
 

@@ -31,8 +31,8 @@ from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tl
 from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import wrappers_pb2
 
-from controlplane.policy.tls import GatewayTls, UpstreamTls
 from controlplane.translate.protos import any_of
+from policy.tls import GatewayTls, UpstreamTls
 
 __all__ = [
     "PLAINTEXT_REFUSAL",

@@ -11,14 +11,14 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controlplane.envoy_launcher import (
+from runtime.admin_auth import TOKEN_ENV, TOKEN_FILE_ENV, AdminAuthError, admin_token
+from runtime.metrics_http import MetricsServer
+from tokenweir.envoy_launcher import (
     EnvoyProcess,
     EnvoySettings,
     EnvoyStartError,
     render_bootstrap,
 )
-from runtime.admin_auth import TOKEN_ENV, TOKEN_FILE_ENV, AdminAuthError, admin_token
-from runtime.metrics_http import MetricsServer
 
 TOKEN = "a-long-enough-admin-token-0123456789"
 
