@@ -51,6 +51,7 @@ class ControlPlaneSettings:
     debounce: float = 0.1
     replicas: Replicas | None = None  # overrides the policy's `replicas:` (`up --replicas`)
     redis_url: str | None = None  # the quotas' Redis (the dashboard); else ratelimit.redis_url
+    admin_token: str | None = None  # required by /metrics, /api/v1, the dashboard (admin_auth)
 
 
 class ControlPlane:
@@ -110,6 +111,7 @@ class ControlPlane:
             settings.metrics.host,
             settings.metrics.port,
             health=self.health,
+            token=settings.admin_token,
             routes=[
                 *pool_routes(self.scraper),
                 *self.canary.routes(),

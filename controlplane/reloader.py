@@ -20,6 +20,7 @@ from types import MappingProxyType
 from google.protobuf.message import Message
 from prometheus_client import CollectorRegistry
 
+from controlplane.sds_files import write_sds_files
 from controlplane.translate.render import Resources, render
 from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.errors import InconsistentSnapshotError
@@ -91,6 +92,10 @@ def prepare(
         group: (snap.version, {t: dict(by_name) for t, by_name in snap.resources.items()})
         for group, snap in snapshots_for(render(policy)).items()
     }
+    try:
+        write_sds_files(policy)  # before any listener naming them is published
+    except OSError as exc:
+        raise PolicyError([Issue(str(path), 0, "tls.sds_dir", f"cannot write: {exc}")]) from exc
     return Loaded(Prepared(policy, snaps), tuple(endpoint_files(policy, path.parent)))
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,7 +31,12 @@ __all__ = ["main"]
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m filters", description=__doc__)
     p.add_argument("--policy", required=True, type=Path, help="the mesh policy YAML")
-    p.add_argument("--redis-url", help="Redis for live API keys and budgets (default: policy)")
+    p.add_argument(
+        "--redis-url",
+        default=os.environ.get("TOKENWEIR_REDIS_URL"),
+        help="Redis for live API keys and budgets (default: $TOKENWEIR_REDIS_URL, else the "
+        "policy's; a URL with a password belongs in the environment, not the command line)",
+    )
     p.add_argument("--listen", help="host:port (default: the policy's filters.address)")
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port")
     p.add_argument("--tokenizer", help="a Hugging Face tokenizer.json for exact token counts")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Generator
@@ -53,9 +54,11 @@ from filters.usage_log import UsageLog
 from policy import Policy, load_policy
 from policy.phases import uses_collapse, uses_shadow_pairs
 from quota.topup import TopUps
+from runtime.admin_auth import admin_token
 from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
+from runtime.redis_connect import verify_credentials
 from runtime.tasks import stop_task
 from runtime.tracing import TracingSwitch
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics, ReloadOutcome
@@ -241,6 +244,7 @@ class FilterApp:
         await self._start_pool_state()
         url = self._redis_url()
         if url:
+            await verify_credentials(url)  # a wrong password stops the start, clearly
             self._redis = redis_client(url, timeout=self._redis_timeout())
             self.topups = TopUps(self._redis, wall=self._wall, timeout=self._redis_timeout())
             # a Retry-After's promise is kept by whichever filter process the client comes back to
@@ -367,7 +371,9 @@ class FilterApp:
         return (addr.host, addr.port) if addr is not None else ("127.0.0.1", 18082)
 
     async def _serve_metrics(self, host: str, port: int) -> None:
-        server = MetricsServer(self.metrics.registry, host, port, health=self.health)
+        server = MetricsServer(
+            self.metrics.registry, host, port, health=self.health, token=admin_token(os.environ)
+        )
         self.metrics_port = await server.start()
         self._metrics_server = server
 

@@ -26,6 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from filters.keys import key_name, revoke_key, set_key
 from policy import PolicyError, load_policy
+from runtime.redis_connect import redacted
 from runtime.statedir import RedisTarget, default_state_dir, find_redis, unreachable
 
 __all__ = ["main", "run", "target"]
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print(unreachable(where, exc), file=sys.stderr)
         return 1
     except RedisError as exc:
-        print(f"redis at {where.url}: {exc}", file=sys.stderr)
+        print(f"redis at {redacted(where.url)}: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -20,6 +20,7 @@ from policy.endpoints import parse_endpoints_text
 from policy.errors import Issue, PolicyError
 from policy.model import Address, LlmPool, Policy
 from policy.semantic import check_policy
+from policy.tls import tls_file_issues
 
 __all__ = ["endpoint_files", "key_lines", "load_policy", "load_policy_text"]
 
@@ -107,6 +108,8 @@ def _load_text(text: str, filename: str, base_dir: Path | None, limits: Limits) 
     issues = [Issue(filename, lines.of(path), path, msg) for path, msg in check_policy(policy)]
     resolved, file_issues = _resolve_endpoints(policy, base_dir or Path.cwd(), lines, filename)
     issues += file_issues
+    resolved, tls_issues = tls_file_issues(resolved, base_dir or Path.cwd())
+    issues += [Issue(filename, lines.of(path), path, msg) for path, msg in tls_issues]
     if issues:
         raise PolicyError(issues)
     return resolved

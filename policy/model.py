@@ -38,6 +38,7 @@ from policy.saturation import PoolCapacity, PoolStateScrape, SaturationPolicy
 from policy.scheduling import PriorityScheduling
 from policy.servers import ControlPlane, FiltersServer, RateLimitServer, Replicas
 from policy.tenancy import MoneyLimits, Price, QuotaLimits, Quotas, Tenant, Tier
+from policy.tls import GatewayTls, UpstreamTls
 from policy.tracing import Tracing
 
 __all__ = [
@@ -233,6 +234,7 @@ class LlmPool:
     canary: CanaryPolicy | None = None
     disaggregation: Disaggregation | None = None  # PD pools (disaggregation.py)
     autoscale: AutoscalePolicy | None = None  # the online planner (policy/autoscale.py)
+    tls: UpstreamTls | None = None  # Envoy -> replicas over TLS (policy.tls)
 
     def __post_init__(self) -> None:
         check_backend_capacity(self.backend, self.capacity.max_running_requests)
@@ -276,6 +278,7 @@ class HttpService:
     outlier_detection: OutlierDetection | None = None
     health_check: HealthCheck | None = None
     rate_limit: QuotaLimits | None = None
+    tls: UpstreamTls | None = None  # Envoy -> endpoints over TLS (policy.tls)
 
 
 # -- routes and filters -----------------------------------------------------------------------
@@ -379,6 +382,7 @@ class Gateway:
     max_request_headers_kb: Annotated[int, Range(1, 8192)] = 60
     downstream: Downstream = field(default_factory=Downstream)
     access_log: AccessLog = field(default_factory=AccessLog)
+    tls: GatewayTls | None = None  # HTTPS on `listen` (policy.tls)
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,10 @@ class PoolStateReader:
         poll_timeout_s: float = 1.0,
         retry_s: float = 0.25,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        token: str | None = None,
     ) -> None:
+        # the control plane's admin token (runtime.admin_auth), when its surfaces want one
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         if not stale_after_s > poll_timeout_s:
             # an idle pool publishes nothing new: the answer to a long poll comes only after
             # poll_timeout_s, and that silence must not read as an unreachable control plane
@@ -128,7 +131,7 @@ class PoolStateReader:
                 if self._heard_at is not None:
                     params["after_version"] = str(self._last.version)
                 try:
-                    async with http.get(self.url, params=params) as r:
+                    async with http.get(self.url, params=params, headers=self._headers) as r:
                         ok = r.status == 200 and self.accept(await r.json(content_type=None))
                 except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                     log.debug("pool state unreachable: %r", exc)

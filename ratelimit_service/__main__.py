@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -27,7 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ratelimit_service", description=__doc__)
     p.add_argument("--policy", required=True, type=Path, help="the mesh policy (YAML)")
     p.add_argument(
-        "--redis-url", default=None, help="redis://host:port/db (?cluster=1 forces cluster)"
+        "--redis-url",
+        default=os.environ.get("TOKENWEIR_REDIS_URL"),
+        help="redis://[user:password@]host:port/db or rediss:// (TLS); ?cluster=1 forces "
+        "cluster (default: $TOKENWEIR_REDIS_URL, else the policy's)",
     )
     p.add_argument("--listen", default=None, help="host:port (default: policy ratelimit.address)")
     p.add_argument("--metrics-port", type=int, default=None)

@@ -1,9 +1,11 @@
 """A minimal pipelined RESP connection for standalone Redis: the hot path's round trips.
 
 redis-py spends more CPU packing a 30-argument EVALSHA than Redis spends running it; this packs
-a whole batch into one bytes buffer and parses the replies with hiredis. Only plain ``redis://``
-over TCP takes this path (:func:`fast_path_url`): ``rediss://`` (TLS), ``unix://`` and Redis
-Cluster keep using redis-py. A round trip that gets no answer within ``read_timeout`` closes the
+a whole batch into one bytes buffer and parses the replies with hiredis. ``redis://`` and
+``rediss://`` (TLS: the URL's ``ssl_ca_certs``, ``ssl_certfile``/``ssl_keyfile``,
+``ssl_check_hostname`` and ``ssl_cert_reqs`` as redis-py reads them) over TCP take this path
+(:func:`fast_path_url`); ``unix://`` and Redis Cluster keep using redis-py. The URL's ACL user
+and password are sent with ``AUTH`` on each new connection. A round trip that gets no answer within ``read_timeout`` closes the
 connection (the next call reconnects), and TCP keepalive finds a dead peer on an idle one, so a
 stalled Redis costs the documented Redis-down behaviour, never a pinned pipeline.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -43,14 +46,33 @@ def pack(commands: list[tuple[Any, ...]]) -> bytes:
 
 
 def fast_path_url(url: str | None) -> str | None:
-    """``url`` (without its query) when the fast path may serve it: plain ``redis://`` over TCP
-    only; None for ``rediss://`` (TLS: redis-py does the handshake), ``unix://`` and the rest."""
+    """``url`` when the fast path may serve it (``redis://`` without its query, ``rediss://``
+    with it: the TLS settings); None for ``unix://`` and the rest."""
     if not url:
         return None
     parts = urlsplit(url)
-    if parts.scheme != "redis" or not parts.hostname:
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
         return None
-    return url.partition("?")[0]
+    return url if parts.scheme == "rediss" else url.partition("?")[0]
+
+
+def _tls_context(opts: dict[str, Any]) -> ssl.SSLContext | None:
+    """The client TLS context a ``rediss://`` URL asks for (None for ``redis://``)."""
+    if _scheme(opts) != "rediss":
+        return None
+    ctx = ssl.create_default_context(cafile=opts.get("ssl_ca_certs"))
+    if opts.get("ssl_cert_reqs") in ("none", "optional"):
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE if opts["ssl_cert_reqs"] == "none" else ssl.CERT_OPTIONAL
+    elif opts.get("ssl_check_hostname") is False:
+        ctx.check_hostname = False
+    if opts.get("ssl_certfile"):
+        ctx.load_cert_chain(opts["ssl_certfile"], opts.get("ssl_keyfile"))
+    return ctx
+
+
+def _scheme(opts: dict[str, Any]) -> str:
+    return "rediss" if "SSL" in getattr(opts.get("connection_class"), "__name__", "") else "redis"
 
 
 _KEEPALIVE = (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3))
@@ -65,8 +87,9 @@ class RespConnection:
         self, url: str, *, connect_timeout: float = 0.5, read_timeout: float = 1.0
     ) -> None:
         if fast_path_url(url) is None:
-            raise ValueError(f"the RESP fast path serves plain redis:// over TCP only, not {url}")
-        self._opts = parse_url(url)
+            raise ValueError(f"the RESP fast path serves redis:// and rediss:// only, not {url}")
+        self._opts: dict[str, Any] = dict(parse_url(url))
+        self._tls = _tls_context(self._opts)
         self._timeout = connect_timeout
         self._read_timeout = read_timeout
         self._reader: asyncio.StreamReader | None = None
@@ -77,8 +100,9 @@ class RespConnection:
     async def _connect(self) -> None:
         host = self._opts.get("host", "127.0.0.1")
         port = int(self._opts.get("port", 6379))
+        tls = {"ssl": self._tls, "server_hostname": host} if self._tls is not None else {}
         self._reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port), self._timeout
+            asyncio.open_connection(host, port, **tls), self._timeout
         )
         self._writer = writer
         sock = writer.get_extra_info("socket")

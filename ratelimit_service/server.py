@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +30,12 @@ from ratelimit_service.resp import fast_path_url
 from ratelimit_service.responses import error_response, ok_response
 from ratelimit_service.store import RedisStore
 from ratelimit_service.tracing import end_call_span
+from runtime.admin_auth import admin_token
 from runtime.grpc_health import AioHealth
 from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
-from runtime.redis_connect import connect_redis
+from runtime.redis_connect import connect_redis, redacted
 from runtime.tasks import honour_cancel, stop_task
 from runtime.tracing import Tracing, TracingSwitch
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics
@@ -262,10 +264,10 @@ class Service:
             self._seed_loop(), name="quota-seeder"
         )
         log.info(
-            "rate-limit service on port %d (transport %s, redis %s)",
+            "rate-limit service on port %d (transport %s, redis %s)",  # password redacted
             self.port,
             transport,
-            url or "none",
+            redacted(url) if url else "none",
         )
 
     async def _start_metrics(self, rl: RateLimitServer) -> None:
@@ -280,6 +282,7 @@ class Service:
             host,
             port + self.settings.worker_index,
             health=self.serving,
+            token=admin_token(os.environ),
         )
         self.metrics_port = await server.start()
         self._metrics_server = server

@@ -1,6 +1,7 @@
 """The one ``/metrics`` server every process runs (control plane, filter server, rate-limit service).
 
-``GET /metrics``: the process's Prometheus registry. ``GET /healthz``: ``200 ok`` while the
+``GET /metrics``: the process's Prometheus registry (behind a token off loopback:
+:mod:`runtime.admin_auth`). ``GET /healthz``: ``200 ok`` while the
 process serves, ``503 draining`` once its :class:`~runtime.health.HealthState` reports
 NOT_SERVING (a plain-HTTP twin of ``grpc.health.v1.Health``, for probes that speak no gRPC).
 
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
+from runtime.admin_auth import check_exposure, token_middleware
 from runtime.gil import SwitchInterval
 from runtime.health import HealthState
 from runtime.metrics_text import TextRenderer
@@ -43,6 +45,7 @@ class MetricsServer:
         health: HealthState | None = None,
         routes: Sequence[web.RouteDef] = (),
         render_switch_interval: float | None = RENDER_SWITCH_INTERVAL,
+        token: str | None = None,
     ) -> None:
         self.registry = registry
         self.renderer = TextRenderer(registry)
@@ -50,13 +53,19 @@ class MetricsServer:
         self.port = port
         self.health = health
         self.routes = list(routes)  # more endpoints on this port (the control plane's pool state)
+        self.token = token  # required on every path but /healthz (runtime.admin_auth)
         self._runner: web.AppRunner | None = None
         self._switch = (
             SwitchInterval(render_switch_interval) if render_switch_interval is not None else None
         )
 
     async def start(self) -> int:
-        app = web.Application()
+        """Raises :class:`~runtime.admin_auth.AdminAuthError` when bound beyond loopback without
+        a token."""
+        check_exposure("/metrics", self.host, self.token)
+        app = web.Application(
+            middlewares=[token_middleware(self.token)] if self.token is not None else []
+        )
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.add_routes(self.routes)

@@ -1,5 +1,11 @@
 """Connecting to Redis or Redis Cluster (detected with INFO cluster, or forced by ``?cluster=1``):
-the rate-limit service and the control plane's dashboard share it."""
+the rate-limit service and the control plane's dashboard share it.
+
+Credentials and TLS are the URL's: ``redis://USER:PASSWORD@host:port/0`` (Redis ACL), and
+``rediss://…?ssl_ca_certs=CA&ssl_certfile=CRT&ssl_keyfile=KEY`` for TLS (redis-py reads those
+query arguments). Refused credentials are a :class:`RedisAuthError` at start-up
+(:func:`verify_credentials`), not a stream of failed requests; a URL is logged without its
+password (:func:`redacted`)."""
 
 from __future__ import annotations
 
@@ -9,9 +15,57 @@ from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
-__all__ = ["connect_redis"]
+__all__ = [
+    "RedisAuthError",
+    "connect_redis",
+    "redacted",
+    "split_cluster_flag",
+    "verify_credentials",
+]
+
+
+class RedisAuthError(Exception):
+    """Redis refused the URL's user or password (or wants one the URL does not give)."""
+
+
+def redacted(url: str) -> str:
+    """``url`` with its password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return url.replace(parts.netloc, f"{user}:***@{host}", 1)
+
+
+def _auth_refused(exc: BaseException) -> bool:
+    if isinstance(exc, AuthenticationError):
+        return True
+    text = str(exc)
+    return isinstance(exc, ResponseError) and text.startswith(("NOAUTH", "WRONGPASS", "NOPERM"))
+
+
+async def verify_credentials(url: str, *, timeout: float = 2.0) -> None:
+    """One PING: raise :class:`RedisAuthError` when Redis refuses the credentials; a Redis that
+    does not answer is left to the caller's outage handling (it may come up later)."""
+    clean, _ = _split_cluster_flag(url)
+    probe = aioredis.Redis.from_url(clean, socket_connect_timeout=timeout, socket_timeout=timeout)
+    try:
+        await probe.ping()
+    except RedisError as exc:
+        if _auth_refused(exc):
+            raise RedisAuthError(
+                f"redis at {redacted(clean)} refused the credentials ({exc}); give the ACL "
+                "user and password in the URL: redis://USER:PASSWORD@host:port/0"
+            ) from exc
+        log.warning("redis at %s does not answer yet: %s", redacted(clean), exc)
+    except OSError as exc:
+        log.warning("redis at %s does not answer yet: %s", redacted(clean), exc)
+    finally:
+        await probe.aclose()
+
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +85,18 @@ def _split_cluster_flag(url: str) -> tuple[str, bool | None]:
     return clean, flag.lower() in ("1", "true", "yes")
 
 
+def split_cluster_flag(url: str) -> tuple[str, bool]:
+    """The URL without ``?cluster=`` (its TLS arguments kept), and whether it forces a cluster."""
+    clean, flag = _split_cluster_flag(url)
+    return clean, bool(flag)
+
+
 async def connect_redis(url: str, *, timeout: float = 0.5) -> Any:
     """An asyncio client (``Redis`` or ``RedisCluster``); never fails when Redis is down: the
     standalone client reconnects by itself on the next command."""
     clean, forced = _split_cluster_flag(url)
     opts: dict[str, Any] = {"socket_connect_timeout": timeout, "socket_timeout": timeout * 2}
+    await verify_credentials(url, timeout=max(timeout, 1.0))
     if forced is None:
         probe = aioredis.Redis.from_url(clean, **opts)
         try:
@@ -43,7 +104,9 @@ async def connect_redis(url: str, *, timeout: float = 0.5) -> Any:
             forced = bool(int(info.get("cluster_enabled", 0)))
         except (RedisError, OSError) as exc:
             log.warning(
-                "redis at %s does not answer (%s); assuming it is not a cluster", clean, exc
+                "redis at %s does not answer (%s); assuming it is not a cluster",
+                redacted(clean),
+                exc,
             )
             forced = False
         finally:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from runtime.redis_connect import redacted
+
 __all__ = [
     "DEFAULT_REDIS",
     "MESH_FILE",
@@ -63,7 +65,9 @@ def write_mesh_info(state_dir: Path, info: MeshInfo) -> Path:
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / MESH_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(info.__dict__, indent=2) + "\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds Redis's password
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(info.__dict__, indent=2) + "\n")
     os.replace(tmp, path)
     return path
 
@@ -150,7 +154,7 @@ def find_redis(
 def unreachable(target: RedisTarget, exc: BaseException) -> str:
     """The error line for a failed connection: the URL, its source, what to change."""
     return (
-        f"cannot reach Redis at {target.url} ({target.source}): {exc}\n"
+        f"cannot reach Redis at {redacted(target.url)} ({target.source}): {exc}\n"
         "Start the mesh with `tokenweir up -c POLICY`, or pass --redis-url URL "
         "(--state-dir DIR for a mesh started with one)."
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 import redis
 
 from policy import Policy, PolicyError, load_policy
+from runtime.redis_connect import redacted
 from runtime.statedir import RedisTarget, unreachable
 
 __all__ = ["REDIS_FAILURES", "add_mesh_redis_args", "load_or_report", "redis_failure"]
@@ -37,7 +38,7 @@ def redis_failure(target: RedisTarget, exc: BaseException) -> str:
     change when Redis cannot be reached, the URL and Redis's own error otherwise."""
     if isinstance(exc, _UNREACHABLE):
         return unreachable(target, exc)
-    return f"redis at {target.url}: {exc}"
+    return f"redis at {redacted(target.url)}: {exc}"
 
 
 def add_mesh_redis_args(parser: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -47,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--static", action="store_true", help="as a static Envoy bootstrap (one node)")
     r.set_defaults(func=_render)
 
+    t = sub.add_parser(
+        "sds", help="write the SDS files of the policy's TLS gateways (on a gateway's host)"
+    )
+    _policy_args(t)
+    t.set_defaults(func=_sds)
+
     s = sub.add_parser("serve", help="run the control plane only (xDS + policy watcher + metrics)")
     s.add_argument("-c", "--config", type=Path, required=True)
     s.add_argument("--xds", type=Address.parse, help="override control_plane.xds (host:port)")
@@ -62,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--redis-url",
+        default=os.environ.get("TOKENWEIR_REDIS_URL"),
         help="the rate-limit service's Redis, read by the dashboard for the tenants' budgets "
         "(default: ratelimit.redis_url)",
     )
@@ -161,6 +169,24 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sds(args: argparse.Namespace) -> int:
+    """What the control plane writes before publishing a TLS listener, for a gateway that runs
+    on another host (a Kubernetes gateway pod: docs/deploy.md "TLS on Kubernetes")."""
+    from controlplane.sds_files import write_sds_files
+
+    policy = load_or_report(_policy_path(args))
+    if policy is None:
+        return 1
+    try:
+        written = write_sds_files(policy)
+    except OSError as exc:
+        print(f"tokenweir sds: {exc}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(path)
+    return 0
+
+
 def _render(args: argparse.Namespace) -> int:
     policy = load_or_report(_policy_path(args))
     if policy is None:
@@ -201,9 +227,16 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"--replicas: {exc}", file=sys.stderr)
         return 2
+    from runtime.admin_auth import AdminAuthError, admin_token
+
+    try:
+        token = admin_token(os.environ)
+    except AdminAuthError as exc:
+        print(f"tokenweir: {exc}", file=sys.stderr)
+        return 2
     settings = ControlPlaneSettings(
         args.config, args.xds or cp.xds, args.metrics or cp.metrics, cp.debounce, replicas,
-        redis_url=args.redis_url,
+        redis_url=args.redis_url, admin_token=token,
     )  # fmt: skip
 
     from runtime.process import run, serve

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.xds.status import ADMIN_METADATA
+from runtime.admin_auth import is_loopback
 
 __all__ = [
     "XDS_CLUSTER",
@@ -249,7 +250,18 @@ class EnvoyProcess:
         ]  # fmt: skip
 
     async def start(self, *, timeout: float = 30.0, wait_ready: bool = True) -> None:
-        """Write the bootstrap, start Envoy, wait for its admin port (and ``/ready``)."""
+        """Write the bootstrap, start Envoy, wait for its admin port (and ``/ready``).
+
+        Envoy's admin has no authentication of its own (it drains listeners and quits on
+        request): an admin address beyond loopback is refused here (:class:`EnvoyStartError`).
+        A pod's bootstrap (``tokenweir bootstrap``) binds it for the kubelet's probes, with a
+        NetworkPolicy admitting no one else (deploy/kubernetes/base/gateway.yaml)."""
+        if not is_loopback(self.settings.admin_host):
+            raise EnvoyStartError(
+                f"Envoy's admin would listen on {self.settings.admin_host}: it has no "
+                "authentication; keep it on 127.0.0.1 and read its stats through the control "
+                "plane's /metrics and dashboard"
+            )
         if self._proc is not None:
             raise EnvoyStartError("this Envoy is already started")
         self.work_dir.mkdir(parents=True, exist_ok=True)

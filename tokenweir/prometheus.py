@@ -14,6 +14,7 @@ import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from policy import Policy
 from policy.servers import replica_addresses, worker_metrics_ports
@@ -82,13 +83,18 @@ def _worker_targets(job: str, first: int, replicas: int, workers: int) -> list[T
 
 
 def render_config(
-    targets: Iterable[Target], *, interval_s: float = 5.0, rules_dir: Path = RULES_DIR
+    targets: Iterable[Target],
+    *,
+    interval_s: float = 5.0,
+    rules_dir: Path = RULES_DIR,
+    token_file: Path | None = None,
 ) -> str:
-    """``prometheus.yml`` (JSON is valid YAML: no YAML writer needed)."""
+    """``prometheus.yml`` (JSON is valid YAML: no YAML writer needed). ``token_file``: the admin
+    token every scrape sends (``runtime.admin_auth``; Envoy's loopback admin ignores it)."""
     jobs: dict[tuple[str, str], list[Target]] = {}
     for t in targets:
         jobs.setdefault((t.job, t.path), []).append(t)
-    scrape_configs = []
+    scrape_configs: list[dict[str, Any]] = []
     for (job, path), ts in jobs.items():
         scrape_configs.append(
             {
@@ -97,6 +103,11 @@ def render_config(
                 "static_configs": [{"targets": [t.address], "labels": dict(t.labels)} for t in ts],
             }
         )
+        if token_file is not None:
+            scrape_configs[-1]["authorization"] = {
+                "type": "Bearer",
+                "credentials_file": str(token_file),
+            }
     interval = f"{max(1, round(interval_s * 1000))}ms"
     config = {
         "global": {

@@ -30,6 +30,7 @@ from quota.keys import bucket_key, config_key, seed_key, window_key
 from quota.reader import decode_map, limit_remaining
 from quota.windows import window
 from ratelimit_service.store import load_script
+from runtime.redis_connect import split_cluster_flag
 from runtime.statedir import RedisTarget, default_state_dir, find_redis
 from tokenweir.admin_args import REDIS_FAILURES, add_mesh_redis_args, redis_failure
 
@@ -66,8 +67,8 @@ def _target(args: argparse.Namespace, policy: Policy) -> RedisTarget:
 
 
 def _connect(policy: Policy, target: RedisTarget) -> Any:
-    url, _, query = target.url.partition("?")
-    if "cluster=1" in query or "cluster=true" in query:
+    url, cluster = split_cluster_flag(target.url)  # rediss:// keeps its ssl_* arguments
+    if cluster:
         return RedisCluster.from_url(url)
     client = redis.Redis.from_url(url, socket_connect_timeout=2)
     if int(client.info("cluster").get("cluster_enabled", 0)):

@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from policy import PolicyError, load_policy
+from runtime.redis_connect import split_cluster_flag
 from runtime.shadow import Pair, Side, decode_pair, pairs_key, summarize
 from runtime.statedir import default_state_dir, find_redis
 from tokenweir.admin_args import REDIS_FAILURES, add_mesh_redis_args, redis_failure
@@ -98,7 +99,7 @@ def _main(args: argparse.Namespace) -> int:
     target = find_redis(
         args.redis_url, args.state_dir or default_state_dir(args.config), policy_url
     )
-    client = redis.Redis.from_url(target.url.partition("?")[0], socket_connect_timeout=2)
+    client = redis.Redis.from_url(split_cluster_flag(target.url)[0], socket_connect_timeout=2)
     try:
         found = {r: read_pairs(client, r) for r in routes}
     except REDIS_FAILURES as exc:

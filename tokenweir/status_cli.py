@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from policy import Address
+from runtime.admin_auth import admin_token
 
 __all__ = ["format_shadow", "format_status", "register", "unreachable"]
 
@@ -75,7 +77,10 @@ def unreachable(args: argparse.Namespace, base: str, exc: BaseException) -> str:
 
 
 def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as r:
+    """GET JSON, with the admin token when one is set (runtime.admin_auth)."""
+    token = admin_token(os.environ)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
         return json.loads(r.read())
 
 

@@ -41,6 +41,7 @@ from controlplane.app import ControlPlane, ControlPlaneSettings
 from policy import Address, Policy
 from policy.ports import port_plan
 from policy.servers import Replicas, replica_addresses
+from runtime.admin_auth import TOKEN_FILE_ENV, admin_token
 from runtime.children import Child, wait_child_port
 from runtime.metrics_http import MetricsServer
 from runtime.ports import free_port
@@ -67,6 +68,7 @@ from tokenweir.up_parts import (
     unless,
     wait_listening,
 )
+from tokenweir.up_secure import REDIS_URL_ENV, REDIS_USER, Secure, redis_config, secret_file
 
 __all__ = ["Mesh"]
 
@@ -91,8 +93,14 @@ class Mesh:
         replicas: Replicas | None = None,
         prometheus: tuple[int, float] | None = None,
         autoscale: bool = False,
+        secure: Secure | None = None,
     ) -> None:
         self.config = config.resolve()
+        self.secure = secure or Secure()  # generated secrets (tokenweir.up_secure)
+        # what every child gets in its environment (secrets never go on a command line)
+        self.child_env: dict[str, str] = {}
+        if self.secure.admin_token_file is not None:
+            self.child_env[TOKEN_FILE_ENV] = str(self.secure.admin_token_file)
         self.override = replicas  # --replicas (the control planes apply it on every reload)
         self.replicas = replicas or policy.replicas
         self.policy = dataclasses.replace(policy, replicas=self.replicas)
@@ -123,6 +131,8 @@ class Mesh:
         p = self.policy
         if p.ratelimit is not None and self.redis_url is None:
             await self._start_redis()
+        if self.redis_url is not None:
+            self.child_env[REDIS_URL_ENV] = self.redis_url
         if self.state_dir is not None:
             info = MeshInfo(pid=os.getpid(), redis_url=self.redis_url, policy=str(self.config))
             write_mesh_info(self.state_dir, info)
@@ -158,7 +168,9 @@ class Mesh:
         if self.replicas.controlplane > 1:  # the supervisor's metrics are up's own then
             up = f"127.0.0.1:{self._supervisor_port()}"
             targets.append(Target("controlplane", up, (("replica", "up"),)))
-        config = render_config(targets, interval_s=interval)
+        config = render_config(
+            targets, interval_s=interval, token_file=self.secure.admin_token_file
+        )
         port = port or free_port(avoid=self.planned)
         prom = Prometheus(binary, self.run_dir, "127.0.0.1", port, config)
         await prom.start()
@@ -190,7 +202,13 @@ class Mesh:
         cp = self.policy.control_plane
         self.plane = ControlPlane(
             ControlPlaneSettings(
-                self.config, cp.xds, cp.metrics, cp.debounce, self.override, self.redis_url
+                self.config,
+                cp.xds,
+                cp.metrics,
+                cp.debounce,
+                self.override,
+                self.redis_url,
+                admin_token=admin_token({**os.environ, **self.child_env}),
             ),
             check=service_issues,
             build_worker=reloader_prepare,
@@ -217,7 +235,6 @@ class Mesh:
             argv = [
                 sys.executable, "-m", "tokenweir.cli", "serve", "-c", str(self.config),
                 "--xds", str(x), "--metrics", str(m), "--replicas", str(self.replicas),
-                *(["--redis-url", self.redis_url] if self.redis_url else []),
             ]  # fmt: skip
             child = Child(f"controlplane#{i}", argv, self.run_dir / f"controlplane-{i}.log")
             await self._spawn(child, x, service=False, into=self.planes)
@@ -240,7 +257,7 @@ class Mesh:
         return self.supervisor_port
 
     def _redis_args(self) -> list[str]:
-        return ["--redis-url", self.redis_url] if self.redis_url else []
+        return []  # the URL (with its password) travels in TOKENWEIR_REDIS_URL: self.child_env
 
     async def _start_redis(self) -> None:
         binary = shutil.which("redis-server")
@@ -251,8 +268,11 @@ class Mesh:
         port = free_port(avoid=self.planned)
         data = (self.state_dir or self.run_dir) / "redis"
         data.mkdir(parents=True, exist_ok=True)
+        secrets_dir = self.state_dir or self.run_dir
+        password = secret_file(secrets_dir / "redis-password")
         argv = [
             binary,
+            str(redis_config(secrets_dir, password)),  # the ACL, off the command line
             "--port",
             str(port),
             "--bind",
@@ -267,9 +287,12 @@ class Mesh:
         await self._spawn(
             Child("redis", argv, self.run_dir / "redis.log"), Address("127.0.0.1", port)
         )
-        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        self.redis_url = f"redis://{REDIS_USER}:{password}@127.0.0.1:{port}/0"
         kept = f"  (data kept in {data})" if self.state_dir is not None else ""
-        self.lines.append(f"redis           {self.redis_url}{kept}")
+        self.lines.append(
+            f"redis           redis://{REDIS_USER}@127.0.0.1:{port}/0  password in "
+            f"{secrets_dir / 'redis-password'}{kept}"
+        )
 
     async def _start_emulators(self) -> None:
         for name, pool in self.policy.pools.items():
@@ -387,6 +410,7 @@ class Mesh:
     async def _spawn(
         self, child: Child, addr: Address, *, service: bool = False, into: list[Child] | None = None
     ) -> None:
+        child.env.update(self.child_env)
         child.start()
         (into if into is not None else self.services if service else self.children).append(child)
         await wait_child_port(addr.host, addr.port, child)
@@ -432,8 +456,10 @@ class Mesh:
                 key = node if count == 1 else f"{node}#{i}"
                 envoy = await self._start_envoy(node, key, listen, i)
                 self._watch_envoy(node, key, listen, i)
+                gw = self.policy.gateways.get(node)
+                scheme = "https" if gw is not None and gw.tls is not None else "http"
                 self.lines.append(
-                    f"envoy {role:<9} {key}: http://{listen}  admin {envoy.admin_url}  pid {envoy.pid}"
+                    f"envoy {role:<9} {key}: {scheme}://{listen}  admin {envoy.admin_url}  pid {envoy.pid}"
                 )
         for name, sc in self.policy.sidecars.items():
             if sc.inbound is not None:
@@ -461,7 +487,12 @@ class Mesh:
     def summary(self) -> str:
         gw = next(iter(self.policy.gateways.values()), None)
         head = f"tokenweir up: mesh running (logs in {self.run_dir}); Ctrl-C stops everything"
-        url = f"\n  gateway: http://{gw.listen}/v1/chat/completions" if gw is not None else ""
+        scheme = "https" if gw is not None and gw.tls is not None else "http"
+        url = f"\n  gateway: {scheme}://{gw.listen}/v1/chat/completions" if gw is not None else ""
+        if self.secure.ca_file is not None:
+            url += f"\n  CA file: {self.secure.ca_file}  (curl --cacert it)"
+        if self.secure.admin_token_file is not None:
+            url += f"\n  admin token: {self.secure.admin_token_file}  (Authorization: Bearer)"
         if gw is not None and self.replicas.gateway > 1:
             url += f"  ({self.replicas.gateway} Envoys share this port: SO_REUSEPORT)"
         return head + url + "\n  " + "\n  ".join(self.lines) + "\ntokenweir up: ready"

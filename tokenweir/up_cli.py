@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+from controlplane.tls_material import TlsMaterialError
 from policy import Policy
 from policy.ports import port_clashes, port_plan
 from policy.servers import Replicas
@@ -18,6 +20,7 @@ from runtime.children import ChildError
 from runtime.process import Signals
 from runtime.statedir import StateDirBusy, StateLock, default_state_dir, remove_mesh_info
 from tokenweir.up import Mesh
+from tokenweir.up_secure import Secure, admin_token_file, ensure_gateway_certs
 
 __all__ = ["port_problems", "register"]
 
@@ -88,9 +91,18 @@ def port_problems(policy: Policy, replicas: Replicas | None, prometheus_port: in
 def _run(args: argparse.Namespace) -> int:
     from tokenweir.admin_args import load_or_report
 
+    state_dir = (args.state_dir or default_state_dir(args.config)).resolve()
+    try:  # certificates the policy names in the state directory, made before it is loaded
+        ca_file = ensure_gateway_certs(args.config, state_dir)
+    except TlsMaterialError as exc:
+        print(f"tokenweir up: {exc}", file=sys.stderr)
+        return 1
     policy = load_or_report(args.config)
     if policy is None:
         return 1
+    token_file = None
+    if any(gw.tls is not None for gw in policy.gateways.values()):  # a production mesh
+        token_file = admin_token_file(state_dir, os.environ)
     try:
         replicas = Replicas.parse(args.replicas, policy.replicas) if args.replicas else None
     except ValueError as exc:
@@ -106,7 +118,6 @@ def _run(args: argparse.Namespace) -> int:
         print(f"tokenweir up: {len(problems)} port clash(es); nothing started", file=sys.stderr)
         return 2
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="tokenweir-up-"))
-    state_dir = (args.state_dir or default_state_dir(args.config)).resolve()
     lock = StateLock(state_dir)
     try:
         lock.acquire()
@@ -125,6 +136,7 @@ def _run(args: argparse.Namespace) -> int:
         replicas=replicas,
         prometheus=None if args.no_prometheus else (args.prometheus_port, args.scrape_interval),
         autoscale=args.autoscale,
+        secure=Secure(ca_file=ca_file, admin_token_file=token_file),
     )
 
     drain = args.drain_timeout

@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 from policy import Policy
 from quota.errors import QuotaUnavailable
 from quota.reader import QuotaReader, WindowUsage
-from runtime.redis_connect import connect_redis
+from runtime.redis_connect import RedisAuthError, connect_redis
 
 __all__ = ["MAX_TENANTS", "QUOTAS", "QuotaWindows"]
 
@@ -76,7 +76,7 @@ class QuotaWindows:
         try:
             reader = await self._connect()
             found = await asyncio.gather(*(reader.usage(t, QUOTAS) for t in names))
-        except (QuotaUnavailable, RedisError, OSError, TimeoutError) as exc:
+        except (QuotaUnavailable, RedisError, RedisAuthError, OSError, TimeoutError) as exc:
             self.errors.inc()
             text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             log.warning("dashboard: reading quotas from redis: %s", text)

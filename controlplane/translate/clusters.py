@@ -19,6 +19,7 @@ from google.protobuf.message import Message
 from controlplane.translate import names
 from controlplane.translate.dns import is_dns, resolve_by_dns
 from controlplane.translate.protos import ads_source, any_of, dur, socket_address, u32
+from controlplane.translate.tls import upstream_transport_socket
 from policy.model import (
     Address,
     CircuitBreakers,
@@ -49,6 +50,8 @@ def pool_cluster(name: str, pool: LlmPool) -> cluster_pb2.Cluster:
     _outliers(c, pool.outlier_detection)
     _health(c, pool.health_check)
     _http1(c, idle=pool.timeouts.stream_idle)
+    if pool.tls is not None:  # replicas on other hosts (controlplane.translate.tls)
+        c.transport_socket.CopyFrom(upstream_transport_socket(pool.tls))
     # the filter server names the replica: the picker, a ranked pool's lane balance, PD's pairs
     if pool.routing.mode == "prefix_index" or pool.balances_lanes or pool.disaggregation:
         c.load_balancing_policy.CopyFrom(override_host_policy(pool))
@@ -115,6 +118,8 @@ def service_cluster(name: str, svc: HttpService) -> cluster_pb2.Cluster:
     if svc.health_check is not None:
         _health(c, svc.health_check)
     _http1(c, idle=svc.timeouts.stream_idle)
+    if svc.tls is not None:
+        c.transport_socket.CopyFrom(upstream_transport_socket(svc.tls))
     return c
 
 

@@ -13,9 +13,13 @@ Every listener bounds its clients (policy ``downstream``): the request head must
 
 from __future__ import annotations
 
+import json
+
 from envoy.config.accesslog.v3 import accesslog_pb2
-from envoy.config.core.v3 import protocol_pb2
+from envoy.config.core.v3 import base_pb2, protocol_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.config.route.v3 import route_components_pb2 as rc
+from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.connection_limit.v3 import connection_limit_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
@@ -27,6 +31,13 @@ from controlplane.translate.access_log import access_logs
 from controlplane.translate.edge import openai_local_replies, strip_internal_headers
 from controlplane.translate.protos import ads_source, any_of, dur, socket_address
 from controlplane.translate.routes import PerRoute
+from controlplane.translate.tls import (
+    PLAINTEXT_REFUSAL,
+    chain_matches,
+    client_cert_forwarding,
+    downstream_transport_socket,
+    tls_inspector,
+)
 from controlplane.translate.usage_meter import (
     LUA_FILTER,
     meters_usage,
@@ -35,6 +46,7 @@ from controlplane.translate.usage_meter import (
     usage_per_route,
 )
 from policy.model import Address, Downstream, Gateway, Policy, Route
+from policy.tls import GatewayTls
 
 __all__ = ["gateway_listener", "route_hooks", "sidecar_listener"]
 
@@ -84,6 +96,8 @@ def gateway_listener(
         tracing=tracing,
         access_log=access_logs(gw.access_log)
         + ([usage_access_log()] if any(f.name == LUA_FILTER for f in extra_filters) else []),
+        node=node,
+        tls=gw.tls,
     )
 
 
@@ -116,6 +130,8 @@ def _listener(
     max_headers_kb: int = 60,
     tracing: hcm_pb2.HttpConnectionManager.Tracing | None = None,
     access_log: list[accesslog_pb2.AccessLog] | None = None,
+    node: str = "",
+    tls: GatewayTls | None = None,
 ) -> listener_pb2.Listener:
     router = hcm_pb2.HttpFilter(
         name="envoy.filters.http.router", typed_config=any_of(router_pb2.Router())
@@ -140,24 +156,85 @@ def _listener(
     if edge:
         hcm.early_header_mutation_extensions.append(strip_internal_headers())
         hcm.local_reply_config.CopyFrom(openai_local_replies())
+    client_cert_forwarding(hcm, tls)
     limit = connection_limit_pb2.ConnectionLimit(
         stat_prefix=name, max_connections=_u64(downstream.max_connections)
     )
-    chain = listener_components_pb2.FilterChain(
-        filters=[
-            listener_components_pb2.Filter(
-                name="envoy.filters.network.connection_limit", typed_config=any_of(limit)
-            ),
-            listener_components_pb2.Filter(
-                name="envoy.filters.network.http_connection_manager", typed_config=any_of(hcm)
-            ),
-        ]
-    )
-    return listener_pb2.Listener(
+    filters = [
+        listener_components_pb2.Filter(
+            name="envoy.filters.network.connection_limit", typed_config=any_of(limit)
+        ),
+        listener_components_pb2.Filter(
+            name="envoy.filters.network.http_connection_manager", typed_config=any_of(hcm)
+        ),
+    ]
+    listener = listener_pb2.Listener(
         name=name,
         address=socket_address(listen.host, listen.port),
-        filter_chains=[chain],
         per_connection_buffer_limit_bytes=_u32(1024 * 1024),
+    )
+    if tls is None:
+        listener.filter_chains.append(listener_components_pb2.FilterChain(filters=filters))
+        return listener
+    # HTTPS: one chain per certificate by SNI, the default chain, and plain HTTP refused
+    listener.listener_filters.append(tls_inspector())
+    for index, server_names in chain_matches(tls):
+        listener.filter_chains.append(
+            listener_components_pb2.FilterChain(
+                filter_chain_match=listener_components_pb2.FilterChainMatch(
+                    server_names=list(server_names), transport_protocol="tls"
+                ),
+                filters=filters,
+                transport_socket=downstream_transport_socket(node, tls, index),
+            )
+        )
+    listener.filter_chains.append(_plaintext_refused(name, router))
+    return listener
+
+
+def _plaintext_refused(
+    name: str, router: hcm_pb2.HttpFilter
+) -> listener_components_pb2.FilterChain:
+    """Plain HTTP on a TLS port: one ``400`` saying to use https, then the connection closes."""
+    body = {
+        "error": {
+            "message": PLAINTEXT_REFUSAL,
+            "type": "invalid_request_error",
+            "code": "tls_required",
+        }
+    }
+    reply = rc.Route(
+        match=rc.RouteMatch(prefix="/"),
+        direct_response=rc.DirectResponseAction(
+            status=400, body=base_pb2.DataSource(inline_string=json.dumps(body))
+        ),
+        response_headers_to_add=[
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key="content-type", value="application/json")
+            )
+        ],
+    )
+    hcm = HCM(
+        stat_prefix=f"{name}_plaintext",
+        codec_type=HCM.AUTO,
+        route_config=route_pb2.RouteConfiguration(
+            name=f"{name}_plaintext",
+            virtual_hosts=[rc.VirtualHost(name="tls_only", domains=["*"], routes=[reply])],
+        ),
+        http_filters=[router],
+        common_http_protocol_options=protocol_pb2.HttpProtocolOptions(
+            max_requests_per_connection=_u32(1), idle_timeout=dur(5)
+        ),
+    )
+    return listener_components_pb2.FilterChain(
+        filter_chain_match=listener_components_pb2.FilterChainMatch(
+            transport_protocol="raw_buffer"
+        ),
+        filters=[
+            listener_components_pb2.Filter(
+                name="envoy.filters.network.http_connection_manager", typed_config=any_of(hcm)
+            )
+        ],
     )
 
 

@@ -10,6 +10,7 @@ that schedules otherwise (:func:`ranking_source`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -17,6 +18,7 @@ from filters.admission.gate import CapacitySource, RankingSource, SaturationSour
 from filters.admission.spread import Down, replicas_down
 from poolstate.reader import PoolStateReader, pools_url
 from poolstate.state import PoolSummary, ReplicaState
+from runtime.admin_auth import admin_token
 
 __all__ = [
     "admission_alive",
@@ -56,6 +58,7 @@ def pool_state_reader(
         pools_url(cp.metrics.host, cp.metrics.port),
         clock=clock,
         stale_after_s=max(2.0, 2 * cp.pool_state.stale_after),
+        token=admin_token(os.environ),  # the process's settings: runtime.admin_auth
     )
 
 

@@ -6,7 +6,10 @@ When Redis fails and nothing else knows a key (see :mod:`filters.keys`), the ans
 
 Settings: ``require`` (default true: a missing or unknown key gets 401), ``anonymous_tenant``
 and ``anonymous_tier`` (used when ``require`` is false), ``forward_authorization`` (default
-false: the client's key is not sent to the backend).
+false: the client's key is not sent to the backend), ``client_certificate`` (``cn``, ``uri``
+or ``dns``; default off): a client certificate verified by the gateway (mTLS) names the tenant
+by its subject CN, first URI SAN or first DNS SAN (:mod:`filters.xfcc`); it must be a tenant of
+the policy (403 otherwise), and no API key is needed then.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 from filters.api import BasePlugin, Context, Result
 from filters.errors import ClientError, ConfigError, KeyServiceUnavailable
 from filters.services import Services
+from filters.xfcc import Source, certificate_identity
 from wire.contract import HEADER_PREFIX, TENANT_HEADER, TIER_HEADER
 
 __all__ = ["INTERNAL_PREFIX", "IdentityPlugin", "bearer_key"]
@@ -53,6 +57,7 @@ class IdentityPlugin(BasePlugin):
             "anonymous_tenant",
             "anonymous_tier",
             "forward_authorization",
+            "client_certificate",
         }
         if unknown:
             raise ConfigError(f"identity: unknown setting(s) {sorted(unknown)}")
@@ -61,11 +66,21 @@ class IdentityPlugin(BasePlugin):
         self.anonymous_tier = settings.get("anonymous_tier")
         self.forward_authorization = bool(settings.get("forward_authorization", False))
         self.services = services
+        source = settings.get("client_certificate")
+        if source not in (None, False, "cn", "uri", "dns"):
+            raise ConfigError(
+                f"identity: client_certificate: expected cn, uri or dns, got {source!r}"
+            )
+        self.certificate: Source | None = source or None
 
     async def request_headers(
         self, ctx: Context, headers: Mapping[str, str], end_of_stream: bool
     ) -> Result | None:
         remove = [h for h in headers if h.startswith(INTERNAL_PREFIX)]
+        if self.certificate is not None:
+            named = certificate_identity(headers, self.certificate)
+            if named is not None:
+                return self._certified(ctx, headers, named, remove)
         key = bearer_key(headers)
         try:
             info = await self.services.keys.lookup(key) if key else None
@@ -98,6 +113,26 @@ class IdentityPlugin(BasePlugin):
         set_headers = {TENANT_HEADER: tenant}
         if tier is not None:
             set_headers[TIER_HEADER] = tier
+        return Result(set_headers=set_headers, remove_headers=tuple(remove))
+
+    def _certified(
+        self, ctx: Context, headers: Mapping[str, str], tenant: str, remove: list[str]
+    ) -> Result:
+        t = self.services.policy.tenants.get(tenant)
+        if t is None:
+            raise ClientError(
+                403,
+                f"the client certificate names {tenant!r}, which is not a tenant here",
+                reason="unknown_certificate_tenant",
+                error_type="permission_error",
+                code="unknown_tenant",
+            )
+        ctx.tenant, ctx.tier = tenant, t.tier
+        if not self.forward_authorization and "authorization" in headers:
+            remove.append("authorization")
+        set_headers = {"x-tokenweir-tenant": tenant}
+        if t.tier is not None:
+            set_headers["x-tokenweir-tier"] = t.tier
         return Result(set_headers=set_headers, remove_headers=tuple(remove))
 
 

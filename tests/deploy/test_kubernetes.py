@@ -218,3 +218,44 @@ def test_the_envoy_bootstrap_is_what_tokenweir_renders(name: str) -> None:
 def test_envoy_accepts_the_shipped_bootstrap() -> None:
     ok, message = validate(json.loads((KUBE / "base/policy/envoy-bootstrap.json").read_text()))
     assert ok, message
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_pods_are_locked_down_and_secrets_stay_off_command_lines(name: str) -> None:
+    """Issue 39: non-root, read-only root filesystem, no capabilities, requests and limits; the
+    Secrets every pod names exist; Redis and the rate-limit service admit only their callers;
+    no Redis URL or password on a command line."""
+    docs = build(name)
+    secrets = {d["metadata"]["name"]: d for d in of_kind(docs, "Secret")}
+    policies = {d["metadata"]["name"]: d for d in of_kind(docs, "NetworkPolicy")}
+    for w in of_kind(docs, *WORKLOADS):
+        where = f"{name}: {w['kind']}/{w['metadata']['name']}"
+        spec = w["spec"]["template"]["spec"]
+        own = w["metadata"]["name"].startswith("tokenweir-")
+        if own:
+            assert spec["securityContext"]["runAsNonRoot"] is True, where
+        for c in containers(w):
+            sc = c.get("securityContext", {})
+            assert sc.get("allowPrivilegeEscalation") is False, f"{where}: {c['name']}"
+            assert sc.get("capabilities", {}).get("drop") == ["ALL"], f"{where}: {c['name']}"
+            if own:
+                assert sc.get("readOnlyRootFilesystem") is True, f"{where}: {c['name']}"
+            assert c["resources"]["requests"] and c["resources"]["limits"], where
+            assert "--redis-url" not in c.get("args", []), f"{where}: {c['name']}"
+            for e in c.get("env", []):
+                ref = e.get("valueFrom", {}).get("secretKeyRef")
+                if ref and not ref.get("optional"):
+                    assert ref["key"] in secrets[ref["name"]]["stringData"], f"{where}: {ref}"
+        for vol in spec.get("volumes", []):
+            if "secret" in vol:
+                assert vol["secret"]["secretName"] in secrets, f"{where}: {vol}"
+    rl = policies["tokenweir-ratelimit"]["spec"]["ingress"][0]
+    assert rl["from"] == [
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "tokenweir-gateway"}}}
+    ]
+    if "tokenweir-redis" in {w["metadata"]["name"] for w in of_kind(docs, *WORKLOADS)}:
+        callers = {
+            f["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
+            for f in policies["tokenweir-redis"]["spec"]["ingress"][0]["from"]
+        }
+        assert callers == {"tokenweir-ratelimit", "tokenweir-gateway", "tokenweir-controlplane"}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 import urllib.request
 from pathlib import Path
@@ -26,7 +25,7 @@ from quota.keys import bucket_key, window_key
 from tests.helpers import free_port
 from tests.integration.test_e2e_first_contact import call, example_policy
 from tests.integration.test_up_state import cli
-from tests.integration.up_process import start_up, stop_up
+from tests.integration.up_process import mesh_redis_url, start_up, stop_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -70,9 +69,7 @@ def test_overview_budgets_follow_the_quota_in_redis(tmp_path: Path) -> None:
     proc, banner = start_up(policy_path, tmp_path / "run", extra_args=("--fresh",))
     try:
         assert "tokenweir up: ready" in banner, banner
-        m = re.search(r"redis +(redis://\S+)", banner)
-        assert m is not None, banner
-        client = redis.Redis.from_url(m.group(1))
+        client = redis.Redis.from_url(mesh_redis_url(policy_path))
         o = overview(metrics)
         assert o["api_version"] == 3 and o["quota_source"] == "redis" and o["quota_error"] is None
         free = row(o, "demo-free")

@@ -29,7 +29,7 @@ import pytest
 
 from tests.integration.test_e2e_first_contact import call, example_policy
 from tests.integration.test_up_state import cli
-from tests.integration.up_process import ROOT, start_up, stop_up
+from tests.integration.up_process import ROOT, mesh_redis_url, start_up, stop_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -109,13 +109,12 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]
                  "x-tokenweir-lane": "batch", "x-tokenweir-tier": "free"}  # fmt: skip
         assert status(url, "tw-demo-pro-key", HELLO, spoof) == 200
         prom = re.search(r"prometheus +(http://\S+)", banner)
-        redis_url = re.search(r"redis +(redis://\S+)", banner)
-        assert prom is not None and redis_url is not None, banner
+        assert prom is not None, banner
         yield {
             "prometheus": prom.group(1),
             "banner": banner,
             "run": tmp / "run",
-            "redis": redis_url.group(1),
+            "redis": mesh_redis_url(tmp / "mesh.yaml"),
             "emulators": [
                 int(p) for p in re.findall(r"emulator +chat#\d+ http://127.0.0.1:(\d+)", banner)
             ],

@@ -28,7 +28,7 @@ import pytest
 import redis
 
 from tests.integration.test_e2e_first_contact import example_policy
-from tests.integration.up_process import start_up
+from tests.integration.up_process import mesh_redis_url, start_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -235,10 +235,7 @@ def _wrong(d: Drill, since: float, *, down_until: float | None = None) -> list[s
 
 
 def test_redis_comes_back_on_its_port_with_its_data(drill: Drill) -> None:
-    m = re.search(r"^\s*redis\s+(redis://\S+)", drill.banner, re.M)
-    assert m is not None, drill.banner
-    port = int(m.group(1).rsplit(":", 1)[1].split("/")[0])
-    r = redis.Redis(port=port)
+    r = redis.Redis.from_url(mesh_redis_url(drill.run_dir.parent / "mesh.yaml"))
     r.set("drill:marker", "kept")
     time.sleep(1.5)  # appendfsync everysec
     start = time.monotonic()

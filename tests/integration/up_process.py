@@ -3,6 +3,7 @@ the ready line, stop it (SIGINT, or SIGKILL to test what a crash leaves behind).
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -62,3 +63,10 @@ def stop_up(proc: subprocess.Popen[str], *, kill: bool = False, timeout: float =
             rest = proc.stdout.read()
             proc.stdout.close()
     return rest
+
+
+def mesh_redis_url(policy: Path) -> str:
+    """The running mesh's Redis URL, password included (``mesh.json`` in the default state
+    directory: the banner shows the URL without its password)."""
+    info = json.loads((policy.parent / ".tokenweir" / "state" / "mesh.json").read_text())
+    return str(info["redis_url"])

@@ -23,13 +23,13 @@ from runtime.redis_connect import connect_redis
 from tests.helpers import redis_server
 
 
-def test_fast_path_url_takes_plain_redis_over_tcp_only() -> None:
+def test_fast_path_url_takes_redis_and_rediss_over_tcp() -> None:
     assert fast_path_url("redis://:pw@127.0.0.1:6380/2?cluster=0") == "redis://:pw@127.0.0.1:6380/2"
-    for url in ("rediss://:pw@127.0.0.1:6380/0", "unix:///tmp/r.sock", "redis+sentinel://x", ""):
+    tls = "rediss://u:pw@127.0.0.1:6380/0?ssl_ca_certs=/ca.pem"
+    assert fast_path_url(tls) == tls  # the query holds the TLS settings
+    for url in ("unix:///tmp/r.sock", "redis+sentinel://x", ""):
         assert fast_path_url(url) is None
-    with pytest.raises(ValueError, match="plain redis://"):
-        RespConnection("rediss://127.0.0.1:6380")
-    with pytest.raises(ValueError, match="plain redis://"):
+    with pytest.raises(ValueError, match="redis:// and rediss:// only"):
         RespConnection("unix:///tmp/r.sock")
 
 
