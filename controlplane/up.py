@@ -51,6 +51,7 @@ from controlplane.prometheus import (
     scrape_targets,
 )
 from controlplane.restarter import Part, Supervisor
+from controlplane.up_batch import start_batch
 from controlplane.up_parts import base_id, connection_cap, kv_event_args, unless, wait_listening
 from runtime.children import Child, wait_child_port
 from runtime.metrics_http import MetricsServer
@@ -135,6 +136,7 @@ class Mesh:
         else:
             await self._start_planes(n.controlplane)
         await self._start_envoys()
+        await start_batch(self)  # the batch API and its runners (docs/batch.md)
 
     async def _start_prometheus(self, port: int, interval: float) -> None:
         binary = prometheus_binary()

@@ -30,6 +30,7 @@ from controlplane.policy.decode import Decoder, Duration, Range, Size
 from controlplane.policy.degradation import DegradationPolicy, LadderStep
 from controlplane.policy.reservation import ReservationPolicy
 from controlplane.policy.routing import RoutingPolicy
+from controlplane.policy.batch import BatchPolicy
 from controlplane.policy.safety import CollapsingPolicy, IdempotencyPolicy, RouteShadow
 from controlplane.policy.saturation import PoolCapacity, PoolStateScrape, SaturationPolicy
 from controlplane.policy.scheduling import PriorityScheduling
@@ -405,6 +406,7 @@ class Policy:
     idempotency: IdempotencyPolicy = field(default_factory=IdempotencyPolicy)
     collapsing: CollapsingPolicy = field(default_factory=CollapsingPolicy)
     reservation: ReservationPolicy = field(default_factory=ReservationPolicy)
+    batch: BatchPolicy | None = None  # the batch API and its runners (docs/batch.md)
     tracing: Tracing | None = None
     planner: dict[str, Any] = field(
         default_factory=dict
