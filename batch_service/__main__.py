@@ -75,9 +75,7 @@ async def _api(ns: argparse.Namespace, policy: Policy, b: BatchPolicy, records: 
         await server.aclose()
 
 
-async def _runner(
-    ns: argparse.Namespace, policy: Policy, b: BatchPolicy, records: Records
-) -> None:
+async def _runner(ns: argparse.Namespace, policy: Policy, b: BatchPolicy, records: Records) -> None:
     gw = policy.gateways[b.gateway].listen
     cp = policy.control_plane.metrics
     reader = PoolStateReader(pools_url(cp.host, cp.port), clock=time.monotonic)

@@ -114,7 +114,9 @@ class BatchApi:
             else:
                 await part.release()
         if size is None:
-            raise ApiError(400, "file: a file part is required", code="invalid_request", param="file")
+            raise ApiError(
+                400, "file: a file part is required", code="invalid_request", param="file"
+            )
         if purpose != "batch":
             await self.store.delete(tenant, fid)
             raise ApiError(
@@ -139,7 +141,9 @@ class BatchApi:
     async def _file(self, tenant: str, file_id: str) -> dict[str, str]:
         meta = await self.records.get_file(tenant, file_id)
         if meta is None:
-            raise ApiError(404, f"No such File object: {file_id}", code="file_not_found", param="id")
+            raise ApiError(
+                404, f"No such File object: {file_id}", code="file_not_found", param="id"
+            )
         return meta
 
     async def list_files(self, request: web.Request, tenant: str) -> web.Response:
@@ -239,7 +243,9 @@ class BatchApi:
     async def _job(self, tenant: str, job_id: str) -> dict[str, str]:
         job = await self.records.get_job(tenant, job_id)
         if job is None:
-            raise ApiError(404, f"No such Batch object: {job_id}", code="batch_not_found", param="id")
+            raise ApiError(
+                404, f"No such Batch object: {job_id}", code="batch_not_found", param="id"
+            )
         return job
 
     async def get_batch(self, request: web.Request, tenant: str) -> web.Response:
@@ -297,7 +303,9 @@ def _page(items: Collection[dict[str, object]], request: web.Request) -> dict[st
     try:
         limit = min(100, max(1, int(request.query.get("limit", "20"))))
     except ValueError as exc:
-        raise ApiError(400, "limit: an integer 1..100", code="invalid_value", param="limit") from exc
+        raise ApiError(
+            400, "limit: an integer 1..100", code="invalid_value", param="limit"
+        ) from exc
     rows = list(items)
     after = request.query.get("after")
     if after is not None:

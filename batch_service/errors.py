@@ -1,8 +1,8 @@
 """Errors of the batch service.
 
-    BatchError
-    ├── ApiError        an answer to a client: HTTP status, OpenAI error code, message, param
-    └── StoreError      the file store failed (I/O): 500 to a client, a retry for the runner
+BatchError
+├── ApiError        an answer to a client: HTTP status, OpenAI error code, message, param
+└── StoreError      the file store failed (I/O): 500 to a client, a retry for the runner
 """
 
 from __future__ import annotations

@@ -25,7 +25,9 @@ _TIMES = (
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(12)}" if prefix != "file" else f"file-{secrets.token_hex(12)}"
+    return (
+        f"{prefix}_{secrets.token_hex(12)}" if prefix != "file" else f"file-{secrets.token_hex(12)}"
+    )
 
 
 def _int(v: str | None) -> int | None:

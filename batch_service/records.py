@@ -160,7 +160,13 @@ class Records:
         also queued for the runners."""
         jid = str(fields["id"])
         keys = [self._k(tenant, f"job:{jid}"), self._k(tenant, "jobs"), self._k(tenant, "active")]
-        args = [jid, fields["created_at"], max_in_flight, json.dumps(fields), "1" if active else "0"]
+        args = [
+            jid,
+            fields["created_at"],
+            max_in_flight,
+            json.dumps(fields),
+            "1" if active else "0",
+        ]
         got = _s(await self._create_job(keys=keys, args=args))
         if got == "ok" and active:
             await self.redis.xadd(QUEUE, {"tenant": tenant, "job": jid})
@@ -196,7 +202,9 @@ class Records:
         await self.redis.delete(self._k(tenant, f"res:{job_id}"))
 
     # ---- progress ------------------------------------------------------------------------------
-    async def record_line(self, tenant: str, job_id: str, index: int, line: bytes, ok: bool) -> bool:
+    async def record_line(
+        self, tenant: str, job_id: str, index: int, line: bytes, ok: bool
+    ) -> bool:
         """Keep line ``index``'s result once (True the first time) and count it."""
         keys = [self._k(tenant, f"res:{job_id}"), self._k(tenant, f"job:{job_id}")]
         counter = "completed" if ok else "failed"
@@ -224,7 +232,9 @@ class Records:
         got = await self.redis.xautoclaim(QUEUE, GROUP, consumer, idle_ms, "0-0", count=1)
         entries = got[1] if got else []
         if not entries:
-            read = await self.redis.xreadgroup(GROUP, consumer, {QUEUE: ">"}, count=1, block=block_ms)
+            read = await self.redis.xreadgroup(
+                GROUP, consumer, {QUEUE: ">"}, count=1, block=block_ms
+            )
             entries = read[0][1] if read else []
         for entry_id, fields in entries:
             f = decode_hash(fields or {})

@@ -116,7 +116,9 @@ class BatchRunner:
             idle_ms = int(self.s.policy.runner.claim_idle * 1000)
             while True:
                 try:
-                    claim = await self.records.claim(self.s.consumer, idle_ms=idle_ms, block_ms=1000)
+                    claim = await self.records.claim(
+                        self.s.consumer, idle_ms=idle_ms, block_ms=1000
+                    )
                     if claim is not None:
                         await self._job(claim)
                 except (RedisError, OSError, StoreError) as exc:

@@ -56,9 +56,7 @@ def _check(n: int, raw: bytes, endpoint: str, models: Collection[str]) -> Line |
             "custom_id",
         )  # fmt: skip
     if obj.get("method") != "POST":
-        return LineError(
-            n, "invalid_request", f"line {n}: method: only POST is allowed", "method"
-        )
+        return LineError(n, "invalid_request", f"line {n}: method: only POST is allowed", "method")
     if obj.get("url") != endpoint:
         return LineError(
             n, "mismatched_endpoint",

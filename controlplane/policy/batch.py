@@ -116,4 +116,5 @@ def authenticates_batch_api(policy: Policy, route: Route) -> bool:
         and route.service == b.service
         and f is not None
         and [p.name for p in f.plugins] == ["identity"]
+        and f.plugins[0].settings.get("forward_authorization") is True  # the runner uses the key
     )
