@@ -227,10 +227,13 @@ class Records:
                 raise
 
     async def claim(self, consumer: str, *, idle_ms: int, block_ms: int) -> Claim | None:
-        """A job left by a runner silent for ``idle_ms`` first, else a new one (waits up to
-        ``block_ms``)."""
-        got = await self.redis.xautoclaim(QUEUE, GROUP, consumer, idle_ms, "0-0", count=1)
-        entries = got[1] if got else []
+        """A job this consumer held before it restarted first, then one left by a runner
+        silent for ``idle_ms``, else a new one (waits up to ``block_ms``)."""
+        mine = await self.redis.xreadgroup(GROUP, consumer, {QUEUE: "0"}, count=1)
+        entries = mine[0][1] if mine else []
+        if not entries:
+            got = await self.redis.xautoclaim(QUEUE, GROUP, consumer, idle_ms, "0-0", count=1)
+            entries = got[1] if got else []
         if not entries:
             read = await self.redis.xreadgroup(
                 GROUP, consumer, {QUEUE: ">"}, count=1, block=block_ms

@@ -129,6 +129,7 @@ class Mesh:
                 count=n.filters, processes=p.filters.processes,
             )  # fmt: skip
         # before the control plane: a fork from a process running gRPC threads can crash the child
+        await start_batch(self)  # the batch API and its runners (docs/batch.md)
         if self.prometheus_settings is not None:
             await self._start_prometheus(*self.prometheus_settings)
         if n.controlplane == 1:
@@ -136,7 +137,6 @@ class Mesh:
         else:
             await self._start_planes(n.controlplane)
         await self._start_envoys()
-        await start_batch(self)  # the batch API and its runners (docs/batch.md)
 
     async def _start_prometheus(self, port: int, interval: float) -> None:
         binary = prometheus_binary()

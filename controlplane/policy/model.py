@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 
 from controlplane.policy.admission import AdmissionPolicy, LaneAdmission
+from controlplane.policy.batch import BatchPolicy
 from controlplane.policy.canary import CanaryPolicy, CanaryRollback
 from controlplane.policy.common import (
     LANES,
@@ -30,7 +31,6 @@ from controlplane.policy.decode import Decoder, Duration, Range, Size
 from controlplane.policy.degradation import DegradationPolicy, LadderStep
 from controlplane.policy.reservation import ReservationPolicy
 from controlplane.policy.routing import RoutingPolicy
-from controlplane.policy.batch import BatchPolicy
 from controlplane.policy.safety import CollapsingPolicy, IdempotencyPolicy, RouteShadow
 from controlplane.policy.saturation import PoolCapacity, PoolStateScrape, SaturationPolicy
 from controlplane.policy.scheduling import PriorityScheduling
