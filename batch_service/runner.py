@@ -29,7 +29,7 @@ from batch_service.objects import ACTIVE, TERMINAL, error_line, output_line
 from batch_service.pacer import Pacer, PoolView
 from batch_service.records import Claim, Records
 from batch_service.validate import Line, parse_lines
-from controlplane.policy.batch import BatchPolicy
+from controlplane.policy.batch import BATCH_LINE_HEADER, BatchPolicy
 from runtime.poolstate.reader import PoolStateReader
 
 __all__ = ["BatchRunner", "RunnerSettings"]
@@ -235,6 +235,7 @@ class BatchRunner:
             "authorization": job.get("key", ""),
             "content-type": "application/json",
             LANE_HINT: "batch",
+            BATCH_LINE_HEADER: "1",
             "idempotency-key": f"batch-{jid}-{line.index}",
         }
         url = self.s.gateway_url + job["endpoint"]

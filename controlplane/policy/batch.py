@@ -20,12 +20,16 @@ if TYPE_CHECKING:
     from controlplane.policy.model import Policy, Route
 
 __all__ = [
+    "BATCH_LINE_HEADER",
     "BatchLimits",
     "BatchPolicy",
     "BatchRunner",
     "authenticates_batch_api",
     "check_batch",
 ]
+
+# set by the runner on every line: the gateway's batch route matches it (lane batch, idempotency)
+BATCH_LINE_HEADER = "x-batch-line"
 
 
 @dataclass(frozen=True)
@@ -98,12 +102,31 @@ def check_batch(policy: Policy) -> Iterator[tuple[str, str]]:
                     "a route to the batch API needs filters: {plugins: [identity]} (with "
                     "settings: {forward_authorization: true}) so its tenant is the caller's",
                 )
+    gateway = policy.gateways.get(b.gateway)
+    if gateway is not None and not any(_takes_lines(r, b.pool) for r in gateway.routes):
+        yield (
+            "batch.gateway",
+            f"no route of gateway {b.gateway!r} to pool {b.pool!r} matches headers "
+            f'{{{BATCH_LINE_HEADER}: "1"}} with the idempotency plugin: the runner\'s lines '
+            "need it (lane: batch; docs/batch.md)",
+        )
     if not routed:
         yield (
             "batch.service",
             f"no route of gateway {b.gateway!r} leads to {b.service!r}: add routes for "
             "/v1/files and /v1/batches (docs/batch.md)",
         )
+
+
+def _takes_lines(route: Route, pool: str) -> bool:
+    """A route for the runner's lines: to ``pool``, matching the line header, with idempotency."""
+    f = route.filters
+    return (
+        route.pool == pool
+        and route.match.headers.get(BATCH_LINE_HEADER) == "1"
+        and f is not None
+        and any(p.name == "idempotency" for p in f.plugins)
+    )
 
 
 def authenticates_batch_api(policy: Policy, route: Route) -> bool:
