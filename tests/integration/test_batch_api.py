@@ -20,7 +20,7 @@ from openai import OpenAI
 from tests.integration.test_e2e_first_contact import example_policy
 from tests.integration.up_process import start_up, stop_up
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 EP = "/v1/chat/completions"
 FINAL = ("completed", "failed", "expired", "cancelled")
@@ -109,7 +109,7 @@ def runner_pid(banner: str) -> int:
 
 def test_batch_api_end_to_end(tmp_path: Path) -> None:
     policy, gw = batch_policy(tmp_path)
-    proc, banner = start_up(policy, tmp_path / "run1", timeout=180)
+    proc, banner = start_up(policy, tmp_path / "run1", timeout=360)
     client = OpenAI(base_url=f"http://127.0.0.1:{gw}/v1", api_key="tw-demo-pro-key", max_retries=0)
     try:
         assert "tokenweir up: ready" in banner, banner
@@ -189,7 +189,7 @@ def test_batch_api_end_to_end(tmp_path: Path) -> None:
         wait(client, bid_r, lambda b: b.request_counts.completed >= 5)
     finally:
         stop_up(proc)
-    proc, banner = start_up(policy, tmp_path / "run2", timeout=180)
+    proc, banner = start_up(policy, tmp_path / "run2", timeout=360)
     try:
         assert "tokenweir up: ready" in banner, banner
         r = wait(client, bid_r, lambda b: b.status in FINAL)
