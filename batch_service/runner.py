@@ -255,7 +255,10 @@ class BatchRunner:
         if status >= 500:
             tries[line.index] += 1
             if tries[line.index] <= self.s.policy.runner.line_retries:
-                self.pacer.shed(self.clock(), retry_after)
+                # a part of the mesh restarting (a filter server: 500 while Envoy cannot reach
+                # it) must not fail lines: the pauses double, 1+2+4+... backoffs in all
+                pause = self.s.policy.runner.backoff * 2 ** (tries[line.index] - 1)
+                self.pacer.shed(self.clock(), max(pause, retry_after or 0.0))
                 self.m.lines.labels("retried").inc()
                 return False
         ok = 200 <= status < 300
