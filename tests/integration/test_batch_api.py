@@ -1,6 +1,7 @@
 """The OpenAI Batch API through `tokenweir up` (issue 41), with the official `openai` client:
-upload, create, progress, an invalid file, cancel, output and error files, a runner killed
-mid-job (no line lost, none run twice at the backend), and a restart of `up` mid-job."""
+upload, create, progress, an invalid file, cancel, output and error files, a runner and a
+filter server each killed mid-job (no line lost, none run twice at the backend but those in
+flight at the kill), and a restart of `up` mid-job."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+import openai
 import pytest
 from openai import OpenAI
 
@@ -65,7 +67,11 @@ def submit(client: OpenAI, data: bytes) -> str:
 def wait(client: OpenAI, bid: str, until: object, timeout: float = 180.0):  # type: ignore[no-untyped-def]
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        b = client.batches.retrieve(bid)
+        try:
+            b = client.batches.retrieve(bid)
+        except (openai.InternalServerError, openai.APIConnectionError):
+            time.sleep(0.2)  # a part of the mesh restarting (the kills below): poll again
+            continue
         if until(b):  # type: ignore[operator]
             return b
         time.sleep(0.2)
@@ -79,9 +85,21 @@ def lines_of(client: OpenAI, file_id: str | None) -> list[dict[str, object]]:
 
 
 def finished_at_backend(banner: str) -> int:
-    """Requests the chat pool's replicas finished (the emulator's own counter)."""
+    """Requests every emulated replica finished (the emulator's own counter; the fallback pool
+    included), read again until it holds still (it counts a request after its last byte)."""
+    last = -1
+    for _ in range(20):
+        now = _finished_once(banner)
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.25)
+    return last
+
+
+def _finished_once(banner: str) -> int:
     total = 0
-    for url in re.findall(r"emulator +chat#\d+ \S+ \(metrics (\S+)\)", banner):
+    for url in re.findall(r"emulator +\S+#\d+ \S+ \(metrics (\S+)\)", banner):
         with urllib.request.urlopen(url, timeout=10) as r:
             text = r.read().decode()
         total += sum(
@@ -163,6 +181,21 @@ def test_batch_api_end_to_end(tmp_path: Path) -> None:
         assert out[0]["response"]["body"]["object"] == "chat.completion"  # type: ignore[index]
         # each line ran once, but for those in flight at the kill: a backend that finishes a
         # request whose client is gone (the emulator; SGLang aborts it) ran those twice
+        assert n <= finished_at_backend(banner) - before <= n + inflight
+
+        # a filter server killed mid-job: lines answered 500 meanwhile are sent again later
+        before = finished_at_backend(banner)
+        bid_f = submit(client, jsonl(n, "f"))
+        wait(client, bid_f, lambda b: b.request_counts.completed >= 10)
+        inflight = runner_inflight(banner)
+        m_f = re.search(r"filters +grpc://\S+ .*pid (\d+)", banner)
+        assert m_f is not None, banner
+        os.kill(int(m_f.group(1)), signal.SIGKILL)
+        f = wait(client, bid_f, lambda b: b.status in FINAL)
+        assert f.status == "completed" and f.request_counts is not None
+        assert (f.request_counts.completed, f.request_counts.failed) == (n, 0), f
+        out = lines_of(client, f.output_file_id)
+        assert Counter(str(x["custom_id"]) for x in out) == Counter(f"f-{i}" for i in range(n))
         assert n <= finished_at_backend(banner) - before <= n + inflight
 
         # cancel: the job stops, partial output; the lines not run are in the error file
