@@ -25,12 +25,12 @@ from batch_service.api import ApiSettings, BatchApi
 from batch_service.files import DirectoryStore
 from batch_service.records import Records
 from batch_service.runner import BatchRunner, RunnerSettings
-from controlplane.policy import Address, Policy
-from controlplane.policy.batch import BatchPolicy
-from controlplane.policy.errors import PolicyError
-from controlplane.policy.loader import load_policy
+from policy import Address, Policy
+from policy.batch import BatchPolicy
+from policy.errors import PolicyError
+from policy.loader import load_policy
+from poolstate.reader import PoolStateReader, pools_url
 from runtime.metrics_http import MetricsServer
-from runtime.poolstate.reader import PoolStateReader, pools_url
 from runtime.redis_connect import connect_redis
 from runtime.tasks import stop_task
 

@@ -21,7 +21,7 @@ from batch_service.files import FileStore
 from batch_service.objects import ACTIVE, batch_object, file_object, new_id
 from batch_service.records import Records
 from batch_service.validate import ENDPOINTS, parse_lines
-from controlplane.policy.batch import BatchPolicy
+from policy.batch import BatchPolicy
 
 __all__ = ["ApiSettings", "BatchApi"]
 

@@ -29,8 +29,8 @@ from batch_service.objects import ACTIVE, TERMINAL, error_line, output_line
 from batch_service.pacer import Pacer, PoolView
 from batch_service.records import Claim, Records
 from batch_service.validate import Line, parse_lines
-from controlplane.policy.batch import BATCH_LINE_HEADER, BatchPolicy
-from runtime.poolstate.reader import PoolStateReader
+from policy.batch import BATCH_LINE_HEADER, BatchPolicy
+from poolstate.reader import PoolStateReader
 
 __all__ = ["BatchRunner", "RunnerSettings"]
 

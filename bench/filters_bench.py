@@ -40,11 +40,11 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from controlplane.envoy_launcher import envoy_binary  # noqa: E402
-from controlplane.policy import load_policy  # noqa: E402
 from controlplane.translate.render import render  # noqa: E402
 from controlplane.translate.static import static_bootstrap  # noqa: E402
+from policy import load_policy  # noqa: E402
 from tests.helpers import ChildProcess, free_port, redis_server, wait_for_port  # noqa: E402
+from tokenweir.envoy_launcher import envoy_binary  # noqa: E402
 
 KEY = "bench-key-123"
 BODY = {"model": "m1", "messages": [{"role": "system", "content": "You are terse."},

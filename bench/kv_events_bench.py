@@ -32,7 +32,7 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runtime.prefixindex.wire import (  # noqa: E402
+from prefixindex.wire import (  # noqa: E402
     END_SEQ,
     AllBlocksCleared,
     BlockStored,
@@ -44,8 +44,8 @@ from runtime.prefixindex.wire import (  # noqa: E402
 
 CHILD = """
 import asyncio, json, resource, sys, time
-from runtime.prefixindex.index import PrefixIndex
-from runtime.prefixindex.subscriber import KvEventSubscriber, ReplicaFeed
+from prefixindex.index import PrefixIndex
+from prefixindex.subscriber import KvEventSubscriber, ReplicaFeed
 
 async def main(where, n, expect, timeout):
     index = PrefixIndex(1, anchor_every=16, stale_after_s=600.0)

@@ -9,7 +9,7 @@ with the chat template, as on the Hugging Face hub), fetched once with ``npm pac
 Three measurements per model:
 
 1. **Piece by piece = whole.** The repository's documentation, its code and a CJK/emoji text,
-   each cut every 64 and 1,024 bytes: the ids :meth:`~runtime.chat_tokenizer.HfChatTokenizer.stable`
+   each cut every 64 and 1,024 bytes: the ids :meth:`~chat.tokenizer.HfChatTokenizer.stable`
    keeps, piece after piece, against the whole text's ids, and the share of the bytes covered.
 2. **Rendering = transformers.** With ``--reference`` (creates ``.venv-hf/`` with
    ``transformers`` the first time; git-ignored), seeded chat requests (system prompts, several
@@ -43,9 +43,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from chat.tokenizer import HfChatTokenizer, sglang_tools  # noqa: E402
 from filters.picker.mapper import ROOT as ROOT_POINT  # noqa: E402
 from filters.picker.mapper import map_points  # noqa: E402
-from runtime.chat_tokenizer import HfChatTokenizer, sglang_tools  # noqa: E402
 
 MODELS = ("llama3", "qwen2_5", "qwen3", "deepseek_v3")
 PACKAGE_VERSION = "3.7.2"

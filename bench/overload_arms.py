@@ -24,9 +24,9 @@ from typing import Any
 
 import aiohttp
 
-from controlplane.envoy_launcher import envoy_binary
 from runtime.children import Child, checkout, wait_child_port
 from runtime.ports import free_port
+from tokenweir.envoy_launcher import envoy_binary
 
 __all__ = [
     "ARMS",

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from runtime.poolstate.errors import MetricsTextError
-from runtime.poolstate.metrics_text import parse_metrics_text
+from poolstate.errors import MetricsTextError
+from poolstate.metrics_text import parse_metrics_text
 
 if TYPE_CHECKING:
     from overload_arms import Arm

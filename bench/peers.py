@@ -54,7 +54,7 @@ from peers_report import write_outputs  # noqa: E402
 from peers_rls import rls_phase  # noqa: E402
 from peers_workload import PeerRequest, build_requests, chat_body  # noqa: E402
 
-from runtime.chat_tokenizer import HfChatTokenizer  # noqa: E402
+from chat.tokenizer import HfChatTokenizer  # noqa: E402
 from tests.chat_model import make_model_dir  # noqa: E402
 from tests.helpers import redis_server  # noqa: E402
 

@@ -41,9 +41,9 @@ from peers_litellm import LITELLM_ENV, litellm_command, write_litellm_config
 from peers_workload import tenant_keys
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane.envoy_launcher import envoy_binary
 from runtime.children import Child, checkout, wait_child_line, wait_child_port
 from runtime.ports import free_port
+from tokenweir.envoy_launcher import envoy_binary
 
 __all__ = ["ARMS", "BUDGET_HEADER", "MODEL", "BudgetSpec", "Emulators", "PeerArm", "make_arm"]
 

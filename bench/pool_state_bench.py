@@ -32,9 +32,9 @@ from controlplane.saturation.api import pool_routes  # noqa: E402
 from controlplane.saturation.fetch import HttpFetcher  # noqa: E402
 from controlplane.saturation.scraper import PoolScraper  # noqa: E402
 from controlplane.saturation.targets import PoolTargets, ScrapeSettings  # noqa: E402
+from poolstate import Capacity  # noqa: E402
+from poolstate.reader import PoolStateReader, pools_url  # noqa: E402
 from runtime.metrics_http import MetricsServer  # noqa: E402
-from runtime.poolstate import Capacity  # noqa: E402
-from runtime.poolstate.reader import PoolStateReader, pools_url  # noqa: E402
 
 
 async def serve(n: int) -> None:

@@ -4,7 +4,7 @@
 
 Tokenizers: Llama 3 and Qwen2.5 (``tokenizer.json`` and chat template, fetched once into
 ``bench/.models/`` by ``bench/model_tokenizer.py``'s ``fetch``), applied as SGLang applies them
-(runtime/chat_tokenizer.py). Each text is one user message of a chat request; "real" is the
+(chat/tokenizer.py). Each text is one user message of a chat request; "real" is the
 rendered prompt's token count.
 
 1. **Accuracy** per kind of text (English prose, dense Python, JSON, Chinese, Japanese, emoji,
@@ -40,14 +40,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from controlplane.policy import load_policy  # noqa: E402
+from chat.tokenizer import HfChatTokenizer  # noqa: E402
 from filters.bodies import parse_request  # noqa: E402
 from filters.estimate import ByteBound, TokenizerEstimator  # noqa: E402
 from filters.metrics import FilterMetrics  # noqa: E402
 from filters.output_lengths import OutputLengths  # noqa: E402
 from filters.plugins import tokens  # noqa: E402
 from filters.services import default_services  # noqa: E402
-from runtime.chat_tokenizer import HfChatTokenizer  # noqa: E402
+from policy import load_policy  # noqa: E402
 
 MODELS = ("llama3", "qwen2_5")
 SIZES = (3_000, 71_000, 300_000)

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-from controlplane.policy import load_policy  # noqa: E402
+from policy import load_policy  # noqa: E402
 from ratelimit_service.store import load_script  # noqa: E402
 from tests.helpers import ChildProcess, free_port, redis_server, wait_for_port  # noqa: E402
 

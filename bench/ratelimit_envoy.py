@@ -14,8 +14,8 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
-from controlplane.policy.model import Route, RouteRateLimit
 from controlplane.translate.ratelimit import ratelimit_http_filter, ratelimit_per_route
+from policy.model import Route, RouteRateLimit
 from tests.helpers import free_port, static_cluster
 
 __all__ = ["envoy_config", "k6_load"]

@@ -12,11 +12,11 @@ import grpc
 import redis.asyncio as aioredis
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
-from controlplane.policy import load_policy
+from policy import load_policy
+from quota.config import effective_quotas, limits_for_tenant, tenant_defaults
+from quota.keys import record_key
 from ratelimit_service.plan import checks_for
 from ratelimit_service.store import load_script, reserve_args
-from runtime.quota.config import effective_quotas, limits_for_tenant, tenant_defaults
-from runtime.quota.keys import record_key
 
 
 class Floor(rls_pb2_grpc.RateLimitServiceServicer):

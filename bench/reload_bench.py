@@ -3,7 +3,7 @@
 For each size, a policy with that many tenants (one API key and own quotas each) and 100
 routes (identity, tokens, usage on each) is written, then measured in this process:
 
-- ``load``: :func:`controlplane.policy.load_policy` alone (bounded compose + decode + checks);
+- ``load``: :func:`policy.load_policy` alone (bounded compose + decode + checks);
 - ``filters``: what the filter server's watcher runs off its loop (load + every plugin chain);
 - ``ratelimit``: what the rate-limit service's watcher runs (load + decider settings);
 - ``controlplane``: what the control plane's reloader runs (load + the services' check +
@@ -42,13 +42,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import CollectorRegistry
 
-from controlplane.check import service_issues
-from controlplane.policy import load_policy
 from controlplane.reloader import Reloader
 from controlplane.xds.cache import SnapshotCache
 from filters.app import FilterApp, Settings
+from policy import load_policy
 from ratelimit_service.server import Service, ServiceSettings
 from tests.bigpolicy import big_policy_text
+from tokenweir.check import service_issues
 
 RESULTS = Path(__file__).parent / "results" / "reload_bench.json"
 PORTS = dict(
@@ -70,7 +70,7 @@ async def _edit_to_applied(path: Path, tenants: int, repeat: int) -> float:
     cache = SnapshotCache()
     reloader = Reloader(
         path, cache, registry=CollectorRegistry(), debounce=0.05, poll_interval=0.05,
-        check=service_issues, build_worker="controlplane.check:reloader_prepare",
+        check=service_issues, build_worker="tokenweir.check:reloader_prepare",
     )  # fmt: skip
     await reloader.start()
     times = []
@@ -135,7 +135,7 @@ async def _lag_arms(path: Path, tenants: int) -> dict[str, Any]:
         svc = Service(ServiceSettings(path, build_worker=worker), app.policy)
         cp = Reloader(
             path, SnapshotCache(), registry=CollectorRegistry(), check=service_issues,
-            build_worker="controlplane.check:reloader_prepare" if worker else None,
+            build_worker="tokenweir.check:reloader_prepare" if worker else None,
         )  # fmt: skip
         reloads: dict[str, Callable[[], Any]] = {
             "filters": app.reload, "ratelimit": svc.watcher.reload, "controlplane": cp.reload_async,

@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.filters_bench import KEY, canned_bootstrap, cpu_seconds, k6  # noqa: E402
-from controlplane.envoy_launcher import envoy_binary  # noqa: E402
 from tests.helpers import ChildProcess, free_port, free_port_block, wait_for_port  # noqa: E402
+from tokenweir.envoy_launcher import envoy_binary  # noqa: E402
 
 _PID = re.compile(r"(?P<name>[a-z][\w-]*#\d+|ratelimit|filters|edge):?\s.*\bpid (?P<pid>\d+)")
 

@@ -57,12 +57,12 @@ from bench.routing_sim_routers import (  # noqa: E402
     Router,
     probe,
 )
-from controlplane.policy.model import Address, LlmPool  # noqa: E402
-from controlplane.policy.routing import RoutingPolicy  # noqa: E402
 from filters.picker.metrics import PickerMetrics  # noqa: E402
 from filters.picker.pool import PoolPicker  # noqa: E402
-from runtime.prefixindex.hashing import prefix_block_ids  # noqa: E402
-from runtime.prefixindex.wire import KVEventBatch, decode_for_index, encode_batch  # noqa: E402
+from policy.model import Address, LlmPool  # noqa: E402
+from policy.routing import RoutingPolicy  # noqa: E402
+from prefixindex.hashing import prefix_block_ids  # noqa: E402
+from prefixindex.wire import KVEventBatch, decode_for_index, encode_batch  # noqa: E402
 
 ROUTERS = ("picker", "ring_hash", "approx_tree")
 

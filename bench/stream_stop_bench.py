@@ -3,7 +3,7 @@
 In-process, the usage plugin over streams of ``--tokens`` one-token chunks (SSE events as SGLang
 sends them): CPU per chunk with ``stop_at_budget`` off, on with a reservation that covers the
 answer (counting only), and on with a reservation of 8 tokens that draws every token past it in
-top-ups of ``--block`` tokens from a real redis-server (``runtime/quota/topup.lua``; the
+top-ups of ``--block`` tokens from a real redis-server (``quota/topup.lua``; the
 reservation record is written by the rate-limit service's ``reserve.lua``), plus the latency of
 one top-up. The Python meter's own cost (one ext_proc message per chunk, against Envoy's Lua
 meter) is measured by ``bench/filters_bench.py`` (``/s/`` vs ``/sp/``). Results:
@@ -29,15 +29,15 @@ sys.path.insert(0, str(ROOT))
 
 import redis.asyncio as aioredis  # noqa: E402
 
-from controlplane.policy import load_policy  # noqa: E402
 from filters.api import Context, RouteInfo  # noqa: E402
 from filters.bodies import parse_request  # noqa: E402
 from filters.plugins.usage import UsagePlugin  # noqa: E402
 from filters.services import default_services  # noqa: E402
+from policy import load_policy  # noqa: E402
+from quota.keys import bucket_key, record_key  # noqa: E402
+from quota.topup import TopUps  # noqa: E402
 from ratelimit_service.limiter import Check  # noqa: E402
 from ratelimit_service.store import load_script, reserve_args  # noqa: E402
-from runtime.quota.keys import bucket_key, record_key  # noqa: E402
-from runtime.quota.topup import TopUps  # noqa: E402
 from tests.helpers import redis_server  # noqa: E402
 
 ROUTE = RouteInfo(name="llm", pool="chat", rate_limited=True)

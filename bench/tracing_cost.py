@@ -18,7 +18,7 @@ import uuid
 
 import redis.asyncio as aioredis
 
-from controlplane.policy.loader import load_policy_text
+from policy.loader import load_policy_text
 from ratelimit_service.decider import Decider, DeciderSettings
 from ratelimit_service.directory import QuotaDirectory
 from ratelimit_service.limiter import Check

@@ -30,7 +30,7 @@ from typing import Any
 
 from xds_push_server import GROUP  # the node cluster the child serves
 
-from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
+from tokenweir.envoy_launcher import EnvoyProcess, EnvoySettings
 
 RESULTS = Path(__file__).parent / "results" / "xds_push.json"
 SIZES = {"small": (10, 10), "large": (1000, 10)}  # clusters, endpoints per cluster

@@ -21,8 +21,6 @@ from controlplane.canary import CanaryWatcher, OverrideCache
 from controlplane.canary.shadow import ShadowWatcher
 from controlplane.dashboard.api import Dashboard
 from controlplane.dashboard.quota import QuotaWindows
-from controlplane.policy import Address, Policy
-from controlplane.policy.servers import Replicas
 from controlplane.reloader import PolicyCheck, Reloader, ReloadResult
 from controlplane.saturation.api import pool_routes
 from controlplane.saturation.eds import EdsMarks
@@ -30,6 +28,8 @@ from controlplane.saturation.fetch import HttpFetcher
 from controlplane.saturation.scraper import PoolScraper
 from controlplane.saturation.targets import targets_from_policy
 from controlplane.xds.server import XdsServer
+from policy import Address, Policy
+from policy.servers import Replicas
 from runtime.grpc_health import AioHealth
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
@@ -88,10 +88,10 @@ class ControlPlane:
             registry=self.registry,
             debounce=settings.debounce,
             on_policy=self._on_policy,
-            check=check,  # the services' builders (controlplane.check), given by the CLI
+            check=check,  # the services' builders (tokenweir.check), given by the CLI
             transform=self.eds.transform,
             adjust=self._adjust if settings.replicas is not None else None,
-            build_worker=build_worker,  # controlplane.check:reloader_prepare, given by the CLI
+            build_worker=build_worker,  # tokenweir.check:reloader_prepare, given by the CLI
         )
         self.fetcher = HttpFetcher()
         self.dashboard = Dashboard(

@@ -20,11 +20,11 @@ from types import MappingProxyType
 from google.protobuf.message import Message
 from prometheus_client import CollectorRegistry
 
-from controlplane.policy import Issue, Policy, PolicyError, endpoint_files, load_policy
 from controlplane.translate.render import Resources, render
 from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.errors import InconsistentSnapshotError
 from controlplane.xds.snapshot import Snapshot
+from policy import Issue, Policy, PolicyError, endpoint_files, load_policy
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics
 
 __all__ = ["PolicyCheck", "Prepared", "ReloadResult", "Reloader", "prepare", "snapshots_for"]
@@ -78,7 +78,7 @@ def prepare(
     adjust: Callable[[Policy], Policy] | None = None,
 ) -> Loaded[Prepared]:
     """Load, run ``check`` and render: the part of a reload that needs no live state (the CLI
-    runs it in the build worker process with the services' check, ``controlplane.check``)."""
+    runs it in the build worker process with the services' check, ``tokenweir.check``)."""
     policy = load_policy(path)
     if adjust is not None:
         policy = adjust(policy)
@@ -97,9 +97,9 @@ class Reloader:
     """Loads the policy, renders it, and publishes consistent snapshots into ``cache``.
 
     ``check(policy, path)`` (optional) lists problems the services' builders find: the CLI
-    passes :func:`controlplane.check.service_issues`, so a policy the filter server or the
+    passes :func:`tokenweir.check.service_issues`, so a policy the filter server or the
     rate-limit service would refuse is refused here too. ``build_worker`` ("module:function"
-    returning :func:`prepare`'s result; the CLI passes ``controlplane.check:reloader_prepare``)
+    returning :func:`prepare`'s result; the CLI passes ``tokenweir.check:reloader_prepare``)
     moves loading, checking and rendering into a child process (:mod:`runtime.buildworker`).
     """
 

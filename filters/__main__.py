@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from controlplane.policy import PolicyError, load_policy
+from policy import PolicyError, load_policy
 from runtime.process import run, serve
 from runtime.supervisor import WorkerSupervisor
 

@@ -103,10 +103,10 @@ class RouteInfo:
     max_body_bytes: int = 1024**2
     failure_mode: Literal["open", "closed"] = "closed"
     rate_limited: bool = False
-    # Envoy's Lua usage meter reads the response (controlplane.policy.phases.meters_usage)
+    # Envoy's Lua usage meter reads the response (policy.phases.meters_usage)
     metered_in_envoy: bool = False
     # the usage plugin stops a stream at the tenant's budget (stop_at_budget): a reservation
-    # may then be smaller than the worst case (controlplane.policy.phases.stops_at_budget)
+    # may then be smaller than the worst case (policy.phases.stops_at_budget)
     stops_at_budget: bool = False
 
 

@@ -17,8 +17,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from controlplane.policy import Policy, load_policy
-from controlplane.policy.phases import uses_collapse, uses_shadow_pairs
 from filters.aborts import Aborter
 from filters.admission.fairshare import FairShare
 from filters.admission.gate import Gates
@@ -51,10 +49,12 @@ from filters.services import Services, default_services
 from filters.shadow.metrics import ShadowMetrics
 from filters.shadow.recorder import ShadowRecorder
 from filters.usage_log import UsageLog
+from policy import Policy, load_policy
+from policy.phases import uses_collapse, uses_shadow_pairs
+from quota.topup import TopUps
 from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
-from runtime.quota.topup import TopUps
 from runtime.tasks import stop_task
 from runtime.tracing import TracingSwitch
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics, ReloadOutcome

@@ -1,6 +1,6 @@
 """What a tenant's token budget still holds, for the max_tokens clamp.
 
-The numbers live in Redis in the shared quota layout (``runtime.quota.reader.QuotaReader``,
+The numbers live in Redis in the shared quota layout (``quota.reader.QuotaReader``,
 the rate-limit service writes them); this module adapts the reader and puts a short cache in front: a value read from Redis is reused for ``ttl`` seconds
 and lowered by every reservation this process makes meanwhile, so the clamp never loosens within
 the TTL (it can only be stale towards "less", until the next read). ``None`` means "unknown or
@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from runtime.quota.errors import QuotaUnavailable
-from runtime.quota.reader import QuotaReader
+from quota.errors import QuotaUnavailable
+from quota.reader import QuotaReader
 from runtime.tasks import stop_task
 from runtime.throttled_log import ThrottledLog
 

@@ -24,8 +24,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from controlplane.policy import PolicyError, load_policy
 from filters.keys import key_name, revoke_key, set_key
+from policy import PolicyError, load_policy
 from runtime.statedir import RedisTarget, default_state_dir, find_redis, unreachable
 
 __all__ = ["main", "run", "target"]

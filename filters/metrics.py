@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from runtime.labels import PolicyLabels
+from policy.labels import PolicyLabels
 
 __all__ = ["FilterMetrics"]
 

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.policy.phases import meters_usage, stops_at_budget
 from filters.admission.plugin import AdmissionPlugin
 from filters.api import Plugin, RouteInfo
 from filters.chain import Chain
@@ -29,6 +28,7 @@ from filters.plugins.tokens import TokensPlugin
 from filters.plugins.usage import UsagePlugin
 from filters.services import Services
 from filters.shadow.plugin import ShadowPlugin
+from policy.phases import meters_usage, stops_at_budget
 
 __all__ = ["BUILTINS", "RouteEntry", "build_routes", "iter_routes", "load_factory", "route_info"]
 

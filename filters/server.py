@@ -17,8 +17,6 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from controlplane.policy.admission import hold_slack
-from controlplane.policy.phases import OVERSIZE_ROUTE_PREFIX, ROUTE_HEADER
 from filters.api import Context, openai_error
 from filters.chain import Outcome
 from filters.metrics import FilterMetrics
@@ -37,6 +35,8 @@ from filters.protocol import (
 from filters.registry import RouteEntry
 from filters.sse import SETTLE_KEY
 from filters.tracing import end_stream_span, reply_status
+from policy.admission import hold_slack
+from policy.phases import OVERSIZE_ROUTE_PREFIX, ROUTE_HEADER
 from runtime.drain import Inflight
 from runtime.grpc_health import AioHealth
 from runtime.health import HealthState

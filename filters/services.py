@@ -19,7 +19,7 @@ __all__ = ["Services", "default_services"]
 class Services:
     """Shared by every plugin of a server; ``policy`` is the one the chains were built from."""
 
-    policy: Any  # controlplane.policy.Policy
+    policy: Any  # policy.Policy
     keys: KeyStore
     budget: Budget
     estimator: Estimator
@@ -32,7 +32,7 @@ class Services:
     collapser: Any = None  # filters.collapse.hub.Hub: in-flight collapsed runs across reloads
     shadow: Any = None  # filters.shadow.recorder.ShadowRecorder: open primary/shadow pairs
     balance: Any = None  # filters.admission.spread.LaneBalance: ranked pools' replica loads
-    topups: Any = None  # runtime.quota.topup.TopUps: a stream's draws past its reservation
+    topups: Any = None  # quota.topup.TopUps: a stream's draws past its reservation
     aborts: Any = None  # filters.aborts.Aborter: backend aborts of streams stopped at the budget
     lengths: OutputLengths | None = (
         None  # learned output lengths (reservations), kept across reloads

@@ -23,8 +23,8 @@ from envoy.service.accesslog.v3 import als_pb2
 from google.protobuf import struct_pb2
 
 from filters.metrics import FilterMetrics
+from quota.cost import cost_usd
 from runtime import tracing as t
-from runtime.cost import cost_usd
 from runtime.tracing import TracingSwitch
 
 __all__ = ["ALS_PATH", "UsageLog", "record"]

@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from controlplane.policy import PolicyError, load_policy
+from policy import PolicyError, load_policy
 from ratelimit_service.server import Service, ServiceSettings
 from runtime.process import run, serve
 from runtime.supervisor import WorkerSupervisor

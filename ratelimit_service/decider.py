@@ -18,6 +18,9 @@ from typing import Any
 
 from envoy.service.ratelimit.v3 import rls_pb2
 
+from quota.config import Limit, SubjectQuotas, limits_for_service, limits_for_tenant
+from quota.cost import worst_case_micro_usd
+from quota.keys import record_key, service_subject
 from ratelimit_service.descriptors import Call, parse_request
 from ratelimit_service.directory import QuotaDirectory
 from ratelimit_service.errors import BadRequest, StoreUnavailable
@@ -29,9 +32,6 @@ from ratelimit_service.outage import OutageLedger
 from ratelimit_service.plan import WindowClock, checks_for, scaled
 from ratelimit_service.responses import Verdict, error_response, response
 from ratelimit_service.store import MemoryStore, QuotaStore
-from runtime.cost import worst_case_micro_usd
-from runtime.quota.config import Limit, SubjectQuotas, limits_for_service, limits_for_tenant
-from runtime.quota.keys import record_key, service_subject
 from runtime.tasks import stop_task
 
 __all__ = ["CallTrace", "Decider", "DeciderSettings", "verdict"]

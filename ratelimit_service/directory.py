@@ -12,16 +12,16 @@ from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 
-from controlplane.policy.model import Policy
-from ratelimit_service.store import load_script
-from runtime.quota.config import (
+from policy.model import Policy
+from quota.config import (
     SubjectQuotas,
     effective_quotas,
     service_defaults,
     tenant_defaults,
 )
-from runtime.quota.keys import config_key, seed_key, service_subject
-from runtime.quota.reader import decode_map
+from quota.keys import config_key, seed_key, service_subject
+from quota.reader import decode_map
+from ratelimit_service.store import load_script
 from runtime.tasks import honour_cancel
 
 __all__ = ["QuotaDirectory", "SeedPlan", "seed_defaults", "seed_plan"]

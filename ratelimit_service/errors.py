@@ -8,7 +8,7 @@
                              servicer falls back to the policy's redis_failure_mode
 
 QuotaConfigError (a live quota field that cannot be parsed) belongs to the shared quota layout:
-:mod:`runtime.quota.errors`.
+:mod:`quota.errors`.
 
 Third-party errors (redis-py, grpc) are converted once, at the store boundary (``raise … from``).
 """

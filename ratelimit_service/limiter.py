@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from runtime.quota.buckets import bucket_ttl_ms, refill
+from quota.buckets import bucket_ttl_ms, refill
 
 __all__ = [
     "Check",
@@ -82,7 +82,7 @@ class MemoryState:
     buckets: dict[str, tuple[float, int, int]] = field(default_factory=dict)  # tk, ts, expire
     windows: dict[str, tuple[int, int]] = field(default_factory=dict)  # used, expire
     # record → (expire, counter key → [charged, is_bucket, cap (a window: its limit), rate,
-    # is_money, is_shadow]); the top-up twin (runtime/quota/topup.py) reads and charges it too
+    # is_money, is_shadow]); the top-up twin (quota/topup.py) reads and charges it too
     records: dict[str, tuple[int, dict[str, list[float]]]] = field(default_factory=dict)
     traces: dict[str, str] = field(default_factory=dict)  # record → traceparent at reserve
 

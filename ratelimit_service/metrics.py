@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from runtime.labels import OTHER, PolicyLabels
+from policy.labels import OTHER, PolicyLabels
 
 __all__ = ["Metrics"]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from quota.config import Limit
+from quota.keys import bucket_key, window_key
+from quota.windows import window
 from ratelimit_service.limiter import Check
-from runtime.quota.config import Limit
-from runtime.quota.keys import bucket_key, window_key
-from runtime.quota.windows import window
 
 __all__ = ["WindowClock", "checks_for", "scaled"]
 

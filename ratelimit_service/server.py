@@ -18,8 +18,8 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from google.protobuf.message import DecodeError
 from redis.asyncio.cluster import RedisCluster
 
-from controlplane.policy import Policy, load_policy
-from controlplane.policy.model import RateLimitServer
+from policy import Policy, load_policy
+from policy.model import RateLimitServer
 from ratelimit_service.decider import CallTrace, Decider, DeciderSettings
 from ratelimit_service.directory import QuotaDirectory, SeedPlan, seed_defaults, seed_plan
 from ratelimit_service.h2server import H2Server

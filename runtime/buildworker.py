@@ -10,7 +10,7 @@ at a lower CPU priority) runs ``TARGET(path)`` -- a module-level function return
 Wire (the child's stdout, 4-byte big-endian length before each frame): per request, ``f`` +
 the pickled tuple of files the value was built from, then the value's frames (``c`` slices,
 ``s`` skeleton); or one ``e`` frame: the pickled tuple of problems
-(``file:line: key.path: message`` for a :class:`~controlplane.policy.PolicyError`). Requests
+(``file:line: key.path: message`` for a :class:`~policy.PolicyError`). Requests
 are one JSON string (the path) per line on its stdin. Anything the build prints goes to stderr.
 
 A child that dies (killed, out of memory) is noticed at once (its stdout closes): the request
@@ -134,7 +134,7 @@ def resolve(target: str) -> Callable[[Path], Any]:
 
 
 def _problems(path: Path, exc: Exception) -> tuple[str, ...]:
-    from controlplane.policy import PolicyError  # imported by the target already
+    from policy import PolicyError  # imported by the target already
 
     if isinstance(exc, PolicyError):
         return tuple(str(i) for i in exc.issues)

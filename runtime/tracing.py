@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from controlplane.policy.tracing import Tracing as TracingPolicy
+from policy.tracing import Tracing as TracingPolicy
 
 if TYPE_CHECKING:  # the SDK is imported only by a process that traces
     from opentelemetry.context import Context

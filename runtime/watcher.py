@@ -17,7 +17,7 @@ One implementation for the control plane, the filter server and the rate-limit s
   request sees the old config or the new one, never half of each, and in-flight work finishes
   on what it started with (``apply`` returns False when nothing changed: counted "unchanged");
 - any exception while loading, building or applying is caught: the reason is logged once (a
-  :class:`~controlplane.policy.PolicyError` as one ``file:line: key.path: message`` line per
+  :class:`~policy.PolicyError` as one ``file:line: key.path: message`` line per
   problem), counted in ``tokenweir_config_reloads_total{result="error"}`` and flagged by
   ``tokenweir_config_last_reload_error`` (back to 0 on the next good load); the last good
   config keeps serving and the next edit is picked up. The watcher itself never dies.
@@ -38,7 +38,7 @@ from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from controlplane.policy import PolicyError
+from policy import PolicyError
 from runtime.buildworker import BuildWorker, resolve
 from runtime.dispose import WORTH_IT, dispose
 from runtime.errors import BuildFailed, WorkerCrashed

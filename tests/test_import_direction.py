@@ -1,7 +1,7 @@
 """Imports point one way (CONVENTIONS.md): services → runtime → the policy model.
 
 Parsed from the source (AST), lazy imports inside functions included:
-- the control plane's core (``controlplane.policy``, ``.translate``, ``.xds``) imports only the
+- the control plane's core (``policy``, ``.translate``, ``.xds``) imports only the
   core and the runtime, never a service or the control plane's own servers and CLI;
 - ``runtime`` imports only ``runtime`` and the policy model (so nothing it pulls in imports a
   service);
@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("controlplane", "filters", "ratelimit_service", "backends", "runtime")
-CORE = ("controlplane.policy", "controlplane.translate", "controlplane.xds")
+CORE = ("policy", "controlplane.translate", "controlplane.xds")
 SERVICES = ("filters", "ratelimit_service", "backends")
 
 
@@ -57,7 +57,7 @@ def allowed(importer: str, imported: str) -> bool:
     if _within(importer, CORE):
         return _within(imported, (*CORE, "runtime"))
     if _within(importer, ("runtime",)):
-        return _within(imported, ("runtime", "controlplane.policy"))
+        return _within(imported, ("runtime", "policy"))
     for service in SERVICES:
         if _within(importer, (service,)):
             return not _within(imported, tuple(s for s in SERVICES if s != service))
@@ -85,16 +85,16 @@ def test_imports_point_one_way() -> None:
     [
         ("controlplane.translate.ext_proc", "filters.phases", False),
         ("controlplane.xds.server", "controlplane.reloader", False),
-        ("controlplane.translate.ext_proc", "controlplane.policy.phases", True),
+        ("controlplane.translate.ext_proc", "policy.phases", True),
         ("runtime.process", "filters.app", False),
-        ("runtime.children", "controlplane.up", False),
-        ("runtime.metrics_http", "controlplane.policy.model", True),
+        ("runtime.children", "tokenweir.up", False),
+        ("runtime.metrics_http", "policy.model", True),
         ("filters.h2server", "ratelimit_service.h2server", False),
         ("filters.budget", "ratelimit_service.reader", False),
-        ("filters.budget", "runtime.quota.reader", True),
+        ("filters.budget", "quota.reader", True),
         ("ratelimit_service.server", "filters.keys", False),
         ("backends.emulator.app", "runtime.ports", True),
-        ("controlplane.up", "filters.app", True),  # the CLI starts services: allowed
+        ("tokenweir.up", "filters.app", True),  # the CLI starts services: allowed
     ],
 )
 def test_the_rules(importer: str, imported: str, ok: bool) -> None:

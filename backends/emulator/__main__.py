@@ -15,9 +15,9 @@ from backends.emulator.priority import DEFAULT_PREEMPTION_THRESHOLD, PriorityCon
 from backends.emulator.server import start_emulator
 from backends.emulator.settings import EmulatorSettings
 from backends.profiles import profile_names
-from runtime.chat_tokenizer import TokenizerFilesError
-from runtime.prefixindex.errors import KvEventsConfigError
-from runtime.prefixindex.wire import KvEventsConfig
+from chat.tokenizer import TokenizerFilesError
+from prefixindex.errors import KvEventsConfigError
+from prefixindex.wire import KvEventsConfig
 
 __all__ = ["main", "parse_args"]
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from runtime.prefixindex.wire import (
+from prefixindex.wire import (
     END_SEQ,
     KvEvent,
     KVEventBatch,

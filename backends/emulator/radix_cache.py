@@ -25,8 +25,8 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from runtime.prefixindex.hashing import block_id, chain_digests
-from runtime.prefixindex.wire import (
+from prefixindex.hashing import block_id, chain_digests
+from prefixindex.wire import (
     MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,

@@ -54,7 +54,7 @@ from backends.emulator.tokenizer import OutputWords
 from backends.emulator.waiting import WaitingQueue
 from backends.errors import QueueFullError, RequestError, SchedulerAbortError, ServerClosingError
 from backends.profiles import BackendProfile
-from runtime.prefixindex.wire import KvEvent
+from prefixindex.wire import KvEvent
 
 __all__ = ["Scheduler", "SchedulerObserver", "SchedulerStats"]
 

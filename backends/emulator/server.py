@@ -36,7 +36,7 @@ from backends.errors import (
     SchedulerAbortError,
     ServerClosingError,
 )
-from runtime.chat_tokenizer import ChatTemplateError, HfChatTokenizer
+from chat.tokenizer import ChatTemplateError, HfChatTokenizer
 from runtime.tracing import Tracing
 
 __all__ = ["EmulatorServer", "start_emulator"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from backends.emulator.priority import PriorityConfig
 from backends.profiles import BackendProfile, get_profile
-from runtime.prefixindex.wire import KvEventsConfig
+from prefixindex.wire import KvEventsConfig
 
 __all__ = ["EmulatorSettings"]
 

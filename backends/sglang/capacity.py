@@ -5,7 +5,7 @@ SGLang reports server arguments at the top level and scheduler facts (``max_tota
 (newer). ``parse_server_info`` reads both; the control plane can make limits follow the server.
 It also reads how the server orders its queue (``enable_priority_scheduling``,
 ``priority_scheduling_preemption_threshold``, ``schedule_low_priority_values_first``,
-``disable_priority_preemption``: :class:`~runtime.poolstate.ranking.Ranking`); a field the
+``disable_priority_preemption``: :class:`~poolstate.ranking.Ranking`); a field the
 server does not report stays None (unknown), never false.
 """
 
@@ -20,7 +20,7 @@ import aiohttp
 
 from backends.errors import LauncherError
 from backends.sglang.endpoints import file_lock, write_atomic
-from runtime.poolstate.ranking import Ranking
+from poolstate.ranking import Ranking
 
 __all__ = ["CapacityHints", "fetch_capacity", "parse_server_info", "write_capacity_file"]
 

@@ -34,7 +34,7 @@ import aiohttp
 from backends.errors import LauncherError, LaunchTimeoutError
 from backends.sglang.capacity import CapacityHints, fetch_capacity, write_capacity_file
 from backends.sglang.endpoints import add_endpoint, remove_endpoint
-from runtime.prefixindex.wire import KvEventsConfig
+from prefixindex.wire import KvEventsConfig
 
 __all__ = ["LaunchConfig", "SGLangLauncher", "build_command"]
 

@@ -25,7 +25,7 @@ mkdir -p /tmp/site/sglang_router && cp .dev/sglang_router/*.py /tmp/site/sglang_
 xz -dc .dev/sglang_router/rs.so.xz > /tmp/site/sglang_router/sglang_router_rs.abi3.so
 if [ -z "${TW_SKIP_SITE:-}" ]; then  # (a rehearsal's venv has them: never overwrite its scripts)
   xz -dc .dev/bin/envoy.xz > "$bin/envoy" && chmod +x "$bin/envoy"
-  for name in tokenweir:controlplane.cli tokenweir-emulator:backends.emulator.__main__; do
+  for name in tokenweir:tokenweir.cli tokenweir-emulator:backends.emulator.__main__; do
     printf '#!%s\nimport sys\nsys.path.insert(0, "%s")\nfrom %s import main\nsys.exit(main())\n' \
       "$py" "$PWD" "${name#*:}" > "$bin/${name%%:*}" && chmod +x "$bin/${name%%:*}"
   done
@@ -33,7 +33,7 @@ fi
 export PATH="/tmp/tw/redis/bin:$bin:$PATH"
 { nproc; grep -m1 "model name" /proc/cpuinfo; python3 --version; "$bin/envoy" --version | head -1
   redis-server --version
-  python3 -c "import grpc, google.protobuf as p, zmq, msgspec, sglang_router.launch_router, filters, controlplane.cli; print('imports ok', grpc.__version__, p.__version__)"
+  python3 -c "import grpc, google.protobuf as p, zmq, msgspec, sglang_router.launch_router, filters, tokenweir.cli; print('imports ok', grpc.__version__, p.__version__)"
   python3 -c "
 import time
 t = time.perf_counter()

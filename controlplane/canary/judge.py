@@ -13,7 +13,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from controlplane.policy.canary import CanaryRollback
+from policy.canary import CanaryRollback
 
 __all__ = ["Guard", "Sample", "Verdict", "VersionCounts", "judge", "p95"]
 

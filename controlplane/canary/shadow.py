@@ -17,8 +17,8 @@ from aiohttp import web
 
 from controlplane.canary.judge import Buckets, p95
 from controlplane.canary.sample import replica_counters, replica_histograms
-from controlplane.policy.model import Address, Policy
 from controlplane.saturation.errors import ScrapeError
+from policy.model import Address, Policy
 from runtime.tasks import stop_task
 
 __all__ = ["SHADOW_PATH", "ShadowWatcher", "compare"]

@@ -20,8 +20,8 @@ from controlplane.canary.errors import CanaryError
 from controlplane.canary.judge import Guard, Sample
 from controlplane.canary.overrides import OverrideCache
 from controlplane.canary.sample import gateway_counts, replica_histograms, version_counts
-from controlplane.policy.model import CanaryPolicy, Policy
 from controlplane.saturation.errors import ScrapeError
+from policy.model import CanaryPolicy, Policy
 from runtime.tasks import stop_task
 
 __all__ = ["CANARY_PATH", "CanaryWatcher"]

@@ -28,7 +28,7 @@ from controlplane.dashboard.view import (
     tenant_rows,
     with_windows,
 )
-from controlplane.policy import Policy
+from policy import Policy
 
 __all__ = ["OVERVIEW_PATH", "Dashboard"]
 

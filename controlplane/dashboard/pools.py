@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from controlplane.dashboard.summary import Totals
-from controlplane.policy import Policy
 from controlplane.translate.names import canary_cluster, fallback_cluster, pool_cluster
+from policy import Policy
 
 __all__ = ["CODES", "answers", "pool_rows", "route_pools"]
 

@@ -1,5 +1,5 @@
 """The tenants' token budgets as the quota itself counts them: read from Redis, the rate-limit
-service's own state (``runtime.quota.reader``: the tenant's live quota fields over the policy's,
+service's own state (``quota.reader``: the tenant's live quota fields over the policy's,
 its bucket level and this window's counters), not from counters since a process started.
 
 One read per overview answer, for the tenants the answer shows (at most :data:`MAX_TENANTS`):
@@ -20,9 +20,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 from redis.exceptions import RedisError
 
-from controlplane.policy import Policy
-from runtime.quota.errors import QuotaUnavailable
-from runtime.quota.reader import QuotaReader, WindowUsage
+from policy import Policy
+from quota.errors import QuotaUnavailable
+from quota.reader import QuotaReader, WindowUsage
 from runtime.redis_connect import connect_redis
 
 __all__ = ["MAX_TENANTS", "QUOTAS", "QuotaWindows"]

@@ -17,10 +17,10 @@ from urllib.parse import quote
 
 from controlplane.dashboard.collector import Source
 from controlplane.dashboard.summary import Totals
-from controlplane.policy import Policy
-from controlplane.policy.servers import worker_metrics_ports
-from controlplane.policy.tenancy import QuotaLimits
-from runtime.quota.reader import WindowUsage
+from policy import Policy
+from policy.servers import worker_metrics_ports
+from policy.tenancy import QuotaLimits
+from quota.reader import WindowUsage
 
 __all__ = [
     "binding",
@@ -54,7 +54,7 @@ def sources_from_policy(policy: Policy) -> list[Source]:
 
 def envoy_sources(nodes: list[dict[str, Any]]) -> list[Source]:
     """The connected Envoys that said where their admin listens (``tokenweir up`` starts
-    them so: controlplane.envoy_launcher), for their stats."""
+    them so: tokenweir.envoy_launcher), for their stats."""
     return [Source(f"envoy {n['node']}", n["admin"], ENVOY_STATS) for n in nodes if n.get("admin")]
 
 

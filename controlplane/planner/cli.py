@@ -1,6 +1,6 @@
 """``tokenweir plan``: the capacity planner's command line.
 
-The lead's ``controlplane/cli.py`` calls :func:`register` on its subparsers. Flags build the same
+The lead's ``tokenweir/cli.py`` calls :func:`register` on its subparsers. Flags build the same
 mapping as a ``planner:`` YAML section (see :mod:`.parse`) and override a file given with ``-f``.
 Exit codes: 0 plan printed, 2 bad input, 3 infeasible (message says which constraint and by how
 much), 4 the merged policy does not validate.
@@ -178,7 +178,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
 
 
 def _merged_policy(plan: Plan, policy_path: Path) -> str:
-    from controlplane.policy import load_policy_text
+    from policy import load_policy_text
 
     text = policy_path.read_text(encoding="utf-8")
     base = yaml.safe_load(text) or {}
@@ -209,7 +209,7 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
         args.fragment.write_text(fragment_yaml(plan), encoding="utf-8")
         print(f"wrote {args.fragment}", file=err)
     if args.merge_into is not None:
-        from controlplane.policy import PolicyError
+        from policy import PolicyError
 
         try:
             merged = _merged_policy(plan, args.merge_into)

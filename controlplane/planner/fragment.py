@@ -1,6 +1,6 @@
 """The policy fragment a plan implies, and merging it into an existing policy document.
 
-The fragment uses the policy schema of ``controlplane.policy`` (docs/policy.md)::
+The fragment uses the policy schema of ``policy`` (docs/policy.md)::
 
     pools.<pool>.circuit_breakers.{interactive,batch}: max_connections, max_pending_requests,
                                                        max_requests, max_retries

@@ -13,7 +13,7 @@ import json
 from aiohttp import web
 
 from controlplane.saturation.scraper import PoolScraper
-from runtime.poolstate.reader import POOLS_PATH
+from poolstate.reader import POOLS_PATH
 
 __all__ = ["POOLS_PATH", "pool_routes"]
 

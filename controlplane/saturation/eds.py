@@ -31,7 +31,7 @@ from controlplane.translate.names import pool_cluster
 from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.snapshot import Snapshot
 from controlplane.xds.types import ENDPOINT
-from runtime.poolstate import PoolState
+from poolstate import PoolState
 
 __all__ = ["FULL_WEIGHT", "EdsMarks", "marks_of", "reweigh"]
 

@@ -25,7 +25,7 @@ from backends.sglang.capacity import parse_server_info
 from controlplane.saturation.errors import ScrapeError
 from controlplane.saturation.fetch import Fetcher
 from controlplane.saturation.targets import PoolTargets, ScrapeSettings
-from runtime.poolstate import (
+from poolstate import (
     Capacity,
     MetricsTextError,
     PoolState,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controlplane.policy import Policy
-from controlplane.policy.scheduling import PriorityScheduling
-from runtime.poolstate import Capacity, Hysteresis
+from policy import Policy
+from policy.scheduling import PriorityScheduling
+from poolstate import Capacity, Hysteresis
 
 __all__ = ["PoolTargets", "ScrapeSettings", "targets_from_policy"]
 

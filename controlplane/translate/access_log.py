@@ -15,8 +15,8 @@ from envoy.config.core.v3 import substitution_format_string_pb2 as sfs_pb2
 from envoy.extensions.access_loggers.file.v3 import file_pb2
 from google.protobuf import struct_pb2
 
-from controlplane.policy.model import AccessLog
 from controlplane.translate.protos import any_of
+from policy.model import AccessLog
 
 __all__ = ["ACCESS_LOG_FIELDS", "access_logs"]
 

@@ -16,7 +16,10 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as hpo
 from envoy.type.v3 import percent_pb2
 from google.protobuf.message import Message
 
-from controlplane.policy.model import (
+from controlplane.translate import names
+from controlplane.translate.dns import is_dns, resolve_by_dns
+from controlplane.translate.protos import ads_source, any_of, dur, socket_address, u32
+from policy.model import (
     Address,
     CircuitBreakers,
     HealthCheck,
@@ -26,11 +29,8 @@ from controlplane.policy.model import (
     Retries,
     Thresholds,
 )
-from controlplane.policy.phases import COLLAPSE_TO_HEADER, SHADOW_TO_HEADER
-from controlplane.policy.routing import ENDPOINT_HEADER
-from controlplane.translate import names
-from controlplane.translate.dns import is_dns, resolve_by_dns
-from controlplane.translate.protos import ads_source, any_of, dur, socket_address, u32
+from policy.phases import COLLAPSE_TO_HEADER, SHADOW_TO_HEADER
+from policy.routing import ENDPOINT_HEADER
 
 __all__ = [
     "fallback_cluster",

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 
-from controlplane.policy.model import Address
 from controlplane.translate.protos import dur, socket_address
+from policy.model import Address
 
 __all__ = ["DNS_REFRESH_S", "is_dns", "resolve_by_dns"]
 

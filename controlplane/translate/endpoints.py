@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 
-from controlplane.policy.model import Address
 from controlplane.translate.protos import socket_address
+from policy.model import Address
 
 __all__ = ["load_assignment"]
 

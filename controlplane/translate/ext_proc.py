@@ -23,17 +23,17 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 )
 from google.protobuf import wrappers_pb2
 
-from controlplane.policy.admission import hold_slack
-from controlplane.policy.model import FiltersServer, Policy, Route
-from controlplane.policy.phases import (
+from controlplane.translate.names import FILTERS_CLUSTER
+from controlplane.translate.protos import any_of, dur
+from policy.admission import hold_slack
+from policy.model import FiltersServer, Policy, Route
+from policy.phases import (
     OVERSIZE_ROUTE_PREFIX,
     ROUTE_HEADER,
     meters_usage,
     route_hooks,
     stops_at_budget,
 )
-from controlplane.translate.names import FILTERS_CLUSTER
-from controlplane.translate.protos import any_of, dur
 
 __all__ = [
     "EXT_PROC_FILTER",
@@ -53,7 +53,7 @@ def _mode(
     """``response_end`` without ``response_body``: no chunk is sent, but the response trailers
     are asked for, which keeps Envoy's ext_proc stream open to the response's end (where the
     filter server's ``stream_end`` runs); Envoy sends a trailers message only when the backend
-    sent trailers (controlplane/policy/phases.py)."""
+    sent trailers (policy/phases.py)."""
     return _PM(
         request_header_mode=_PM.SEND,
         request_body_mode=_PM.BUFFERED if request_body else _PM.NONE,

@@ -22,7 +22,6 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
 
-from controlplane.policy.model import Address, Downstream, Gateway, Policy, Route
 from controlplane.translate import names
 from controlplane.translate.access_log import access_logs
 from controlplane.translate.edge import openai_local_replies, strip_internal_headers
@@ -35,6 +34,7 @@ from controlplane.translate.usage_meter import (
     usage_http_filter,
     usage_per_route,
 )
+from policy.model import Address, Downstream, Gateway, Policy, Route
 
 __all__ = ["gateway_listener", "route_hooks", "sidecar_listener"]
 

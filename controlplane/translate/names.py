@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controlplane.policy.phases import SHADOW_CLUSTER  # mirrors to a shadow recorder
+from policy.phases import SHADOW_CLUSTER  # mirrors to a shadow recorder
 
 __all__ = [
     "COLLAPSE_CLUSTER",

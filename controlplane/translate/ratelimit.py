@@ -28,9 +28,9 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 )
 from envoy.type.metadata.v3 import metadata_pb2
 
-from controlplane.policy.model import Policy, RateLimitServer, Route
 from controlplane.translate.names import RATELIMIT_CLUSTER
 from controlplane.translate.protos import any_of, dur
+from policy.model import Policy, RateLimitServer, Route
 
 __all__ = [
     "RATELIMIT_FILTER",

@@ -13,9 +13,6 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
-from controlplane.policy.model import Policy
-from controlplane.policy.phases import uses_collapse, uses_shadow_pairs
-from controlplane.policy.servers import replica_addresses
 from controlplane.translate import clusters, names
 from controlplane.translate.dns import is_dns, resolve_by_dns
 from controlplane.translate.endpoints import load_assignment
@@ -27,6 +24,9 @@ from controlplane.translate.routes import (
 )
 from controlplane.translate.tracing import hcm_tracing
 from controlplane.xds.types import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from policy.model import Policy
+from policy.phases import uses_collapse, uses_shadow_pairs
+from policy.servers import replica_addresses
 
 __all__ = ["CLUSTER", "ENDPOINT", "LISTENER", "ROUTE", "Resources", "render"]
 

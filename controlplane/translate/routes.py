@@ -18,7 +18,10 @@ from envoy.type.matcher.v3 import string_pb2
 from envoy.type.v3.percent_pb2 import FractionalPercent
 from google.protobuf import wrappers_pb2
 
-from controlplane.policy.model import (
+from controlplane.translate import names
+from controlplane.translate.edge import too_large_route
+from controlplane.translate.protos import dur, u32
+from policy.model import (
     Gateway,
     LlmPool,
     Policy,
@@ -28,7 +31,7 @@ from controlplane.policy.model import (
     Sidecar,
     Timeouts,
 )
-from controlplane.policy.phases import (
+from policy.phases import (
     CANARY_HEADER,
     COLLAPSE_TO_HEADER,
     SHADOW_CLUSTER_HEADER,
@@ -38,9 +41,6 @@ from controlplane.policy.phases import (
     uses_collapse,
     uses_shadow_pairs,
 )
-from controlplane.translate import names
-from controlplane.translate.edge import too_large_route
-from controlplane.translate.protos import dur, u32
 
 __all__ = [
     "INTERNAL_PREFIX",

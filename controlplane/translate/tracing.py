@@ -13,9 +13,9 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 )
 from envoy.type.v3 import percent_pb2
 
-from controlplane.policy.tracing import Tracing
 from controlplane.translate import names
 from controlplane.translate.protos import any_of
+from policy.tracing import Tracing
 
 __all__ = ["hcm_tracing"]
 

@@ -59,7 +59,7 @@ local function usage_of(s)
   return nil
 end
 
--- runtime/cost.py cost_usd and micro_usd: the same operations in the same order
+-- quota/cost.py cost_usd and micro_usd: the same operations in the same order
 local function money(tw, p, c, k)
   local pp = tw.price_prompt
   if pp == nil then return 0, 0 end

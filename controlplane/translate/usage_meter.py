@@ -33,10 +33,10 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from envoy.type.matcher.v3 import metadata_pb2 as metadata_matcher_pb2
 from envoy.type.matcher.v3 import value_pb2
 
-from controlplane.policy.model import Route
-from controlplane.policy.phases import meters_usage
 from controlplane.translate.names import FILTERS_CLUSTER
 from controlplane.translate.protos import any_of, dur, u32
+from policy.model import Route
+from policy.phases import meters_usage
 
 __all__ = [
     "GAP_BUCKETS",

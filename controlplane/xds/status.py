@@ -15,7 +15,7 @@ from controlplane.xds.types import ORDER, short_name
 __all__ = ["ADMIN_METADATA", "node_status"]
 
 # node metadata an Envoy started by ``tokenweir up`` carries: its admin address (the dashboard
-# reads its stats there; controlplane.envoy_launcher sets it)
+# reads its stats there; tokenweir.envoy_launcher sets it)
 ADMIN_METADATA = "tokenweir_admin"
 
 

@@ -39,8 +39,8 @@ from filters.admission.limits import (
 from filters.admission.metrics import AdmissionMetrics
 from filters.admission.queues import LaneQueue, Ticket
 from filters.admission.shared import SharedReturns
-from runtime.poolstate.ranking import Declared, pool_mismatch
-from runtime.poolstate.state import ReplicaState
+from poolstate.ranking import Declared, pool_mismatch
+from poolstate.state import ReplicaState
 
 __all__ = [
     "AdmissionMetrics",

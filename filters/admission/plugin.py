@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from controlplane.policy.routing import ENDPOINT_HEADER
 from filters.admission.core import Shed
 from filters.admission.deadline import DEADLINE_HEADER, TIMEOUT_HEADER, remaining_seconds
 from filters.admission.gate import Gates, PoolGate
@@ -34,6 +33,7 @@ from filters.errors import ConfigError
 from filters.ladder.scratch import kept_elsewhere, served_pool
 from filters.plugins.tokens import backend_priority
 from filters.services import Services
+from policy.routing import ENDPOINT_HEADER
 
 __all__ = ["AdmissionPlugin", "return_key", "shed_reply"]
 

@@ -1,5 +1,5 @@
-"""Pool state for admission: the control plane's published saturation (runtime.poolstate),
-read through :class:`~runtime.poolstate.reader.PoolStateReader`.
+"""Pool state for admission: the control plane's published saturation (poolstate),
+read through :class:`~poolstate.reader.PoolStateReader`.
 
 Only fresh data lowers admission: the policy's capacity is already a safe bound, so while the
 reader is stale (the control plane is silent) admission falls back to it instead of treating
@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 from filters.admission.gate import CapacitySource, RankingSource, SaturationSource
 from filters.admission.spread import Down, replicas_down
-from runtime.poolstate.reader import PoolStateReader, pools_url
-from runtime.poolstate.state import PoolSummary, ReplicaState
+from poolstate.reader import PoolStateReader, pools_url
+from poolstate.state import PoolSummary, ReplicaState
 
 __all__ = [
     "admission_alive",
@@ -138,7 +138,7 @@ def saturation_source(reader: PoolStateReader) -> SaturationSource:
 
 def ranking_source(reader: PoolStateReader) -> RankingSource:
     """Per pool, its replicas (each with the priority scheduling it reported) for the check that
-    a pool declaring ``priority_scheduling`` ranks (:func:`runtime.poolstate.pool_mismatch`);
+    a pool declaring ``priority_scheduling`` ranks (:func:`poolstate.pool_mismatch`);
     None while the pool state is stale: the policy is trusted then."""
 
     def replicas(s: PoolSummary) -> Mapping[str, ReplicaState]:

@@ -24,9 +24,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from controlplane.policy.phases import COLLAPSE_ID_HEADER
 from filters.collapse.errors import CollapseError
 from filters.collapse.hub import Hub, Origin, Run, registry_key
+from policy.phases import COLLAPSE_ID_HEADER
 from runtime.local_http import serve_any_path
 from runtime.tasks import stop_task
 

@@ -30,11 +30,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from controlplane.policy.phases import COLLAPSE_ID_HEADER, COLLAPSE_TO_HEADER
 from filters.api import BasePlugin, Context, Result
 from filters.collapse.hub import Hub, Origin, Run, registry_key
 from filters.errors import ConfigError
 from filters.services import Services
+from policy.phases import COLLAPSE_ID_HEADER, COLLAPSE_TO_HEADER
 
 __all__ = ["CollapsePlugin", "collapse_key", "is_deterministic", "replica_order"]
 

@@ -1,2 +1,2 @@
 """The degradation ladder in the filter server: per-pool steps taken from the pool state
-(:mod:`runtime.poolstate.ladder` decides), applied by the ``degrade`` plugin."""
+(:mod:`poolstate.ladder` decides), applied by the ``degrade`` plugin."""

@@ -5,7 +5,7 @@
     FiltersError (filters.errors)
     └── LadderError          the ladder cannot be set up (a bad plugin setting)
 
-A request degraded or shed is not an error: :class:`runtime.poolstate.ladder.Effect` is a value.
+A request degraded or shed is not an error: :class:`poolstate.ladder.Effect` is a value.
 """
 
 from __future__ import annotations

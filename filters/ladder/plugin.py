@@ -38,7 +38,7 @@ from filters.ladder.errors import LadderError
 from filters.ladder.scratch import RETURNED, SCRATCH, Degraded, degraded
 from filters.ladder.state import Ladders
 from filters.services import Services
-from runtime.poolstate.ladder import Effect
+from poolstate.ladder import Effect
 
 __all__ = ["DEGRADE_HEADER", "DegradePlugin"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from filters.api import Context
-from runtime.poolstate.ladder import Effect
+from poolstate.ladder import Effect
 
 __all__ = [
     "RETURNED",

@@ -8,7 +8,7 @@ Each change is logged once and counted.
 A shed step refuses demand before admission sees it; where the pool has an admission gate, the
 gate counts the fresh requests refused (:meth:`filters.admission.gate.PoolGate.turned_away`)
 in its demand reading, so the step is left as soon as that demand fits (after ``SETTLE_S`` of
-measuring it), not after a blind ``min_dwell`` (:func:`runtime.poolstate.ladder.next_state`).
+measuring it), not after a blind ``min_dwell`` (:func:`poolstate.ladder.next_state`).
 Clients queued for the place a ``Retry-After`` promised them are demand that holds a step, but
 they do not take a higher one (``expected``): a storm's told clients coming back are not a new
 spike.
@@ -23,8 +23,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from controlplane.policy.degradation import DegradationPolicy
-from runtime.poolstate.ladder import Effect, LadderState, effect, next_state, retry_after
+from policy.degradation import DegradationPolicy
+from poolstate.ladder import Effect, LadderState, effect, next_state, retry_after
 
 __all__ = ["SETTLE_S", "LadderMetrics", "Ladders", "uses_ladder"]
 

@@ -14,10 +14,10 @@ id = CRC-32 of its UTF-8 bytes); a word touching the cut is left to the next che
 tokens depend only on the bytes before the cut. The block hash stored is that of the last whole
 *anchor* page of those tokens (every page when the index keeps every block; with
 ``anchor_every`` > 1 the last page whose hash is an anchor, as the index keeps only those:
-:mod:`runtime.prefixindex.index`). Non-ASCII whitespace (which the emulator's ``str.split`` also splits on)
+:mod:`prefixindex.index`). Non-ASCII whitespace (which the emulator's ``str.split`` also splits on)
 makes a prediction differ from the backend's hashes: the index then finds nothing and the
 answer is lower, never wrong. With a model's own tokenizer (``routing.tokenizer`` a model
-directory) the tokens kept at each cut are those :meth:`runtime.chat_tokenizer.HfChatTokenizer.stable`
+directory) the tokens kept at each cut are those :meth:`chat.tokenizer.HfChatTokenizer.stable`
 says no later text can change (every pre-token but the last two), the same ids the whole prompt
 gives.
 
@@ -33,10 +33,10 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from controlplane.policy.routing import EMULATOR_TOKENIZER
-from runtime.chat_tokenizer import HfChatTokenizer
-from runtime.prefixindex.hashing import block_id, raw_chain
-from runtime.prefixindex.wire import anchor_mask
+from chat.tokenizer import HfChatTokenizer
+from policy.routing import EMULATOR_TOKENIZER
+from prefixindex.hashing import block_id, raw_chain
+from prefixindex.wire import anchor_mask
 
 __all__ = ["EMULATOR", "ROOT", "CheckpointMap", "Job", "Point", "map_batch", "map_points",
            "model_tokenizer"]  # fmt: skip

@@ -19,13 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from controlplane.policy.routing import ENDPOINT_HEADER
 from filters.api import BasePlugin, Context, Result
 from filters.bodies import LlmRequest, kind_for_path, parse_request
 from filters.errors import ConfigError
 from filters.picker.coalesce import follow
 from filters.picker.regret import Routed, observe
 from filters.services import Services
+from policy.routing import ENDPOINT_HEADER
 
 __all__ = ["PickerPlugin"]
 

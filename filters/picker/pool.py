@@ -29,8 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from controlplane.policy.model import Address, LlmPool
-from controlplane.policy.routing import RoutingPolicy
+from chat.tokenizer import HfChatTokenizer
 from filters.picker.coalesce import STORED_SHARE, Lead, Leads, Wait
 from filters.picker.latency import LatencyModel
 from filters.picker.mapper import EMULATOR, ROOT, CheckpointMap, Point, model_tokenizer
@@ -39,9 +38,10 @@ from filters.picker.metrics import PickerMetrics
 from filters.picker.prompt import Prompt, checkpoints, prompt_bytes
 from filters.picker.score import Candidate, Pick, Weights, choose
 from filters.picker.worker import MapperWorker
-from runtime.chat_tokenizer import HfChatTokenizer
-from runtime.prefixindex.index import PrefixIndex
-from runtime.prefixindex.subscriber import KvEventSubscriber, ReplicaFeed
+from policy.model import Address, LlmPool
+from policy.routing import RoutingPolicy
+from prefixindex.index import PrefixIndex
+from prefixindex.subscriber import KvEventSubscriber, ReplicaFeed
 from runtime.tasks import stop_task
 
 __all__ = ["PoolPicker", "feeds_for"]

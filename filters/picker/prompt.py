@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from chat.tokenizer import ChatTemplateError, HfChatTokenizer
 from filters.picker.mapper import Point
-from runtime.chat_tokenizer import ChatTemplateError, HfChatTokenizer
 
 __all__ = ["Prompt", "checkpoints", "prompt_bytes", "render_emulator_chat"]
 

@@ -14,10 +14,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from chat.tokenizer import TokenizerFilesError
 from filters.picker.metrics import PickerMetrics
 from filters.picker.pool import PoolPicker
 from filters.picker.regret import from_log, observe
-from runtime.chat_tokenizer import TokenizerFilesError
 
 __all__ = ["Pickers"]
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from controlplane.policy.phases import CANARY_HEADER, VERSION_HEADER
 from filters.api import BasePlugin, Context, Result
 from filters.errors import ConfigError
 from filters.services import Services
+from policy.phases import CANARY_HEADER, VERSION_HEADER
 
 __all__ = ["CanaryPlugin"]
 

@@ -37,6 +37,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from chat.tokenizer import ChatTemplateError
 from filters.admission.limits import preemptive
 from filters.api import BasePlugin, Context, Result
 from filters.bodies import (
@@ -50,7 +51,6 @@ from filters.bodies import (
 from filters.errors import ClientError, ConfigError
 from filters.ladder.scratch import max_tokens_cap, served_model, served_pool
 from filters.services import Services
-from runtime.chat_tokenizer import ChatTemplateError
 from runtime.throttled_log import ThrottledLog
 
 __all__ = ["EXACT_BYTES", "TokensPlugin", "backend_priority", "estimate_prompt"]

@@ -21,14 +21,14 @@ same streams and demands the same settlement and bytes.
 With ``stop_at_budget: true`` the plugin also enforces the tenant's budget inside the stream
 (docs/quotas.md, "The in-stream stop"): it counts the completion tokens each chunk serves
 (``filters/stop.py``), lets the stream pass its reservation only on tokens drawn from the
-tenant's limits in blocks of ``topup_tokens`` (``runtime/quota/topup.lua``), and when a top-up is
+tenant's limits in blocks of ``topup_tokens`` (``quota/topup.lua``), and when a top-up is
 refused ends the stream where the granted tokens end — a last chunk with ``finish_reason:
 "length"``, the usage chunk when the client asked for it, ``[DONE]`` — drops what the backend
 still sends, settles what was served, and asks the replica that answered (Envoy names it in
 ``x-tokenweir-upstream``, removed here) to abort the request (``filters/aborts.py``). A
 non-streamed answer cannot be cut while it is generated: its bound is the backend's
 ``max_tokens``, so such a request reserves the prompt plus all of ``max_tokens``. Such a route
-is metered here, never by Envoy's Lua meter (``controlplane.policy.phases.stops_at_budget``).
+is metered here, never by Envoy's Lua meter (``policy.phases.stops_at_budget``).
 
 Settings: ``max_json_bytes`` (default 8 MiB: larger JSON answers are not parsed);
 ``stop_at_budget`` (default false); ``topup_tokens`` (default 128: tokens drawn per top-up).
@@ -40,7 +40,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.policy.phases import UPSTREAM_HEADER
 from filters.api import BasePlugin, Context, Result, Usage
 from filters.errors import ConfigError
 from filters.services import Services
@@ -54,11 +53,12 @@ from filters.sse import (
     usage_of,
 )
 from filters.stop import cut, generate_count, quick_count, stop_events, stream_head
-from runtime.cost import cost_usd, micro_usd
-from runtime.quota.config import tenant_defaults
-from runtime.quota.errors import QuotaUnavailable
-from runtime.quota.keys import record_key
-from runtime.quota.topup import NO_RECORD
+from policy.phases import UPSTREAM_HEADER
+from quota.config import tenant_defaults
+from quota.cost import cost_usd, micro_usd
+from quota.errors import QuotaUnavailable
+from quota.keys import record_key
+from quota.topup import NO_RECORD
 
 __all__ = ["METERED", "OUTCOME_KEY", "SETTLE_USD_KEY", "UsagePlugin"]
 

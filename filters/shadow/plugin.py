@@ -18,15 +18,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.policy.phases import (
+from filters.api import BasePlugin, Context, Result
+from filters.errors import ConfigError
+from filters.services import Services
+from policy.phases import (
     SHADOW_CLUSTER,
     SHADOW_CLUSTER_HEADER,
     SHADOW_ID_HEADER,
     SHADOW_TO_HEADER,
 )
-from filters.api import BasePlugin, Context, Result
-from filters.errors import ConfigError
-from filters.services import Services
 from runtime.shadow import judge
 
 __all__ = ["ShadowPlugin"]

@@ -23,11 +23,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from controlplane.policy.phases import SHADOW_ID_HEADER
 from filters.errors import FiltersError
 from filters.shadow.book import Book, Pending
 from filters.shadow.metrics import ShadowMetrics
 from filters.shadow.scan import UsageScan
+from policy.phases import SHADOW_ID_HEADER
 from runtime.local_http import serve_any_path
 from runtime.shadow import Pair, Side, judge, pairs_key
 from runtime.tasks import stop_task

@@ -5,7 +5,7 @@
 --   then (tracing on only) the call's traceparent, kept in the record as '#t' for the settle span
 --   flags: 1 = shadow, 2 = settled later (token limit: written into the record),
 --          4 = money (a usd limit: settled with the real price; marked key#u in the record)
---   the record also keeps what a top-up (runtime/quota/topup.lua) needs: key#l a window's limit,
+--   the record also keeps what a top-up (quota/topup.lua) needs: key#l a window's limit,
 --   key#s a shadow limit
 -- returns {admitted, then per limit: ok, remaining, retry_us}
 local now = tonumber(ARGV[1])

@@ -11,7 +11,7 @@ from overload_report import PLOTS, markdown, write_outputs
 from overload_stats import percentile, summarize, targets, timeline
 from overload_tokenweir import Variant, bench_policy, make_arm, merge
 
-from controlplane.policy import load_policy
+from policy import load_policy
 
 
 def ok(req: int, lane: str, sent: float, first: float, n: int = 3, number: int = 1) -> Attempt:

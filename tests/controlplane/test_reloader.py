@@ -108,7 +108,7 @@ async def test_a_hostile_edit_then_a_fix_is_picked_up(tmp_path: Path) -> None:
 
 
 def test_the_injected_service_check_refuses_and_keeps_the_last_good(tmp_path: Path) -> None:
-    from controlplane.check import service_issues
+    from tokenweir.check import service_issues
 
     path = tmp_path / "mesh.yaml"
     policy = (

@@ -20,9 +20,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from controlplane.check import check_file
-from controlplane.envoy_launcher import EnvoySettings, render_bootstrap, validate
-from controlplane.policy import Address, load_policy_text
+from policy import Address, load_policy_text
+from tokenweir.check import check_file
+from tokenweir.envoy_launcher import EnvoySettings, render_bootstrap, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"

@@ -6,8 +6,6 @@ from typing import Any
 
 import pytest
 
-from controlplane.policy import Policy, load_policy
-from controlplane.policy.scheduling import PriorityScheduling
 from filters.api import Context, RouteInfo
 from filters.budget import NoBudget
 from filters.estimate import ByteBound
@@ -15,6 +13,8 @@ from filters.keys import KeyStore, policy_keys
 from filters.metrics import FilterMetrics
 from filters.output_lengths import OutputLengths
 from filters.services import Services
+from policy import Policy, load_policy
+from policy.scheduling import PriorityScheduling
 
 ROOT = Path(__file__).resolve().parents[2]
 

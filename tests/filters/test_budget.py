@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from filters.budget import CachedBudget
-from runtime.quota.errors import QuotaUnavailable
+from quota.errors import QuotaUnavailable
 from tests.filters.conftest import FakeBudget, FakeClock
 
 

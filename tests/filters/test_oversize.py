@@ -8,8 +8,8 @@ from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from controlplane.policy.phases import OVERSIZE_ROUTE_PREFIX
 from filters.oversize import drain_body, oversize_limit, oversize_reply
+from policy.phases import OVERSIZE_ROUTE_PREFIX
 
 EOF_ = object()
 

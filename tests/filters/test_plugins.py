@@ -7,9 +7,6 @@ from dataclasses import replace
 
 import pytest
 
-from controlplane.policy import Policy
-from controlplane.policy.reservation import ReservationPolicy
-from controlplane.policy.scheduling import PriorityScheduling
 from filters.api import RouteInfo
 from filters.budget import CachedBudget
 from filters.errors import ClientError, ConfigError
@@ -18,6 +15,9 @@ from filters.plugins.lane import LanePlugin
 from filters.plugins.prefix import PrefixPlugin
 from filters.plugins.tokens import TokensPlugin
 from filters.services import Services
+from policy import Policy
+from policy.reservation import ReservationPolicy
+from policy.scheduling import PriorityScheduling
 from tests.filters.conftest import ROUTE, FakeBudget, FakeClock, make_ctx, make_services
 
 

@@ -2,7 +2,7 @@
 
 The oracle: a byte-level BPE ``tokenizer.json`` trained by the ``tokenizers`` library with Llama
 3's pre-tokenizer and chat template (tests/chat_model.py), applied as SGLang applies it
-(runtime/chat_tokenizer.py: the template rendered, then encoded). Its vocabulary is small, so
+(chat/tokenizer.py: the template rendered, then encoded). Its vocabulary is small, so
 unusual text costs nearly a token per byte: the harshest real tokenizer a bound can meet.
 The bound: :func:`filters.plugins.tokens.estimate_prompt` with the estimator the filter server
 uses without a tokenizer file (:class:`filters.estimate.ByteBound`).
@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from chat.tokenizer import HfChatTokenizer
 from filters.bodies import parse_request
 from filters.estimate import ByteBound, HeuristicEstimator
 from filters.plugins.tokens import estimate_prompt
 from filters.services import Services
-from runtime.chat_tokenizer import HfChatTokenizer
 from tests.chat_model import make_model_dir
 from tests.filters.conftest import FakeClock, make_services
 
@@ -37,7 +37,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> HfChatTokenizer:
 
 @pytest.fixture(scope="module")
 def services() -> Services:
-    from controlplane.policy import load_policy
+    from policy import load_policy
 
     return make_services(load_policy(_ROOT / "examples" / "mesh.yaml"), FakeClock())
 

@@ -8,14 +8,14 @@ from dataclasses import replace
 import pytest
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 
-from controlplane.policy import Policy
-from controlplane.policy.model import PluginRef, Route, RouteFilters, RouteMatch, RouteRateLimit
 from controlplane.translate.ext_proc import EXT_PROC_FILTER, ext_proc_per_route
 from filters.bodies import parse_request
 from filters.errors import ClientError
 from filters.plugins.tokens import TokensPlugin
 from filters.plugins.usage import UsagePlugin
 from filters.services import Services
+from policy import Policy
+from policy.model import PluginRef, Route, RouteFilters, RouteMatch, RouteRateLimit
 from tests.filters.conftest import ROUTE, FakeClock, make_ctx, make_services
 
 

@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from controlplane.policy import Policy
-from controlplane.policy.reservation import ReservationPolicy
 from filters.api import Usage
 from filters.errors import ClientError
 from filters.output_lengths import bucket_of, upper_edge
 from filters.plugins.tokens import TokensPlugin
+from policy import Policy
+from policy.reservation import ReservationPolicy
 from tests.filters.conftest import ROUTE, FakeBudget, FakeClock, make_ctx, make_services
 
 STOPPING = replace(ROUTE, stops_at_budget=True)  # a route whose usage plugin stops at the budget
@@ -138,9 +138,9 @@ async def test_a_pool_naming_its_models_tokenizer_counts_the_prompt_exactly(
     from pathlib import Path
     from types import SimpleNamespace
 
+    from chat.tokenizer import HfChatTokenizer
     from filters.picker.prompt import prompt_bytes
     from filters.plugins.tokens import EXACT_BYTES
-    from runtime.chat_tokenizer import HfChatTokenizer
     from tests.chat_model import make_model_dir
 
     assert isinstance(tmp_path, Path)

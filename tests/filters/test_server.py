@@ -7,10 +7,10 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import json_format
 
-from controlplane.policy import Policy
 from filters.registry import build_routes
 from filters.server import FilterServicer
 from filters.services import Services
+from policy import Policy
 from tests.filters.conftest import FakeClock
 
 

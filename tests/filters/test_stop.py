@@ -15,8 +15,8 @@ from filters.plugins.usage import UsagePlugin
 from filters.services import Services
 from filters.sse import event_json, split_events
 from filters.stop import cut, generate_count, quick_count, stop_events, stream_head
-from runtime.quota.errors import QuotaUnavailable
-from runtime.quota.topup import NO_RECORD, TopUp
+from quota.errors import QuotaUnavailable
+from quota.topup import NO_RECORD, TopUp
 from tests.filters.conftest import FakeClock, make_ctx
 
 

@@ -4,12 +4,12 @@ import json
 
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
 
-from controlplane.policy import load_policy_text
 from controlplane.translate.ext_proc import (
     EXT_PROC_FILTER,
     ext_proc_http_filter,
     ext_proc_per_route,
 )
+from policy import load_policy_text
 
 PM = processing_mode_pb2.ProcessingMode
 
@@ -59,7 +59,7 @@ gateways:
 """
 
 
-from controlplane.policy.phases import meters_usage  # noqa: E402
+from policy.phases import meters_usage  # noqa: E402
 
 
 def per_route(name: str) -> ext_proc_pb2.ExtProcPerRoute:
@@ -113,9 +113,9 @@ def test_per_route_modes_route_name_and_failure_mode() -> None:
 
 
 def test_a_body_over_the_limit_has_its_own_413_route_before_any_filter() -> None:
-    from controlplane.envoy_launcher import validate
     from controlplane.translate.render import ROUTE, render
     from controlplane.translate.static import static_bootstrap
+    from tokenweir.envoy_launcher import validate
 
     groups = render(load_policy_text(POLICY))
     vh = groups["edge"][ROUTE]["edge_gateway_routes"].virtual_hosts[0]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
 
-from controlplane.policy import load_policy_text
-from controlplane.policy.phases import UPSTREAM_HEADER, meters_usage, stops_at_budget
 from controlplane.translate.ext_proc import EXT_PROC_FILTER, ext_proc_per_route
+from policy import load_policy_text
+from policy.phases import UPSTREAM_HEADER, meters_usage, stops_at_budget
 
 PM = processing_mode_pb2.ProcessingMode
 
@@ -33,9 +33,9 @@ gateways:
 
 
 def test_a_stop_route_meters_in_python_and_names_its_replica() -> None:
-    from controlplane.envoy_launcher import validate
     from controlplane.translate.render import ROUTE, render
     from controlplane.translate.static import static_bootstrap
+    from tokenweir.envoy_launcher import validate
 
     policy = load_policy_text(POLICY)
     routes = {r.name: r for r in policy.gateways["edge"].routes}

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.policy import load_policy
 from filters.api import Result, Usage
 from filters.bodies import parse_request
 from filters.plugins.usage import UsagePlugin
 from filters.services import Services
 from filters.sse import split_events
+from policy import load_policy
 from tests.filters.conftest import ROOT, FakeClock, make_ctx, make_services
 
 

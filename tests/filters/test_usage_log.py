@@ -9,11 +9,11 @@ from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2
 from prometheus_client import Histogram
 
-from controlplane.policy import load_policy
 from controlplane.translate.usage_meter import GAP_BUCKETS
 from filters.metrics import _GAP, FilterMetrics
 from filters.usage_log import UsageLog, record
-from runtime.cost import cost_usd
+from policy import load_policy
+from quota.cost import cost_usd
 from tests.filters.conftest import ROOT
 
 POLICY = load_policy(ROOT / "examples" / "mesh.yaml")

@@ -14,9 +14,9 @@ import aiohttp
 from aiohttp import web
 
 from controlplane.app import ControlPlane, ControlPlaneSettings
-from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
-from controlplane.policy import Address
+from policy import Address
 from tests.helpers import free_port
+from tokenweir.envoy_launcher import EnvoyProcess, EnvoySettings
 
 __all__ = ["Backend", "Mesh", "close_backends", "eventually", "mesh", "start_backends"]
 

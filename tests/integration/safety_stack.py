@@ -16,9 +16,9 @@ from pathlib import Path
 import aiohttp
 import redis.asyncio as aioredis
 
-from controlplane.policy import load_policy
 from filters.app import FilterApp, Settings
-from runtime.quota.reader import QuotaReader
+from policy import load_policy
+from quota.reader import QuotaReader
 from tests.helpers import ChildProcess, free_port, free_port_block, wait_for_port
 from tests.integration.mesh_harness import Mesh, mesh
 

@@ -10,8 +10,8 @@ import pytest
 from aiohttp import web
 
 from filters.app import FilterApp, Settings
-from runtime.poolstate.reader import POOLS_PATH
-from runtime.poolstate.state import PoolState, PoolSummary, ReplicaState
+from poolstate.reader import POOLS_PATH
+from poolstate.state import PoolState, PoolSummary, ReplicaState
 from tests.helpers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from batch_service.api import TENANT_HEADER, ApiSettings, BatchApi
 from batch_service.files import DirectoryStore
 from batch_service.records import Records
-from controlplane.policy.batch import BatchLimits, BatchPolicy
+from policy.batch import BatchLimits, BatchPolicy
 from runtime.redis_connect import connect_redis
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -21,9 +21,9 @@ from redis.exceptions import RedisError
 from batch_service.files import DirectoryStore
 from batch_service.records import Records
 from batch_service.runner import BatchRunner, RunnerSettings
-from controlplane.policy.batch import BatchPolicy
-from controlplane.policy.batch import BatchRunner as RunnerPolicy
-from runtime.poolstate.state import PoolState, PoolSummary
+from policy.batch import BatchPolicy
+from policy.batch import BatchRunner as RunnerPolicy
+from poolstate.state import PoolState, PoolSummary
 from runtime.redis_connect import connect_redis
 from runtime.tasks import stop_task
 from tests.helpers import ChildProcess, free_port, wait_for_port

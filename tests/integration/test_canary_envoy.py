@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from controlplane.canary import CANARY_PATH
-from controlplane.cli import main
 from tests.integration.safety_stack import SafetyStack, safety_stack
+from tokenweir.cli import main
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

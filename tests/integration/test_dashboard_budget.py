@@ -20,9 +20,9 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from controlplane.dashboard.quota import QuotaWindows
-from controlplane.policy import load_policy
-from controlplane.policy.loader import load_policy_text
-from runtime.quota.keys import bucket_key, window_key
+from policy import load_policy
+from policy.loader import load_policy_text
+from quota.keys import bucket_key, window_key
 from tests.helpers import free_port
 from tests.integration.test_e2e_first_contact import call, example_policy
 from tests.integration.test_up_state import cli

@@ -23,7 +23,7 @@ import openai
 import pytest
 from playwright.sync_api import ConsoleMessage, Page, sync_playwright
 
-from controlplane.policy import load_policy
+from policy import load_policy
 from tests.integration.test_e2e_first_contact import call, example_policy
 from tests.integration.up_process import start_up, stop_up
 

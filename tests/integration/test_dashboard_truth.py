@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.policy import load_policy
+from policy import load_policy
 from tests.integration.test_e2e_first_contact import burst, call, example_policy, report
 from tests.integration.up_process import start_up, stop_up
 

@@ -16,9 +16,9 @@ import openai
 import pytest
 import redis.asyncio as aioredis
 
-from controlplane.policy import load_policy
 from filters.app import FilterApp, Settings
-from runtime.quota.reader import QuotaReader
+from policy import load_policy
+from quota.reader import QuotaReader
 from tests.helpers import ChildProcess, free_port, wait_for_port
 from tests.integration.mesh_harness import mesh
 

@@ -17,9 +17,9 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from controlplane.policy import load_policy
-from controlplane.policy.phases import meters_usage
-from runtime.quota.reader import QuotaReader
+from policy import load_policy
+from policy.phases import meters_usage
+from quota.reader import QuotaReader
 from tests.filters.fake_openai import FakeOpenAI
 from tests.helpers import ChildProcess, free_port, wait_for_port
 from tests.integration.mesh_harness import Mesh, mesh

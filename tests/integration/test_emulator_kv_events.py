@@ -15,8 +15,8 @@ import zmq
 import zmq.asyncio
 
 from backends.emulator.tokenizer import encode
-from runtime.prefixindex.hashing import prefix_block_ids
-from runtime.prefixindex.wire import (
+from prefixindex.hashing import prefix_block_ids
+from prefixindex.wire import (
     AllBlocksCleared,
     BlockStored,
     decode_batch,

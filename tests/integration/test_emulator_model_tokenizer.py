@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from backends.emulator import EmulatorSettings, start_emulator
-from runtime.chat_tokenizer import HfChatTokenizer
+from chat.tokenizer import HfChatTokenizer
 from tests.chat_model import make_model_dir
 
 pytestmark = pytest.mark.integration

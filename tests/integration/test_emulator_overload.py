@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from backends.emulator import EmulatorServer, EmulatorSettings, start_emulator
-from runtime.poolstate import parse_metrics_text
+from poolstate import parse_metrics_text
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from controlplane.policy import load_policy
 from filters.keys import KeyStore, key_name, policy_keys
 from filters.keys_admin import main
+from policy import load_policy
 from runtime.statedir import MeshInfo, default_state_dir, write_mesh_info
 from tests.filters.conftest import ROOT
 from tests.helpers import free_port

@@ -9,10 +9,10 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from controlplane.policy import load_policy
 from filters.redis_pool import redis_client
+from policy import load_policy
+from quota.reader import QuotaReader
 from ratelimit_service.store import RedisStore
-from runtime.quota.reader import QuotaReader
 from tests.filters.conftest import ROOT
 
 pytestmark = pytest.mark.integration

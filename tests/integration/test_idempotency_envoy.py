@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from controlplane.policy import load_policy
 from filters.api import Context
 from filters.idempotency import IdempotencyPlugin
 from filters.registry import route_info
+from policy import load_policy
 from tests.filters.conftest import FakeClock, make_services
 from tests.integration.safety_stack import SafetyStack, safety_stack
 

@@ -179,9 +179,7 @@ async def test_bad_edit_is_rejected_and_last_good_config_serves(tmp_path: Path) 
         async with mesh(tmp_path, _pool_policy(gw, bs), {"edge": gw}) as m:
             before = m.plane.cache.get("edge")
             assert before is not None
-            bad = (
-                Path(__file__).parents[1] / "controlplane/policy/bad/dangling_pool.yaml"
-            ).read_text()
+            bad = (Path(__file__).parents[1] / "policy/bad/dangling_pool.yaml").read_text()
             m.write_policy(bad)
             await asyncio.sleep(0.6)
             assert m.plane.cache.get("edge") is before

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from chat.tokenizer import HfChatTokenizer
 from filters.app import FilterApp, Settings
-from runtime.chat_tokenizer import HfChatTokenizer
 from tests.chat_model import make_model_dir
 from tests.helpers import free_port, wait_for_port
 from tests.integration.mesh_harness import mesh

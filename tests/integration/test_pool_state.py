@@ -17,9 +17,9 @@ from controlplane.saturation.api import pool_routes
 from controlplane.saturation.fetch import HttpFetcher
 from controlplane.saturation.scraper import PoolScraper
 from controlplane.saturation.targets import PoolTargets, ScrapeSettings
+from poolstate import SATURATED, Capacity, Hysteresis, PoolState, PoolSummary
+from poolstate.reader import PoolStateReader, pools_url
 from runtime.metrics_http import MetricsServer
-from runtime.poolstate import SATURATED, Capacity, Hysteresis, PoolState, PoolSummary
-from runtime.poolstate.reader import PoolStateReader, pools_url
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +100,7 @@ async def test_the_control_plane_serves_its_pool_state_next_to_metrics(
     emulators: list[EmulatorServer], tmp_path: Path
 ) -> None:
     from controlplane.app import ControlPlane, ControlPlaneSettings
-    from controlplane.policy import Address
+    from policy import Address
     from tests.helpers import free_port
 
     eps = ", ".join(f"'127.0.0.1:{s.port}'" for s in emulators)

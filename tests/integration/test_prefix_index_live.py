@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 
 from backends.emulator.tokenizer import encode
-from runtime.prefixindex.index import PrefixIndex
-from runtime.prefixindex.subscriber import KvEventSubscriber, ReplicaFeed
+from prefixindex.index import PrefixIndex
+from prefixindex.subscriber import KvEventSubscriber, ReplicaFeed
 from tests.helpers import ChildProcess, free_port, wait_for_port
 
 pytestmark = pytest.mark.integration

@@ -12,10 +12,10 @@ import pytest
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from redis.asyncio.cluster import RedisCluster
 
-from controlplane.policy import load_policy_text
+from policy import load_policy_text
+from quota.keys import config_key
+from quota.reader import QuotaReader
 from ratelimit_service.directory import seed_defaults
-from runtime.quota.keys import config_key
-from runtime.quota.reader import QuotaReader
 from tests.helpers import free_port
 from tests.ratelimit_service import rls
 from tests.ratelimit_service.support import redis_cluster, start_service

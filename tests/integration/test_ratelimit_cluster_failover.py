@@ -19,7 +19,7 @@ import pytest
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from redis.asyncio.cluster import RedisCluster
 
-from runtime.quota.keys import config_key
+from quota.keys import config_key
 from tests.helpers import free_port
 from tests.ratelimit_service import rls
 from tests.ratelimit_service.support import redis_cluster, start_service

@@ -15,7 +15,7 @@ import pytest
 import redis
 from aiohttp import web
 
-from controlplane.policy import load_policy
+from policy import load_policy
 from tests.helpers import free_port
 from tests.ratelimit_service.support import envoy_bootstrap, start_envoy, start_service
 

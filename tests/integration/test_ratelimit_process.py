@@ -13,7 +13,7 @@ import pytest
 import redis
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
-from runtime.quota.keys import config_key
+from quota.keys import config_key
 from tests.helpers import free_port, free_port_block, wait_for_port
 from tests.ratelimit_service import rls
 from tests.ratelimit_service.support import metric_sum, start_service

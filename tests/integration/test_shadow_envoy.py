@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.cli import main
 from tests.integration.mesh_harness import eventually
 from tests.integration.safety_stack import backend_requests, safety_stack
+from tokenweir.cli import main
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

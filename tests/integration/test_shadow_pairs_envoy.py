@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from controlplane.cli import main
 from tests.integration.mesh_harness import eventually
 from tests.integration.safety_stack import SafetyStack, backend_requests, safety_stack
+from tokenweir.cli import main
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

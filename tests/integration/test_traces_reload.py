@@ -16,7 +16,7 @@ import grpc
 import pytest
 from envoy.service.ratelimit.v3 import rls_pb2_grpc
 
-from controlplane.policy import load_policy
+from policy import load_policy
 from tests.helpers import free_port
 from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.integration.test_e2e_first_contact import call, example_policy

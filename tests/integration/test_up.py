@@ -96,7 +96,7 @@ def test_up_serves_through_envoy_and_ctrl_c_stops_everything(tmp_path: Path) -> 
 
 
 def test_up_refuses_a_bad_policy_with_its_errors(tmp_path: Path) -> None:
-    bad = ROOT / "tests/controlplane/policy/bad/dangling_pool.yaml"
+    bad = ROOT / "tests/policy/bad/dangling_pool.yaml"
     proc = subprocess.run(
         [str(TOKENWEIR), "up", "-c", str(bad)], capture_output=True, text=True, timeout=60
     )
@@ -110,7 +110,7 @@ def test_validate_and_render_cli(tmp_path: Path) -> None:
         [str(TOKENWEIR), "validate", str(good)], capture_output=True, text=True, timeout=60
     )
     assert ok.returncode == 0 and "OK" in ok.stdout
-    bad = ROOT / "tests/controlplane/policy/bad/unknown_key.yaml"
+    bad = ROOT / "tests/policy/bad/unknown_key.yaml"
     rej = subprocess.run(
         [str(TOKENWEIR), "validate", str(bad)], capture_output=True, text=True, timeout=60
     )

@@ -18,11 +18,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from controlplane.policy import load_policy
 from controlplane.translate.usage_meter import lua_source
 from filters.bodies import parse_request
 from filters.plugins.usage import UsagePlugin
 from filters.sse import SETTLE_KEY
+from policy import load_policy
 from tests.filters.conftest import ROOT, FakeClock, make_ctx, make_services
 from tests.filters.test_usage import run
 from tests.helpers import ChildProcess, free_port, wait_for_port

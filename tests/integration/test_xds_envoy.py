@@ -13,13 +13,13 @@ import pytest
 from google.protobuf import duration_pb2
 from prometheus_client import CollectorRegistry
 
-from controlplane.envoy_launcher import EnvoyProcess
 from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.server import XdsServer
 from controlplane.xds.snapshot import Snapshot
 from tests.controlplane.xds import resources as r
 from tests.controlplane.xds.live import Backend, backends, envoy, eventually, get_text
 from tests.helpers import free_port
+from tokenweir.envoy_launcher import EnvoyProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from controlplane.policy import Policy, load_policy_text
+from policy import Policy, load_policy_text
 
 POLICY = """
 version: 1

@@ -15,8 +15,8 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
-from controlplane.policy.model import Route, RouteRateLimit
 from controlplane.translate.ratelimit import ratelimit_http_filter, ratelimit_per_route
+from policy.model import Route, RouteRateLimit
 from tests.helpers import ChildProcess, free_port, static_cluster, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from envoy.service.ratelimit.v3 import rls_pb2
 
-from controlplane.policy import Policy, load_policy_text
+from policy import Policy, load_policy_text
 from ratelimit_service.decider import Decider, DeciderSettings
 from ratelimit_service.directory import QuotaDirectory
 from ratelimit_service.errors import StoreUnavailable

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controlplane.policy.servers import RateLimitServer
+from policy.servers import RateLimitServer
 from ratelimit_service.server import decider_settings
 
 

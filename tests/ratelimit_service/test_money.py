@@ -11,14 +11,14 @@ import pytest
 import redis.asyncio as aioredis
 from envoy.service.ratelimit.v3 import rls_pb2
 
-from controlplane.policy import Policy, load_policy_text
+from policy import Policy, load_policy_text
+from quota.config import parse_quota_fields
+from quota.cost import cost_usd, micro_usd, worst_case_micro_usd
+from quota.keys import config_key
 from ratelimit_service.decider import Decider, DeciderSettings
 from ratelimit_service.directory import QuotaDirectory
 from ratelimit_service.metrics import Metrics
 from ratelimit_service.store import MemoryStore, RedisStore
-from runtime.cost import cost_usd, micro_usd, worst_case_micro_usd
-from runtime.quota.config import parse_quota_fields
-from runtime.quota.keys import config_key
 from tests.ratelimit_service.rls import descriptor
 
 OK = rls_pb2.RateLimitResponse.OK

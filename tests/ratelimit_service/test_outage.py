@@ -7,7 +7,7 @@ import asyncio
 
 from envoy.service.ratelimit.v3 import rls_pb2
 
-from controlplane.policy import Policy
+from policy import Policy
 from ratelimit_service.outage import OutageLedger
 from tests.ratelimit_service import rls
 from tests.ratelimit_service.test_decider import make, policy  # noqa: F401  (the fixture)

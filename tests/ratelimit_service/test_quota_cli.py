@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from controlplane.policy import load_policy
-from controlplane.quota_cli import register
+from policy import load_policy
+from quota.keys import bucket_key, config_key
 from ratelimit_service.directory import seed_defaults
-from runtime.quota.keys import bucket_key, config_key
+from tokenweir.quota_cli import register
 
 
 def run(argv: list[str]) -> int:

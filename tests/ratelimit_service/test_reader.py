@@ -8,13 +8,13 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from controlplane.policy import Policy
+from policy import Policy
+from quota.config import effective_quotas, limits_for_tenant, tenant_defaults
+from quota.errors import QuotaUnavailable
+from quota.keys import config_key
+from quota.reader import QuotaReader
 from ratelimit_service.plan import checks_for
 from ratelimit_service.store import RedisStore
-from runtime.quota.config import effective_quotas, limits_for_tenant, tenant_defaults
-from runtime.quota.errors import QuotaUnavailable
-from runtime.quota.keys import config_key
-from runtime.quota.reader import QuotaReader
 
 
 async def _reserve(store: RedisStore, policy: Policy, tenant: str, tokens: int, **kw: str) -> bool:

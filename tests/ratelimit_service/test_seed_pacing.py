@@ -10,7 +10,7 @@ import asyncio
 import itertools
 from typing import Any
 
-from controlplane.policy import load_policy_text
+from policy import load_policy_text
 from ratelimit_service.directory import seed_defaults, seed_plan
 
 POLICY = "version: 1\ntiers: {std: {quotas: {requests: {burst: 5, refill_per_second: 1}}}}\n" + (

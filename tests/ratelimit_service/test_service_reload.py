@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controlplane.policy import load_policy
+from policy import load_policy
 from ratelimit_service.server import Service, ServiceSettings
 
 POLICY = "version: 1\ntiers: {{t: {{max_tokens: {n}}}}}\ntenants: {{a: {{tier: t}}}}\n"

@@ -1,4 +1,4 @@
-"""``runtime/quota/topup.lua`` and its pure-Python twin reach identical grants when driven with
+"""``quota/topup.lua`` and its pure-Python twin reach identical grants when driven with
 the same random reserves, top-ups and settles against a real redis-server, and a top-up grants
 exactly what every enforced limit still holds (the in-stream stop's 0 overshoot)."""
 
@@ -13,10 +13,10 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from quota.topup import NO_RECORD, TOPUP_LUA, TopUp, topup
+from quota.windows import window
 from ratelimit_service.limiter import Check, MemoryState, reserve, settle
 from ratelimit_service.store import load_script, reserve_args
-from runtime.quota.topup import NO_RECORD, TOPUP_LUA, TopUp, topup
-from runtime.quota.windows import window
 
 TTL_MS = 10**12
 RATES = [0.0, 0.5, 3.0, 7.25, 100.0, 1234.5678]

@@ -5,8 +5,6 @@ from __future__ import annotations
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.extensions.filters.http.ratelimit.v3 import rate_limit_pb2
 
-from controlplane.policy import load_policy_text
-from controlplane.policy.model import Route, RouteRateLimit
 from controlplane.translate.ratelimit import (
     RATELIMIT_FILTER,
     RESERVE_FORMAT,
@@ -14,6 +12,8 @@ from controlplane.translate.ratelimit import (
     ratelimit_http_filter,
     ratelimit_per_route,
 )
+from policy import load_policy_text
+from policy.model import Route, RouteRateLimit
 
 POLICY = """
 version: 1

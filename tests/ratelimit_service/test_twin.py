@@ -12,9 +12,9 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from quota.windows import window
 from ratelimit_service.limiter import Check, MemoryState, reserve, settle
 from ratelimit_service.store import load_script, reserve_args
-from runtime.quota.windows import window
 
 TTL_MS = 10**12  # reservations never expire within an example (Redis runs on the wall clock)
 RATES = [0.0, 0.5, 3.0, 7.25, 100.0, 1234.5678, 1e4]

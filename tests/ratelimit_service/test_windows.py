@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from quota.windows import window
 from ratelimit_service.plan import WindowClock
-from runtime.quota.windows import window
 
 S = 1_000_000
 

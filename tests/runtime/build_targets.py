@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from controlplane.policy import Policy, load_policy
+from policy import Policy, load_policy
 from runtime.watcher import Loaded
 
 __all__ = ["autogroup", "crash_on_marker", "pid_and_nice", "policy", "slow", "tenant_table"]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controlplane.policy import Policy
+from policy import Policy
 from runtime.buildworker import BuildWorker
 from runtime.errors import BuildFailed, BuildTimeout, WorkerCrashed
 from runtime.watcher import InWorker, PolicyWatcher, ReloadMetrics

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controlplane.policy import load_policy
 from controlplane.reloader import Reloader
 from controlplane.xds.cache import SnapshotCache
 from filters.app import FilterApp, Settings
+from policy import load_policy
 from ratelimit_service.server import Service, ServiceSettings
 
 POLICY = """version: 1

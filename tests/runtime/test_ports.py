@@ -78,13 +78,13 @@ def test_an_unreadable_range_file_falls_back(tmp_path: Path) -> None:
 def test_the_default_ports_of_a_policy_are_never_handed_out() -> None:
     """A picked port must not be one the policy's components default to: a test's gateway on
     a picked 18001 was refused as "already used by control_plane.metrics"."""
-    from controlplane.policy import load_policy_text
+    from policy import load_policy_text
     from runtime.ports import RESERVED
 
     policy = load_policy_text("version: 1\ngateways: {edge: {routes: []}}\n")
     cp = policy.control_plane
     defaults = {cp.xds.port, cp.metrics.port, policy.gateways["edge"].listen.port}
-    from controlplane.policy.servers import FiltersServer, RateLimitServer
+    from policy.servers import FiltersServer, RateLimitServer
 
     defaults |= {FiltersServer().address.port, RateLimitServer().address.port, 9901, 30000}
     assert defaults <= RESERVED

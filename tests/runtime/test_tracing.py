@@ -62,8 +62,8 @@ def test_services_without_tracing_never_load_the_trace_sdk() -> None:
 async def test_the_switch_follows_the_section_on_off_and_to_another_collector() -> None:
     """A reload turns tracing on (a tracer built off the loop), changes it (the old one flushed
     at once, shut down later: a span it started still ends and exports) and turns it off."""
-    from controlplane.policy.common import Address
-    from controlplane.policy.tracing import Tracing as Section
+    from policy.common import Address
+    from policy.tracing import Tracing as Section
 
     exporters: list[InMemorySpanExporter] = []
 
@@ -100,8 +100,8 @@ async def test_the_switch_follows_the_section_on_off_and_to_another_collector() 
 
 
 async def test_the_last_section_asked_for_wins() -> None:
-    from controlplane.policy.common import Address
-    from controlplane.policy.tracing import Tracing as Section
+    from policy.common import Address
+    from policy.tracing import Tracing as Section
 
     built: list[str] = []
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controlplane.policy import Policy, load_policy
+from policy import Policy, load_policy
 from runtime.watcher import Loaded, PolicyWatcher, ReloadMetrics
 
 GOOD = "version: 1\ntiers: {{std: {{max_tokens: {n}}}}}\n"

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.emulator.radix_cache import RadixCache
-from runtime.prefixindex.hashing import prefix_block_ids
-from runtime.prefixindex.wire import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from prefixindex.hashing import prefix_block_ids
+from prefixindex.wire import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 
 def _tree_blocks(cache: RadixCache) -> set[int]:

@@ -290,7 +290,7 @@ def test_a_partial_last_page_stays_reserved_until_the_finish_inserts_it() -> Non
     """The tree takes whole pages: at the end of prefill a prompt's partial last page is not
     cached. Its slots were released there, so the finish's insert of prompt + output grew the tree
     past the KV pool when the pool was full (found by the state machine in
-    tests/runtime/prefixindex/test_index_under_pressure.py)."""
+    tests/prefixindex/test_index_under_pressure.py)."""
     clock = FakeClock()
     sched = Scheduler(_profile(page_size=4, max_total_tokens=40), clock=clock, sleep=clock.sleep)
     req = _req(clock, list(range(6)), 2)  # one whole page and a 2-token tail

@@ -104,7 +104,7 @@ def test_importing_the_launcher_does_not_import_sglang() -> None:
 
 
 def test_kv_events_flag_and_addresses_in_the_capacity_output(tmp_path: Path) -> None:
-    from runtime.prefixindex.wire import KvEventsConfig
+    from prefixindex.wire import KvEventsConfig
 
     base = {"model_path": "m", "port": 30001, "pool_file": tmp_path / "p"}
     assert "--kv-events-config" not in build_command(LaunchConfig(**base))  # type: ignore[arg-type]
@@ -133,7 +133,7 @@ def test_kv_events_flag_and_addresses_in_the_capacity_output(tmp_path: Path) -> 
 
 
 def test_parse_server_info_reads_priority_scheduling_in_both_layouts() -> None:
-    from runtime.poolstate import Ranking
+    from poolstate import Ranking
 
     top = {  # SGLang returns its server args at the top level (dataclasses.asdict)
         "enable_priority_scheduling": True,

@@ -11,7 +11,7 @@ from backends.emulator.__main__ import parse_args as emulator_args
 from backends.emulator.priority import PriorityConfig
 from backends.sglang.__main__ import parse_args as launcher_args
 from backends.sglang.launcher import build_command
-from controlplane.policy.scheduling import PriorityScheduling
+from policy.scheduling import PriorityScheduling
 
 POLICIES = [
     PriorityScheduling(),

@@ -20,11 +20,11 @@ from controlplane.canary import (
 )
 from controlplane.canary.judge import VersionCounts
 from controlplane.canary.sample import gateway_counts, replica_histograms
-from controlplane.policy import load_policy_text
-from controlplane.policy.canary import CanaryRollback
-from controlplane.policy.phases import CANARY_HEADER
 from controlplane.translate import render
 from controlplane.xds.snapshot import Snapshot
+from policy import load_policy_text
+from policy.canary import CanaryRollback
+from policy.phases import CANARY_HEADER
 
 INF = math.inf
 RULES = CanaryRollback(min_requests=5, max_error_rate=0.1, max_ttft_ratio=2.0, window=10.0)

@@ -7,9 +7,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from controlplane.dashboard.pools import answers, pool_rows, route_pools
 from controlplane.dashboard.summary import totals_of
-from controlplane.policy.loader import load_policy_text
 from filters.admission.metrics import AdmissionMetrics
 from filters.metrics import FilterMetrics
+from policy.loader import load_policy_text
 from tests.controlplane.dashboard.test_view import POLICY
 
 # what Envoy's /stats/prometheus says of the example's route cluster (the pool's aggregate with

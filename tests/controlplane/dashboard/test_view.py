@@ -17,9 +17,9 @@ from controlplane.dashboard.view import (
     tenant_rows,
     with_windows,
 )
-from controlplane.policy.loader import load_policy_text
-from controlplane.policy.servers import Replicas
-from runtime.quota.reader import WindowUsage
+from policy.loader import load_policy_text
+from policy.servers import Replicas
+from quota.reader import WindowUsage
 
 POLICY = """
 version: 1

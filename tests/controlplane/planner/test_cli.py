@@ -13,7 +13,7 @@ import yaml
 from controlplane.planner.cli import EXIT_INFEASIBLE, EXIT_INPUT, register
 from controlplane.planner.fragment import fragment, merge
 from controlplane.planner.plan import make_plan
-from controlplane.policy import load_policy_text
+from policy import load_policy_text
 
 from .conftest import seed_inputs
 
@@ -157,7 +157,7 @@ def test_merge_into_reports_a_policy_that_does_not_validate(tmp_path: Path) -> N
 
 
 def test_wired_into_the_tokenweir_command(capsys: pytest.CaptureFixture[str]) -> None:
-    from controlplane.cli import main
+    from tokenweir.cli import main
 
     assert main([*SEED_FLAGS, "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["slots_per_replica"] == 40

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from envoy.config.core.v3 import health_check_pb2
 
-from controlplane.policy import load_policy_text
 from controlplane.reloader import snapshots_for
 from controlplane.saturation.eds import FULL_WEIGHT, EdsMarks, marks_of, reweigh
 from controlplane.translate.render import render
 from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.snapshot import Snapshot
 from controlplane.xds.types import ENDPOINT
-from runtime.poolstate import PoolState, ReplicaState, summarize_pool
+from policy import load_policy_text
+from poolstate import PoolState, ReplicaState, summarize_pool
 
 POLICY = """
 version: 1

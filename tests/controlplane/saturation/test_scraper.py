@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controlplane.policy import load_policy_text
 from controlplane.saturation.errors import ScrapeError
 from controlplane.saturation.scraper import PoolScraper
 from controlplane.saturation.targets import PoolTargets, ScrapeSettings, targets_from_policy
-from runtime.poolstate import SATURATED, Capacity, Hysteresis, PoolState
+from policy import load_policy_text
+from poolstate import SATURATED, Capacity, Hysteresis, PoolState
 
 
 def gauges(running: int, queued: int, used: int = 0) -> str:
@@ -208,7 +208,7 @@ async def test_the_api_long_polls_and_answers_the_documented_json() -> None:
 
 
 def make_ranked() -> tuple[PoolScraper, FakeFetcher, Clock, CollectorRegistry]:
-    from controlplane.policy.scheduling import PriorityScheduling
+    from policy.scheduling import PriorityScheduling
 
     fetcher, clock, registry = FakeFetcher(), Clock(), CollectorRegistry()
     s = PoolScraper(fetcher, clock=clock, wall_clock=clock, registry=registry)
@@ -223,7 +223,7 @@ RANKS = {"enable_priority_scheduling": True, "priority_scheduling_preemption_thr
 async def test_each_replicas_priority_scheduling_is_published_and_a_mismatch_shown(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from runtime.poolstate import Ranking
+    from poolstate import Ranking
 
     s, f, clock, registry = make_ranked()
     f.texts = {A: gauges(1, 0), B: gauges(1, 0)}

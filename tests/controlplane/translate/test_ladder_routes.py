@@ -3,8 +3,8 @@ header the degrade plugin sets, ahead of the lane routes."""
 
 from __future__ import annotations
 
-from controlplane.policy import load_policy_text
 from controlplane.translate.routes import gateway_routes
+from policy import load_policy_text
 
 POLICY = """
 version: 1

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from google.protobuf.json_format import MessageToDict
 
-from controlplane.envoy_launcher import validate
-from controlplane.policy import load_policy
 from controlplane.reloader import snapshots_for
 from controlplane.translate.render import render, to_json
 from controlplane.translate.static import static_bootstrap
 from controlplane.xds.types import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from policy import load_policy
+from tokenweir.envoy_launcher import validate
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "golden"
@@ -171,7 +171,7 @@ def test_example_gateway_chain_is_lua_meter_ext_proc_ratelimit_router() -> None:
 
 def test_multi_process_servers_get_several_http2_connections() -> None:
     text = EXAMPLE.read_text().replace("  domain: tokenweir", "  domain: tokenweir\n  replicas: 2")
-    from controlplane.policy import load_policy_text
+    from policy import load_policy_text
 
     clusters = render(load_policy_text(text))["edge"][CLUSTER]
     opts = MessageToDict(clusters["tokenweir_ratelimit"])["typedExtensionProtocolOptions"]

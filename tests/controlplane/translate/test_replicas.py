@@ -10,19 +10,19 @@ from pathlib import Path
 import pytest
 from google.protobuf.json_format import MessageToDict
 
-from controlplane.envoy_launcher import validate
-from controlplane.policy import load_policy_text
-from controlplane.policy.servers import Replicas
 from controlplane.reloader import snapshots_for
 from controlplane.translate.render import render
 from controlplane.translate.static import static_bootstrap
 from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.types import CLUSTER, ENDPOINT, LISTENER
+from policy import load_policy_text
+from policy.servers import Replicas
+from tokenweir.envoy_launcher import validate
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "mesh.yaml"
 SCALED = "version: 1\nreplicas: {gateway: 3, filters: 2, ratelimit: 2}\n" + "".join(
     line + "\n" for line in EXAMPLE.read_text().splitlines() if not line.startswith("version:")
-)  # the example leaves room for replicas (controlplane.policy.ports checks it)
+)  # the example leaves room for replicas (policy.ports checks it)
 K8S = """
 version: 1
 ratelimit: {address: "tokenweir-ratelimit.tokenweir.svc.cluster.local:18081"}
@@ -112,7 +112,7 @@ def test_snapshot_versions_do_not_depend_on_the_process(tmp_path: Path) -> None:
     set iteration: the versions differed per process."""
     (tmp_path / "p.yaml").write_text(SCALED)
     code = (
-        "import sys; from controlplane.policy import load_policy; "
+        "import sys; from policy import load_policy; "
         "from controlplane.reloader import snapshots_for; "
         "from controlplane.translate.render import render; "
         "print(sorted((g, s.version) for g, s in snapshots_for(render(load_policy(sys.argv[1]))).items()))"

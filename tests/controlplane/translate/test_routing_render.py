@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from google.protobuf.json_format import MessageToDict
 
-from controlplane.envoy_launcher import validate
-from controlplane.policy import load_policy_text
 from controlplane.translate.render import render
 from controlplane.translate.static import static_bootstrap
 from controlplane.xds.types import CLUSTER
+from policy import load_policy_text
+from tokenweir.envoy_launcher import validate
 
 POLICY = """
 version: 1

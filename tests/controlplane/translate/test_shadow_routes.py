@@ -3,9 +3,9 @@ plugin, to the cluster the filter server names per request (its recorder's, ORIG
 
 from __future__ import annotations
 
-from controlplane.policy import load_policy_text
 from controlplane.translate.render import CLUSTER, render
 from controlplane.translate.routes import gateway_routes
+from policy import load_policy_text
 
 POLICY = """
 version: 1

@@ -11,12 +11,12 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
 
-from controlplane.envoy_launcher import validate
-from controlplane.policy.loader import load_policy_text
 from controlplane.reloader import snapshots_for
 from controlplane.translate import names
 from controlplane.translate.render import CLUSTER, LISTENER, render
 from controlplane.translate.static import static_bootstrap
+from policy.loader import load_policy_text
+from tokenweir.envoy_launcher import validate
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "mesh.yaml"
 TRACING = "\ntracing: {collector: 127.0.0.1:4317, sample_percent: 25}\n"

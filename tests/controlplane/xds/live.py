@@ -12,8 +12,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from controlplane.envoy_launcher import EnvoyProcess, EnvoySettings
 from tests.helpers import free_port
+from tokenweir.envoy_launcher import EnvoyProcess, EnvoySettings
 
 __all__ = ["Backend", "backends", "envoy", "eventually", "get_text"]
 

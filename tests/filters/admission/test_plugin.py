@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from controlplane.policy import Policy, load_policy_text
-from controlplane.policy.servers import Replicas
 from filters.admission.gate import Gates
 from filters.admission.limits import pool_limits, saturated_limit
 from filters.admission.plugin import AdmissionPlugin, shed_reply
 from filters.api import Context, Result, RouteInfo
 from filters.errors import ClientError
+from policy import Policy, load_policy_text
+from policy.servers import Replicas
 from tests.filters.conftest import FakeClock, make_services
 
 POLICY = """

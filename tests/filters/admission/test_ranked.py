@@ -9,13 +9,13 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controlplane.policy import load_policy_text
 from filters.admission.core import Shed
 from filters.admission.gate import Gates, PoolGate
 from filters.admission.queues import Ticket
 from filters.admission.signal import pool_state_reader, ranking_source
-from runtime.poolstate import PoolState, PoolSummary, Ranking, ReplicaState
-from runtime.poolstate.reader import PoolStateReader
+from policy import load_policy_text
+from poolstate import PoolState, PoolSummary, Ranking, ReplicaState
+from poolstate.reader import PoolStateReader
 from tests.filters.conftest import FakeClock
 
 POLICY = """

@@ -7,7 +7,6 @@ import logging
 
 import pytest
 
-from controlplane.policy import load_policy_text
 from filters.admission.gate import Gates
 from filters.admission.signal import (
     admission_source,
@@ -15,8 +14,9 @@ from filters.admission.signal import (
     pool_capacity,
     pool_state_reader,
 )
-from runtime.poolstate.reader import PoolStateReader
-from runtime.poolstate.state import PoolState, PoolSummary, ReplicaState
+from policy import load_policy_text
+from poolstate.reader import PoolStateReader
+from poolstate.state import PoolState, PoolSummary, ReplicaState
 from tests.filters.conftest import FakeClock
 
 POLICY = """

@@ -239,8 +239,8 @@ async def test_a_promise_kept_where_it_was_made_is_kept_nowhere_else(
 
 
 def test_gates_share_promises_only_where_admission_is_split(redis: aioredis.Redis) -> None:
-    from controlplane.policy import load_policy_text
     from filters.admission.gate import Gates
+    from policy import load_policy_text
 
     policy = load_policy_text("""
 version: 1

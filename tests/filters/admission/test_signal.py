@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from controlplane.policy import load_policy_text
 from filters.admission.gate import Gates
 from filters.admission.signal import (
     admission_saturation,
@@ -10,7 +9,8 @@ from filters.admission.signal import (
     pool_state_reader,
     saturation_source,
 )
-from runtime.poolstate.state import PoolState, PoolSummary, ReplicaState
+from policy import load_policy_text
+from poolstate.state import PoolState, PoolSummary, ReplicaState
 from tests.filters.conftest import FakeClock
 
 POLICY = """

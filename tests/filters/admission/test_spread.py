@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from controlplane.policy import Policy, load_policy_text
-from controlplane.policy.routing import ENDPOINT_HEADER
-from controlplane.policy.scheduling import PriorityScheduling
 from filters.admission.gate import Gates
 from filters.admission.plugin import AdmissionPlugin
 from filters.admission.spread import LaneBalance, choose
 from filters.api import Context, RouteInfo
+from policy import Policy, load_policy_text
+from policy.routing import ENDPOINT_HEADER
+from policy.scheduling import PriorityScheduling
 from tests.filters.conftest import FakeClock, make_services
 
 RANKED = PriorityScheduling(enabled=True)  # threshold 10, larger values first

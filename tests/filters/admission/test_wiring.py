@@ -11,7 +11,6 @@ import grpc
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from controlplane.policy import load_policy_text
 from controlplane.translate.ext_proc import (
     EXT_PROC_FILTER,
     ext_proc_http_filter,
@@ -21,6 +20,7 @@ from filters.admission.gate import Gates
 from filters.api import BasePlugin
 from filters.registry import build_routes
 from filters.server import FilterServicer
+from policy import load_policy_text
 from tests.filters.conftest import FakeClock, make_services
 from tests.filters.test_server import headers_msg
 

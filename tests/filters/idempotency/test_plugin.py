@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from controlplane.policy import Policy
 from filters.api import Context, Usage
 from filters.errors import ClientError, ConfigError
 from filters.idempotency.errors import StoreUnavailable
 from filters.idempotency.plugin import REPLAYED_HEADER, IdempotencyPlugin
 from filters.idempotency.record import Entry, decode_entry, encode_entry, parse_key
+from policy import Policy
 from tests.filters.conftest import FakeClock, make_ctx, make_services
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()

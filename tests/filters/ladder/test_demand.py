@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from controlplane.policy import load_policy_text
 from filters.admission.gate import Gates
 from filters.admission.plugin import AdmissionPlugin
+from policy import load_policy_text
 from tests.filters.conftest import FakeClock
 from tests.filters.ladder.test_plugin import POLICY, Setup
 

@@ -10,13 +10,13 @@ from dataclasses import replace
 import pytest
 from prometheus_client import generate_latest
 
-from controlplane.policy import Policy, load_policy_text
 from filters.admission.gate import Gates
 from filters.admission.plugin import AdmissionPlugin
 from filters.api import Context, RouteInfo
 from filters.ladder.plugin import DEGRADE_HEADER, DegradePlugin
 from filters.ladder.state import Ladders, uses_ladder
 from filters.plugins.tokens import TokensPlugin
+from policy import Policy, load_policy_text
 from tests.filters.conftest import FakeClock, make_services
 
 POLICY = """

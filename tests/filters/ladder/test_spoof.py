@@ -3,9 +3,9 @@ server deletes it and has Envoy pick the route again (no network)."""
 
 from __future__ import annotations
 
-from controlplane.policy import load_policy_text
 from filters.registry import build_routes
 from filters.server import FilterServicer
+from policy import load_policy_text
 from tests.filters.conftest import FakeClock, make_services
 from tests.filters.ladder.test_plugin import POLICY
 from tests.filters.test_server import BASE, drive, headers_msg

@@ -8,13 +8,13 @@ from prometheus_client import CollectorRegistry
 
 from backends.emulator.radix_cache import RadixCache
 from backends.emulator.tokenizer import encode
-from controlplane.policy.model import Address, LlmPool
-from controlplane.policy.routing import RoutingPolicy
 from filters.picker.metrics import PickerMetrics
 from filters.picker.pool import PoolPicker
 from filters.picker.score import Candidate, Weights, choose
-from runtime.prefixindex.index import PrefixIndex
-from runtime.prefixindex.wire import (
+from policy.model import Address, LlmPool
+from policy.routing import RoutingPolicy
+from prefixindex.index import PrefixIndex
+from prefixindex.wire import (
     AllBlocksCleared,
     BlockStored,
     KVEventBatch,

@@ -7,11 +7,11 @@ import math
 
 from prometheus_client import CollectorRegistry
 
-from controlplane.policy.model import Address, LlmPool
-from controlplane.policy.routing import RoutingPolicy
 from filters.picker.metrics import PickerMetrics
 from filters.picker.pool import PoolPicker
 from filters.picker.score import Candidate, Pick, Weights, choose
+from policy.model import Address, LlmPool
+from policy.routing import RoutingPolicy
 
 INFLIGHT_ONLY = Weights(cache_weight=0.7, max_imbalance=1.5, min_prefix_tokens=100)
 WINDOW = Weights(cache_weight=0.7, max_imbalance=1.5, min_prefix_tokens=100, balance_window=64,

@@ -14,13 +14,13 @@ from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 from prometheus_client import CollectorRegistry
 
 from backends.emulator.tokenizer import encode
-from controlplane.policy import load_policy_text
 from controlplane.translate.ext_proc import ext_proc_http_filter
 from filters.api import Context, RouteInfo
 from filters.picker.coalesce import Lead, Leads, follow
 from filters.picker.plugin import PickerPlugin
 from filters.picker.registry import Pickers
 from filters.picker.score import Pick
+from policy import load_policy_text
 from tests.filters.picker.test_pool import NAMES, Clock, _picker, _publish, _text
 
 # ---- the registry and the wait, alone ---------------------------------------------------------

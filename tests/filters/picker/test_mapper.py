@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from backends.emulator.tokenizer import encode, render_chat
 from filters.picker.mapper import ROOT, CheckpointMap, map_points
 from filters.picker.prompt import checkpoints, prompt_bytes, render_emulator_chat
-from runtime.prefixindex.hashing import prefix_block_ids
+from prefixindex.hashing import prefix_block_ids
 
 WORDS = st.lists(
     st.sampled_from(["a", "bb", "ccc", "dddd", "e\u00e9", "ff\nf", "g\tg"]), max_size=80

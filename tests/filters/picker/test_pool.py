@@ -10,12 +10,12 @@ from prometheus_client import CollectorRegistry
 
 from backends.emulator.radix_cache import RadixCache
 from backends.emulator.tokenizer import encode
-from controlplane.policy.model import Address, LlmPool
-from controlplane.policy.routing import RoutingPolicy
 from filters.picker.metrics import PickerMetrics
 from filters.picker.pool import PoolPicker, feeds_for
 from filters.picker.score import Pick
-from runtime.prefixindex.wire import KVEventBatch
+from policy.model import Address, LlmPool
+from policy.routing import RoutingPolicy
+from prefixindex.wire import KVEventBatch
 
 NAMES = ("127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003")
 

@@ -12,8 +12,6 @@ from collections.abc import Awaitable, Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controlplane.policy.model import LlmPool
-from controlplane.policy.routing import RoutingPolicy
 from filters.picker import mapping_task
 from filters.picker.errors import MapperDown
 from filters.picker.mapper import ROOT, Job, map_batch
@@ -22,6 +20,8 @@ from filters.picker.pool import PoolPicker
 from filters.picker.prompt import checkpoints
 from filters.picker.score import Pick
 from filters.picker.worker import MapperWorker
+from policy.model import LlmPool
+from policy.routing import RoutingPolicy
 
 STEP, PAGE = 64, 4
 

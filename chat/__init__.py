@@ -1,0 +1,1 @@
+"""Chat prompts as a model sees them: its own tokenizer and chat template."""

@@ -1,0 +1,106 @@
+"""``tokenweir status``: what the running control plane decided about canaries (and why), and
+how each shadow pool compares with its primary.
+
+Reads ``GET /api/v1/canary`` and ``GET /api/v1/shadow`` on the control plane's metrics address (``-c mesh.yaml`` takes it
+from ``control_plane.metrics``; ``--control-plane host:port`` names it). Exit status 0, or 1
+when the control plane cannot be reached; ``--json`` prints the raw answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from policy import Address
+
+__all__ = ["format_shadow", "format_status", "register", "unreachable"]
+
+
+def register(sub: Any) -> None:
+    s = sub.add_parser("status", help="canary weights and automatic rollbacks of a running mesh")
+    s.add_argument("-c", "--config", type=Path, help="policy file (for control_plane.metrics)")
+    s.add_argument(
+        "--control-plane", type=Address.parse, help="the control plane's metrics host:port"
+    )
+    s.add_argument("--json", action="store_true", help="print the API's JSON")
+    s.set_defaults(func=_status)
+
+
+def format_status(pools: dict[str, Any]) -> str:
+    if not pools:
+        return "no pool has a canary"
+    lines = [f"{'pool':<16} {'state':<12} {'weight':>6} {'policy':>6}  reason"]
+    for name, p in sorted(pools.items()):
+        reason = p.get("reason") or p.get("breaching") or ""
+        lines.append(
+            f"{name:<16} {p['state']:<12} {p['weight']:>6} {p['configured_weight']:>6}  {reason}"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def format_shadow(routes: dict[str, Any]) -> str:
+    if not routes:
+        return "no route mirrors to a shadow pool"
+    keys = ("requests", "aborted", "completion_tokens_per_request", "ttft_p95_s", "tbt_p95_s")
+    lines = [f"{'route':<16} {'side':<8} " + " ".join(f"{k:>14.14}" for k in keys)]
+    for name, r in sorted(routes.items()):
+        for side in ("primary", "shadow"):
+            pool = r[f"{side}_pool"]
+            vals = " ".join(f"{_fmt(r[side][k]):>14}" for k in keys)
+            lines.append(f"{name:<16} {side:<8} {vals}  ({pool})")
+    return "\n".join(lines)
+
+
+def unreachable(args: argparse.Namespace, base: str, exc: BaseException) -> str:
+    """Why the control plane at ``base`` could not be read, and what to do about it."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, ConnectionRefusedError):
+        where = (
+            "--control-plane" if args.control_plane else f"control_plane.metrics of {args.config}"
+        )
+        start = f"tokenweir up -c {args.config or 'mesh.yaml'}"
+        return f"no mesh is running: nothing listens on {base} ({where}); start one with `{start}`"
+    return f"cannot read {base}: {reason}"
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def _status(args: argparse.Namespace) -> int:
+    addr = args.control_plane
+    if addr is None:
+        from tokenweir.cli import load_or_report
+
+        policy = load_or_report(args.config) if args.config else None
+        if policy is None:
+            print("give -c mesh.yaml or --control-plane host:port", file=sys.stderr)
+            return 2
+        addr = policy.control_plane.metrics
+    base = f"http://{addr}"
+    try:
+        canary = _get(base + "/api/v1/canary")
+        shadow = _get(base + "/api/v1/shadow?refresh=1")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"tokenweir status: {unreachable(args, base, exc)}", file=sys.stderr)
+        return 1
+    if args.json:
+        json.dump({"canary": canary, "shadow": shadow}, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(format_status(canary.get("pools", {})))
+        print()
+        print(format_shadow(shadow.get("routes", {})))
+    return 0
