@@ -17,6 +17,7 @@ import yaml
 from policy.admission import AdmissionPolicy, LaneAdmission
 from policy.autoscale import AutoscalePolicy
 from policy.backend import BackendKind, check_backend_capacity
+from policy.batch import BatchPolicy
 from policy.canary import CanaryPolicy, CanaryRollback
 from policy.common import (
     LANES,
@@ -427,6 +428,7 @@ class Policy:
     idempotency: IdempotencyPolicy = field(default_factory=IdempotencyPolicy)
     collapsing: CollapsingPolicy = field(default_factory=CollapsingPolicy)
     reservation: ReservationPolicy = field(default_factory=ReservationPolicy)
+    batch: BatchPolicy | None = None  # the batch API and its runners (docs/batch.md)
     tracing: Tracing | None = None
     planner: dict[str, Any] = field(
         default_factory=dict

@@ -84,6 +84,16 @@ def port_plan(policy: Policy) -> tuple[PortClaim, ...]:
                 out.append(_one(sd.listen, key, f"sidecar {name}", f"{side} listener"))
     for name in policy.pools:
         out += _emulators(policy, name)
+    b = policy.batch
+    if b is not None and b.service in policy.services:  # `up` starts the API and its runners
+        for i, a in enumerate(policy.services[b.service].endpoints):
+            out.append(
+                PortClaim(
+                    a.port, f"services.{b.service}.endpoints", "batch API", i, "HTTP", host=a.host
+                )
+            )
+        if b.runner.replicas:
+            out += _metrics(b.runner.metrics_port, b.runner.replicas, 1, "batch.runner")
     return tuple(out)
 
 

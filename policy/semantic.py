@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from policy.autoscale import autoscale_issues
+from policy.batch import authenticates_batch_api, check_batch
 from policy.common import check_name
 from policy.model import LANES, Address, LlmPool, Policy
 from policy.phases import uses_collapse
@@ -26,6 +27,7 @@ def check_policy(policy: Policy) -> list[tuple[str, str]]:
         *_tenants(policy),
         *_prices(policy),
         *_ports(policy),
+        *check_batch(policy),
     ]
 
 
@@ -170,10 +172,16 @@ def _gateways(policy: Policy) -> Iterator[tuple[str, str]]:
                     f"{path}.filters",
                     "needs a top-level 'filters:' section (where the filter server listens)",
                 )
-            if route.service is not None and route.filters is not None and route.filters.enabled:
+            if (
+                route.service is not None
+                and route.filters is not None
+                and route.filters.enabled
+                and not authenticates_batch_api(policy, route)
+            ):
                 yield (
                     f"{path}.filters",
-                    "LLM filters apply to pool routes only; services pass through unchanged",
+                    "LLM filters apply to pool routes only; services pass through unchanged "
+                    "(the batch API's service takes [identity] alone)",
                 )
             if route.shadow is not None:
                 if route.pool is None:

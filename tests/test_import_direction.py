@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("runtime",)),
     ("domain", ("quota", "prefixindex", "poolstate", "chat")),
     ("core", ("controlplane.translate", "controlplane.xds")),
-    ("services", ("controlplane", "filters", "ratelimit_service", "backends")),
+    ("services", ("controlplane", "filters", "ratelimit_service", "backends", "batch_service")),
     ("roof", ("tokenweir",)),
 )
 OURS = tuple(p for _, packages in LAYERS for p in packages if "." not in p)

@@ -60,6 +60,7 @@ from tokenweir.prometheus import (
 )
 from tokenweir.restarter import Part, Supervisor
 from tokenweir.up_autoscale import EmulatorFleet, FleetMetrics
+from tokenweir.up_batch import start_batch
 from tokenweir.up_parts import (
     base_id,
     connection_cap,
@@ -149,6 +150,7 @@ class Mesh:
                 count=n.filters, processes=p.filters.processes,
             )  # fmt: skip
         # before the control plane: a fork from a process running gRPC threads can crash the child
+        await start_batch(self)  # the batch API and its runners (docs/batch.md)
         if self.prometheus_settings is not None:
             await self._start_prometheus(*self.prometheus_settings)
         if n.controlplane == 1:

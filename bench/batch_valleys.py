@@ -1,0 +1,335 @@
+"""Batch jobs in the valleys (issue 41): a day-shaped interactive trace, time-scaled, with a batch
+submitted at its start; three arms side by side on one `tokenweir up` mesh and the same seeded
+arrivals:
+
+- ``alone``: the interactive trace only (its TTFT is the reference);
+- ``runner``: the trace + a batch job through the Batch API (the runner paces itself);
+- ``naive``: the trace + the same lines sent by a client at batch priority (``x-lane: batch``)
+  as fast as the gateway allows (``--naive-concurrency`` in flight, Retry-After honoured).
+
+Capacity is counted in running slots (the pool's ``max_running_requests``): every
+``--sample`` seconds the interactive requests in flight (client side) and the batch lines in
+flight (the runner's gauge, the naive client's count) are read; the idle capacity is
+``slots - interactive``, the batch's use of it ``min(batch, idle)``.
+
+    python bench/batch_valleys.py --day 40 --out bench/results/batch_valleys.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import math
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from runtime.ports import free_port  # noqa: E402
+
+KEY = "tw-demo-pro-key"
+MODEL = "llama-3.1-8b"
+
+
+def policy_text(slots_profile: str, fill: float) -> tuple[str, int, dict[str, int]]:
+    """The example policy on free ports: one chat replica, no sidecar, the batch runner."""
+    doc = yaml.safe_load((ROOT / "examples" / "mesh.yaml").read_text())
+    doc.pop("sidecars")
+    doc["services"].pop("inventory")
+    gw = doc["gateways"]["edge"]
+    gw["routes"] = [r for r in gw["routes"] if r.get("service") != "inventory"]
+    ports: dict[str, int] = {}
+
+    def port(name: str) -> int:
+        return ports.setdefault(name, free_port())
+
+    doc["control_plane"]["xds"] = f"127.0.0.1:{port('xds')}"
+    doc["control_plane"]["metrics"] = f"127.0.0.1:{port('cp')}"
+    doc["ratelimit"]["address"] = f"127.0.0.1:{port('rl')}"
+    doc["ratelimit"]["metrics_port"] = port("rlm")
+    doc["filters"]["address"] = f"127.0.0.1:{port('fs')}"
+    doc["filters"]["metrics_port"] = port("fsm")
+    chat = doc["pools"]["chat"]["emulated"]
+    chat.update(replicas=1, profile=slots_profile, base_port=port("em"))
+    doc["pools"]["chat-small"]["emulated"]["base_port"] = port("em2")
+    doc["services"]["batch-api"]["endpoints"] = [f"127.0.0.1:{port('api')}"]
+    gw["listen"] = f"127.0.0.1:{port('gw')}"
+    doc["batch"]["runner"].update(metrics_port=port("runner"), fill=fill)
+    # the bench's tenant is not the bottleneck: pro's token bucket is large
+    return yaml.safe_dump(doc, sort_keys=False), ports["gw"], ports
+
+
+def day_arrivals(day_s: float, peak_rps: float, valley_rps: float, seed: int) -> list[float]:
+    """Open-loop arrival offsets whose rate follows one day: a night valley, a midday peak."""
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    top = peak_rps
+    while t < day_s:
+        t += rng.expovariate(top)
+        rate = valley_rps + (peak_rps - valley_rps) * math.sin(math.pi * t / day_s) ** 2
+        if rng.random() < rate / top:  # thinning
+            out.append(t)
+    return [x for x in out if x < day_s]
+
+
+@dataclass
+class Arm:
+    name: str
+    ttft: list[float] = field(default_factory=list)
+    errors: int = 0
+    inter: int = 0  # interactive in flight now
+    batch: int = 0  # naive lines in flight now
+    batch_done: int = 0
+    samples: list[tuple[int, int]] = field(default_factory=list)  # (interactive, batch)
+
+
+async def interactive(http: aiohttp.ClientSession, url: str, arm: Arm, i: int, tokens: int) -> None:
+    body = {
+        "model": MODEL, "stream": True, "max_tokens": tokens,
+        "messages": [{"role": "user", "content": f"question {i}: " + "word " * 40}],
+    }  # fmt: skip
+    arm.inter += 1
+    start = time.monotonic()
+    first = None
+    try:
+        headers = {"authorization": f"Bearer {KEY}", "x-lane": "interactive"}
+        async with http.post(url, json=body, headers=headers) as r:
+            if r.status != 200:
+                arm.errors += 1
+                await r.read()
+                return
+            async for chunk in r.content.iter_any():
+                if first is None and b"content" in chunk:
+                    first = time.monotonic() - start
+        if first is not None:
+            arm.ttft.append(first)
+    except (aiohttp.ClientError, TimeoutError):
+        arm.errors += 1
+    finally:
+        arm.inter -= 1
+
+
+def lines(n: int, tokens: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "custom_id": f"l{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": MODEL,
+                "max_tokens": tokens,
+                "messages": [{"role": "user", "content": f"summarise {i}: " + "text " * 60}],
+            },
+        }
+        for i in range(n)
+    ]
+
+
+async def naive(
+    http: aiohttp.ClientSession, url: str, arm: Arm, todo: list[dict[str, Any]], stop: asyncio.Event
+) -> None:
+    headers = {"authorization": f"Bearer {KEY}", "x-lane": "batch"}
+    while todo and not stop.is_set():
+        line = todo.pop()
+        arm.batch += 1
+        try:
+            async with http.post(url, json=line["body"], headers=headers) as r:
+                await r.read()
+                if r.status == 200:
+                    arm.batch_done += 1
+                    continue
+                todo.append(line)
+                wait = float(r.headers.get("retry-after", "0.05") or 0.05)
+        except (aiohttp.ClientError, TimeoutError):
+            todo.append(line)
+            wait = 0.05
+        finally:
+            arm.batch -= 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), wait)
+
+
+async def gauge(http: aiohttp.ClientSession, url: str, name: str) -> float:
+    async with http.get(url) as r:
+        text = await r.text()
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+async def run_arm(
+    name: str, gw: int, ports: dict[str, int], arrivals: list[float], ns: argparse.Namespace
+) -> tuple[Arm, dict[str, Any]]:
+    arm = Arm(name)
+    url = f"http://127.0.0.1:{gw}/v1/chat/completions"
+    runner_metrics = f"http://127.0.0.1:{ports['runner']}/metrics"
+    extra: dict[str, Any] = {}
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
+    ) as http:
+        stop = asyncio.Event()
+        workers: list[asyncio.Task[None]] = []
+        batch_id = None
+        if name == "runner":
+            from openai import AsyncOpenAI
+
+            client = AsyncOpenAI(base_url=f"http://127.0.0.1:{gw}/v1", api_key=KEY, max_retries=2)
+            data = "\n".join(json.dumps(x) for x in lines(ns.lines, ns.batch_tokens)).encode()
+            f = await client.files.create(file=("b.jsonl", io.BytesIO(data)), purpose="batch")
+            b = await client.batches.create(
+                input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            batch_id = b.id
+        elif name == "naive":
+            todo = lines(ns.lines, ns.batch_tokens)
+            workers = [
+                asyncio.create_task(naive(http, url, arm, todo, stop))
+                for _ in range(ns.naive_concurrency)
+            ]
+        start = time.monotonic()
+        tasks: list[asyncio.Task[None]] = []
+
+        async def sampler() -> None:
+            while not stop.is_set():
+                b = arm.batch
+                if name == "runner":
+                    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                        b = int(await gauge(http, runner_metrics, "tokenweir_batch_inflight"))
+                arm.samples.append((arm.inter, b))
+                await asyncio.sleep(ns.sample)
+
+        samp = asyncio.create_task(sampler())
+        for i, at in enumerate(arrivals):
+            delay = start + at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(interactive(http, url, arm, i, ns.inter_tokens)))
+        await asyncio.sleep(max(0.0, start + ns.day - time.monotonic()))
+        await asyncio.gather(*tasks)
+        stop.set()
+        await samp
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        if batch_id is not None:
+            b = await client.batches.retrieve(batch_id)
+            extra["batch_completed_during_day"] = (
+                b.request_counts.completed if b.request_counts else 0
+            )
+            await client.batches.cancel(batch_id)
+            for _ in range(120):
+                b = await client.batches.retrieve(batch_id)
+                if b.status == "cancelled":
+                    break
+                await asyncio.sleep(0.5)
+            arm.batch_done = b.request_counts.completed if b.request_counts else 0
+            extra["shed"] = await gauge(
+                http, runner_metrics, 'tokenweir_batch_lines_total\\{outcome="shed"\\}'
+            )
+    await asyncio.sleep(ns.settle)  # what the arm left running drains before the next
+    return arm, extra
+
+
+def summary(arm: Arm, slots: int, extra: dict[str, Any]) -> dict[str, Any]:
+    idle = sum(max(0, slots - i) for i, _ in arm.samples)
+    used = sum(min(b, max(0, slots - i)) for i, b in arm.samples)
+    q = statistics.quantiles(arm.ttft, n=20) if len(arm.ttft) >= 20 else [float("nan")] * 19
+    return {
+        "arm": arm.name,
+        "interactive_requests": len(arm.ttft),
+        "interactive_errors": arm.errors,
+        "ttft_p50_s": round(statistics.median(arm.ttft), 4) if arm.ttft else None,
+        "ttft_p95_s": round(q[18], 4),
+        "batch_lines_completed": arm.batch_done,
+        "idle_slot_share_used_by_batch": round(used / idle, 3) if idle else None,
+        "mean_interactive_in_flight": round(statistics.mean(i for i, _ in arm.samples), 2),
+        "mean_batch_in_flight": round(statistics.mean(b for _, b in arm.samples), 2),
+        **extra,
+    }
+
+
+async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
+    text, gw, ports = policy_text(ns.profile, ns.fill)
+    run = Path(ns.run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "mesh.yaml").write_text(text)
+    tokenweir = Path(sys.executable).parent / "tokenweir"
+    argv = [str(tokenweir), "--log-level", "warning", "up", "--no-prometheus", "--fresh",
+            "-c", str(run / "mesh.yaml"), "--run-dir", str(run / "up")]  # fmt: skip
+    up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert up.stdout is not None
+    try:
+        for line in up.stdout:
+            if "tokenweir up: ready" in line:
+                break
+            if "failed" in line:
+                raise RuntimeError(line)
+        slots = ns.slots
+        arrivals = day_arrivals(ns.day, ns.peak_rps, ns.valley_rps, ns.seed)
+        rows = []
+        for name in ns.arms:
+            arm, extra = await run_arm(name, gw, ports, arrivals, ns)
+            rows.append(summary(arm, slots, extra))
+            print(json.dumps(rows[-1]), flush=True)
+        base = rows[0]["ttft_p95_s"]
+        for r in rows:
+            r["ttft_p95_vs_alone"] = round(r["ttft_p95_s"] / base, 3) if base else None
+        return {
+            "setup": {k: v for k, v in vars(ns).items() if k not in ("out",)},
+            "arrivals": len(arrivals),
+            "rows": rows,
+        }
+    finally:
+        up.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            up.wait(60)
+        if up.poll() is None:
+            up.kill()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--day", type=float, default=40.0, help="seconds one day lasts")
+    p.add_argument("--peak-rps", type=float, default=4.0)
+    p.add_argument("--valley-rps", type=float, default=0.3)
+    p.add_argument("--inter-tokens", type=int, default=64)
+    p.add_argument("--batch-tokens", type=int, default=64)
+    p.add_argument("--lines", type=int, default=10000)
+    p.add_argument("--profile", default="seed-2k")
+    p.add_argument("--slots", type=int, default=64, help="the pool's running slots (the profile's)")
+    p.add_argument("--fill", type=float, default=0.9)
+    p.add_argument("--naive-concurrency", type=int, default=128)
+    p.add_argument("--sample", type=float, default=0.25)
+    p.add_argument("--settle", type=float, default=8.0)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--arms", nargs="+", default=["alone", "runner", "naive"])
+    p.add_argument("--run-dir", default="/tmp/tokenweir-batch-valleys")
+    p.add_argument("--out", type=Path)
+    ns = p.parse_args()
+    result = asyncio.run(main_async(ns))
+    text = json.dumps(result, indent=2)
+    print(text)
+    if ns.out is not None:
+        ns.out.parent.mkdir(parents=True, exist_ok=True)
+        ns.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
