@@ -41,7 +41,11 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m batch_service", description=__doc__)
     p.add_argument("role", choices=["api", "runner"])
     p.add_argument("--policy", required=True, type=Path, help="the mesh policy YAML")
-    p.add_argument("--redis-url", help="Redis of the mesh (default: ratelimit.redis_url)")
+    p.add_argument(
+        "--redis-url",
+        default=os.environ.get("TOKENWEIR_REDIS_URL"),
+        help="Redis of the mesh (default: $TOKENWEIR_REDIS_URL, else ratelimit.redis_url)",
+    )
     p.add_argument("--files-dir", type=Path, help="the file store (default: batch.files_dir)")
     p.add_argument("--listen", help="api: host:port (default: the batch service's first endpoint)")
     p.add_argument("--index", type=int, default=0, help="runner: replica index")

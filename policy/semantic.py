@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from policy.autoscale import autoscale_issues
-from policy.batch import authenticates_batch_api, check_batch
+from policy.batch_checks import authenticates_batch_api, check_batch
 from policy.common import check_name
 from policy.model import LANES, Address, LlmPool, Policy
 from policy.phases import uses_collapse

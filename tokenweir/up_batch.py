@@ -5,13 +5,27 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from policy import Address
 from runtime.children import Child
 
 if TYPE_CHECKING:
-    from tokenweir.up import Mesh
+    from policy.model import Policy
+
+
+class Mesh(Protocol):
+    """What the batch processes need of :class:`tokenweir.up.Mesh` (a protocol: ``up`` imports
+    this module)."""
+
+    policy: Policy
+    config: Path
+    run_dir: Path
+    state_dir: Path | None
+    lines: list[str]
+
+    async def _spawn(self, child: Child, addr: Address, *, service: bool = False) -> None: ...
+
 
 __all__ = ["files_dir", "start_batch"]
 
@@ -30,9 +44,9 @@ async def start_batch(mesh: Mesh) -> None:
     b = mesh.policy.batch
     if b is None:
         return
+    # the Redis URL (with its password) reaches the children in TOKENWEIR_REDIS_URL, as it
+    # reaches every service `up` starts (Mesh._spawn), never on a command line
     common = ["--policy", str(mesh.config), "--files-dir", str(files_dir(mesh))]
-    if mesh.redis_url:
-        common += ["--redis-url", mesh.redis_url]
     for i, addr in enumerate(mesh.policy.services[b.service].endpoints):
         argv = [sys.executable, "-m", "batch_service", "api", *common, "--listen", str(addr)]
         child = Child(f"batch-api#{i}", argv, mesh.run_dir / f"batch-api-{i}.log")
