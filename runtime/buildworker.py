@@ -7,14 +7,15 @@ at a lower CPU priority) runs ``TARGET(path)`` -- a module-level function return
 :class:`runtime.watcher.Loaded` -- and streams the value back in slices
 (:mod:`runtime.chunked`) that the parent unpickles between requests.
 
-Wire (the child's stdout, 4-byte big-endian length before each frame): per request, ``f`` +
-the pickled tuple of files the value was built from, then the value's frames (``c`` slices,
-``s`` skeleton); or one ``e`` frame: the pickled tuple of problems
-(``file:line: key.path: message`` for a :class:`~policy.PolicyError`). Requests
-are one JSON string (the path) per line on its stdin. Anything the build prints goes to stderr.
+Wire: the protocol of :mod:`runtime.pipechild` (length-prefixed frames both ways, its size
+limit, its timeout, its dead child). A request is the path, UTF-8; the answer is ``f`` + the
+pickled tuple of files the value was built from, then the value's frames (``c`` slices, ``s``
+skeleton); or one ``e`` frame: the problems (``file:line: key.path: message`` for a
+:class:`~policy.PolicyError`). Anything the build prints goes to stderr.
 
 A child that dies (killed, out of memory) is noticed at once (its stdout closes): the request
 fails with :class:`WorkerCrashed`, ``restarts`` counts it, and the next request starts a new one.
+A build past ``timeout`` fails with :class:`BuildTimeout` (the child is killed).
 """
 
 from __future__ import annotations
@@ -24,25 +25,31 @@ import asyncio
 import contextlib
 import gc
 import importlib
-import json
 import logging
 import os
 import pickle
-import struct
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from runtime.children import PipeChild
 from runtime.chunked import Assembler, encode
-from runtime.errors import BuildFailed, BuildTimeout, WorkerCrashed, problem_lines
+from runtime.errors import (
+    BuildFailed,
+    BuildTimeout,
+    CallFailed,
+    CallTimedOut,
+    ChildDied,
+    PipeCallError,
+    WorkerCrashed,
+    problem_lines,
+)
+from runtime.pipechild import FrameReader, PipeChild, error_frame, frame_output, serve_frames
 
 __all__ = ["BuildWorker", "Target", "main", "resolve", "target_name"]
 
-_LEN = struct.Struct(">I")
-_FILES, _ERROR = b"f", b"e"
+_FILES = b"f"
 _log = logging.getLogger(__name__)
 
 
@@ -75,19 +82,12 @@ class BuildWorker(PipeChild):
     ) -> None:
         self.target = target_name(target)
         self.nice = nice
-        self.timeout = timeout
-        self._on_restart = on_restart
-        self._log = log
-
-    async def start(self) -> None:
-        """Start the child now (it imports the target once; builds then start faster)."""
-        restart = await self._start(
-            "runtime.buildworker", "--nice", str(self.nice), self.target,
-            what=f"policy build worker for {self.target}", log=self._log,
-            start_new_session=True,  # its own scheduling group where Linux has autogroups
+        super().__init__(
+            "runtime.buildworker", "--nice", str(nice), self.target,
+            what=f"policy build worker for {self.target}", timeout=timeout, log=log,
+            new_session=True,  # its own scheduling group where Linux has autogroups
+            on_restart=on_restart,
         )  # fmt: skip
-        if restart:
-            self._on_restart()
 
     async def build(
         self, path: Path, *, on_first_frame: Callable[[], None] = lambda: None
@@ -99,46 +99,40 @@ class BuildWorker(PipeChild):
         Raises :class:`BuildFailed` (the build raised: its problems), :class:`WorkerCrashed`
         or :class:`BuildTimeout` (the child is then killed; the next call starts a new one).
         """
-        await self.start()
-        proc = self._proc
-        assert proc is not None and proc.stdin is not None and proc.stdout is not None
-        try:
-            async with asyncio.timeout(self.timeout):
-                proc.stdin.write(json.dumps(str(path)).encode() + b"\n")
-                await proc.stdin.drain()
-                return await self._receive(proc.stdout, on_first_frame)
-        except TimeoutError as exc:
-            await self._kill()
-            raise BuildTimeout(f"{path}: building took longer than {self.timeout:g} s") from exc
-        except (ConnectionError, asyncio.IncompleteReadError) as exc:
-            code = await self._kill()
-            raise WorkerCrashed(f"{path}: the build worker died (exit code {code})") from exc
-        except asyncio.CancelledError:
-            await self._kill()  # a half-read answer cannot be resumed
-            raise
 
-    async def _receive(
-        self, out: asyncio.StreamReader, on_first_frame: Callable[[], None]
-    ) -> tuple[Any, tuple[Path, ...], list[Any]]:
-        assembler: Assembler = Assembler()
-        files: tuple[Path, ...] = ()
-        while True:
-            (size,) = _LEN.unpack(await out.readexactly(_LEN.size))
-            frame = await out.readexactly(size)
-            kind = frame[:1]
-            if kind == _ERROR:
-                raise BuildFailed(pickle.loads(frame[1:]))
-            if kind == _FILES:
-                files = tuple(Path(f) for f in pickle.loads(frame[1:]))
-                on_first_frame()
-                continue
-            began = time.perf_counter()
-            assembler.add(frame)  # one slice: a few ms of unpickling
-            if assembler.done:
-                return assembler.value, files, assembler.parts
-            # requests run between slices, for as long as the slice took: the unpickling gets at
-            # most half of this process's CPU while it serves
-            await asyncio.sleep(time.perf_counter() - began)
+        async def receive(frames: FrameReader) -> tuple[Any, tuple[Path, ...], list[Any]]:
+            return await _receive(frames, on_first_frame)
+
+        try:
+            return await self.exchange(os.fsencode(path), receive)
+        except CallFailed as exc:
+            raise BuildFailed(exc.problems) from exc
+        except CallTimedOut as exc:
+            raise BuildTimeout(f"{path}: building took longer than {self.timeout:g} s") from exc
+        except ChildDied as exc:
+            raise WorkerCrashed(f"{path}: the build worker died (exit code {exc.code})") from exc
+        except PipeCallError as exc:  # a frame over the size limit
+            raise WorkerCrashed(f"{path}: the build worker failed: {exc}") from exc
+
+
+async def _receive(
+    frames: FrameReader, on_first_frame: Callable[[], None]
+) -> tuple[Any, tuple[Path, ...], list[Any]]:
+    assembler: Assembler = Assembler()
+    files: tuple[Path, ...] = ()
+    while True:
+        frame = await frames.read()
+        if frame[:1] == _FILES:
+            files = tuple(Path(f) for f in pickle.loads(frame[1:]))
+            on_first_frame()
+            continue
+        began = time.perf_counter()
+        assembler.add(frame)  # one slice: a few ms of unpickling
+        if assembler.done:
+            return assembler.value, files, assembler.parts
+        # requests run between slices, for as long as the slice took: the unpickling gets at
+        # most half of this process's CPU while it serves
+        await asyncio.sleep(time.perf_counter() - began)
 
 
 # -- the child ---------------------------------------------------------------------------------
@@ -148,24 +142,19 @@ def resolve(target: str) -> Callable[[Path], Any]:
     return fn
 
 
-def _answer(fn: Callable[[Path], Any], path: Path) -> list[bytes]:
+def _answer(fn: Callable[[Path], Any], request: bytes) -> list[bytes]:
+    path = Path(os.fsdecode(request))
     try:
         loaded = fn(path)
         files = pickle.dumps(tuple(str(f) for f in loaded.files))
         return [_FILES + files, *encode(loaded.value)]
     except Exception as exc:  # any failure of the build is the answer, never the child's end
-        return [_ERROR + pickle.dumps(problem_lines(path, exc))]
+        return [error_frame(problem_lines(path, exc))]
 
 
-def _serve(fn: Callable[[Path], Any], requests: BinaryIO, out: BinaryIO) -> None:
-    for line in requests:
-        frames = _answer(fn, Path(json.loads(line)))
-        for frame in frames:
-            out.write(_LEN.pack(len(frame)))
-            out.write(frame)
-        out.flush()
-        del frames
-        gc.collect()  # the build's own garbage, between builds (the collector is off during them)
+def _collect() -> None:
+    """The build's own garbage, between builds (the collector is off during them)."""
+    gc.collect()
 
 
 def _lower_priority(nice: int) -> None:
@@ -192,14 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nice", type=int, default=10)
     ap.add_argument("target", help="module:function, called with a policy path")
     args = ap.parse_args(argv)
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # a print() in a build must not corrupt the frames
-    sys.stdout = sys.stderr
+    out = frame_output()  # a print() in a build must not corrupt the frames
     _lower_priority(args.nice)
     gc.disable()  # a build makes no garbage cycles worth the full collections it triggers
     fn = resolve(args.target)
     logging.basicConfig(level=logging.WARNING)
-    _serve(fn, sys.stdin.buffer, out)
+    serve_frames(lambda request: _answer(fn, request), sys.stdin.buffer, out, after=_collect)
     return 0
 
 

@@ -10,14 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import logging
 import os
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from runtime.errors import ChildError, PortTimeout
 from runtime.ports import wait_port
@@ -25,7 +22,6 @@ from runtime.ports import wait_port
 __all__ = [
     "Child",
     "ChildError",
-    "PipeChild",
     "checkout",
     "close_child",
     "die_with_parent",
@@ -174,51 +170,6 @@ async def reaped(proc: asyncio.subprocess.Process, timeout: float = 2.0) -> int 
             return await proc.wait()
     except TimeoutError:
         return proc.returncode
-
-
-class PipeChild:
-    """Holds one asyncio child process (``python -m MODULE``, this process's import path) that
-    serves over its stdin and stdout and exits at the end of its input. ``_start`` starts it
-    unless it runs (a new one after ``_kill``: ``restarts`` counts them, ``what`` names it in
-    the warning); ``_kill`` ends it at once (a call failed: the next call starts a new one),
-    ``aclose`` ends it cleanly."""
-
-    _proc: asyncio.subprocess.Process | None = None
-    _crashed: bool = False
-    restarts: int = 0
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    async def _start(
-        self, module: str, *args: str, what: str, log: logging.Logger, **kwargs: Any
-    ) -> bool:
-        """Start the child unless it runs; True if this is a restart after a failed call."""
-        if self._proc is not None and self._proc.returncode is None:
-            return False
-        restart = self._crashed
-        if restart:
-            self.restarts += 1
-            log.warning("%s restarted (%d so far)", what, self.restarts)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.curdir for p in sys.path))
-        self._proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", module, *args,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
-            limit=2**20, **kwargs,
-        )  # fmt: skip
-        self._crashed = False
-        return restart
-
-    async def _kill(self) -> int | None:
-        proc, self._proc = self._proc, None
-        self._crashed = True
-        return None if proc is None else await kill_child(proc)
-
-    async def aclose(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            await close_child(proc)
 
 
 async def kill_child(proc: asyncio.subprocess.Process) -> int | None:

@@ -4,7 +4,12 @@
 
     RuntimeMachineryError
     ├── ChildError      a child process exited early or never listened
-    │   └── PortTimeout     nothing listened on a port in time
+    │   ├── PortTimeout     nothing listened on a port in time
+    │   └── PipeCallError   a call to a pipe child (runtime/pipechild.py) got no answer
+    │       ├── CallFailed      the child answered that the call failed (its problems)
+    │       ├── CallTimedOut    the call ran past its time (the child was killed)
+    │       ├── ChildDied       the child died during the call
+    │       └── FrameTooLarge   a frame over the protocol's size limit
     └── BuildFailed     a policy build in the build worker failed (its problems)
         ├── WorkerCrashed   the build worker died during a build
         └── BuildTimeout    a build ran past its time limit (the worker was killed)
@@ -19,7 +24,12 @@ from typing import Protocol, runtime_checkable
 __all__ = [
     "BuildFailed",
     "BuildTimeout",
+    "CallFailed",
+    "CallTimedOut",
+    "ChildDied",
     "ChildError",
+    "FrameTooLarge",
+    "PipeCallError",
     "PortTimeout",
     "Problems",
     "RuntimeMachineryError",
@@ -38,6 +48,35 @@ class ChildError(RuntimeMachineryError):
 
 class PortTimeout(ChildError, TimeoutError):
     """Nothing accepted connections on a port within the timeout."""
+
+
+class PipeCallError(ChildError):
+    """A call to a child served over its pipes (runtime/pipechild.py) got no answer."""
+
+
+class CallFailed(PipeCallError):
+    """The child answered that the call failed; ``problems`` are its lines."""
+
+    def __init__(self, problems: tuple[str, ...]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class CallTimedOut(PipeCallError, TimeoutError):
+    """A call ran past the child's time limit; the child was killed."""
+
+
+class ChildDied(PipeCallError):
+    """The child died (killed, out of memory) during a call; ``code``: its exit status."""
+
+    def __init__(self, message: str, code: int | None) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+class FrameTooLarge(PipeCallError):
+    """A frame over the protocol's size limit (the request was not sent, or the child was
+    killed)."""
 
 
 class BuildFailed(RuntimeMachineryError):

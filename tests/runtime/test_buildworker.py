@@ -167,8 +167,10 @@ async def test_a_build_past_its_time_limit_is_killed_and_reported(tmp_path: Path
         with pytest.raises(BuildTimeout) as caught:
             await worker.build(path)
         assert "took longer than 5 s" in caught.value.problems[0]
+        # the new worker's start-up (imports at SCHED_IDLE) is not what this test times: on a
+        # loaded 2-core box it took over 5 s about one run in four, before and after #35
+        worker.timeout = 60.0
         path.write_text("0")
-        worker.timeout = 60.0  # the new worker's start-up (imports, at nice 10) is not timed here
         assert (await worker.build(path))[0] == 0  # a new worker
         assert worker.restarts == 1
     finally:
