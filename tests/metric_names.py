@@ -27,6 +27,7 @@ def _registries() -> list[CollectorRegistry]:
     from filters.admission.gate import AdmissionMetrics
     from filters.ladder.state import LadderMetrics
     from filters.metrics import FilterMetrics
+    from filters.picker.metrics import PickerMetrics
     from policy import Address
     from ratelimit_service.metrics import Metrics as RateLimitMetrics
     from runtime.watcher import ReloadMetrics
@@ -37,6 +38,7 @@ def _registries() -> list[CollectorRegistry]:
     filters = FilterMetrics(CollectorRegistry())
     AdmissionMetrics(filters.registry)
     LadderMetrics(filters.registry)
+    PickerMetrics(filters.registry)
     ReloadMetrics(filters.registry)
     ratelimit = RateLimitMetrics(CollectorRegistry())
     ReloadMetrics(ratelimit.registry)
