@@ -55,7 +55,7 @@ def policy(gateway: int) -> tuple[dict[str, Any], int]:
     for name, pool in p["pools"].items():  # the fallback pool too: two arms run side by side
         if name != "chat" and pool.get("emulated") is not None:
             pool["emulated"].update(replicas=1, base_port=free_port())
-    for key in ("services", "sidecars"):
+    for key in ("services", "sidecars", "batch"):  # the batch API is a service too
         p.pop(key, None)
     p["gateways"]["edge"]["listen"] = f"127.0.0.1:{gateway}"
     p["gateways"]["edge"]["routes"] = [

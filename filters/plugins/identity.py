@@ -130,9 +130,9 @@ class IdentityPlugin(BasePlugin):
         ctx.tenant, ctx.tier = tenant, t.tier
         if not self.forward_authorization and "authorization" in headers:
             remove.append("authorization")
-        set_headers = {"x-tokenweir-tenant": tenant}
+        set_headers = {TENANT_HEADER: tenant}
         if t.tier is not None:
-            set_headers["x-tokenweir-tier"] = t.tier
+            set_headers[TIER_HEADER] = t.tier
         return Result(set_headers=set_headers, remove_headers=tuple(remove))
 
 

@@ -67,7 +67,8 @@ async def test_a_model_the_route_does_not_serve_is_refused(services: Services) -
 
 def _routed_by_model(policy: Policy) -> Policy:
     gw = policy.gateways["edge"]
-    extra = replace(gw.routes[0], name="by-model", match=RouteMatch(prefix="/v1/", model="m2"))
+    chat = next(r for r in gw.routes if r.name == "chat-completions")  # the metered chat route
+    extra = replace(chat, name="by-model", match=RouteMatch(prefix="/v1/", model="m2"))
     return replace(
         policy, gateways={**policy.gateways, "edge": replace(gw, routes=(extra, *gw.routes))}
     )

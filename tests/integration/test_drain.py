@@ -197,7 +197,7 @@ def test_control_plane_serve_answers_health_and_stops_cleanly(tmp_path: Path) ->
     argv = [str(tokenweir), "serve", "-c", str(tmp_path / "mesh.yaml")]
     child = ChildProcess(argv, log=tmp_path / "serve.log")
     try:
-        wait_for_port(xds)
+        wait_for_port(xds, timeout=60.0)  # a loaded box starts Python slowly
         ads = "envoy.service.discovery.v3.AggregatedDiscoveryService"
         assert asyncio.run(health(xds, ads)) == SERVING
         wait_for_port(metrics)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -54,6 +55,21 @@ async def status_for(port: int, key: str) -> int:
     return resp.immediate_response.status.code if resp.HasField("immediate_response") else 200
 
 
+def _metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return str(r.read().decode())
+
+
+async def _metrics_once(port: int, line: str, timeout: float = 60.0) -> str:
+    """The metrics page once it holds ``line`` (or at the timeout: the caller asserts)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = await asyncio.to_thread(_metrics, port)
+        if line in text or time.monotonic() > deadline:
+            return text
+        await asyncio.sleep(0.2)
+
+
 async def test_serve_reload_and_stop(tmp_path: Path) -> None:
     fp, mp = free_port(), free_port()
     path = tmp_path / "mesh.yaml"
@@ -65,15 +81,15 @@ async def test_serve_reload_and_stop(tmp_path: Path) -> None:
         assert await status_for(fp, "old-key-1234") == 200
         assert await status_for(fp, "new-key-1234") == 401
         path.write_text(policy(fp, "new-key-1234"))
-        for _ in range(60):
+        deadline = time.monotonic() + 60  # the reload builds in a child at low priority: on a
+        while time.monotonic() < deadline:  # loaded box that took over 6 s
             if await status_for(fp, "new-key-1234") == 200:
                 break
             await asyncio.sleep(0.1)
         assert await status_for(fp, "new-key-1234") == 200, child.output()
         path.write_text("version: 1\npools: {broken")  # a bad edit keeps the running policy
-        await asyncio.sleep(1.5)
+        text = await _metrics_once(mp, "tokenweir_config_last_reload_error 1.0")
         assert await status_for(fp, "new-key-1234") == 200
-        text = urllib.request.urlopen(f"http://127.0.0.1:{mp}/metrics", timeout=5).read().decode()
         line = 'tokenweir_filters_rejections_total{reason="unauthorized",route="llm",status="401"} '
         assert line in text, text
         assert "tokenweir_config_last_reload_error 1.0" in text
@@ -81,7 +97,8 @@ async def test_serve_reload_and_stop(tmp_path: Path) -> None:
         path.write_text("version: 1\nplanner: " + "[" * 600 + "]" * 600 + "\n")
         await asyncio.sleep(1.5)
         path.write_text(policy(fp, "third-key-1234"))
-        for _ in range(60):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
             if await status_for(fp, "third-key-1234") == 200:
                 break
             await asyncio.sleep(0.1)

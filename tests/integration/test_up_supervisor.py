@@ -30,7 +30,7 @@ import redis
 from tests.integration.test_e2e_first_contact import example_policy
 from tests.integration.up_process import mesh_redis_url, start_up
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(240)]
 
 RECOVERY_S = 10.0  # from a kill to requests served again (docs/runbooks.md states it)
 QUIET_S = 2.0  # a part has recovered once requests have been served this long without a failure
