@@ -10,19 +10,17 @@ import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
 
 from filters.errors import ClientError
 
-if TYPE_CHECKING:
-    from filters.api import Context
-
 __all__ = [
     "MAX_TOKENS_LIMIT",
     "Kind",
     "LlmRequest",
+    "Parsed",
     "decode_json",
     "dump_body",
     "empty_body",
@@ -368,15 +366,21 @@ def parse_request(
     )
 
 
-def request_of(ctx: Context, body: bytes) -> LlmRequest | None:
+class Parsed(Protocol):
+    """What :func:`request_of` reads and writes of a request's context (:class:`filters.api.Context`)."""
+
+    path: str
+    body: LlmRequest | None
+
+
+def request_of(ctx: Parsed, body: bytes) -> LlmRequest | None:
     """The request's parsed body, read once per request: the one already in ``ctx.body`` (the
     tokens plugin keeps its checked parse there), else ``body`` parsed here leniently (unknown
     fields pass: only the tokens plugin refuses them) and kept in ``ctx.body`` for the plugins
     after this one. None on a path that carries no LLM body. The one side effect of this module:
     the parse is the request's, so it lives on its context."""
-    req = ctx.body
-    if isinstance(req, LlmRequest):
-        return req
+    if ctx.body is not None:
+        return ctx.body
     kind = kind_for_path(ctx.path)
     if kind is None:
         return None

@@ -30,7 +30,6 @@ from filters.plugins.admission.deadline import DEADLINE_HEADER, TIMEOUT_HEADER, 
 from filters.plugins.admission.gate import Gates, PoolGate
 from filters.plugins.admission.queues import Ticket
 from filters.plugins.admission.spread import LaneBalance
-from filters.plugins.degrade.scratch import kept_elsewhere, served_pool
 from filters.plugins.tokens.plugin import backend_priority
 from filters.services import Services
 from policy.routing import ENDPOINT_HEADER
@@ -110,7 +109,7 @@ class AdmissionPlugin(BasePlugin):
     async def request_headers(
         self, ctx: Context, headers: Mapping[str, str], end_of_stream: bool
     ) -> Result | None:
-        pool = served_pool(ctx)  # the fallback pool when the ladder sent it there
+        pool = ctx.plan.pool  # the fallback pool when the ladder sent it there
         gate = self.gates.gate(pool) if pool is not None and self.policy.enabled else None
         if gate is None:
             return None
@@ -126,7 +125,7 @@ class AdmissionPlugin(BasePlugin):
             deadline=deadline,
             on_wait=getattr(ctx, "hold", None),
             key=return_key(ctx.tenant or "anonymous", headers),
-            returned=kept_elsewhere(ctx),
+            returned=ctx.plan.returned,
         )
         if isinstance(result, Shed):
             self.services.metrics.rejected(ctx.route.name, result.reason, result.status)

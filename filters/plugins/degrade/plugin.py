@@ -14,10 +14,10 @@ control plane's pool state) and the steps that name the request's tier or lane a
   remaining dwell;
 * ``fallback``: ``x-tokenweir-degrade: fallback`` is set and the route re-picked; the control
   plane routes that header to the fallback pool's cluster. The tokens plugin rewrites the
-  body's ``model`` to the fallback pool's first model (:func:`~filters.plugins.degrade.scratch.served_model`), admission gates
-  the fallback pool (:func:`~filters.plugins.degrade.scratch.served_pool`);
+  body's ``model`` to the fallback pool's first model (``ctx.plan.model``), admission gates
+  the fallback pool (``ctx.plan.pool``);
 * ``clamp_max_tokens``: the tokens plugin caps ``max_tokens`` at the step's value
-  (:func:`~filters.plugins.degrade.scratch.max_tokens_cap`), so the reservation shrinks too.
+  (``ctx.plan.max_tokens_cap``), so the reservation shrinks too.
 
 The response says what happened: ``x-tokenweir-degraded`` (the actions) and, on a fallback,
 ``x-tokenweir-served-model``. A client cannot send ``x-tokenweir-degrade`` itself: the filter
@@ -35,7 +35,6 @@ from filters.plugins.admission.core import Shed
 from filters.plugins.admission.gate import Gates
 from filters.plugins.admission.plugin import return_key, shed_reply
 from filters.plugins.degrade.errors import LadderError
-from filters.plugins.degrade.scratch import RETURNED, SCRATCH, Degraded, degraded
 from filters.plugins.degrade.state import Ladders
 from filters.services import Services
 from poolstate.ladder import Effect
@@ -82,18 +81,18 @@ class DegradePlugin(BasePlugin):
                 return self._shed(ctx, pool, e, lane, gate.retry_after(lane, tenant, key))
             self.ladders.metrics.requests.labels(pool, "returned").inc()
             if elsewhere:
-                ctx.scratch[RETURNED] = True
+                ctx.plan.returned = True
             # back when told: admission gives it the place promised in this pool
             e = replace(e, shed=False, fallback=False)
             if not e.actions:
                 return None
         self.ladders.count(pool, e)
+        plan = ctx.plan
+        plan.degraded, plan.max_tokens_cap = e.actions, e.max_tokens
         fallback = self.policy.pools[pool].fallback if e.fallback else None
         if fallback is None:
-            ctx.scratch[SCRATCH] = Degraded(e)
             return None
-        model = self.policy.pools[fallback].models[0]
-        ctx.scratch[SCRATCH] = Degraded(e, fallback, model)
+        plan.pool, plan.model = fallback, self.policy.pools[fallback].models[0]
         return Result(set_headers={DEGRADE_HEADER: "fallback"}, clear_route_cache=True)
 
     def _shed(self, ctx: Context, pool: str, e: Effect, lane: str, after: float) -> Result:
@@ -104,10 +103,10 @@ class DegradePlugin(BasePlugin):
         return Result(reply=shed_reply(shed, lane))
 
     async def response_headers(self, ctx: Context, headers: Mapping[str, str]) -> Result | None:
-        d = degraded(ctx)
-        if d is None:
+        plan = ctx.plan
+        if not plan.degraded:
             return None
-        out = {DEGRADED_HEADER: ",".join(d.effect.actions)}
-        if d.model is not None:
-            out[SERVED_MODEL_HEADER] = d.model
+        out = {DEGRADED_HEADER: ",".join(plan.degraded)}
+        if plan.model is not None:
+            out[SERVED_MODEL_HEADER] = plan.model
         return Result(set_headers=out)

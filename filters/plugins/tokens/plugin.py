@@ -49,7 +49,6 @@ from filters.bodies import (
 )
 from filters.errors import ClientError, ConfigError
 from filters.plugins.admission.limits import preemptive
-from filters.plugins.degrade.scratch import max_tokens_cap, served_model, served_pool
 from filters.services import Services
 from runtime.throttled_log import ThrottledLog
 from wire.contract import MODEL_HEADER, RESERVE_HEADER
@@ -84,7 +83,7 @@ def estimate_prompt(req: LlmRequest, services: Services) -> int:
 def backend_priority(ctx: Context, policy: Any) -> int | None:
     """The ``priority`` this request carries to its pool's backends: its lane's, where the
     pool schedules by priority; None elsewhere."""
-    pool = served_pool(ctx)
+    pool = ctx.plan.pool
     if pool is None or pool not in policy.pools or not preemptive(policy, pool):
         return None
     value: int = policy.admission.priority(ctx.lane or ctx.route.lane or "interactive")
@@ -203,7 +202,7 @@ class TokensPlugin(BasePlugin):
             if ctx.tenant is not None:
                 m = self.services.metrics
                 m.clamped.labels(m.tenant_label(ctx.tenant), why).inc()
-        fallback = served_model(ctx)  # the degradation ladder sends it to the fallback pool
+        fallback = ctx.plan.model  # the degradation ladder sends it to the fallback pool
         if fallback is not None and kind != "generate" and req.data.get("model") != fallback:
             req.data["model"] = fallback
             rewrite = True
@@ -313,7 +312,7 @@ class TokensPlugin(BasePlugin):
                     left = None
             if left is not None and left - prompt < cap:
                 cap, why = max(1, left - prompt), "budget"
-        ladder = max_tokens_cap(ctx)  # a degradation step's lower cap
+        ladder = ctx.plan.max_tokens_cap  # a degradation step's lower cap
         if ladder is not None and ladder < cap:
             cap, why = ladder, "degraded"
         if req.max_tokens is None:
