@@ -21,9 +21,10 @@ request counts ``content-length / 4`` tokens against it).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from filters.api import BasePlugin, Context, Reply, Result, openai_error
+from filters.api import BasePlugin, Context, Reply, Result, Slot, openai_error
 from filters.errors import ConfigError
 from filters.plugins.admission.core import Shed
 from filters.plugins.admission.deadline import DEADLINE_HEADER, TIMEOUT_HEADER, remaining_seconds
@@ -37,8 +38,17 @@ from policy.routing import ENDPOINT_HEADER
 __all__ = ["AdmissionPlugin", "return_key", "shed_reply"]
 
 UPSTREAM_TIMEOUT = "x-envoy-upstream-rq-timeout-ms"  # Envoy's router ends the request then
-_SCRATCH = "admission"
-_BALANCED = "admission.replica"
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """The slot a request holds in its pool's gate until its response ends."""
+
+    gate: PoolGate
+    ticket: Ticket
+
+
+_HELD: Slot[_Held] = Slot("admission")
 _MESSAGES = {
     "queue_full": "the {lane} queue of this model is full",
     "tenant_queue_full": "you have too many {lane} requests waiting for this model",
@@ -130,7 +140,7 @@ class AdmissionPlugin(BasePlugin):
         if isinstance(result, Shed):
             self.services.metrics.rejected(ctx.route.name, result.reason, result.status)
             return Result(reply=shed_reply(result, lane))
-        ctx.scratch[_SCRATCH] = (gate, result)
+        ctx.put(_HELD, _Held(gate, result))
         set_headers = self._replica(ctx, pool, headers, ranked=gate.core.preemptive)
         if deadline is None:
             return Result(set_headers=set_headers) if set_headers else None
@@ -150,7 +160,7 @@ class AdmissionPlugin(BasePlugin):
         name = self.balance.pick(pool, priority, headers, ranked=ranked)
         if name is None:
             return {}
-        ctx.scratch[_BALANCED] = (pool, name, priority)
+        ctx.plan.priority, ctx.plan.replica = priority, name
         return {ENDPOINT_HEADER: name}
 
     def _tokens(self, gate: PoolGate, headers: Mapping[str, str]) -> int:
@@ -162,12 +172,13 @@ class AdmissionPlugin(BasePlugin):
             return 0
 
     async def stream_end(self, ctx: Context) -> None:
-        placed: tuple[str, str, int] | None = ctx.scratch.pop(_BALANCED, None)
-        if placed is not None:
-            self.balance.done(*placed)
-        held: tuple[PoolGate, Ticket] | None = ctx.scratch.pop(_SCRATCH, None)
+        plan = ctx.plan
+        if plan.replica is not None and plan.pool is not None and plan.priority is not None:
+            self.balance.done(plan.pool, plan.replica, plan.priority)
+            plan.replica = None
+        held = ctx.take(_HELD)
         if held is not None:
-            gate, ticket = held
+            gate, ticket = held.gate, held.ticket
             # the tokens it was served count against its tenant's share of the lane: its usage;
             # on a route Envoy meters, the access log brings it a moment later (Gates.settled);
             # with no usage at all, what it was expected to cost
