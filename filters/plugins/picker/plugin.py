@@ -17,19 +17,30 @@ message timeout for the wait.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from filters.api import BasePlugin, Context, Result
+from filters.api import BasePlugin, Context, Result, Slot
 from filters.bodies import request_of
 from filters.errors import ConfigError
 from filters.plugins.picker.coalesce import follow
+from filters.plugins.picker.pool import PoolPicker
 from filters.plugins.picker.regret import Routed, observe
 from filters.services import Services
 from policy.routing import ENDPOINT_HEADER
 
 __all__ = ["PickerPlugin"]
 
-_KEY = "picker"
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """Which pool's picker routed the request, and where (counted out at the stream's end)."""
+
+    picker: PoolPicker
+    routed: Routed
+
+
+_PLACED: Slot[_Placed] = Slot("picker")
 
 
 class PickerPlugin(BasePlugin):
@@ -66,7 +77,7 @@ class PickerPlugin(BasePlugin):
         metrics.predicted_tokens.labels(picker.pool).inc(pick.predicted_tokens)
         replica = pick.replica
         routed = Routed(replica, uncached, own, pick.predicted_tokens)
-        ctx.scratch[_KEY] = (picker, routed)
+        ctx.put(_PLACED, _Placed(picker, routed))
         if wait is not None:
             clock = picker.clock
             started = clock()
@@ -88,10 +99,10 @@ class PickerPlugin(BasePlugin):
         )
 
     async def stream_end(self, ctx: Context) -> None:
-        entry = ctx.scratch.pop(_KEY, None)
+        entry = ctx.take(_PLACED)
         if entry is None or self.pickers is None:
             return
-        picker, routed = entry
+        picker, routed = entry.picker, entry.routed
         picker.done(routed.replica, routed.uncached, routed.lead)
         usage = ctx.usage
         if usage is None:  # Envoy's meter read the answer: its access log entry brings it
