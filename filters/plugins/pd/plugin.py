@@ -16,15 +16,16 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from filters.api import BasePlugin, Context, Result
+from filters.api import BasePlugin, Context, Result, Slot
 from filters.bodies import dump_body
 from filters.errors import ConfigError
+from filters.plugins.pd.hub import Flight
 from filters.services import Services
 from policy.routing import ENDPOINT_HEADER
 
 __all__ = ["PdPlugin"]
 
-_KEY = "pd"
+_FLIGHT: Slot[Flight] = Slot("pd")  # the request's prefill/decode pair, in flight
 _AFFINITY_BYTES = 1024  # the prompt's start that decides the prefill replica
 
 
@@ -66,14 +67,14 @@ class PdPlugin(BasePlugin):
         data["bootstrap_room"] = flight.room
         new = dump_body(data)
         self.hub.send_prefill(flight, ctx.path.split("?", 1)[0], new, pd)
-        ctx.scratch[_KEY] = flight
+        ctx.put(_FLIGHT, flight)
         return Result(
             body=new,
             set_headers={ENDPOINT_HEADER: flight.decode, "content-length": str(len(new))},
         )
 
     async def response_headers(self, ctx: Context, headers: Mapping[str, str]) -> Result | None:
-        flight = ctx.scratch.get(_KEY)
+        flight = ctx.get(_FLIGHT)
         if flight is not None:
             try:
                 flight.decode_status = int(headers.get(":status", "0"))
@@ -82,6 +83,6 @@ class PdPlugin(BasePlugin):
         return None
 
     async def stream_end(self, ctx: Context) -> None:
-        flight = ctx.scratch.pop(_KEY, None)
+        flight = ctx.take(_FLIGHT)
         if flight is not None and self.hub is not None:
             self.hub.finish(flight)
