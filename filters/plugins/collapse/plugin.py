@@ -27,10 +27,10 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from filters.api import BasePlugin, Context, Result
+from filters.api import BasePlugin, Context, Result, Slot
 from filters.errors import ConfigError
 from filters.plugins.collapse.hub import Hub, Origin, Run, registry_key
 from filters.services import Services
@@ -40,7 +40,17 @@ from wire.contract import HEADER_PREFIX
 __all__ = ["CollapsePlugin", "collapse_key", "is_deterministic", "replica_order"]
 
 _log = logging.getLogger(__name__)
-_SCRATCH = "collapse"
+
+
+@dataclass(frozen=True, slots=True)
+class _Joined:
+    """The run this request leads or follows, left at the stream's end."""
+
+    role: str  # leader | follower
+    run: Run
+
+
+_JOINED: Slot[_Joined] = Slot("collapse")
 _HOP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "host", "content-length"}
 )
@@ -97,7 +107,7 @@ class CollapsePlugin(BasePlugin):
         metrics = self.services.metrics.collapsed
         run = self.hub.join(key, max_followers=self.policy.max_followers)
         if run is not None:
-            ctx.scratch[_SCRATCH] = ("follower", run)
+            ctx.put(_JOINED, _Joined("follower", run))
             metrics.labels(ctx.route.name, "follower").inc()
             return _to(self.hub.address, run.id)
         origin = self._origin(ctx, key, body)
@@ -106,7 +116,7 @@ class CollapsePlugin(BasePlugin):
         # the run exists before any wait: an identical request arriving meanwhile joins it
         run = self.hub.lead(key, origin)
         role = "follower" if await self._publish(run) else "leader"
-        ctx.scratch[_SCRATCH] = (role, run)
+        ctx.put(_JOINED, _Joined(role, run))
         metrics.labels(ctx.route.name, role).inc()
         return _to(self.hub.address, run.id)
 
@@ -153,12 +163,11 @@ class CollapsePlugin(BasePlugin):
         return None  # listed so Envoy keeps the stream open to the response's end (stream_end)
 
     async def stream_end(self, ctx: Context) -> None:
-        held = ctx.scratch.pop(_SCRATCH, None)
+        held = ctx.take(_JOINED)
         if held is None:
             return
-        role, run = held
-        if run is not None:
-            self.hub.leave(run)
+        role = held.role
+        self.hub.leave(held.run)
         if role != "leader" and ctx.usage is not None:
             self.services.metrics.tokens_saved.labels(ctx.route.name, "collapse").inc(
                 ctx.usage.total
