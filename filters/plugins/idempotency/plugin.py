@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from filters.api import BasePlugin, Context, Reply, Result, openai_error
+from filters.api import BasePlugin, Context, Reply, Result, Slot, openai_error
 from filters.errors import ClientError, ConfigError
 from filters.plugins.idempotency.errors import StoreUnavailable
 from filters.plugins.idempotency.record import (
@@ -48,7 +48,6 @@ from filters.sse import event_json, is_usage_only_event, split_events
 __all__ = ["REPLAYED_HEADER", "IdempotencyPlugin"]
 
 REPLAYED_HEADER = "idempotent-replayed"
-_SCRATCH = "idempotency"
 
 
 @dataclass(slots=True)
@@ -61,6 +60,10 @@ class _Claim:
     body: bytearray = field(default_factory=bytearray)
     too_big: bool = False
     complete: bool = False
+
+
+_KEY: Slot[str] = Slot("idempotency.key")  # the client's key, until the body claims it
+_CLAIM: Slot[_Claim] = Slot("idempotency.claim")  # the claim this request runs under
 
 
 class IdempotencyPlugin(BasePlugin):
@@ -107,12 +110,12 @@ class IdempotencyPlugin(BasePlugin):
                 reason="idempotency_key_invalid",
                 code="idempotency_key_invalid",
             )
-        ctx.scratch[_SCRATCH] = key
+        ctx.put(_KEY, key)
         return None
 
     async def request_body(self, ctx: Context, body: bytes) -> Result | None:
-        key = ctx.scratch.get(_SCRATCH)
-        if not isinstance(key, str):
+        key = ctx.take(_KEY)  # from here on the claim (if any) stands for it
+        if key is None:
             return None
         fp = fingerprint(ctx.method or "POST", ctx.path, body)
         skey = store_key(ctx.tenant or "anonymous", key)
@@ -120,7 +123,6 @@ class IdempotencyPlugin(BasePlugin):
         try:
             raw = await self.store.claim(skey, claim, self.policy.inflight_ttl)
         except StoreUnavailable:
-            ctx.scratch.pop(_SCRATCH, None)
             self._count(ctx, "store_error")
             if self.policy.on_store_error == "run":
                 return None
@@ -130,10 +132,9 @@ class IdempotencyPlugin(BasePlugin):
             existing = Entry("inflight", "", "")
         decision = decide(existing, fp)
         if decision.verdict == "run":
-            ctx.scratch[_SCRATCH] = _Claim(skey, claim, fp)
+            ctx.put(_CLAIM, _Claim(skey, claim, fp))
             self._count(ctx, "claimed")
             return None
-        ctx.scratch.pop(_SCRATCH, None)
         return Result(reply=self._answer(ctx, decision, body))
 
     def _answer(self, ctx: Context, decision: Decision, body: bytes) -> Reply:
@@ -178,8 +179,8 @@ class IdempotencyPlugin(BasePlugin):
         )
 
     async def response_headers(self, ctx: Context, headers: Mapping[str, str]) -> Result | None:
-        c = ctx.scratch.get(_SCRATCH)
-        if isinstance(c, _Claim):
+        c = ctx.get(_CLAIM)
+        if c is not None:
             try:
                 c.status = int(headers.get(":status", "0"))
             except ValueError:
@@ -190,8 +191,8 @@ class IdempotencyPlugin(BasePlugin):
     async def response_chunk(
         self, ctx: Context, chunk: bytes, end_of_stream: bool
     ) -> Result | None:
-        c = ctx.scratch.get(_SCRATCH)
-        if not isinstance(c, _Claim):
+        c = ctx.get(_CLAIM)
+        if c is None:
             return None
         if not c.too_big:
             c.body += chunk
@@ -202,8 +203,8 @@ class IdempotencyPlugin(BasePlugin):
         return None
 
     async def stream_end(self, ctx: Context) -> None:
-        c = ctx.scratch.pop(_SCRATCH, None)
-        if not isinstance(c, _Claim):
+        c = ctx.take(_CLAIM)
+        if c is None:
             return
         try:
             if not (c.complete and 200 <= c.status < 300):
