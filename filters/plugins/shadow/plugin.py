@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from filters.api import BasePlugin, Context, Result
+from filters.api import BasePlugin, Context, Result, Slot
 from filters.errors import ConfigError
 from filters.services import Services
 from policy.phases import (
@@ -31,7 +31,7 @@ from runtime.shadow import judge
 
 __all__ = ["ShadowPlugin"]
 
-_SCRATCH = "shadow"
+_SEEN: Slot[_Seen] = Slot("shadow")  # the primary's side of its pair, as it is seen
 # Envoy's router adds it to every answer that came from an upstream host (never to its own
 # local replies): the primary reached the pool, so the mirror was sent too
 _UPSTREAM = "x-envoy-upstream-service-time"
@@ -86,7 +86,7 @@ class ShadowPlugin(BasePlugin):
             rec.metrics.dropped.labels("too_many_open").inc()
             return None
         rec.metrics.sampled.labels(ctx.route.name).inc()
-        ctx.scratch[_SCRATCH] = _Seen(pair, sent=self.services.clock())
+        ctx.put(_SEEN, _Seen(pair, sent=self.services.clock()))
         return Result(
             set_headers={
                 SHADOW_CLUSTER_HEADER: SHADOW_CLUSTER,
@@ -96,13 +96,13 @@ class ShadowPlugin(BasePlugin):
         )
 
     async def request_body(self, ctx: Context, body: bytes) -> Result | None:
-        seen = ctx.scratch.get(_SCRATCH)
+        seen = ctx.get(_SEEN)
         if seen is not None:  # the last look before the router sends it (and its mirror) on
             seen.sent = self.services.clock()
         return None
 
     async def response_headers(self, ctx: Context, headers: Mapping[str, str]) -> Result | None:
-        seen = ctx.scratch.get(_SCRATCH)
+        seen = ctx.get(_SEEN)
         if seen is not None:
             try:
                 seen.status = int(headers.get(":status", "0"))
@@ -114,7 +114,7 @@ class ShadowPlugin(BasePlugin):
     async def response_chunk(
         self, ctx: Context, chunk: bytes, end_of_stream: bool
     ) -> Result | None:
-        seen = ctx.scratch.get(_SCRATCH)
+        seen = ctx.get(_SEEN)
         if seen is not None:
             now = self.services.clock()
             if seen.first is None and chunk:
@@ -124,7 +124,7 @@ class ShadowPlugin(BasePlugin):
         return None
 
     async def stream_end(self, ctx: Context) -> None:
-        seen = ctx.scratch.pop(_SCRATCH, None)
+        seen = ctx.take(_SEEN)
         if seen is None or self.recorder is None:
             return
         end = seen.done if seen.done is not None else self.services.clock()
