@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from filters.api import BasePlugin, Context, Result, Usage
+from filters.api import BasePlugin, Context, Result, Slot, Usage
 from filters.errors import ConfigError
 from filters.plugins.usage.stop import cut, generate_count, quick_count, stop_events, stream_head
 from filters.services import Services
@@ -61,14 +61,12 @@ from quota.keys import record_key
 from quota.topup import NO_RECORD
 from wire.contract import RESERVE_HEADER, SETTLE_USD_KEY
 
-__all__ = ["METERED", "OUTCOME_KEY", "SETTLE_USD_KEY", "UsagePlugin"]
+__all__ = ["SETTLE_USD_KEY", "UsagePlugin"]
 
 # SETTLE_USD_KEY (wire/contract.py), dynamic metadata: the real price the settle charges,
 # micro-USD as a *string* (Envoy's metadata rate-limit action reads only string values; a number
 # would yield its default "-"); re-exported here for the usage plugin's readers
 
-OUTCOME_KEY = "outcome"  # ctx.scratch: how the answer ended (tokenweir_filters_requests_total)
-METERED = "metered_in_envoy"  # ctx.scratch: Envoy's usage meter reports this request
 
 _MAX_TAIL = 65536  # bytes of an incomplete SSE event kept between chunks
 _CARRY = 5  # bytes of the previous chunk kept to see a "\ndata:" split across two chunks
@@ -104,6 +102,10 @@ class _Stop:
     hold: bytes = b""  # /generate: an event not yet whole, held until it is (then counted)
     body: bytes | None = None  # /generate: what passes of this chunk (its whole events)
     stopped: bool = False
+
+
+_STATE: Slot[_State] = Slot("usage")  # what the response said so far
+_UPSTREAM: Slot[str] = Slot("usage.upstream")  # the replica that answered: where an abort goes
 
 
 class UsagePlugin(BasePlugin):
@@ -175,7 +177,7 @@ class UsagePlugin(BasePlugin):
         host = headers.get(UPSTREAM_HEADER)
         if host is None:
             return None
-        ctx.scratch[UPSTREAM_HEADER] = host
+        ctx.put(_UPSTREAM, host)
         return Result(remove_headers=(UPSTREAM_HEADER,))
 
     def _start(self, ctx: Context, chunk: bytes) -> _State:
@@ -198,13 +200,13 @@ class UsagePlugin(BasePlugin):
             and ctx.reserve is not None
         ):
             st.stop = _Stop(kind or "chat", ctx.reserve - (ctx.prompt_tokens or 0))
-        ctx.scratch["usage"] = st
+        ctx.put(_STATE, st)
         return st
 
     async def response_chunk(
         self, ctx: Context, chunk: bytes, end_of_stream: bool
     ) -> Result | None:
-        st: _State | None = ctx.scratch.get("usage")
+        st = ctx.get(_STATE)
         if st is None:
             st = self._start(ctx, chunk)
         first = bool(chunk) and st.chunks == 0
@@ -240,7 +242,7 @@ class UsagePlugin(BasePlugin):
     def _chunk(self, ctx: Context, st: _State, chunk: bytes, end_of_stream: bool) -> Result | None:
         self._tick(ctx, st, chunk)
         if st.sse:
-            ctx.scratch[OUTCOME_KEY] = "ok"
+            ctx.outcome = "ok"
             result = self._sse(ctx, st, chunk, end_of_stream)
             return self._produced(ctx, st, chunk, result) if ctx.usage is None else result
         if not st.too_big:
@@ -249,7 +251,7 @@ class UsagePlugin(BasePlugin):
                 st.too_big, st.buf = True, bytearray()
         if not end_of_stream:
             return None
-        ctx.scratch[OUTCOME_KEY] = _json_outcome(st)
+        ctx.outcome = _json_outcome(st)
         found = None if st.too_big else self._settle(ctx, usage_from_json(bytes(st.buf)))
         if found is None and ctx.usage is None and not _is_error(st):
             # an answer without usage (or too large to read): its cost is unknown, so the
@@ -373,7 +375,7 @@ class UsagePlugin(BasePlugin):
         if sp.kind == "generate":
             meta = head.get("meta_info")
             rid = meta.get("id") if isinstance(meta, dict) else None
-        host = ctx.scratch.get(UPSTREAM_HEADER)
+        host = ctx.get(_UPSTREAM)
         aborts = self.services.aborts
         if not isinstance(rid, str) or not rid or host is None or aborts is None:
             m = self.services.metrics
@@ -470,7 +472,7 @@ class UsagePlugin(BasePlugin):
         cached.inc(u.cached_tokens)
         p, c, k = u.prompt_tokens, u.completion_tokens, u.cached_tokens
         m.spent(ctx.tenant, ctx.model, cost_usd(self.services.policy, ctx.model, p, c, k))
-        st: _State | None = ctx.scratch.get("usage")
+        st = ctx.get(_STATE)
         if st is not None and st.chunks > 1 and st.last > st.first and u.completion_tokens > 1:
             m.tokens_per_second.labels(tenant, model).observe(
                 (u.completion_tokens - 1) / (st.last - st.first)
