@@ -133,7 +133,7 @@ class AdmissionPlugin(BasePlugin):
             weight=self.policy.weight(ctx.tier),
             tokens=self._tokens(gate, headers),
             deadline=deadline,
-            on_wait=getattr(ctx, "hold", None),
+            on_wait=ctx.hold,
             key=return_key(ctx.tenant or "anonymous", headers),
             returned=ctx.plan.returned,
         )

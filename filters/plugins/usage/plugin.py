@@ -135,7 +135,7 @@ class UsagePlugin(BasePlugin):
     def envoy_inputs(self, ctx: Context) -> dict[str, Any]:
         """Dynamic metadata for Envoy's Lua usage meter (``controlplane/translate/usage.lua``):
         what this plugin would know at the response, and the model's prices."""
-        kind = getattr(ctx.body, "kind", None)
+        kind = ctx.body.kind if ctx.body is not None else None
         out: dict[str, Any] = {
             "meter": True,
             "route": ctx.route.name,
@@ -182,7 +182,7 @@ class UsagePlugin(BasePlugin):
 
     def _start(self, ctx: Context, chunk: bytes) -> _State:
         sse = ctx.stream or chunk.lstrip().startswith((b"data:", b":", b"event:"))
-        kind = getattr(ctx.body, "kind", None)
+        kind = ctx.body.kind if ctx.body is not None else None
         ttft, tbt = self.services.metrics.stream_timers(ctx.tenant, ctx.model, ctx.lane)
         st = _State(
             sse=sse,
@@ -403,7 +403,7 @@ class UsagePlugin(BasePlugin):
         if st.drop_usage and not st.tail and chunk.endswith(b"\n\n") and b'"usage"' not in chunk:
             return None  # the common case: whole events, none of them usage
         if not st.drop_usage:
-            if ctx.body is not None and getattr(ctx.body, "kind", None) == "generate":
+            if ctx.body is not None and ctx.body.kind == "generate":
                 return self._generate(ctx, st, chunk, eos)
             data = st.tail + chunk if st.tail else chunk
             if b'"usage"' not in data:  # the word may straddle two chunks: look at both
