@@ -195,8 +195,8 @@ class FilterMetrics:
             t = self.tokens
             c = self._counters[key] = tuple(
                 t.labels(*key, kind) for kind in ("prompt", "completion", "cached")
-            )  # type: ignore[assignment]
-        return c  # type: ignore[return-value]
+            )  # type: ignore[assignment]  # tuple() of the generator is tuple[Counter, ...]; it always holds these three
+        return c  # type: ignore[return-value]  # the three counters made just above (see the assignment)
 
     def stream_started(self, route: str) -> None:
         child = self._streams.get(route)

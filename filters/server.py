@@ -62,7 +62,7 @@ def _finish(out: Outcome) -> Outcome:
         out.remove_headers = [
             h
             for h in out.remove_headers
-            if h not in out.set_headers and not (h in seen or seen.add(h))  # type: ignore[func-returns-value]
+            if h not in out.set_headers and not (h in seen or seen.add(h))  # type: ignore[func-returns-value]  # set.add returns None: the idiom marks h as seen while filtering
         ]
     return out
 
@@ -125,7 +125,7 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         name = _route_name(context)
         entry = self._routes.get(name) if name else None
         ctx: Context | None = None
-        read, write, eof = context.read, context.write, grpc.aio.EOF  # type: ignore[attr-defined]
+        read, write, eof = context.read, context.write, grpc.aio.EOF  # type: ignore[attr-defined]  # grpc.aio.EOF exists at run time but not in grpc's stubs
         if entry is None and name is not None:
             limit = oversize_limit(name, OVERSIZE_ROUTE_PREFIX)
             if limit is not None:

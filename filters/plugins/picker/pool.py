@@ -366,7 +366,7 @@ class PoolPicker:
     def _held(self, points: Sequence[Point], now: float) -> dict[str, int | None]:
         """Per replica: checkpoints held in a row (None = unknown)."""
         index = [i for i, p in enumerate(points) if p.block is not None]
-        counts = self.index.query_chain([points[i].block for i in index], now)  # type: ignore[misc]
+        counts = self.index.query_chain([points[i].block for i in index], now)  # type: ignore[misc]  # index keeps only points whose block is not None; mypy cannot see the filter
         # a run of n blocks ends at checkpoint index[n-1]; leading block-less points are free
         first = index[0] if index else len(points)
         return {
