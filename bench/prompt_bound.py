@@ -45,7 +45,7 @@ from filters.bodies import parse_request  # noqa: E402
 from filters.estimate import ByteBound, TokenizerEstimator  # noqa: E402
 from filters.metrics import FilterMetrics  # noqa: E402
 from filters.output_lengths import OutputLengths  # noqa: E402
-from filters.plugins import tokens  # noqa: E402
+from filters.plugins.tokens import plugin as tokens  # noqa: E402
 from filters.services import default_services  # noqa: E402
 from policy import load_policy  # noqa: E402
 

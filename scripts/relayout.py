@@ -316,16 +316,27 @@ def _from_parent(m: re.Match[str]) -> str:
     return f"{m[1]}{parents.pop()}{m[3]}{', '.join(t for _, t in targets)}{m[5]}"
 
 
+_NEXT = re.compile(r"(?:\.|\s+import\s+)(\w+)")
+
+
 def _dotted(m: re.Match[str]) -> str:
-    """The new dotted name, unless the old one is already followed by what the new one adds."""
-    new = MODS[m[1]]
-    added = new[len(m[1]) :] if new.startswith(m[1] + ".") else ""
-    return m[0] if added and m.string.startswith(added, m.end()) else new
+    """The new dotted name, unless the old one names a module that became a folder and goes on
+    to a module of that folder (``filters.plugins.usage.stop``, ``.plugin`` itself, or
+    ``from filters.plugins.tokens import plugin``): those are moved already."""
+    old, new = m[1], MODS[m[1]]
+    if new.startswith(old + "."):
+        nxt = _NEXT.match(m.string, m.end())
+        folder = Path(*old.split("."))
+        if nxt and ((folder / f"{nxt[1]}.py").is_file() or (folder / nxt[1]).is_dir()):
+            return m[0]
+    return new
 
 
 def rewrite_text(text: str) -> str:
-    text = FROM_IMPORT.sub(_from_parent, text)
+    # dotted names first: a ``from a import b`` that the next step writes as ``from a.b import
+    # plugin`` (b a module that became a folder) is then not extended again
     text = DOTTED.sub(_dotted, text)
+    text = FROM_IMPORT.sub(_from_parent, text)
     text = PARTS.sub(_parts, text)
     return PATH.sub(lambda m: PATHS[m[1]], text)
 
