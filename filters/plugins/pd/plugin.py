@@ -48,9 +48,10 @@ class PdPlugin(BasePlugin):
         self.pools = services.policy.pools
 
     async def request_body(self, ctx: Context, body: bytes) -> Result | None:
-        pool = self.pools.get(ctx.route.pool) if ctx.route.pool else None
+        name = ctx.route.pool
+        pool = self.pools.get(name) if name else None
         pd = pool.disaggregation if pool is not None else None
-        if pd is None or self.hub is None:
+        if pd is None or self.hub is None or name is None:
             return None
         try:
             data = json.loads(body)
@@ -60,7 +61,7 @@ class PdPlugin(BasePlugin):
             return None
         tokens = ctx.prompt_tokens if ctx.prompt_tokens is not None else len(body) // 4
         held = tokens + (ctx.max_tokens or 0)
-        flight = self.hub.start(ctx.route.pool, pd, _prompt_start(ctx, data), tokens, held)
+        flight = self.hub.start(name, pd, _prompt_start(ctx, data), tokens, held)
         host, _, _ = flight.prefill.rpartition(":")
         data["bootstrap_host"] = host
         data["bootstrap_port"] = self.hub.bootstrap_port(pd, flight.prefill)

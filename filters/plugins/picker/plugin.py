@@ -54,13 +54,14 @@ class PickerPlugin(BasePlugin):
         self.pickers = services.pickers
 
     async def request_body(self, ctx: Context, body: bytes) -> Result | None:
-        picker = self.pickers.get(ctx.route.pool) if self.pickers is not None else None
-        if picker is None:
+        pickers = self.pickers
+        picker = pickers.get(ctx.route.pool) if pickers is not None else None
+        if picker is None or pickers is None:
             return None
         req = request_of(ctx, body)
         if req is None:
             return None
-        metrics = self.pickers.metrics
+        metrics = pickers.metrics
         data: bytes | None = None
         if req.input_ids is None:  # rendered already where the tokens plugin counted it
             data = ctx.rendered if ctx.rendered is not None else picker.render(req.kind, req.data)
