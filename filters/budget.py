@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
+from policy.model import Policy
 from quota.errors import QuotaUnavailable
 from quota.reader import QuotaReader
 from runtime.tasks import stop_task
@@ -148,7 +149,7 @@ class CachedBudget:
 
 def quota_reader_budget(
     redis: Any,
-    policy: Any,
+    policy: Policy,
     *,
     clock: Callable[[], float],
     ttl: float = 0.25,

@@ -11,6 +11,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from policy.labels import PolicyLabels
+from policy.model import Policy
 
 __all__ = ["FilterMetrics"]
 
@@ -26,10 +27,12 @@ _RATIO = (0.5, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 2.0)
 class FilterMetrics:
     """Counters and histograms; label values are route, tenant, model, plugin, reason."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, policy: Any = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, policy: Policy | None = None
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.labels: PolicyLabels | None = None
-        self._policy: Any = None
+        self._policy: Policy | None = None
         self._tenant: Any = _same
         self._model: Any = _same
         self._lane: Any = _same
@@ -136,7 +139,7 @@ class FilterMetrics:
         if policy is not None:
             self.configure(policy)
 
-    def configure(self, policy: Any) -> None:
+    def configure(self, policy: Policy) -> None:
         """Fold label values through ``policy`` from now on (at start and on every reload)."""
         self.labels = PolicyLabels.of(policy)
         self._policy = policy

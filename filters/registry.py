@@ -29,6 +29,7 @@ from filters.plugins.shadow.plugin import ShadowPlugin
 from filters.plugins.tokens.plugin import TokensPlugin
 from filters.plugins.usage.plugin import UsagePlugin
 from filters.services import Services
+from policy.model import Policy, Route
 from policy.phases import meters_usage, stops_at_budget
 
 __all__ = ["BUILTINS", "RouteEntry", "build_routes", "iter_routes", "load_factory", "route_info"]
@@ -78,7 +79,7 @@ def load_factory(name: str) -> Factory:
     return factory
 
 
-def route_info(policy: Any, route: Any) -> RouteInfo:
+def route_info(policy: Policy, route: Route) -> RouteInfo:
     pool = policy.pools.get(route.pool) if route.pool else None
     server = policy.filters
     limit = server.max_body_bytes if server is not None else 1024**2
@@ -98,12 +99,12 @@ def route_info(policy: Any, route: Any) -> RouteInfo:
     )
 
 
-def build_routes(policy: Any, services: Services) -> dict[str, RouteEntry]:
+def build_routes(policy: Policy, services: Services) -> dict[str, RouteEntry]:
     """One entry per route name with filters enabled (first gateway wins on a shared name)."""
     return dict(iter_routes(policy, services))
 
 
-def iter_routes(policy: Any, services: Services) -> Iterator[tuple[str, RouteEntry]]:
+def iter_routes(policy: Policy, services: Services) -> Iterator[tuple[str, RouteEntry]]:
     """:func:`build_routes` one route at a time (a reload builds them between requests)."""
     server = policy.filters
     deadline = (server.message_timeout if server is not None else 0.2) * 0.75

@@ -39,6 +39,7 @@ from filters.plugins.admission.limits import (
 from filters.plugins.admission.metrics import AdmissionMetrics
 from filters.plugins.admission.queues import LaneQueue, Ticket
 from filters.plugins.admission.shared import SharedReturns
+from policy.model import Policy
 from poolstate.ranking import Declared, pool_mismatch
 from poolstate.state import ReplicaState
 
@@ -399,7 +400,7 @@ class Gates:
         if g is not None:
             g.kept_elsewhere(lane, key)
 
-    def configure(self, policy: Any) -> None:
+    def configure(self, policy: Policy) -> None:
         lanes = lane_configs(policy)
         split = process_split(policy, self.local)
         for name in policy.pools:

@@ -4,9 +4,9 @@ lowered while the pool state says the pool is saturated. Pure."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from filters.plugins.admission.core import LaneConfig
+from policy.model import LlmPool, Policy
 
 __all__ = [
     "gateway_processes",
@@ -19,7 +19,7 @@ __all__ = [
 ]
 
 
-def _replicas(pool: Any) -> int:
+def _replicas(pool: LlmPool) -> int:
     if pool.endpoints:
         return len(pool.endpoints)
     if pool.emulated is not None:
@@ -27,7 +27,7 @@ def _replicas(pool: Any) -> int:
     return 1
 
 
-def process_split(policy: Any, local: int | None = None) -> int:
+def process_split(policy: Policy, local: int | None = None) -> int:
     """The split rule: each of ``admission.gateways`` gateways runs ``local`` filter processes
     (its filter servers, over which its Envoys spread the ext_proc streams, times each one's
     processes; default the policy's ``replicas.filters × filters.processes``), and each process
@@ -37,7 +37,9 @@ def process_split(policy: Any, local: int | None = None) -> int:
     return int(policy.admission.gateways * max(1, local))
 
 
-def gateway_processes(policy: Any, servers: int | None = None, processes: int | None = None) -> int:
+def gateway_processes(
+    policy: Policy, servers: int | None = None, processes: int | None = None
+) -> int:
     """One gateway's filter processes: ``servers`` filter servers (default the policy's
     ``replicas.filters``) of ``processes`` processes each (default ``filters.processes``)."""
     if servers is None:
@@ -54,7 +56,7 @@ def process_share(pool_total: int, split: int) -> int:
 
 
 def pool_limits(
-    policy: Any, pool_name: str, local: int | None = None
+    policy: Policy, pool_name: str, local: int | None = None
 ) -> tuple[int | None, int | None]:
     """(in-flight requests, in-flight tokens) for one filter process, or None where the policy
     declares no capacity (:func:`process_split`)."""
@@ -71,7 +73,7 @@ def pool_limits(
     return share(cap.max_running_requests), share(cap.max_total_tokens)
 
 
-def preemptive(policy: Any, pool_name: str) -> bool:
+def preemptive(policy: Policy, pool_name: str) -> bool:
     """Whether the pool's backends schedule by request priority and preempt running
     lower-priority requests (``pools.NAME.priority_scheduling``): the gateway writes each lane's
     priority into the body, and the lanes above the lowest are admitted past the slots the
@@ -88,7 +90,7 @@ def saturated_limit(limit: int | None, saturation: float | None) -> int | None:
     return max(1, math.floor(limit * factor))
 
 
-def lane_configs(policy: Any) -> list[LaneConfig]:
+def lane_configs(policy: Policy) -> list[LaneConfig]:
     """Both lanes, highest priority first."""
     out = []
     for name in ("interactive", "batch"):

@@ -11,10 +11,11 @@ that schedules otherwise (:func:`ranking_source`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from filters.plugins.admission.gate import CapacitySource, RankingSource, SaturationSource
 from filters.plugins.admission.spread import Down, replicas_down
+from policy.model import Policy
 from poolstate.reader import PoolStateReader, pools_url
 from poolstate.state import PoolSummary, ReplicaState
 
@@ -33,7 +34,7 @@ __all__ = [
 ]
 
 
-def uses_admission(policy: Any) -> bool:
+def uses_admission(policy: Policy) -> bool:
     """Some enabled route runs the admission plugin."""
     return policy.admission.enabled and any(
         p.name == "admission"
@@ -45,7 +46,7 @@ def uses_admission(policy: Any) -> bool:
 
 
 def pool_state_reader(
-    policy: Any, clock: Callable[[], float], *, needed: bool = False
+    policy: Policy, clock: Callable[[], float], *, needed: bool = False
 ) -> PoolStateReader | None:
     """A (not yet started) reader of the control plane's pool state, when admission uses it
     (or ``needed``: another reader of it, the degradation ladder, runs)."""

@@ -39,6 +39,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Gauge
 
 from filters.rendezvous import rendezvous
+from policy.model import Policy
 
 __all__ = ["LaneBalance", "PoolBalance", "choose", "replicas_down"]
 
@@ -141,7 +142,7 @@ class LaneBalance:
             registry=registry if registry is not None else CollectorRegistry(),
         )
 
-    def configure(self, policy: Any) -> None:
+    def configure(self, policy: Policy) -> None:
         pools: dict[str, PoolBalance] = {}
         self._lanes = {}
         for lane in ("batch", "interactive"):  # equal priorities: the higher lane's name

@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from policy.degradation import DegradationPolicy
+from policy.model import Policy
 from poolstate.ladder import Effect, LadderState, effect, next_state, retry_after
 
 __all__ = ["SETTLE_S", "LadderMetrics", "Ladders", "uses_ladder"]
@@ -34,7 +34,7 @@ log = logging.getLogger("tokenweir.ladder")
 SaturationSource = Callable[[str], float | None]  # pool → saturation (None: no fresh data)
 
 
-def uses_ladder(policy: Any) -> bool:
+def uses_ladder(policy: Policy) -> bool:
     """Some pool has a ladder and some enabled route runs the degrade plugin."""
     return any(p.degradation is not None for p in policy.pools.values()) and any(
         p.name == "degrade"
@@ -87,7 +87,7 @@ class Ladders:
         self._policies: dict[str, DegradationPolicy] = {}
         self._states: dict[str, LadderState] = {}
 
-    def configure(self, policy: Any) -> None:
+    def configure(self, policy: Policy) -> None:
         """Take the ladders of ``policy``; a pool whose ladder changed starts again at step 0."""
         new = {n: p.degradation for n, p in policy.pools.items() if p.degradation is not None}
         for name, ladder in new.items():

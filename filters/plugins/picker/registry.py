@@ -18,6 +18,7 @@ from chat.tokenizer import TokenizerFilesError
 from filters.plugins.picker.metrics import PickerMetrics
 from filters.plugins.picker.pool import PoolPicker
 from filters.plugins.picker.regret import from_log, observe
+from policy.model import LlmPool, Policy
 
 __all__ = ["Pickers"]
 
@@ -56,7 +57,7 @@ class Pickers:
         if facts is not None:
             observe(self.metrics, picker.latency, pool, **facts)
 
-    async def configure(self, policy: Any) -> None:
+    async def configure(self, policy: Policy) -> None:
         wanted = {
             name: pool
             for name, pool in policy.pools.items()
@@ -87,5 +88,5 @@ class Pickers:
             await picker.aclose()
 
 
-def _key(pool: Any) -> tuple[Any, ...]:
+def _key(pool: LlmPool) -> tuple[Any, ...]:
     return (pool.routing, tuple(pool.endpoints))

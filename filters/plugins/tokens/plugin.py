@@ -50,6 +50,7 @@ from filters.bodies import (
 from filters.errors import ClientError, ConfigError
 from filters.plugins.admission.limits import preemptive
 from filters.services import Services
+from policy.model import Policy
 from runtime.throttled_log import ThrottledLog
 from wire.contract import MODEL_HEADER, RESERVE_HEADER
 
@@ -80,7 +81,7 @@ def estimate_prompt(req: LlmRequest, services: Services) -> int:
     return max(1, n)
 
 
-def backend_priority(ctx: Context, policy: Any) -> int | None:
+def backend_priority(ctx: Context, policy: Policy) -> int | None:
     """The ``priority`` this request carries to its pool's backends: its lane's, where the
     pool schedules by priority; None elsewhere."""
     pool = ctx.plan.pool

@@ -53,6 +53,7 @@ from filters.sse import (
     usage_from_json,
     usage_of,
 )
+from policy.model import Policy
 from policy.phases import UPSTREAM_HEADER
 from quota.config import tenant_defaults
 from quota.cost import cost_usd, micro_usd
@@ -503,7 +504,7 @@ def _tail_after_events(data: bytes) -> bytes:
     return tail[-_MAX_TAIL:]
 
 
-def _limits_tokens(policy: Any, tenant: str) -> bool:
+def _limits_tokens(policy: Policy, tenant: str) -> bool:
     """Whether the policy gives ``tenant`` a token limit (its own or its tier's)."""
     fields = tenant_defaults(policy, tenant)
     return bool(fields) and any(k.startswith("tokens.") for k in fields or ())
