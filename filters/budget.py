@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import RedisError
 
@@ -27,6 +27,9 @@ from quota.errors import QuotaUnavailable
 from quota.reader import QuotaReader
 from runtime.tasks import stop_task
 from runtime.throttled_log import ThrottledLog
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["Budget", "CachedBudget", "NoBudget", "quota_reader_budget"]
 
@@ -148,7 +151,7 @@ class CachedBudget:
 
 
 def quota_reader_budget(
-    redis: Any,
+    redis: Redis,
     policy: Policy,
     *,
     clock: Callable[[], float],

@@ -23,11 +23,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from runtime.tasks import stop_task
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["FairShare", "fairshare_key"]
 
@@ -50,7 +53,7 @@ class FairShare:
     def __init__(
         self,
         gates: Any,
-        redis: Any | None,
+        redis: Redis | None,
         *,
         clock: Callable[[], float],
         registry: CollectorRegistry,

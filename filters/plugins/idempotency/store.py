@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import RedisError
 
 from filters.plugins.idempotency.errors import StoreUnavailable
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["AnswerStore", "MemoryStore", "RedisStore"]
 
@@ -53,7 +56,7 @@ class RedisStore:
     """The Redis store; every call is bounded by ``timeout`` and raises
     :class:`StoreUnavailable` on any Redis failure."""
 
-    def __init__(self, redis: Any, *, timeout: float) -> None:
+    def __init__(self, redis: Redis, *, timeout: float) -> None:
         self._redis = redis
         self._timeout = timeout
         self._claim = redis.register_script(_CLAIM)

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -32,6 +32,9 @@ from runtime.local_http import serve_any_path
 from runtime.shadow import Pair, Side, judge, pairs_key
 from runtime.tasks import stop_task
 from wire.contract import SHADOW_HEADER_PREFIX
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["ShadowRecorder"]
 
@@ -50,7 +53,7 @@ class ShadowRecorder:
         host: str,
         *,
         metrics: ShadowMetrics,
-        redis: Any,
+        redis: Redis,
         clock: Callable[[], float],
         wall: Callable[[], float],
         grace: float = 2.0,
