@@ -208,7 +208,7 @@ def dump_body(data: dict[str, Any]) -> bytes:
     return msgspec.json.encode(data)
 
 
-def _int_field(value: Any, param: str, *, low: int, high: int) -> int:
+def _int_field(value: object, param: str, *, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(f"{param} must be an integer", "bad_field", param)
     if not low <= value <= high:
@@ -235,7 +235,7 @@ def _one_completion(data: dict[str, Any], key: str = "n") -> None:
         )
 
 
-def _content_text(content: Any, param: str) -> str:
+def _content_text(content: object, param: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -256,7 +256,7 @@ def _content_text(content: Any, param: str) -> str:
     raise _bad(f"{param} must be a string or a list of content parts", "bad_field", param)
 
 
-def _render_chat(messages: Any) -> tuple[str, str]:
+def _render_chat(messages: object) -> tuple[str, str]:
     if not isinstance(messages, list) or not messages:
         raise _bad("messages must be a non-empty list", "bad_field", "messages")
     chunks: list[str] = []
@@ -279,7 +279,7 @@ def _render_chat(messages: Any) -> tuple[str, str]:
     return rendered, prefix
 
 
-def _ids(value: Any, param: str) -> tuple[int, ...] | None:
+def _ids(value: object, param: str) -> tuple[int, ...] | None:
     if (
         isinstance(value, list)
         and value
@@ -289,7 +289,7 @@ def _ids(value: Any, param: str) -> tuple[int, ...] | None:
     return None
 
 
-def _single_prompt(value: Any, param: str) -> tuple[str, tuple[int, ...] | None]:
+def _single_prompt(value: object, param: str) -> tuple[str, tuple[int, ...] | None]:
     """A prompt given as a string, a one-element list of strings, or token ids."""
     if isinstance(value, str):
         return value, None

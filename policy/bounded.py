@@ -260,6 +260,6 @@ class _Composer:
         raise _fail(self.filename, mark.line + 1 if mark is not None else 0, path, message)
 
 
-def _mark(mark: Any) -> Any:
+def _mark(mark: object) -> Any:
     """libyaml's marks and PyYAML's have the same ``line``/``column``; typed as either."""
     return mark

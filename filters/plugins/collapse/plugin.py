@@ -56,7 +56,7 @@ _HOP = frozenset(
 )
 
 
-def is_deterministic(obj: Any) -> bool:
+def is_deterministic(obj: object) -> bool:
     """``temperature`` 0 or an integer ``seed`` (OpenAI), or the same in ``sampling_params``."""
     if not isinstance(obj, dict):
         return False
@@ -69,7 +69,7 @@ def is_deterministic(obj: Any) -> bool:
     return isinstance(seed, int) and not isinstance(seed, bool)
 
 
-def collapse_key(scope: str, path: str, obj: Any) -> str:
+def collapse_key(scope: str, path: str, obj: object) -> str:
     canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(f"{scope}\0{path}\0{canonical}".encode()).hexdigest()
 

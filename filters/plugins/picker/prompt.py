@@ -39,7 +39,7 @@ class Prompt:
     points: list[Point]
 
 
-def _content(content: Any) -> str | None:
+def _content(content: object) -> str | None:
     if isinstance(content, str):
         return content
     if content is None:
@@ -57,7 +57,7 @@ def _content(content: Any) -> str | None:
     return None
 
 
-def render_emulator_chat(messages: Any) -> str | None:
+def render_emulator_chat(messages: object) -> str | None:
     """The emulator's chat template (backends/emulator/tokenizer.py), or None if malformed."""
     if not isinstance(messages, list) or not messages:
         return None

@@ -67,7 +67,7 @@ def generate_count(chunk: bytes) -> int | None:
     return int(last.group(1)) if last is not None else None
 
 
-def _carries_text(obj: Any) -> bool:
+def _carries_text(obj: object) -> bool:
     if not isinstance(obj, dict):
         return False
     for choice in obj.get("choices") or ():
@@ -142,7 +142,7 @@ def stream_head(chunk: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _sse(obj: Any) -> bytes:
+def _sse(obj: object) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
