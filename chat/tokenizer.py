@@ -70,7 +70,7 @@ def byte_decoder() -> dict[str, int]:
     return {c: b for b, c in chars.items()}
 
 
-def _token_text(value: Any) -> str | None:
+def _token_text(value: object) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, Mapping) and isinstance(value.get("content"), str):

@@ -118,7 +118,7 @@ async def revoke_key(redis: Any, api_key: str) -> None:
         await pipe.execute()
 
 
-def _text(v: Any) -> str:
+def _text(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
