@@ -10,7 +10,7 @@ template writes them). A plain prompt (``/v1/completions``, ``/generate`` text) 
 parts is joined with spaces unless the template iterates over ``message['content']`` itself
 (SGLang's ``string`` / ``openai`` content formats); keys whose value is null are dropped.
 
-The picker (filters/picker) renders prompts with this in the filter server and tokenizes them,
+The picker (filters/plugins/picker) renders prompts with this in the filter server and tokenizes them,
 piece by piece, in its mapper; the emulator uses it with ``--tokenizer-path`` so its KV events
 carry the model's token ids, as a real SGLang server's do.
 
@@ -70,7 +70,7 @@ def byte_decoder() -> dict[str, int]:
     return {c: b for b, c in chars.items()}
 
 
-def _token_text(value: Any) -> str | None:
+def _token_text(value: object) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, Mapping) and isinstance(value.get("content"), str):

@@ -5,7 +5,9 @@ and override only the hooks you need: the chain calls a hook only on plugins tha
 and the control plane asks Envoy only for the phases some plugin of the route needs.
 
 Each hook gets the per-request :class:`Context` (it travels from the request to the end of the
-response; plugins keep their own per-request state in ``ctx.scratch``) and returns ``None``
+response): the parsed body (:class:`~filters.bodies.LlmRequest`), the :class:`Plan` (served pool
+and model, token cap, priority, reservation) that plugins read and write, and each plugin's own
+typed state under a :class:`Slot` key (``ctx.put`` / ``ctx.get`` / ``ctx.take``). It returns ``None``
 (nothing to change) or a :class:`Result`: header mutations, a body replacement, dynamic
 metadata for the next Envoy filters (namespace ``tokenweir``), or an immediate :class:`Reply`.
 """
@@ -15,17 +17,21 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, cast, runtime_checkable
+
+from filters.bodies import LlmRequest
 
 __all__ = [
     "HOOKS",
     "BasePlugin",
     "Context",
     "Hook",
+    "Plan",
     "Plugin",
     "Reply",
     "Result",
     "RouteInfo",
+    "Slot",
     "Usage",
     "openai_error",
 ]
@@ -124,6 +130,38 @@ class Usage:
 
 
 @dataclass(slots=True)
+class Plan:
+    """How this request is served, as the plugins decided it: one per request, ``ctx.plan``.
+
+    ``pool`` starts as the route's pool; the ``degrade`` plugin may send the request to a
+    fallback pool and model and cap its ``max_tokens``; ``tokens`` sets ``reserve``; admission
+    sets ``priority`` and ``replica`` where it places the request on a ranked pool.
+    """
+
+    pool: str | None = None  # the pool that serves it: the route's, or the ladder's fallback
+    model: str | None = None  # the model sent upstream instead of the one asked for (fallback)
+    max_tokens_cap: int | None = None  # a degradation step's cap on max_tokens (None: none)
+    degraded: tuple[str, ...] = ()  # the degradation ladder's actions taken (x-tokenweir-degraded)
+    # the ladder's shed step let it through because another filter process kept the
+    # Retry-After promise made to it (admission gives it its place: returned)
+    returned: bool = False
+    priority: int | None = None  # the backend priority it runs at (ranked pools)
+    replica: str | None = None  # the replica admission's lane balance placed it on
+    reserve: int | None = None  # tokens the rate limit reserves (x-tokenweir-reserve)
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Slot(Generic[T]):
+    """A typed key for one plugin's own per-request state (``ctx.put(SLOT, value)``); compared
+    by identity, so two plugins never share one by accident. ``name`` is for debugging."""
+
+    name: str
+
+
+@dataclass(slots=True)
 class Context:
     """Per-request state, created at the request headers and dropped after the stream ends."""
 
@@ -137,23 +175,52 @@ class Context:
     tier: str | None = None
     lane: str | None = None
     model: str | None = None
-    body: Any = None  # the parsed request body (filters.bodies.LlmRequest) once tokens ran
+    body: LlmRequest | None = None  # the parsed request body, once a plugin read it
     # the prompt as the pool's backend renders it (its model's chat template), where the tokens
     # plugin rendered it to count it exactly: the picker hashes the same bytes
     rendered: bytes | None = None
     prompt_tokens: int | None = None
     max_tokens: int | None = None
-    reserve: int | None = None
     stream: bool = False
     client_wants_usage: bool = False
     status: int | None = None
     usage: Usage | None = None
     # the services' clock when the first response body chunk passed (set by the usage plugin)
     first_token_at: float | None = None
+    plan: Plan = field(default_factory=Plan)
+    outcome: str | None = None  # how the answer ended (tokenweir_filters_requests_total), usage
+    metered_in_envoy: bool = False  # Envoy's usage meter reports this request (server)
+    # your own plugin's per-request state, keyed by your plugin's name (the built-ins use slots)
     scratch: dict[str, Any] = field(default_factory=dict)
+    state: dict[Slot[Any], object] = field(default_factory=dict)
     # set by the server: ask Envoy to wait up to this many more seconds for the current phase's
     # answer (ext_proc override_message_timeout); a plugin that queues calls it before waiting
     hold: Callable[[float], Awaitable[None]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.plan.pool is None:
+            self.plan.pool = self.route.pool
+
+    @property
+    def reserve(self) -> int | None:
+        """``plan.reserve`` (kept under this name for plugins written before the plan)."""
+        return self.plan.reserve
+
+    @reserve.setter
+    def reserve(self, value: int | None) -> None:
+        self.plan.reserve = value
+
+    def put(self, slot: Slot[T], value: T) -> None:
+        """Keep ``value`` as this request's state under ``slot``."""
+        self.state[slot] = value
+
+    def get(self, slot: Slot[T]) -> T | None:
+        """The state kept under ``slot`` (None: none)."""
+        return cast("T | None", self.state.get(slot))
+
+    def take(self, slot: Slot[T]) -> T | None:
+        """The state kept under ``slot``, removed (None: none)."""
+        return cast("T | None", self.state.pop(slot, None))
 
 
 @runtime_checkable

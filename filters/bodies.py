@@ -10,19 +10,17 @@ import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
 
 from filters.errors import ClientError
 
-if TYPE_CHECKING:
-    from filters.api import Context
-
 __all__ = [
     "MAX_TOKENS_LIMIT",
     "Kind",
     "LlmRequest",
+    "Parsed",
     "decode_json",
     "dump_body",
     "empty_body",
@@ -210,7 +208,7 @@ def dump_body(data: dict[str, Any]) -> bytes:
     return msgspec.json.encode(data)
 
 
-def _int_field(value: Any, param: str, *, low: int, high: int) -> int:
+def _int_field(value: object, param: str, *, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(f"{param} must be an integer", "bad_field", param)
     if not low <= value <= high:
@@ -237,7 +235,7 @@ def _one_completion(data: dict[str, Any], key: str = "n") -> None:
         )
 
 
-def _content_text(content: Any, param: str) -> str:
+def _content_text(content: object, param: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -258,7 +256,7 @@ def _content_text(content: Any, param: str) -> str:
     raise _bad(f"{param} must be a string or a list of content parts", "bad_field", param)
 
 
-def _render_chat(messages: Any) -> tuple[str, str]:
+def _render_chat(messages: object) -> tuple[str, str]:
     if not isinstance(messages, list) or not messages:
         raise _bad("messages must be a non-empty list", "bad_field", "messages")
     chunks: list[str] = []
@@ -281,7 +279,7 @@ def _render_chat(messages: Any) -> tuple[str, str]:
     return rendered, prefix
 
 
-def _ids(value: Any, param: str) -> tuple[int, ...] | None:
+def _ids(value: object, param: str) -> tuple[int, ...] | None:
     if (
         isinstance(value, list)
         and value
@@ -291,7 +289,7 @@ def _ids(value: Any, param: str) -> tuple[int, ...] | None:
     return None
 
 
-def _single_prompt(value: Any, param: str) -> tuple[str, tuple[int, ...] | None]:
+def _single_prompt(value: object, param: str) -> tuple[str, tuple[int, ...] | None]:
     """A prompt given as a string, a one-element list of strings, or token ids."""
     if isinstance(value, str):
         return value, None
@@ -368,15 +366,21 @@ def parse_request(
     )
 
 
-def request_of(ctx: Context, body: bytes) -> LlmRequest | None:
+class Parsed(Protocol):
+    """What :func:`request_of` reads and writes of a request's context (:class:`filters.api.Context`)."""
+
+    path: str
+    body: LlmRequest | None
+
+
+def request_of(ctx: Parsed, body: bytes) -> LlmRequest | None:
     """The request's parsed body, read once per request: the one already in ``ctx.body`` (the
     tokens plugin keeps its checked parse there), else ``body`` parsed here leniently (unknown
     fields pass: only the tokens plugin refuses them) and kept in ``ctx.body`` for the plugins
     after this one. None on a path that carries no LLM body. The one side effect of this module:
     the parse is the request's, so it lives on its context."""
-    req = ctx.body
-    if isinstance(req, LlmRequest):
-        return req
+    if ctx.body is not None:
+        return ctx.body
     kind = kind_for_path(ctx.path)
     if kind is None:
         return None

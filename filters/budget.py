@@ -18,14 +18,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import RedisError
 
+from policy.model import Policy
 from quota.errors import QuotaUnavailable
 from quota.reader import QuotaReader
 from runtime.tasks import stop_task
 from runtime.throttled_log import ThrottledLog
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["Budget", "CachedBudget", "NoBudget", "quota_reader_budget"]
 
@@ -147,8 +151,8 @@ class CachedBudget:
 
 
 def quota_reader_budget(
-    redis: Any,
-    policy: Any,
+    redis: Redis,
+    policy: Policy,
     *,
     clock: Callable[[], float],
     ttl: float = 0.25,

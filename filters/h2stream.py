@@ -14,7 +14,7 @@ from runtime.h2 import GrpcError, Status, Stream
 
 __all__ = ["EOF", "StreamContext"]
 
-EOF = grpc.aio.EOF  # type: ignore[attr-defined]
+EOF = grpc.aio.EOF  # type: ignore[attr-defined]  # grpc.aio.EOF exists at run time but not in grpc's stubs
 
 
 class StreamContext:

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from redis.exceptions import RedisError
 
 from filters.errors import KeyServiceUnavailable
+from policy.model import Policy
 from runtime.throttled_log import ThrottledLog
 
 __all__ = [
@@ -84,7 +85,7 @@ def key_name(api_key: str) -> str:
     return "tw:key:" + key_digest(api_key)
 
 
-def policy_keys(policy: Any) -> dict[str, KeyInfo]:
+def policy_keys(policy: Policy) -> dict[str, KeyInfo]:
     """Every key the policy file gives a tenant."""
     out: dict[str, KeyInfo] = {}
     for name, tenant in policy.tenants.items():
@@ -117,7 +118,7 @@ async def revoke_key(redis: Any, api_key: str) -> None:
         await pipe.execute()
 
 
-def _text(v: Any) -> str:
+def _text(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 

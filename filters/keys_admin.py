@@ -18,7 +18,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -28,6 +28,9 @@ from filters.keys import key_name, revoke_key, set_key
 from policy import PolicyError, load_policy
 from runtime.redis_connect import redacted
 from runtime.statedir import RedisTarget, default_state_dir, find_redis, unreachable
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["main", "run", "target"]
 
@@ -53,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-async def run(redis: Any, ns: argparse.Namespace) -> dict[str, str]:
+async def run(redis: Redis, ns: argparse.Namespace) -> dict[str, str]:
     if ns.cmd == "set":
         await set_key(redis, ns.key, ns.tenant, ns.tier, ns.lane)
     elif ns.cmd == "revoke":

@@ -6,13 +6,18 @@ through the policy (``configure``): a value the policy does not name becomes ``o
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 from policy.labels import PolicyLabels
+from policy.model import Policy
 
 __all__ = ["FilterMetrics"]
+
+_M = TypeVar("_M", bound=MetricWrapperBase)
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # the tbt buckets; Envoy's usage meter counts gaps in the same ones (GAP_BUCKETS, rendered by
@@ -26,13 +31,15 @@ _RATIO = (0.5, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 2.0)
 class FilterMetrics:
     """Counters and histograms; label values are route, tenant, model, plugin, reason."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, policy: Any = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, policy: Policy | None = None
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.labels: PolicyLabels | None = None
-        self._policy: Any = None
-        self._tenant: Any = _same
-        self._model: Any = _same
-        self._lane: Any = _same
+        self._policy: Policy | None = None
+        self._tenant: Callable[[str], str] = _same
+        self._model: Callable[[str], str] = _same
+        self._lane: Callable[[str], str] = _same
         r = self.registry
         p = "tokenweir_filters_"
         self.streams = Counter(p + "streams", "ext_proc streams by route", ["route"], registry=r)
@@ -129,14 +136,14 @@ class FilterMetrics:
             ["tenant", "cost_center", "model"], registry=r,
         )  # fmt: skip
 
-        self._timers: dict[tuple[str, str, str], tuple[Any, Any]] = {}
-        self._streams: dict[str, Any] = {}
-        self._counters: dict[tuple[str, str], tuple[Any, ...]] = {}
-        self._children: dict[tuple[Any, ...], Any] = {}
+        self._timers: dict[tuple[str, str, str], tuple[Histogram, Histogram]] = {}
+        self._streams: dict[str, Counter] = {}
+        self._counters: dict[tuple[str, str], tuple[Counter, Counter, Counter]] = {}
+        self._children: dict[tuple[object, ...], MetricWrapperBase] = {}
         if policy is not None:
             self.configure(policy)
 
-    def configure(self, policy: Any) -> None:
+    def configure(self, policy: Policy) -> None:
         """Fold label values through ``policy`` from now on (at start and on every reload)."""
         self.labels = PolicyLabels.of(policy)
         self._policy = policy
@@ -149,7 +156,7 @@ class FilterMetrics:
         self._counters.clear()
         self._children.clear()
 
-    def child(self, metric: Any, *labels: str) -> Any:
+    def child(self, metric: _M, *labels: str) -> _M:
         """``metric.labels(*labels)``, looked up once (label values already folded)."""
         key = (id(metric), *labels)
         c = self._children.get(key)
@@ -157,7 +164,7 @@ class FilterMetrics:
             if len(self._children) > 10_000:
                 self._children.clear()
             c = self._children[key] = metric.labels(*labels)
-        return c
+        return cast("_M", c)  # the child of a metric is of the metric's own class
 
     def tenant_label(self, tenant: str | None) -> str:
         return str(self._tenant(tenant or "unknown"))
@@ -175,7 +182,7 @@ class FilterMetrics:
 
     def stream_timers(
         self, tenant: str | None, model: str | None, lane: str | None = None
-    ) -> tuple[Any, Any]:
+    ) -> tuple[Histogram, Histogram]:
         """The (ttft, tbt) histogram children of one tenant, model and lane, looked up once."""
         key = (self.tenant_label(tenant), self.model_label(model), self.lane_label(lane))
         timers = self._timers.get(key)
@@ -185,7 +192,9 @@ class FilterMetrics:
             timers = self._timers[key] = (self.ttft.labels(*key), self.tbt.labels(*key))
         return timers
 
-    def token_counters(self, tenant: str | None, model: str | None) -> tuple[Any, Any, Any]:
+    def token_counters(
+        self, tenant: str | None, model: str | None
+    ) -> tuple[Counter, Counter, Counter]:
         """The (prompt, completion, cached) token counter children of one tenant and model."""
         key = (self.tenant_label(tenant), self.model_label(model))
         c = self._counters.get(key)
@@ -193,10 +202,12 @@ class FilterMetrics:
             if len(self._counters) > 10_000:
                 self._counters.clear()
             t = self.tokens
-            c = self._counters[key] = tuple(
-                t.labels(*key, kind) for kind in ("prompt", "completion", "cached")
-            )  # type: ignore[assignment]
-        return c  # type: ignore[return-value]
+            c = self._counters[key] = (
+                t.labels(*key, "prompt"),
+                t.labels(*key, "completion"),
+                t.labels(*key, "cached"),
+            )
+        return c
 
     def stream_started(self, route: str) -> None:
         child = self._streams.get(route)
@@ -221,7 +232,7 @@ class FilterMetrics:
         self.child(self.duration, route, ln, md).observe(seconds)
 
     @staticmethod
-    def add_observations(child: Any, counts: list[int], total: float) -> None:
+    def add_observations(child: Histogram, counts: list[int], total: float) -> None:
         """Add to a histogram child what ``observe`` would have added for values that fell
         ``counts[i]`` times into bucket ``i`` (the first bound each was under, as ``observe``
         counts) and summed to ``total`` — Envoy's usage meter counts chunk gaps that way."""

@@ -24,13 +24,16 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
 from filters.output_lengths import BUCKETS, Key, OutputLengths
 from runtime.tasks import stop_task
 from runtime.throttled_log import ThrottledLog
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["SharedLengths", "redis_key"]
 
@@ -58,7 +61,7 @@ class SharedLengths:
 
     def __init__(
         self,
-        redis: Any,
+        redis: Redis,
         lengths: OutputLengths,
         *,
         clock: Callable[[], float],

@@ -114,7 +114,7 @@ def trailers_response(phase: str) -> pb.ProcessingResponse:
 def immediate(reply: Reply) -> pb.ProcessingResponse:
     resp = pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=reply.status),  # type: ignore[arg-type]
+            status=http_status_pb2.HttpStatus(code=reply.status),  # type: ignore[arg-type]  # the stub wants the StatusCode enum; any int status is valid on the wire
             body=reply.body,
             details=reply.details,
         )

@@ -12,23 +12,24 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from filters.admission.plugin import AdmissionPlugin
 from filters.api import Plugin, RouteInfo
 from filters.chain import Chain
-from filters.collapse.plugin import CollapsePlugin
 from filters.errors import ConfigError
-from filters.idempotency.plugin import IdempotencyPlugin
-from filters.ladder.plugin import DegradePlugin
-from filters.pd.plugin import PdPlugin
-from filters.picker.plugin import PickerPlugin
-from filters.plugins.canary import CanaryPlugin
-from filters.plugins.identity import IdentityPlugin
-from filters.plugins.lane import LanePlugin
-from filters.plugins.prefix import PrefixPlugin
-from filters.plugins.tokens import TokensPlugin
-from filters.plugins.usage import UsagePlugin
+from filters.plugins.admission.plugin import AdmissionPlugin
+from filters.plugins.canary.plugin import CanaryPlugin
+from filters.plugins.collapse.plugin import CollapsePlugin
+from filters.plugins.degrade.plugin import DegradePlugin
+from filters.plugins.idempotency.plugin import IdempotencyPlugin
+from filters.plugins.identity.plugin import IdentityPlugin
+from filters.plugins.lane.plugin import LanePlugin
+from filters.plugins.pd.plugin import PdPlugin
+from filters.plugins.picker.plugin import PickerPlugin
+from filters.plugins.prefix.plugin import PrefixPlugin
+from filters.plugins.shadow.plugin import ShadowPlugin
+from filters.plugins.tokens.plugin import TokensPlugin
+from filters.plugins.usage.plugin import UsagePlugin
 from filters.services import Services
-from filters.shadow.plugin import ShadowPlugin
+from policy.model import Policy, Route
 from policy.phases import meters_usage, stops_at_budget
 
 __all__ = ["BUILTINS", "RouteEntry", "build_routes", "iter_routes", "load_factory", "route_info"]
@@ -78,7 +79,7 @@ def load_factory(name: str) -> Factory:
     return factory
 
 
-def route_info(policy: Any, route: Any) -> RouteInfo:
+def route_info(policy: Policy, route: Route) -> RouteInfo:
     pool = policy.pools.get(route.pool) if route.pool else None
     server = policy.filters
     limit = server.max_body_bytes if server is not None else 1024**2
@@ -98,12 +99,12 @@ def route_info(policy: Any, route: Any) -> RouteInfo:
     )
 
 
-def build_routes(policy: Any, services: Services) -> dict[str, RouteEntry]:
+def build_routes(policy: Policy, services: Services) -> dict[str, RouteEntry]:
     """One entry per route name with filters enabled (first gateway wins on a shared name)."""
     return dict(iter_routes(policy, services))
 
 
-def iter_routes(policy: Any, services: Services) -> Iterator[tuple[str, RouteEntry]]:
+def iter_routes(policy: Policy, services: Services) -> Iterator[tuple[str, RouteEntry]]:
     """:func:`build_routes` one route at a time (a reload builds them between requests)."""
     server = policy.filters
     deadline = (server.message_timeout if server is not None else 0.2) * 0.75

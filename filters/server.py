@@ -21,7 +21,6 @@ from filters.api import Context, openai_error
 from filters.chain import Outcome
 from filters.metrics import FilterMetrics
 from filters.oversize import drain_body, oversize_limit, oversize_reply
-from filters.plugins.usage import METERED, OUTCOME_KEY
 from filters.protocol import (
     CONTINUE_REQUEST_BODY,
     CONTINUE_RESPONSE_BODY,
@@ -63,7 +62,7 @@ def _finish(out: Outcome) -> Outcome:
         out.remove_headers = [
             h
             for h in out.remove_headers
-            if h not in out.set_headers and not (h in seen or seen.add(h))  # type: ignore[func-returns-value]
+            if h not in out.set_headers and not (h in seen or seen.add(h))  # type: ignore[func-returns-value]  # set.add returns None: the idiom marks h as seen while filtering
         ]
     return out
 
@@ -126,7 +125,7 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         name = _route_name(context)
         entry = self._routes.get(name) if name else None
         ctx: Context | None = None
-        read, write, eof = context.read, context.write, grpc.aio.EOF  # type: ignore[attr-defined]
+        read, write, eof = context.read, context.write, grpc.aio.EOF  # type: ignore[attr-defined]  # grpc.aio.EOF exists at run time but not in grpc's stubs
         if entry is None and name is not None:
             limit = oversize_limit(name, OVERSIZE_ROUTE_PREFIX)
             if limit is not None:
@@ -163,10 +162,10 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         """RED per route, lane, model and tenant (docs/metrics.md)."""
         if ctx.status is not None and ctx.status >= 400:
             outcome = "rejected"
-        elif METERED in ctx.scratch:  # Envoy's usage meter reports it (filters/usage_log.py)
+        elif ctx.metered_in_envoy:  # Envoy's usage meter reports it (filters/usage_log.py)
             return
         else:
-            outcome = ctx.scratch.get(OUTCOME_KEY) or "no_output"
+            outcome = ctx.outcome or "no_output"
         model = ctx.model or (entry.info.models[0] if entry.info.models else None)
         lane = ctx.lane or entry.info.lane
         seconds = max(0.0, self._clock() - ctx.started)
@@ -269,7 +268,7 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
             meter = _usage_plugin(entry)
             if meter is not None:
                 out.metadata.update(meter.envoy_inputs(ctx))
-                ctx.scratch[METERED] = True
+                ctx.metered_in_envoy = True
         if entry.info.rate_limited and out.reply is None:
             # tenant and lane were set with the headers; the body decides model and reserve
             d = _descriptor_headers(ctx)

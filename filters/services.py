@@ -4,13 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from filters.budget import Budget, NoBudget
 from filters.estimate import ByteBound, Estimator
 from filters.keys import KeyStore, policy_keys
 from filters.metrics import FilterMetrics
 from filters.output_lengths import OutputLengths
+from policy.model import Policy
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from filters.aborts import Aborter
+    from filters.plugins.admission.gate import Gates
+    from filters.plugins.admission.spread import LaneBalance
+    from filters.plugins.collapse.hub import Hub
+    from filters.plugins.degrade.state import Ladders
+    from filters.plugins.pd.hub import PdHub
+    from filters.plugins.picker.registry import Pickers
+    from filters.plugins.shadow.recorder import ShadowRecorder
+    from quota.topup import TopUps
 
 __all__ = ["Services", "default_services"]
 
@@ -19,28 +33,42 @@ __all__ = ["Services", "default_services"]
 class Services:
     """Shared by every plugin of a server; ``policy`` is the one the chains were built from."""
 
-    policy: Any  # policy.Policy
+    policy: Policy
     keys: KeyStore
     budget: Budget
     estimator: Estimator
     metrics: FilterMetrics
     clock: Callable[[], float]
-    gates: Any = None  # filters.admission.gate.Gates: admission state kept across reloads
-    ladders: Any = None  # filters.ladder.state.Ladders: ladder steps kept across reloads
-    pickers: Any = None  # filters.picker.registry.Pickers: prefix indexes kept across reloads
-    redis: Any = None  # the server's asyncio Redis client (None: no Redis configured)
-    collapser: Any = None  # filters.collapse.hub.Hub: in-flight collapsed runs across reloads
-    shadow: Any = None  # filters.shadow.recorder.ShadowRecorder: open primary/shadow pairs
-    balance: Any = None  # filters.admission.spread.LaneBalance: ranked pools' replica loads
-    topups: Any = None  # quota.topup.TopUps: a stream's draws past its reservation
-    aborts: Any = None  # filters.aborts.Aborter: backend aborts of streams stopped at the budget
-    pd: Any = None  # filters.pd.hub.PdHub: PD pools' pair loads and prefill calls
+    gates: Gates | None = (
+        None  # filters.plugins.admission.gate.Gates: admission state kept across reloads
+    )
+    ladders: Ladders | None = (
+        None  # filters.plugins.degrade.state.Ladders: ladder steps kept across reloads
+    )
+    pickers: Pickers | None = (
+        None  # filters.plugins.picker.registry.Pickers: prefix indexes kept across reloads
+    )
+    redis: Redis | None = None  # the server's asyncio Redis client (None: no Redis configured)
+    collapser: Hub | None = (
+        None  # filters.plugins.collapse.hub.Hub: in-flight collapsed runs across reloads
+    )
+    shadow: ShadowRecorder | None = (
+        None  # filters.plugins.shadow.recorder.ShadowRecorder: open primary/shadow pairs
+    )
+    balance: LaneBalance | None = (
+        None  # filters.plugins.admission.spread.LaneBalance: ranked pools' replica loads
+    )
+    topups: TopUps | None = None  # quota.topup.TopUps: a stream's draws past its reservation
+    aborts: Aborter | None = (
+        None  # filters.aborts.Aborter: backend aborts of streams stopped at the budget
+    )
+    pd: PdHub | None = None  # filters.plugins.pd.hub.PdHub: PD pools' pair loads and prefill calls
     lengths: OutputLengths | None = (
         None  # learned output lengths (reservations), kept across reloads
     )
 
 
-def default_services(policy: Any, clock: Callable[[], float]) -> Services:
+def default_services(policy: Policy, clock: Callable[[], float]) -> Services:
     """Services without Redis: keys from the policy file, no live budget, the byte bound."""
     return Services(
         policy=policy,

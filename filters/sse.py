@@ -54,11 +54,11 @@ def event_json(event: bytes) -> Any:
         return None
 
 
-def _int(v: Any) -> int:
+def _int(v: object) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
 
 
-def usage_of(obj: Any) -> Usage | None:
+def usage_of(obj: object) -> Usage | None:
     """Token counts from an OpenAI ``usage`` object or an SGLang ``meta_info``."""
     if not isinstance(obj, dict):
         return None
@@ -86,7 +86,7 @@ def usage_from_json(body: bytes) -> Usage | None:
     return usage_of(obj)
 
 
-def is_usage_only_event(obj: Any) -> bool:
+def is_usage_only_event(obj: object) -> bool:
     """The extra chunk ``include_usage`` adds: usage set, ``choices`` empty."""
     return (
         isinstance(obj, dict)

@@ -23,6 +23,7 @@ from envoy.service.accesslog.v3 import als_pb2
 from google.protobuf import struct_pb2
 
 from filters.metrics import FilterMetrics
+from policy.model import Policy
 from quota.cost import cost_usd
 from runtime import tracing as t
 from runtime.tracing import TracingSwitch
@@ -46,7 +47,7 @@ def _value(v: struct_pb2.Value) -> Any:
 
 _KEYS = ("meter", "tenant", "model", "lane", "route", "pool", "outcome", "timing", "t0_us",
          "prompt", "prompt_tokens", "completion_tokens", "cached_tokens",
-         # the endpoint picker's prediction (filters/picker/regret.py)
+         # the endpoint picker's prediction (filters/plugins/picker/regret.py)
          "replica", "predicted_cached_tokens", "predicted_ttft_ms", "work_tokens", "sent_us")  # fmt: skip
 
 
@@ -63,7 +64,7 @@ def _seconds(d: Any) -> float:
 
 
 def record(
-    metrics: FilterMetrics, policy: Any, entry: Any, md: dict[str, Any] | None = None
+    metrics: FilterMetrics, policy: Policy, entry: Any, md: dict[str, Any] | None = None
 ) -> None:
     """The metrics of one finished (or abandoned) metered request (``md``: the entry's
     ``tokenweir`` fields, when the caller already read them)."""

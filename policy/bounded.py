@@ -131,13 +131,13 @@ class _Composer:
     def _event(self, ev: yaml.Event) -> None:
         kind = type(ev)
         if kind is yaml.ScalarEvent:
-            self._scalar(ev)  # type: ignore[arg-type]
+            self._scalar(ev)  # type: ignore[arg-type]  # type(ev) is checked just above; mypy does not narrow on 'type(x) is C'
         elif kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
-            self._open(ev)  # type: ignore[arg-type]
+            self._open(ev)  # type: ignore[arg-type]  # type(ev) is checked just above; mypy does not narrow on 'type(x) is C'
         elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
             self._close(ev)
         elif kind is yaml.AliasEvent:
-            self._alias(ev)  # type: ignore[arg-type]
+            self._alias(ev)  # type: ignore[arg-type]  # type(ev) is checked just above; mypy does not narrow on 'type(x) is C'
         elif kind is yaml.DocumentStartEvent:
             self.documents += 1
             if self.documents > 1:
@@ -260,6 +260,6 @@ class _Composer:
         raise _fail(self.filename, mark.line + 1 if mark is not None else 0, path, message)
 
 
-def _mark(mark: Any) -> Any:
+def _mark(mark: object) -> Any:
     """libyaml's marks and PyYAML's have the same ``line``/``column``; typed as either."""
     return mark

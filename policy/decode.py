@@ -71,7 +71,7 @@ _SIZE_UNITS = {
 }
 
 
-def doc(text: str, **extra: Any) -> dict[str, Any]:
+def doc(text: str, **extra: object) -> dict[str, Any]:
     """Field metadata helper: ``field(default=..., metadata=doc("what it means"))``."""
     return {"doc": text, **extra}
 
@@ -97,7 +97,7 @@ class Decoder:
         self.issues.append(Issue(self.filename, line, path, message))
 
     # -- entry ---------------------------------------------------------------------------------
-    def decode(self, node: Node, hint: Any, path: str) -> Any:
+    def decode(self, node: Node, hint: object, path: str) -> Any:
         """Return the decoded value, or ``MISSING_NODE`` after recording an issue."""
         kind, info = _plan(hint)
         if kind == "dataclass":
@@ -170,7 +170,7 @@ class Decoder:
             self.error(node, path, str(exc))
             return MISSING_NODE
 
-    def _mapping(self, node: Node, value_hint: Any, path: str) -> Any:
+    def _mapping(self, node: Node, value_hint: object, path: str) -> Any:
         if _is_null(node):
             return {}
         if not isinstance(node, yaml.MappingNode):
@@ -193,7 +193,7 @@ class Decoder:
                 out[key] = value
         return MISSING_NODE if failed else out
 
-    def _tuple(self, node: Node, item_hint: Any, path: str) -> Any:
+    def _tuple(self, node: Node, item_hint: object, path: str) -> Any:
         if _is_null(node):
             return ()
         if isinstance(node, yaml.ScalarNode):  # a single item may be written without a list
@@ -215,7 +215,7 @@ class Decoder:
         self.error(node, path, f"must be one of {allowed}, got {_show(node)}")
         return MISSING_NODE
 
-    def _annotated(self, node: Node, base: Any, markers: list[Any], path: str) -> Any:
+    def _annotated(self, node: Node, base: object, markers: list[Any], path: str) -> Any:
         for marker in markers:
             if isinstance(marker, Duration):
                 return self._duration(node, marker, path)
@@ -297,7 +297,7 @@ _SCALARS: dict[Any, Callable[[Decoder, Node, str], Any]] = {
 
 # -- small helpers ----------------------------------------------------------------------------
 @functools.cache
-def _plan(hint: Any) -> tuple[str, Any]:
+def _plan(hint: object) -> tuple[str, Any]:
     """How to decode a type hint, worked out once per hint (``get_origin``/``get_args`` on
     every node were a third of a 10k-tenant load)."""
     if hint is Any:

@@ -30,11 +30,11 @@ class LabelFold:
 
     def __init__(self, known: Iterable[str] = ()) -> None:
         self.known: Collection[str] = (
-            known if isinstance(known, (Mapping, Set)) else frozenset(known)  # type: ignore[assignment]
+            known if isinstance(known, (Mapping, Set)) else frozenset(known)  # type: ignore[assignment]  # a Mapping or Set of str serves as the Collection[str] that 'in' needs
         )
 
     def __call__(self, value: str | None) -> str:
-        return value if value in self.known else OTHER  # type: ignore[return-value]
+        return value if value in self.known else OTHER  # type: ignore[return-value]  # value is a str here: None is never in known
 
 
 @dataclass(frozen=True)

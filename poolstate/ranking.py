@@ -58,7 +58,7 @@ class Ranking:
         return {k: v for k, v in pairs if v is not None}
 
     @classmethod
-    def from_json(cls, d: Any) -> Ranking:
+    def from_json(cls, d: object) -> Ranking:
         if not isinstance(d, Mapping):
             raise PoolStateDecodeError(f"rank: expected an object, got {type(d).__name__}")
 

@@ -73,7 +73,7 @@ class ReplicaState:
         return out
 
     @classmethod
-    def from_json(cls, d: Any) -> ReplicaState:
+    def from_json(cls, d: object) -> ReplicaState:
         m = _mapping(d, "replica")
         return cls(
             saturation=_num(m, "s"),
@@ -139,7 +139,7 @@ class PoolSummary:
         }
 
     @classmethod
-    def from_json(cls, d: Any) -> PoolSummary:
+    def from_json(cls, d: object) -> PoolSummary:
         m = _mapping(d, "pool")
         eps = _mapping(m.get("endpoints"), "endpoints")
         return cls(
@@ -168,7 +168,7 @@ class PoolState:
         }
 
     @classmethod
-    def from_json(cls, d: Any) -> PoolState:
+    def from_json(cls, d: object) -> PoolState:
         m = _mapping(d, "pool state")
         pools = _mapping(m.get("pools"), "pools")
         return cls(
@@ -186,7 +186,7 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else SATURATED
 
 
-def _mapping(d: Any, what: str) -> Mapping[str, Any]:
+def _mapping(d: object, what: str) -> Mapping[str, Any]:
     if not isinstance(d, Mapping):
         raise PoolStateDecodeError(f"{what}: expected an object, got {type(d).__name__}")
     return d

@@ -93,7 +93,7 @@ class SubjectQuotas:
     problems: tuple[str, ...] = ()
 
 
-def format_value(value: Any) -> str:
+def format_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
@@ -101,7 +101,7 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def _flatten(prefix: str, q: Any, out: dict[str, str]) -> None:
+def _flatten(prefix: str, q: object, out: dict[str, str]) -> None:
     if q is None:
         return
     for attr in ATTRIBUTES:

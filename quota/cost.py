@@ -9,18 +9,20 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from policy.model import Policy
+
 __all__ = ["MICRO", "cost_usd", "micro_usd", "worst_case_micro_usd"]
 
 MICRO = 1_000_000
 
 
-def _price(policy: Any, model: str | None) -> Any:
+def _price(policy: Policy, model: str | None) -> Any:
     prices = getattr(policy, "prices", None) or {}
     return prices.get(model) if model is not None else None
 
 
 def cost_usd(
-    policy: Any, model: str | None, prompt: int, completion: int, cached: int = 0
+    policy: Policy, model: str | None, prompt: int, completion: int, cached: int = 0
 ) -> float:
     """USD of one request's reported usage; 0 for a model without a price. Cached prompt tokens
     are billed at the ``cached`` price (the prompt price when unset), the rest at ``prompt``."""
@@ -32,12 +34,14 @@ def cost_usd(
     return ((prompt - cached) * p.prompt + cached * cached_price + completion * p.completion) / 1000
 
 
-def micro_usd(policy: Any, model: str | None, prompt: int, completion: int, cached: int = 0) -> int:
+def micro_usd(
+    policy: Policy, model: str | None, prompt: int, completion: int, cached: int = 0
+) -> int:
     """:func:`cost_usd` in whole micro-USD, rounded up (a budget never undercounts)."""
     return math.ceil(cost_usd(policy, model, prompt, completion, cached) * MICRO - 1e-6)
 
 
-def worst_case_micro_usd(policy: Any, model: str | None, tokens: int) -> int:
+def worst_case_micro_usd(policy: Policy, model: str | None, tokens: int) -> int:
     """Every token at the dearest of the prompt and completion prices: the reservation, when
     only a token total is known (the reserve's ``hits_addend``, or a settle without usage)."""
     p = _price(policy, model)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoScriptError, RedisError
 
@@ -32,6 +32,9 @@ from quota.errors import QuotaUnavailable
 from quota.keys import bucket_key, config_key, window_key
 from quota.windows import UNITS, window
 from runtime.tasks import stop_task
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["PEEK_LUA", "QuotaReader", "WindowUsage", "decode_map", "limit_remaining"]
 
@@ -85,7 +88,7 @@ class QuotaReader:
 
     def __init__(
         self,
-        redis: Any,
+        redis: Redis,
         policy: Policy,
         *,
         clock: Callable[[], float] = time.time,

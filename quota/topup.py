@@ -23,12 +23,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from redis.exceptions import NoScriptError, RedisError
 
 from quota.buckets import refill
 from quota.errors import QuotaUnavailable
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["NO_RECORD", "TOPUP_LUA", "TopUp", "TopUps", "TwinState", "topup"]
 
@@ -105,7 +108,7 @@ class TopUps:
     each call bounded by ``timeout`` seconds. ``wall``: the wall clock in seconds (the buckets'
     times are the rate-limit service's wall-clock µs). Failures raise :class:`QuotaUnavailable`."""
 
-    def __init__(self, redis: Any, *, wall: Callable[[], float], timeout: float = 0.1) -> None:
+    def __init__(self, redis: Redis, *, wall: Callable[[], float], timeout: float = 0.1) -> None:
         self._redis = redis
         self._wall = wall
         self._timeout = timeout

@@ -12,6 +12,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from policy.labels import OTHER, PolicyLabels
+from policy.model import Policy
 
 __all__ = ["Metrics"]
 
@@ -127,7 +128,7 @@ class Metrics:
         self.labels = PolicyLabels.empty()
         self._quota_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
-    def configure(self, policy: Any) -> None:
+    def configure(self, policy: Policy) -> None:
         """Fold label values through ``policy`` from now on (at start and on every reload)."""
         self.labels = PolicyLabels.of(policy)
         self._quota_children.clear()

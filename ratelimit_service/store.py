@@ -82,7 +82,7 @@ def reserve_args(
     return keys, args
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 

@@ -31,7 +31,7 @@ class _SkeletonPickler(pickle.Pickler):
         self.chunk = chunk
         self.big: dict[int, tuple[int, dict[Any, Any] | list[Any]]] = {}  # id -> (number, it)
 
-    def persistent_id(self, obj: Any) -> int | None:
+    def persistent_id(self, obj: object) -> int | None:
         if (type(obj) is not dict and type(obj) is not list) or len(obj) <= self.chunk:
             return None
         found = self.big.get(id(obj))
@@ -40,7 +40,7 @@ class _SkeletonPickler(pickle.Pickler):
         return found[0]
 
 
-def encode(value: Any, *, chunk: int = CHUNK_ITEMS) -> Iterator[bytes]:
+def encode(value: object, *, chunk: int = CHUNK_ITEMS) -> Iterator[bytes]:
     """The frames for ``value``: the slices of its large dicts, then its skeleton."""
     buf = io.BytesIO()
     pickler = _SkeletonPickler(buf, chunk)

@@ -34,7 +34,7 @@ _OURS = ("controlplane.", "filters.", "ratelimit_service.", "runtime.", "backend
 _PLAIN = (dict, list, tuple, set, frozenset)
 
 
-def _walked_into(obj: Any) -> bool:
+def _walked_into(obj: object) -> bool:
     """Plain data, dataclasses and our own objects; never a library's (a Redis client leads
     to the event loop and from there to everything)."""
     kind = type(obj)

@@ -30,5 +30,5 @@ async def serve_any_path(
         raise
     server = site._server
     assert server is not None
-    port: int = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+    port: int = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]  # aiohttp types the server as asyncio's base Server; a TCP server has sockets
     return runner, port

@@ -98,7 +98,7 @@ class TextRenderer:
         """The ``name{labels} `` part of a series not seen before, as the library writes it."""
         probe = Metric(_PROBE_NAME, "", "untyped")
         probe.samples = [Sample(sample.name, sample.labels, 0.0, None)]
-        text = generate_latest(_One(probe)).decode("utf-8")  # type: ignore[arg-type]
+        text = generate_latest(_One(probe)).decode("utf-8")  # type: ignore[arg-type]  # generate_latest only calls collect(), which _One has; it is no CollectorRegistry
         line = text[: -len("0.0\n")]  # the probe's own header lines come first
         head = line[line.rindex("\n") + 1 :]
         if len(self._series) >= self.max_series:

@@ -1,7 +1,7 @@
 """A child process served over its stdin and stdout: the one protocol of every such child.
 
 The build worker (:mod:`runtime.buildworker`) and the picker's mapper
-(``filters/picker/worker.py``) both speak it; a new child of this kind subclasses
+(``filters/plugins/picker/worker.py``) both speak it; a new child of this kind subclasses
 :class:`PipeChild` and serves with :func:`serve_frames`.
 
 Wire, both ways: a 4-byte big-endian length, then that many bytes (a *frame*). A call is one

@@ -55,7 +55,7 @@ class Pair:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
 
 
-def _side(obj: Any) -> Side:
+def _side(obj: object) -> Side:
     if not isinstance(obj, dict):
         raise ValueError("a side must be an object")
     return Side(

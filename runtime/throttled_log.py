@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 __all__ = ["ThrottledLog"]
 
@@ -20,7 +19,7 @@ class ThrottledLog:
         self._next = float("-inf")
         self._held = 0
 
-    def warning(self, msg: str, *args: Any) -> None:
+    def warning(self, msg: str, *args: object) -> None:
         now = self._clock()
         if now < self._next:
             self._held += 1

@@ -321,7 +321,7 @@ async def _drive(steps: Generator[None, None, T]) -> T:
         try:
             next(steps)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            return done.value  # type: ignore[no-any-return]  # StopIteration.value is Any; the generator returns this type
         await asyncio.sleep(0)
 
 
@@ -330,7 +330,7 @@ def _run_through(steps: Generator[None, None, T]) -> T:
         try:
             next(steps)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            return done.value  # type: ignore[no-any-return]  # StopIteration.value is Any; the generator returns this type
 
 
 class _Quiet:

@@ -17,8 +17,9 @@ One table, MOVES, of old → new paths (a file or a whole folder). The script
 4. lists the new top-level packages in pyproject.toml (setuptools ``include``, mypy
    ``packages``) and in the Dockerfiles that copy packages one by one and sorts the import blocks it changed (``ruff check --select I --fix``).
 
-Running it twice changes nothing: no new name starts with an old one, and a move whose old path
-is gone is skipped. It prints what it did, and what it could not mend (a relative import that no
+Running it twice changes nothing: a new name that extends its old one (a plugin module that
+became a folder: ``filters.plugins.tokens`` → ``filters.plugins.tokens.plugin``) is not extended
+again, and a move whose old path is gone is skipped. It prints what it did, and what it could not mend (a relative import that no
 longer resolves, a path built from separate strings) for a hand edit.
 """
 
@@ -57,6 +58,21 @@ MOVES: list[tuple[str, str]] = [
     ("controlplane/envoy_launcher.py", "tokenweir/envoy_launcher.py"),
     ("controlplane/restarter.py", "tokenweir/restarter.py"),
     ("controlplane/prometheus.py", "tokenweir/prometheus.py"),
+    # part 3: each built-in plugin in its own folder under filters/plugins/, helpers beside it
+    ("filters/admission", "filters/plugins/admission"),
+    ("filters/collapse", "filters/plugins/collapse"),
+    ("filters/idempotency", "filters/plugins/idempotency"),
+    ("filters/ladder", "filters/plugins/degrade"),
+    ("filters/pd", "filters/plugins/pd"),
+    ("filters/picker", "filters/plugins/picker"),
+    ("filters/shadow", "filters/plugins/shadow"),
+    ("filters/stop.py", "filters/plugins/usage/stop.py"),
+    ("filters/plugins/canary.py", "filters/plugins/canary/plugin.py"),
+    ("filters/plugins/identity.py", "filters/plugins/identity/plugin.py"),
+    ("filters/plugins/lane.py", "filters/plugins/lane/plugin.py"),
+    ("filters/plugins/prefix.py", "filters/plugins/prefix/plugin.py"),
+    ("filters/plugins/tokens.py", "filters/plugins/tokens/plugin.py"),
+    ("filters/plugins/usage.py", "filters/plugins/usage/plugin.py"),
     # tests mirror the packages
     ("tests/controlplane/policy", "tests/policy"),
     ("tests/runtime/test_labels.py", "tests/policy/test_labels.py"),
@@ -94,6 +110,10 @@ NEW_PACKAGES: dict[str, str] = {
     ),
     "tests/chat": "",
     "tests/tokenweir": "",
+    **{
+        f"filters/plugins/{name}": f'"""The ``{name}`` plugin (filters/plugins/{name}/plugin.py)."""\n'
+        for name in ("canary", "identity", "lane", "prefix", "tokens", "usage")
+    },
 }
 
 # top-level packages, in the order pyproject.toml lists them
@@ -109,6 +129,7 @@ PACKAGES = [
     "prefixindex",
     "poolstate",
     "chat",
+    "batch_service",
     "tokenweir",
 ]
 
@@ -296,9 +317,27 @@ def _from_parent(m: re.Match[str]) -> str:
     return f"{m[1]}{parents.pop()}{m[3]}{', '.join(t for _, t in targets)}{m[5]}"
 
 
+_NEXT = re.compile(r"(?:\.|\s+import\s+)(\w+)")
+
+
+def _dotted(m: re.Match[str]) -> str:
+    """The new dotted name, unless the old one names a module that became a folder and goes on
+    to a module of that folder (``filters.plugins.usage.stop``, ``.plugin`` itself, or
+    ``from filters.plugins.tokens import plugin``): those are moved already."""
+    old, new = m[1], MODS[m[1]]
+    if new.startswith(old + "."):
+        nxt = _NEXT.match(m.string, m.end())
+        folder = Path(*old.split("."))
+        if nxt and ((folder / f"{nxt[1]}.py").is_file() or (folder / nxt[1]).is_dir()):
+            return m[0]
+    return new
+
+
 def rewrite_text(text: str) -> str:
+    # dotted names first: a ``from a import b`` that the next step writes as ``from a.b import
+    # plugin`` (b a module that became a folder) is then not extended again
+    text = DOTTED.sub(_dotted, text)
     text = FROM_IMPORT.sub(_from_parent, text)
-    text = DOTTED.sub(lambda m: MODS[m[1]], text)
     text = PARTS.sub(_parts, text)
     return PATH.sub(lambda m: PATHS[m[1]], text)
 

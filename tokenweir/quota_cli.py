@@ -37,7 +37,7 @@ from tokenweir.admin_args import REDIS_FAILURES, add_mesh_redis_args, redis_fail
 __all__ = ["register"]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q = subparsers.add_parser("quota", help="show and edit tenant quotas live in Redis")
     add_mesh_redis_args(q)
     q.add_argument("--json", action="store_true", help="machine-readable output")

@@ -26,7 +26,7 @@ from tokenweir.admin_args import REDIS_FAILURES, add_mesh_redis_args, redis_fail
 __all__ = ["format_pairs", "read_pairs", "register"]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = subparsers.add_parser("shadow", help="primary vs shadow answers, pair by pair")
     add_mesh_redis_args(s)
     s.add_argument("--route", help="only this route")

@@ -45,7 +45,7 @@ def format_status(pools: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: object) -> str:
     if v is None:
         return "-"
     return f"{v:.3g}" if isinstance(v, float) else str(v)

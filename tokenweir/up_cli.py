@@ -25,7 +25,7 @@ from tokenweir.up_secure import Secure, admin_token_file, ensure_gateway_certs
 __all__ = ["port_problems", "register"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("up", help="start the local mesh described by a policy (Ctrl-C stops it)")
     p.add_argument("-c", "--config", type=Path, required=True)
     p.add_argument("--run-dir", type=Path, help="logs and bootstraps (default: a temporary folder)")

@@ -53,7 +53,7 @@ def _rate(payload: dict[str, Any], key: str) -> float:
     return float(value)
 
 
-def update_faults(current: FaultConfig, payload: Any, now: float) -> FaultConfig:
+def update_faults(current: FaultConfig, payload: object, now: float) -> FaultConfig:
     """Apply a ``POST /_emulator/faults`` body; RequestError (400) names a bad or unknown key."""
     if not isinstance(payload, dict):
         raise RequestError("the body must be a JSON object")

@@ -48,7 +48,7 @@ def routes(server: EmulatorServer) -> list[web.RouteDef]:
     ]
 
 
-def _prompt_ids(prompt: Any, encode: Callable[[str], list[int]]) -> list[int]:
+def _prompt_ids(prompt: object, encode: Callable[[str], list[int]]) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):

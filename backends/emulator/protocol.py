@@ -96,7 +96,7 @@ def parse_priority(body: dict[str, Any]) -> int | None:
     return value
 
 
-def parse_stop(value: Any) -> frozenset[str]:
+def parse_stop(value: object) -> frozenset[str]:
     if value is None:
         return frozenset()
     if isinstance(value, str):

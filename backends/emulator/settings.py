@@ -84,4 +84,4 @@ class EmulatorSettings:
             "context_length": self.context_length,
         }
         changes = {k: v for k, v in overrides.items() if v is not None}
-        return dataclasses.replace(base, **changes) if changes else base  # type: ignore[arg-type]
+        return dataclasses.replace(base, **changes) if changes else base  # type: ignore[arg-type]  # the overrides are the settings' own field names with their types (the CLI's)

@@ -22,7 +22,6 @@ import random
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from backends.errors import RequestError
 
@@ -49,7 +48,7 @@ def encode(text: str) -> list[int]:
     return [zlib.crc32(w.encode()) for w in text.split()]
 
 
-def _content_text(content: Any, index: int) -> str:
+def _content_text(content: object, index: int) -> str:
     if isinstance(content, str):
         return content
     if content is None:
@@ -69,7 +68,7 @@ def _content_text(content: Any, index: int) -> str:
     raise RequestError(f"messages[{index}].content must be a string or a list", "messages")
 
 
-def render_chat(messages: Any) -> str:
+def render_chat(messages: object) -> str:
     """Render OpenAI chat messages with the template above (RequestError when malformed)."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list", "messages")

@@ -48,7 +48,7 @@ class CapacityHints:
         return out
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         return None
     return int(value)

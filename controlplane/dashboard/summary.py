@@ -47,7 +47,7 @@ class Totals:
     upstream: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
-def _add(d: dict, key: object, value: float) -> None:  # type: ignore[type-arg]
+def _add(d: dict, key: object, value: float) -> None:  # type: ignore[type-arg]  # a counter dict of any key type, summed into
     d[key] = d.get(key, 0.0) + value
 
 

@@ -30,7 +30,7 @@ EXIT_INFEASIBLE = 3
 EXIT_POLICY = 4
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``plan`` subcommand; its handler is ``args.func(args) -> int``."""
     p = subparsers.add_parser(
         "plan",

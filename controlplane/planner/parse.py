@@ -57,7 +57,7 @@ _PROMPT_FIELDS = ("input_length", "prompt_tokens", "prompt")
 _OUTPUT_FIELDS = ("output_length", "completion_tokens", "output_tokens", "output")
 
 
-def parse_duration(value: Any, path: str) -> float:
+def parse_duration(value: object, path: str) -> float:
     """Seconds from ``250ms`` / ``1.5s`` / ``2m`` / a bare number of seconds."""
     if isinstance(value, bool):
         raise PlanInputError(path, f"expected a duration, got {value!r}")

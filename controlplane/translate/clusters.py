@@ -290,7 +290,7 @@ def _thresholds(
     priority: int, t: Thresholds, retries: Retries
 ) -> circuit_breaker_pb2.CircuitBreakers.Thresholds:
     th = circuit_breaker_pb2.CircuitBreakers.Thresholds(
-        priority=priority,  # type: ignore[arg-type]
+        priority=priority,  # type: ignore[arg-type]  # an int is a valid RoutingPriority enum value; the stub wants the enum type
         max_connections=u32(t.max_connections),
         max_pending_requests=u32(t.max_pending_requests),
         max_requests=u32(t.max_requests),
@@ -355,7 +355,7 @@ def _http1(c: cluster_pb2.Cluster, *, idle: float) -> None:
     c.typed_extension_protocol_options[_HTTP_OPTIONS].CopyFrom(any_of(opts))
 
 
-def _u64(v: int):  # type: ignore[no-untyped-def]
+def _u64(v: int):  # type: ignore[no-untyped-def]  # returns a message of a generated module that has no stubs
     from google.protobuf import wrappers_pb2
 
     return wrappers_pb2.UInt64Value(value=v)

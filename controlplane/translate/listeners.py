@@ -238,19 +238,19 @@ def _plaintext_refused(
     )
 
 
-def _u64(v: int):  # type: ignore[no-untyped-def]
+def _u64(v: int):  # type: ignore[no-untyped-def]  # returns a message of a generated module that has no stubs
     from google.protobuf import wrappers_pb2
 
     return wrappers_pb2.UInt64Value(value=v)
 
 
-def _u32(v: int):  # type: ignore[no-untyped-def]
+def _u32(v: int):  # type: ignore[no-untyped-def]  # returns a message of a generated module that has no stubs
     from controlplane.translate.protos import u32
 
     return u32(v)
 
 
-def _bool(v: bool):  # type: ignore[no-untyped-def]
+def _bool(v: bool):  # type: ignore[no-untyped-def]  # returns a message of a generated module that has no stubs
     from google.protobuf import wrappers_pb2
 
     return wrappers_pb2.BoolValue(value=v)

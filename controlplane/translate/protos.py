@@ -23,7 +23,7 @@ def double(value: float) -> wrappers_pb2.DoubleValue:
     return wrappers_pb2.DoubleValue(value=float(value))
 
 
-def percent(value: float):  # type: ignore[no-untyped-def]
+def percent(value: float):  # type: ignore[no-untyped-def]  # returns a message of a generated module that has no stubs
     from envoy.type.v3 import percent_pb2
 
     return percent_pb2.Percent(value=float(value))

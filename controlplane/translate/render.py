@@ -91,7 +91,7 @@ def render(policy: Policy) -> dict[str, Resources]:
     return out
 
 
-def _tracing(policy: Policy, node: str, res: Resources):  # type: ignore[no-untyped-def]
+def _tracing(policy: Policy, node: str, res: Resources):  # type: ignore[no-untyped-def]  # returns a message of a generated module that has no stubs
     """The HCM tracing of ``node``'s listeners (and its collector cluster), or None."""
     if policy.tracing is None:
         return None
@@ -108,7 +108,7 @@ def _empty() -> Resources:
 
 
 def _add(res: Resources, type_url: str, msg: Message) -> None:
-    name = msg.cluster_name if type_url == ENDPOINT else msg.name  # type: ignore[attr-defined]
+    name = msg.cluster_name if type_url == ENDPOINT else msg.name  # type: ignore[attr-defined]  # every resource but ClusterLoadAssignment has name; Message declares no fields
     res[type_url][name] = msg
 
 

@@ -254,7 +254,7 @@ def _route(
 def _pool_action(
     cluster: str, pool: LlmPool, timeouts: Timeouts, priority: int, *, split: bool = False
 ) -> rc.RouteAction:
-    action = rc.RouteAction(priority=priority)  # type: ignore[arg-type]
+    action = rc.RouteAction(priority=priority)  # type: ignore[arg-type]  # an int is a valid RoutingPriority enum value; the stub wants the enum type
     for header in pool.affinity.headers:
         action.hash_policy.append(
             rc.RouteAction.HashPolicy(
@@ -344,7 +344,7 @@ def _action(
     return action
 
 
-def _previous_hosts():  # type: ignore[no-untyped-def]
+def _previous_hosts():  # type: ignore[no-untyped-def]  # returns a message of a generated module that has no stubs
     from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 
     from controlplane.translate.protos import any_of

@@ -36,7 +36,7 @@ def hcm_tracing(tracing: Tracing, service_name: str) -> hcm_pb2.HttpConnectionMa
     )
 
 
-def _true():  # type: ignore[no-untyped-def]
+def _true():  # type: ignore[no-untyped-def]  # returns a message of a generated module that has no stubs
     from google.protobuf import wrappers_pb2
 
     return wrappers_pb2.BoolValue(value=True)

@@ -17,7 +17,7 @@ class DeltaSession(Session[discovery_pb2.DeltaDiscoveryResponse]):
 
     def on_request(
         self, request: discovery_pb2.DeltaDiscoveryRequest
-    ) -> list[discovery_pb2.DeltaDiscoveryResponse]:  # type: ignore[override]
+    ) -> list[discovery_pb2.DeltaDiscoveryResponse]:  # type: ignore[override]  # narrows the request to the one message type this stream carries
         type_url = request.type_url
         state = self.types.get(type_url)
         if state is None:

@@ -136,11 +136,11 @@ def _holding_fields(full_name: str) -> frozenset[str]:
 
 
 def _unpack(packed: Message) -> Message | None:
-    type_name = packed.type_url.rsplit("/", 1)[-1]  # type: ignore[attr-defined]
+    type_name = packed.type_url.rsplit("/", 1)[-1]  # type: ignore[attr-defined]  # a packed message (type_url, value); Message's stub declares neither
     try:
         descriptor = descriptor_pool.Default().FindMessageTypeByName(type_name)
     except KeyError:
         return None  # a type we do not know holds no reference we check
     inner = message_factory.GetMessageClass(descriptor)()
-    inner.ParseFromString(packed.value)  # type: ignore[attr-defined]
+    inner.ParseFromString(packed.value)  # type: ignore[attr-defined]  # a packed message (type_url, value); Message's stub declares neither
     return inner

@@ -68,7 +68,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             first = await anext(iterator)
         except StopAsyncIteration:
             return
-        node: base_pb2.Node = first.node  # type: ignore[attr-defined]
+        node: base_pb2.Node = first.node  # type: ignore[attr-defined]  # the stream's messages are typed as Message; every discovery request has node
         group = self._cache.group_of(node)
         session = factory(node, group, recorder=self._metrics, clock=self._clock)
         outbox: asyncio.Queue[Any] = asyncio.Queue()

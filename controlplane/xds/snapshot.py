@@ -43,7 +43,7 @@ def resource_name(resource: Message) -> str:
     """The name Envoy subscribes to: ``cluster_name`` for a ClusterLoadAssignment, else ``name``."""
     if isinstance(resource, endpoint_pb2.ClusterLoadAssignment):
         return str(resource.cluster_name)
-    return str(resource.name)  # type: ignore[attr-defined]
+    return str(resource.name)  # type: ignore[attr-defined]  # every resource type but ClusterLoadAssignment has name; Message declares no fields
 
 
 def resource_version(resource: Message) -> str:

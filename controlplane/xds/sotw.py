@@ -16,7 +16,7 @@ class SotwSession(Session[discovery_pb2.DiscoveryResponse]):
 
     def on_request(
         self, request: discovery_pb2.DiscoveryRequest
-    ) -> list[discovery_pb2.DiscoveryResponse]:  # type: ignore[override]
+    ) -> list[discovery_pb2.DiscoveryResponse]:  # type: ignore[override]  # narrows the request to the one message type this stream carries
         state = self.types.get(request.type_url)
         if state is None:
             return []  # a type we do not serve: Envoy waits for its initial-fetch timeout

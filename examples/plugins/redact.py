@@ -21,11 +21,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from filters.api import BasePlugin, Context, Result
+from filters.api import BasePlugin, Context, Result, Slot
 from filters.errors import ClientError, ConfigError
 
 __all__ = ["RedactPlugin"]
 
+REDACTED: Slot[int] = Slot("redact.count")  # this request's addresses replaced (per-request state)
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+")
 
 
@@ -59,7 +60,7 @@ class RedactPlugin(BasePlugin):
                         )
                 msg["content"], n = _EMAIL.subn(self.placeholder, text)
                 count += n
-        ctx.scratch["redact.count"] = count
+        ctx.put(REDACTED, count)
         if count == 0:
             return None
         new = json.dumps(data).encode()

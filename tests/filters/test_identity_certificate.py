@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from filters.errors import ClientError, ConfigError
-from filters.plugins.identity import IdentityPlugin
+from filters.plugins.identity.plugin import IdentityPlugin
 from filters.services import Services
 from filters.xfcc import certificate_identity, parse_xfcc
 from tests.filters.conftest import make_ctx

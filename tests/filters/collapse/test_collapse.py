@@ -11,9 +11,15 @@ from typing import Any
 import pytest
 
 from controlplane.translate import render
-from filters.collapse.hub import Hub
-from filters.collapse.plugin import CollapsePlugin, is_deterministic, replica_order
+from filters.api import Context
 from filters.errors import ConfigError
+from filters.plugins.collapse.hub import Hub
+from filters.plugins.collapse.plugin import (
+    _JOINED,
+    CollapsePlugin,
+    is_deterministic,
+    replica_order,
+)
 from policy import Policy, load_policy_text
 from policy.phases import COLLAPSE_ID_HEADER, COLLAPSE_TO_HEADER
 from tests.filters.conftest import ROUTE, FakeClock, make_ctx, make_services
@@ -143,7 +149,7 @@ async def test_the_plugin_points_the_leader_and_its_followers_at_the_fanout(
                             "x-tokenweir-tenant": "acme", "content-type": "application/json"}  # fmt: skip
     r = await p.request_body(lead, body)
     assert r is not None and r.set_headers[COLLAPSE_TO_HEADER] == "127.0.0.1:9"
-    run = lead.scratch["collapse"][1]
+    run = _joined(lead).run
     assert r.set_headers[COLLAPSE_ID_HEADER] == run.id
     assert run.origin is not None and run.origin.body == body
     assert dict(run.origin.headers) == {"authorization": "Bearer k",
@@ -231,8 +237,8 @@ async def test_identical_requests_arriving_while_the_registry_answers_still_coll
     ctxs = [make_ctx(tenant="acme", route=ROUTE) for _ in range(3)]
     got = await asyncio.gather(*(p.request_body(c, body) for c in ctxs))
     assert len({r.set_headers[COLLAPSE_ID_HEADER] for r in got if r is not None}) == 1
-    assert [c.scratch["collapse"][0] for c in ctxs] == ["leader", "follower", "follower"]
-    run = ctxs[0].scratch["collapse"][1]
+    assert [_joined(c).role for c in ctxs] == ["leader", "follower", "follower"]
+    run = _joined(ctxs[0]).run
     assert run.published and redis.data == {
         f"tw:{{collapse}}:{run.key}": f"127.0.0.1:9 {run.id}".encode()
     }
@@ -247,17 +253,24 @@ async def test_a_run_another_process_leads_is_read_from_its_fanout(
                                                redis=SlowRegistry()))  # fmt: skip
     ctx = make_ctx(tenant="acme", route=ROUTE)
     await p.request_body(ctx, body)
-    mine = ctx.scratch["collapse"][1]
+    mine = _joined(ctx).run
     other_hub = Hub(clock, address="127.0.0.1:10")
     registry = SlowRegistry({f"tw:{{collapse}}:{mine.key}": f"127.0.0.1:9 {mine.id}".encode()})
     q = CollapsePlugin({}, dataclasses.replace(make_services(policy, clock), collapser=other_hub,
                                                redis=registry))  # fmt: skip
     ctx2 = make_ctx(tenant="acme", route=ROUTE)
     r = await q.request_body(ctx2, body)
-    role, run = ctx2.scratch["collapse"]
+    role, run = _joined(ctx2).role, _joined(ctx2).run
     assert (
         role == "follower" and r is not None and r.set_headers[COLLAPSE_TO_HEADER] == "127.0.0.1:10"
     )
     assert run.origin.endpoints == ("127.0.0.1:9",)  # read from the leader's fan-out
     assert run.origin.headers == ((COLLAPSE_ID_HEADER, mine.id),)
     assert run.origin.fallback is not None and not run.published
+
+
+def _joined(ctx: Context) -> Any:
+    """The run a request leads or follows, as the plugin keeps it."""
+    joined = ctx.get(_JOINED)
+    assert joined is not None
+    return joined
