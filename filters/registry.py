@@ -19,6 +19,7 @@ from filters.collapse.plugin import CollapsePlugin
 from filters.errors import ConfigError
 from filters.idempotency.plugin import IdempotencyPlugin
 from filters.ladder.plugin import DegradePlugin
+from filters.lora.plugin import LoraPlugin
 from filters.pd.plugin import PdPlugin
 from filters.picker.plugin import PickerPlugin
 from filters.plugins.canary import CanaryPlugin
@@ -44,6 +45,7 @@ BUILTINS: Mapping[str, Factory] = {
     "degrade": DegradePlugin,
     "picker": PickerPlugin,
     "pd": PdPlugin,
+    "lora": LoraPlugin,
     "idempotency": IdempotencyPlugin,
     "collapse": CollapsePlugin,
     "canary": CanaryPlugin,

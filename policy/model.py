@@ -30,6 +30,7 @@ from policy.common import (
 from policy.decode import Decoder, Duration, Range, Size
 from policy.degradation import DegradationPolicy, LadderStep
 from policy.disaggregation import Disaggregation
+from policy.lora import LoraAdapters
 from policy.reservation import ReservationPolicy
 from policy.routing import RoutingPolicy
 from policy.safety import CollapsingPolicy, IdempotencyPolicy, RouteShadow
@@ -231,6 +232,7 @@ class LlmPool:
     degradation: DegradationPolicy | None = None
     canary: CanaryPolicy | None = None
     disaggregation: Disaggregation | None = None  # PD pools (disaggregation.py)
+    lora: LoraAdapters | None = None  # LoRA adapters served as models (lora.py)
 
     def __post_init__(self) -> None:
         check_backend_capacity(self.backend, self.capacity.max_running_requests)

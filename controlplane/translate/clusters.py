@@ -49,8 +49,10 @@ def pool_cluster(name: str, pool: LlmPool) -> cluster_pb2.Cluster:
     _outliers(c, pool.outlier_detection)
     _health(c, pool.health_check)
     _http1(c, idle=pool.timeouts.stream_idle)
-    # the filter server names the replica: the picker, a ranked pool's lane balance, PD's pairs
-    if pool.routing.mode == "prefix_index" or pool.balances_lanes or pool.disaggregation:
+    # the filter server names the replica: the picker, a ranked pool's lane balance, PD's pairs,
+    # a LoRA pool's adapter affinity (filters/lora)
+    named = pool.routing.mode == "prefix_index" or pool.balances_lanes or pool.disaggregation
+    if named or pool.lora is not None:
         c.load_balancing_policy.CopyFrom(override_host_policy(pool))
         return c
     c.lb_policy = cluster_pb2.Cluster.RING_HASH

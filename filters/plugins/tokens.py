@@ -50,6 +50,7 @@ from filters.bodies import (
 )
 from filters.errors import ClientError, ConfigError
 from filters.ladder.scratch import max_tokens_cap, served_model, served_pool
+from filters.lora.names import adapter_model
 from filters.services import Services
 from runtime.throttled_log import ThrottledLog
 from wire.contract import MODEL_HEADER, RESERVE_HEADER
@@ -175,6 +176,8 @@ class TokensPlugin(BasePlugin):
         )
         ctx.body = req
         model = req.model or (ctx.route.models[0] if ctx.route.models else "unknown")
+        pool = self.services.policy.pools.get(ctx.route.pool) if ctx.route.pool else None
+        model = adapter_model(pool, model)  # "base:adapter" on a LoRA pool (filters/lora)
         if not self._model_served(ctx, model):
             raise ClientError(
                 404,

@@ -1,0 +1,53 @@
+"""Policy of a pool's LoRA adapters (docs/policy.md "LoRA adapters").
+
+``pools.NAME.lora`` names the adapters the pool's replicas serve on their base model. Each
+adapter is a model of the pool: clients name it in ``model``; routes, quotas
+(``tiers.T.quotas.models.ADAPTER``) and prices (``prices.ADAPTER``) take it like any model. The
+loader adds the names to the pool's ``models`` before its cross-reference checks
+(``policy.lora_models``). The filter server tells the replica which adapter to run (SGLang's
+``lora_path`` in the body) and the picker prefers replicas that hold the adapter
+(filters/picker/lora.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from policy.decode import Range
+
+__all__ = ["LoraAdapters"]
+
+
+@dataclass(frozen=True)
+class LoraAdapters:
+    """``pools.NAME.lora``."""
+
+    adapters: tuple[str, ...]
+    # SGLang's --max-loras-per-batch of the replicas: adapters one replica holds at once
+    slots: Annotated[int, Range(1, 1024)] = 8
+    # where each adapter lies on the replicas (for /load_lora_adapter); default: its name
+    paths: dict[str, str] = field(default_factory=dict)
+    # the picker may ask a replica to load an adapter ahead of demand (/load_lora_adapter)
+    preload: bool = False
+    # a replica holding the adapter keeps it while its in-flight count is within this factor
+    # of the pool's mean (percent, as affinity.hash_balance_factor); past it the adapter spreads
+    spread_factor: Annotated[int, Range(100, 10000)] = 150
+
+    def __post_init__(self) -> None:
+        if not self.adapters:
+            raise ValueError("adapters: list at least one adapter name")
+        if len(set(self.adapters)) != len(self.adapters):
+            raise ValueError("adapters: an adapter is listed twice")
+        for name in self.adapters:
+            if not name or ":" in name or name.strip() != name:
+                raise ValueError(
+                    f"adapters: {name!r} is not a valid adapter name (no ':', no blanks: "
+                    "clients may write it 'base:adapter')"
+                )
+        unknown = sorted(set(self.paths) - set(self.adapters))
+        if unknown:
+            raise ValueError(f"paths: {unknown} are not among the adapters {list(self.adapters)}")
+
+    def path_of(self, name: str) -> str:
+        return self.paths.get(name, name)
