@@ -11,7 +11,7 @@ loader adds the names to the pool's ``models`` before its cross-reference checks
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated
 
 from policy.decode import Range
@@ -26,10 +26,6 @@ class LoraAdapters:
     adapters: tuple[str, ...]
     # SGLang's --max-loras-per-batch of the replicas: adapters one replica holds at once
     slots: Annotated[int, Range(1, 1024)] = 8
-    # where each adapter lies on the replicas (for /load_lora_adapter); default: its name
-    paths: dict[str, str] = field(default_factory=dict)
-    # the picker may ask a replica to load an adapter ahead of demand (/load_lora_adapter)
-    preload: bool = False
     # a replica holding the adapter keeps it while its in-flight count is within this factor
     # of the pool's mean (percent, as affinity.hash_balance_factor); past it the adapter spreads
     spread_factor: Annotated[int, Range(100, 10000)] = 150
@@ -45,9 +41,3 @@ class LoraAdapters:
                     f"adapters: {name!r} is not a valid adapter name (no ':', no blanks: "
                     "clients may write it 'base:adapter')"
                 )
-        unknown = sorted(set(self.paths) - set(self.adapters))
-        if unknown:
-            raise ValueError(f"paths: {unknown} are not among the adapters {list(self.adapters)}")
-
-    def path_of(self, name: str) -> str:
-        return self.paths.get(name, name)

@@ -25,5 +25,4 @@ def test_adapters_become_models_with_quotas_and_prices() -> None:
     pool = policy.pools["chat"]
     assert pool.models == ("m1", "sql", "support")  # the base model stays first
     assert pool.lora is not None and pool.lora.slots == 4
-    assert pool.lora.path_of("sql") == "sql"
     assert "sql" in policy.tiers["free"].quotas.models
