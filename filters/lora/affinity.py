@@ -9,11 +9,13 @@ a batch never mixes more than ``slots`` adapters, so requests for others wait. S
   only client);
 * a request for an adapter goes to a replica that holds it, the least loaded one (requests in
   flight from this filter process), while that one stays within ``spread_factor`` percent of
-  the pool's mean load (bounded load, as Envoy's ring hash);
+  the pool's mean load, or within ``MIN_SLACK`` requests of it (a replica batches many
+  requests: a few more in flight cost little, a slot load and the eviction it causes cost more);
 * when none holds it, or every holder is past the bound (a hot adapter one replica cannot
   carry), it goes where loading it costs least: a replica with a free slot, else one whose
-  least recently used adapter has nothing in flight there, the least loaded first; ties by a
-  rendezvous hash of the adapter (the same adapter lands on the same replica).
+  least recently used adapter has nothing in flight there and was used longest ago (the
+  coldest adapter in the pool leaves), the least loaded first; ties by a rendezvous hash of
+  the adapter (the same adapter lands on the same replica).
 
 Pure: no I/O, no clock.
 """
@@ -25,7 +27,9 @@ from collections.abc import Sequence
 
 from filters.rendezvous import rendezvous
 
-__all__ = ["AdapterAffinity"]
+__all__ = ["MIN_SLACK", "AdapterAffinity"]
+
+MIN_SLACK = 4  # requests in flight a holder may run above the mean before its adapter spreads
 
 
 class AdapterAffinity:
@@ -34,7 +38,8 @@ class AdapterAffinity:
     def __init__(self, slots: int, spread_factor: int = 150) -> None:
         self.slots = slots
         self.spread = spread_factor / 100.0
-        self._held: dict[str, OrderedDict[str, None]] = {}
+        self._held: dict[str, OrderedDict[str, int]] = {}  # adapter -> tick of its last use
+        self._tick = 0
         self._inflight: dict[str, int] = {}
         self._using: dict[tuple[str, str], int] = {}  # (replica, adapter) -> in flight
         self.loads = 0  # adapters this model expects replicas to load (a pick off its holders)
@@ -48,9 +53,10 @@ class AdapterAffinity:
             return None
         key = adapter.encode()
         load = self._inflight
-        bound = self.spread * (sum(load.get(r, 0) for r in replicas) + 1) / len(replicas)
+        mean = (sum(load.get(r, 0) for r in replicas) + 1) / len(replicas)
+        bound = max(self.spread * mean, mean + MIN_SLACK)
         holding = [r for r in replicas if adapter in self._held.get(r, ())]
-        within = [r for r in holding if load.get(r, 0) + 1 <= max(bound, 1.0)]
+        within = [r for r in holding if load.get(r, 0) + 1 <= bound]
         if within:
             choice = min(within, key=lambda r: (load.get(r, 0), -rendezvous(key, r)))
         else:
@@ -63,23 +69,25 @@ class AdapterAffinity:
         self._use(choice, adapter)
         return choice
 
-    def _eviction_cost(self, replica: str) -> int:
-        """0: a free slot; 1: its least recently used adapter is idle there; 2: all are busy."""
+    def _eviction_cost(self, replica: str) -> tuple[int, int]:
+        """(0, 0): a free slot; (1, tick): its least recently used adapter is idle there and
+        was last used at ``tick``; (2, tick): that adapter has requests in flight there."""
         held = self._held.get(replica)
         if held is None or len(held) < self.slots:
-            return 0
-        victim = next(iter(held))
-        return 1 if not self._using.get((replica, victim)) else 2
+            return (0, 0)
+        victim, tick = next(iter(held.items()))
+        return (1 if not self._using.get((replica, victim)) else 2, tick)
 
     def _use(self, replica: str, adapter: str) -> None:
         held = self._held.setdefault(replica, OrderedDict())
+        self._tick += 1
         if adapter in held:
             held.move_to_end(adapter)
         else:
             self.loads += 1
-            held[adapter] = None
-            if len(held) > self.slots:
+            if len(held) >= self.slots:
                 held.popitem(last=False)
+        held[adapter] = self._tick
         self._inflight[replica] = self._inflight.get(replica, 0) + 1
         k = (replica, adapter)
         self._using[k] = self._using.get(k, 0) + 1

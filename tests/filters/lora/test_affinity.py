@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from filters.lora.affinity import AdapterAffinity
+from filters.lora.affinity import MIN_SLACK, AdapterAffinity
 from filters.lora.names import adapter_model
 from policy.lora import LoraAdapters
 
@@ -27,10 +27,12 @@ def test_new_adapters_go_to_free_slots_before_evicting() -> None:
 
 def test_a_hot_adapter_spreads_past_the_bounded_load() -> None:
     aff = AdapterAffinity(slots=4, spread_factor=150)
-    picks = [aff.pick("hot", R) for _ in range(9)]  # none finishes: load builds up
+    picks = [aff.pick("hot", R) for _ in range(30)]  # none finishes: load builds up
     assert len(set(picks)) == 3  # one replica could not carry it: it spread to all
     counts = [picks.count(r) for r in R]
-    assert max(counts) - min(counts) <= 2
+    assert max(counts) - min(counts) <= MIN_SLACK + 2
+    few = AdapterAffinity(slots=4)
+    assert len({few.pick("warm", R) for _ in range(4)}) == 1  # a few in flight: it stays
 
 
 def test_an_idle_lru_adapter_is_evicted_before_a_busy_one() -> None:
