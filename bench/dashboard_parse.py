@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.dashboard.summary import totals_of
-from filters.admission.metrics import AdmissionMetrics
 from filters.metrics import FilterMetrics
+from filters.plugins.admission.metrics import AdmissionMetrics
 
 OUT = Path(__file__).resolve().parent / "results" / "dashboard_parse.json"
 

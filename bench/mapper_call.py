@@ -1,5 +1,5 @@
 """What one call of the picker's mapper worker costs the filter server: the mapper's worker over
-its pipes (:mod:`filters.picker.worker`, now) against a one-worker ``ProcessPoolExecutor``
+its pipes (:mod:`filters.plugins.picker.worker`, now) against a one-worker ``ProcessPoolExecutor``
 (before), side by side, rounds interleaved.
 
     .venv/bin/python bench/mapper_call.py [--calls 400] [--rounds 5] [--words 600]
@@ -26,9 +26,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent)]
 
-from filters.picker.mapper import ROOT, Job, map_batch  # noqa: E402
-from filters.picker.prompt import checkpoints  # noqa: E402
-from filters.picker.worker import MapperWorker  # noqa: E402
+from filters.plugins.picker.mapper import ROOT, Job, map_batch  # noqa: E402
+from filters.plugins.picker.prompt import checkpoints  # noqa: E402
+from filters.plugins.picker.worker import MapperWorker  # noqa: E402
 
 STEP, PAGE, EVERY = 256, 16, 16
 

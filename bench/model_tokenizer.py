@@ -44,8 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from chat.tokenizer import HfChatTokenizer, sglang_tools  # noqa: E402
-from filters.picker.mapper import ROOT as ROOT_POINT  # noqa: E402
-from filters.picker.mapper import map_points  # noqa: E402
+from filters.plugins.picker.mapper import ROOT as ROOT_POINT  # noqa: E402
+from filters.plugins.picker.mapper import map_points  # noqa: E402
 
 MODELS = ("llama3", "qwen2_5", "qwen3", "deepseek_v3")
 PACKAGE_VERSION = "3.7.2"

@@ -22,7 +22,7 @@ __all__ = ["ProcCpu", "label_of", "per_request_ms", "snapshot"]
 PROC = Path("/proc")
 _LABELS = (  # first match wins: (substring of the command line, label)
     ("multiprocessing.spawn", "spawned-worker"),  # e.g. the picker's mapper process (before)
-    ("filters.picker.worker", "spawned-worker"),  # the picker's mapper process (now)
+    ("filters.plugins.picker.worker", "spawned-worker"),  # the picker's mapper process (now)
     ("sglang", "sglang-router"),  # the router renames its process "sglang::router"
     ("litellm", "litellm"),
     ("backends.emulator", "emulator"),

@@ -10,7 +10,7 @@ rendered prompt's token count.
 1. **Accuracy** per kind of text (English prose, dense Python, JSON, Chinese, Japanese, emoji,
    long digit runs, spaced ASCII symbols, and a prompt crafted against the old sampler: cheap
    words wherever its 64 windows look, Chinese text between them): the reservation's prompt
-   tokens (:func:`filters.plugins.tokens.estimate_prompt`) now (the byte bound) and before
+   tokens (:func:`filters.plugins.tokens.plugin.estimate_prompt`) now (the byte bound) and before
    (``REV``'s estimator: the heuristic, sampled past 16 KiB), each over the real count. A bound
    must be >= 1 everywhere.
 2. **Cost** of counting one prompt at 3 KB, 71 KB and 300 KB: the byte bound, the old sampled
@@ -45,7 +45,7 @@ from filters.bodies import parse_request  # noqa: E402
 from filters.estimate import ByteBound, TokenizerEstimator  # noqa: E402
 from filters.metrics import FilterMetrics  # noqa: E402
 from filters.output_lengths import OutputLengths  # noqa: E402
-from filters.plugins import tokens  # noqa: E402
+from filters.plugins.tokens import plugin as tokens  # noqa: E402
 from filters.services import default_services  # noqa: E402
 from policy import load_policy  # noqa: E402
 

@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from backends.emulator.radix_cache import RadixCache  # noqa: E402
 from backends.emulator.tokenizer import encode  # noqa: E402
-from filters.picker.metrics import PickerMetrics  # noqa: E402
-from filters.picker.pool import PoolPicker  # noqa: E402
-from filters.picker.prompt import prompt_bytes  # noqa: E402
+from filters.plugins.picker.metrics import PickerMetrics  # noqa: E402
+from filters.plugins.picker.pool import PoolPicker  # noqa: E402
+from filters.plugins.picker.prompt import prompt_bytes  # noqa: E402
 from policy.model import Address, LlmPool  # noqa: E402
 from policy.routing import RoutingPolicy  # noqa: E402
 from prefixindex.hashing import prefix_block_ids  # noqa: E402

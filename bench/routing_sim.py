@@ -6,8 +6,8 @@ prefix index, as they would over ZMQ, but at once and without loss. ``--concurre
 clients send the same jobs as ``bench/routing.py`` (trace slice or shared documents); a router
 (``bench/routing_sim_routers.py``) names the replica for each:
 
-- ``picker``: the real :class:`filters.picker.pool.PoolPicker` (checkpoints, the checkpoint map,
-  the prefix index, :func:`filters.picker.score.choose`); the map is filled right after the pick;
+- ``picker``: the real :class:`filters.plugins.picker.pool.PoolPicker` (checkpoints, the checkpoint map,
+  the prefix index, :func:`filters.plugins.picker.score.choose`); the map is filled right after the pick;
 - ``ring_hash``: rendezvous hash of the first 256 tokens with bounded load (like Envoy's ring hash
   with ``hash_balance_factor``);
 - ``approx_tree``: sglang-router ``cache_aware`` as its docs describe it (one approximate prefix
@@ -57,8 +57,8 @@ from bench.routing_sim_routers import (  # noqa: E402
     Router,
     probe,
 )
-from filters.picker.metrics import PickerMetrics  # noqa: E402
-from filters.picker.pool import PoolPicker  # noqa: E402
+from filters.plugins.picker.metrics import PickerMetrics  # noqa: E402
+from filters.plugins.picker.pool import PoolPicker  # noqa: E402
 from policy.model import Address, LlmPool  # noqa: E402
 from policy.routing import RoutingPolicy  # noqa: E402
 from prefixindex.hashing import prefix_block_ids  # noqa: E402

@@ -9,9 +9,9 @@ import dataclasses
 import zlib
 from collections.abc import Sequence
 
-from filters.picker.coalesce import Lead, Wait, follow
-from filters.picker.pool import PoolPicker
-from filters.picker.prompt import Prompt, checkpoints
+from filters.plugins.picker.coalesce import Lead, Wait, follow
+from filters.plugins.picker.pool import PoolPicker
+from filters.plugins.picker.prompt import Prompt, checkpoints
 
 __all__ = ["ApproxTreeRouter", "Job", "PickerRouter", "RingHashRouter", "Router", "probe"]
 

@@ -31,7 +31,7 @@ import redis.asyncio as aioredis  # noqa: E402
 
 from filters.api import Context, RouteInfo  # noqa: E402
 from filters.bodies import parse_request  # noqa: E402
-from filters.plugins.usage import UsagePlugin  # noqa: E402
+from filters.plugins.usage.plugin import UsagePlugin  # noqa: E402
 from filters.services import default_services  # noqa: E402
 from policy import load_policy  # noqa: E402
 from quota.keys import bucket_key, record_key  # noqa: E402

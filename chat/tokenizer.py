@@ -10,7 +10,7 @@ template writes them). A plain prompt (``/v1/completions``, ``/generate`` text) 
 parts is joined with spaces unless the template iterates over ``message['content']`` itself
 (SGLang's ``string`` / ``openai`` content formats); keys whose value is null are dropped.
 
-The picker (filters/picker) renders prompts with this in the filter server and tokenizes them,
+The picker (filters/plugins/picker) renders prompts with this in the filter server and tokenizes them,
 piece by piece, in its mapper; the emulator uses it with ``--tokenizer-path`` so its KV events
 carry the model's token ids, as a real SGLang server's do.
 

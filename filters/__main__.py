@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             lambda i: [*base, *together, "--worker-index", str(i), "--processes", "1"],
             processes,
         )
-    from filters.admission.limits import gateway_processes
     from filters.app import FilterApp, Settings
+    from filters.plugins.admission.limits import gateway_processes
 
     settings = Settings(
         policy_path=ns.policy,

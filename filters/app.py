@@ -18,10 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from filters.aborts import Aborter
-from filters.admission.fairshare import FairShare
-from filters.admission.gate import Gates
-from filters.admission.shared import SharedReturns
-from filters.admission.signal import (
+from filters.budget import Budget, CachedBudget, NoBudget, quota_reader_budget
+from filters.estimate import Estimator, load_estimator
+from filters.h2server import LIMITS, H2FilterServer
+from filters.keys import KeyInfo, KeyStore, policy_keys
+from filters.metrics import FilterMetrics
+from filters.output_lengths import OutputLengths
+from filters.output_lengths_shared import SharedLengths
+from filters.plugins.admission.fairshare import FairShare
+from filters.plugins.admission.gate import Gates
+from filters.plugins.admission.shared import SharedReturns
+from filters.plugins.admission.signal import (
     admission_source,
     alive_source,
     capacity_source,
@@ -30,25 +37,18 @@ from filters.admission.signal import (
     ranking_source,
     saturation_source,
 )
-from filters.admission.spread import LaneBalance
-from filters.budget import Budget, CachedBudget, NoBudget, quota_reader_budget
-from filters.collapse.fanout import FanoutServer
-from filters.collapse.hub import Hub
-from filters.estimate import Estimator, load_estimator
-from filters.h2server import LIMITS, H2FilterServer
-from filters.keys import KeyInfo, KeyStore, policy_keys
-from filters.ladder.state import Ladders, uses_ladder
-from filters.metrics import FilterMetrics
-from filters.output_lengths import OutputLengths
-from filters.output_lengths_shared import SharedLengths
-from filters.pd.hub import PdHub
-from filters.picker.registry import Pickers
+from filters.plugins.admission.spread import LaneBalance
+from filters.plugins.collapse.fanout import FanoutServer
+from filters.plugins.collapse.hub import Hub
+from filters.plugins.degrade.state import Ladders, uses_ladder
+from filters.plugins.pd.hub import PdHub
+from filters.plugins.picker.registry import Pickers
+from filters.plugins.shadow.metrics import ShadowMetrics
+from filters.plugins.shadow.recorder import ShadowRecorder
 from filters.redis_pool import redis_client
 from filters.registry import RouteEntry, build_routes, iter_routes
 from filters.server import FilterServer, FilterServicer
 from filters.services import Services, default_services
-from filters.shadow.metrics import ShadowMetrics
-from filters.shadow.recorder import ShadowRecorder
 from filters.usage_log import UsageLog
 from policy import Policy, load_policy
 from policy.phases import uses_collapse, uses_shadow_pairs
@@ -174,7 +174,7 @@ class FilterApp:
         # the backend aborts of streams it ends
         self.topups: TopUps | None = None
         self.aborts = Aborter(self.metrics.backend_aborts, clock=clock)
-        # PD pools: pair loads and the prefill calls (filters/pd)
+        # PD pools: pair loads and the prefill calls (filters/plugins/pd)
         self.pd = PdHub(self.metrics.registry, clock=clock)
 
     def _redis_url(self) -> str | None:

@@ -12,24 +12,24 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from filters.admission.plugin import AdmissionPlugin
 from filters.api import Plugin, RouteInfo
 from filters.chain import Chain
-from filters.collapse.plugin import CollapsePlugin
 from filters.errors import ConfigError
-from filters.idempotency.plugin import IdempotencyPlugin
-from filters.ladder.plugin import DegradePlugin
 from filters.lora.plugin import LoraPlugin
-from filters.pd.plugin import PdPlugin
-from filters.picker.plugin import PickerPlugin
-from filters.plugins.canary import CanaryPlugin
-from filters.plugins.identity import IdentityPlugin
-from filters.plugins.lane import LanePlugin
-from filters.plugins.prefix import PrefixPlugin
-from filters.plugins.tokens import TokensPlugin
-from filters.plugins.usage import UsagePlugin
+from filters.plugins.admission.plugin import AdmissionPlugin
+from filters.plugins.canary.plugin import CanaryPlugin
+from filters.plugins.collapse.plugin import CollapsePlugin
+from filters.plugins.degrade.plugin import DegradePlugin
+from filters.plugins.idempotency.plugin import IdempotencyPlugin
+from filters.plugins.identity.plugin import IdentityPlugin
+from filters.plugins.lane.plugin import LanePlugin
+from filters.plugins.pd.plugin import PdPlugin
+from filters.plugins.picker.plugin import PickerPlugin
+from filters.plugins.prefix.plugin import PrefixPlugin
+from filters.plugins.shadow.plugin import ShadowPlugin
+from filters.plugins.tokens.plugin import TokensPlugin
+from filters.plugins.usage.plugin import UsagePlugin
 from filters.services import Services
-from filters.shadow.plugin import ShadowPlugin
 from policy.phases import meters_usage, stops_at_budget
 
 __all__ = ["BUILTINS", "RouteEntry", "build_routes", "iter_routes", "load_factory", "route_info"]

@@ -21,7 +21,7 @@ from filters.api import Context, openai_error
 from filters.chain import Outcome
 from filters.metrics import FilterMetrics
 from filters.oversize import drain_body, oversize_limit, oversize_reply
-from filters.plugins.usage import METERED, OUTCOME_KEY
+from filters.plugins.usage.plugin import METERED, OUTCOME_KEY
 from filters.protocol import (
     CONTINUE_REQUEST_BODY,
     CONTINUE_RESPONSE_BODY,

@@ -25,16 +25,20 @@ class Services:
     estimator: Estimator
     metrics: FilterMetrics
     clock: Callable[[], float]
-    gates: Any = None  # filters.admission.gate.Gates: admission state kept across reloads
-    ladders: Any = None  # filters.ladder.state.Ladders: ladder steps kept across reloads
-    pickers: Any = None  # filters.picker.registry.Pickers: prefix indexes kept across reloads
+    gates: Any = None  # filters.plugins.admission.gate.Gates: admission state kept across reloads
+    ladders: Any = None  # filters.plugins.degrade.state.Ladders: ladder steps kept across reloads
+    pickers: Any = (
+        None  # filters.plugins.picker.registry.Pickers: prefix indexes kept across reloads
+    )
     redis: Any = None  # the server's asyncio Redis client (None: no Redis configured)
-    collapser: Any = None  # filters.collapse.hub.Hub: in-flight collapsed runs across reloads
-    shadow: Any = None  # filters.shadow.recorder.ShadowRecorder: open primary/shadow pairs
-    balance: Any = None  # filters.admission.spread.LaneBalance: ranked pools' replica loads
+    collapser: Any = (
+        None  # filters.plugins.collapse.hub.Hub: in-flight collapsed runs across reloads
+    )
+    shadow: Any = None  # filters.plugins.shadow.recorder.ShadowRecorder: open primary/shadow pairs
+    balance: Any = None  # filters.plugins.admission.spread.LaneBalance: ranked pools' replica loads
     topups: Any = None  # quota.topup.TopUps: a stream's draws past its reservation
     aborts: Any = None  # filters.aborts.Aborter: backend aborts of streams stopped at the budget
-    pd: Any = None  # filters.pd.hub.PdHub: PD pools' pair loads and prefill calls
+    pd: Any = None  # filters.plugins.pd.hub.PdHub: PD pools' pair loads and prefill calls
     lengths: OutputLengths | None = (
         None  # learned output lengths (reservations), kept across reloads
     )

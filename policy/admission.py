@@ -1,4 +1,4 @@
-"""Policy of priority admission at the gateway (filters/admission, docs/policy.md).
+"""Policy of priority admission at the gateway (filters/plugins/admission, docs/policy.md).
 
 Each lane has a bounded queue in every filter process; requests wait there (holding Envoy's
 request headers) until the pool has room, strict priority between lanes, weighted fairness

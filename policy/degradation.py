@@ -1,5 +1,5 @@
 """Policy of the degradation ladder: per pool, ordered steps a saturated pool takes for its
-lower tiers (filters/ladder, docs/policy.md "Degradation ladder").
+lower tiers (filters/plugins/degrade, docs/policy.md "Degradation ladder").
 
 Each step is entered when the pool's saturation reaches ``enter_at`` and left only once it is
 below ``leave_at`` and the ladder has stayed on its step for ``min_dwell`` (hysteresis). Steps

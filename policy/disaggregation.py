@@ -4,7 +4,7 @@
 SGLang bootstrap server, ``--disaggregation-bootstrap-port``) and its decode replicas. The decode
 replicas are the pool's Envoy cluster (the client's answer streams from one of them); the filter
 server's ``pd`` plugin picks a pair per request, adds SGLang's bootstrap fields to the body and
-sends the prefill side itself (filters/pd).
+sends the prefill side itself (filters/plugins/pd).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ adapter is a model of the pool: clients name it in ``model``; routes, quotas
 loader adds the names to the pool's ``models`` before its cross-reference checks
 (``policy.lora_models``). The filter server tells the replica which adapter to run (SGLang's
 ``lora_path`` in the body) and the picker prefers replicas that hold the adapter
-(filters/picker/lora.py).
+(filters/plugins/picker/lora.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``reservation``: how much of a tenant's token budget a request reserves, and what a request
-gets when its whole answer does not fit (filters/plugins/tokens.py; docs/quotas.md
+gets when its whole answer does not fit (filters/plugins/tokens/plugin.py; docs/quotas.md
 "Reservations that fit the answer").
 
 The reservation is the prompt (counted exactly with the pool's tokenizer, else bounded from its

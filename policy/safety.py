@@ -1,5 +1,5 @@
-"""Policy of safe retries: idempotency keys and request collapsing (filters/idempotency,
-filters/collapse; docs/policy.md "Idempotency keys", "Request collapsing").
+"""Policy of safe retries: idempotency keys and request collapsing (filters/plugins/idempotency,
+filters/plugins/collapse; docs/policy.md "Idempotency keys", "Request collapsing").
 
 Both are opt-in per route: a route gets them by listing the ``idempotency`` or ``collapse``
 plugin in its filter chain; these sections hold the knobs every such route shares.

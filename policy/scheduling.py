@@ -10,7 +10,7 @@ running ones (docs/emulator.md has SGLang's rules). Off by default, as in SGLang
 ``ring_hash`` pool): the filter server names, per request, the replica with the fewest requests
 in flight that this request cannot preempt (for interactive: interactive; for batch: all), a
 session staying on its rendezvous replica while that one is within the pool's bounded load
-(``filters/admission/spread.py``); Envoy's override-host load balancer honours it, ring hash
+(``filters/plugins/admission/spread.py``); Envoy's override-host load balancer honours it, ring hash
 stays the fallback. ``ring``: Envoy's ring hash with bounded load over all active requests,
 which lets one replica fill with interactive work while another's batch could be preempted. A
 ``prefix_index`` pool is balanced by its endpoint picker (``balance: lane`` is an error there).

@@ -8,11 +8,11 @@ Step 0 is normal service; on step ``k`` the first ``k`` steps of the pool's
   stayed on its step for ``min_dwell``; then to the highest step whose ``leave_at`` it still
   reaches. Between ``leave_at`` and the next ``enter_at`` nothing changes (hysteresis).
 * No data (``None``: the control plane is silent) reads as 0: the ladder steps down, and the
-  admission capacity in the policy remains the safe bound (as in filters/admission/signal.py).
+  admission capacity in the policy remains the safe bound (as in filters/plugins/admission/signal.py).
 * A shed step hides the demand it refuses from a reading of what is admitted, so ``min_dwell``
   holds it however quiet the pool turns (the dwell is what keeps it from flapping). Where the
   reading counts what the shed step turned away (the caller says so with ``settle``: the
-  filter server's gate counts the fresh requests it refused, :mod:`filters.ladder`), the shed
+  filter server's gate counts the fresh requests it refused, :mod:`filters.plugins.degrade`), the shed
   step is left as soon as that demand fits, after ``settle`` seconds of measuring it: the same
   demand that let it down is then admitted, and it returns only past ``enter_at``.
 * Clients that come back when a ``Retry-After`` told them are demand, not a new spike: the

@@ -24,9 +24,9 @@ def _registries() -> list[CollectorRegistry]:
     from backends.emulator.metrics import EmulatorMetrics
     from backends.emulator.scheduler import SchedulerStats
     from controlplane.app import ControlPlane, ControlPlaneSettings
-    from filters.admission.gate import AdmissionMetrics
-    from filters.ladder.state import LadderMetrics
     from filters.metrics import FilterMetrics
+    from filters.plugins.admission.gate import AdmissionMetrics
+    from filters.plugins.degrade.state import LadderMetrics
     from policy import Address
     from ratelimit_service.metrics import Metrics as RateLimitMetrics
     from runtime.watcher import ReloadMetrics

@@ -210,7 +210,7 @@ def test_every_package_of_ours_has_a_layer() -> None:
         ("runtime.children", "tokenweir.up", False),
         ("quota.config", "policy.model", True),
         ("quota.reader", "runtime.tasks", True),
-        ("poolstate.ladder", "filters.ladder", False),
+        ("poolstate.ladder", "filters.plugins.degrade", False),
         ("filters.h2server", "ratelimit_service.h2server", False),
         ("filters.budget", "quota.reader", True),
         ("ratelimit_service.server", "filters.keys", False),
@@ -234,7 +234,7 @@ def test_lazy_relative_and_by_name_imports_are_seen(tmp_path: Path) -> None:
     (pkg / "names.py").write_text("")
     (pkg / "x.py").write_text(
         "def f():\n    from filters.phases import route_hooks\nfrom .names import X\n"
-        'T = "filters.app:prepare"\nL = "filters.picker"\n'
+        'T = "filters.app:prepare"\nL = "filters.plugins.picker"\n'
     )
     found = sorted((n, how) for _, n, how in imports(pkg / "x.py", tmp_path))
     assert found == [

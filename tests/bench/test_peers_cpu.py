@@ -77,7 +77,7 @@ def test_labels() -> None:
     )
     assert label_of(["python", "-m", "backends.emulator"]) == "emulator"
     # the picker's mapper process: apart from the filter server that starts it
-    assert label_of(["/v/bin/python", "-m", "filters.picker.worker"]) == "spawned-worker"
+    assert label_of(["/v/bin/python", "-m", "filters.plugins.picker.worker"]) == "spawned-worker"
     assert label_of(["/v/bin/python", "-m", "filters", "--policy", "p.yaml"]) == "filters"
     assert (
         label_of(["python", "-m", "ratelimit_service", "--policy", "filters.yaml"])

@@ -15,7 +15,7 @@ from redis.exceptions import MaxConnectionsError
 from filters.api import Context
 from filters.errors import ClientError, KeyServiceUnavailable
 from filters.keys import REVOKED_SET, KeyInfo, KeyStore, key_digest, key_name
-from filters.plugins.identity import IdentityPlugin
+from filters.plugins.identity.plugin import IdentityPlugin
 from runtime.throttled_log import ThrottledLog
 from tests.filters.conftest import ROUTE, FakeClock, make_services
 

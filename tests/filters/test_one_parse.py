@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry
 import filters.bodies
 from filters.api import Context, RouteInfo
 from filters.bodies import LlmRequest, request_of
-from filters.picker.plugin import PickerPlugin
-from filters.picker.registry import Pickers
-from filters.plugins.prefix import PrefixPlugin
+from filters.plugins.picker.plugin import PickerPlugin
+from filters.plugins.picker.registry import Pickers
+from filters.plugins.prefix.plugin import PrefixPlugin
 from filters.services import Services
 from tests.filters.picker.test_pool import NAMES, Clock, _picker
 

@@ -10,10 +10,10 @@ import pytest
 from filters.api import RouteInfo
 from filters.budget import CachedBudget
 from filters.errors import ClientError, ConfigError
-from filters.plugins.identity import IdentityPlugin
-from filters.plugins.lane import LanePlugin
-from filters.plugins.prefix import PrefixPlugin
-from filters.plugins.tokens import TokensPlugin
+from filters.plugins.identity.plugin import IdentityPlugin
+from filters.plugins.lane.plugin import LanePlugin
+from filters.plugins.prefix.plugin import PrefixPlugin
+from filters.plugins.tokens.plugin import TokensPlugin
 from filters.services import Services
 from policy import Policy
 from policy.reservation import ReservationPolicy
@@ -283,7 +283,7 @@ async def test_slow_budget_reads_are_logged_once_per_interval_not_per_request(
 ) -> None:
     services = make_services(_clamping(policy), clock, budget=SlowBudget({}))
     plugin = TokensPlugin({"budget_timeout": 0.001}, services)
-    with caplog.at_level(logging.WARNING, logger="filters.plugins.tokens"):
+    with caplog.at_level(logging.WARNING, logger="filters.plugins.tokens.plugin"):
         await asyncio.gather(
             *(
                 plugin.request_body(make_ctx(tenant="demo-free", tier="free"), _chat())

@@ -4,7 +4,7 @@ The oracle: a byte-level BPE ``tokenizer.json`` trained by the ``tokenizers`` li
 3's pre-tokenizer and chat template (tests/chat_model.py), applied as SGLang applies it
 (chat/tokenizer.py: the template rendered, then encoded). Its vocabulary is small, so
 unusual text costs nearly a token per byte: the harshest real tokenizer a bound can meet.
-The bound: :func:`filters.plugins.tokens.estimate_prompt` with the estimator the filter server
+The bound: :func:`filters.plugins.tokens.plugin.estimate_prompt` with the estimator the filter server
 uses without a tokenizer file (:class:`filters.estimate.ByteBound`).
 """
 
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from chat.tokenizer import HfChatTokenizer
 from filters.bodies import parse_request
 from filters.estimate import ByteBound, HeuristicEstimator
-from filters.plugins.tokens import estimate_prompt
+from filters.plugins.tokens.plugin import estimate_prompt
 from filters.services import Services
 from tests.chat_model import make_model_dir
 from tests.filters.conftest import FakeClock, make_services

@@ -11,8 +11,8 @@ from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 from controlplane.translate.ext_proc import EXT_PROC_FILTER, ext_proc_per_route
 from filters.bodies import parse_request
 from filters.errors import ClientError
-from filters.plugins.tokens import TokensPlugin
-from filters.plugins.usage import UsagePlugin
+from filters.plugins.tokens.plugin import TokensPlugin
+from filters.plugins.usage.plugin import UsagePlugin
 from filters.services import Services
 from policy import Policy
 from policy.model import PluginRef, Route, RouteFilters, RouteMatch, RouteRateLimit

@@ -10,7 +10,7 @@ import pytest
 from filters.api import Usage
 from filters.errors import ClientError
 from filters.output_lengths import bucket_of, upper_edge
-from filters.plugins.tokens import TokensPlugin
+from filters.plugins.tokens.plugin import TokensPlugin
 from policy import Policy
 from policy.reservation import ReservationPolicy
 from tests.filters.conftest import ROUTE, FakeBudget, FakeClock, make_ctx, make_services
@@ -139,8 +139,8 @@ async def test_a_pool_naming_its_models_tokenizer_counts_the_prompt_exactly(
     from types import SimpleNamespace
 
     from chat.tokenizer import HfChatTokenizer
-    from filters.picker.prompt import prompt_bytes
-    from filters.plugins.tokens import EXACT_BYTES
+    from filters.plugins.picker.prompt import prompt_bytes
+    from filters.plugins.tokens.plugin import EXACT_BYTES
     from tests.chat_model import make_model_dir
 
     assert isinstance(tmp_path, Path)

@@ -1,4 +1,4 @@
-"""The in-stream stop: counting and cutting (filters/stop.py) and the usage plugin that ends a
+"""The in-stream stop: counting and cutting (filters/plugins/usage/stop.py) and the usage plugin that ends a
 stream at the tenant's budget (top-ups from a fake store that keeps a bucket, a fake aborter)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 
 from filters.api import Result
 from filters.bodies import parse_request
-from filters.plugins.usage import UsagePlugin
+from filters.plugins.usage.plugin import UsagePlugin
+from filters.plugins.usage.stop import cut, generate_count, quick_count, stop_events, stream_head
 from filters.services import Services
 from filters.sse import event_json, split_events
-from filters.stop import cut, generate_count, quick_count, stop_events, stream_head
 from quota.errors import QuotaUnavailable
 from quota.topup import NO_RECORD, TopUp
 from tests.filters.conftest import FakeClock, make_ctx

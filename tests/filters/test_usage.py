@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from filters.api import Result, Usage
 from filters.bodies import parse_request
-from filters.plugins.usage import UsagePlugin
+from filters.plugins.usage.plugin import UsagePlugin
 from filters.services import Services
 from filters.sse import split_events
 from policy import load_policy

@@ -125,7 +125,7 @@ def test_metered_requests_reach_the_pickers_with_their_pool() -> None:
     the backend reported come from the access-log entry, with the pool the request went to."""
     from prometheus_client import CollectorRegistry
 
-    from filters.picker.registry import Pickers
+    from filters.plugins.picker.registry import Pickers
 
     seen: list[tuple[object, object]] = []
     log = UsageLog(

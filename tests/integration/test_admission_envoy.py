@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from filters.admission.gate import PoolGate
 from filters.app import FilterApp, Settings
+from filters.plugins.admission.gate import PoolGate
 from runtime.local_http import serve_any_path
 from tests.helpers import free_port
 from tests.integration.mesh_harness import mesh

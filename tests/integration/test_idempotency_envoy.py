@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from filters.api import Context
-from filters.idempotency import IdempotencyPlugin
+from filters.plugins.idempotency import IdempotencyPlugin
 from filters.registry import route_info
 from policy import load_policy
 from tests.filters.conftest import FakeClock, make_services

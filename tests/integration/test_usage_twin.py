@@ -20,7 +20,7 @@ from aiohttp import web
 
 from controlplane.translate.usage_meter import lua_source
 from filters.bodies import parse_request
-from filters.plugins.usage import UsagePlugin
+from filters.plugins.usage.plugin import UsagePlugin
 from filters.sse import SETTLE_KEY
 from policy import load_policy
 from tests.filters.conftest import ROOT, FakeClock, make_ctx, make_services

@@ -26,7 +26,7 @@ def test_picker_pools_publish_events_and_tokenize_with_the_pickers_model() -> No
 
 
 def test_the_replay_port_follows_its_offset_and_the_picker_looks_there() -> None:
-    from filters.picker.pool import feeds_for
+    from filters.plugins.picker.pool import feeds_for
 
     addr = Address("127.0.0.1", 30001)
     routing = RoutingPolicy(mode="prefix_index", kv_events_replay_offset=2000)
@@ -38,7 +38,7 @@ def test_the_replay_port_follows_its_offset_and_the_picker_looks_there() -> None
 
 
 def test_a_vllm_pool_runs_vllm_flavoured_emulators_and_its_picker_reads_vllm_events() -> None:
-    from filters.picker.pool import feeds_for
+    from filters.plugins.picker.pool import feeds_for
     from policy.model import LlmPool
     from policy.saturation import PoolCapacity
     from tokenweir.up_parts import flavor_args

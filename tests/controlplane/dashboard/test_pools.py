@@ -7,8 +7,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from controlplane.dashboard.pools import answers, pool_rows, route_pools
 from controlplane.dashboard.summary import totals_of
-from filters.admission.metrics import AdmissionMetrics
 from filters.metrics import FilterMetrics
+from filters.plugins.admission.metrics import AdmissionMetrics
 from policy.loader import load_policy_text
 from tests.controlplane.dashboard.test_view import POLICY
 

@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.dashboard.errors import SourceError
 from controlplane.dashboard.summary import point_between, quantile, totals_of
-from filters.admission.gate import AdmissionMetrics
 from filters.metrics import FilterMetrics
+from filters.plugins.admission.gate import AdmissionMetrics
 from ratelimit_service.metrics import Metrics as RateLimitMetrics
 
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filters.admission.core import Admission, LaneConfig, Shed
-from filters.admission.drain import DrainMeter
-from filters.admission.queues import Ticket
+from filters.plugins.admission.core import Admission, LaneConfig, Shed
+from filters.plugins.admission.drain import DrainMeter
+from filters.plugins.admission.queues import Ticket
 
 LANES = ("interactive", "batch")
 

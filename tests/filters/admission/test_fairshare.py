@@ -1,4 +1,4 @@
-"""Tenants' token counters shared between filter processes (``filters/admission/fairshare.py``):
+"""Tenants' token counters shared between filter processes (``filters/plugins/admission/fairshare.py``):
 two gates, as two filter processes sharing one pool, over a real Redis; each counts what the
 other served; Redis gone, each counts its own; the fairness gauges."""
 
@@ -10,9 +10,9 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from filters.admission.core import Admission, LaneConfig
-from filters.admission.fairshare import FairShare, fairshare_key
-from filters.admission.gate import AdmissionMetrics, PoolGate
+from filters.plugins.admission.core import Admission, LaneConfig
+from filters.plugins.admission.fairshare import FairShare, fairshare_key
+from filters.plugins.admission.gate import AdmissionMetrics, PoolGate
 from runtime.ports import free_port
 
 pytestmark = pytest.mark.timeout(30)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filters.admission.herd import Promises, window
+from filters.plugins.admission.herd import Promises, window
 
 
 def test_a_client_back_when_told_claims_its_place_once() -> None:

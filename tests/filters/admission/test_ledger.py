@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filters.admission.core import Admission, LaneConfig
-from filters.admission.ledger import DEFAULT_COST, SETTLE_WAIT, TokenLedger
-from filters.admission.queues import Ticket
+from filters.plugins.admission.core import Admission, LaneConfig
+from filters.plugins.admission.ledger import DEFAULT_COST, SETTLE_WAIT, TokenLedger
+from filters.plugins.admission.queues import Ticket
 
 
 def _saturated_run(

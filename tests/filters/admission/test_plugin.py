@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from filters.admission.gate import Gates
-from filters.admission.limits import pool_limits, saturated_limit
-from filters.admission.plugin import AdmissionPlugin, shed_reply
 from filters.api import Context, Result, RouteInfo
 from filters.errors import ClientError
+from filters.plugins.admission.gate import Gates
+from filters.plugins.admission.limits import pool_limits, saturated_limit
+from filters.plugins.admission.plugin import AdmissionPlugin, shed_reply
 from policy import Policy, load_policy_text
 from policy.servers import Replicas
 from tests.filters.conftest import FakeClock, make_services
@@ -196,8 +196,8 @@ async def test_a_waiter_that_falls_behind_is_answered_then_not_at_the_end_of_its
     fake clock long before its wait would end (the real wait would be 50 s)."""
     from prometheus_client import CollectorRegistry
 
-    from filters.admission.core import Admission, LaneConfig, Shed
-    from filters.admission.gate import AdmissionMetrics, PoolGate
+    from filters.plugins.admission.core import Admission, LaneConfig, Shed
+    from filters.plugins.admission.gate import AdmissionMetrics, PoolGate
 
     clock = FakeClock(0.0)
     core = Admission(

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from filters.admission.core import Admission, LaneConfig, Shed
-from filters.admission.gate import AdmissionMetrics, PoolGate
-from filters.admission.queues import Ticket
-from filters.admission.signal import admission_alive
+from filters.plugins.admission.core import Admission, LaneConfig, Shed
+from filters.plugins.admission.gate import AdmissionMetrics, PoolGate
+from filters.plugins.admission.queues import Ticket
+from filters.plugins.admission.signal import admission_alive
 
 
 def pool(cap: int = 4, *, tokens: int | None = None, preemptive: bool = True) -> Admission:

@@ -9,10 +9,10 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
-from filters.admission.core import Shed
-from filters.admission.gate import Gates, PoolGate
-from filters.admission.queues import Ticket
-from filters.admission.signal import pool_state_reader, ranking_source
+from filters.plugins.admission.core import Shed
+from filters.plugins.admission.gate import Gates, PoolGate
+from filters.plugins.admission.queues import Ticket
+from filters.plugins.admission.signal import pool_state_reader, ranking_source
 from policy import load_policy_text
 from poolstate import PoolState, PoolSummary, Ranking, ReplicaState
 from poolstate.reader import PoolStateReader

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from filters.admission.gate import Gates
-from filters.admission.signal import (
+from filters.plugins.admission.gate import Gates
+from filters.plugins.admission.signal import (
     admission_source,
     capacity_source,
     pool_capacity,

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from filters.admission.core import Admission, LaneConfig, Shed
-from filters.admission.queues import Ticket
+from filters.plugins.admission.core import Admission, LaneConfig, Shed
+from filters.plugins.admission.queues import Ticket
 from tests.filters.admission.test_core import admission, ticket
 
 
@@ -186,7 +186,7 @@ def test_a_sweep_answers_504_where_the_clients_deadline_is_what_runs_out() -> No
 
 
 def test_the_forecast_reads_the_lanes_room_not_only_its_grant_rate() -> None:
-    from filters.admission.forecast import Outlook, fade
+    from filters.plugins.admission.forecast import Outlook, fade
 
     blocked = Outlook(room=0, running=3, hold=2.0, pool_rate=4.0, queued_above=0)
     assert blocked.wait(0) == math.inf and blocked.rate == 0

@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from filters.admission.core import Admission, Shed
-from filters.admission.gate import Gates
-from filters.admission.plugin import return_key
-from filters.admission.queues import LaneQueue, Ticket
+from filters.plugins.admission.core import Admission, Shed
+from filters.plugins.admission.gate import Gates
+from filters.plugins.admission.plugin import return_key
+from filters.plugins.admission.queues import LaneQueue, Ticket
 from tests.filters.admission.test_core import admission, ticket
 from tests.filters.admission.test_plugin import Setup, settle
 

@@ -1,4 +1,4 @@
-"""A Retry-After's promise kept by any filter process (``filters/admission/shared.py``): two
+"""A Retry-After's promise kept by any filter process (``filters/plugins/admission/shared.py``): two
 gates, as two filter processes sharing one pool, over a real Redis; a client shed by one and
 back when told at the other goes first there, once; early, late, or with Redis gone, it is
 fresh (each process's own promises, as without sharing)."""
@@ -12,10 +12,10 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from filters.admission.core import Admission, Shed
-from filters.admission.gate import AdmissionMetrics, PoolGate
-from filters.admission.queues import Ticket
-from filters.admission.shared import PREFIX, SharedReturns, promise_name
+from filters.plugins.admission.core import Admission, Shed
+from filters.plugins.admission.gate import AdmissionMetrics, PoolGate
+from filters.plugins.admission.queues import Ticket
+from filters.plugins.admission.shared import PREFIX, SharedReturns, promise_name
 from tests.filters.admission.test_core import admission, ticket
 
 pytestmark = pytest.mark.timeout(30)
@@ -239,7 +239,7 @@ async def test_a_promise_kept_where_it_was_made_is_kept_nowhere_else(
 
 
 def test_gates_share_promises_only_where_admission_is_split(redis: aioredis.Redis) -> None:
-    from filters.admission.gate import Gates
+    from filters.plugins.admission.gate import Gates
     from policy import load_policy_text
 
     policy = load_policy_text("""

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from filters.admission.gate import Gates
-from filters.admission.signal import (
+from filters.plugins.admission.gate import Gates
+from filters.plugins.admission.signal import (
     admission_saturation,
     admission_source,
     pool_state_reader,

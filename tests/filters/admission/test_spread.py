@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from filters.admission.gate import Gates
-from filters.admission.plugin import AdmissionPlugin
-from filters.admission.spread import LaneBalance, choose
 from filters.api import Context, RouteInfo
+from filters.plugins.admission.gate import Gates
+from filters.plugins.admission.plugin import AdmissionPlugin
+from filters.plugins.admission.spread import LaneBalance, choose
 from policy import Policy, load_policy_text
 from policy.routing import ENDPOINT_HEADER
 from policy.scheduling import PriorityScheduling

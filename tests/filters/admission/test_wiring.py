@@ -16,8 +16,8 @@ from controlplane.translate.ext_proc import (
     ext_proc_http_filter,
     ext_proc_per_route,
 )
-from filters.admission.gate import Gates
 from filters.api import BasePlugin
+from filters.plugins.admission.gate import Gates
 from filters.registry import build_routes
 from filters.server import FilterServicer
 from policy import load_policy_text

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from controlplane.translate import render
-from filters.collapse.hub import Hub
-from filters.collapse.plugin import CollapsePlugin, is_deterministic, replica_order
 from filters.errors import ConfigError
+from filters.plugins.collapse.hub import Hub
+from filters.plugins.collapse.plugin import CollapsePlugin, is_deterministic, replica_order
 from policy import Policy, load_policy_text
 from policy.phases import COLLAPSE_ID_HEADER, COLLAPSE_TO_HEADER
 from tests.filters.conftest import ROUTE, FakeClock, make_ctx, make_services

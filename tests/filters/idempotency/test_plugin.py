@@ -11,9 +11,9 @@ import pytest
 
 from filters.api import Context, Usage
 from filters.errors import ClientError, ConfigError
-from filters.idempotency.errors import StoreUnavailable
-from filters.idempotency.plugin import REPLAYED_HEADER, IdempotencyPlugin
-from filters.idempotency.record import Entry, decode_entry, encode_entry, parse_key
+from filters.plugins.idempotency.errors import StoreUnavailable
+from filters.plugins.idempotency.plugin import REPLAYED_HEADER, IdempotencyPlugin
+from filters.plugins.idempotency.record import Entry, decode_entry, encode_entry, parse_key
 from policy import Policy
 from tests.filters.conftest import FakeClock, make_ctx, make_services
 

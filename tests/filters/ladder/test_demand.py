@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from filters.admission.gate import Gates
-from filters.admission.plugin import AdmissionPlugin
+from filters.plugins.admission.gate import Gates
+from filters.plugins.admission.plugin import AdmissionPlugin
 from policy import load_policy_text
 from tests.filters.conftest import FakeClock
 from tests.filters.ladder.test_plugin import POLICY, Setup

@@ -10,12 +10,12 @@ from dataclasses import replace
 import pytest
 from prometheus_client import generate_latest
 
-from filters.admission.gate import Gates
-from filters.admission.plugin import AdmissionPlugin
 from filters.api import Context, RouteInfo
-from filters.ladder.plugin import DEGRADE_HEADER, DegradePlugin
-from filters.ladder.state import Ladders, uses_ladder
-from filters.plugins.tokens import TokensPlugin
+from filters.plugins.admission.gate import Gates
+from filters.plugins.admission.plugin import AdmissionPlugin
+from filters.plugins.degrade.plugin import DEGRADE_HEADER, DegradePlugin
+from filters.plugins.degrade.state import Ladders, uses_ladder
+from filters.plugins.tokens.plugin import TokensPlugin
 from policy import Policy, load_policy_text
 from tests.filters.conftest import FakeClock, make_services
 

@@ -10,9 +10,9 @@ import itertools
 
 import pytest
 
-from filters.admission.plugin import AdmissionPlugin
 from filters.api import Context
-from filters.ladder.state import SETTLE_S
+from filters.plugins.admission.plugin import AdmissionPlugin
+from filters.plugins.degrade.state import SETTLE_S
 from tests.filters.ladder.test_plugin import Setup
 
 

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from filters.pd.hub import PdHub
-from filters.pd.pick import pick_decode, pick_prefill, rendezvous_order
+from filters.plugins.pd.hub import PdHub
+from filters.plugins.pd.pick import pick_decode, pick_prefill, rendezvous_order
 from policy.common import Address
 from policy.disaggregation import Disaggregation, PrefillReplica
 

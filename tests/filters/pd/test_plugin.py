@@ -12,8 +12,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from filters.api import Context, RouteInfo
-from filters.pd.hub import Flight, PdHub
-from filters.pd.plugin import PdPlugin
+from filters.plugins.pd.hub import Flight, PdHub
+from filters.plugins.pd.plugin import PdPlugin
 from filters.services import default_services
 from policy import load_policy
 from policy.routing import ENDPOINT_HEADER

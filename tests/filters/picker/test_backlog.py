@@ -8,9 +8,9 @@ from prometheus_client import CollectorRegistry
 
 from backends.emulator.radix_cache import RadixCache
 from backends.emulator.tokenizer import encode
-from filters.picker.metrics import PickerMetrics
-from filters.picker.pool import PoolPicker
-from filters.picker.score import Candidate, Weights, choose
+from filters.plugins.picker.metrics import PickerMetrics
+from filters.plugins.picker.pool import PoolPicker
+from filters.plugins.picker.score import Candidate, Weights, choose
 from policy.model import Address, LlmPool
 from policy.routing import RoutingPolicy
 from prefixindex.index import PrefixIndex

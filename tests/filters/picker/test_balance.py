@@ -7,9 +7,9 @@ import math
 
 from prometheus_client import CollectorRegistry
 
-from filters.picker.metrics import PickerMetrics
-from filters.picker.pool import PoolPicker
-from filters.picker.score import Candidate, Pick, Weights, choose
+from filters.plugins.picker.metrics import PickerMetrics
+from filters.plugins.picker.pool import PoolPicker
+from filters.plugins.picker.score import Candidate, Pick, Weights, choose
 from policy.model import Address, LlmPool
 from policy.routing import RoutingPolicy
 

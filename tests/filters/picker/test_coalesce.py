@@ -16,10 +16,10 @@ from prometheus_client import CollectorRegistry
 from backends.emulator.tokenizer import encode
 from controlplane.translate.ext_proc import ext_proc_http_filter
 from filters.api import Context, RouteInfo
-from filters.picker.coalesce import Lead, Leads, follow
-from filters.picker.plugin import PickerPlugin
-from filters.picker.registry import Pickers
-from filters.picker.score import Pick
+from filters.plugins.picker.coalesce import Lead, Leads, follow
+from filters.plugins.picker.plugin import PickerPlugin
+from filters.plugins.picker.registry import Pickers
+from filters.plugins.picker.score import Pick
 from policy import load_policy_text
 from tests.filters.picker.test_pool import NAMES, Clock, _picker, _publish, _text
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filters.picker.latency import LatencyModel
+from filters.plugins.picker.latency import LatencyModel
 
 
 def _feed(

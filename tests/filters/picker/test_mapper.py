@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.emulator.tokenizer import encode, render_chat
-from filters.picker.mapper import ROOT, CheckpointMap, map_points
-from filters.picker.prompt import checkpoints, prompt_bytes, render_emulator_chat
+from filters.plugins.picker.mapper import ROOT, CheckpointMap, map_points
+from filters.plugins.picker.prompt import checkpoints, prompt_bytes, render_emulator_chat
 from prefixindex.hashing import prefix_block_ids
 
 WORDS = st.lists(
@@ -122,7 +122,7 @@ def test_a_batch_maps_like_one_prompt_at_a_time_and_hashes_shared_text_once(
 ) -> None:
     """map_batch of a turn, its next turn and the turn again (as a busy mapper queues them)
     gives each the points map_points gives it alone; the text they share is hashed once."""
-    from filters.picker.mapper import Job, map_batch
+    from filters.plugins.picker.mapper import Job, map_batch
 
     turn1 = " ".join(head).encode()
     turn2 = turn1 + b" " + " ".join(tail).encode()

@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry
 
 from backends.emulator.radix_cache import RadixCache
 from backends.emulator.tokenizer import encode
-from filters.picker.metrics import PickerMetrics
-from filters.picker.pool import PoolPicker, feeds_for
-from filters.picker.score import Pick
+from filters.plugins.picker.metrics import PickerMetrics
+from filters.plugins.picker.pool import PoolPicker, feeds_for
+from filters.plugins.picker.score import Pick
 from policy.model import Address, LlmPool
 from policy.routing import RoutingPolicy
 from prefixindex.wire import KVEventBatch
@@ -241,7 +241,7 @@ def test_the_mapper_process_maps_only_the_bytes_it_is_sent_and_gets_the_same_poi
 ) -> None:
     import os
 
-    from filters.picker import mapping_task
+    from filters.plugins.picker import mapping_task
 
     monkeypatch.setattr(mapping_task, "_INLINE_BYTES", 0)  # small calls too: to the worker
 
@@ -280,7 +280,7 @@ def test_prompts_queued_while_the_mapper_works_go_in_one_call(
 ) -> None:
     """A busy mapper takes everything queued meanwhile in one call of its worker (one slice of
     each prompt per call), and the map ends as if they had been mapped one by one."""
-    import filters.picker.mapping_task as pool_mod
+    import filters.plugins.picker.mapping_task as pool_mod
 
     calls: list[int] = []
     real = pool_mod.map_batch

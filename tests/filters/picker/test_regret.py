@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from filters.picker.latency import LatencyModel
-from filters.picker.metrics import PickerMetrics
-from filters.picker.regret import Routed, from_log, observe
+from filters.plugins.picker.latency import LatencyModel
+from filters.plugins.picker.metrics import PickerMetrics
+from filters.plugins.picker.regret import Routed, from_log, observe
 
 R = "127.0.0.1:7001"
 
@@ -85,8 +85,8 @@ async def test_the_plugin_predicts_at_the_pick_and_learns_at_the_stream_end() ->
     from types import SimpleNamespace
 
     from filters.api import Context, RouteInfo, Usage
-    from filters.picker.plugin import PickerPlugin
-    from filters.picker.registry import Pickers
+    from filters.plugins.picker.plugin import PickerPlugin
+    from filters.plugins.picker.registry import Pickers
     from tests.filters.picker.test_pool import NAMES, Clock, _picker
 
     clock = Clock()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from filters.picker.score import Candidate, Weights, choose
+from filters.plugins.picker.score import Candidate, Weights, choose
 
 W = Weights(cache_weight=0.7, max_imbalance=1.5, min_prefix_tokens=100)
 

@@ -12,14 +12,14 @@ from collections.abc import Awaitable, Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
-from filters.picker import mapping_task
-from filters.picker.errors import MapperDown
-from filters.picker.mapper import ROOT, Job, map_batch
-from filters.picker.metrics import PickerMetrics
-from filters.picker.pool import PoolPicker
-from filters.picker.prompt import checkpoints
-from filters.picker.score import Pick
-from filters.picker.worker import MapperWorker
+from filters.plugins.picker import mapping_task
+from filters.plugins.picker.errors import MapperDown
+from filters.plugins.picker.mapper import ROOT, Job, map_batch
+from filters.plugins.picker.metrics import PickerMetrics
+from filters.plugins.picker.pool import PoolPicker
+from filters.plugins.picker.prompt import checkpoints
+from filters.plugins.picker.score import Pick
+from filters.plugins.picker.worker import MapperWorker
 from policy.model import LlmPool
 from policy.routing import RoutingPolicy
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from filters.shadow.book import Book
-from filters.shadow.scan import UsageScan
+from filters.plugins.shadow.book import Book
+from filters.plugins.shadow.scan import UsageScan
 from runtime.shadow import Pair, Side, decode_pair, judge, summarize
 
 

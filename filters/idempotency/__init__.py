@@ -1,6 +1,0 @@
-"""Idempotency keys: a retried request never runs the model twice nor is charged twice."""
-
-from filters.idempotency.plugin import IdempotencyPlugin
-from filters.idempotency.store import MemoryStore, RedisStore
-
-__all__ = ["IdempotencyPlugin", "MemoryStore", "RedisStore"]

@@ -1,0 +1,1 @@
+"""The ``canary`` plugin (filters/plugins/canary/plugin.py)."""

@@ -1,0 +1,1 @@
+"""The ``identity`` plugin (filters/plugins/identity/plugin.py)."""

@@ -1,0 +1,1 @@
+"""The ``lane`` plugin (filters/plugins/lane/plugin.py)."""

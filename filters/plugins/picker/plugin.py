@@ -1,0 +1,108 @@
+"""picker: name the replica for a request (cache-aware routing, docs/plugins.md).
+
+Runs at the request body, after ``tokens``: renders the prompt as the backend will (the emulator's
+chat template, or the model's own: ``routing.tokenizer``), asks the
+pool's :class:`~filters.plugins.picker.pool.PoolPicker` and sets ``x-tokenweir-endpoint: host:port``,
+which the pool cluster's override-host load balancer honours (ring hash when the header is
+absent, or names a host that is unhealthy, ejected or gone). Requests it cannot place (index
+cold, prompt given as token ids) get no header: ring hash decides. At the stream's end it
+counts the request out of its replica's in-flight load and records the cached tokens the backend
+reported (predicted vs actual).
+
+A request the picker sends where the same new prefix is being prefilled right now waits for that
+prefill first (``routing.coalesce_wait``, :mod:`filters.plugins.picker.coalesce`), extending Envoy's
+message timeout for the wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from filters.api import BasePlugin, Context, Result
+from filters.bodies import request_of
+from filters.errors import ConfigError
+from filters.plugins.picker.coalesce import follow
+from filters.plugins.picker.regret import Routed, observe
+from filters.services import Services
+from policy.routing import ENDPOINT_HEADER
+
+__all__ = ["PickerPlugin"]
+
+_KEY = "picker"
+
+
+class PickerPlugin(BasePlugin):
+    name = "picker"
+    bounded = True
+
+    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+        if settings:
+            raise ConfigError(f"picker: unknown setting(s) {sorted(settings)}; it has none")
+        # None where the chain is only built to check the policy (the control plane's check)
+        self.pickers = services.pickers
+
+    async def request_body(self, ctx: Context, body: bytes) -> Result | None:
+        picker = self.pickers.get(ctx.route.pool) if self.pickers is not None else None
+        if picker is None:
+            return None
+        req = request_of(ctx, body)
+        if req is None:
+            return None
+        metrics = self.pickers.metrics
+        data: bytes | None = None
+        if req.input_ids is None:  # rendered already where the tokens plugin counted it
+            data = ctx.rendered if ctx.rendered is not None else picker.render(req.kind, req.data)
+        if data is None:
+            metrics.fallbacks.labels(picker.pool, "no_prompt").inc()
+            return None
+        prompt = picker.prompt(data)
+        pick, wait = picker.pick_and_lead(prompt)
+        metrics.picks.labels(picker.pool, pick.reason).inc()
+        if pick.replica is None:
+            metrics.fallbacks.labels(picker.pool, pick.reason).inc()
+            return None
+        uncached, own = picker.record_lead(prompt, pick)
+        metrics.predicted_tokens.labels(picker.pool).inc(pick.predicted_tokens)
+        replica = pick.replica
+        routed = Routed(replica, uncached, own, pick.predicted_tokens)
+        ctx.scratch[_KEY] = (picker, routed)
+        if wait is not None:
+            clock = picker.clock
+            started = clock()
+            if ctx.hold is not None:  # Envoy waits for this answer as long as the lead may take
+                await ctx.hold(max(0.0, wait.lead.until - started))
+            outcome = await follow(
+                wait.lead, lambda: picker.stored_tokens(replica), clock,
+                indexed=lambda: picker.indexed(prompt, replica, wait.marks),
+            )  # fmt: skip
+            metrics.coalesced.labels(picker.pool, outcome).inc()
+            metrics.coalesce_wait.labels(picker.pool).observe(clock() - started)
+        # what the replica must prefill before this request's first token: its backlog now
+        # (this request's uncached tokens included, as record_lead counted them)
+        routed.work = picker.backlog.get(replica, uncached)
+        routed.predicted_ttft = picker.latency.predict(replica, routed.work)
+        routed.sent = picker.clock()
+        return Result(
+            set_headers={ENDPOINT_HEADER: replica}, metadata=routed.metadata(picker.wall())
+        )
+
+    async def stream_end(self, ctx: Context) -> None:
+        entry = ctx.scratch.pop(_KEY, None)
+        if entry is None or self.pickers is None:
+            return
+        picker, routed = entry
+        picker.done(routed.replica, routed.uncached, routed.lead)
+        usage = ctx.usage
+        if usage is None:  # Envoy's meter read the answer: its access log entry brings it
+            return
+        if usage.cached_tokens:
+            self.pickers.metrics.actual_tokens.labels(picker.pool).inc(usage.cached_tokens)
+        first = ctx.first_token_at
+        observe(
+            self.pickers.metrics, picker.latency, picker.pool, routed.replica,
+            predicted_cached=routed.predicted_cached, actual_cached=usage.cached_tokens,
+            prompt_tokens=usage.prompt_tokens, work=routed.work,
+            predicted_ttft=routed.predicted_ttft,
+            ttft=None if first is None else first - routed.sent,
+        )  # fmt: skip

@@ -1,0 +1,1 @@
+"""The ``prefix`` plugin (filters/plugins/prefix/plugin.py)."""

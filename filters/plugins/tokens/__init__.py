@@ -1,0 +1,1 @@
+"""The ``tokens`` plugin (filters/plugins/tokens/plugin.py)."""

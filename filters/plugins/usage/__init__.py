@@ -1,0 +1,1 @@
+"""The ``usage`` plugin (filters/plugins/usage/plugin.py)."""
