@@ -49,6 +49,7 @@ from backends.emulator.trace import load_trace  # noqa: E402
 from bench.peers_cpu import per_request_ms, snapshot  # noqa: E402
 from bench.routing_client import MODEL, drive  # noqa: E402
 from bench.routing_jobs import Job, combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
+from bench.routing_lora import LORA_ARMS, run_lora  # noqa: E402
 from bench.routing_pd import PD_ARMS, run_pd  # noqa: E402
 from bench.routing_report import picker_metrics, plot  # noqa: E402
 from bench.routing_split import read_logs, split, split_line  # noqa: E402
@@ -354,7 +355,7 @@ async def main_async(a: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workload", choices=("trace", "docs", "pd"), default="trace")
+    ap.add_argument("--workload", choices=("trace", "docs", "pd", "lora"), default="trace")
     ap.add_argument("--docs", type=int, default=24, help="docs workload: documents")
     ap.add_argument("--doc-words", type=int, default=3000, help="docs workload: words each")
     ap.add_argument("--start", type=int, default=500, help="trace: first record; docs: seed")
@@ -399,7 +400,17 @@ def main() -> int:
     ap.add_argument("--pd-arms", nargs="+", default=list(PD_ARMS), choices=PD_ARMS)
     ap.add_argument("--pd-kill", choices=("prefill", "decode"), help="pd: kill one mid-run")
     ap.add_argument("--pd-kill-after", type=float, default=2.0, help="pd: seconds into the run")
+    lo = ap.add_argument_group("lora workload (bench/routing_lora.py)")
+    lo.add_argument("--adapters", type=int, default=20)
+    lo.add_argument("--zipf-s", type=float, default=1.0, help="adapter popularity exponent")
+    lo.add_argument("--lora-slots", type=int, default=4, help="--max-loras-per-batch")
+    lo.add_argument("--lora-load-ms", type=float, default=30.0, help="a slot load's cost")
+    lo.add_argument("--lora-arms", nargs="+", default=list(LORA_ARMS), choices=LORA_ARMS)
     a = ap.parse_args()
+    if a.workload == "lora":
+        a.rate = a.rate or 12.0
+        asyncio.run(run_lora(a))
+        return 0
     if a.workload == "pd":  # the PD arms (bench/routing_pd.py): trace, PD emulators
         asyncio.run(run_pd(a))
         return 0

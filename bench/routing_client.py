@@ -24,11 +24,11 @@ MODEL = "llama-3.1-8b"
 
 
 async def one(
-    http: aiohttp.ClientSession, url: str, job: Job
+    http: aiohttp.ClientSession, url: str, job: Job, model: str = MODEL
 ) -> tuple[float | None, int, bool, str | None]:
     """(TTFT s, output tokens, ok, the answer's ``id``) of one streamed chat completion."""
     body = {
-        "model": MODEL,
+        "model": model,
         "messages": [{"role": "user", "content": job[0]}],
         "max_tokens": job[1],
         "stream": True,

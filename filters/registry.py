@@ -22,6 +22,7 @@ from filters.plugins.degrade.plugin import DegradePlugin
 from filters.plugins.idempotency.plugin import IdempotencyPlugin
 from filters.plugins.identity.plugin import IdentityPlugin
 from filters.plugins.lane.plugin import LanePlugin
+from filters.plugins.lora.plugin import LoraPlugin
 from filters.plugins.pd.plugin import PdPlugin
 from filters.plugins.picker.plugin import PickerPlugin
 from filters.plugins.prefix.plugin import PrefixPlugin
@@ -45,6 +46,7 @@ BUILTINS: Mapping[str, Factory] = {
     "degrade": DegradePlugin,
     "picker": PickerPlugin,
     "pd": PdPlugin,
+    "lora": LoraPlugin,
     "idempotency": IdempotencyPlugin,
     "collapse": CollapsePlugin,
     "canary": CanaryPlugin,

@@ -18,6 +18,7 @@ from policy.bounded import DEFAULT_LIMITS, Limits, compose_bounded
 from policy.decode import MISSING_NODE, Decoder
 from policy.endpoints import parse_endpoints_text
 from policy.errors import Issue, PolicyError
+from policy.lora_models import with_adapter_models
 from policy.model import Address, LlmPool, Policy
 from policy.semantic import check_policy
 from policy.tls import tls_file_issues
@@ -105,7 +106,9 @@ def _load_text(text: str, filename: str, base_dir: Path | None, limits: Limits) 
     if policy is MISSING_NODE:
         raise PolicyError(decoder.issues)
     lines = _Lines(root)
-    issues = [Issue(filename, lines.of(path), path, msg) for path, msg in check_policy(policy)]
+    policy, lora_problems = with_adapter_models(policy)  # adapters are models (policy/lora.py)
+    problems = [*lora_problems, *check_policy(policy)]
+    issues = [Issue(filename, lines.of(path), path, msg) for path, msg in problems]
     resolved, file_issues = _resolve_endpoints(policy, base_dir or Path.cwd(), lines, filename)
     issues += file_issues
     resolved, tls_issues = tls_file_issues(resolved, base_dir or Path.cwd())

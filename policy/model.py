@@ -32,6 +32,7 @@ from policy.common import (
 from policy.decode import Decoder, Duration, Range, Size
 from policy.degradation import DegradationPolicy, LadderStep
 from policy.disaggregation import Disaggregation
+from policy.lora import LoraAdapters
 from policy.reservation import ReservationPolicy
 from policy.routing import RoutingPolicy
 from policy.safety import CollapsingPolicy, IdempotencyPolicy, RouteShadow
@@ -236,6 +237,7 @@ class LlmPool:
     disaggregation: Disaggregation | None = None  # PD pools (disaggregation.py)
     autoscale: AutoscalePolicy | None = None  # the online planner (policy/autoscale.py)
     tls: UpstreamTls | None = None  # Envoy -> replicas over TLS (policy.tls)
+    lora: LoraAdapters | None = None  # LoRA adapters served as models (lora.py)
 
     def __post_init__(self) -> None:
         check_backend_capacity(self.backend, self.capacity.max_running_requests)

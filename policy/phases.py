@@ -70,6 +70,8 @@ BUILTIN_HOOKS: dict[str, frozenset[str]] = {
     "canary": frozenset({"request_headers", "response_headers"}),
     # the decode side's status, and its end (loads drop, a running prefill call is cancelled)
     "pd": frozenset({"request_body", "response_headers", "response_end", "stream_end"}),
+    # a LoRA pool's adapter affinity: in-flight counts drop at the response's end
+    "lora": frozenset({"request_body", "response_end", "stream_end"}),
     "shadow": frozenset(
         {"request_headers", "request_body", "response_headers", "response_chunk", "stream_end"}
     ),

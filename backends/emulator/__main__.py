@@ -13,6 +13,7 @@ from typing import Any
 
 from backends.emulator.app import start_emulator
 from backends.emulator.disagg import add_disagg_args, disagg_config
+from backends.emulator.lora_config import add_lora_args, lora_config
 from backends.emulator.priority import DEFAULT_PREEMPTION_THRESHOLD, PriorityConfig
 from backends.emulator.settings import EmulatorSettings
 from backends.profiles import profile_names
@@ -94,6 +95,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
     )
     pr.add_argument("--abort-on-priority-when-disabled", action="store_true")
     add_disagg_args(p)
+    add_lora_args(p)
     sg = p.add_argument_group("accepted for command-line compatibility with sglang.launch_server")
     sg.add_argument("--enable-metrics", action="store_true", help="always on")
     sg.add_argument(
@@ -137,6 +139,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
             otlp_traces_endpoint=a.otlp_traces_endpoint,
             flavor=a.flavor,
             disaggregation=disagg_config(a),
+            lora=lora_config(a),
             priority=PriorityConfig(
                 enabled=a.enable_priority_scheduling,
                 low_values_first=a.schedule_low_priority_values_first,

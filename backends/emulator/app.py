@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from backends.emulator import native_api, openai_api
+from backends.emulator import lora_api, native_api, openai_api
 from backends.emulator.flavor import VLLM_NATIVE_PATHS
 from backends.emulator.server import Api, EmulatorServer
 from backends.emulator.settings import EmulatorSettings
 
 __all__ = ["APIS", "apis_for", "start_emulator"]
 
-APIS: tuple[Api, ...] = (openai_api.routes, native_api.routes)
+APIS: tuple[Api, ...] = (openai_api.routes, native_api.routes, lora_api.lora_routes)
 
 
 def _vllm_native(server: EmulatorServer) -> list[web.RouteDef]:

@@ -92,7 +92,7 @@ class _NativeApi:
         sp = body.get("sampling_params") or {}
         if not isinstance(sp, dict):
             raise RequestError("sampling_params must be an object", "sampling_params")
-        return context_check(
+        params = context_check(
             ids,
             parse_max_tokens(sp, ("max_new_tokens",)),
             default=self.server.settings.default_max_tokens,
@@ -101,6 +101,7 @@ class _NativeApi:
             stop=parse_stop(sp.get("stop")),
             priority=parse_priority(body),
         )
+        return self.server.with_adapter(params, body, openai=False)
 
     def _result(self, req: EmuRequest) -> dict[str, Any]:
         end = req.finished_at if req.finished_at is not None else self.server.clock()
@@ -215,6 +216,7 @@ class _NativeApi:
             "random_seed": s.seed,
             "kv_events_config": self._kv_events_config(),
             **self.server.disagg_info(),
+            **self._lora_info(),
             "version": "tokenweir-emulator",
             "emulator": {"profile": p.name, "time_scale": s.time_scale, "source": p.source},
             "internal_states": [
@@ -224,6 +226,19 @@ class _NativeApi:
                     "last_gen_throughput": self.server.scheduler.stats().gen_throughput,
                 }
             ],
+        }
+
+    def _lora_info(self) -> dict[str, Any]:
+        """SGLang's LoRA server args, and (the emulator's) what is registered and resident."""
+        lc = self.server.settings.lora
+        return {
+            "enable_lora": lc.enabled,
+            "lora_paths": [{"lora_name": n, "lora_path": p} for n, p in lc.paths] or None,
+            "max_loras_per_batch": lc.max_loras_per_batch,
+            "max_loaded_loras": lc.max_loaded_loras,
+            "max_lora_rank": lc.max_lora_rank,
+            "loaded_lora_adapters": self.server.lora_registry.loaded(),
+            "resident_lora_adapters": self.server.lora_slots.resident(),
         }
 
     def _kv_events_config(self) -> str | None:

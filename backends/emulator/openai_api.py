@@ -73,7 +73,7 @@ class _OpenAIApi:
         if n not in (None, 1):
             raise RequestError("the emulator supports n = 1 only", "n")
         s = self.server.settings
-        return context_check(
+        params = context_check(
             prompt_ids,
             parse_max_tokens(body, ("max_completion_tokens", "max_tokens")),
             default=s.default_max_tokens,
@@ -82,6 +82,7 @@ class _OpenAIApi:
             stop=parse_stop(body.get("stop")),
             priority=parse_priority(body),
         )
+        return self.server.with_adapter(params, body, openai=True)
 
     @staticmethod
     def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
@@ -158,7 +159,12 @@ class _OpenAIApi:
             "root": s.model,
             "max_model_len": self.server.profile.context_length,
         }
-        return web.json_response({"object": "list", "data": [card]})
+        # SGLang lists each loaded adapter as a model whose parent is the base model
+        adapters = [
+            {**card, "id": name, "root": path, "parent": s.model}
+            for name, path in self.server.lora_registry.loaded().items()
+        ]
+        return web.json_response({"object": "list", "data": [card, *adapters]})
 
     def _envelope(
         self, req: EmuRequest, model: str, obj: str, choice: dict[str, Any]

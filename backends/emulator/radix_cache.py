@@ -16,6 +16,10 @@ running requests hold outside the tree, so ``total_size + allocated <= capacity`
   with the block hashes of its pages (chained from its parent's last page), an evicted leaf → one
   ``BlockRemoved`` with its pages' hashes, ``reset`` (and construction) → ``AllBlocksCleared``.
   A split keeps every page's hash and records nothing. ``take_events`` hands them over.
+- Per LoRA adapter (SGLang keys its tree by the request's ``lora_id``): ``match_prefix`` and
+  ``insert`` take the adapter's id; each adapter has its own root, so the same tokens under two
+  adapters never match each other. An adapter's block hashes chain from its seed
+  (``prefixindex.adapters``) and its ``BlockStored`` events carry its ``lora_id``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from prefixindex.adapters import adapter_prior
 from prefixindex.hashing import block_id, chain_digests
 from prefixindex.wire import (
     MEDIUM_GPU,
@@ -50,6 +55,7 @@ class CacheNode:
     last_access: int = 0
     serial: int = 0
     digests: list[bytes] | None = None  # one per page, only when events are recorded
+    lora_id: int | None = None  # the adapter whose tree it belongs to (None: the base model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +95,7 @@ class RadixCache:
         self._serials = itertools.count(1)
         self._tick = 0
         self.root = CacheNode(key=(), parent=None, lock_ref=1)
+        self._adapter_roots: dict[int, CacheNode] = {}  # one tree per LoRA adapter
         self.evictable_size = 0
         self.protected_size = 0
         self.allocated = 0
@@ -118,6 +125,18 @@ class RadixCache:
         self._tick += 1
         node.last_access = self._tick
 
+    def _root_of(self, lora_id: int | None) -> CacheNode:
+        if lora_id is None:
+            return self.root
+        root = self._adapter_roots.get(lora_id)
+        if root is None:
+            root = CacheNode(key=(), parent=None, lock_ref=1, lora_id=lora_id)
+            self._adapter_roots[lora_id] = root
+        return root
+
+    def _roots(self) -> list[CacheNode]:
+        return [self.root, *self._adapter_roots.values()]
+
     def _page_key(self, tokens: Sequence[int], start: int) -> Tokens:
         return tuple(tokens[start : start + self.page_size])
 
@@ -133,6 +152,7 @@ class RadixCache:
             parent=parent,
             lock_ref=node.lock_ref,
             last_access=node.last_access,
+            lora_id=node.lora_id,
             serial=next(self._serials),
         )
         parent.children[self._page_key(head.key, 0)] = head
@@ -145,10 +165,10 @@ class RadixCache:
         return head
 
     # ---- lookup and insertion ------------------------------------------------------------
-    def match_prefix(self, tokens: Sequence[int]) -> MatchResult:
-        """Longest cached prefix of ``tokens`` (whole pages only)."""
+    def match_prefix(self, tokens: Sequence[int], lora_id: int | None = None) -> MatchResult:
+        """Longest cached prefix of ``tokens`` under the adapter ``lora_id`` (whole pages)."""
         limit = self._aligned(len(tokens))
-        node, i = self.root, 0
+        node, i = self._root_of(lora_id), 0
         self._touch(node)
         while i < limit:
             child = node.children.get(self._page_key(tokens, i))
@@ -166,15 +186,21 @@ class RadixCache:
             i += common
         return MatchResult(node=node, length=i)
 
-    def insert(self, tokens: Sequence[int]) -> InsertResult:
-        """Insert ``tokens`` (cut to whole pages); new nodes are unlocked (evictable)."""
+    def insert(self, tokens: Sequence[int], lora_id: int | None = None) -> InsertResult:
+        """Insert ``tokens`` (cut to whole pages) under the adapter ``lora_id``; new nodes are
+        unlocked (evictable)."""
         limit = self._aligned(len(tokens))
-        node, i = self.root, 0
+        node, i = self._root_of(lora_id), 0
         self._touch(node)
         while i < limit:
             child = node.children.get(self._page_key(tokens, i))
             if child is None:
-                new = CacheNode(key=tuple(tokens[i:limit]), parent=node, serial=next(self._serials))
+                new = CacheNode(
+                    key=tuple(tokens[i:limit]),
+                    parent=node,
+                    serial=next(self._serials),
+                    lora_id=lora_id,
+                )
                 node.children[self._page_key(new.key, 0)] = new
                 self._touch(new)
                 if self.record_events:
@@ -193,7 +219,7 @@ class RadixCache:
     def lock(self, node: CacheNode) -> None:
         """Protect the path root→``node`` from eviction (one reference)."""
         cur: CacheNode | None = node
-        while cur is not None and cur is not self.root:
+        while cur is not None and cur.parent is not None:
             if cur.lock_ref == 0:
                 self.evictable_size -= len(cur.key)
                 self.protected_size += len(cur.key)
@@ -203,7 +229,7 @@ class RadixCache:
     def unlock(self, node: CacheNode) -> None:
         """Drop one reference on the path root→``node``."""
         cur: CacheNode | None = node
-        while cur is not None and cur is not self.root:
+        while cur is not None and cur.parent is not None:
             if cur.lock_ref <= 0:
                 raise RuntimeError("unlock of a node that is not locked")
             cur.lock_ref -= 1
@@ -214,12 +240,12 @@ class RadixCache:
 
     # ---- eviction and the pool -----------------------------------------------------------
     def _leaves(self) -> Iterator[CacheNode]:
-        stack = [self.root]
+        stack = self._roots()
         while stack:
             node = stack.pop()
             if node.children:
                 stack.extend(node.children.values())
-            elif node is not self.root:
+            elif node.parent is not None:
                 yield node
 
     def evict(self, num_tokens: int) -> int:
@@ -237,7 +263,7 @@ class RadixCache:
                 self._events.append(BlockRemoved(block_hashes=hashes, medium=MEDIUM_GPU))
             self.evictable_size -= len(leaf.key)
             evicted += len(leaf.key)
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, parent.serial, parent))
         return evicted
 
@@ -263,6 +289,7 @@ class RadixCache:
         if self.protected_size:
             raise RuntimeError("cannot flush a cache with locked nodes")
         self.root.children.clear()
+        self._adapter_roots.clear()
         self.evictable_size = 0
         if self.record_events:
             self._events.append(AllBlocksCleared())
@@ -270,15 +297,17 @@ class RadixCache:
     # ---- KV events -----------------------------------------------------------------------
     def _record_store(self, node: CacheNode) -> None:
         parent = node.parent
-        prior = parent.digests[-1] if parent is not None and parent.digests else None
+        parent_digest = parent.digests[-1] if parent is not None and parent.digests else None
+        # the first pages under a root: an adapter's chain starts from its seed
+        prior = parent_digest if parent_digest is not None else adapter_prior(node.lora_id)
         node.digests = list(chain_digests(node.key, self.page_size, prior))
         self._events.append(
             BlockStored(
                 block_hashes=[block_id(d) for d in node.digests],
-                parent_block_hash=block_id(prior) if prior is not None else None,
+                parent_block_hash=block_id(parent_digest) if parent_digest is not None else None,
                 token_ids=list(node.key),
                 block_size=self.page_size,
-                lora_id=None,
+                lora_id=node.lora_id,
                 medium=MEDIUM_GPU,
             )
         )
@@ -292,11 +321,11 @@ class RadixCache:
     def sequences(self) -> list[Tokens]:
         """Every root→leaf token sequence (for tests and debugging)."""
         out: list[Tokens] = []
-        stack: list[tuple[CacheNode, Tokens]] = [(self.root, ())]
+        stack: list[tuple[CacheNode, Tokens]] = [(r, ()) for r in self._roots()]
         while stack:
             node, prefix = stack.pop()
             seq = prefix + node.key
-            if not node.children and node is not self.root:
+            if not node.children and node.parent is not None:
                 out.append(seq)
             stack.extend((c, seq) for c in node.children.values())
         return out
@@ -304,7 +333,7 @@ class RadixCache:
     def check_invariants(self) -> None:
         """Raise AssertionError when the tree or its size accounting is inconsistent."""
         evictable = protected = 0
-        stack = [self.root]
+        stack = self._roots()
         while stack:
             node = stack.pop()
             for first, child in node.children.items():
@@ -313,7 +342,8 @@ class RadixCache:
                 assert len(child.key) % self.page_size == 0, "key not page aligned"
                 assert first == child.key[: self.page_size], "child indexed by a wrong key"
                 assert child.lock_ref >= 0, "negative lock_ref"
-                if node is not self.root:
+                assert child.lora_id == node.lora_id, "a node outside its adapter's tree"
+                if node.parent is not None:
                     assert node.lock_ref >= child.lock_ref, "lock not held on the whole path"
                 if child.lock_ref:
                     protected += len(child.key)

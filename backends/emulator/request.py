@@ -7,6 +7,7 @@ import random
 from dataclasses import dataclass, field
 
 from backends.emulator.radix_cache import CacheNode
+from prefixindex.adapters import adapter_id
 
 __all__ = ["EmuRequest", "GenerationParams"]
 
@@ -20,6 +21,12 @@ class GenerationParams:
     ignore_eos: bool = False
     stop: frozenset[str] = frozenset()
     priority: int | None = None  # the body's ``priority`` (SGLang: GenerateReqInput.priority)
+    lora: str | None = None  # the LoRA adapter it names (lora.py); None: the base model
+
+    @property
+    def lora_id(self) -> int | None:
+        """The adapter's id: its radix-cache namespace and its KV events' ``lora_id``."""
+        return None if self.lora is None else adapter_id(self.lora)
 
 
 @dataclass(eq=False, slots=True)

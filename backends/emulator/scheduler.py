@@ -45,6 +45,7 @@ from backends.emulator.kv_budget import (
     retraction_order,
     running_expectation,
 )
+from backends.emulator.lora import LoraSlots
 from backends.emulator.observer import SchedulerObserver, SchedulerStats
 from backends.emulator.priority import ABORTED_BY_PRIORITY, PriorityConfig, preemption_victims
 from backends.emulator.radix_cache import RadixCache
@@ -85,6 +86,7 @@ class Scheduler:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         kv_sink: Callable[[list[KvEvent]], None] | None = None,
         priority: PriorityConfig | None = None,
+        lora_slots: LoraSlots | None = None,
     ) -> None:
         self.profile = profile
         self.time_scale = time_scale
@@ -112,6 +114,8 @@ class Scheduler:
         self.cached_tokens_total = 0
         self.new_token_ratio = NewTokenRatio()
         self.retracted_total = 0
+        self.lora_slots = lora_slots  # --max-loras-per-batch (lora.py); None: LoRA off
+        self._lora_load_s = 0.0  # adapter loads of the batch being formed (added to its step)
         self.preempted_total = 0
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -245,7 +249,8 @@ class Scheduler:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            dt = self._step_time(prefill, prefill_tokens, decode)
+            dt = self._step_time(prefill, prefill_tokens, decode) + self._lora_load_s
+            self._lora_load_s = 0.0
             await self._sleep_step(dt * self.time_scale * self.slow_factor)
             self._apply(prefill, decode)
             self.publish_kv_events()
@@ -281,8 +286,13 @@ class Scheduler:
         reserved = running_expectation(self.running, ratio)
         self.waiting.sort()
         preempted: list[EmuRequest] = []
-        while self.waiting and budget > 0:
-            req = self.waiting.head()
+        adapters = {r.params.lora for r in self.running if r.params.lora is not None}
+        for req in list(self.waiting):
+            if budget <= 0:
+                break
+            slots, lora = self.lora_slots, req.params.lora
+            if slots is not None and not slots.fits(adapters, lora):
+                continue  # SGLang: skipped while the batch holds max-loras-per-batch adapters
             if len(self.running) >= self.profile.max_running_requests:
                 victims = self._preemption_victims(req, reserved) if self.priority.enabled else []
                 if not victims:
@@ -295,8 +305,11 @@ class Scheduler:
             if taken is None:
                 break
             reserved += taken
-            self.waiting.popleft()
+            self.waiting.remove(req)
             self.running.append(req)
+            if slots is not None and lora is not None:
+                self._lora_load_s += slots.bring_in(lora, adapters)
+                adapters.add(lora)
             n = min(req.fill_len - req.prefilled, budget)
             if _placed(req):  # the whole prompt arrives at once
                 n = req.fill_len - req.prefilled
@@ -367,7 +380,7 @@ class Scheduler:
     def _admit(self, req: EmuRequest, reserved: float) -> int | None:
         """Admit ``req`` if SGLang's budget allows; the tokens it takes from this step's budget."""
         fill = req.fill_ids
-        match = self.cache.match_prefix(fill[: len(fill) - 1])
+        match = self.cache.match_prefix(fill[: len(fill) - 1], req.params.lora_id)
         self.cache.lock(match.node)
         uncached = len(fill) - match.length
         remaining = req.params.max_new_tokens - len(req.output_ids)
@@ -454,7 +467,7 @@ class Scheduler:
         self.cache.release(moved)
         req.reserved -= moved
         self._uncommitted -= moved
-        inserted = self.cache.insert(req.fill_ids)
+        inserted = self.cache.insert(req.fill_ids, req.params.lora_id)
         self.cache.lock(inserted.node)
         if req.node is not None:
             self.cache.unlock(req.node)
@@ -469,7 +482,7 @@ class Scheduler:
         self._uncommitted -= computed + outputs + (req.matched_stop is not None)
         req.reserved = 0
         if commit and req.prefill_done:
-            self.cache.insert([*req.params.prompt_ids, *req.output_ids])
+            self.cache.insert([*req.params.prompt_ids, *req.output_ids], req.params.lora_id)
         if req.node is not None:
             self.cache.unlock(req.node)
             req.node = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -23,6 +24,8 @@ from backends.emulator.disagg import Bootstrap, DecodeSide, PrefillSide
 from backends.emulator.faults import FaultConfig, decide
 from backends.emulator.flavor import VllmEventEncoder, VllmMetrics
 from backends.emulator.kv_events import KvEventPublisher
+from backends.emulator.lora import NOT_ENABLED, LoraRegistry, LoraSlots, adapter_of
+from backends.emulator.lora_metrics import register_lora_metrics
 from backends.emulator.metrics import EmulatorMetrics
 from backends.emulator.protocol import error_body
 from backends.emulator.request import EmuRequest, GenerationParams
@@ -102,6 +105,10 @@ class EmulatorServer:
         self.request_log = (
             RequestLog(self.metrics, settings.request_log) if settings.request_log else None
         )
+        # --enable-lora: the adapters requests may name, and the GPU slots (lora.py)
+        lc = settings.lora
+        self.lora_registry = LoraRegistry(lc)
+        self.lora_slots = LoraSlots(lc.max_loras_per_batch, lc.load_s)
         self.scheduler = Scheduler(
             self.profile,
             time_scale=settings.time_scale,
@@ -111,8 +118,13 @@ class EmulatorServer:
             clock=clock,
             kv_sink=self.kv_events.publish if self.kv_events is not None else None,
             priority=settings.priority,
+            lora_slots=self.lora_slots if lc.enabled else None,
         )
         self.metrics.bind(self.scheduler.stats)
+        if lc.enabled:
+            register_lora_metrics(
+                self.metrics.registry, settings.model, self.lora_registry, self.lora_slots
+            )
         self.faults = FaultConfig(
             error_rate=settings.error_rate,
             hang_rate=settings.hang_rate,
@@ -263,6 +275,18 @@ class EmulatorServer:
             and self.scheduler.healthy
             and self.clock() >= self.faults.unavailable_until
         )
+
+    def with_adapter(
+        self, params: GenerationParams, body: dict[str, Any], *, openai: bool
+    ) -> GenerationParams:
+        """``params`` with the adapter ``body`` names (400 when LoRA is off or it is unknown)."""
+        name = adapter_of(body, openai=openai)
+        if name is None:
+            return params
+        if not self.settings.lora.enabled:
+            raise RequestError(NOT_ENABLED, "lora_path")
+        self.lora_registry.acquire(name)
+        return dataclasses.replace(params, lora=name)
 
     def next_id(self) -> str:
         return f"{self.port:x}{next(self._ids):08x}"

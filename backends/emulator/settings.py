@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from backends.emulator.disagg_config import DisaggConfig
+from backends.emulator.lora_config import LoraConfig
 from backends.emulator.priority import PriorityConfig
 from backends.profiles import BackendProfile, get_profile
 from prefixindex.wire import KvEventsConfig
@@ -52,6 +53,8 @@ class EmulatorSettings:
     flavor: str = "sglang"
     # --disaggregation-mode prefill|decode, --disaggregation-bootstrap-port, ... (disagg.py)
     disaggregation: DisaggConfig = field(default_factory=DisaggConfig)
+    # --enable-lora, --lora-paths, --max-loras-per-batch, --max-loaded-loras (lora.py)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         if self.flavor not in ("sglang", "vllm"):

@@ -52,8 +52,10 @@ def pool_cluster(name: str, pool: LlmPool) -> cluster_pb2.Cluster:
     _http1(c, idle=pool.timeouts.stream_idle)
     if pool.tls is not None:  # replicas on other hosts (controlplane.translate.tls)
         c.transport_socket.CopyFrom(upstream_transport_socket(pool.tls))
-    # the filter server names the replica: the picker, a ranked pool's lane balance, PD's pairs
-    if pool.routing.mode == "prefix_index" or pool.balances_lanes or pool.disaggregation:
+    # the filter server names the replica: the picker, a ranked pool's lane balance, PD's pairs,
+    # a LoRA pool's adapter affinity (filters/plugins/lora)
+    named = pool.routing.mode == "prefix_index" or pool.balances_lanes or pool.disaggregation
+    if named or pool.lora is not None:
         c.load_balancing_policy.CopyFrom(override_host_policy(pool))
         return c
     c.lb_policy = cluster_pb2.Cluster.RING_HASH

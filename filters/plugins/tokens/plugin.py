@@ -49,6 +49,7 @@ from filters.bodies import (
 )
 from filters.errors import ClientError, ConfigError
 from filters.plugins.admission.limits import preemptive
+from filters.plugins.lora.names import adapter_model
 from filters.services import Services
 from policy.model import Policy
 from runtime.throttled_log import ThrottledLog
@@ -175,6 +176,8 @@ class TokensPlugin(BasePlugin):
         )
         ctx.body = req
         model = req.model or (ctx.route.models[0] if ctx.route.models else "unknown")
+        pool = self.services.policy.pools.get(ctx.route.pool) if ctx.route.pool else None
+        model = adapter_model(pool, model)  # "base:adapter" on a LoRA pool (filters/plugins/lora)
         if not self._model_served(ctx, model):
             raise ClientError(
                 404,

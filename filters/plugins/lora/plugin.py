@@ -1,0 +1,78 @@
+"""lora: serve a request for a LoRA adapter (``pools.NAME.lora``) on a replica that holds it.
+
+At the request body (after ``tokens``, which checked that the pool serves the model: an unknown
+adapter is a 404 there, like any unknown model) it picks the replica by adapter affinity
+(:mod:`filters.plugins.lora.affinity`), names it for Envoy (``x-tokenweir-endpoint``, the override-host
+load balancer; ring hash when that host is unhealthy or gone) and adds SGLang's ``lora_path``
+(the adapter's name) to the body, which SGLang reads on its native and OpenAI endpoints. At the
+stream's end the replica's in-flight count drops. Requests for the base model, and other pools,
+it leaves alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from filters.api import BasePlugin, Context, Result
+from filters.bodies import dump_body
+from filters.errors import ConfigError
+from filters.plugins.lora.affinity import AdapterAffinity
+from filters.services import Services
+from policy.routing import ENDPOINT_HEADER
+
+__all__ = ["LoraPlugin"]
+
+_KEY = "lora"
+
+
+class LoraPlugin(BasePlugin):
+    name = "lora"
+
+    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+        if settings:
+            raise ConfigError(f"lora: unknown setting(s) {sorted(settings)}; it has none")
+        self.pools = services.policy.pools
+        self._affinity: dict[str, AdapterAffinity] = {}
+
+    def affinity(self, pool_name: str) -> AdapterAffinity | None:
+        pool = self.pools.get(pool_name)
+        lora = pool.lora if pool is not None else None
+        if lora is None:
+            return None
+        aff = self._affinity.get(pool_name)
+        if aff is None:
+            aff = self._affinity[pool_name] = AdapterAffinity(lora.slots, lora.spread_factor)
+        return aff
+
+    async def request_body(self, ctx: Context, body: bytes) -> Result | None:
+        pool_name = ctx.route.pool
+        aff = self.affinity(pool_name) if pool_name else None
+        if aff is None or pool_name is None:
+            return None
+        pool = self.pools[pool_name]
+        adapter = ctx.model
+        if adapter is None or pool.lora is None or adapter not in pool.lora.adapters:
+            return None  # the base model
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return None  # not JSON: the replica answers its 400
+        if not isinstance(data, dict):
+            return None
+        replica = aff.pick(adapter, [str(a) for a in pool.endpoints])
+        if replica is None:
+            return None
+        ctx.scratch[_KEY] = (aff, replica, adapter)
+        data["lora_path"] = adapter
+        new = dump_body(data)
+        return Result(
+            body=new, set_headers={ENDPOINT_HEADER: replica, "content-length": str(len(new))}
+        )
+
+    async def stream_end(self, ctx: Context) -> None:
+        entry = ctx.scratch.pop(_KEY, None)
+        if entry is not None:
+            aff, replica, adapter = entry
+            aff.done(replica, adapter)
