@@ -19,7 +19,7 @@ TOKENWEIR = Path(sys.executable).parent / "tokenweir"
 def start_up(
     policy: Path,
     run_dir: Path,
-    timeout: float = 90.0,
+    timeout: float = 180.0,  # a loaded CI box (the suite runs in parallel) starts slowly
     extra_args: tuple[str, ...] = (),
     *,
     prometheus: bool = False,

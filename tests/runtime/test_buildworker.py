@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from policy import Policy
-from runtime.buildworker import BuildWorker
+from runtime.buildworker import NICE_ENV, BuildWorker
 from runtime.errors import BuildFailed, BuildTimeout, WorkerCrashed
 from runtime.watcher import InWorker, PolicyWatcher, ReloadMetrics
 
@@ -61,7 +61,10 @@ def _watcher(
     )
 
 
-async def test_the_build_runs_in_another_process_at_a_lower_priority(tmp_path: Path) -> None:
+async def test_the_build_runs_in_another_process_at_a_lower_priority(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(NICE_ENV, raising=False)  # tests/conftest.py sets it for the suite
     path = tmp_path / "mesh.yaml"
     path.write_text("")
     worker = BuildWorker("tests.runtime.build_targets:pid_and_nice", nice=5)
@@ -72,6 +75,20 @@ async def test_the_build_runs_in_another_process_at_a_lower_priority(tmp_path: P
     assert pid != os.getpid()
     assert nice == os.nice(0) + 5 or nice == 19
     assert files == ()
+
+
+async def test_the_operators_override_sets_the_workers_priority(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(NICE_ENV, "0")  # builds compete as equals
+    path = tmp_path / "mesh.yaml"
+    path.write_text("")
+    worker = BuildWorker("tests.runtime.build_targets:pid_and_nice", nice=5)
+    try:
+        (_pid, nice), _files, _parts = await worker.build(path)
+    finally:
+        await worker.aclose()
+    assert nice == os.nice(0)
 
 
 async def test_a_large_value_comes_back_whole(tmp_path: Path) -> None:
@@ -225,7 +242,10 @@ def _autogroup() -> str:
 
 
 @pytest.mark.skipif(not _autogroup(), reason="the kernel shows no scheduler autogroups")
-async def test_the_worker_session_gets_the_lowest_cpu_weight(tmp_path: Path) -> None:
+async def test_the_worker_session_gets_the_lowest_cpu_weight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(NICE_ENV, raising=False)  # tests/conftest.py sets it for the suite
     """Autogroups share the CPU between sessions: the worker's own session must weigh least,
     or three workers building at once outweigh the serving processes."""
     path = tmp_path / "mesh.yaml"
