@@ -21,6 +21,7 @@ from policy.errors import Issue, PolicyError
 from policy.lora_models import with_adapter_models
 from policy.model import Address, LlmPool, Policy
 from policy.semantic import check_policy
+from policy.service_tls import service_tls_issues
 from policy.tls import tls_file_issues
 
 __all__ = ["endpoint_files", "key_lines", "load_policy", "load_policy_text"]
@@ -112,6 +113,8 @@ def _load_text(text: str, filename: str, base_dir: Path | None, limits: Limits) 
     resolved, file_issues = _resolve_endpoints(policy, base_dir or Path.cwd(), lines, filename)
     issues += file_issues
     resolved, tls_issues = tls_file_issues(resolved, base_dir or Path.cwd())
+    resolved, svc_issues = service_tls_issues(resolved, base_dir or Path.cwd())
+    tls_issues += svc_issues
     issues += [Issue(filename, lines.of(path), path, msg) for path, msg in tls_issues]
     if issues:
         raise PolicyError(issues)

@@ -22,8 +22,12 @@ from typing import Any, Literal
 __all__ = [
     "ClientCertificates",
     "GatewayTls",
+    "Issues",
     "TlsCertificate",
     "UpstreamTls",
+    "check_ca",
+    "check_pair",
+    "read_pem",
     "tls_file_issues",
 ]
 
@@ -110,16 +114,16 @@ def tls_file_issues(policy: Any, base_dir: Path) -> tuple[Any, Issues]:
 def _gateway(tls: GatewayTls, at: str, base: Path, issues: Issues) -> GatewayTls:
     certs = []
     for i, c in enumerate(tls.certificates):
-        cert = _file(base, c.cert, f"{at}.certificates[{i}].cert", issues)
-        key = _file(base, c.key, f"{at}.certificates[{i}].key", issues)
+        cert = read_pem(base, c.cert, f"{at}.certificates[{i}].cert", issues)
+        key = read_pem(base, c.key, f"{at}.certificates[{i}].key", issues)
         if cert and key:
-            _pair(cert, key, f"{at}.certificates[{i}].key", issues)
+            check_pair(cert, key, f"{at}.certificates[{i}].key", issues)
         certs.append(dataclasses.replace(c, cert=cert or c.cert, key=key or c.key))
     client = tls.client_certificates
     if client is not None:
-        ca = _file(base, client.ca, f"{at}.client_certificates.ca", issues)
+        ca = read_pem(base, client.ca, f"{at}.client_certificates.ca", issues)
         if ca:
-            _ca(ca, f"{at}.client_certificates.ca", issues)
+            check_ca(ca, f"{at}.client_certificates.ca", issues)
         client = dataclasses.replace(client, ca=ca or client.ca)
     sds = str((base / tls.sds_dir).resolve())
     return dataclasses.replace(
@@ -131,20 +135,20 @@ def _upstream(target: Any, at: str, base: Path, issues: Issues) -> Any:
     tls: UpstreamTls | None = getattr(target, "tls", None)
     if tls is None:
         return target
-    ca = _file(base, tls.ca, f"{at}.ca", issues) if tls.ca else None
+    ca = read_pem(base, tls.ca, f"{at}.ca", issues) if tls.ca else None
     if ca:
-        _ca(ca, f"{at}.ca", issues)
-    cert = _file(base, tls.cert, f"{at}.cert", issues) if tls.cert else None
-    key = _file(base, tls.key, f"{at}.key", issues) if tls.key else None
+        check_ca(ca, f"{at}.ca", issues)
+    cert = read_pem(base, tls.cert, f"{at}.cert", issues) if tls.cert else None
+    key = read_pem(base, tls.key, f"{at}.key", issues) if tls.key else None
     if cert and key:
-        _pair(cert, key, f"{at}.key", issues)
+        check_pair(cert, key, f"{at}.key", issues)
     fixed = dataclasses.replace(
         tls, ca=ca or tls.ca or _SYSTEM_CA, cert=cert or tls.cert, key=key or tls.key
     )
     return dataclasses.replace(target, tls=fixed)
 
 
-def _file(base: Path, name: str, at: str, issues: Issues) -> str | None:
+def read_pem(base: Path, name: str, at: str, issues: Issues) -> str | None:
     path = (base / name).resolve()
     try:
         with path.open("rb") as fh:
@@ -158,7 +162,7 @@ def _file(base: Path, name: str, at: str, issues: Issues) -> str | None:
     return str(path)
 
 
-def _pair(cert: str, key: str, at: str, issues: Issues) -> None:
+def check_pair(cert: str, key: str, at: str, issues: Issues) -> None:
     """The key must belong to the certificate (what Envoy would refuse, found before it does)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
@@ -168,7 +172,7 @@ def _pair(cert: str, key: str, at: str, issues: Issues) -> None:
         issues.append((at, f"{key}: {why} ({cert})"))
 
 
-def _ca(ca: str, at: str, issues: Issues) -> None:
+def check_ca(ca: str, at: str, issues: Issues) -> None:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     try:
         ctx.load_verify_locations(ca)
