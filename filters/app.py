@@ -54,7 +54,7 @@ from filters.usage_log import UsageLog
 from policy import Policy, load_policy
 from policy.phases import uses_collapse, uses_shadow_pairs
 from quota.topup import TopUps
-from runtime.admin_auth import admin_token
+from runtime.admin_auth import admin_tls, admin_token
 from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
@@ -379,8 +379,9 @@ class FilterApp:
 
     async def _serve_metrics(self, host: str, port: int) -> None:
         server = MetricsServer(
-            self.metrics.registry, host, port, health=self.health, token=admin_token(os.environ)
-        )
+            self.metrics.registry, host, port, health=self.health,
+            token=admin_token(os.environ), tls=admin_tls(os.environ),
+        )  # fmt: skip
         self.metrics_port = await server.start()
         self._metrics_server = server
 

@@ -30,7 +30,7 @@ from ratelimit_service.resp import fast_path_url
 from ratelimit_service.responses import error_response, ok_response
 from ratelimit_service.store import RedisStore
 from ratelimit_service.tracing import end_call_span
-from runtime.admin_auth import admin_token
+from runtime.admin_auth import admin_tls, admin_token
 from runtime.grpc_health import AioHealth
 from runtime.h2 import transport_for
 from runtime.health import HealthState
@@ -291,6 +291,7 @@ class Service:
             port + self.settings.worker_index,
             health=self.serving,
             token=admin_token(os.environ),
+            tls=admin_tls(os.environ),
         )
         self.metrics_port = await server.start()
         self._metrics_server = server
