@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s ratelimit[{args.worker_index}] %(levelname)s %(name)s: %(message)s",
     )
     try:
-        policy = load_policy(args.policy)
+        policy = load_policy(args.policy, gateway_files=False)  # not the gateway's key
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 2

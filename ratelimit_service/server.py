@@ -92,7 +92,7 @@ class _Built:
 
 def prepare(path: Path) -> Loaded[_Built]:
     """In the build worker process: the policy, the decider's settings and the seeding plan."""
-    policy = load_policy(path)
+    policy = load_policy(path, gateway_files=False)  # no gateway key here (policy.tls)
     settings = decider_settings(policy.ratelimit or RateLimitServer())
     return Loaded(_Built(policy, settings, seed_plan(policy)))
 
@@ -302,7 +302,7 @@ class Service:
     def _build(self, path: Path) -> Loaded[_Built]:
         """Load the policy, the decider's settings and the Redis seeding plan (in the watcher's
         worker thread)."""
-        policy = load_policy(path)
+        policy = load_policy(path, gateway_files=False)  # no gateway key here (policy.tls)
         settings = decider_settings(policy.ratelimit or RateLimitServer(), self._instances(policy))
         return Loaded(_Built(policy, settings, seed_plan(policy) if self.redis else None))
 
