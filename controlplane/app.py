@@ -31,6 +31,7 @@ from controlplane.saturation.targets import targets_from_policy
 from controlplane.xds.server import XdsServer
 from policy import Address, Policy
 from policy.servers import Replicas
+from runtime.admin_auth import AdminTls
 from runtime.buildworker import Target
 from runtime.grpc_health import AioHealth
 from runtime.health import HealthState
@@ -52,6 +53,7 @@ class ControlPlaneSettings:
     replicas: Replicas | None = None  # overrides the policy's `replicas:` (`up --replicas`)
     redis_url: str | None = None  # the quotas' Redis (the dashboard); else ratelimit.redis_url
     admin_token: str | None = None  # required by /metrics, /api/v1, the dashboard (admin_auth)
+    admin_tls: AdminTls | None = None  # HTTPS there; client certificates instead of the token
 
 
 class ControlPlane:
@@ -112,6 +114,7 @@ class ControlPlane:
             settings.metrics.port,
             health=self.health,
             token=settings.admin_token,
+            tls=settings.admin_tls,
             routes=[
                 *pool_routes(self.scraper),
                 *self.canary.routes(),

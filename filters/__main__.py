@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from policy import PolicyError, load_policy
+from runtime.errors import PlaintextRefused
 from runtime.process import run, serve
 from runtime.supervisor import WorkerSupervisor
 
@@ -104,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         local_processes=gateway_processes(policy, ns.instances, ns.server_processes or processes),
     )
     app = FilterApp(settings, clock=time.monotonic)
-    return run(serve(app, drain_timeout=drain, workers=workers))
+    try:
+        return run(serve(app, drain_timeout=drain, workers=workers))
+    except PlaintextRefused as exc:  # a clear start-up error, no traceback
+        print(exc, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -54,12 +54,13 @@ from filters.usage_log import UsageLog
 from policy import Policy, load_policy
 from policy.phases import uses_collapse, uses_shadow_pairs
 from quota.topup import TopUps
-from runtime.admin_auth import admin_token
+from runtime.admin_auth import admin_tls, admin_token
 from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
 from runtime.redis_connect import verify_credentials
 from runtime.tasks import stop_task
+from runtime.tls_server import ServerTlsFiles, check_plaintext, grpc_credentials, server_context
 from runtime.tracing import TracingSwitch
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics, ReloadOutcome
 
@@ -285,7 +286,11 @@ class FilterApp:
             message_timeout=timeout,
             tracing=self.tracing,
         )
-        transport = transport_for(self.settings.transport, host)
+        section = self.policy.filters
+        tls = section.tls if section is not None else None
+        files = ServerTlsFiles(tls.cert, tls.key, tls.ca) if tls is not None else None
+        check_plaintext("filters", host, files, section is not None and section.allow_plaintext)
+        transport = transport_for(self.settings.transport, host, tls=files is not None)
         usage_log = UsageLog(  # Envoy's usage meter reports
             self.metrics, lambda: self.policy, self.tracing, on_metered=self._metered
         )
@@ -293,12 +298,14 @@ class FilterApp:
             body = self.policy.filters.max_body_bytes if self.policy.filters else 1024**2
             limits = replace(LIMITS, max_message=max(4 * 1024**2, body + 64 * 1024))
             self.server = H2FilterServer(
-                servicer, host, port, health=self.health, limits=limits, usage_log=usage_log
-            )
+                servicer, host, port, health=self.health, limits=limits, usage_log=usage_log,
+                ssl=server_context(files) if files is not None else None,
+            )  # fmt: skip
         else:
             self.server = FilterServer(
-                servicer, host, port, health=self.health, usage_log=usage_log
-            )
+                servicer, host, port, health=self.health, usage_log=usage_log,
+                credentials=grpc_credentials(files) if files is not None else None,
+            )  # fmt: skip
         await self.server.start()
         mport = self.settings.metrics_port
         if mport is None and self.policy.filters is not None:
@@ -372,8 +379,9 @@ class FilterApp:
 
     async def _serve_metrics(self, host: str, port: int) -> None:
         server = MetricsServer(
-            self.metrics.registry, host, port, health=self.health, token=admin_token(os.environ)
-        )
+            self.metrics.registry, host, port, health=self.health,
+            token=admin_token(os.environ), tls=admin_tls(os.environ),
+        )  # fmt: skip
         self.metrics_port = await server.start()
         self._metrics_server = server
 

@@ -11,6 +11,8 @@ loop iteration with one syscall. Each stream gets a :class:`StreamContext` (``re
 
 from __future__ import annotations
 
+from ssl import SSLContext
+
 from filters.h2stream import EOF, StreamContext
 from filters.server import FilterServicer
 from filters.usage_log import ALS_PATH, UsageLog
@@ -36,8 +38,11 @@ class H2FilterServer:
         health: HealthState | None = None,
         limits: Limits | None = None,
         usage_log: UsageLog | None = None,
+        ssl: SSLContext | None = None,
     ) -> None:
+        """``ssl``: serve mTLS (runtime.tls_server.server_context)."""
         self.servicer = servicer
+        self.ssl = ssl
         self.host = host
         self.port = port
         methods = {PROCESS_PATH: Method(streaming=self._process)}
@@ -51,7 +56,7 @@ class H2FilterServer:
         )
 
     async def start(self) -> None:
-        self.port = await self.grpc.start(self.host, self.port)
+        self.port = await self.grpc.start(self.host, self.port, ssl=self.ssl)
 
     async def aclose(self, grace: float = 1.0) -> None:
         await self.grpc.aclose(grace)

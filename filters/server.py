@@ -333,6 +333,7 @@ class FilterServer:
         *,
         health: HealthState | None = None,
         usage_log: Any = None,
+        credentials: Any = None,
     ) -> None:
         self.servicer = servicer
         self.health = AioHealth(health if health is not None else HealthState())
@@ -346,7 +347,10 @@ class FilterServer:
         if usage_log is not None:  # Envoy's gRPC access log: filters/usage_log.py
             self._server.add_generic_rpc_handlers((_access_log_handler(usage_log),))
         self.health.add_to(self._server)
-        self.port = self._server.add_insecure_port(f"{host}:{port}")
+        if credentials is not None:  # mTLS (runtime.tls_server.grpc_credentials)
+            self.port = self._server.add_secure_port(f"{host}:{port}", credentials)
+        else:
+            self.port = self._server.add_insecure_port(f"{host}:{port}")
         if self.port == 0:
             raise OSError(f"cannot listen on {host}:{port}")
 

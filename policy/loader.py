@@ -21,13 +21,20 @@ from policy.errors import Issue, PolicyError
 from policy.lora_models import with_adapter_models
 from policy.model import Address, LlmPool, Policy
 from policy.semantic import check_policy
+from policy.service_tls import service_tls_issues
 from policy.tls import tls_file_issues
 
 __all__ = ["endpoint_files", "key_lines", "load_policy", "load_policy_text"]
 
 
-def load_policy(path: str | Path, limits: Limits = DEFAULT_LIMITS) -> Policy:
+def load_policy(
+    path: str | Path, limits: Limits = DEFAULT_LIMITS, *, gateway_files: bool = True
+) -> Policy:
     """Read and check the policy at ``path``; raise :class:`PolicyError` listing every problem.
+
+    ``gateway_files=False``: the gateways' certificate and key files are not read (a process
+    that neither serves nor configures a gateway, the rate-limit service, need not hold the
+    gateway's private key; policy.tls).
 
     Never raises anything else for any file content: size, depth and alias expansion are
     bounded before a node is built (:mod:`policy.bounded`)."""
@@ -52,7 +59,9 @@ def load_policy(path: str | Path, limits: Limits = DEFAULT_LIMITS) -> Policy:
         raise PolicyError([_not_utf8(str(p), data, exc)]) from exc
     except OSError as exc:
         raise PolicyError([Issue(str(p), 0, "", f"cannot read policy file: {exc}")]) from exc
-    return load_policy_text(text, filename=str(p), base_dir=p.parent, limits=limits)
+    return load_policy_text(
+        text, filename=str(p), base_dir=p.parent, limits=limits, gateway_files=gateway_files
+    )
 
 
 def _not_utf8(filename: str, data: bytes, exc: UnicodeDecodeError) -> Issue:
@@ -74,10 +83,12 @@ def load_policy_text(
     filename: str = "<string>",
     base_dir: Path | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    *,
+    gateway_files: bool = True,
 ) -> Policy:
     """Parse policy YAML text; endpoint files are resolved relative to ``base_dir``."""
     with _collector_paused():
-        return _load_text(text, filename, base_dir, limits)
+        return _load_text(text, filename, base_dir, limits, gateway_files)
 
 
 @contextlib.contextmanager
@@ -95,7 +106,9 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _load_text(text: str, filename: str, base_dir: Path | None, limits: Limits) -> Policy:
+def _load_text(
+    text: str, filename: str, base_dir: Path | None, limits: Limits, gateway_files: bool = True
+) -> Policy:
     root = compose_bounded(text, filename, limits)
     if root is None:
         raise PolicyError(
@@ -111,7 +124,9 @@ def _load_text(text: str, filename: str, base_dir: Path | None, limits: Limits) 
     issues = [Issue(filename, lines.of(path), path, msg) for path, msg in problems]
     resolved, file_issues = _resolve_endpoints(policy, base_dir or Path.cwd(), lines, filename)
     issues += file_issues
-    resolved, tls_issues = tls_file_issues(resolved, base_dir or Path.cwd())
+    resolved, tls_issues = tls_file_issues(resolved, base_dir or Path.cwd(), gateway_files)
+    resolved, svc_issues = service_tls_issues(resolved, base_dir or Path.cwd())
+    tls_issues += svc_issues
     issues += [Issue(filename, lines.of(path), path, msg) for path, msg in tls_issues]
     if issues:
         raise PolicyError(issues)

@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 from policy.common import Address, Port
 from policy.decode import Duration, Range, Size
 from policy.saturation import PoolStateScrape
+from policy.service_tls import ServiceTls
 from wire.contract import RATELIMIT_DOMAIN
 
 __all__ = [
@@ -44,6 +45,8 @@ class RateLimitServer:
     replicas: Annotated[int, Range(1, 16)] = 1
     metrics_port: Port | None = None
     drain_timeout: Annotated[float, Duration(0, 3600)] = 30.0
+    tls: ServiceTls | None = None  # mTLS with Envoy (policy.service_tls)
+    allow_plaintext: bool = False  # serve beyond loopback without tls
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class FiltersServer:
     processes: Annotated[int, Range(1, 16)] = 1
     metrics_port: Port | None = None
     drain_timeout: Annotated[float, Duration(0, 3600)] = 30.0
+    tls: ServiceTls | None = None  # mTLS with Envoy (policy.service_tls)
+    allow_plaintext: bool = False  # serve beyond loopback without tls
 
 
 @dataclass(frozen=True)

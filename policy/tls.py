@@ -14,6 +14,7 @@ certificate, each an issue on the key's line; relative paths are resolved next t
 from __future__ import annotations
 
 import dataclasses
+import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,13 @@ from typing import Any, Literal
 __all__ = [
     "ClientCertificates",
     "GatewayTls",
+    "Issues",
     "TlsCertificate",
     "UpstreamTls",
+    "absolute",
+    "check_ca",
+    "check_pair",
+    "read_pem",
     "tls_file_issues",
 ]
 
@@ -89,14 +95,16 @@ _SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
 Issues = list[tuple[str, str]]  # (key path, message)
 
 
-def tls_file_issues(policy: Any, base_dir: Path) -> tuple[Any, Issues]:
-    """``policy`` with every TLS file path made absolute, and the problems with those files."""
+def tls_file_issues(policy: Any, base_dir: Path, read_gateways: bool = True) -> tuple[Any, Issues]:
+    """``policy`` with every TLS file path made absolute, and the problems with those files
+    (``read_gateways=False``: the gateways' paths made absolute, their files not read)."""
     issues: Issues = []
     gateways = {}
     for name, gw in policy.gateways.items():
         tls = getattr(gw, "tls", None)
         if tls is not None:
-            tls = _gateway(tls, f"gateways.{name}.tls", base_dir, issues)
+            at = f"gateways.{name}.tls"
+            tls = _gateway(tls, at, base_dir, issues, read=read_gateways)
             gw = dataclasses.replace(gw, tls=tls)
         gateways[name] = gw
     pools = {n: _upstream(p, f"pools.{n}.tls", base_dir, issues) for n, p in policy.pools.items()}
@@ -107,45 +115,67 @@ def tls_file_issues(policy: Any, base_dir: Path) -> tuple[Any, Issues]:
     return resolved, issues
 
 
-def _gateway(tls: GatewayTls, at: str, base: Path, issues: Issues) -> GatewayTls:
+def _gateway(tls: GatewayTls, at: str, base: Path, issues: Issues, read: bool) -> GatewayTls:
+    if not read:
+        return _absolute(tls, base)
     certs = []
     for i, c in enumerate(tls.certificates):
-        cert = _file(base, c.cert, f"{at}.certificates[{i}].cert", issues)
-        key = _file(base, c.key, f"{at}.certificates[{i}].key", issues)
+        cert = read_pem(base, c.cert, f"{at}.certificates[{i}].cert", issues)
+        key = read_pem(base, c.key, f"{at}.certificates[{i}].key", issues)
         if cert and key:
-            _pair(cert, key, f"{at}.certificates[{i}].key", issues)
+            check_pair(cert, key, f"{at}.certificates[{i}].key", issues)
         certs.append(dataclasses.replace(c, cert=cert or c.cert, key=key or c.key))
     client = tls.client_certificates
     if client is not None:
-        ca = _file(base, client.ca, f"{at}.client_certificates.ca", issues)
+        ca = read_pem(base, client.ca, f"{at}.client_certificates.ca", issues)
         if ca:
-            _ca(ca, f"{at}.client_certificates.ca", issues)
+            check_ca(ca, f"{at}.client_certificates.ca", issues)
         client = dataclasses.replace(client, ca=ca or client.ca)
-    sds = str((base / tls.sds_dir).resolve())
+    sds = absolute(base, tls.sds_dir)
     return dataclasses.replace(
         tls, certificates=tuple(certs), client_certificates=client, sds_dir=sds
     )
+
+
+def _absolute(tls: GatewayTls, base: Path) -> GatewayTls:
+    """The paths made absolute, no file read."""
+    certs = tuple(
+        dataclasses.replace(c, cert=absolute(base, c.cert), key=absolute(base, c.key))
+        for c in tls.certificates
+    )
+    client = tls.client_certificates
+    if client is not None:
+        client = dataclasses.replace(client, ca=absolute(base, client.ca))
+    sds = absolute(base, tls.sds_dir)
+    return dataclasses.replace(tls, certificates=certs, client_certificates=client, sds_dir=sds)
+
+
+def absolute(base: Path, name: str) -> str:
+    """``name`` made absolute next to the policy, *without* following symbolic links: a
+    Kubernetes Secret volume presents ``tls.crt`` as a link into a timestamped directory that a
+    renewal replaces, so the path (and the directory Envoy watches) must stay the link's."""
+    return os.path.abspath(os.path.join(base, name))
 
 
 def _upstream(target: Any, at: str, base: Path, issues: Issues) -> Any:
     tls: UpstreamTls | None = getattr(target, "tls", None)
     if tls is None:
         return target
-    ca = _file(base, tls.ca, f"{at}.ca", issues) if tls.ca else None
+    ca = read_pem(base, tls.ca, f"{at}.ca", issues) if tls.ca else None
     if ca:
-        _ca(ca, f"{at}.ca", issues)
-    cert = _file(base, tls.cert, f"{at}.cert", issues) if tls.cert else None
-    key = _file(base, tls.key, f"{at}.key", issues) if tls.key else None
+        check_ca(ca, f"{at}.ca", issues)
+    cert = read_pem(base, tls.cert, f"{at}.cert", issues) if tls.cert else None
+    key = read_pem(base, tls.key, f"{at}.key", issues) if tls.key else None
     if cert and key:
-        _pair(cert, key, f"{at}.key", issues)
+        check_pair(cert, key, f"{at}.key", issues)
     fixed = dataclasses.replace(
         tls, ca=ca or tls.ca or _SYSTEM_CA, cert=cert or tls.cert, key=key or tls.key
     )
     return dataclasses.replace(target, tls=fixed)
 
 
-def _file(base: Path, name: str, at: str, issues: Issues) -> str | None:
-    path = (base / name).resolve()
+def read_pem(base: Path, name: str, at: str, issues: Issues) -> str | None:
+    path = Path(absolute(base, name))
     try:
         with path.open("rb") as fh:
             head = fh.read(1 << 16)
@@ -158,7 +188,7 @@ def _file(base: Path, name: str, at: str, issues: Issues) -> str | None:
     return str(path)
 
 
-def _pair(cert: str, key: str, at: str, issues: Issues) -> None:
+def check_pair(cert: str, key: str, at: str, issues: Issues) -> None:
     """The key must belong to the certificate (what Envoy would refuse, found before it does)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
@@ -168,7 +198,7 @@ def _pair(cert: str, key: str, at: str, issues: Issues) -> None:
         issues.append((at, f"{key}: {why} ({cert})"))
 
 
-def _ca(ca: str, at: str, issues: Issues) -> None:
+def check_ca(ca: str, at: str, issues: Issues) -> None:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     try:
         ctx.load_verify_locations(ca)

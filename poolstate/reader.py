@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
@@ -27,9 +28,9 @@ log = logging.getLogger("tokenweir.poolstate")
 POOLS_PATH = "/api/v1/pools"  # served on the control plane's metrics address
 
 
-def pools_url(host: str, port: int) -> str:
+def pools_url(host: str, port: int, *, https: bool = False) -> str:
     """The pool-state URL of a control plane whose metrics address is ``host:port``."""
-    return f"http://{host}:{port}{POOLS_PATH}"
+    return f"{'https' if https else 'http'}://{host}:{port}{POOLS_PATH}"
 
 
 def mark_stale(state: PoolState) -> PoolState:
@@ -58,7 +59,9 @@ class PoolStateReader:
         retry_s: float = 0.25,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         # the control plane's admin token (runtime.admin_auth), when its surfaces want one
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         if not stale_after_s > poll_timeout_s:
@@ -131,7 +134,9 @@ class PoolStateReader:
                 if self._heard_at is not None:
                     params["after_version"] = str(self._last.version)
                 try:
-                    async with http.get(self.url, params=params, headers=self._headers) as r:
+                    async with http.get(
+                        self.url, params=params, headers=self._headers, ssl=self._ssl
+                    ) as r:
                         ok = r.status == 200 and self.accept(await r.json(content_type=None))
                 except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                     log.debug("pool state unreachable: %r", exc)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from policy import PolicyError, load_policy
 from ratelimit_service.server import Service, ServiceSettings
+from runtime.errors import PlaintextRefused
 from runtime.process import run, serve
 from runtime.supervisor import WorkerSupervisor
 
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s ratelimit[{args.worker_index}] %(levelname)s %(name)s: %(message)s",
     )
     try:
-        policy = load_policy(args.policy)
+        policy = load_policy(args.policy, gateway_files=False)  # not the gateway's key
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -92,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
             processes,
         )
     service = Service(settings, policy)
-    return run(serve(service, drain_timeout=drain, workers=workers))
+    try:
+        return run(serve(service, drain_timeout=drain, workers=workers))
+    except PlaintextRefused as exc:  # a clear start-up error, no traceback
+        print(exc, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

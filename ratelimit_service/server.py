@@ -30,13 +30,14 @@ from ratelimit_service.resp import fast_path_url
 from ratelimit_service.responses import error_response, ok_response
 from ratelimit_service.store import RedisStore
 from ratelimit_service.tracing import end_call_span
-from runtime.admin_auth import admin_token
+from runtime.admin_auth import admin_tls, admin_token
 from runtime.grpc_health import AioHealth
 from runtime.h2 import transport_for
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
 from runtime.redis_connect import connect_redis, redacted
 from runtime.tasks import honour_cancel, stop_task
+from runtime.tls_server import ServerTlsFiles, check_plaintext, grpc_credentials, server_context
 from runtime.tracing import Tracing, TracingSwitch
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics
 
@@ -91,7 +92,7 @@ class _Built:
 
 def prepare(path: Path) -> Loaded[_Built]:
     """In the build worker process: the policy, the decider's settings and the seeding plan."""
-    policy = load_policy(path)
+    policy = load_policy(path, gateway_files=False)  # no gateway key here (policy.tls)
     settings = decider_settings(policy.ratelimit or RateLimitServer())
     return Loaded(_Built(policy, settings, seed_plan(policy)))
 
@@ -245,18 +246,25 @@ class Service:
         servicer = RateLimitServicer(self.decider, self.tracing)
         listen = self.settings.listen or str(rl.address)
         host, _, port = listen.rpartition(":")
-        transport = transport_for(self.settings.transport, host)
+        tls = rl.tls
+        files = ServerTlsFiles(tls.cert, tls.key, tls.ca) if tls is not None else None
+        check_plaintext("ratelimit", host, files, rl.allow_plaintext)
+        transport = transport_for(self.settings.transport, host, tls=files is not None)
         if transport == "h2":
             traced = servicer.handle_bytes_traced  # it checks whether tracing is on per call
             self.h2 = H2Server(servicer.handle_bytes, health=self.serving, traced=traced)
-            self.port = await self.h2.start(host.strip("[]"), int(port))
+            ctx = server_context(files) if files is not None else None
+            self.port = await self.h2.start(host.strip("[]"), int(port), ssl=ctx)
         else:
             self.server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
             rls_pb2_grpc.add_RateLimitServiceServicer_to_server(servicer, self.server)
             aio_health = AioHealth(self.serving)
             aio_health.add_to(self.server)
             await aio_health.sync()
-            self.port = self.server.add_insecure_port(listen)
+            if files is not None:  # mTLS with Envoy
+                self.port = self.server.add_secure_port(listen, grpc_credentials(files))
+            else:
+                self.port = self.server.add_insecure_port(listen)
             await self.server.start()
         await self._start_metrics(rl)
         self.watcher.start()
@@ -283,6 +291,7 @@ class Service:
             port + self.settings.worker_index,
             health=self.serving,
             token=admin_token(os.environ),
+            tls=admin_tls(os.environ),
         )
         self.metrics_port = await server.start()
         self._metrics_server = server
@@ -293,7 +302,7 @@ class Service:
     def _build(self, path: Path) -> Loaded[_Built]:
         """Load the policy, the decider's settings and the Redis seeding plan (in the watcher's
         worker thread)."""
-        policy = load_policy(path)
+        policy = load_policy(path, gateway_files=False)  # no gateway key here (policy.tls)
         settings = decider_settings(policy.ratelimit or RateLimitServer(), self._instances(policy))
         return Loaded(_Built(policy, settings, seed_plan(policy) if self.redis else None))
 

@@ -10,9 +10,10 @@
     │       ├── CallTimedOut    the call ran past its time (the child was killed)
     │       ├── ChildDied       the child died during the call
     │       └── FrameTooLarge   a frame over the protocol's size limit
-    └── BuildFailed     a policy build in the build worker failed (its problems)
-        ├── WorkerCrashed   the build worker died during a build
-        └── BuildTimeout    a build ran past its time limit (the worker was killed)
+    ├── BuildFailed     a policy build in the build worker failed (its problems)
+    │   ├── WorkerCrashed   the build worker died during a build
+    │   └── BuildTimeout    a build ran past its time limit (the worker was killed)
+    └── PlaintextRefused  a service asked to listen beyond loopback without TLS
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "ChildError",
     "FrameTooLarge",
     "PipeCallError",
+    "PlaintextRefused",
     "PortTimeout",
     "Problems",
     "RuntimeMachineryError",
@@ -93,6 +95,10 @@ class WorkerCrashed(BuildFailed):
 
 class BuildTimeout(BuildFailed, TimeoutError):
     """A build ran past the worker's time limit; the worker was killed."""
+
+
+class PlaintextRefused(RuntimeMachineryError):
+    """A gRPC service asked to listen beyond loopback without TLS (runtime/tls_server.py)."""
 
 
 @runtime_checkable

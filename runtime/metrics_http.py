@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from runtime.admin_auth import check_exposure, token_middleware
+from runtime.admin_auth import AdminTls, check_exposure, token_middleware
 from runtime.gil import SwitchInterval
 from runtime.health import HealthState
 from runtime.metrics_text import TextRenderer
@@ -46,6 +46,7 @@ class MetricsServer:
         routes: Sequence[web.RouteDef] = (),
         render_switch_interval: float | None = RENDER_SWITCH_INTERVAL,
         token: str | None = None,
+        tls: AdminTls | None = None,
     ) -> None:
         self.registry = registry
         self.renderer = TextRenderer(registry)
@@ -54,6 +55,7 @@ class MetricsServer:
         self.health = health
         self.routes = list(routes)  # more endpoints on this port (the control plane's pool state)
         self.token = token  # required on every path but /healthz (runtime.admin_auth)
+        self.tls = tls  # HTTPS; a verified client certificate stands in for the token
         self._runner: web.AppRunner | None = None
         self._switch = (
             SwitchInterval(render_switch_interval) if render_switch_interval is not None else None
@@ -62,16 +64,19 @@ class MetricsServer:
     async def start(self) -> int:
         """Raises :class:`~runtime.admin_auth.AdminAuthError` when bound beyond loopback without
         a token."""
-        check_exposure("/metrics", self.host, self.token)
+        check_exposure("/metrics", self.host, self.token, self.tls)
+        mtls = self.tls is not None and self.tls.client_ca is not None
+        guarded = self.token is not None or mtls
         app = web.Application(
-            middlewares=[token_middleware(self.token)] if self.token is not None else []
+            middlewares=[token_middleware(self.token, client_certificates=mtls)] if guarded else []
         )
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.add_routes(self.routes)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
+        ssl_context = self.tls.server() if self.tls is not None else None
+        site = web.TCPSite(runner, self.host, self.port, ssl_context=ssl_context)
         try:
             await site.start()
         except OSError:

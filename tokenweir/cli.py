@@ -227,16 +227,17 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"--replicas: {exc}", file=sys.stderr)
         return 2
-    from runtime.admin_auth import AdminAuthError, admin_token
+    from runtime.admin_auth import AdminAuthError, admin_tls, admin_token
 
     try:
         token = admin_token(os.environ)
+        tls = admin_tls(os.environ)
     except AdminAuthError as exc:
         print(f"tokenweir: {exc}", file=sys.stderr)
         return 2
     settings = ControlPlaneSettings(
         args.config, args.xds or cp.xds, args.metrics or cp.metrics, cp.debounce, replicas,
-        redis_url=args.redis_url, admin_token=token,
+        redis_url=args.redis_url, admin_token=token, admin_tls=tls,
     )  # fmt: skip
 
     from runtime.process import run, serve

@@ -22,6 +22,7 @@ from controlplane.translate.routes import (
     sidecar_inbound_routes,
     sidecar_outbound_routes,
 )
+from controlplane.translate.tls import upstream_transport_socket
 from controlplane.translate.tracing import hcm_tracing
 from controlplane.xds.types import CLUSTER, ENDPOINT, LISTENER, ROUTE
 from policy.model import Policy
@@ -140,27 +141,27 @@ def _service(policy: Policy, res: Resources, name: str) -> None:
 
 def _servers(policy: Policy, res: Resources, hooks_used: set[str]) -> None:
     if policy.filters is not None and "envoy.filters.http.ext_proc" in hooks_used:
-        _add(
-            res,
-            CLUSTER,
-            clusters.static_cluster(
-                names.FILTERS_CLUSTER,
-                replica_addresses(policy.filters.address, policy.replicas.filters),
-                http2=True,
-                processes=policy.filters.processes,
-            ),
+        f = policy.filters
+        cluster = clusters.static_cluster(
+            names.FILTERS_CLUSTER,
+            replica_addresses(f.address, policy.replicas.filters),
+            http2=True,
+            processes=f.processes,
         )
+        if f.tls is not None:  # mTLS with the filter server (policy.service_tls)
+            cluster.transport_socket.CopyFrom(upstream_transport_socket(f.tls.upstream()))
+        _add(res, CLUSTER, cluster)
     if policy.ratelimit is not None and "envoy.filters.http.ratelimit" in hooks_used:
-        _add(
-            res,
-            CLUSTER,
-            clusters.static_cluster(
-                names.RATELIMIT_CLUSTER,
-                replica_addresses(policy.ratelimit.address, policy.replicas.ratelimit),
-                http2=True,
-                processes=policy.ratelimit.replicas,
-            ),
+        rl = policy.ratelimit
+        cluster = clusters.static_cluster(
+            names.RATELIMIT_CLUSTER,
+            replica_addresses(rl.address, policy.replicas.ratelimit),
+            http2=True,
+            processes=rl.replicas,
         )
+        if rl.tls is not None:  # mTLS with the rate-limit service
+            cluster.transport_socket.CopyFrom(upstream_transport_socket(rl.tls.upstream()))
+        _add(res, CLUSTER, cluster)
 
 
 def to_json(groups: Mapping[str, Resources]) -> dict[str, dict[str, dict[str, Any]]]:

@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from ssl import SSLContext
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -48,10 +49,11 @@ class Method:
     unary_metadata: UnaryWithMetadata | None = None
 
 
-def transport_for(requested: str, host: str) -> str:
-    """The transport a service serves on ``host``: the built-in ``h2`` only on loopback, else
-    ``grpc`` (grpc.aio; logged), so no service exposes the built-in transport to the network."""
-    if requested == "h2" and not is_loopback(host):
+def transport_for(requested: str, host: str, tls: bool = False) -> str:
+    """The transport a service serves on ``host``: the built-in ``h2`` on loopback or behind
+    TLS (mTLS: only Envoy's certificate gets a connection), else ``grpc`` (grpc.aio; logged), so
+    no service exposes the built-in transport to the network in clear."""
+    if requested == "h2" and not tls and not is_loopback(host):
         log.warning(
             "%s is not a loopback address: serving with grpc.aio, not the built-in h2", host
         )
@@ -89,15 +91,16 @@ class GrpcH2Server:
         self._server: asyncio.Server | None = None
         self.port = 0
 
-    async def start(self, host: str, port: int) -> int:
-        if not is_loopback(host):
+    async def start(self, host: str, port: int, ssl: SSLContext | None = None) -> int:
+        """``ssl``: serve TLS (runtime.tls_server); without it, loopback only."""
+        if ssl is None and not is_loopback(host):
             raise ValueError(
-                f"the built-in HTTP/2 transport serves loopback only, not {host!r}: "
-                "use --transport grpc (grpc.aio) for other addresses"
+                f"the built-in HTTP/2 transport serves loopback only without TLS, not {host!r}: "
+                "configure TLS, or use --transport grpc (grpc.aio) for other addresses"
             )
         self.loop = asyncio.get_running_loop()
         self._server = await self.loop.create_server(
-            lambda: H2Connection(self), host.strip("[]"), port, reuse_port=True
+            lambda: H2Connection(self), host.strip("[]"), port, reuse_port=True, ssl=ssl
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port

@@ -20,7 +20,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from policy import Address, load_policy_text
+from controlplane.sds_files import write_sds_files
+from controlplane.tls_material import make_ca, make_cert
+from policy import Address, load_policy, load_policy_text
 from tokenweir.check import check_file
 from tokenweir.envoy_launcher import EnvoySettings, render_bootstrap, validate
 
@@ -29,6 +31,7 @@ KUBE = ROOT / "deploy" / "kubernetes"
 BUILDS = ["base", "overlays/emulator", "overlays/external-redis", "overlays/production"]
 VERSIONS = ["1.30.0", "1.37.0"]  # the oldest and newest Kubernetes the manifests target
 WORKLOADS = {"Deployment", "StatefulSet"}
+TLS_MOUNT = "/etc/tokenweir-tls"  # where the gateway's TLS Secret is mounted
 Doc = dict[str, Any]
 
 
@@ -158,6 +161,9 @@ def test_the_policy_inside_loads_and_names_what_the_manifests_create(
 ) -> None:
     docs = build(name)
     text = named(docs, "ConfigMap", "tokenweir-policy")["data"]["mesh.yaml"]
+    # the gateway's TLS Secret, as its volume presents it (tls.crt, tls.key), here
+    secret_dir = _secret_volume(tmp_path)
+    text = text.replace(f"{TLS_MOUNT}/", f"{secret_dir}/")
     (tmp_path / "mesh.yaml").write_text(text)
     policy, issues = check_file(tmp_path / "mesh.yaml")  # what `tokenweir validate` runs
     assert policy is not None and not issues, issues
@@ -172,7 +178,7 @@ def test_the_policy_inside_loads_and_names_what_the_manifests_create(
     assert policy.filters.address.host == "127.0.0.1"
     assert int(_arg(by_name["filters"], "--processes")) == policy.filters.processes
     (listen,) = [g.listen for g in policy.gateways.values()]
-    assert listen.port == container_ports(gw)["http"]
+    assert listen.port == container_ports(gw)["https"]
     # the pool: one endpoint per StatefulSet pod, by its stable name, on the Service's port
     (pool,) = policy.pools.values()
     sts = named(docs, "StatefulSet", "sglang-chat")
@@ -210,7 +216,7 @@ def test_the_envoy_bootstrap_is_what_tokenweir_renders(name: str) -> None:
     assert (
         _arg(envoy, "--service-cluster")
         in load_policy_text(
-            named(docs, "ConfigMap", "tokenweir-policy")["data"]["mesh.yaml"]
+            named(docs, "ConfigMap", "tokenweir-policy")["data"]["mesh.yaml"], gateway_files=False
         ).gateways
     )
 
@@ -259,3 +265,81 @@ def test_pods_are_locked_down_and_secrets_stay_off_command_lines(name: str) -> N
             for f in policies["tokenweir-redis"]["spec"]["ingress"][0]["from"]
         }
         assert callers == {"tokenweir-ratelimit", "tokenweir-gateway", "tokenweir-controlplane"}
+
+
+def _secret_volume(tmp_path: Path) -> Path:
+    """A TLS Secret laid out as the kubelet mounts it: ``tls.crt`` → ``..data/tls.crt``,
+    ``..data`` → a timestamped directory holding the files."""
+    mount = tmp_path / "gateway-tls"
+    stamp = mount / "..2026_12_07_02_00_00.1"
+    pair = make_cert(stamp, "gateway", make_ca(tmp_path / "ca"), dns=("gateway.test",))
+    pair.cert.rename(stamp / "tls.crt")
+    pair.key.rename(stamp / "tls.key")
+    (mount / "..data").symlink_to(stamp.name)
+    for f in ("tls.crt", "tls.key"):
+        (mount / f).symlink_to(f"..data/{f}")
+    return mount
+
+
+def _mounts(c: Doc) -> dict[str, str]:
+    """volume name → mount path of one container."""
+    return {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_the_gateway_serves_https_from_its_tls_secret(name: str, tmp_path: Path) -> None:
+    """Issue 39: the listener's certificate is the Secret the gateway pod mounts where the
+    policy names it; an init container runs ``tokenweir sds`` into the emptyDir Envoy reads
+    the SDS files from; the control plane (which checks the pair before publishing) mounts the
+    same Secret; the Service exposes the TLS port. ``tokenweir sds`` on the shipped policy
+    writes files naming exactly the mounted certificate and key."""
+    docs = build(name)
+    text = named(docs, "ConfigMap", "tokenweir-policy")["data"]["mesh.yaml"]
+    policy = load_policy_text(text, gateway_files=False)
+    (gw_policy,) = policy.gateways.values()
+    tls = gw_policy.tls
+    assert tls is not None, "the gateway serves HTTPS"
+    (cert,) = tls.certificates
+    assert (cert.cert, cert.key) == (f"{TLS_MOUNT}/tls.crt", f"{TLS_MOUNT}/tls.key")
+    secret = named(docs, "Secret", "tokenweir-gateway-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+
+    gw = named(docs, "Deployment", "tokenweir-gateway")
+    spec = gw["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["gateway-tls"]["secret"]["secretName"] == "tokenweir-gateway-tls"
+    assert volumes["sds"] == {"name": "sds", "emptyDir": {}}
+    (init,) = spec["initContainers"]
+    assert init["args"][:2] == ["tokenweir", "sds"]
+    assert init["args"][init["args"].index("-c") + 1] == "/etc/tokenweir/mesh.yaml"
+    by_name = {c["name"]: c for c in containers(gw)}
+    for c in (init, by_name["envoy"], by_name["filters"]):  # every reader of the policy's TLS
+        assert _mounts(c)["gateway-tls"] == TLS_MOUNT, c["name"]
+    for c in (init, by_name["envoy"]):
+        assert _mounts(c)["sds"] == tls.sds_dir, c["name"]
+    sc = init["securityContext"]
+    assert sc["readOnlyRootFilesystem"] and sc["capabilities"]["drop"] == ["ALL"]
+    assert init["resources"]["requests"] and init["resources"]["limits"]
+    port = named(docs, "Service", "tokenweir-gateway")["spec"]["ports"]
+    assert port == [{"name": "https", "port": 443, "targetPort": "https"}]
+
+    cp = named(docs, "Deployment", "tokenweir-controlplane")
+    cp_mounts = _mounts(containers(cp)[0])
+    assert cp_mounts["gateway-tls"] == TLS_MOUNT and cp_mounts["sds"] == tls.sds_dir
+    cp_volumes = {v["name"]: v for v in cp["spec"]["template"]["spec"]["volumes"]}
+    assert cp_volumes["gateway-tls"]["secret"]["secretName"] == "tokenweir-gateway-tls"
+
+    # what the init container writes, here: the SDS file names the mounted pair
+    secret_dir, sds_dir = _secret_volume(tmp_path), tmp_path / "sds"
+    local = text.replace(f"{TLS_MOUNT}/", f"{secret_dir}/").replace(tls.sds_dir, str(sds_dir))
+    (tmp_path / "mesh.yaml").write_text(local)
+    (written,) = write_sds_files(load_policy(tmp_path / "mesh.yaml"))
+    assert written.parent == sds_dir
+    (doc,) = json.loads(written.read_text())["resources"]
+    # the links' paths and the mount directory, never the timestamped directory a renewal
+    # replaces: Envoy watches the mount and reloads when the kubelet swaps `..data`
+    assert doc["tls_certificate"] == {
+        "certificate_chain": {"filename": f"{secret_dir}/tls.crt"},
+        "private_key": {"filename": f"{secret_dir}/tls.key"},
+        "watched_directory": {"path": str(secret_dir)},
+    }

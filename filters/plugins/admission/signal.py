@@ -19,7 +19,7 @@ from filters.plugins.admission.spread import Down, replicas_down
 from policy.model import Policy
 from poolstate.reader import PoolStateReader, pools_url
 from poolstate.state import PoolSummary, ReplicaState
-from runtime.admin_auth import admin_token
+from runtime.admin_auth import admin_tls, admin_token
 
 __all__ = [
     "admission_alive",
@@ -55,8 +55,10 @@ def pool_state_reader(
     if not (needed or (uses_admission(policy) and policy.admission.pool_state)):
         return None
     cp = policy.control_plane
+    tls = admin_tls(os.environ)  # the control plane serves HTTPS with the same settings
     return PoolStateReader(
-        pools_url(cp.metrics.host, cp.metrics.port),
+        pools_url(cp.metrics.host, cp.metrics.port, https=tls is not None),
+        ssl_context=tls.client() if tls is not None else None,
         clock=clock,
         stale_after_s=max(2.0, 2 * cp.pool_state.stale_after),
         token=admin_token(os.environ),  # the process's settings: runtime.admin_auth
