@@ -7,7 +7,11 @@ once per replica from ``/get_server_info``, with how the replica orders its queu
 priority-scheduling arguments, published per replica as ``rank``); read again when a replica
 answers after it did not (it may have restarted with other flags). A replica that does not
 answer keeps its last good sample until ``stale_after``; then it is published stale and
-saturated.
+saturated. A replica whose host name does not resolve is left out of the pool until it does
+(:class:`NameNotFound`): in Kubernetes the policy lists a StatefulSet's pod names up to the
+autoscaler's maximum, and a headless Service with ``publishNotReadyAddresses: false`` names only
+the ready pods, so a pod not started or still loading is capacity that does not exist yet, not a
+saturated replica (Envoy's STRICT_DNS cluster leaves it out the same way).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from backends.sglang.capacity import parse_server_info
-from controlplane.saturation.errors import ScrapeError
+from controlplane.saturation.errors import NameNotFound, ScrapeError
 from controlplane.saturation.fetch import Fetcher
 from controlplane.saturation.targets import PoolTargets, ScrapeSettings
 from poolstate import (
@@ -55,6 +59,7 @@ class _Replica:
     ranking: Ranking = field(default_factory=Ranking)
     reread: bool = False  # read the server info again once it answers (it may have restarted)
     backend: str = "sglang"  # its pool's backend kind: the metric names read, server info or not
+    absent: bool = False  # its name did not resolve at the last scrape: left out of the pool
 
 
 class _Metrics:
@@ -180,6 +185,12 @@ class PoolScraper:
             sample = parse_backend_metrics(text, rep.backend)
             for reader in self._taps:
                 reader(ep, text)
+        except NameNotFound as exc:
+            rep.absent, rep.answered, rep.sample = True, False, None
+            rep.reread = rep.info is not None
+            self._count("absent")
+            log.debug("no such replica now: %s", exc)
+            return
         except (ScrapeError, MetricsTextError) as exc:
             rep.answered = False
             rep.reread = rep.info is not None
@@ -191,7 +202,7 @@ class PoolScraper:
         ):  # back after a failure: the server may have restarted with other flags
             rep.reread = False
             await self._read_info(ep, rep, now)
-        rep.answered = sample.complete
+        rep.answered, rep.absent = sample.complete, False
         self._count("ok" if sample.complete else "incomplete")
         if sample.complete:
             rep.sample, rep.sample_at = sample, self._clock()
@@ -220,6 +231,8 @@ class PoolScraper:
             reps: dict[str, ReplicaState] = {}
             for ep in t.endpoints:
                 rep = self._replicas[ep]
+                if rep.absent:
+                    continue
                 was = prev.endpoints[ep].degraded if prev and ep in prev.endpoints else False
                 rs = replica_state(
                     rep.sample,
@@ -278,6 +291,8 @@ class PoolScraper:
                 m.kv_usage.labels(pool, ep).set(r.token_usage)
                 m.up.labels(pool, ep).set(1 if r.healthy and not r.stale else 0)
                 m.degraded.labels(pool, ep).set(1 if r.degraded else 0)
+            for ep in set(self.targets[pool].endpoints) - set(summary.endpoints):  # absent
+                m.up.labels(pool, ep).set(0)
 
     def _check_ranking(self) -> None:
         """Per replica of a pool that declares priority scheduling: whether it schedules as
