@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -147,6 +148,7 @@ class PoolScraper:
         self._taps: list[Callable[[str, str], None]] = []  # (endpoint, /metrics text)
         self._task: asyncio.Task[None] | None = None
         self._mismatch: dict[tuple[str, str], str | None] = {}  # (pool, endpoint) → last logged
+        self._starting: dict[str, tuple[int, float | None]] = {}  # pool → (count, ready_at)
 
     # ---- configuration ----------------------------------------------------------------------
     def configure(self, settings: ScrapeSettings, targets: dict[str, PoolTargets]) -> None:
@@ -165,6 +167,15 @@ class PoolScraper:
     def subscribe(self, listener: Callable[[PoolState], None]) -> None:
         """Called with every newly published state (the EDS publisher is one)."""
         self._listeners.append(listener)
+
+    def set_starting(self, pool: str, count: int, ready_in_s: float | None) -> None:
+        """Replicas of ``pool`` started and not serving yet, the first expected to serve in
+        ``ready_in_s`` (None: unknown); published with the next state (whole seconds of the
+        wall clock, so a steady estimate does not bump the version every round)."""
+        ready_at = None
+        if count > 0 and ready_in_s is not None and ready_in_s > 0:
+            ready_at = float(math.ceil(self._wall() + ready_in_s))
+        self._starting[pool] = (count, ready_at) if count > 0 else (0, None)
 
     # ---- one round ---------------------------------------------------------------------------
     async def scrape_once(self) -> PoolState:
@@ -251,15 +262,21 @@ class PoolScraper:
         return t.capacity.merged(rep.info) if rep.info is not None else t.capacity
 
     def _publish(self, pools: dict[str, dict[str, ReplicaState]], ts: float) -> PoolState:
-        sig = {
-            p: {ep: replace(r, age_s=0.0) for ep, r in reps.items()} for p, reps in pools.items()
-        }
+        starting = {p: self._starting.get(p, (0, None)) for p in pools}
+        sig = (
+            {p: {ep: replace(r, age_s=0.0) for ep, r in reps.items()} for p, reps in pools.items()},
+            starting,
+        )
         if sig == self._signature:
             return self.state
         self._signature = sig
         summaries = {
-            p: summarize_pool(
-                reps, {ep: self._capacity(self.targets[p], self._replicas[ep]) for ep in reps}
+            p: replace(
+                summarize_pool(
+                    reps, {ep: self._capacity(self.targets[p], self._replicas[ep]) for ep in reps}
+                ),
+                starting=starting[p][0],
+                ready_at=starting[p][1],
             )
             for p, reps in pools.items()
         }

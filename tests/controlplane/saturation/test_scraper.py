@@ -350,3 +350,22 @@ def test_the_pools_backend_reaches_the_scrape_targets() -> None:
     )
     _, targets = targets_from_policy(policy)
     assert targets["chat"].backend == "vllm" and targets["chat"].capacity.max_running_requests == 4
+
+
+async def test_replicas_starting_are_published_with_when_the_first_should_serve() -> None:
+    """Issue 42 part 3: the pool state says a scale-up is under way, in whole wall-clock
+    seconds, so a steady estimate does not bump the version each round."""
+    s, f, clock = make()
+    f.texts = {A: gauges(1, 0), B: gauges(1, 0)}
+    first = await s.scrape_once()
+    assert first.pools["chat"].starting == 0 and first.pools["chat"].ready_at is None
+    s.set_starting("chat", 2, 19.6)  # wall clock 100.0: ready at 119.6, published as 120
+    chat = (await s.scrape_once()).pools["chat"]
+    assert (chat.starting, chat.ready_at, s.state.version) == (2, 120.0, 2)
+    clock.t += 0.25
+    s.set_starting("chat", 2, 19.35)  # the same moment, estimated a round later
+    assert (await s.scrape_once()).version == 2
+    assert s.state.pools["chat"].to_json()["starting"] == 2
+    s.set_starting("chat", 0, None)  # they serve now
+    chat = (await s.scrape_once()).pools["chat"]
+    assert (chat.starting, chat.ready_at, s.state.version) == (0, None, 3)
