@@ -90,6 +90,7 @@ class ControlPlane:
         self.autoscaler = Autoscaler(clock=time.monotonic, registry=self.registry)  # issue 42
         self.scraper.tap(self.autoscaler.tap)
         self.scraper.subscribe(self.autoscaler.on_state)
+        self.autoscaler.follow_starting(self.scraper.set_starting)  # Retry-After while loading
         self.reloader = Reloader(
             settings.policy_path,
             self.cache,

@@ -36,6 +36,7 @@ from filters.plugins.admission.signal import (
     down_source,
     pool_state_reader,
     ranking_source,
+    ready_source,
     saturation_source,
 )
 from filters.plugins.admission.spread import LaneBalance
@@ -333,6 +334,7 @@ class FilterApp:
         self.balance.down = down_source(self._pool_state)
         self.gates.ranking = ranking_source(self._pool_state)
         self.gates.capacity = capacity_source(self._pool_state)
+        self.gates.ready_in = ready_source(self._pool_state, self.gates.wall)
         self.ladders.saturation = saturation_source(self._pool_state)
         self._tasks.append(asyncio.create_task(self._follow_capacity(), name="follow-capacity"))
         if not await self._pool_state.first(BOOT_WAIT_S):

@@ -16,6 +16,11 @@ JSON (``to_json`` / ``from_json``; the control plane's ``GET /api/v1/pools``)::
                                        "stale": false, "deg": false, "age": 0.12,
                                        "rank": {"on": true, "thr": 10, "low": false}}, ...}}}}
 
+A pool with replicas starting (a scale-up under way: ``tokenweir up --autoscale`` reports them
+to the control plane) also carries ``"starting": 2, "ready_at": 1764554120.0``: how many, and
+the wall-clock time the first of them is expected to serve (:meth:`PoolSummary.ready_in`).
+Both are left out when none starts; a state without them decodes as "none starting".
+
 ``rank`` (:class:`~poolstate.ranking.Ranking`) holds the priority-scheduling server
 arguments the replica reported, each key only when known, and is left out when none is: a
 state from an older control plane (without it) decodes as "unknown".
@@ -97,9 +102,18 @@ class PoolSummary:
     endpoints: Mapping[str, ReplicaState] = field(default_factory=dict)
     capacity_running: int = 0  # sum of max_running_requests over fresh replicas
     capacity_queued: int = 0  # sum of max_queued_requests over fresh replicas
+    starting: int = 0  # replicas started and loading, not serving yet (not in ``endpoints``)
+    ready_at: float | None = None  # wall clock (Unix s) the first of them should serve
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoints", MappingProxyType(dict(self.endpoints)))
+
+    def ready_in(self, now: float) -> float | None:
+        """Seconds from wall-clock ``now`` until a starting replica should serve; None when
+        none starts, its time is unknown, or it is overdue (then nothing is promised)."""
+        if self.starting <= 0 or self.ready_at is None or self.ready_at <= now:
+            return None
+        return self.ready_at - now
 
     @property
     def fresh(self) -> list[ReplicaState]:
@@ -125,7 +139,7 @@ class PoolSummary:
 
     def to_json(self) -> dict[str, Any]:
         fresh = self.fresh
-        return {
+        out: dict[str, Any] = {
             # aggregates of the rounded replica values: a decoded state encodes identically
             "saturation": _round(_mean([_round(r.saturation) for r in self.endpoints.values()])),
             "replicas": len(self.endpoints),
@@ -137,6 +151,11 @@ class PoolSummary:
             "gen_throughput": _round(sum(_round(r.gen_throughput) for r in fresh)),
             "endpoints": {ep: r.to_json() for ep, r in sorted(self.endpoints.items())},
         }
+        if self.starting > 0:
+            out["starting"] = self.starting
+            if self.ready_at is not None:
+                out["ready_at"] = round(self.ready_at, 3)
+        return out
 
     @classmethod
     def from_json(cls, d: object) -> PoolSummary:
@@ -146,6 +165,8 @@ class PoolSummary:
             endpoints={str(k): ReplicaState.from_json(v) for k, v in eps.items()},
             capacity_running=int(_num(m, "capacity_running")),
             capacity_queued=int(_num(m, "capacity_queued")),
+            starting=int(_num(m, "starting")) if "starting" in m else 0,
+            ready_at=_num(m, "ready_at") if "ready_at" in m else None,
         )
 
 

@@ -182,8 +182,10 @@ class EmulatorFleet:
         await self._reconcile()
         self._write()
         if self._autoscaler is not None:
-            starting = sum(1 for r in self.replicas.values() if r.phase is Phase.STARTING)
-            self._autoscaler.set_starting(self.name, starting)
+            starting = [r for r in self.replicas.values() if r.phase is Phase.STARTING]
+            now, load = self._clock(), self.policy.load_time
+            ready_in = min((r.since + load - now for r in starting), default=None)
+            self._autoscaler.set_starting(self.name, len(starting), ready_in)
 
     async def _check_starting(self) -> None:
         now = self._clock()

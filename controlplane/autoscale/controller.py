@@ -119,6 +119,7 @@ class Autoscaler:
         self._counters: dict[str, ReplicaCounters] = {}
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        self._starting_listeners: list[Callable[[str, int, float | None], None]] = []
 
     # ---- inputs ------------------------------------------------------------------------------
     def configure(self, policy: Policy) -> None:
@@ -166,12 +167,21 @@ class Autoscaler:
             if self._metrics is not None:
                 self._metrics.replicas.labels(name).set(serving)
 
-    def set_starting(self, pool: str, count: int) -> None:
-        """Replicas an actor has started for ``pool`` that do not serve yet."""
+    def set_starting(self, pool: str, count: int, ready_in_s: float | None = None) -> None:
+        """Replicas an actor has started for ``pool`` that do not serve yet, the first
+        expected to serve in ``ready_in_s`` (None: unknown). Passed on to every
+        :meth:`follow_starting` listener (the pool scraper publishes it in the pool state:
+        admission shortens the Retry-After it promises to that, where shorter)."""
         if pool in self.pools:
             self.pools[pool].starting = count
         if self._metrics is not None:
             self._metrics.starting.labels(pool).set(count)
+        for listener in self._starting_listeners:
+            listener(pool, count, ready_in_s)
+
+    def follow_starting(self, listener: Callable[[str, int, float | None], None]) -> None:
+        """Called with ``(pool, starting, ready_in_s)`` on every :meth:`set_starting`."""
+        self._starting_listeners.append(listener)
 
     # ---- one round ---------------------------------------------------------------------------
     def tick(self) -> dict[str, Decision]:

@@ -2,7 +2,8 @@
 
 :class:`HttpFetcher` keeps one aiohttp session (connection reuse: a scrape every 250 ms to 30
 replicas must not open 120 connections a second) and converts every client error to
-:class:`ScrapeError` once, here.
+:class:`ScrapeError` once, here; a host name that does not resolve to :class:`NameNotFound`.
+Resolved names are cached for ``_DNS_TTL_S`` only: a pod that comes back has a new address.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from controlplane.saturation.errors import ScrapeError
+from controlplane.saturation.errors import NameNotFound, ScrapeError
 
 __all__ = ["Fetcher", "HttpFetcher"]
+
+_DNS_TTL_S = 5  # CoreDNS answers cluster names with a 5 s TTL by default
 
 
 class Fetcher(Protocol):
@@ -31,7 +34,7 @@ class HttpFetcher:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=_DNS_TTL_S)
             )
         return self._session
 
@@ -46,6 +49,8 @@ class HttpFetcher:
                 if r.status != 200:
                     raise ScrapeError(f"{endpoint}{path}: HTTP {r.status}")
                 return await r.text()
+        except aiohttp.ClientConnectorDNSError as exc:
+            raise NameNotFound(f"{endpoint}{path}: {exc!r}") from exc
         except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError) as exc:
             raise ScrapeError(f"{endpoint}{path}: {exc!r}") from exc
 

@@ -7,7 +7,11 @@ once per replica from ``/get_server_info``, with how the replica orders its queu
 priority-scheduling arguments, published per replica as ``rank``); read again when a replica
 answers after it did not (it may have restarted with other flags). A replica that does not
 answer keeps its last good sample until ``stale_after``; then it is published stale and
-saturated.
+saturated. A replica whose host name does not resolve is left out of the pool until it does
+(:class:`NameNotFound`): in Kubernetes the policy lists a StatefulSet's pod names up to the
+autoscaler's maximum, and a headless Service with ``publishNotReadyAddresses: false`` names only
+the ready pods, so a pod not started or still loading is capacity that does not exist yet, not a
+saturated replica (Envoy's STRICT_DNS cluster leaves it out the same way).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -22,7 +27,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from backends.sglang.capacity import parse_server_info
-from controlplane.saturation.errors import ScrapeError
+from controlplane.saturation.errors import NameNotFound, ScrapeError
 from controlplane.saturation.fetch import Fetcher
 from controlplane.saturation.targets import PoolTargets, ScrapeSettings
 from poolstate import (
@@ -55,6 +60,7 @@ class _Replica:
     ranking: Ranking = field(default_factory=Ranking)
     reread: bool = False  # read the server info again once it answers (it may have restarted)
     backend: str = "sglang"  # its pool's backend kind: the metric names read, server info or not
+    absent: bool = False  # its name did not resolve at the last scrape: left out of the pool
 
 
 class _Metrics:
@@ -142,6 +148,7 @@ class PoolScraper:
         self._taps: list[Callable[[str, str], None]] = []  # (endpoint, /metrics text)
         self._task: asyncio.Task[None] | None = None
         self._mismatch: dict[tuple[str, str], str | None] = {}  # (pool, endpoint) → last logged
+        self._starting: dict[str, tuple[int, float | None]] = {}  # pool → (count, ready_at)
 
     # ---- configuration ----------------------------------------------------------------------
     def configure(self, settings: ScrapeSettings, targets: dict[str, PoolTargets]) -> None:
@@ -160,6 +167,15 @@ class PoolScraper:
     def subscribe(self, listener: Callable[[PoolState], None]) -> None:
         """Called with every newly published state (the EDS publisher is one)."""
         self._listeners.append(listener)
+
+    def set_starting(self, pool: str, count: int, ready_in_s: float | None) -> None:
+        """Replicas of ``pool`` started and not serving yet, the first expected to serve in
+        ``ready_in_s`` (None: unknown); published with the next state (whole seconds of the
+        wall clock, so a steady estimate does not bump the version every round)."""
+        ready_at = None
+        if count > 0 and ready_in_s is not None and ready_in_s > 0:
+            ready_at = float(math.ceil(self._wall() + ready_in_s))
+        self._starting[pool] = (count, ready_at) if count > 0 else (0, None)
 
     # ---- one round ---------------------------------------------------------------------------
     async def scrape_once(self) -> PoolState:
@@ -180,6 +196,12 @@ class PoolScraper:
             sample = parse_backend_metrics(text, rep.backend)
             for reader in self._taps:
                 reader(ep, text)
+        except NameNotFound as exc:
+            rep.absent, rep.answered, rep.sample = True, False, None
+            rep.reread = rep.info is not None
+            self._count("absent")
+            log.debug("no such replica now: %s", exc)
+            return
         except (ScrapeError, MetricsTextError) as exc:
             rep.answered = False
             rep.reread = rep.info is not None
@@ -191,7 +213,7 @@ class PoolScraper:
         ):  # back after a failure: the server may have restarted with other flags
             rep.reread = False
             await self._read_info(ep, rep, now)
-        rep.answered = sample.complete
+        rep.answered, rep.absent = sample.complete, False
         self._count("ok" if sample.complete else "incomplete")
         if sample.complete:
             rep.sample, rep.sample_at = sample, self._clock()
@@ -220,6 +242,8 @@ class PoolScraper:
             reps: dict[str, ReplicaState] = {}
             for ep in t.endpoints:
                 rep = self._replicas[ep]
+                if rep.absent:
+                    continue
                 was = prev.endpoints[ep].degraded if prev and ep in prev.endpoints else False
                 rs = replica_state(
                     rep.sample,
@@ -238,15 +262,21 @@ class PoolScraper:
         return t.capacity.merged(rep.info) if rep.info is not None else t.capacity
 
     def _publish(self, pools: dict[str, dict[str, ReplicaState]], ts: float) -> PoolState:
-        sig = {
-            p: {ep: replace(r, age_s=0.0) for ep, r in reps.items()} for p, reps in pools.items()
-        }
+        starting = {p: self._starting.get(p, (0, None)) for p in pools}
+        sig = (
+            {p: {ep: replace(r, age_s=0.0) for ep, r in reps.items()} for p, reps in pools.items()},
+            starting,
+        )
         if sig == self._signature:
             return self.state
         self._signature = sig
         summaries = {
-            p: summarize_pool(
-                reps, {ep: self._capacity(self.targets[p], self._replicas[ep]) for ep in reps}
+            p: replace(
+                summarize_pool(
+                    reps, {ep: self._capacity(self.targets[p], self._replicas[ep]) for ep in reps}
+                ),
+                starting=starting[p][0],
+                ready_at=starting[p][1],
             )
             for p, reps in pools.items()
         }
@@ -278,6 +308,8 @@ class PoolScraper:
                 m.kv_usage.labels(pool, ep).set(r.token_usage)
                 m.up.labels(pool, ep).set(1 if r.healthy and not r.stale else 0)
                 m.degraded.labels(pool, ep).set(1 if r.degraded else 0)
+            for ep in set(self.targets[pool].endpoints) - set(summary.endpoints):  # absent
+                m.up.labels(pool, ep).set(0)
 
     def _check_ranking(self) -> None:
         """Per replica of a pool that declares priority scheduling: whether it schedules as

@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -28,7 +29,12 @@ from tokenweir.envoy_launcher import EnvoySettings, render_bootstrap, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
-BUILDS = ["base", "overlays/emulator", "overlays/external-redis", "overlays/production"]
+BUILDS = [
+    "base", "overlays/emulator", "overlays/external-redis", "overlays/production",
+    "overlays/autoscale-hpa", "overlays/autoscale-keda",
+]  # fmt: skip
+# custom resources: validated against a structural schema shipped here (apiVersion/kind → file)
+CRD_SCHEMAS = {("keda.sh/v1alpha1", "ScaledObject"): "keda.sh-v1alpha1-scaledobject.json"}
 VERSIONS = ["1.30.0", "1.37.0"]  # the oldest and newest Kubernetes the manifests target
 WORKLOADS = {"Deployment", "StatefulSet"}
 TLS_MOUNT = "/etc/tokenweir-tls"  # where the gateway's TLS Secret is mounted
@@ -80,6 +86,14 @@ def container_ports(w: Doc) -> dict[str, int]:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_manifest_validates_against_the_schemas(name: str, version: str) -> None:
     for doc in build(name):
+        crd = CRD_SCHEMAS.get((doc["apiVersion"], doc["kind"]))
+        if crd is not None:
+            schema = json.loads((Path(__file__).parent / "schemas" / crd).read_text())
+            try:
+                jsonschema.validate(doc, schema)
+            except jsonschema.ValidationError as exc:
+                pytest.fail(f"{name}: {doc['kind']}/{doc['metadata']['name']}: {exc.message}")
+            continue
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -179,12 +193,20 @@ def test_the_policy_inside_loads_and_names_what_the_manifests_create(
     assert int(_arg(by_name["filters"], "--processes")) == policy.filters.processes
     (listen,) = [g.listen for g in policy.gateways.values()]
     assert listen.port == container_ports(gw)["https"]
-    # the pool: one endpoint per StatefulSet pod, by its stable name, on the Service's port
+    # the pool: one endpoint per StatefulSet pod, by its stable name, on the Service's port;
+    # autoscaled (components/autoscale): every pod up to max_replicas, the count the HPA's
     (pool,) = policy.pools.values()
     sts = named(docs, "StatefulSet", "sglang-chat")
     svc = sts["spec"]["serviceName"]
     port = named(docs, "Service", svc)["spec"]["ports"][0]["port"]
-    want = {Address(f"sglang-chat-{i}.{svc}", port) for i in range(sts["spec"]["replicas"])}
+    if pool.autoscale is not None:
+        assert "replicas" not in sts["spec"], (
+            "the autoscaler owns the count: apply must not reset it"
+        )
+        count = pool.autoscale.max_replicas
+    else:
+        count = sts["spec"]["replicas"]
+    want = {Address(f"sglang-chat-{i}.{svc}", port) for i in range(count)}
     assert set(pool.endpoints) == want
     # each server's own flags agree with the policy's ports
     rl = named(docs, "Deployment", "tokenweir-ratelimit")

@@ -23,6 +23,7 @@ import logging
 import math
 import random
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -49,6 +50,7 @@ __all__ = [
     "Gates",
     "PoolGate",
     "RankingSource",
+    "ReadySource",
     "SaturationSource",
 ]
 
@@ -60,6 +62,9 @@ RankingSource = Callable[[str], Mapping[str, ReplicaState] | None]
 # pool name → requests the whole pool runs at once by what its answering replicas report
 # (their /get_server_info ``max_running_requests``: signal.pool_capacity; None: unknown)
 CapacitySource = Callable[[str], int | None]
+# pool name → seconds until a replica it is starting should serve (None: none starting, or
+# unknown: signal.ready_source)
+ReadySource = Callable[[str], float | None]
 SWEEP_EVERY = 0.05  # seconds between two looks at the queued tickets' predicted starts
 
 
@@ -382,9 +387,21 @@ class Gates:
         self.alive = alive  # pool → share of its replicas that answer (preemptive lanes)
         self.ranking = ranking  # pool → its replicas' priority scheduling (preemptive pools)
         self.capacity = capacity  # pool → its replicas' reported running slots (no declared one)
+        self.ready_in: ReadySource | None = None  # pool → seconds until a starting replica serves
         self.metrics = AdmissionMetrics(registry if registry is not None else CollectorRegistry())
         self._gates: dict[str, PoolGate] = {}
         self._shared: SharedReturns | None = None
+
+    def promise(self, pool: str, shed: Shed) -> Shed:
+        """``shed`` with its Retry-After cut to when a replica ``pool`` is starting should serve
+        (a scale-up under way, from the pool state), where that is sooner; else ``shed``.
+        Admission and the ladder size the pool by the replicas that serve; only the promise
+        of when to come back knows that more capacity is on its way."""
+        ready_in = self.ready_in(pool) if self.ready_in is not None else None
+        if ready_in is None or ready_in >= shed.retry_after:
+            return shed
+        self.metrics.scale_up_promises.labels(pool).inc()
+        return replace(shed, retry_after=min(shed.retry_after, max(1.0, ready_in)))
 
     def share_returns(self, shared: SharedReturns | None) -> None:
         """Every pool's promises go through ``shared`` from now on (None: this process's own),

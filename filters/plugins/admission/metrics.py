@@ -38,6 +38,11 @@ class AdmissionMetrics:
             "arrivals) or not (expired)",
             ["pool", "lane", "outcome"], registry=r,
         )  # fmt: skip
+        self.scale_up_promises = Counter(
+            p + "retry_after_shortened",
+            "Retry-After promises cut to when a starting replica should serve (scale-up)",
+            ["pool"], registry=r,
+        )  # fmt: skip
         self.ranked = Gauge(
             p + "ranked",
             "1 while the lanes above the lowest are admitted past the slots lower lanes hold "

@@ -138,6 +138,7 @@ class AdmissionPlugin(BasePlugin):
             returned=ctx.plan.returned,
         )
         if isinstance(result, Shed):
+            result = self.gates.promise(gate.name, result)  # a scale-up may make it sooner
             self.services.metrics.rejected(ctx.route.name, result.reason, result.status)
             return Result(reply=shed_reply(result, lane))
         ctx.put(_HELD, _Held(gate, result))

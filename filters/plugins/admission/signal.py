@@ -14,7 +14,12 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from filters.plugins.admission.gate import CapacitySource, RankingSource, SaturationSource
+from filters.plugins.admission.gate import (
+    CapacitySource,
+    RankingSource,
+    ReadySource,
+    SaturationSource,
+)
 from filters.plugins.admission.spread import Down, replicas_down
 from policy.model import Policy
 from poolstate.reader import PoolStateReader, pools_url
@@ -31,6 +36,7 @@ __all__ = [
     "pool_capacity",
     "pool_state_reader",
     "ranking_source",
+    "ready_source",
     "saturation_source",
     "uses_admission",
 ]
@@ -157,3 +163,10 @@ def down_source(reader: PoolStateReader) -> Down:
     """Per pool, its replicas the pool state marks unhealthy or stale (lane balance skips
     them); None while the pool state is stale (the policy's endpoints are all we know)."""
     return _per_pool(reader, lambda s: replicas_down(s.endpoints))
+
+
+def ready_source(reader: PoolStateReader, wall: Callable[[], float]) -> ReadySource:
+    """Per pool, seconds until a replica it is starting should serve
+    (:meth:`~poolstate.state.PoolSummary.ready_in` at ``wall()``); None while the pool state is
+    stale, none starts, or the one expected is overdue: then nothing is promised."""
+    return _per_pool(reader, lambda s: s.ready_in(wall()))

@@ -99,6 +99,8 @@ class DegradePlugin(BasePlugin):
         self.ladders.count(pool, e)
         self.ladders.metrics.shed.labels(pool, lane).inc()  # the dashboard's lanes table
         shed = Shed(503, "degraded", after)
+        if self.gates is not None:  # a scale-up under way may make it sooner
+            shed = self.gates.promise(pool, shed)
         self.metrics.rejected(ctx.route.name, shed.reason, shed.status)
         return Result(reply=shed_reply(shed, lane))
 

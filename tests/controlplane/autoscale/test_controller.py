@@ -84,3 +84,15 @@ def test_pages_in_desired_count_and_metrics_out(tmp_path: Path) -> None:
     assert a.desired("chat") == 1
     assert reg.get_sample_value("tokenweir_pool_desired_replicas", labels) is None
     assert reg.get_sample_value("tokenweir_pool_desired_replicas", {**labels, "reason": "min"}) == 1
+
+
+def test_replicas_starting_reach_the_published_pool_state(tmp_path: Path) -> None:
+    """An actor's starting replicas go to every listener (the pool scraper): issue 42 part 3."""
+    a = Autoscaler(clock=lambda: 0.0, registry=CollectorRegistry())
+    a.configure(load_policy_text(POLICY, str(tmp_path / "p.yaml")))
+    heard: list[tuple[str, int, float | None]] = []
+    a.follow_starting(lambda pool, count, ready_in: heard.append((pool, count, ready_in)))
+    a.set_starting("chat", 2, 12.5)
+    a.set_starting("chat", 0)
+    assert heard == [("chat", 2, 12.5), ("chat", 0, None)]
+    assert a.pools["chat"].starting == 0

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controlplane.saturation.errors import ScrapeError
+from controlplane.saturation.errors import NameNotFound, ScrapeError
+from controlplane.saturation.fetch import HttpFetcher
 from controlplane.saturation.scraper import PoolScraper
 from controlplane.saturation.targets import PoolTargets, ScrapeSettings, targets_from_policy
 from policy import load_policy_text
@@ -27,11 +28,14 @@ def gauges(running: int, queued: int, used: int = 0) -> str:
 class FakeFetcher:
     def __init__(self) -> None:
         self.texts: dict[str, str | None] = {}
+        self.unnamed: set[str] = set()  # host names that do not resolve (no ready pod)
         self.infos: dict[str, dict[str, Any]] = {}
         self.info_calls: list[str] = []
         self.closed = False
 
     async def metrics(self, endpoint: str, timeout_s: float) -> str:
+        if endpoint in self.unnamed:
+            raise NameNotFound(f"{endpoint}: Name or service not known")
         text = self.texts.get(endpoint)
         if text is None:
             raise ScrapeError(f"{endpoint}: connection refused")
@@ -106,6 +110,38 @@ async def test_a_silent_replica_keeps_its_last_sample_until_stale_then_reads_sat
     f.texts[B] = "{{{ garbage"
     clock.t += 0.25
     assert (await s.scrape_once()).pools["chat"].endpoints[B].stale
+
+
+async def test_a_replica_whose_name_does_not_resolve_is_absent_not_saturated() -> None:
+    """Kubernetes: the policy names pods up to the autoscaler's maximum; a headless Service
+    answers only for ready pods. A pod not running yet must not read as a full replica."""
+    s, f, clock = make()
+    f.texts = {A: gauges(5, 0), B: gauges(5, 0)}
+    f.unnamed = {B}
+    chat = (await s.scrape_once()).pools["chat"]
+    assert set(chat.endpoints) == {A} and chat.saturation == 0.5
+    assert chat.capacity_running == 10
+    for _ in range(8):  # long past stale_after: still absent, never stale and saturated
+        clock.t += 0.25
+        chat = (await s.scrape_once()).pools["chat"]
+    assert set(chat.endpoints) == {A} and chat.saturation == 0.5
+    f.unnamed.clear()  # the pod is ready: its name resolves, it joins with its sample
+    chat = (await s.scrape_once()).pools["chat"]
+    assert set(chat.endpoints) == {A, B} and chat.capacity_running == 20
+    f.unnamed = {B}  # scaled down (or failed): its name goes, it leaves at once
+    assert set((await s.scrape_once()).pools["chat"].endpoints) == {A}
+
+
+async def test_the_http_fetcher_says_name_not_found_for_a_name_that_does_not_resolve() -> None:
+    fetcher = HttpFetcher()
+    try:
+        with pytest.raises(NameNotFound):
+            await fetcher.metrics("sglang-chat-7.sglang-chat.invalid:30000", 2.0)
+        with pytest.raises(ScrapeError) as refused:  # a name that resolves: a plain error
+            await fetcher.metrics("127.0.0.1:9", 2.0)
+        assert not isinstance(refused.value, NameNotFound)
+    finally:
+        await fetcher.aclose()
 
 
 async def test_capacity_comes_from_server_info_once_where_the_policy_is_silent() -> None:
@@ -314,3 +350,22 @@ def test_the_pools_backend_reaches_the_scrape_targets() -> None:
     )
     _, targets = targets_from_policy(policy)
     assert targets["chat"].backend == "vllm" and targets["chat"].capacity.max_running_requests == 4
+
+
+async def test_replicas_starting_are_published_with_when_the_first_should_serve() -> None:
+    """Issue 42 part 3: the pool state says a scale-up is under way, in whole wall-clock
+    seconds, so a steady estimate does not bump the version each round."""
+    s, f, clock = make()
+    f.texts = {A: gauges(1, 0), B: gauges(1, 0)}
+    first = await s.scrape_once()
+    assert first.pools["chat"].starting == 0 and first.pools["chat"].ready_at is None
+    s.set_starting("chat", 2, 19.6)  # wall clock 100.0: ready at 119.6, published as 120
+    chat = (await s.scrape_once()).pools["chat"]
+    assert (chat.starting, chat.ready_at, s.state.version) == (2, 120.0, 2)
+    clock.t += 0.25
+    s.set_starting("chat", 2, 19.35)  # the same moment, estimated a round later
+    assert (await s.scrape_once()).version == 2
+    assert s.state.pools["chat"].to_json()["starting"] == 2
+    s.set_starting("chat", 0, None)  # they serve now
+    chat = (await s.scrape_once()).pools["chat"]
+    assert (chat.starting, chat.ready_at, s.state.version) == (0, None, 3)
