@@ -92,6 +92,14 @@ class AdapterAffinity:
         k = (replica, adapter)
         self._using[k] = self._using.get(k, 0) + 1
 
+    def moved(self, adapter: str, old: str, new: str) -> None:
+        """A request ``pick`` placed on ``old`` went to ``new`` instead (the prefix picker found
+        the adapter's prefix cached there): ``new`` holds the adapter now."""
+        if old == new:
+            return
+        self.done(old, adapter)
+        self._use(new, adapter)
+
     def done(self, replica: str, adapter: str) -> None:
         """The request's answer ended."""
         self._inflight[replica] = max(self._inflight.get(replica, 0) - 1, 0)

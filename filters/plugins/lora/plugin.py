@@ -6,7 +6,9 @@ adapter is a 404 there, like any unknown model) it picks the replica by adapter 
 load balancer; ring hash when that host is unhealthy or gone) and adds SGLang's ``lora_path``
 (the adapter's name) to the body, which SGLang reads on its native and OpenAI endpoints. At the
 stream's end the replica's in-flight count drops. Requests for the base model, and other pools,
-it leaves alone.
+it leaves alone. On a ``prefix_index`` pool the ``picker`` listed after it keeps this replica
+unless the index finds the adapter's prefix cached on another (``ctx.plan.adapter_replica``:
+the request then counts there).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class LoraPlugin(BasePlugin):
         if replica is None:
             return None
         ctx.scratch[_KEY] = (aff, replica, adapter)
+        ctx.plan.adapter_replica = replica
         data["lora_path"] = adapter
         new = dump_body(data)
         return Result(
@@ -75,4 +78,8 @@ class LoraPlugin(BasePlugin):
         entry = ctx.scratch.pop(_KEY, None)
         if entry is not None:
             aff, replica, adapter = entry
+            moved = ctx.plan.adapter_replica
+            if moved is not None and moved != replica:  # the picker found its prefix there
+                aff.moved(adapter, replica, moved)
+                replica = moved
             aff.done(replica, adapter)
