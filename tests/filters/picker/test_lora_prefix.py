@@ -101,7 +101,7 @@ async def test_after_the_lora_plugin_the_picker_moves_a_request_only_to_its_cach
     pickers._pools["chat"] = (None, picker)
     plug = PickerPlugin({}, SimpleNamespace(pickers=pickers))  # type: ignore[arg-type]
     pools = {"chat": picker.cfg}
-    lora = LoraPlugin({}, SimpleNamespace(policy=SimpleNamespace(pools=pools)))  # type: ignore[arg-type]
+    lora = LoraPlugin({}, SimpleNamespace(policy=SimpleNamespace(pools=pools), lora=None))  # type: ignore[arg-type]
     doc = " ".join(f"clause{i}" for i in range(300))
 
     async def send(text: str) -> tuple[str, str, Context]:
