@@ -111,10 +111,15 @@ class AdapterAffinity:
         known = self._registered.get(replica)
         return None if known is None else adapter in known
 
-    def observe(self, replica: str, resident: Sequence[str], registered: Sequence[str]) -> None:
-        """What ``replica`` reports: the adapters in its slots (least recent first) and those
-        registered. Its slots model becomes that list, keeping the order of use this process
-        knows for adapters it sent there since."""
+    def observe(
+        self, replica: str, resident: Sequence[str] | None, registered: Sequence[str]
+    ) -> None:
+        """What ``replica`` reports: the adapters in its slots (least recent first; None: not
+        reported, the model's guess stays) and those registered. Its slots model becomes that
+        list, keeping the order of use this process knows for adapters it sent there since."""
+        self._registered[replica] = frozenset(registered)
+        if resident is None:
+            return
         old = self._held.get(replica, OrderedDict())
         held: OrderedDict[str, int] = OrderedDict()
         base = min(old.values(), default=self._tick) - len(resident)
@@ -126,7 +131,6 @@ class AdapterAffinity:
                 held[name] = tick
         ordered = sorted(held.items(), key=lambda kv: kv[1])[-self.slots :]
         self._held[replica] = OrderedDict(ordered)
-        self._registered[replica] = frozenset(registered)
 
     def registered_now(self, replica: str, adapter: str) -> None:
         """``replica`` answered a load of ``adapter``: it is registered there."""

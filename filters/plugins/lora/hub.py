@@ -63,9 +63,11 @@ def _names(value: object) -> list[str]:
     return out
 
 
-def read_server_info(info: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """(resident least recent first, registered) from a ``/get_server_info`` answer."""
-    resident = _names(info.get("resident_lora_adapters"))
+def read_server_info(info: dict[str, Any]) -> tuple[list[str] | None, list[str]]:
+    """(resident least recent first, registered) from a ``/get_server_info`` answer; resident
+    None where the server does not say (SGLang's own: its slots stay this process's guess)."""
+    slots = info.get("resident_lora_adapters")
+    resident = _names(slots) if slots is not None else None
     loaded = info.get("loaded_lora_adapters")
     registered = _names(loaded) if loaded is not None else _names(info.get("lora_paths"))
     return resident, registered

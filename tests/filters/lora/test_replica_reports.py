@@ -16,8 +16,8 @@ def test_server_info_gives_resident_and_registered_adapters() -> None:
     assert read_server_info(emulator) == (["x", "y"], ["x", "z"])
     # SGLang at start: lora_paths as objects, nothing about slots
     sglang = {"lora_paths": [{"lora_name": "x", "lora_path": "/p"}]}
-    assert read_server_info(sglang) == ([], ["x"])
-    assert read_server_info({}) == ([], [])
+    assert read_server_info(sglang) == (None, ["x"])
+    assert read_server_info({}) == (None, [])
 
 
 def test_a_reported_holder_gets_the_adapter_and_an_unregistered_replica_comes_last() -> None:
@@ -41,6 +41,8 @@ def test_a_report_keeps_the_adapters_in_flight_and_the_slot_bound() -> None:
     aff.done("a:1", "sql")
     aff.observe("a:1", ["x", "y"], ["x", "y", "sql"])
     assert aff.holders("sql") == [] and aff.holders("y") == ["a:1"]
+    aff.observe("a:1", None, ["x"])  # a server that does not report its slots: the guess stays
+    assert aff.holders("y") == ["a:1"] and aff.registered("a:1", "y") is False
 
 
 def test_a_busy_holder_preloads_where_the_adapter_would_spread() -> None:
