@@ -148,6 +148,9 @@ class Plan:
     priority: int | None = None  # the backend priority it runs at (ranked pools)
     replica: str | None = None  # the replica admission's lane balance placed it on
     reserve: int | None = None  # tokens the rate limit reserves (x-tokenweir-reserve)
+    # the replica the lora plugin's adapter affinity placed a LoRA request on; the picker, after
+    # it, moves the request to where the index finds the adapter's prefix cached
+    adapter_replica: str | None = None
 
 
 T = TypeVar("T")

@@ -43,6 +43,7 @@ from filters.plugins.admission.spread import LaneBalance
 from filters.plugins.collapse.fanout import FanoutServer
 from filters.plugins.collapse.hub import Hub
 from filters.plugins.degrade.state import Ladders, uses_ladder
+from filters.plugins.lora.hub import LoraHub
 from filters.plugins.pd.hub import PdHub
 from filters.plugins.picker.registry import Pickers
 from filters.plugins.shadow.metrics import ShadowMetrics
@@ -181,6 +182,7 @@ class FilterApp:
         self.aborts = Aborter(self.metrics.backend_aborts, clock=clock)
         # PD pools: pair loads and the prefill calls (filters/plugins/pd)
         self.pd = PdHub(self.metrics.registry, clock=clock)
+        self.lora = LoraHub(self.metrics.registry, clock=clock)
 
     def _redis_url(self) -> str | None:
         if self.settings.redis_url:
@@ -239,6 +241,7 @@ class FilterApp:
             topups=self.topups,
             aborts=self.aborts,
             pd=self.pd,
+            lora=self.lora,
             lengths=self.lengths,
         )
 
@@ -465,6 +468,7 @@ class FilterApp:
             self.shadow = None
         await self.aborts.aclose()
         await self.pd.aclose()
+        await self.lora.aclose()
         await self.tracing.aclose()
         if isinstance(self._budget_reader, CachedBudget):
             await self._budget_reader.aclose()

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from filters.plugins.admission.spread import LaneBalance
     from filters.plugins.collapse.hub import Hub
     from filters.plugins.degrade.state import Ladders
+    from filters.plugins.lora.hub import LoraHub
     from filters.plugins.pd.hub import PdHub
     from filters.plugins.picker.registry import Pickers
     from filters.plugins.shadow.recorder import ShadowRecorder
@@ -63,6 +64,7 @@ class Services:
         None  # filters.aborts.Aborter: backend aborts of streams stopped at the budget
     )
     pd: PdHub | None = None  # filters.plugins.pd.hub.PdHub: PD pools' pair loads and prefill calls
+    lora: LoraHub | None = None  # filters.plugins.lora.hub.LoraHub: adapter affinity, replica reads
     lengths: OutputLengths | None = (
         None  # learned output lengths (reservations), kept across reloads
     )

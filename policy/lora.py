@@ -11,10 +11,10 @@ loader adds the names to the pool's ``models`` before its cross-reference checks
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
-from policy.decode import Range
+from policy.decode import Duration, Range
 
 __all__ = ["LoraAdapters"]
 
@@ -29,12 +29,23 @@ class LoraAdapters:
     # a replica holding the adapter keeps it while its in-flight count is within this factor
     # of the pool's mean (percent, as affinity.hash_balance_factor); past it the adapter spreads
     spread_factor: Annotated[int, Range(100, 10000)] = 150
+    # where a replica reads an adapter that the gateway asks it to load (/load_lora_adapter's
+    # lora_path); an adapter not listed loads from its name (SGLang's `--lora-paths path` form)
+    paths: dict[str, str] = field(default_factory=dict)
+    # how often the gateway reads the replicas' adapters (/get_server_info); 0: never
+    refresh: Annotated[float, Duration(0, 3600)] = 2.0
+    # a holder this share of its bound busy makes the gateway load the adapter on the replica
+    # the adapter would spread to, ahead of demand (percent; 0: never)
+    preload_at: Annotated[int, Range(0, 100)] = 75
 
     def __post_init__(self) -> None:
         if not self.adapters:
             raise ValueError("adapters: list at least one adapter name")
         if len(set(self.adapters)) != len(self.adapters):
             raise ValueError("adapters: an adapter is listed twice")
+        for name in self.paths:
+            if name not in self.adapters:
+                raise ValueError(f"paths: {name!r} is not one of the adapters")
         for name in self.adapters:
             if not name or ":" in name or name.strip() != name:
                 raise ValueError(

@@ -61,6 +61,7 @@ from tokenweir.prometheus import (
 from tokenweir.restarter import Part, Supervisor
 from tokenweir.up_autoscale import EmulatorFleet, FleetMetrics
 from tokenweir.up_batch import start_batch
+from tokenweir.up_lora import lora_args
 from tokenweir.up_parts import (
     base_id,
     connection_cap,
@@ -329,6 +330,7 @@ class Mesh:
             argv += ["--cache-tokens", str(em.cache_tokens)]
         argv += kv_event_args(pool.routing, addr)
         argv += flavor_args(pool)  # backend: vllm → --flavor vllm
+        argv += lora_args(pool)  # pools.NAME.lora → --enable-lora, --lora-paths, slots
         argv += pool.priority_scheduling.server_flags()  # as a real SGLang gets them
         if self.policy.tracing is not None:  # as SGLang: a span per request
             argv += [

@@ -5,8 +5,11 @@ adapter is a 404 there, like any unknown model) it picks the replica by adapter 
 (:mod:`filters.plugins.lora.affinity`), names it for Envoy (``x-tokenweir-endpoint``, the override-host
 load balancer; ring hash when that host is unhealthy or gone) and adds SGLang's ``lora_path``
 (the adapter's name) to the body, which SGLang reads on its native and OpenAI endpoints. At the
-stream's end the replica's in-flight count drops. Requests for the base model, and other pools,
-it leaves alone.
+stream's end the replica's in-flight count drops. The replicas' own reports correct the model
+and a replica without the adapter registered is asked to load it (:mod:`filters.plugins.lora.hub`). Requests for the base model, and other pools,
+it leaves alone. On a ``prefix_index`` pool the ``picker`` listed after it keeps this replica
+unless the index finds the adapter's prefix cached on another (``ctx.plan.adapter_replica``:
+the request then counts there).
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from filters.api import BasePlugin, Context, Result
 from filters.bodies import dump_body
 from filters.errors import ConfigError
 from filters.plugins.lora.affinity import AdapterAffinity
+from filters.plugins.lora.hub import LOAD_S, LoraHub
 from filters.services import Services
 from policy.routing import ENDPOINT_HEADER
 
@@ -34,17 +40,17 @@ class LoraPlugin(BasePlugin):
         if settings:
             raise ConfigError(f"lora: unknown setting(s) {sorted(settings)}; it has none")
         self.pools = services.policy.pools
-        self._affinity: dict[str, AdapterAffinity] = {}
+        # the server's hub (kept across reloads); a chain built only to check the policy has none
+        self.hub = (
+            services.lora
+            if services.lora is not None
+            else LoraHub(CollectorRegistry(), offline=True)
+        )
 
     def affinity(self, pool_name: str) -> AdapterAffinity | None:
         pool = self.pools.get(pool_name)
         lora = pool.lora if pool is not None else None
-        if lora is None:
-            return None
-        aff = self._affinity.get(pool_name)
-        if aff is None:
-            aff = self._affinity[pool_name] = AdapterAffinity(lora.slots, lora.spread_factor)
-        return aff
+        return None if lora is None else self.hub.affinity(pool_name, lora)
 
     async def request_body(self, ctx: Context, body: bytes) -> Result | None:
         pool_name = ctx.route.pool
@@ -61,10 +67,19 @@ class LoraPlugin(BasePlugin):
             return None  # not JSON: the replica answers its 400
         if not isinstance(data, dict):
             return None
-        replica = aff.pick(adapter, [str(a) for a in pool.endpoints])
+        replicas = [str(a) for a in pool.endpoints]
+        hub, lora = self.hub, pool.lora
+        hub.refresh(pool_name, lora, replicas)  # the replicas' own reports, in the background
+        replica = aff.pick(adapter, replicas)
         if replica is None:
             return None
+        hub.preload(pool_name, lora, replicas, adapter)
+        if aff.registered(replica, adapter) is False:  # not registered there: load it first
+            if ctx.hold is not None:  # Envoy waits for this answer as long as a load may take
+                await ctx.hold(LOAD_S)
+            await hub.ensure(pool_name, lora, replica, adapter)
         ctx.scratch[_KEY] = (aff, replica, adapter)
+        ctx.plan.adapter_replica = replica
         data["lora_path"] = adapter
         new = dump_body(data)
         return Result(
@@ -75,4 +90,8 @@ class LoraPlugin(BasePlugin):
         entry = ctx.scratch.pop(_KEY, None)
         if entry is not None:
             aff, replica, adapter = entry
+            moved = ctx.plan.adapter_replica
+            if moved is not None and moved != replica:  # the picker found its prefix there
+                aff.moved(adapter, replica, moved)
+                replica = moved
             aff.done(replica, adapter)

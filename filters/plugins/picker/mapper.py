@@ -35,11 +35,12 @@ from typing import NamedTuple
 
 from chat.tokenizer import HfChatTokenizer
 from policy.routing import EMULATOR_TOKENIZER
+from prefixindex.adapters import adapter_id, adapter_prior
 from prefixindex.hashing import block_id, raw_chain
 from prefixindex.wire import anchor_mask
 
-__all__ = ["EMULATOR", "ROOT", "CheckpointMap", "Job", "Point", "map_batch", "map_points",
-           "model_tokenizer"]  # fmt: skip
+__all__ = ["EMULATOR", "ROOT", "CheckpointMap", "Job", "Point", "adapter_root", "map_batch",
+           "map_points", "model_tokenizer"]  # fmt: skip
 
 EMULATOR = EMULATOR_TOKENIZER  # routing.tokenizer: the emulator's word tokenizer
 # a tokenizer's view of the rest of a prompt: the ids no later text changes, the bytes they cover
@@ -67,6 +68,17 @@ class Point(NamedTuple):
 
 
 ROOT = Point(0, 0, b"", (), None)
+
+
+def adapter_root(adapter: str | None) -> Point:
+    """The point before a prompt's first token: ``ROOT`` for the base model; for a LoRA adapter,
+    its pages chain from the adapter's seed (:mod:`prefixindex.adapters`), as the backend's
+    per-adapter radix cache hashes them, so its blocks never match the base model's."""
+    if adapter is None:
+        return ROOT
+    prior = adapter_prior(adapter_id(adapter))
+    assert prior is not None
+    return Point(0, 0, prior, (), None)
 
 
 def map_points(
@@ -204,9 +216,10 @@ class CheckpointMap:
             out.append(point)
         return out
 
-    def start_of(self, marks: Sequence[bytes], known: int) -> Point | None:
-        """The point to resume from after the first ``known`` checkpoints (None: evicted)."""
-        return ROOT if known == 0 else self._points.get(marks[known - 1])
+    def start_of(self, marks: Sequence[bytes], known: int, root: Point = ROOT) -> Point | None:
+        """The point to resume from after the first ``known`` checkpoints (None: evicted);
+        ``root``: the prompt's point before its first token (:func:`adapter_root`)."""
+        return root if known == 0 else self._points.get(marks[known - 1])
 
     def store(
         self, marks: Sequence[bytes], first: int, start: Point, points: Sequence[Point]
@@ -226,12 +239,14 @@ class CheckpointMap:
             return 4.0
         return self.bytes_mapped / self.tokens_hashed
 
-    def extend(self, data: bytes, marks: Sequence[bytes], known: int, budget: int) -> int:
+    def extend(
+        self, data: bytes, marks: Sequence[bytes], known: int, budget: int, root: Point = ROOT
+    ) -> int:
         """In this process: compute up to ``budget`` more points of ``data`` after its first
         ``known`` ones (``marks`` = ``checkpoints(data, step)``); returns how many are known."""
         if known > len(marks):
             raise ValueError("known exceeds the checkpoints given")
-        start = self.start_of(marks, known)
+        start = self.start_of(marks, known, root)
         if start is None:
             return 0  # evicted meanwhile: start over next time
         count = min(budget, len(marks) - known)

@@ -69,7 +69,7 @@ async def run_mapper(picker: MapperHost) -> None:
             sent: list[tuple[Prompt, int, Point]] = []
             for prompt in todo:
                 known = len(picker.map.lookup(prompt.marks))
-                start = picker.map.start_of(prompt.marks, known)
+                start = picker.map.start_of(prompt.marks, known, prompt.root)
                 if known >= len(prompt.marks) or start is None:  # mapped, or evicted
                     picker.mapped(prompt)
                     continue

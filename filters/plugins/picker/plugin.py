@@ -9,6 +9,11 @@ cold, prompt given as token ids) get no header: ring hash decides. At the stream
 counts the request out of its replica's in-flight load and records the cached tokens the backend
 reported (predicted vs actual).
 
+For a LoRA adapter's request (a name in the pool's ``lora.adapters``) the prompt's prefix
+hashes chain from the adapter's seed, as the backend caches it (``prefixindex.adapters``); after
+the ``lora`` plugin, the picker keeps adapter affinity's replica unless the index finds the
+adapter's prefix cached on another.
+
 A request the picker sends where the same new prefix is being prefilled right now waits for that
 prefill first (``routing.coalesce_wait``, :mod:`filters.plugins.picker.coalesce`), extending Envoy's
 message timeout for the wait.
@@ -68,8 +73,16 @@ class PickerPlugin(BasePlugin):
         if data is None:
             metrics.fallbacks.labels(picker.pool, "no_prompt").inc()
             return None
-        prompt = picker.prompt(data)
+        prompt = picker.prompt(data, picker.adapter_of(ctx.model))
         pick, wait = picker.pick_and_lead(prompt)
+        placed = ctx.plan.adapter_replica  # the lora plugin's replica for this adapter
+        if placed is not None and pick.replica != placed:
+            if pick.reason == "cache":  # the adapter's prefix is cached there: it goes there
+                ctx.plan.adapter_replica = pick.replica
+            else:  # adapter affinity decides: its replica, scored by the index
+                pick, wait = picker.pick_and_lead(prompt, lambda name: name == placed)
+                if pick.replica is None:
+                    return None  # the lora plugin's header stands
         metrics.picks.labels(picker.pool, pick.reason).inc()
         if pick.replica is None:
             metrics.fallbacks.labels(picker.pool, pick.reason).inc()

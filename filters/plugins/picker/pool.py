@@ -32,7 +32,14 @@ from typing import Any
 from chat.tokenizer import HfChatTokenizer
 from filters.plugins.picker.coalesce import STORED_SHARE, Lead, Leads, Wait
 from filters.plugins.picker.latency import LatencyModel
-from filters.plugins.picker.mapper import EMULATOR, ROOT, CheckpointMap, Point, model_tokenizer
+from filters.plugins.picker.mapper import (
+    EMULATOR,
+    ROOT,
+    CheckpointMap,
+    Point,
+    adapter_root,
+    model_tokenizer,
+)
 from filters.plugins.picker.mapping_task import run_mapper
 from filters.plugins.picker.metrics import PickerMetrics
 from filters.plugins.picker.prompt import Prompt, checkpoints, prompt_bytes
@@ -180,9 +187,18 @@ class PoolPicker:
         the model's own template and special tokens when ``routing.tokenizer`` names one."""
         return prompt_bytes(kind, data, self.model)
 
-    def prompt(self, data: bytes) -> Prompt:
-        marks = checkpoints(data, self.routing.checkpoint_bytes)
-        return Prompt(data, marks, self.map.lookup(marks))
+    def prompt(self, data: bytes, adapter: str | None = None) -> Prompt:
+        """The prompt's checkpoints and known points; for a LoRA ``adapter`` (a name in the
+        pool's ``lora.adapters``) both are the adapter's own: its prefix is cached apart from the
+        base model's and other adapters' (``prefixindex.adapters``), so it matches only there."""
+        root = adapter_root(adapter)
+        marks = checkpoints(data, self.routing.checkpoint_bytes, root.digest)
+        return Prompt(data, marks, self.map.lookup(marks), root)
+
+    def adapter_of(self, model: str | None) -> str | None:
+        """``model`` when it is one of the pool's LoRA adapters, else None (the base model)."""
+        lora = self.cfg.lora
+        return model if lora is not None and model in lora.adapters else None
 
     def pick(self, prompt: Prompt, healthy: Callable[[str], bool] | None = None) -> Pick:
         return self.pick_and_lead(prompt, healthy)[0]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chat.tokenizer import ChatTemplateError, HfChatTokenizer
-from filters.plugins.picker.mapper import Point
+from filters.plugins.picker.mapper import ROOT, Point
 
 __all__ = ["Prompt", "checkpoints", "prompt_bytes", "render_emulator_chat"]
 
@@ -37,6 +37,7 @@ class Prompt:
     data: bytes
     marks: list[bytes]
     points: list[Point]
+    root: Point = ROOT  # the point before its first token: the adapter's seed (mapper.adapter_root)
 
 
 def _content(content: object) -> str | None:
@@ -100,12 +101,14 @@ def prompt_bytes(
     return text.encode("utf-8", "surrogatepass")
 
 
-def checkpoints(data: bytes, step: int) -> list[bytes]:
-    """One 16-byte digest per whole ``step``-byte chunk, each over ``data[: (i + 1) × step]``."""
+def checkpoints(data: bytes, step: int, salt: bytes = b"") -> list[bytes]:
+    """One 16-byte digest per whole ``step``-byte chunk, each over ``data[: (i + 1) × step]``;
+    ``salt`` (at most 16 bytes: a LoRA adapter's seed) makes the same text under another adapter
+    other checkpoints, as the backend caches it apart."""
     if step <= 0:
         raise ValueError("step must be > 0")
     view = memoryview(data)
-    hasher = hashlib.blake2b(digest_size=16)
+    hasher = hashlib.blake2b(digest_size=16, person=salt)
     out: list[bytes] = []
     for start in range(0, len(data) - step + 1, step):
         hasher.update(view[start : start + step])
