@@ -94,7 +94,7 @@ def test_plaintext_beyond_loopback_needs_tls_or_consent(pki: Path) -> None:
     check_plaintext("filters", "127.0.0.1", None, False)
     check_plaintext("filters", "10.0.0.5", files, False)
     check_plaintext("filters", "0.0.0.0", None, True)
-    with pytest.raises(PlaintextRefused, match="filters.allow_plaintext: true"):
+    with pytest.raises(PlaintextRefused, match=r"filters\.allow_plaintext: true"):
         check_plaintext("filters", "0.0.0.0", None, False)
     # the built-in h2 transport serves beyond loopback only behind TLS
     assert transport_for("h2", "0.0.0.0") == "grpc"
