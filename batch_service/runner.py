@@ -72,6 +72,11 @@ class _Metrics:
             "tokenweir_batch_remaining_lines", "lines of the running job not yet answered",
             registry=registry,
         )  # fmt: skip
+        self.requeued = Counter(
+            "tokenweir_batch_requeued_jobs",
+            "jobs an API server created but died before queueing, queued by this runner",
+            registry=registry,
+        )
         self.lag = Gauge(
             "tokenweir_batch_lag_seconds",
             "age of the job this runner works on (0 when idle): how far behind submission it is",
@@ -113,9 +118,16 @@ class BatchRunner:
                 except (RedisError, OSError) as exc:
                     log.warning("redis: %s; retrying", exc)
                     await asyncio.sleep(1.0)
-            idle_ms = int(self.s.policy.runner.claim_idle * 1000)
+            idle = self.s.policy.runner.claim_idle
+            idle_ms = int(idle * 1000)
+            swept = float("-inf")
             while True:
                 try:
+                    if self.clock() - swept >= idle / 3:
+                        swept = self.clock()
+                        for tenant, jid in await self.records.requeue_stuck(swept, idle):
+                            log.warning("job %s/%s was left unqueued; queued it", tenant, jid)
+                            self.m.requeued.inc()
                     claim = await self.records.claim(
                         self.s.consumer, idle_ms=idle_ms, block_ms=1000
                     )
