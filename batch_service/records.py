@@ -308,6 +308,11 @@ class Records:
             await self.ack(_s(entry_id))  # a deleted entry (trimmed): nothing to run
         return None
 
+    async def queued_jobs(self) -> int:
+        """Jobs in the queue: waiting for a runner or being run (an entry goes when its job is
+        final)."""
+        return int(await self.redis.xlen(QUEUE))
+
     async def touch(self, consumer: str, claim: Claim) -> None:
         """Still working on it: reset the entry's idle time so no other runner takes it."""
         await self.redis.xclaim(QUEUE, GROUP, consumer, 0, [claim.entry], justid=True)

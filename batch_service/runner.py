@@ -32,7 +32,7 @@ from batch_service.validate import Line, parse_lines
 from policy.batch import BATCH_LINE_HEADER, BatchPolicy
 from poolstate.reader import PoolStateReader
 
-__all__ = ["BatchRunner", "RunnerSettings"]
+__all__ = ["BatchRunner", "RunnerMetrics", "RunnerSettings"]
 
 log = logging.getLogger("tokenweir.batch.runner")
 
@@ -49,7 +49,9 @@ class RunnerSettings:
     line_timeout: float = 600.0
 
 
-class _Metrics:
+class RunnerMetrics:
+    """The runner's metrics (docs/batch.md "Metrics"; the dashboard and Grafana read them)."""
+
     def __init__(self, registry: CollectorRegistry) -> None:
         self.lines = Counter(
             "tokenweir_batch_lines",
@@ -72,6 +74,11 @@ class _Metrics:
             "tokenweir_batch_remaining_lines", "lines of the running job not yet answered",
             registry=registry,
         )  # fmt: skip
+        self.queued = Gauge(
+            "tokenweir_batch_queued_jobs",
+            "jobs in the queue, waiting or being run (every runner reports the same queue)",
+            registry=registry,
+        )
         self.requeued = Counter(
             "tokenweir_batch_requeued_jobs",
             "jobs an API server created but died before queueing, queued by this runner",
@@ -100,7 +107,7 @@ class BatchRunner:
         self.store = store
         self.pool_state = pool_state
         self.clock = clock
-        self.m = _Metrics(registry)
+        self.m = RunnerMetrics(registry)
         r = settings.policy.runner
         self.pacer = Pacer(r.max_concurrency, r.fill, r.backoff)
         self._http: aiohttp.ClientSession | None = None
@@ -128,6 +135,7 @@ class BatchRunner:
                         for tenant, jid in await self.records.requeue_stuck(swept, idle):
                             log.warning("job %s/%s was left unqueued; queued it", tenant, jid)
                             self.m.requeued.inc()
+                        self.m.queued.set(await self.records.queued_jobs())
                     claim = await self.records.claim(
                         self.s.consumer, idle_ms=idle_ms, block_ms=1000
                     )
@@ -202,6 +210,7 @@ class BatchRunner:
                 self.m.remaining.set(len(pending) + len(inflight))
                 if now - touched >= self.s.policy.runner.claim_idle / 3:
                     await self.records.touch(self.s.consumer, claim)
+                    self.m.queued.set(await self.records.queued_jobs())
                     touched = now
                 if not stopping and now - checked >= 0.5:
                     checked = now
