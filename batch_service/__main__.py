@@ -4,6 +4,10 @@
         --redis-url redis://... --files-dir DIR
     python -m batch_service runner --policy mesh.yaml --index 0 --redis-url ... --files-dir DIR
 
+In Kubernetes (deploy/kubernetes/base/batch.yaml) the API listens beyond loopback with its
+``/metrics`` apart (``--metrics-port``, behind the admin token), and a runner reaches the
+gateway and the control plane by their Services (``--gateway-url``, ``--control-plane``).
+
 ``tokenweir up`` starts both (docs/batch.md). Ends on SIGTERM or SIGINT.
 """
 
@@ -19,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from batch_service.api import ApiSettings, BatchApi
@@ -30,11 +35,20 @@ from policy.batch import BatchPolicy
 from policy.errors import PolicyError
 from policy.loader import load_policy
 from poolstate.reader import PoolStateReader, pools_url
+from runtime.admin_auth import admin_token
 from runtime.metrics_http import MetricsServer
 from runtime.redis_connect import connect_redis
 from runtime.tasks import stop_task
 
 __all__ = ["main"]
+
+
+def _gateway_url(policy: Policy, name: str) -> str:
+    """The gateway's own listener, over TLS when it has ``tls`` (its SNI names are the host's
+    business: give --gateway-url and --gateway-ca where the certificate names another host)."""
+    gw = policy.gateways[name]
+    scheme = "https" if gw.tls is not None else "http"
+    return f"{scheme}://{gw.listen.host}:{gw.listen.port}"
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -49,7 +63,27 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--files-dir", type=Path, help="the file store (default: batch.files_dir)")
     p.add_argument("--listen", help="api: host:port (default: the batch service's first endpoint)")
     p.add_argument("--index", type=int, default=0, help="runner: replica index")
-    p.add_argument("--metrics-port", type=int, help="runner: /metrics port (default: policy)")
+    p.add_argument(
+        "--metrics-port", type=int,
+        help="runner: /metrics port (default: policy); api: serve /metrics on this port apart "
+        "(then the API may listen beyond loopback: only the gateway should reach it)",
+    )  # fmt: skip
+    p.add_argument(
+        "--metrics-host", default="127.0.0.1",
+        help="where /metrics listens (beyond loopback: needs the admin token, runtime.admin_auth)",
+    )  # fmt: skip
+    p.add_argument(
+        "--gateway-url",
+        help="runner: http(s)://host:port of the gateway (default: its listen, over TLS when "
+        "the gateway has tls)",
+    )
+    p.add_argument(
+        "--gateway-ca", type=Path,
+        help="runner: CA bundle the gateway's certificate chains to (default: the system's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--control-plane", help="runner: host:port of the control plane's metrics (pool state)"
+    )
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -70,29 +104,55 @@ async def _api(ns: argparse.Namespace, policy: Policy, b: BatchPolicy, records: 
         ApiSettings(b, models), records, DirectoryStore(_files_dir(ns, b)),
         clock=time.time, registry=registry,
     )  # fmt: skip
-    server = MetricsServer(registry, listen.host, listen.port, routes=api.routes())
-    await server.start()
-    logging.getLogger("tokenweir.batch").info("batch API on http://%s", listen)
+    if ns.metrics_port is None:  # one port, loopback only (as `up` runs it)
+        server = MetricsServer(registry, listen.host, listen.port, routes=api.routes())
+        await server.start()
+        logging.getLogger("tokenweir.batch").info("batch API on http://%s", listen)
+        try:
+            await _until_signal()
+        finally:
+            await server.aclose()
+        return
+    # the API on its own port (the gateway authenticates its callers), /metrics apart
+    metrics = MetricsServer(
+        registry, ns.metrics_host, ns.metrics_port, token=admin_token(os.environ)
+    )
+    await metrics.start()
+    app = web.Application()
+    app.router.add_get("/healthz", _ok)
+    app.add_routes(api.routes())
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
     try:
+        await web.TCPSite(runner, listen.host, listen.port).start()
+        logging.getLogger("tokenweir.batch").info("batch API on http://%s", listen)
         await _until_signal()
     finally:
-        await server.aclose()
+        await runner.cleanup()
+        await metrics.aclose()
+
+
+async def _ok(_request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
 
 
 async def _runner(ns: argparse.Namespace, policy: Policy, b: BatchPolicy, records: Records) -> None:
-    gw = policy.gateways[b.gateway].listen
-    cp = policy.control_plane.metrics
-    reader = PoolStateReader(pools_url(cp.host, cp.port), clock=time.monotonic)
+    cp = Address.parse(ns.control_plane) if ns.control_plane else policy.control_plane.metrics
+    token = admin_token(os.environ)
+    reader = PoolStateReader(pools_url(cp.host, cp.port), clock=time.monotonic, token=token)
     reader.start()
     registry = CollectorRegistry()
     consumer = f"{socket.gethostname()}-{ns.index}"  # a restarted runner takes back its own jobs
     runner = BatchRunner(
-        RunnerSettings(b, f"http://{gw.host}:{gw.port}", consumer),
+        RunnerSettings(
+            b, ns.gateway_url or _gateway_url(policy, b.gateway), consumer,
+            gateway_ca=ns.gateway_ca,
+        ),
         records, DirectoryStore(_files_dir(ns, b)), reader,
         clock=time.time, registry=registry,
     )  # fmt: skip
     port = ns.metrics_port or b.runner.metrics_port + ns.index
-    metrics = MetricsServer(registry, "127.0.0.1", port)
+    metrics = MetricsServer(registry, ns.metrics_host, port, token=token)
     await metrics.start()
     task = asyncio.create_task(runner.run(), name="tokenweir-batch-runner")
     try:

@@ -12,8 +12,18 @@ Cluster slot and each Lua script below touches one slot:
     tw:batch:{T}:res:<id>    hash   line index -> its result line, written once (HSETNX)
     tw:batch:queue           stream jobs to run; consumer group ``runners`` (a runner that dies
                                     leaves its entry pending; another claims it when idle)
+    {tw:batch:queue}:intents zset   jobs about to be queued ("tenant/job" by time): the same slot
+                                    as the stream (its hash tag is the stream's name)
 
 Limits are checked and charged in the same script that adds the file or job (no race).
+
+Creating a job and queueing it touch two slots (the tenant's, the queue's), so no one script can
+do both in Redis Cluster. Instead the API writes an *intent* beside the queue first, then the
+job, then queues it with a script that removes the intent and adds the stream entry together
+(:meth:`Records.create_job`). An API server that dies between the steps leaves the intent; a
+runner's sweep (:meth:`Records.requeue_stuck`) queues a job whose intent is older than a
+timeout through that same script, so the job is queued exactly once, by whoever removes the
+intent first.
 """
 
 from __future__ import annotations
@@ -25,10 +35,20 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-__all__ = ["GROUP", "QUEUE", "Claim", "Records", "decode_hash"]
+from batch_service.objects import TERMINAL
+
+__all__ = ["GROUP", "INTENTS", "QUEUE", "Claim", "Records", "decode_hash"]
 
 QUEUE = "tw:batch:queue"
 GROUP = "runners"
+INTENTS = "{tw:batch:queue}:intents"  # hash tag = the stream's whole name: one slot with it
+ORPHAN_FACTOR = 10  # an intent whose job never appeared goes after this many timeouts
+
+_ENQUEUE = """
+-- KEYS: intents zset, queue stream; ARGV: member (tenant/job), tenant, job
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return false end
+return redis.call('XADD', KEYS[2], '*', 'tenant', ARGV[2], 'job', ARGV[3])
+"""
 
 _ADD_FILE = """
 -- KEYS: meta, files zset, bytes; ARGV: id, created_at, size, max files, max bytes, json meta
@@ -85,6 +105,10 @@ return 'ok'
 """
 
 
+def _member(tenant: str, job_id: str) -> str:
+    return f"{tenant}/{job_id}"
+
+
 def decode_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
     return {_s(k): _s(v) for k, v in raw.items()}
 
@@ -112,6 +136,7 @@ class Records:
         self._create_job = redis.register_script(_CREATE_JOB)
         self._record_line = redis.register_script(_RECORD_LINE)
         self._move_status = redis.register_script(_MOVE_STATUS)
+        self._enqueue = redis.register_script(_ENQUEUE)
 
     # ---- keys ----------------------------------------------------------------------------------
     @staticmethod
@@ -157,8 +182,12 @@ class Records:
         self, tenant: str, fields: Mapping[str, object], max_in_flight: int, *, active: bool
     ) -> str:
         """``ok``, ``jobs`` (the in-flight limit refused it) or ``exists``. An ``active`` job is
-        also queued for the runners."""
+        also queued for the runners: intent, job, then the intent turned into a stream entry
+        (a crash between the steps is repaired by :meth:`requeue_stuck`)."""
         jid = str(fields["id"])
+        member = _member(tenant, jid)
+        if active:
+            await self.redis.zadd(INTENTS, {member: float(str(fields["created_at"]))})
         keys = [self._k(tenant, f"job:{jid}"), self._k(tenant, "jobs"), self._k(tenant, "active")]
         args = [
             jid,
@@ -168,9 +197,42 @@ class Records:
             "1" if active else "0",
         ]
         got = _s(await self._create_job(keys=keys, args=args))
-        if got == "ok" and active:
-            await self.redis.xadd(QUEUE, {"tenant": tenant, "job": jid})
+        if active:
+            if got == "ok":
+                await self.enqueue(tenant, jid)
+            else:  # refused: nothing to queue
+                await self.redis.zrem(INTENTS, member)
         return got
+
+    async def enqueue(self, tenant: str, job_id: str) -> bool:
+        """Turn the job's intent into a queue entry; False if the intent was gone (someone
+        queued the job already)."""
+        got = await self._enqueue(
+            keys=[INTENTS, QUEUE], args=[_member(tenant, job_id), tenant, job_id]
+        )
+        return got is not None
+
+    async def requeue_stuck(self, now: float, older_than: float) -> list[tuple[str, str]]:
+        """Queue the jobs whose API server died before queueing them: intents older than
+        ``older_than`` seconds whose job is not final. An intent whose job never appeared (the
+        server died before creating it) is dropped after ``ORPHAN_FACTOR`` times as long; a
+        final job's intent at once. The jobs queued here, as (tenant, job id)."""
+        raw = await self.redis.zrangebyscore(INTENTS, "-inf", now - older_than)
+        queued = []
+        for m in raw:
+            member = _s(m)
+            tenant, _, jid = member.rpartition("/")
+            job = await self.get_job(tenant, jid)
+            if job is not None and job.get("status") not in TERMINAL:
+                if await self.enqueue(tenant, jid):
+                    queued.append((tenant, jid))
+                continue
+            if job is None:
+                score = await self.redis.zscore(INTENTS, member)
+                if score is None or now - float(score) < ORPHAN_FACTOR * older_than:
+                    continue
+            await self.redis.zrem(INTENTS, member)
+        return queued
 
     async def get_job(self, tenant: str, job_id: str) -> dict[str, str] | None:
         raw = await self.redis.hgetall(self._k(tenant, f"job:{job_id}"))
@@ -245,6 +307,11 @@ class Records:
                 return Claim(_s(entry_id), f["tenant"], f["job"])
             await self.ack(_s(entry_id))  # a deleted entry (trimmed): nothing to run
         return None
+
+    async def queued_jobs(self) -> int:
+        """Jobs in the queue: waiting for a runner or being run (an entry goes when its job is
+        final)."""
+        return int(await self.redis.xlen(QUEUE))
 
     async def touch(self, consumer: str, claim: Claim) -> None:
         """Still working on it: reset the entry's idle time so no other runner takes it."""

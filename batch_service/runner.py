@@ -15,8 +15,10 @@ import asyncio
 import collections
 import json
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -32,7 +34,7 @@ from batch_service.validate import Line, parse_lines
 from policy.batch import BATCH_LINE_HEADER, BatchPolicy
 from poolstate.reader import PoolStateReader
 
-__all__ = ["BatchRunner", "RunnerSettings"]
+__all__ = ["BatchRunner", "RunnerMetrics", "RunnerSettings"]
 
 log = logging.getLogger("tokenweir.batch.runner")
 
@@ -44,12 +46,15 @@ UNLIMITED = 2**62
 @dataclass(frozen=True)
 class RunnerSettings:
     policy: BatchPolicy
-    gateway_url: str  # http://host:port of the gateway the lines enter
+    gateway_url: str  # http(s)://host:port of the gateway the lines enter
     consumer: str  # this runner's name in the consumer group
     line_timeout: float = 600.0
+    gateway_ca: Path | None = None  # https: the CA bundle the gateway's certificate chains to
 
 
-class _Metrics:
+class RunnerMetrics:
+    """The runner's metrics (docs/batch.md "Metrics"; the dashboard and Grafana read them)."""
+
     def __init__(self, registry: CollectorRegistry) -> None:
         self.lines = Counter(
             "tokenweir_batch_lines",
@@ -72,6 +77,16 @@ class _Metrics:
             "tokenweir_batch_remaining_lines", "lines of the running job not yet answered",
             registry=registry,
         )  # fmt: skip
+        self.queued = Gauge(
+            "tokenweir_batch_queued_jobs",
+            "jobs in the queue, waiting or being run (every runner reports the same queue)",
+            registry=registry,
+        )
+        self.requeued = Counter(
+            "tokenweir_batch_requeued_jobs",
+            "jobs an API server created but died before queueing, queued by this runner",
+            registry=registry,
+        )
         self.lag = Gauge(
             "tokenweir_batch_lag_seconds",
             "age of the job this runner works on (0 when idle): how far behind submission it is",
@@ -95,7 +110,7 @@ class BatchRunner:
         self.store = store
         self.pool_state = pool_state
         self.clock = clock
-        self.m = _Metrics(registry)
+        self.m = RunnerMetrics(registry)
         r = settings.policy.runner
         self.pacer = Pacer(r.max_concurrency, r.fill, r.backoff)
         self._http: aiohttp.ClientSession | None = None
@@ -103,7 +118,8 @@ class BatchRunner:
     # ---- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.s.line_timeout)
-        connector = aiohttp.TCPConnector(limit=0)
+        tls = ssl.create_default_context(cafile=self.s.gateway_ca) if self.s.gateway_ca else None
+        connector = aiohttp.TCPConnector(limit=0, ssl=tls if tls is not None else True)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
             self._http = http
             while True:
@@ -113,9 +129,17 @@ class BatchRunner:
                 except (RedisError, OSError) as exc:
                     log.warning("redis: %s; retrying", exc)
                     await asyncio.sleep(1.0)
-            idle_ms = int(self.s.policy.runner.claim_idle * 1000)
+            idle = self.s.policy.runner.claim_idle
+            idle_ms = int(idle * 1000)
+            swept = float("-inf")
             while True:
                 try:
+                    if self.clock() - swept >= idle / 3:
+                        swept = self.clock()
+                        for tenant, jid in await self.records.requeue_stuck(swept, idle):
+                            log.warning("job %s/%s was left unqueued; queued it", tenant, jid)
+                            self.m.requeued.inc()
+                        self.m.queued.set(await self.records.queued_jobs())
                     claim = await self.records.claim(
                         self.s.consumer, idle_ms=idle_ms, block_ms=1000
                     )
@@ -190,6 +214,7 @@ class BatchRunner:
                 self.m.remaining.set(len(pending) + len(inflight))
                 if now - touched >= self.s.policy.runner.claim_idle / 3:
                     await self.records.touch(self.s.consumer, claim)
+                    self.m.queued.set(await self.records.queued_jobs())
                     touched = now
                 if not stopping and now - checked >= 0.5:
                     checked = now

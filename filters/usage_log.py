@@ -24,7 +24,7 @@ from google.protobuf import struct_pb2
 
 from filters.metrics import FilterMetrics
 from policy.model import Policy
-from quota.cost import cost_usd
+from quota.cost import cost_usd, price_factor
 from runtime import tracing as t
 from runtime.tracing import TracingSwitch
 from wire.contract import METADATA_NAMESPACE
@@ -102,7 +102,7 @@ def record(
     prompt_c.inc(p)
     completion_c.inc(c)
     cached_c.inc(k)
-    metrics.spent(tenant, model, cost_usd(policy, model, p, c, k))
+    metrics.spent(tenant, model, cost_usd(policy, model, p, c, k, price_factor(policy, route)))
     t_label, m_label = metrics.tenant_label(tenant), metrics.model_label(model)
     if chunks > 1 and last > first and c > 1:
         metrics.child(metrics.tokens_per_second, t_label, m_label).observe((c - 1) / (last - first))

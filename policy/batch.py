@@ -58,7 +58,10 @@ class BatchRunner:
 class BatchPolicy:
     """``completion_window``: how long the one window OpenAI offers (``24h``) lasts here (a
     shorter one for tests and time-scaled benchmarks). ``files_dir``: the file store (a
-    directory; relative to the policy file; unset: ``batch-files`` in ``up``'s state folder)."""
+    directory; relative to the policy file; unset: ``batch-files`` in ``up``'s state folder).
+    ``price_factor``: the share of ``prices.<model>`` a request in the batch lane pays (its
+    ``usd`` quotas, reservations, settlement and spend metrics; 0.5: OpenAI's Batch discount;
+    at most 1: the batch lane is never dearer than interactive)."""
 
     service: str
     gateway: str
@@ -67,5 +70,6 @@ class BatchPolicy:
     max_file_bytes: Annotated[int, Size(1024, 1024**4)] = 200 * 1024**2
     max_lines: Annotated[int, Range(1, 10_000_000)] = 50_000
     completion_window: Annotated[float, Duration(1, 30 * 86400)] = 86400.0
+    price_factor: Annotated[float, Range(0.0, 1.0)] = 1.0
     limits: BatchLimits = field(default_factory=BatchLimits)
     runner: BatchRunner = field(default_factory=BatchRunner)

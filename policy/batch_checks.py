@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from policy.batch import BATCH_LINE_HEADER
 from policy.model import Policy, Route
 
-__all__ = ["authenticates_batch_api", "check_batch"]
+__all__ = ["authenticates_batch_api", "batch_line_routes", "check_batch"]
 
 
 def check_batch(policy: Policy) -> Iterator[tuple[str, str]]:
@@ -52,6 +52,16 @@ def check_batch(policy: Policy) -> Iterator[tuple[str, str]]:
             f"no route of gateway {b.gateway!r} leads to {b.service!r}: add routes for "
             "/v1/files and /v1/batches (docs/batch.md)",
         )
+
+
+def batch_line_routes(policy: Policy) -> frozenset[str]:
+    """The names of ``batch.gateway``'s routes that take the runner's lines (they pay the
+    batch price: ``batch.price_factor``)."""
+    b = policy.batch
+    gw = policy.gateways.get(b.gateway) if b is not None else None
+    if b is None or gw is None:
+        return frozenset()
+    return frozenset(r.name for r in gw.routes if _takes_lines(r, b.pool))
 
 
 def _takes_lines(route: Route, pool: str) -> bool:

@@ -23,6 +23,7 @@ _SUFFIXES = {
 def _registries() -> list[CollectorRegistry]:
     from backends.emulator.metrics import EmulatorMetrics
     from backends.emulator.scheduler import SchedulerStats
+    from batch_service.runner import RunnerMetrics
     from controlplane.app import ControlPlane, ControlPlaneSettings
     from filters.metrics import FilterMetrics
     from filters.plugins.admission.gate import AdmissionMetrics
@@ -44,7 +45,9 @@ def _registries() -> list[CollectorRegistry]:
     ReloadMetrics(ratelimit.registry)
     emulator = EmulatorMetrics("m")
     emulator.bind(lambda: SchedulerStats(0, 0, 0, 1, 0.0, 0.0, 0.0, 0))  # the scrape-time gauges
-    return [plane.registry, filters.registry, ratelimit.registry, emulator.registry]
+    runner = CollectorRegistry()
+    RunnerMetrics(runner)
+    return [plane.registry, filters.registry, ratelimit.registry, emulator.registry, runner]
 
 
 def exported_metric_names() -> set[str]:

@@ -47,7 +47,7 @@ def scrape_targets(policy: Policy, envoy_admins: Mapping[str, str]) -> list[Targ
     filter server replica and each of its worker processes (one /metrics port each: replica ``r``,
     worker ``w`` on ``metrics_port + r * processes + w``, as ``up`` gives them), every emulator
     replica, and each Envoy's admin ``/stats/prometheus`` (``envoy_admins``: node name, or
-    ``node#i`` for a gateway's replicas, → ``host:port``). ``policy.replicas`` says how many
+    ``node#i`` for a gateway's replicas, → ``host:port``) and each batch runner. ``policy.replicas`` says how many
     servers of each kind run (``up`` puts ``--replicas`` there)."""
     n = policy.replicas
     cp = policy.control_plane
@@ -67,6 +67,12 @@ def scrape_targets(policy: Policy, envoy_admins: Mapping[str, str]) -> list[Targ
         for i in range(em.replicas):
             labels = (("pool", name), ("replica", str(i)))
             out.append(Target("emulator", f"127.0.0.1:{em.base_port + i}", labels))
+    if policy.batch is not None:  # the batch runners (docs/batch.md "Metrics")
+        r = policy.batch.runner
+        for i in range(r.replicas):
+            out.append(
+                Target("batch-runner", f"127.0.0.1:{r.metrics_port + i}", (("replica", str(i)),))
+            )
     for node, admin in envoy_admins.items():
         out.append(Target("envoy", admin, (("node", node),), "/stats/prometheus"))
     return out

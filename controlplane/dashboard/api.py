@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from controlplane.dashboard.batch import batch_panel, batch_sources
 from controlplane.dashboard.collector import MetricsSource, ServiceCollector
 from controlplane.dashboard.pools import pool_rows
 from controlplane.dashboard.quota import QuotaWindows
@@ -95,7 +96,7 @@ class Dashboard:
 
     def on_policy(self, policy: Policy) -> None:
         self._policy = policy
-        self.collector.configure(sources_from_policy(policy))
+        self.collector.configure([*sources_from_policy(policy), *batch_sources(policy)])
         self.quotas.on_policy(policy)
 
     async def overview(
@@ -124,6 +125,7 @@ class Dashboard:
             "decisions": {k: int(v) for k, v in sorted(totals.decisions.items())},
             "envoys": self._nodes(),
             "sources": self.collector.sources(),
+            "batch": batch_panel(policy, totals, list(c.points)),
             "series": [p.to_json() for p in series],
         }
 

@@ -17,7 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.dashboard.errors import SourceError
 
-__all__ = ["Point", "Totals", "answers_of", "point_between", "quantile", "totals_of"]
+__all__ = [
+    "Point", "Totals", "answers_of", "batch_answered", "point_between", "quantile", "totals_of",
+]  # fmt: skip
 
 Buckets = dict[float, float]  # upper bound → cumulative count
 
@@ -45,6 +47,15 @@ class Totals:
     # (cluster, "503" or "5xx"): Envoy's answers for a route's cluster; its rate-limit filter
     # charges its 429s there too (measured: cluster.<c>.upstream_rq_429), ext_proc's do not
     upstream: dict[tuple[str, str], float] = field(default_factory=dict)
+    # the batch runners' pages (controlplane/dashboard/batch.py)
+    batch_lines: dict[str, float] = field(default_factory=dict)  # outcome → lines
+    batch_runners: float = 0.0  # runner pages read
+    batch_running: float = 0.0  # runners working on a job (lag > 0)
+    batch_inflight: float = 0.0
+    batch_window: float = 0.0
+    batch_remaining: float = 0.0
+    batch_lag: float = 0.0  # the oldest job being run, seconds since its submission
+    batch_queued: float = 0.0  # jobs in the queue (each runner reports the same stream)
 
 
 def _add(d: dict, key: object, value: float) -> None:  # type: ignore[type-arg]  # a counter dict of any key type, summed into
@@ -66,6 +77,7 @@ _WANTED = (
     "tokenweir_ratelimit_decisions_total",
     "tokenweir_ratelimit_retry_after_seconds_",
     "envoy_cluster_upstream_rq",
+    "tokenweir_batch_",
 )
 
 
@@ -145,6 +157,30 @@ def _take(t: Totals, name: str, lb: Mapping[str, str], v: float) -> None:
         _add(t.retry_count, lb.get("tenant", ""), v)
     elif name == "tokenweir_ratelimit_retry_after_seconds_sum":
         _add(t.retry_sum, lb.get("tenant", ""), v)
+    elif name.startswith("tokenweir_batch_"):
+        _batch(t, name, lb, v)
+
+
+def _batch(t: Totals, name: str, lb: Mapping[str, str], v: float) -> None:
+    if name == "tokenweir_batch_lines_total":
+        _add(t.batch_lines, lb.get("outcome", ""), v)
+    elif name == "tokenweir_batch_inflight":
+        t.batch_runners += 1
+        t.batch_inflight += v
+    elif name == "tokenweir_batch_window":
+        t.batch_window += v
+    elif name == "tokenweir_batch_remaining_lines":
+        t.batch_remaining += v
+    elif name == "tokenweir_batch_lag_seconds":
+        t.batch_running += 1 if v > 0 else 0
+        t.batch_lag = max(t.batch_lag, v)
+    elif name == "tokenweir_batch_queued_jobs":
+        t.batch_queued = max(t.batch_queued, v)
+
+
+def batch_answered(t: Totals) -> float:
+    """Batch lines answered (completed or failed): their rate is the runners' throughput."""
+    return t.batch_lines.get("completed", 0.0) + t.batch_lines.get("failed", 0.0)
 
 
 def quantile(q: float, buckets: Mapping[float, float]) -> float | None:
@@ -203,6 +239,7 @@ class Point:
     tbt_p95: float | None
     answers_per_s: float = 0.0
     errors_per_s: float = 0.0
+    batch_lines_per_s: float = 0.0
 
     def to_json(self) -> dict[str, float | None]:
         def r(x: float | None) -> float | None:
@@ -219,6 +256,7 @@ class Point:
             "ttft_p95_s": r(self.ttft_p95),
             "tbt_p50_s": r(self.tbt_p50),
             "tbt_p95_s": r(self.tbt_p95),
+            "batch_lines_per_s": r(self.batch_lines_per_s),
         }
 
 
@@ -238,4 +276,5 @@ def point_between(old: Totals, t_old: float, new: Totals, t_new: float) -> Point
         tbt_p95=quantile(0.95, tbt),
         answers_per_s=max(0.0, a_new - a_old) / dt,
         errors_per_s=max(0.0, e_new - e_old) / dt,
+        batch_lines_per_s=max(0.0, batch_answered(new) - batch_answered(old)) / dt,
     )

@@ -286,7 +286,12 @@ def test_pods_are_locked_down_and_secrets_stay_off_command_lines(name: str) -> N
             f["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
             for f in policies["tokenweir-redis"]["spec"]["ingress"][0]["from"]
         }
-        assert callers == {"tokenweir-ratelimit", "tokenweir-gateway", "tokenweir-controlplane"}
+        assert callers == {
+            "tokenweir-ratelimit", "tokenweir-gateway", "tokenweir-controlplane",
+            "tokenweir-batch-api", "tokenweir-batch-runner",
+        }  # fmt: skip
+    api = policies["tokenweir-batch-api"]["spec"]["ingress"][0]
+    assert api["from"] == rl["from"]  # the API trusts the gateway's tenant header: only it calls
 
 
 def _secret_volume(tmp_path: Path) -> Path:
@@ -365,3 +370,44 @@ def test_the_gateway_serves_https_from_its_tls_secret(name: str, tmp_path: Path)
         "private_key": {"filename": f"{secret_dir}/tls.key"},
         "watched_directory": {"path": str(secret_dir)},
     }
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_the_batch_api_and_runners_share_one_volume_and_find_the_mesh(name: str) -> None:
+    """Issue 41: the API's Service is the policy's batch service; API servers and runners mount
+    one ReadWriteMany claim where the policy keeps the files; each runner reaches the gateway
+    and the control plane by their Services and keeps a stable name (a StatefulSet)."""
+    docs = build(name)
+    policy = load_policy_text(
+        named(docs, "ConfigMap", "tokenweir-policy")["data"]["mesh.yaml"], gateway_files=False
+    )
+    b = policy.batch
+    assert b is not None and b.files_dir is not None
+    (ep,) = policy.services[b.service].endpoints
+    api_svc = named(docs, "Service", ep.host)
+    assert ep.port in [p["port"] for p in api_svc["spec"]["ports"]]
+    api = named(docs, "Deployment", "tokenweir-batch-api")
+    assert Address.parse(_arg(containers(api)[0], "--listen")).port == ep.port
+    runners = named(docs, "StatefulSet", "tokenweir-batch-runner")
+    assert runners["spec"]["replicas"] == b.runner.replicas
+    claim = named(docs, "PersistentVolumeClaim", "tokenweir-batch-files")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    for w in (api, runners):
+        (c,) = containers(w)
+        vols = {
+            v["name"]: v["persistentVolumeClaim"]["claimName"]
+            for v in w["spec"]["template"]["spec"]["volumes"]
+            if "persistentVolumeClaim" in v
+        }
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        (vol,) = [n for n, claim_name in vols.items() if claim_name == "tokenweir-batch-files"]
+        assert mounts[vol] == b.files_dir == _arg(c, "--files-dir"), w["metadata"]["name"]
+    (c,) = containers(runners)
+    assert int(_arg(c, "--metrics-port")) == b.runner.metrics_port
+    gw_url = _arg(c, "--gateway-url").removeprefix("https://")  # the gateway serves TLS
+    gw = named(docs, "Service", gw_url.split(":")[0])
+    assert int(gw_url.split(":")[1]) in [p["port"] for p in gw["spec"]["ports"]]
+    cp = Address.parse(_arg(c, "--control-plane"))
+    cp_svc = named(docs, "Service", cp.host)
+    assert cp.port == policy.control_plane.metrics.port
+    assert cp.port in [p["port"] for p in cp_svc["spec"]["ports"]]

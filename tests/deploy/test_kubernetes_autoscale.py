@@ -26,7 +26,9 @@ METRIC = "tokenweir_pool_desired_replicas"
 
 
 def policy_of(docs: tuple[Doc, ...]) -> Policy:
-    return load_policy_text(named(docs, "ConfigMap", "tokenweir-policy")["data"]["mesh.yaml"])
+    return load_policy_text(
+        named(docs, "ConfigMap", "tokenweir-policy")["data"]["mesh.yaml"], gateway_files=False
+    )
 
 
 def published(policy: Policy) -> dict[str, dict[str, str]]:
@@ -48,8 +50,10 @@ def _arg(c: Doc, flag: str) -> str:
 
 
 def test_the_autoscaled_policy_is_the_base_policy_but_for_the_pool() -> None:
-    base = load_policy_text((KUBE / "base/policy/mesh.yaml").read_text())
-    scaled = load_policy_text((KUBE / "components/autoscale/mesh.yaml").read_text())
+    base = load_policy_text((KUBE / "base/policy/mesh.yaml").read_text(), gateway_files=False)
+    scaled = load_policy_text(
+        (KUBE / "components/autoscale/mesh.yaml").read_text(), gateway_files=False
+    )
     (name,) = [n for n, p in scaled.pools.items() if p.autoscale is not None]
     pool = scaled.pools[name]
     unscaled = dataclasses.replace(pool, autoscale=None, endpoints=base.pools[name].endpoints)

@@ -132,6 +132,12 @@ def test_dashboard_in_chromium_shows_history_binding_limits_and_moves(tmp_path: 
             assert _text(page, f"{chat} td.capacity") == "768"  # 3 replicas x 256 reported
             assert page.locator("#lanes tr[data-lane='chat/batch'] td.shed-ladder").count() == 1
 
+            # the batch panel: the example's one runner scraped, no job yet (docs/batch.md)
+            assert page.locator("#batch-panel").is_visible()
+            _until("the batch runner scraped", lambda: _text(page, "#batch td.runners") == "1 of 1")
+            assert _text(page, "#batch td.jobs") == "0" and _text(page, "#batch td.lag") == "–"
+            assert api(metrics)["batch"]["lines_completed"] == 0
+
             # demo-free: the bucket binds (it refused), not the day's 1% of 200,000
             free = "#tenants tr[data-tenant=demo-free]"
             _until("demo-free's binding token bucket",

@@ -34,7 +34,7 @@ from tests.integration.up_process import ROOT, mesh_redis_url, start_up, stop_up
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 HELLO = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
-JOBS = {"controlplane", "ratelimit", "filters", "emulator", "envoy"}
+JOBS = {"controlplane", "ratelimit", "filters", "emulator", "envoy", "batch-runner"}
 
 
 def catalog() -> dict[str, dict[str, bool]]:
@@ -146,8 +146,12 @@ def test_prometheus_scrapes_every_component_up(mesh: dict[str, object]) -> None:
     for t in targets:
         job = t["labels"]["job"]  # type: ignore[index]
         by_job[job] = by_job.get(job, 0) + 1
-    # the example policy: 3 + 1 (the fallback pool) emulator replicas, a gateway and a sidecar, one of each service
-    assert by_job == {"controlplane": 1, "ratelimit": 1, "filters": 1, "emulator": 4, "envoy": 2}
+    # the example policy: 3 + 1 (the fallback pool) emulator replicas, a gateway and a sidecar,
+    # one of each service, one batch runner
+    assert by_job == {
+        "controlplane": 1, "ratelimit": 1, "filters": 1, "emulator": 4, "envoy": 2,
+        "batch-runner": 1,
+    }  # fmt: skip
     # the repository's rules are loaded
     rules = json.loads(get(str(mesh["prometheus"]) + "/api/v1/rules"))["data"]["groups"]
     assert {"tokenweir.alerts", "tokenweir.recording", "tokenweir.slo.ttft"} <= {

@@ -56,3 +56,14 @@ def test_unknown_keys_and_ranges_name_the_line() -> None:
     msg = str(err.value)
     assert "batch.runner.fill" in msg and "batch.runner.speed" in msg
     assert "mesh.yaml:" in msg
+
+
+def test_the_batch_price_factor_is_a_discount_named_by_line() -> None:
+    text = EXAMPLE.replace("  price_factor: 0.5 ", "  price_factor: 1.5 ")
+    assert text != EXAMPLE
+    with pytest.raises(PolicyError) as err:
+        load_policy_text(text, "mesh.yaml")
+    msg = str(err.value)
+    line = 1 + EXAMPLE[: EXAMPLE.index("  price_factor: 0.5")].count("\n")
+    assert f"mesh.yaml:{line}" in msg and "batch.price_factor" in msg and "<= 1" in msg, msg
+    assert load_policy_text(EXAMPLE, "mesh.yaml").batch.price_factor == 0.5  # type: ignore[union-attr]

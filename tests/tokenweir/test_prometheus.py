@@ -25,6 +25,7 @@ def test_every_component_of_the_policy_is_a_target() -> None:
     )
     got = sorted((t.job, t.address, t.path, dict(t.labels).get("pool")) for t in targets)
     assert got == [
+        ("batch-runner", "127.0.0.1:18075", "/metrics", None),
         ("controlplane", "127.0.0.1:18001", "/metrics", None),
         ("emulator", "127.0.0.1:30001", "/metrics", "chat"),
         ("emulator", "127.0.0.1:30002", "/metrics", "chat"),
@@ -49,6 +50,7 @@ def test_every_replica_and_worker_of_every_server_is_a_target() -> None:
     got = sorted((t.job, t.address, dict(t.labels).get("replica"), dict(t.labels).get("worker"))
                  for t in scrape_targets(policy, admins) if t.job != "emulator")  # fmt: skip
     assert got == [
+        ("batch-runner", "127.0.0.1:18075", "0", None),
         ("controlplane", "127.0.0.1:18001", "0", None),
         ("controlplane", "127.0.0.1:18002", "1", None),
         ("envoy", "127.0.0.1:9901", None, None),
@@ -62,7 +64,7 @@ def test_every_replica_and_worker_of_every_server_is_a_target() -> None:
         ("ratelimit", "127.0.0.1:18092", "1", "0"),
         ("ratelimit", "127.0.0.1:18093", "2", "0"),
     ]
-    assert len({t.address for t in scrape_targets(policy, admins)}) == 15  # no port twice
+    assert len({t.address for t in scrape_targets(policy, admins)}) == 16  # no port twice
 
 
 def test_config_groups_jobs_and_loads_the_rules(tmp_path: Path) -> None:
@@ -71,7 +73,14 @@ def test_config_groups_jobs_and_loads_the_rules(tmp_path: Path) -> None:
     assert cfg["global"]["scrape_interval"] == "2000ms"
     assert cfg["rule_files"] == [str(RULES_DIR / "*.yml")]
     jobs = {c["job_name"]: c for c in cfg["scrape_configs"]}
-    assert set(jobs) == {"controlplane", "ratelimit", "filters", "emulator", "envoy"}
+    assert set(jobs) == {
+        "controlplane",
+        "ratelimit",
+        "filters",
+        "emulator",
+        "envoy",
+        "batch-runner",
+    }
     assert jobs["envoy"]["static_configs"][0]["labels"] == {"node": "edge"}
     promtool = shutil.which("promtool")
     if promtool is None:

@@ -177,6 +177,23 @@ function renderCharts(series) {
   drawChart("chart-tps", series, ["completion_tokens_per_s", "prompt_tokens_per_s"], c);
 }
 
+function renderBatch(b, series) {  // null: the policy has no batch section
+  document.getElementById("batch-panel").hidden = !b;
+  document.getElementById("chart-batch-fig").hidden = !b;
+  if (!b) return;
+  drawChart("chart-batch", series, ["batch_lines_per_s"], ["#1f77b4"]);
+  fill("batch", [el("tr", {},
+    el("td", { class: "jobs" }, fmt(b.jobs_in_flight)), el("td", {}, fmt(b.jobs_running)),
+    el("td", { class: "done" }, fmt(b.lines_completed)),
+    el("td", { class: b.lines_failed ? "bad failed" : "failed" }, fmt(b.lines_failed)),
+    el("td", { class: "rate" }, fmt(b.lines_per_s, 1)),
+    el("td", {}, `${fmt(b.lines_in_flight)} / ${fmt(b.window)}`),
+    el("td", { class: "left" }, fmt(b.lines_remaining)),
+    el("td", { class: "lag" }, b.jobs_running ? `${fmt(b.lag_s, 0)} s` : "–"),
+    el("td", { class: b.runners_seen < b.runners ? "bad runners" : "runners" },
+      `${b.runners_seen} of ${b.runners}`))]);
+}
+
 function renderSources(sources, quotaSource, quotaError) {
   const box = document.getElementById("sources");
   const spans = sources.map((s) =>
@@ -205,6 +222,7 @@ async function poll() {
     renderEnvoys(o.envoys);
     renderTenants(o.tenants, o.tenant_count);
     renderCharts(history);
+    renderBatch(o.batch, history);
     renderSources(o.sources, o.quota_source, o.quota_error);
     updates += 1;
     status.textContent = `updated ${new Date(o.time * 1000).toLocaleTimeString()}`;

@@ -56,7 +56,7 @@ from filters.sse import (
 from policy.model import Policy
 from policy.phases import UPSTREAM_HEADER
 from quota.config import tenant_defaults
-from quota.cost import cost_usd, micro_usd
+from quota.cost import cost_usd, micro_usd, price_factor, price_for
 from quota.errors import QuotaUnavailable
 from quota.keys import record_key
 from quota.topup import NO_RECORD
@@ -107,6 +107,7 @@ class _Stop:
 
 _STATE: Slot[_State] = Slot("usage")  # what the response said so far
 _UPSTREAM: Slot[str] = Slot("usage.upstream")  # the replica that answered: where an abort goes
+_FACTOR: Slot[float] = Slot("usage.price_factor")  # batch.price_factor on a batch line, else 1
 
 
 class UsagePlugin(BasePlugin):
@@ -133,6 +134,15 @@ class UsagePlugin(BasePlugin):
         self.topup_tokens = block
         self.services = services
 
+    def _factor(self, ctx: Context) -> float:
+        """The share of the prices this request pays (``batch.price_factor`` for a batch line),
+        found once per request."""
+        f = ctx.get(_FACTOR)
+        if f is None:
+            f = price_factor(self.services.policy, ctx.route.name)
+            ctx.put(_FACTOR, f)
+        return f
+
     def envoy_inputs(self, ctx: Context) -> dict[str, Any]:
         """Dynamic metadata for Envoy's Lua usage meter (``controlplane/translate/usage.lua``):
         what this plugin would know at the response, and the model's prices."""
@@ -151,8 +161,7 @@ class UsagePlugin(BasePlugin):
             out["model"] = ctx.model
         if ctx.route.pool is not None:
             out["pool"] = ctx.route.pool
-        prices = getattr(self.services.policy, "prices", None) or {}
-        price = prices.get(ctx.model) if ctx.model is not None else None
+        price = price_for(self.services.policy, ctx.model, self._factor(ctx))  # a batch line's
         if price is not None:
             out["price_prompt"] = price.prompt
             out["price_cached"] = price.prompt if price.cached is None else price.cached
@@ -352,7 +361,11 @@ class UsagePlugin(BasePlugin):
             m.child(m.topups, tenant, "error").inc()
             return want
         assert ctx.tenant is not None
-        p1k = micro_usd(self.services.policy, ctx.model, 0, 1000) if ctx.model else 0
+        p1k = (
+            micro_usd(self.services.policy, ctx.model, 0, 1000, factor=self._factor(ctx))
+            if ctx.model
+            else 0
+        )
         try:
             res = await topups.topup(record_key(ctx.tenant, ctx.request_id), want, p1k)
         except QuotaUnavailable:
@@ -394,7 +407,7 @@ class UsagePlugin(BasePlugin):
             return result
         out = min(st.events, ctx.max_tokens) if ctx.max_tokens else st.events
         prompt = ctx.prompt_tokens or 0
-        usd = micro_usd(self.services.policy, ctx.model, prompt, out)
+        usd = micro_usd(self.services.policy, ctx.model, prompt, out, factor=self._factor(ctx))
         metadata = {SETTLE_KEY: prompt + out, SETTLE_USD_KEY: str(usd)}
         if result is None:
             return Result(metadata=metadata)
@@ -448,16 +461,16 @@ class UsagePlugin(BasePlugin):
         if usage is None or (ctx.usage is not None and usage.total <= ctx.usage.total):
             return None
         ctx.usage = usage
-        policy, model = self.services.policy, ctx.model
+        policy, model, f = self.services.policy, ctx.model, self._factor(ctx)
         p, c, k = usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
         return Result(
             metadata={
                 SETTLE_KEY: usage.total,
-                SETTLE_USD_KEY: str(micro_usd(policy, model, p, c, k)),
+                SETTLE_USD_KEY: str(micro_usd(policy, model, p, c, k, f)),
                 "prompt_tokens": p,
                 "completion_tokens": c,
                 "cached_tokens": k,
-                "cost_usd": round(cost_usd(policy, model, p, c, k), 8),
+                "cost_usd": round(cost_usd(policy, model, p, c, k, f), 8),
             }
         )
 
@@ -472,7 +485,11 @@ class UsagePlugin(BasePlugin):
         completion.inc(u.completion_tokens)
         cached.inc(u.cached_tokens)
         p, c, k = u.prompt_tokens, u.completion_tokens, u.cached_tokens
-        m.spent(ctx.tenant, ctx.model, cost_usd(self.services.policy, ctx.model, p, c, k))
+        m.spent(
+            ctx.tenant,
+            ctx.model,
+            cost_usd(self.services.policy, ctx.model, p, c, k, self._factor(ctx)),
+        )
         st = ctx.get(_STATE)
         if st is not None and st.chunks > 1 and st.last > st.first and u.completion_tokens > 1:
             m.tokens_per_second.labels(tenant, model).observe(

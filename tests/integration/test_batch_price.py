@@ -1,0 +1,134 @@
+"""A batch line pays the batch price (``batch.price_factor``), end to end: real Envoy, Redis,
+rate-limit service and filter server as processes; the tenant's ``usd`` budget in Redis is
+charged half for a line of the runner's route what the same request costs interactive
+(issue 41)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from tests.filters.fake_openai import FakeOpenAI
+from tests.helpers import ChildProcess, free_port, wait_for_port
+from tests.integration.mesh_harness import mesh
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+KEY = "erin-key-1234"
+PROMPT, COMPLETION = 0.002, 0.006  # USD per 1k tokens: 2 and 6 micro-USD per token
+
+
+def policy_text(gw: int, fp: int, rp: int, redis_url: str, backend: FakeOpenAI) -> str:
+    return f"""
+version: 1
+control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
+ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}", reservation_ttl: 60s}}
+filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
+services:
+  batch-api: {{endpoints: ["127.0.0.1:{free_port()}"]}}
+pools:
+  chat:
+    models: [m1]
+    endpoints: [127.0.0.1:{backend.port}]
+    health_check: {{enabled: false}}
+    retries: {{enabled: false}}
+gateways:
+  edge:
+    listen: 127.0.0.1:{gw}
+    routes:
+      - name: batch-jobs
+        match: {{prefix: /v1/batches}}
+        service: batch-api
+        filters: {{plugins: [{{name: identity, settings: {{forward_authorization: true}}}}]}}
+      - name: batch-lines
+        match: {{prefix: /v1/, headers: {{x-batch-line: "1"}}}}
+        pool: chat
+        lane: batch
+        rate_limit: {{enabled: true}}
+        filters: {{plugins: [identity, idempotency, lane, tokens, prefix, usage]}}
+      - name: llm
+        match: {{prefix: /v1/}}
+        pool: chat
+        rate_limit: {{enabled: true}}
+        filters: {{plugins: [identity, tokens, prefix, lane, usage]}}
+batch:
+  service: batch-api
+  gateway: edge
+  pool: chat
+  price_factor: 0.5
+  runner: {{replicas: 0}}
+prices:
+  m1: {{prompt: {PROMPT}, completion: {COMPLETION}}}
+tiers:
+  paid:
+    max_tokens: 100
+    quotas: {{usd: {{per_day: 10}}}}
+tenants:
+  erin: {{tier: paid, api_keys: [{KEY}]}}
+"""
+
+
+async def spent(r: aioredis.Redis, before: int, timeout: float = 8.0) -> int:
+    """The tenant's usd spent today (micro-USD) once a settlement changed it."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+
+    async def now() -> int:
+        keys = await r.keys("tw:{erin}:w:usd:day:*")
+        return sum([int(await r.get(k) or 0) for k in keys])
+
+    got = await now()
+    while got == before and loop.time() < end:
+        await asyncio.sleep(0.05)
+        got = await now()
+    await asyncio.sleep(0.3)  # the reservation replaced by the settlement, nothing later
+    return await now()
+
+
+async def test_a_batch_line_is_charged_the_batch_price(tmp_path: Path, redis_port: int) -> None:
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    r = aioredis.Redis.from_url(redis_url)
+    await r.flushdb()
+    backend = FakeOpenAI(name="b0", words=40)
+    await backend.start()
+    gw, fp, rp = free_port(), free_port(), free_port()
+    children: list[ChildProcess] = []
+    body = json.dumps({"model": "m1", "max_tokens": 60,
+                       "messages": [{"role": "user", "content": "tell me about weirs"}]})  # fmt: skip
+    base = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    try:
+        async with (
+            mesh(tmp_path, policy_text(gw, fp, rp, redis_url, backend), {"edge": gw}) as m,
+            aiohttp.ClientSession() as s,
+        ):
+            for mod, port in (("ratelimit_service", rp), ("filters", fp)):
+                argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
+                        "--redis-url", redis_url]  # fmt: skip
+                children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
+                await asyncio.to_thread(wait_for_port, port, 40.0)
+            url = f"http://127.0.0.1:{gw}/v1/chat/completions"
+            async with s.post(url, data=body, headers=base) as resp:
+                assert resp.status == 200, await resp.text()
+                usage = (await resp.json())["usage"]
+            full = await spent(r, 0)
+            line = base | {"x-batch-line": "1", "idempotency-key": "batch-b1-0"}
+            async with s.post(url, data=body, headers=line) as resp:
+                assert resp.status == 200, await resp.text()
+                assert (await resp.json())["usage"] == usage  # the same work
+            both = await spent(r, full)
+    finally:
+        for c in children:
+            c.close()
+        await backend.aclose()
+        await r.aclose()
+    p, c = usage["prompt_tokens"], usage["completion_tokens"]
+    price = (p * PROMPT + c * COMPLETION) * 1000  # micro-USD
+    assert full == math.ceil(price - 1e-6), (full, usage)
+    assert both - full == math.ceil(price * 0.5 - 1e-6), (both, full, usage)
