@@ -32,10 +32,9 @@ def price_factor(policy: Policy, route: str | None) -> float:
 
 def price_for(policy: Policy, model: str | None, factor: float = 1.0) -> Price | None:
     """The model's price times ``factor``; None for a model without a price."""
-    prices = getattr(policy, "prices", None) or {}
-    p = prices.get(model) if model is not None else None
+    p = policy.prices.get(model) if model is not None else None
     if p is None or factor == 1.0:
-        return p  # type: ignore[no-any-return]
+        return p
     cached = None if p.cached is None else p.cached * factor
     return Price(prompt=p.prompt * factor, completion=p.completion * factor, cached=cached)
 
