@@ -236,9 +236,9 @@ class BatchApi:
                 429, f"your tenant runs at most {lim} batches at once; wait for one to finish",
                 code="batch_limit_exceeded", type_="rate_limit_error",
             )  # fmt: skip
-        job = await self.records.get_job(tenant, str(fields["id"]))
-        assert job is not None
-        return web.json_response(batch_object(job))
+        # the object as created (status `validating`, as OpenAI's create answers): a runner may
+        # already have taken the queued job, and its later state is what retrieve is for
+        return web.json_response(batch_object({k: str(v) for k, v in fields.items()}))
 
     async def _job(self, tenant: str, job_id: str) -> dict[str, str]:
         job = await self.records.get_job(tenant, job_id)
