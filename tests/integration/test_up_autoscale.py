@@ -23,7 +23,11 @@ import pytest
 from tests.helpers import free_port, free_port_block
 from tests.integration.up_process import start_up, stop_up
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.serial,
+    pytest.mark.timeout(480),
+]  # ramps a pool to its max: 2 sheds (503) once in a parallel run
 
 MAX = 3
 
