@@ -34,6 +34,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(6
 TENANTS, ROUTES, KEYS = 10_000, 100, 100  # requests use the first KEYS tenants' keys
 
 
+@pytest.fixture(autouse=True)
+def _builds_at_their_own_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What this test checks is the build worker's low priority (tests/conftest.py lifts it)."""
+    monkeypatch.delenv("TOKENWEIR_BUILD_NICE", raising=False)
+
+
 def _metric(text: str, name: str, labels: str = "") -> float:
     m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
