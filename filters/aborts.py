@@ -10,7 +10,6 @@ logged (at most once per 10 s, with the number held back). ``aclose()`` cancels 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from filters.background import BackgroundCalls
 from runtime.throttled_log import ThrottledLog
 
 __all__ = ["ABORT_PATH", "Aborter"]
@@ -27,7 +27,7 @@ ABORT_PATH = "/abort_request"
 _log = logging.getLogger(__name__)
 
 
-class Aborter:
+class Aborter(BackgroundCalls):
     def __init__(
         self,
         counter: Any,
@@ -35,25 +35,17 @@ class Aborter:
         timeout: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__(aiohttp.ClientTimeout(total=timeout))
         self._counter = counter  # a Counter with the label ``result``
-        self._timeout = timeout
-        self._session: aiohttp.ClientSession | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self._log = ThrottledLog(clock, 10.0, _log)
 
     def abort(self, host: str, rid: str) -> None:
         """Ask ``host`` (``ip:port``) to abort request ``rid``; returns at once."""
-        task = asyncio.get_running_loop().create_task(self._send(host, rid))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.spawn(self._send(host, rid))
 
     async def _send(self, host: str, rid: str) -> None:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self._timeout)
-            )
         try:
-            async with self._session.post(f"http://{host}{ABORT_PATH}", json={"rid": rid}) as r:
+            async with self.session.post(f"http://{host}{ABORT_PATH}", json={"rid": rid}) as r:
                 await r.read()
                 ok = r.status < 400
                 why = f"HTTP {r.status}"
@@ -62,16 +54,3 @@ class Aborter:
         self._counter.labels("sent" if ok else "failed").inc()
         if not ok:
             self._log.warning("backend abort of %s at %s failed: %s", rid, host, why)
-
-    async def wait(self) -> None:
-        """Until the aborts in flight are done (tests, drain)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
-    async def aclose(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from filters.background import BackgroundCalls
 from filters.plugins.pd.pick import pick_decode, pick_prefill
 from policy.disaggregation import Disaggregation
 from runtime.throttled_log import ThrottledLog
@@ -67,7 +68,7 @@ class Flight:
     finished: bool = field(default=False)
 
 
-class PdHub:
+class PdHub(BackgroundCalls):
     def __init__(
         self,
         registry: CollectorRegistry,
@@ -75,11 +76,10 @@ class PdHub:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
+        super().__init__()
         self.metrics = PdMetrics(registry)
         self._clock = clock
         self._rng = rng or random.Random()
-        self._session: aiohttp.ClientSession | None = None
-        self._tasks: set[asyncio.Task[int | None]] = set()
         self.backlog: dict[str, int] = {}  # prefill replica -> prompt tokens in flight
         self.decode_tokens: dict[str, int] = {}  # decode replica -> tokens held
         self.decode_requests: dict[str, int] = {}
@@ -111,21 +111,16 @@ class PdHub:
     # ---- the prefill call ---------------------------------------------------------------
     def send_prefill(self, flight: Flight, path: str, body: bytes, pd: Disaggregation) -> None:
         """Send the prefill side; returns at once (the call is a task of this hub)."""
-        task = asyncio.get_running_loop().create_task(
+        flight.task = self.spawn(
             self._prefill(flight, path, body, pd), name=f"pd-prefill-{flight.room}"
         )
-        flight.task = task
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _prefill(
         self, flight: Flight, path: str, body: bytes, pd: Disaggregation
     ) -> int | None:
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
         status: int | None = None
         try:
-            async with self._session.post(
+            async with self.session.post(
                 f"http://{flight.prefill}{path}", data=body,
                 headers={"content-type": "application/json"},
                 timeout=aiohttp.ClientTimeout(total=pd.prefill_timeout),
@@ -175,16 +170,3 @@ class PdHub:
             outcome = "ok"
         self.metrics.requests.labels(flight.pool, outcome).inc()
         return outcome
-
-    async def wait(self) -> None:
-        """Until the prefill calls in flight are done (tests)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
-    async def aclose(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
