@@ -44,7 +44,7 @@ OURS = tuple(p for _, packages in LAYERS for p in packages if "." not in p)
 BELOW: dict[str, tuple[str, ...]] = {
     "wire": (),
     "policy": ("wire",),
-    "runtime": (),
+    "runtime": ("wire",),  # its JSON shapes (wire/jsontypes.py) and nothing else
     "domain": ("wire", "policy", "runtime"),
     "core": ("wire", "policy", "runtime", "domain"),
     "services": ("wire", "policy", "runtime", "domain", "core"),
