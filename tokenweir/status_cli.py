@@ -1,9 +1,14 @@
 """``tokenweir status``: what the running control plane decided about canaries (and why), and
 how each shadow pool compares with its primary.
 
-Reads ``GET /api/v1/canary`` and ``GET /api/v1/shadow`` on the control plane's metrics address (``-c mesh.yaml`` takes it
-from ``control_plane.metrics``; ``--control-plane host:port`` names it). Exit status 0, or 1
-when the control plane cannot be reached; ``--json`` prints the raw answer.
+Reads ``GET /api/v1/canary`` and ``GET /api/v1/shadow`` on the control plane's metrics address
+(``-c mesh.yaml`` takes it from ``control_plane.metrics``; ``--control-plane host:port`` names
+it). The operator surface's own settings say how (runtime.admin_auth): with
+``TOKENWEIR_ADMIN_TLS_CERT``/``_KEY`` set it speaks HTTPS, checks the server against
+``TOKENWEIR_ADMIN_CLIENT_CA`` (the mesh CA; the system bundle without one) and presents that
+certificate, which the control plane takes instead of the token; the token
+(``TOKENWEIR_ADMIN_TOKEN[_FILE]``) is sent when set. Exit status 0, 1 when the control plane
+cannot be reached, 2 on bad settings; ``--json`` prints the raw answer.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -18,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from policy import Address
-from runtime.admin_auth import admin_token
+from runtime.admin_auth import AdminAuthError, AdminTls, admin_tls, admin_token
 
 __all__ = ["format_shadow", "format_status", "register", "unreachable"]
 
@@ -76,11 +82,21 @@ def unreachable(args: argparse.Namespace, base: str, exc: BaseException) -> str:
     return f"cannot read {base}: {reason}"
 
 
-def _get(url: str) -> Any:
+def client_context(tls: AdminTls) -> ssl.SSLContext:
+    """The CLI's end of the operator surface's HTTPS: the server checked against the mesh CA
+    (``TOKENWEIR_ADMIN_CLIENT_CA``) and this certificate presented, so that a control plane
+    taking client certificates lets the CLI in without the token."""
+    ctx = tls.client()
+    ctx.load_cert_chain(tls.cert, tls.key)
+    return ctx
+
+
+def _get(url: str, context: ssl.SSLContext | None = None) -> Any:
     """GET JSON, with the admin token when one is set (runtime.admin_auth)."""
     token = admin_token(os.environ)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=5, context=context) as r:
         return json.loads(r.read())
 
 
@@ -94,10 +110,17 @@ def _status(args: argparse.Namespace) -> int:
             print("give -c mesh.yaml or --control-plane host:port", file=sys.stderr)
             return 2
         addr = policy.control_plane.metrics
-    base = f"http://{addr}"
     try:
-        canary = _get(base + "/api/v1/canary")
-        shadow = _get(base + "/api/v1/shadow?refresh=1")
+        tls = admin_tls(os.environ)
+        context = client_context(tls) if tls is not None else None
+        admin_token(os.environ)  # a token file that cannot be read is said before any call
+    except (AdminAuthError, OSError, ssl.SSLError) as exc:
+        print(f"tokenweir status: {exc}", file=sys.stderr)
+        return 2
+    base = f"{'https' if tls is not None else 'http'}://{addr}"
+    try:
+        canary = _get(base + "/api/v1/canary", context)
+        shadow = _get(base + "/api/v1/shadow?refresh=1", context)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"tokenweir status: {unreachable(args, base, exc)}", file=sys.stderr)
         return 1
