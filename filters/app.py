@@ -62,7 +62,7 @@ from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
 from runtime.redis_connect import verify_credentials
 from runtime.tasks import stop_task
-from runtime.tls_server import ServerTlsFiles, check_plaintext, grpc_credentials, server_context
+from runtime.tls_server import RenewingTls, ServerTlsFiles, check_plaintext
 from runtime.tracing import TracingSwitch
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics, ReloadOutcome
 
@@ -298,17 +298,24 @@ class FilterApp:
         usage_log = UsageLog(  # Envoy's usage meter reports
             self.metrics, lambda: self.policy, self.tracing, on_metered=self._metered
         )
+        renewing = None
+        if files is not None:
+            renewals = self.metrics.tls_renewals
+            renewing = RenewingTls(
+                files, on_reload=lambda ok: renewals.labels("ok" if ok else "error").inc()
+            )
         if transport == "h2":
             body = self.policy.filters.max_body_bytes if self.policy.filters else 1024**2
             limits = replace(LIMITS, max_message=max(4 * 1024**2, body + 64 * 1024))
             self.server = H2FilterServer(
                 servicer, host, port, health=self.health, limits=limits, usage_log=usage_log,
-                ssl=server_context(files) if files is not None else None,
+                ssl=renewing.context if renewing is not None else None,
+                before_handshake=renewing.refresh if renewing is not None else None,
             )  # fmt: skip
         else:
             self.server = FilterServer(
                 servicer, host, port, health=self.health, usage_log=usage_log,
-                credentials=grpc_credentials(files) if files is not None else None,
+                credentials=renewing.grpc_credentials() if renewing is not None else None,
             )  # fmt: skip
         await self.server.start()
         mport = self.settings.metrics_port

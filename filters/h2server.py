@@ -11,6 +11,7 @@ loop iteration with one syscall. Each stream gets a :class:`StreamContext` (``re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from ssl import SSLContext
 
 from filters.h2stream import EOF, StreamContext
@@ -39,10 +40,13 @@ class H2FilterServer:
         limits: Limits | None = None,
         usage_log: UsageLog | None = None,
         ssl: SSLContext | None = None,
+        before_handshake: Callable[[], object] | None = None,
     ) -> None:
-        """``ssl``: serve mTLS (runtime.tls_server.server_context)."""
+        """``ssl``: serve mTLS (runtime.tls_server.server_context); ``before_handshake``: what
+        loads a renewed certificate (runtime.tls_server.RenewingTls.refresh)."""
         self.servicer = servicer
         self.ssl = ssl
+        self.before_handshake = before_handshake
         self.host = host
         self.port = port
         methods = {PROCESS_PATH: Method(streaming=self._process)}
@@ -56,7 +60,9 @@ class H2FilterServer:
         )
 
     async def start(self) -> None:
-        self.port = await self.grpc.start(self.host, self.port, ssl=self.ssl)
+        self.port = await self.grpc.start(
+            self.host, self.port, ssl=self.ssl, before_handshake=self.before_handshake
+        )
 
     async def aclose(self, grace: float = 1.0) -> None:
         await self.grpc.aclose(grace)

@@ -123,6 +123,12 @@ class FilterMetrics:
             registry=r,
         )  # fmt: skip
 
+        self.tls_renewals = Counter(
+            p + "tls_renewals", "renewed TLS files of the ext_proc port loaded before a new "
+            "connection's handshake, by result (ok, error: refused, the old certificate kept)",
+            ["result"], registry=r,
+        )  # fmt: skip
+
         self.requests = Counter(
             p + "requests", "finished LLM requests by outcome (ok, rejected, rate_limited, "
             "error, no_output)", ["route", "lane", "model", "tenant", "outcome"], registry=r,

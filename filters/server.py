@@ -347,7 +347,7 @@ class FilterServer:
         if usage_log is not None:  # Envoy's gRPC access log: filters/usage_log.py
             self._server.add_generic_rpc_handlers((_access_log_handler(usage_log),))
         self.health.add_to(self._server)
-        if credentials is not None:  # mTLS (runtime.tls_server.grpc_credentials)
+        if credentials is not None:  # mTLS (runtime.tls_server.RenewingTls.grpc_credentials)
             self.port = self._server.add_secure_port(f"{host}:{port}", credentials)
         else:
             self.port = self._server.add_insecure_port(f"{host}:{port}")

@@ -73,6 +73,13 @@ class Metrics:
             ["mode"],
             registry=r,
         )
+        self.tls_renewals = Counter(
+            "tokenweir_ratelimit_tls_renewals",
+            "renewed TLS files of the gRPC port loaded before a new connection's handshake, by "
+            "result (ok, error: refused, the old certificate kept)",
+            ["result"],
+            registry=r,
+        )
         self.bad_requests = Counter(
             "tokenweir_ratelimit_bad_requests",
             "Requests from Envoy that could not be judged, by reason",

@@ -37,7 +37,7 @@ from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
 from runtime.redis_connect import connect_redis, redacted
 from runtime.tasks import honour_cancel, stop_task
-from runtime.tls_server import ServerTlsFiles, check_plaintext, grpc_credentials, server_context
+from runtime.tls_server import RenewingTls, ServerTlsFiles, check_plaintext
 from runtime.tracing import Tracing, TracingSwitch
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics
 
@@ -250,19 +250,28 @@ class Service:
         files = ServerTlsFiles(tls.cert, tls.key, tls.ca) if tls is not None else None
         check_plaintext("ratelimit", host, files, rl.allow_plaintext)
         transport = transport_for(self.settings.transport, host, tls=files is not None)
+        renewing = None
+        if files is not None:
+            renewals = self.metrics.tls_renewals
+            renewing = RenewingTls(
+                files, on_reload=lambda ok: renewals.labels("ok" if ok else "error").inc()
+            )
         if transport == "h2":
             traced = servicer.handle_bytes_traced  # it checks whether tracing is on per call
             self.h2 = H2Server(servicer.handle_bytes, health=self.serving, traced=traced)
-            ctx = server_context(files) if files is not None else None
-            self.port = await self.h2.start(host.strip("[]"), int(port), ssl=ctx)
+            self.port = await self.h2.start(
+                host.strip("[]"), int(port),
+                ssl=renewing.context if renewing is not None else None,
+                before_handshake=renewing.refresh if renewing is not None else None,
+            )  # fmt: skip
         else:
             self.server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
             rls_pb2_grpc.add_RateLimitServiceServicer_to_server(servicer, self.server)
             aio_health = AioHealth(self.serving)
             aio_health.add_to(self.server)
             await aio_health.sync()
-            if files is not None:  # mTLS with Envoy
-                self.port = self.server.add_secure_port(listen, grpc_credentials(files))
+            if renewing is not None:  # mTLS with Envoy
+                self.port = self.server.add_secure_port(listen, renewing.grpc_credentials())
             else:
                 self.port = self.server.add_insecure_port(listen)
             await self.server.start()

@@ -91,8 +91,16 @@ class GrpcH2Server:
         self._server: asyncio.Server | None = None
         self.port = 0
 
-    async def start(self, host: str, port: int, ssl: SSLContext | None = None) -> int:
-        """``ssl``: serve TLS (runtime.tls_server); without it, loopback only."""
+    async def start(
+        self,
+        host: str,
+        port: int,
+        ssl: SSLContext | None = None,
+        before_handshake: Callable[[], object] | None = None,
+    ) -> int:
+        """``ssl``: serve TLS (runtime.tls_server); without it, loopback only.
+        ``before_handshake``: called as each connection is accepted, before its TLS handshake
+        (runtime.tls_server.RenewingTls.refresh loads a renewed certificate there)."""
         if ssl is None and not is_loopback(host):
             raise ValueError(
                 f"the built-in HTTP/2 transport serves loopback only without TLS, not {host!r}: "
@@ -100,10 +108,21 @@ class GrpcH2Server:
             )
         self.loop = asyncio.get_running_loop()
         self._server = await self.loop.create_server(
-            lambda: H2Connection(self), host.strip("[]"), port, reuse_port=True, ssl=ssl
-        )
+            self._connection if before_handshake is None else self._hooked(before_handshake),
+            host.strip("[]"), port, reuse_port=True, ssl=ssl,
+        )  # fmt: skip
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
+
+    def _connection(self) -> H2Connection:
+        return H2Connection(self)
+
+    def _hooked(self, hook: Callable[[], object]) -> Callable[[], H2Connection]:
+        def connection() -> H2Connection:
+            hook()
+            return H2Connection(self)
+
+        return connection
 
     async def aclose(self, grace: float = 1.0) -> None:
         if self._server is not None:
