@@ -15,7 +15,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
@@ -31,11 +31,27 @@ from .demand import DemandWindow
 from .need import replicas_for
 from .stabilize import Decision, Stabilizer
 
-__all__ = ["AUTOSCALE_PATH", "Autoscaler", "PoolPlan"]
+__all__ = ["AUTOSCALE_PATH", "Autoscaler", "PoolPlan", "PoolStatus"]
 
 log = logging.getLogger("tokenweir.autoscale")
 
 AUTOSCALE_PATH = "/api/v1/autoscale"
+
+
+class PoolStatus(TypedDict):
+    """One pool of ``GET /api/v1/autoscale``'s ``pools`` (docs/capacity.md)."""
+
+    desired: int
+    reason: str
+    needed: int | None
+    need_reason: str | None
+    slots_per_replica: int | None
+    serving: int
+    starting: int
+    forecast_rps: float
+    min: int
+    max: int
+    budget: int | None
 
 
 @dataclass
@@ -221,8 +237,8 @@ class Autoscaler:
         plan = self.pools.get(pool)
         return None if plan is None else plan.stabilizer.desired
 
-    def to_json(self) -> dict[str, Any]:
-        out = {}
+    def to_json(self) -> dict[str, dict[str, PoolStatus]]:
+        out: dict[str, PoolStatus] = {}
         for name, plan in self.pools.items():
             d = plan.last
             out[name] = {

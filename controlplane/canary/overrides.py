@@ -9,14 +9,13 @@ again, rewritten, when an override changes.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Collection, Mapping
 
 from envoy.config.route.v3 import route_pb2
 from google.protobuf import wrappers_pb2
 
 from controlplane.translate.names import canary_cluster, pool_cluster
-from controlplane.xds.cache import SnapshotCache
+from controlplane.xds.cache import NodeGrouper, SnapshotCache, by_cluster
 from controlplane.xds.snapshot import Snapshot
 from controlplane.xds.types import ROUTE
 
@@ -63,8 +62,10 @@ def apply_weights(snapshot: Snapshot, weights: Mapping[str, int]) -> Snapshot:
 class OverrideCache(SnapshotCache):
     """The snapshot cache, with canary weight overrides applied to every snapshot set."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, node_group: NodeGrouper = by_cluster, *, static_clusters: Collection[str] = ()
+    ) -> None:
+        super().__init__(node_group, static_clusters=static_clusters)
         self._base: dict[str, Snapshot] = {}
         self.weights: dict[str, int] = {}
 

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TypedDict
 
 from aiohttp import web
 
@@ -21,11 +21,40 @@ from controlplane.saturation.errors import ScrapeError
 from policy.model import Address, Policy
 from runtime.tasks import stop_task
 
-__all__ = ["SHADOW_PATH", "ShadowWatcher", "compare"]
+__all__ = [
+    "SHADOW_PATH",
+    "Comparison",
+    "RouteShadowReport",
+    "ShadowWatcher",
+    "SideFigures",
+    "compare",
+]
 
 log = logging.getLogger("tokenweir.shadow")
 SHADOW_PATH = "/api/v1/shadow"
 Side = tuple[dict[str, float], Buckets, Buckets]
+
+
+class SideFigures(TypedDict):
+    """One pool's figures between two samples."""
+
+    requests: float
+    aborted: float
+    completion_tokens_per_request: float | None
+    ttft_p95_s: float | None
+    tbt_p95_s: float | None
+
+
+class Comparison(TypedDict):
+    primary: SideFigures
+    shadow: SideFigures
+
+
+class RouteShadowReport(Comparison):
+    """One mirroring route of ``GET /api/v1/shadow``'s ``routes``."""
+
+    primary_pool: str
+    shadow_pool: str
 
 
 def _minus(new: Buckets, old: Buckets) -> Buckets:
@@ -33,7 +62,7 @@ def _minus(new: Buckets, old: Buckets) -> Buckets:
     return tuple((le, c - before.get(le, 0.0)) for le, c in new)
 
 
-def _side(new: Side, old: Side) -> dict[str, Any]:
+def _side(new: Side, old: Side) -> SideFigures:
     counts = {k: v - old[0].get(k, 0.0) for k, v in new[0].items()}
     done = counts["requests"]
     return {
@@ -45,7 +74,7 @@ def _side(new: Side, old: Side) -> dict[str, Any]:
     }
 
 
-def compare(primary: tuple[Side, Side], shadow: tuple[Side, Side]) -> dict[str, Any]:
+def compare(primary: tuple[Side, Side], shadow: tuple[Side, Side]) -> Comparison:
     """Pure: each side's figures between its first and latest sample."""
     return {"primary": _side(primary[1], primary[0]), "shadow": _side(shadow[1], shadow[0])}
 
@@ -88,8 +117,8 @@ class ShadowWatcher:
             self._first.setdefault(pool, side)
             self._last[pool] = side
 
-    def report(self) -> dict[str, Any]:
-        out = {}
+    def report(self) -> dict[str, RouteShadowReport]:
+        out: dict[str, RouteShadowReport] = {}
         for route, (primary, shadow) in sorted(self._pairs.items()):
             if primary in self._last and shadow in self._last:
                 pair = compare(

@@ -11,7 +11,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -24,7 +24,19 @@ from controlplane.saturation.errors import ScrapeError
 from policy.model import CanaryPolicy, Policy
 from runtime.tasks import stop_task
 
-__all__ = ["CANARY_PATH", "CanaryWatcher"]
+__all__ = ["CANARY_PATH", "CanaryStatus", "CanaryWatcher"]
+
+
+class CanaryStatus(TypedDict):
+    """One pool of ``GET /api/v1/canary``'s ``pools``."""
+
+    configured_weight: int
+    weight: int
+    state: str  # active, rolled_back
+    reason: str
+    rolled_back_at: float | None  # wall clock
+    breaching: str  # the guard's last breach, "" without one
+
 
 log = logging.getLogger("tokenweir.canary")
 CANARY_PATH = "/api/v1/canary"
@@ -130,7 +142,7 @@ class CanaryWatcher:
         counts = version_counts(gateway_counts(gw_pages, name), hist)
         return Sample(self._clock(), counts)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, CanaryStatus]:
         return {
             name: {
                 "configured_weight": p.config.weight,

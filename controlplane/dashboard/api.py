@@ -11,17 +11,19 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import resources
-from typing import Any
+from typing import TypedDict
 
 from aiohttp import web
 
-from controlplane.dashboard.batch import batch_panel, batch_sources
+from controlplane.dashboard.batch import BatchPanel, batch_panel, batch_sources
 from controlplane.dashboard.collector import MetricsSource, ServiceCollector
-from controlplane.dashboard.pools import pool_rows
+from controlplane.dashboard.pools import PoolRow, pool_rows
 from controlplane.dashboard.quota import QuotaWindows
 from controlplane.dashboard.view import (
+    LaneRow,
+    TenantRow,
     envoy_sources,
     lane_rows,
     recent_rejections,
@@ -29,9 +31,11 @@ from controlplane.dashboard.view import (
     tenant_rows,
     with_windows,
 )
+from controlplane.xds.status import NodeStatus
 from policy import Policy
+from wire.jsontypes import JsonObject
 
-__all__ = ["OVERVIEW_PATH", "Dashboard"]
+__all__ = ["OVERVIEW_PATH", "Dashboard", "Overview"]
 
 OVERVIEW_PATH = "/api/v1/overview"
 # 2: tenants' budgets windowed from Redis, since-start totals apart; 3: lanes' `shed` counts the
@@ -45,12 +49,33 @@ _STATIC = {
 }
 
 
+class Overview(TypedDict):
+    """The answer of ``GET /api/v1/overview`` (docs/api.md)."""
+
+    api_version: int
+    time: float
+    interval_s: float
+    pools: JsonObject  # the pool state (``poolstate``)
+    pool_status: list[PoolRow]
+    lanes: list[LaneRow]
+    tenants: list[TenantRow]
+    quota_source: str | None
+    quota_error: str | None
+    tenant_count: int
+    rejections: dict[str, int]
+    decisions: dict[str, int]
+    envoys: list[NodeStatus]
+    sources: list[dict[str, object]]
+    batch: BatchPanel | None
+    series: list[dict[str, float | None]]
+
+
 def _bad(message: str) -> web.Response:
     body = {"error": {"message": message, "type": "invalid_request_error", "code": 400}}
     return web.json_response(body, status=400)
 
 
-def _int_arg(q: Any, name: str, default: int, lo: int, hi: int) -> int:
+def _int_arg(q: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
     raw = q.get(name)
     if raw is None:
         return default
@@ -60,7 +85,7 @@ def _int_arg(q: Any, name: str, default: int, lo: int, hi: int) -> int:
     return value
 
 
-def _float_arg(q: Any, name: str) -> float | None:
+def _float_arg(q: Mapping[str, str], name: str) -> float | None:
     raw = q.get(name)
     if raw is None:
         return None
@@ -77,8 +102,8 @@ class Dashboard:
         self,
         fetch: MetricsSource,
         *,
-        pools: Callable[[], dict[str, Any]],
-        nodes: Callable[[], list[dict[str, Any]]],
+        pools: Callable[[], JsonObject],
+        nodes: Callable[[], list[NodeStatus]],
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         interval: float = 1.0,
@@ -101,7 +126,7 @@ class Dashboard:
 
     async def overview(
         self, tenants: int = 50, points: int = 120, since: float | None = None
-    ) -> dict[str, Any]:
+    ) -> Overview:
         c = self.collector
         totals, now, then = c.totals, self._wall(), c.since()
         policy = self._policy

@@ -5,13 +5,30 @@ summed into jobs in flight, lines done and failed, throughput and lag (docs/batc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 from controlplane.dashboard.collector import Source
 from controlplane.dashboard.summary import Point, Totals
 from policy.model import Policy
 
-__all__ = ["batch_panel", "batch_sources"]
+__all__ = ["BatchPanel", "batch_panel", "batch_sources"]
+
+
+class BatchPanel(TypedDict):
+    """The overview's ``batch`` (docs/api.md)."""
+
+    runners: int
+    runners_seen: int
+    jobs_in_flight: int
+    jobs_running: int
+    lines_completed: int
+    lines_failed: int
+    lines_shed: int
+    lines_in_flight: int
+    window: int
+    lines_remaining: int
+    lag_s: float
+    lines_per_s: float | None
 
 
 def batch_sources(policy: Policy) -> list[Source]:
@@ -27,7 +44,7 @@ def batch_sources(policy: Policy) -> list[Source]:
 
 def batch_panel(
     policy: Policy | None, totals: Totals, points: Sequence[Point]
-) -> dict[str, Any] | None:
+) -> BatchPanel | None:
     """The panel's figures (None without a ``batch`` section): jobs queued or running, lines
     by outcome since the runners started, lines in flight and allowed, lines left of the jobs
     being run, the oldest running job's age and the answered lines per second (the latest

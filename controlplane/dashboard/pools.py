@@ -21,15 +21,28 @@ Where each number comes from (docs/api.md):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TypedDict
 
 from controlplane.dashboard.summary import Totals
 from controlplane.translate.names import canary_cluster, fallback_cluster, pool_cluster
 from policy import Policy
 
-__all__ = ["CODES", "answers", "pool_rows", "route_pools"]
+__all__ = ["CODES", "PoolRow", "answers", "pool_rows", "route_pools"]
 
 CODES = ("2xx", "429", "4xx", "503", "5xx")
+
+
+class PoolRow(TypedDict):
+    """One pool of the overview's ``pool_status`` (docs/api.md)."""
+
+    pool: str
+    ladder_step: int | None
+    ladder_steps: int
+    admission_capacity: float | None
+    in_flight: float | None
+    queued: int
+    answers: dict[str, int]  # by CODES and ``requests``, since start
+    per_s: dict[str, float] | None
 
 
 def route_pools(policy: Policy) -> dict[str, str]:
@@ -66,12 +79,12 @@ def pool_rows(
     totals: Totals,
     then: tuple[float, Totals] | None,
     now: float,
-) -> list[dict[str, Any]]:
+) -> list[PoolRow]:
     """One row per policy pool; ``per_s``: the answers' rates since ``then`` (None without)."""
     if policy is None:
         return []
     routes = route_pools(policy)
-    rows = []
+    rows: list[PoolRow] = []
     for name, pool in sorted(policy.pools.items()):
         count = answers(totals, name, routes)
         per_s: dict[str, float] | None = None

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
 from redis.exceptions import RedisError
@@ -24,6 +24,9 @@ from policy import Policy
 from quota.errors import QuotaUnavailable
 from quota.reader import QuotaReader, WindowUsage
 from runtime.redis_connect import RedisAuthError, connect_redis
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["MAX_TENANTS", "QUOTAS", "QuotaWindows"]
 
@@ -48,7 +51,7 @@ class QuotaWindows:
         self._url: str | None = redis_url
         self._clock = clock
         self._timeout = timeout
-        self._client: Any = None
+        self._client: Redis | None = None
         self._reader: QuotaReader | None = None
         self._policy: Policy | None = None
         self.errors = Counter(

@@ -12,17 +12,22 @@ the Retry-After they carried. Lanes: admission's admitted / queued / shed per po
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import NotRequired, TypedDict
 from urllib.parse import quote
 
 from controlplane.dashboard.collector import Source
 from controlplane.dashboard.summary import Totals
+from controlplane.xds.status import NodeStatus
 from policy import Policy
 from policy.servers import worker_metrics_ports
 from policy.tenancy import QuotaLimits
 from quota.reader import WindowUsage
+from wire.jsontypes import JsonObject
 
 __all__ = [
+    "LaneRow",
+    "SinceStart",
+    "TenantRow",
     "binding",
     "envoy_sources",
     "lane_rows",
@@ -40,6 +45,42 @@ ENVOY_STATS = "/stats/prometheus?usedonly&filter=" + quote(
 _WINDOWS = ("per_month", "per_day", "per_hour", "per_minute")
 
 
+class SinceStart(TypedDict):
+    """Tokens the backends reported since the filter servers started."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    tokens: int  # prompt + completion
+
+
+class TenantRow(TypedDict):
+    """One tenant of the overview's ``tenants`` (docs/api.md). ``budget``, ``windows`` and
+    ``binding`` are shaped like ``quota.reader.WindowUsage.to_json``; the last three keys are
+    added by :func:`with_windows` and :func:`recent_rejections`."""
+
+    tenant: str
+    tier: str | None
+    budget: JsonObject | None
+    windows: list[JsonObject] | None
+    since_start: SinceStart
+    rejections: int
+    retry_after_mean_s: float | None
+    binding: NotRequired[JsonObject | None]
+    recent_429: NotRequired[int | None]
+    recent_s: NotRequired[float | None]
+
+
+class LaneRow(TypedDict):
+    pool: str
+    lane: str
+    admitted: int
+    queued: int
+    shed: int  # by admission and by the ladder
+    shed_by_admission: int
+    shed_by_ladder: int
+
+
 def sources_from_policy(policy: Policy) -> list[Source]:
     """Every worker process's metrics endpoint, of every replica (``policy.replicas``)."""
     out: list[Source] = []
@@ -52,10 +93,10 @@ def sources_from_policy(policy: Policy) -> list[Source]:
     return out
 
 
-def envoy_sources(nodes: list[dict[str, Any]]) -> list[Source]:
+def envoy_sources(nodes: list[NodeStatus]) -> list[Source]:
     """The connected Envoys that said where their admin listens (``tokenweir up`` starts
     them so: tokenweir.envoy_launcher), for their stats."""
-    return [Source(f"envoy {n['node']}", n["admin"], ENVOY_STATS) for n in nodes if n.get("admin")]
+    return [Source(f"envoy {n['node']}", a, ENVOY_STATS) for n in nodes if (a := n.get("admin"))]
 
 
 def _sources(label: str, first: int, replicas: int, workers: int) -> list[Source]:
@@ -68,7 +109,7 @@ def _sources(label: str, first: int, replicas: int, workers: int) -> list[Source
     ]
 
 
-def _budget(q: QuotaLimits | None) -> dict[str, Any] | None:
+def _budget(q: QuotaLimits | None) -> JsonObject | None:
     """The policy's budget of the longest window (``used`` unknown: Redis was not read)."""
     if q is None:
         return None
@@ -87,7 +128,7 @@ def _longest(windows: list[WindowUsage]) -> WindowUsage | None:
     return min(windows, key=lambda w: order[w.window], default=None)
 
 
-def tenant_rows(policy: Policy, totals: Totals, limit: int = 100) -> list[dict[str, Any]]:
+def tenant_rows(policy: Policy, totals: Totals, limit: int = 100) -> list[TenantRow]:
     """The ``limit`` tenants with the most tokens since start (then by name); every policy
     tenant counts. Budgets carry the policy's limit and ``used: null`` until
     :func:`with_windows` fills in what Redis says."""
@@ -95,14 +136,14 @@ def tenant_rows(policy: Policy, totals: Totals, limit: int = 100) -> list[dict[s
     for (tenant, kind), v in totals.tokens.items():
         used.setdefault(tenant, {})[kind] = v
     names = set(policy.tenants) | set(used) | set(totals.retry_count)
-    rows: list[dict[str, Any]] = []
+    rows: list[TenantRow] = []
     for name in names:
         t = policy.tenants.get(name)
         tier = policy.tiers.get(t.tier) if t is not None else None
         own = t.quotas.tokens if t is not None and t.quotas is not None else None
         u = used.get(name, {})
         count = totals.retry_count.get(name, 0.0)
-        row: dict[str, Any] = {
+        row: TenantRow = {
             "tenant": name,
             "tier": t.tier if t is not None else None,
             "budget": _budget(own or (tier.quotas.tokens if tier is not None else None)),
@@ -124,12 +165,12 @@ def tenant_rows(policy: Policy, totals: Totals, limit: int = 100) -> list[dict[s
 
 
 def with_windows(
-    rows: list[dict[str, Any]], windows: Mapping[str, list[WindowUsage]]
-) -> list[dict[str, Any]]:
+    rows: list[TenantRow], windows: Mapping[str, list[WindowUsage]]
+) -> list[TenantRow]:
     """The rows with each read tenant's token windows, its budget (the longest token window)
     as Redis has it (live quota edits included), and the limit that binds now
     (:func:`binding`) over its token, request and money quotas."""
-    out = []
+    out: list[TenantRow] = []
     for row in rows:
         read = windows.get(row["tenant"])
         if read is not None:
@@ -142,7 +183,7 @@ def with_windows(
     return out
 
 
-def binding(read: list[WindowUsage]) -> dict[str, Any] | None:
+def binding(read: list[WindowUsage]) -> JsonObject | None:
     """The enforced limit closest to refusing: the highest share used (a bucket: the share of
     its capacity drawn down now), the shortest reset on a tie; None without an enforced one.
     ``usd`` limits are shown in dollars (Redis counts micro-USD)."""
@@ -150,21 +191,21 @@ def binding(read: list[WindowUsage]) -> dict[str, Any] | None:
     if not live:
         return None
     w = min(live, key=lambda w: (-w.used / w.limit, w.reset_s if w.reset_s is not None else 1e18))
-    out = {"quota": w.quota, **w.to_json(), "use": round(min(1.0, w.used / w.limit), 4)}
+    out: JsonObject = {"quota": w.quota, **w.to_json(), "use": round(min(1.0, w.used / w.limit), 4)}
     if w.quota == "usd":
-        for k in ("limit", "used", "remaining"):
-            out[k] = round(out[k] / 1e6, 6)
+        for k, v in (("limit", w.limit), ("used", w.used), ("remaining", w.remaining)):
+            out[k] = round(v / 1e6, 6)
         if "refill_per_second" in out:
-            out["refill_per_second"] = out["refill_per_second"] / 1e6
+            out["refill_per_second"] = w.rate / 1e6
     return out
 
 
 def recent_rejections(
-    rows: list[dict[str, Any]], totals: Totals, then: tuple[float, Totals] | None, now: float
-) -> list[dict[str, Any]]:
+    rows: list[TenantRow], totals: Totals, then: tuple[float, Totals] | None, now: float
+) -> list[TenantRow]:
     """Each row's over-limit answers since ``then`` (``recent_429``, over ``recent_s``); None
     before the collector has a round to count from."""
-    out = []
+    out: list[TenantRow] = []
     for row in rows:
         name = row["tenant"]
         if then is None:
@@ -177,15 +218,15 @@ def recent_rejections(
     return out
 
 
-def _rank(row: dict[str, Any]) -> tuple[int, int, str]:
+def _rank(row: TenantRow) -> tuple[int, int, str]:
     return (-int(row["since_start"]["tokens"]), -int(row["rejections"]), str(row["tenant"]))
 
 
-def lane_rows(totals: Totals) -> list[dict[str, Any]]:
+def lane_rows(totals: Totals) -> list[LaneRow]:
     """Admission's admitted / queued / shed per pool and lane, and the requests the pool's
     ladder shed (``shed_by_ladder``; ``shed`` counts both)."""
     keys = set(totals.admitted) | set(totals.shed) | set(totals.queued) | set(totals.ladder_shed)
-    rows = []
+    rows: list[LaneRow] = []
     for key in sorted(keys):
         gate, ladder = int(totals.shed.get(key, 0)), int(totals.ladder_shed.get(key, 0))
         rows.append({

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import TextIO, cast
 
 import yaml
 
@@ -85,11 +85,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run_plan)
 
 
-def _class_spec(spec: str, index: int) -> tuple[str, dict[str, Any]]:
+def _class_spec(spec: str, index: int) -> tuple[str, dict[str, object]]:
     name, _, rest = spec.rpartition("=") if "=" in spec else (f"class{index}", "", spec)
     parts = rest.split(":")
     try:
-        body: dict[str, Any] = {"qps": float(parts[0])}
+        body: dict[str, object] = {"qps": float(parts[0])}
     except ValueError as exc:
         raise PlanInputError(f"--qps {spec}", "expected [CLASS=]QPS[:LANE[:TTFT]]") from exc
     if len(parts) > 1 and parts[1]:
@@ -99,7 +99,7 @@ def _class_spec(spec: str, index: int) -> tuple[str, dict[str, Any]]:
     return name, body
 
 
-def _tenant_spec(spec: str) -> tuple[str, dict[str, Any]]:
+def _tenant_spec(spec: str) -> tuple[str, dict[str, object]]:
     name, _, rest = spec.partition("=")
     avg, _, burst = rest.partition(":")
     try:
@@ -108,9 +108,9 @@ def _tenant_spec(spec: str) -> tuple[str, dict[str, Any]]:
         raise PlanInputError(f"--tenant {spec}", "expected TIER=AVG_QPS:BURST") from exc
 
 
-def flags_mapping(args: argparse.Namespace) -> dict[str, Any]:
+def flags_mapping(args: argparse.Namespace) -> dict[str, object]:
     """The planner mapping the flags describe (only what was given)."""
-    m: dict[str, Any] = {}
+    m: dict[str, object] = {}
     backend = {
         k: v
         for k, v in {
@@ -158,7 +158,7 @@ def flags_mapping(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_plan(args: argparse.Namespace) -> Plan:
     """Inputs from the file (if any) overridden by flags, then the plan."""
-    base: dict[str, Any] = {}
+    base: dict[str, object] = {}
     base_dir = None
     if args.file is not None:
         try:

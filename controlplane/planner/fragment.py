@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import yaml
 
@@ -26,10 +25,10 @@ __all__ = ["EMULATED_MAX_REPLICAS", "fragment", "fragment_yaml", "merge"]
 EMULATED_MAX_REPLICAS = 64  # the policy's limit on emulated replicas
 
 
-def fragment(plan: Plan) -> dict[str, Any]:
+def fragment(plan: Plan) -> dict[str, object]:
     """The policy keys this plan sets, as plain data (ready for ``yaml.safe_dump``)."""
     inputs = plan.inputs
-    pool: dict[str, Any] = {
+    pool: dict[str, object] = {
         "circuit_breakers": {
             b.lane: {
                 "max_connections": b.max_connections,
@@ -59,7 +58,7 @@ def fragment(plan: Plan) -> dict[str, Any]:
         }
         for b in plan.buckets
     }
-    out: dict[str, Any] = {"version": 1, "pools": {inputs.pool: pool}}
+    out: dict[str, object] = {"version": 1, "pools": {inputs.pool: pool}}
     if tiers:
         out["tiers"] = tiers
     return out
@@ -70,7 +69,7 @@ def _round_up(x: float) -> float:
     return math.ceil(x * 1000 - 1e-9) / 1000
 
 
-def merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+def merge(base: Mapping[str, object], overlay: Mapping[str, object]) -> dict[str, object]:
     """Deep merge: mappings merge key by key, anything else in ``overlay`` replaces ``base``."""
     out = dict(base)
     for key, value in overlay.items():

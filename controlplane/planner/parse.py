@@ -21,12 +21,14 @@ import csv
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, cast
+from typing import cast
 
 import yaml
+
+from wire.jsontypes import JsonValue
 
 from .errors import PlanInputError
 from .inputs import DEFAULT_UTILIZATION, Lane, PlanInputs, TenantClass, TokenDist, TrafficClass
@@ -70,8 +72,8 @@ def parse_duration(value: object, path: str) -> float:
 
 
 def _mapping(
-    value: Any, path: str, allowed: frozenset[str] | set[str] | None = None
-) -> Mapping[str, Any]:
+    value: object, path: str, allowed: frozenset[str] | set[str] | None = None
+) -> Mapping[str, object]:
     if not isinstance(value, Mapping):
         raise PlanInputError(path or "planner", f"expected a mapping, got {type(value).__name__}")
     if allowed is not None:
@@ -82,7 +84,7 @@ def _mapping(
     return value
 
 
-def _number(m: Mapping[str, Any], key: str, path: str, default: float | None = None) -> float:
+def _number(m: Mapping[str, object], key: str, path: str, default: float | None = None) -> float:
     if key not in m or m[key] is None:
         if default is None:
             raise PlanInputError(f"{path}.{key}" if path else key, "required")
@@ -93,7 +95,7 @@ def _number(m: Mapping[str, Any], key: str, path: str, default: float | None = N
     return float(v)
 
 
-def _backend(m: Mapping[str, Any]) -> tuple[ReplicaModel, str | None]:
+def _backend(m: Mapping[str, object]) -> tuple[ReplicaModel, str | None]:
     b = _mapping(m.get("backend"), "backend", _BACKEND_KEYS)
     if "profile" in b:
         if set(b) - {"profile"}:
@@ -110,7 +112,7 @@ def _backend(m: Mapping[str, Any]) -> tuple[ReplicaModel, str | None]:
     return flat, None
 
 
-def _dist(m: Mapping[str, Any], key: str) -> TokenDist:
+def _dist(m: Mapping[str, object], key: str) -> TokenDist:
     d = _mapping(m.get(key), key, {"mean", "p95", "scv"})
     scv = d.get("scv")
     return TokenDist(
@@ -132,7 +134,7 @@ def load_samples(path: Path) -> tuple[TokenDist, TokenDist]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PlanInputError("samples", f"cannot read {path}: {exc}") from exc
-    rows: list[Mapping[str, Any]]
+    rows: list[JsonValue] | list[dict[str, str]]
     if path.suffix.lower() == ".csv":
         rows = list(csv.DictReader(text.splitlines()))
     else:
@@ -142,14 +144,15 @@ def load_samples(path: Path) -> tuple[TokenDist, TokenDist]:
             raise PlanInputError("samples", f"{path}:{exc.lineno}: not JSON: {exc.msg}") from exc
     prompts, outputs = [], []
     for i, row in enumerate(rows, start=1):
-        p = next((row[k] for k in _PROMPT_FIELDS if k in row), None)
-        o = next((row[k] for k in _OUTPUT_FIELDS if k in row), None)
+        fields: Mapping[str, object] = row if isinstance(row, dict) else {}  # a line not an object
+        p = next((fields[k] for k in _PROMPT_FIELDS if k in fields), None)
+        o = next((fields[k] for k in _OUTPUT_FIELDS if k in fields), None)
         if p is None or o is None:
             raise PlanInputError(
                 "samples", f"{path}: row {i} lacks a prompt ({_PROMPT_FIELDS}) or output field"
             )
         try:
-            pv, ov = float(p), float(o)
+            pv, ov = _float(p), _float(o)
         except (TypeError, ValueError) as exc:
             raise PlanInputError("samples", f"{path}: row {i}: not a number") from exc
         if pv < 0 or ov < 0 or not (math.isfinite(pv) and math.isfinite(ov)):
@@ -162,7 +165,14 @@ def load_samples(path: Path) -> tuple[TokenDist, TokenDist]:
     )
 
 
-def _classes(m: Mapping[str, Any]) -> tuple[TrafficClass, ...]:
+def _float(value: object) -> float:
+    """``float(value)`` of a number or a numeric string; TypeError for anything else."""
+    if not isinstance(value, int | float | str):
+        raise TypeError(f"not a number: {type(value).__name__}")
+    return float(value)
+
+
+def _classes(m: Mapping[str, object]) -> tuple[TrafficClass, ...]:
     raw = _mapping(m.get("classes"), "classes")
     out = []
     for name, body in raw.items():
@@ -174,7 +184,7 @@ def _classes(m: Mapping[str, Any]) -> tuple[TrafficClass, ...]:
     return tuple(out)
 
 
-def _tenants(m: Mapping[str, Any]) -> tuple[TenantClass, ...]:
+def _tenants(m: Mapping[str, object]) -> tuple[TenantClass, ...]:
     raw = _mapping(m.get("tenants") or {}, "tenants")
     out = []
     for name, body in raw.items():
@@ -187,7 +197,7 @@ def _tenants(m: Mapping[str, Any]) -> tuple[TenantClass, ...]:
     return tuple(out)
 
 
-def inputs_from_mapping(m: Mapping[str, Any], base_dir: Path | None = None) -> PlanInputs:
+def inputs_from_mapping(m: Mapping[str, object], base_dir: Path | None = None) -> PlanInputs:
     """Build checked :class:`PlanInputs` from a planner mapping (see the module docstring)."""
     m = _mapping(m, "", _KEYS)
     missing = missing_inputs(m)
@@ -215,6 +225,8 @@ def inputs_from_mapping(m: Mapping[str, Any], base_dir: Path | None = None) -> P
     models = m.get("models") or ()
     if isinstance(models, str):
         models = (models,)
+    if not isinstance(models, Iterable):
+        raise PlanInputError("models", f"expected a list of model names, got {models!r}")
     return PlanInputs(
         replica=replica,
         prompt=prompt,
@@ -245,7 +257,7 @@ _HOW = MappingProxyType({
 })  # fmt: skip
 
 
-def missing_inputs(m: Mapping[str, Any]) -> list[str]:
+def missing_inputs(m: Mapping[str, object]) -> list[str]:
     """Every required input ``m`` lacks, each with the key and the flag that give it (a plan
     needs a backend, prompt and output token sizes or samples, both budgets and some traffic)."""
     out: list[str] = []
@@ -272,7 +284,7 @@ def missing_inputs(m: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def read_planner_section(text: str, filename: str = "<string>") -> dict[str, Any]:
+def read_planner_section(text: str, filename: str = "<string>") -> dict[str, object]:
     """The ``planner:`` mapping of a YAML document (or the whole document if it has none)."""
     try:
         doc = yaml.safe_load(text)

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .capacity import MODELS, Capacity, Model, wait_estimate
 from .inputs import PlanInputs
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 __all__ = ["plot_wait_vs_utilization"]
 
@@ -20,7 +23,7 @@ _US = tuple(0.05 + 0.94 * k / 188 for k in range(189))
 
 
 def _panel(
-    ax: Any, inputs: PlanInputs, cap: Capacity, axis: Model, models: tuple[Model, ...]
+    ax: Axes, inputs: PlanInputs, cap: Capacity, axis: Model, models: tuple[Model, ...]
 ) -> None:
     q = f"p{inputs.quantile * 100:g}"
     for model in models:

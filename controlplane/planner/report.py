@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 from .capacity import MODELS, Step
 from .plan import Plan
@@ -111,7 +110,7 @@ def _finite(x: float) -> float | None:
 def plan_json(plan: Plan) -> str:
     """The numbers of a plan as JSON (∞ as null)."""
     i, cap = plan.inputs, plan.capacity
-    data: dict[str, Any] = {
+    data: dict[str, object] = {
         "pool": i.pool,
         "backend": i.profile_name or "flat",
         "replicas": plan.replicas,

@@ -8,11 +8,12 @@ Resolved names are cached for ``_DNS_TTL_S`` only: a pod that comes back has a n
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import aiohttp
 
 from controlplane.saturation.errors import NameNotFound, ScrapeError
+from wire.jsontypes import JsonObject, JsonValue
 
 __all__ = ["Fetcher", "HttpFetcher"]
 
@@ -21,7 +22,7 @@ _DNS_TTL_S = 5  # CoreDNS answers cluster names with a 5 s TTL by default
 
 class Fetcher(Protocol):
     async def metrics(self, endpoint: str, timeout_s: float) -> str: ...
-    async def server_info(self, endpoint: str, timeout_s: float) -> dict[str, Any]: ...
+    async def server_info(self, endpoint: str, timeout_s: float) -> JsonObject: ...
     async def aclose(self) -> None: ...
 
 
@@ -54,13 +55,14 @@ class HttpFetcher:
         except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError) as exc:
             raise ScrapeError(f"{endpoint}{path}: {exc!r}") from exc
 
-    async def server_info(self, endpoint: str, timeout_s: float) -> dict[str, Any]:
+    async def server_info(self, endpoint: str, timeout_s: float) -> JsonObject:
+        """The replica's server info (a JSON object), from SGLang's newer or older path."""
         last = ""
         for path in ("/get_server_info", "/server_info"):
             try:
                 async with await self._get(f"http://{endpoint}{path}", timeout_s) as r:
                     if r.status == 200:
-                        info = await r.json(content_type=None)
+                        info: JsonValue = await r.json(content_type=None)
                         if isinstance(info, dict):
                             return info
                     last = f"HTTP {r.status}"

@@ -22,7 +22,6 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -48,6 +47,9 @@ __all__ = ["PoolScraper"]
 
 log = logging.getLogger("tokenweir.saturation")
 _INFO_RETRY_S = 10.0
+# what a published state was built from: every pool's replica states (ages zeroed) and its
+# replicas starting (count, ready at); an equal one publishes nothing new
+_Signature = tuple[dict[str, dict[str, ReplicaState]], dict[str, tuple[int, float | None]]]
 
 
 @dataclass(slots=True)
@@ -142,7 +144,7 @@ class PoolScraper:
         self.targets: dict[str, PoolTargets] = {}
         self._replicas: dict[str, _Replica] = {}
         self.state = PoolState()
-        self._signature: Any = None
+        self._signature: _Signature | None = None
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[PoolState], None]] = []
         self._taps: list[Callable[[str, str], None]] = []  # (endpoint, /metrics text)

@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from envoy.config.accesslog.v3 import accesslog_pb2
 from envoy.config.common.mutation_rules.v3 import mutation_rules_pb2
@@ -35,7 +34,7 @@ from envoy.type.v3 import range_pb2
 from google.protobuf import struct_pb2
 
 from controlplane.translate.ext_proc import EXT_PROC_FILTER, ext_proc_oversize_per_route
-from controlplane.translate.protos import any_of
+from controlplane.translate.protos import Packed, any_of
 from wire.contract import HEADER_PREFIX
 
 __all__ = [
@@ -182,5 +181,5 @@ def too_large_route(name: str, match: rc.RouteMatch, limit: int, filters: list[s
     return r
 
 
-def _disabled() -> Any:
+def _disabled() -> Packed:
     return any_of(rc.FilterConfig(disabled=True))

@@ -13,18 +13,16 @@ open on a metered pool route).
 
 from __future__ import annotations
 
-from typing import Any
-
 from envoy.config.common.mutation_rules.v3 import mutation_rules_pb2
 from envoy.config.core.v3 import base_pb2, grpc_service_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
-from google.protobuf import wrappers_pb2
+from google.protobuf import duration_pb2, wrappers_pb2
 
 from controlplane.translate.names import FILTERS_CLUSTER
-from controlplane.translate.protos import any_of, dur
+from controlplane.translate.protos import Packed, any_of, dur
 from policy.admission import hold_slack
 from policy.model import FiltersServer, Policy, Route
 from policy.phases import (
@@ -126,7 +124,7 @@ def _uses_admission(policy: Policy) -> bool:
     )
 
 
-def _max_message_timeout(policy: Policy) -> Any:
+def _max_message_timeout(policy: Policy) -> duration_pb2.Duration | None:
     """The longest the filter server may hold one message, plus the answer's slack
     (``hold_slack``): the admission queue's longest lane wait (request headers) and the
     picker's ``routing.coalesce_wait`` (request body); the filter server asks for what it needs
@@ -155,7 +153,7 @@ def _fails_open(route: Route) -> bool:
     return route.filters.failure_mode == "open" and not metered
 
 
-def ext_proc_per_route(route: Route) -> dict[str, Any]:
+def ext_proc_per_route(route: Route) -> dict[str, Packed]:
     """typed_per_filter_config entries: disabled without filters, else mode, route name, failure."""
     if route.filters is None or not route.filters.enabled:
         return {EXT_PROC_FILTER: any_of(ext_proc_pb2.ExtProcPerRoute(disabled=True))}
@@ -167,7 +165,7 @@ def ext_proc_per_route(route: Route) -> dict[str, Any]:
     return {EXT_PROC_FILTER: any_of(ext_proc_pb2.ExtProcPerRoute(overrides=overrides))}
 
 
-def ext_proc_oversize_per_route(limit: int) -> Any:
+def ext_proc_oversize_per_route(limit: int) -> Packed:
     """A body over ``limit``: streamed to the filter server (full duplex: Envoy buffers nothing
     and keeps reading), which discards it and answers 413 once it has all arrived. Answering
     before would make Envoy close a connection the client is still writing to: a reset instead

@@ -6,7 +6,11 @@ from envoy.config.core.v3 import address_pb2, config_source_pb2
 from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 from google.protobuf.message import Message
 
-__all__ = ["ads_source", "any_of", "double", "dur", "percent", "socket_address", "u32"]
+__all__ = ["Packed", "ads_source", "any_of", "double", "dur", "percent", "socket_address", "u32"]
+
+
+# A message packed in protobuf's well-known ``Any`` (a per-route filter config, a typed_config).
+Packed = any_pb2.Any
 
 
 def dur(seconds: float) -> duration_pb2.Duration:
@@ -29,8 +33,8 @@ def percent(value: float):  # type: ignore[no-untyped-def]  # returns a message 
     return percent_pb2.Percent(value=float(value))
 
 
-def any_of(msg: Message) -> any_pb2.Any:
-    a = any_pb2.Any()
+def any_of(msg: Message) -> Packed:
+    a = Packed()
     a.Pack(msg, deterministic=True)  # map order must not vary by process (versions)
     return a
 

@@ -17,8 +17,6 @@ A route without rate limiting has the filter disabled.
 
 from __future__ import annotations
 
-from typing import Any
-
 from envoy.config.core.v3 import config_source_pb2, grpc_service_pb2
 from envoy.config.ratelimit.v3 import rls_pb2 as rls_config_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
@@ -29,7 +27,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from envoy.type.metadata.v3 import metadata_pb2
 
 from controlplane.translate.names import RATELIMIT_CLUSTER
-from controlplane.translate.protos import any_of, dur
+from controlplane.translate.protos import Packed, any_of, dur
 from policy.model import Policy, RateLimitServer, Route
 from wire.contract import (
     DESCRIPTOR_HEADERS,
@@ -128,7 +126,7 @@ def ratelimit_http_filter(policy: Policy) -> hcm_pb2.HttpFilter:
     return hcm_pb2.HttpFilter(name=RATELIMIT_FILTER, typed_config=any_of(cfg))
 
 
-def ratelimit_per_route(route: Route) -> dict[str, Any]:
+def ratelimit_per_route(route: Route) -> dict[str, Packed]:
     """typed_per_filter_config entries for one route."""
     if route.rate_limit is None or not route.rate_limit.enabled:
         return {RATELIMIT_FILTER: any_of(rc.FilterConfig(disabled=True))}

@@ -8,7 +8,6 @@ and route configurations.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
@@ -28,6 +27,7 @@ from controlplane.xds.types import CLUSTER, ENDPOINT, LISTENER, ROUTE
 from policy.model import Policy
 from policy.phases import uses_collapse, uses_shadow_pairs
 from policy.servers import replica_addresses
+from wire.jsontypes import JsonObject
 
 __all__ = ["CLUSTER", "ENDPOINT", "LISTENER", "ROUTE", "Resources", "render"]
 
@@ -164,7 +164,7 @@ def _servers(policy: Policy, res: Resources, hooks_used: set[str]) -> None:
         _add(res, CLUSTER, cluster)
 
 
-def to_json(groups: Mapping[str, Resources]) -> dict[str, dict[str, dict[str, Any]]]:
+def to_json(groups: Mapping[str, Resources]) -> dict[str, dict[str, dict[str, JsonObject]]]:
     """group → resource kind (``Cluster``, …) → name → the resource as JSON (for review/diffs)."""
     return {
         group: {

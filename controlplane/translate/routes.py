@@ -9,7 +9,6 @@ the filter server, which strips any client-supplied ``x-tokenweir-*`` header fir
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
@@ -20,7 +19,7 @@ from google.protobuf import wrappers_pb2
 
 from controlplane.translate import names
 from controlplane.translate.edge import too_large_route
-from controlplane.translate.protos import dur, u32
+from controlplane.translate.protos import Packed, dur, u32
 from policy.model import (
     Gateway,
     LlmPool,
@@ -55,8 +54,8 @@ INTERNAL_PREFIX = HEADER_PREFIX
 
 _NO_RETRIES = Retries(enabled=False)
 
-# Per-route filter config for a route: route → {filter name: Any}.
-PerRoute = Callable[[Route], dict[str, Any]]
+# Per-route filter config for a route: route → {filter name: its packed per-route config}.
+PerRoute = Callable[[Route], dict[str, Packed]]
 
 
 def gateway_routes(
@@ -127,7 +126,7 @@ def sidecar_outbound_routes(policy: Policy, node: str, sc: Sidecar) -> route_pb2
 
 # -- one policy route → Envoy routes ----------------------------------------------------------
 def _policy_route(policy: Policy, route: Route, per_route: list[PerRoute]) -> list[rc.Route]:
-    configs: dict[str, Any] = {}
+    configs: dict[str, Packed] = {}
     for fn in per_route:
         configs.update(fn(route))
     if route.service is not None:
@@ -224,7 +223,7 @@ def _route(
     name: str,
     route: Route,
     action: rc.RouteAction,
-    configs: dict[str, Any],
+    configs: dict[str, Packed],
     lane: str | None = None,
 ) -> rc.Route:
     m = route.match

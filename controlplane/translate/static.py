@@ -6,8 +6,6 @@ Used to check rendered resources with ``envoy --mode validate`` and by ``tokenwe
 
 from __future__ import annotations
 
-from typing import Any
-
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
@@ -17,6 +15,7 @@ from google.protobuf.json_format import MessageToDict
 
 from controlplane.translate.protos import any_of
 from controlplane.translate.render import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources
+from wire.jsontypes import JsonArray, JsonObject
 
 __all__ = ["static_bootstrap"]
 
@@ -25,8 +24,8 @@ _HCM_NAME = "envoy.filters.network.http_connection_manager"
 
 def static_bootstrap(
     res: Resources, *, node_id: str = "validate", admin_port: int = 0
-) -> dict[str, Any]:
-    clusters = []
+) -> JsonObject:
+    clusters: JsonArray = []
     for name, c in sorted(res[CLUSTER].items()):
         cluster = cluster_pb2.Cluster()
         cluster.CopyFrom(c)
@@ -37,7 +36,7 @@ def static_bootstrap(
             if cla is not None:
                 cluster.load_assignment.CopyFrom(cla)
         clusters.append(MessageToDict(cluster))
-    listeners = []
+    listeners: JsonArray = []
     for _, lst in sorted(res[LISTENER].items()):
         listener = listener_pb2.Listener()
         listener.CopyFrom(lst)

@@ -20,7 +20,6 @@ plugin reads the response body (:func:`meters_usage`); elsewhere it is disabled 
 from __future__ import annotations
 
 from importlib.resources import files
-from typing import Any
 
 from envoy.config.accesslog.v3 import accesslog_pb2
 from envoy.config.core.v3 import base_pb2, config_source_pb2, grpc_service_pb2
@@ -34,7 +33,7 @@ from envoy.type.matcher.v3 import metadata_pb2 as metadata_matcher_pb2
 from envoy.type.matcher.v3 import value_pb2
 
 from controlplane.translate.names import FILTERS_CLUSTER
-from controlplane.translate.protos import any_of, dur, u32
+from controlplane.translate.protos import Packed, any_of, dur, u32
 from policy.model import Route
 from policy.phases import meters_usage
 from wire.contract import METADATA_NAMESPACE
@@ -70,7 +69,7 @@ def usage_http_filter() -> hcm_pb2.HttpFilter:
     return hcm_pb2.HttpFilter(name=LUA_FILTER, typed_config=any_of(cfg))
 
 
-def usage_per_route(route: Route) -> dict[str, Any]:
+def usage_per_route(route: Route) -> dict[str, Packed]:
     if meters_usage(route):
         return {}
     return {LUA_FILTER: any_of(rc.FilterConfig(disabled=True))}

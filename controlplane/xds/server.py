@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol, TypeAlias
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -20,19 +20,28 @@ from controlplane.xds.errors import XdsError
 from controlplane.xds.metrics import XdsMetrics
 from controlplane.xds.session import Recorder, Session
 from controlplane.xds.sotw import SotwSession
-from controlplane.xds.status import node_status
+from controlplane.xds.status import NodeStatus, node_status
 
 __all__ = ["AdsServicer", "XdsServer"]
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+# a stream's responses, then None once either side has ended it
+_Outbox = asyncio.Queue[Message | None]
+# what a stream carries: the requests and responses of either ADS variant
+_Discovery: TypeAlias = (
+    discovery_pb2.DiscoveryRequest
+    | discovery_pb2.DiscoveryResponse
+    | discovery_pb2.DeltaDiscoveryRequest
+    | discovery_pb2.DeltaDiscoveryResponse
+)
 
 
 class _SessionFactory(Protocol):
     def __call__(
         self, node: base_pb2.Node, group: str, *, recorder: Recorder, clock: Clock
-    ) -> Session[Any]: ...
+    ) -> Session[Message]: ...
 
 
 class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -42,12 +51,15 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self._cache = cache
         self._metrics = metrics
         self._clock = clock
-        self.sessions: set[Session[Any]] = set()  # open streams, for status pages
+        self.sessions: set[Session[Message]] = set()  # open streams, for status pages
 
     async def StreamAggregatedResources(
         self,
         request_iterator: AsyncIterable[discovery_pb2.DiscoveryRequest],
-        context: grpc.aio.ServicerContext[Any, Any] | None = None,
+        context: grpc.aio.ServicerContext[
+            discovery_pb2.DiscoveryRequest, discovery_pb2.DiscoveryResponse
+        ]
+        | None = None,
     ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
         async for response in self._serve(request_iterator, SotwSession):
             yield response
@@ -55,14 +67,17 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     async def DeltaAggregatedResources(
         self,
         request_iterator: AsyncIterable[discovery_pb2.DeltaDiscoveryRequest],
-        context: grpc.aio.ServicerContext[Any, Any] | None = None,
+        context: grpc.aio.ServicerContext[
+            discovery_pb2.DeltaDiscoveryRequest, discovery_pb2.DeltaDiscoveryResponse
+        ]
+        | None = None,
     ) -> AsyncIterator[discovery_pb2.DeltaDiscoveryResponse]:
         async for response in self._serve(request_iterator, DeltaSession):
             yield response
 
     async def _serve(
         self, requests: AsyncIterable[Message], factory: _SessionFactory
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncIterator[Message]:
         iterator = aiter(requests)
         try:
             first = await anext(iterator)
@@ -71,7 +86,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         node: base_pb2.Node = first.node  # type: ignore[attr-defined]  # the stream's messages are typed as Message; every discovery request has node
         group = self._cache.group_of(node)
         session = factory(node, group, recorder=self._metrics, clock=self._clock)
-        outbox: asyncio.Queue[Any] = asyncio.Queue()
+        outbox: _Outbox = asyncio.Queue()
         _emit(outbox, session.on_request(first))
         reader = asyncio.create_task(self._read(iterator, session, outbox))
         watcher = asyncio.create_task(self._watch(group, session, outbox))
@@ -94,7 +109,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
     @staticmethod
     async def _read(
-        iterator: AsyncIterator[Message], session: Session[Any], outbox: asyncio.Queue[Any]
+        iterator: AsyncIterator[Message], session: Session[Message], outbox: _Outbox
     ) -> None:
         try:
             async for request in iterator:
@@ -107,7 +122,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         finally:
             outbox.put_nowait(None)  # the stream ends with Envoy's side (or with an error)
 
-    async def _watch(self, group: str, session: Session[Any], outbox: asyncio.Queue[Any]) -> None:
+    async def _watch(self, group: str, session: Session[Message], outbox: _Outbox) -> None:
         try:
             seen = 0
             while True:
@@ -123,7 +138,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             raise
 
 
-def _describe(message: Any) -> str:
+def _describe(message: _Discovery) -> str:
     """One log line for a request or response (type, nonce, names, error), for DEBUG logs."""
     fields = {f.name for f in message.DESCRIPTOR.fields}
     parts = [message.type_url.rsplit(".", 1)[-1]]
@@ -142,7 +157,7 @@ def _describe(message: Any) -> str:
     return " ".join(parts)
 
 
-def _emit(outbox: asyncio.Queue[Any], responses: list[Any]) -> None:
+def _emit(outbox: _Outbox, responses: list[Message]) -> None:
     for response in responses:
         outbox.put_nowait(response)
 
@@ -172,7 +187,7 @@ class XdsServer:
             self.metrics.published(group, snapshot)
         cache.add_listener(self.metrics.published)
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[NodeStatus]:
         """What every connected Envoy holds, type by type (``controlplane.xds.status``)."""
         return sorted(
             (node_status(s, self._clock()) for s in self.servicer.sessions),

@@ -21,7 +21,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Generic, Protocol, TypeVar, cast
 
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2
@@ -108,7 +108,8 @@ class Session(ABC, Generic[R]):
         self.types: dict[str, TypeState] = {t: TypeState() for t in ORDER}
         self._nonce = 0
         self._refs_memo: dict[tuple[str, str, str], frozenset[str]] = {}
-        self._memo: dict[str, tuple[Snapshot, tuple[int, ...], Any]] = {}
+        # key → (target, revisions, value): a value of the type its key's compute returns
+        self._memo: dict[str, tuple[Snapshot, tuple[int, ...], object]] = {}
 
     # ----------------------------------------------------------------- inputs
     def on_snapshot(self, snapshot: Snapshot) -> list[R]:

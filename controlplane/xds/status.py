@@ -7,20 +7,48 @@ still refusing the config it is meant to hold).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
+
+from google.protobuf.message import Message
 
 from controlplane.xds.session import Session
 from controlplane.xds.types import ORDER, short_name
 
-__all__ = ["ADMIN_METADATA", "node_status"]
+__all__ = ["ADMIN_METADATA", "NackStatus", "NodeStatus", "TypeStatus", "node_status"]
 
 # node metadata an Envoy started by ``tokenweir up`` carries: its admin address (the dashboard
 # reads its stats there; tokenweir.envoy_launcher sets it)
 ADMIN_METADATA = "tokenweir_admin"
 
 
-def node_status(session: Session[Any], now: float) -> dict[str, Any]:
-    types: dict[str, Any] = {}
+class NackStatus(TypedDict):
+    """The last rejection of a type: the version, Envoy's error (cut at 500 characters), how
+    long ago, and whether the node still refuses the content it is meant to hold."""
+
+    version: str
+    error: str
+    age_s: float
+    current: bool
+
+
+class TypeStatus(TypedDict):
+    acked_version: str | None
+    pending_version: str | None
+    resources: int
+    nack: NackStatus | None
+
+
+class NodeStatus(TypedDict):
+    node: str
+    admin: str | None  # the Envoy's admin address, from its node metadata
+    group: str
+    mode: str
+    target_version: str | None
+    types: dict[str, TypeStatus]  # short type name (``Cluster``, …) → what the node holds
+
+
+def node_status(session: Session[Message], now: float) -> NodeStatus:
+    types: dict[str, TypeStatus] = {}
     for type_url in ORDER:
         state = session.types[type_url]
         if not state.asked:

@@ -133,3 +133,26 @@ def test_bad_samples(tmp_path: Path) -> None:
     (tmp_path / "neg.jsonl").write_text('{"input_length": -5, "output_length": 3}\n')
     with pytest.raises(PlanInputError, match="≥ 0"):
         load_samples(tmp_path / "neg.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("line", "text"),
+    [
+        ("7", "row 1 lacks"),  # a number, not an object: was a TypeError out of `in`
+        ('"input_length output_length"', "row 1 lacks"),  # a string: was a substring test
+        ('{"input_length": [1], "output_length": 3}', "row 1: not a number"),
+    ],
+)
+def test_sample_lines_of_other_shapes_are_named(tmp_path: Path, line: str, text: str) -> None:
+    path = tmp_path / "odd.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(PlanInputError, match=text):
+        load_samples(path)
+
+
+def test_models_that_are_not_a_list_are_named() -> None:
+    m = read_planner_section(SECTION)
+    m["models"] = 7
+    with pytest.raises(PlanInputError) as err:
+        inputs_from_mapping(m)
+    assert err.value.field == "models" and "list of model names" in err.value.message
