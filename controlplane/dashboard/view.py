@@ -152,10 +152,10 @@ def binding(read: list[WindowUsage]) -> dict[str, Any] | None:
     w = min(live, key=lambda w: (-w.used / w.limit, w.reset_s if w.reset_s is not None else 1e18))
     out = {"quota": w.quota, **w.to_json(), "use": round(min(1.0, w.used / w.limit), 4)}
     if w.quota == "usd":
-        for k in ("limit", "used", "remaining"):
-            out[k] = round(out[k] / 1e6, 6)
+        for k, micro in (("limit", w.limit), ("used", w.used), ("remaining", w.remaining)):
+            out[k] = round(micro / 1e6, 6)
         if "refill_per_second" in out:
-            out["refill_per_second"] = out["refill_per_second"] / 1e6
+            out["refill_per_second"] = w.rate / 1e6
     return out
 
 
