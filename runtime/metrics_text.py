@@ -16,11 +16,11 @@ docs/benchmarks.md, "Rendering /metrics beside the data path", has the measured 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import escape_metric_name
+from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
@@ -47,12 +47,13 @@ class TextRenderer:
     is bounded (``max_series``: emptied past it, then refilled as scraped); safe to call from
     several threads at once (dict reads and writes only)."""
 
-    def __init__(self, registry: Any, max_series: int = 200_000) -> None:
+    def __init__(self, registry: Collector, max_series: int = 200_000) -> None:
         self.registry = registry
         self.max_series = max_series
         self._series: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
         self._headers: dict[tuple[str, str, str, str], str] = {}
-        self._values: dict[Any, str] = {}  # bucket counts repeat: 0.0, 1.0, 2.0, ...
+        # bucket counts repeat: 0.0, 1.0, 2.0, ...; a zero is keyed (0.0, its sign)
+        self._values: dict[float | tuple[float, float], str] = {}
 
     def render(self) -> bytes:
         out: list[str] = []

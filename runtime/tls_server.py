@@ -9,10 +9,13 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runtime.errors import PlaintextRefused
 from runtime.h2.server import is_loopback
+
+if TYPE_CHECKING:
+    import grpc
 
 __all__ = [
     "PlaintextRefused",
@@ -48,7 +51,7 @@ def server_context(files: ServerTlsFiles) -> ssl.SSLContext:
     return ctx
 
 
-def grpc_credentials(files: ServerTlsFiles) -> Any:
+def grpc_credentials(files: ServerTlsFiles) -> grpc.ServerCredentials:
     """grpc.aio's server credentials for the same files (client certificate required)."""
     import grpc  # only the grpc.aio transport needs it
 
