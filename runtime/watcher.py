@@ -67,7 +67,7 @@ class InWorker(Generic[T]):
     a generator that yields between short steps and returns ``T``."""
 
     target: Target
-    # Any: the value comes back unpickled from the worker process, whatever target built
+    # the value comes back unpickled from the worker process: no static type crosses that
     finish: Callable[[Any], T | Generator[None, None, T]]
     nice: int = 10
     timeout: float = 600.0
