@@ -28,6 +28,7 @@ from backends.emulator.protocol import (
     sse,
 )
 from backends.emulator.request import EmuRequest, GenerationParams
+from backends.emulator.shapes import GenerateResult, LoraInfo, ServerInfo
 from backends.emulator.tokenizer import encode
 from backends.errors import RequestError, SchedulerAbortError, ServerClosingError
 from wire.jsontypes import JsonObject
@@ -107,7 +108,7 @@ class _NativeApi:
         )
         return self.server.with_adapter(params, body, openai=False)
 
-    def _result(self, req: EmuRequest) -> JsonObject:
+    def _result(self, req: EmuRequest) -> GenerateResult:
         end = req.finished_at if req.finished_at is not None else self.server.clock()
         return {
             "text": output_text(req.output_words),
@@ -196,7 +197,7 @@ class _NativeApi:
             return web.Response(status=503)
         return web.Response(status=200 if req.output_ids else 503)
 
-    def _info(self) -> JsonObject:
+    def _info(self) -> ServerInfo:
         s, p = self.server.settings, self.server.profile
         return {
             "model_path": s.model,
@@ -232,7 +233,7 @@ class _NativeApi:
             ],
         }
 
-    def _lora_info(self) -> JsonObject:
+    def _lora_info(self) -> LoraInfo:
         """SGLang's LoRA server args, and (the emulator's) what is registered and resident."""
         lc = self.server.settings.lora
         return {
@@ -241,8 +242,8 @@ class _NativeApi:
             "max_loras_per_batch": lc.max_loras_per_batch,
             "max_loaded_loras": lc.max_loaded_loras,
             "max_lora_rank": lc.max_lora_rank,
-            "loaded_lora_adapters": dict(self.server.lora_registry.loaded()),
-            "resident_lora_adapters": list(self.server.lora_slots.resident()),
+            "loaded_lora_adapters": self.server.lora_registry.loaded(),
+            "resident_lora_adapters": self.server.lora_slots.resident(),
         }
 
     def _kv_events_config(self) -> str | None:

@@ -29,8 +29,9 @@ from backends.emulator.protocol import (
     usage_json,
 )
 from backends.emulator.request import EmuRequest, GenerationParams
+from backends.emulator.shapes import ChatChoice, Completion, TextChoice
 from backends.errors import RequestError, SchedulerAbortError
-from wire.jsontypes import JsonObject, JsonValue
+from wire.jsontypes import JsonValue
 
 if TYPE_CHECKING:
     from backends.emulator.server import EmulatorServer
@@ -110,7 +111,7 @@ class _OpenAIApi:
             return await self._stream(request, req, model, include_usage, chat=True)
         await self.server.run_to_end(req)
         _raise_scheduler_abort(req)
-        choice: JsonObject = {
+        choice: ChatChoice = {
             "index": 0,
             "message": {
                 "role": "assistant",
@@ -141,7 +142,7 @@ class _OpenAIApi:
             return await self._stream(request, req, model, include_usage, chat=False)
         await self.server.run_to_end(req)
         _raise_scheduler_abort(req)
-        choice: JsonObject = {
+        choice: TextChoice = {
             "index": 0,
             "text": output_text(req.output_words),
             "logprobs": None,
@@ -168,8 +169,8 @@ class _OpenAIApi:
         return web.json_response({"object": "list", "data": [card, *adapters]})
 
     def _envelope(
-        self, req: EmuRequest, model: JsonValue, obj: str, choice: JsonObject
-    ) -> JsonObject:
+        self, req: EmuRequest, model: JsonValue, obj: str, choice: ChatChoice | TextChoice
+    ) -> Completion:
         return {
             "id": req.rid,
             "object": obj,

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from backends.emulator.request import EmuRequest, GenerationParams
+from backends.emulator.shapes import CachedTokens, ErrorBody, Usage
 from backends.errors import RequestError
 from wire.jsontypes import JsonObject, JsonValue
 
@@ -43,7 +44,7 @@ def stream_error_event(status: int, message: str) -> bytes:
     return sse(json.dumps(body)) + DONE
 
 
-def error_body(status: int, message: str, param: str | None = None) -> JsonObject:
+def error_body(status: int, message: str, param: str | None = None) -> ErrorBody:
     """SGLang's error object (``{"object": "error", ...}``)."""
     return {
         "object": "error",
@@ -149,10 +150,10 @@ def context_check(
     )
 
 
-def usage_json(req: EmuRequest, *, cache_report: bool) -> JsonObject:
+def usage_json(req: EmuRequest, *, cache_report: bool) -> Usage:
     """OpenAI ``usage``; ``cached_tokens`` only with cache reporting and when > 0, as SGLang."""
     completion = len(req.output_ids)
-    details: JsonObject | None = (
+    details: CachedTokens | None = (
         {"cached_tokens": req.cached_tokens} if cache_report and req.cached_tokens > 0 else None
     )
     return {

@@ -32,6 +32,7 @@ from backends.emulator.request import EmuRequest, GenerationParams
 from backends.emulator.request_log import RequestLog
 from backends.emulator.scheduler import Scheduler
 from backends.emulator.settings import EmulatorSettings
+from backends.emulator.shapes import DisaggInfo
 from backends.emulator.tokenizer import encode, render_chat
 from backends.emulator.tracing import end_request_span, start_request_span
 from backends.errors import (
@@ -43,7 +44,6 @@ from backends.errors import (
 )
 from chat.tokenizer import ChatTemplateError, HfChatTokenizer
 from runtime.tracing import Tracing
-from wire.jsontypes import JsonObject
 
 __all__ = ["Api", "EmulatorServer"]
 
@@ -171,7 +171,7 @@ class EmulatorServer:
         except ChatTemplateError as exc:
             raise RequestError(str(exc), "messages") from exc
 
-    def disagg_info(self) -> JsonObject:
+    def disagg_info(self) -> DisaggInfo:
         """SGLang's server_info keys for PD mode (the bootstrap port actually bound)."""
         pd = self.settings.disaggregation
         port = self.disagg.port if isinstance(self.disagg, PrefillSide) else pd.bootstrap_port
