@@ -32,7 +32,7 @@ _TYPES.update({"gaugehistogram": "histogram", "unknown": "untyped"})
 _PROBE_NAME = "\x00"  # a family name no sample name is equal to plus a suffix
 
 
-class _One:
+class _One(Collector):
     """A collector of one family (what ``generate_latest`` reads)."""
 
     def __init__(self, metric: Metric) -> None:
@@ -99,7 +99,7 @@ class TextRenderer:
         """The ``name{labels} `` part of a series not seen before, as the library writes it."""
         probe = Metric(_PROBE_NAME, "", "untyped")
         probe.samples = [Sample(sample.name, sample.labels, 0.0, None)]
-        text = generate_latest(_One(probe)).decode("utf-8")  # type: ignore[arg-type]  # generate_latest only calls collect(), which _One has; it is no CollectorRegistry
+        text = generate_latest(_One(probe)).decode("utf-8")
         line = text[: -len("0.0\n")]  # the probe's own header lines come first
         head = line[line.rindex("\n") + 1 :]
         if len(self._series) >= self.max_series:
