@@ -33,7 +33,14 @@ import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+from wire.jsontypes import JsonObject, JsonValue
+
+if TYPE_CHECKING:
+    from jinja2 import Template, nodes
+    from jinja2.parser import Parser
+    from tokenizers import Tokenizer
 
 __all__ = [
     "ChatTemplateError",
@@ -78,7 +85,7 @@ def _token_text(value: object) -> str | None:
     return None
 
 
-def _has_byte_level(node: Any) -> bool:
+def _has_byte_level(node: object) -> bool:
     if not isinstance(node, Mapping):
         return False
     if node.get("type") == "ByteLevel":
@@ -90,11 +97,11 @@ class HfChatTokenizer:
     """One model's tokenizer and chat template; :meth:`load` reads them from a directory."""
 
     def __init__(
-        self, path: str, tokenizer: Any, template: str | None, config: Mapping[str, Any]
+        self, path: str, tokenizer: Tokenizer, template: str | None, config: Mapping[str, object]
     ) -> None:
         self.path = path
         self.tokenizer = tokenizer
-        self.special: dict[str, Any] = {}
+        self.special: dict[str, str | list[str]] = {}  # the template's token variables
         for key in _SPECIAL_KEYS:
             text = _token_text(config.get(key))
             if text is not None:
@@ -139,20 +146,20 @@ class HfChatTokenizer:
         root = Path(directory)
         path = root / "tokenizer.json"
         try:
-            spec = json.loads(path.read_text(encoding="utf-8"))
+            spec: JsonValue = json.loads(path.read_text(encoding="utf-8"))
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # OSError, ValueError, and the tokenizers library's own
             raise TokenizerFilesError(f"{path}: cannot load the tokenizer: {exc}") from exc
-        if not _has_byte_level(spec.get("pre_tokenizer")):
+        if not isinstance(spec, dict) or not _has_byte_level(spec.get("pre_tokenizer")):
             raise TokenizerFilesError(
                 f"{path}: pre_tokenizer is not byte-level; only byte-level BPE tokenizers "
                 "(Llama 3, Qwen, DeepSeek, GPT-2 family) can be followed piece by piece"
             )
-        config: dict[str, Any] = {}
+        config: JsonObject = {}
         cfg_path = root / "tokenizer_config.json"
         if cfg_path.exists():
             try:
-                loaded = json.loads(cfg_path.read_text(encoding="utf-8"))
+                loaded: JsonValue = json.loads(cfg_path.read_text(encoding="utf-8"))
             except (OSError, ValueError) as exc:
                 raise TokenizerFilesError(f"{cfg_path}: {exc}") from exc
             if not isinstance(loaded, dict):
@@ -168,10 +175,10 @@ class HfChatTokenizer:
 
     def render_chat(
         self,
-        messages: Any,
+        messages: object,
         *,
-        tools: Sequence[Any] | None = None,
-        extra: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, object]] | None = None,
+        extra: Mapping[str, object] | None = None,
     ) -> str:
         """The rendered prompt of OpenAI chat ``messages`` with the generation prompt at the end.
         Raises :class:`ChatTemplateError`."""
@@ -189,7 +196,7 @@ class HfChatTokenizer:
             raise ChatTemplateError(f"the chat template failed: {exc}") from exc
         return str(text)
 
-    def render_request(self, body: Mapping[str, Any]) -> str:
+    def render_request(self, body: Mapping[str, object]) -> str:
         """:meth:`render_chat` of a chat completion body as SGLang renders it: its tools as
         :func:`sglang_tools` gives them and its ``chat_template_kwargs``."""
         extra = body.get("chat_template_kwargs")
@@ -199,7 +206,7 @@ class HfChatTokenizer:
             extra=extra if isinstance(extra, dict) else None,
         )
 
-    def _message(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def _message(self, msg: Mapping[str, object]) -> dict[str, object]:
         out = {k: v for k, v in msg.items() if v is not None}
         content = out.get("content")
         if isinstance(content, list) and not self.content_as_list:
@@ -251,7 +258,7 @@ class HfChatTokenizer:
         return list(ids[:keep]), len(covered)
 
 
-def sglang_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+def sglang_tools(body: Mapping[str, object]) -> list[dict[str, object]] | None:
     """The ``tools`` SGLang hands the chat template: none with ``tool_choice: none``; with a named
     ``tool_choice`` only that function; each function as its ``Function`` model dumps it
     (``description``, ``name``, ``parameters``, ``strict`` in that order, ``strict`` false by
@@ -274,7 +281,7 @@ def sglang_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     return out
 
 
-def _template_text(root: Path, config: Mapping[str, Any]) -> str | None:
+def _template_text(root: Path, config: Mapping[str, object]) -> str | None:
     jinja = root / "chat_template.jinja"
     if jinja.exists():
         try:
@@ -292,7 +299,7 @@ def _template_text(root: Path, config: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _compile(template: str, path: str) -> Any:
+def _compile(template: str, path: str) -> Template:
     import jinja2
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -300,7 +307,7 @@ def _compile(template: str, path: str) -> Any:
     class _Generation(Extension):  # transformers' {% generation %} … {% endgeneration %}
         tags = {"generation"}  # noqa: RUF012 (jinja2 declares it a set)
 
-        def parse(self, parser: Any) -> Any:
+        def parse(self, parser: Parser) -> nodes.Node:
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return jinja2.nodes.Scope(body, lineno=lineno)
@@ -309,7 +316,8 @@ def _compile(template: str, path: str) -> Any:
         raise ChatTemplateError(message)
 
     def tojson(
-        x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+        x: object, ensure_ascii: bool = False, indent: int | str | None = None,
+        separators: tuple[str, str] | None = None,
         sort_keys: bool = False,
     ) -> str:  # fmt: skip
         return json.dumps(
@@ -338,7 +346,7 @@ def _iterates_content(template: str) -> bool:
     except jinja2.TemplateError:
         return False
     for loop in ast.find_all(nodes.For):
-        it: Any = loop.iter
+        it: nodes.Node | None = loop.iter
         while isinstance(it, nodes.Filter | nodes.Getattr | nodes.Getitem) and not _content_of(it):
             it = it.node
         if _content_of(it):
@@ -346,13 +354,14 @@ def _iterates_content(template: str) -> bool:
     return False
 
 
-def _content_of(node: Any) -> bool:
+def _content_of(node: nodes.Node | None) -> bool:
     from jinja2 import nodes
 
-    named = (isinstance(node, nodes.Getattr) and node.attr == "content") or (
-        isinstance(node, nodes.Getitem)
-        and isinstance(node.arg, nodes.Const)
-        and node.arg.value == "content"
-    )
-    target = node.node if named else None
-    return isinstance(target, nodes.Name) and target.name in ("message", "msg", "m")
+    if isinstance(node, nodes.Getattr):
+        named = node.attr == "content"
+    elif isinstance(node, nodes.Getitem):
+        named = isinstance(node.arg, nodes.Const) and node.arg.value == "content"
+    else:
+        return False
+    target = node.node
+    return named and isinstance(target, nodes.Name) and target.name in ("message", "msg", "m")

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from poolstate.errors import PoolStateDecodeError
+from wire.jsontypes import JsonObject
 
 __all__ = ["Declared", "Ranking", "pool_mismatch", "replica_mismatch"]
 
@@ -47,7 +48,7 @@ class Ranking:
     def known(self) -> bool:
         return bool(self.to_json())
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The known values only (``on``, ``thr``, ``low``, ``pre``)."""
         pairs = (
             ("on", self.enabled),

@@ -32,10 +32,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
 from poolstate.errors import PoolStateDecodeError
 from poolstate.ranking import Ranking
+from wire.jsontypes import JsonObject
 
 __all__ = ["SATURATED", "PoolState", "PoolSummary", "ReplicaState"]
 
@@ -60,8 +60,8 @@ class ReplicaState:
         default_factory=Ranking
     )  # its priority scheduling, from /get_server_info
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {
             "s": _round(self.saturation),
             "run": self.running,
             "q": self.queued,
@@ -137,9 +137,9 @@ class PoolSummary:
         """Running slots still free on fresh replicas (what an admission queue may release)."""
         return max(self.capacity_running - self.running, 0)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         fresh = self.fresh
-        out: dict[str, Any] = {
+        out: JsonObject = {
             # aggregates of the rounded replica values: a decoded state encodes identically
             "saturation": _round(_mean([_round(r.saturation) for r in self.endpoints.values()])),
             "replicas": len(self.endpoints),
@@ -181,7 +181,7 @@ class PoolState:
     def __post_init__(self) -> None:
         object.__setattr__(self, "pools", MappingProxyType(dict(self.pools)))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "version": self.version,
             "ts": round(self.ts, 3),
@@ -207,20 +207,20 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else SATURATED
 
 
-def _mapping(d: object, what: str) -> Mapping[str, Any]:
+def _mapping(d: object, what: str) -> Mapping[str, object]:
     if not isinstance(d, Mapping):
         raise PoolStateDecodeError(f"{what}: expected an object, got {type(d).__name__}")
     return d
 
 
-def _num(m: Mapping[str, Any], key: str) -> float:
+def _num(m: Mapping[str, object], key: str) -> float:
     v = m.get(key)
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise PoolStateDecodeError(f"{key}: expected a number, got {v!r}")
     return float(v)
 
 
-def _bool(m: Mapping[str, Any], key: str) -> bool:
+def _bool(m: Mapping[str, object], key: str) -> bool:
     v = m.get(key)
     if not isinstance(v, bool):
         raise PoolStateDecodeError(f"{key}: expected true or false, got {v!r}")

@@ -24,7 +24,7 @@ import hashlib
 import importlib
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from typing import Protocol, cast
 
 __all__ = ["block_id", "chain_digests", "page_digest", "prefix_block_ids", "raw_chain"]
 
@@ -33,7 +33,11 @@ _SIGN = 1 << 63
 _WRAP = 1 << 64
 
 
-def _small_input_sha256() -> Callable[[bytes], Any]:
+class _Hash(Protocol):
+    def digest(self) -> bytes: ...
+
+
+def _small_input_sha256() -> Callable[[bytes], _Hash]:
     """The stdlib's built-in SHA-256 when it exists and agrees with ``hashlib``'s, else hashlib's."""
     for module in ("_sha2", "_sha256"):
         try:
@@ -42,7 +46,7 @@ def _small_input_sha256() -> Callable[[bytes], Any]:
             continue
         probe = bytes(range(36))
         if sha(probe).digest() == hashlib.sha256(probe).digest():
-            return cast(Callable[[bytes], Any], sha)
+            return cast(Callable[[bytes], _Hash], sha)
     return hashlib.sha256
 
 

@@ -40,7 +40,6 @@ import itertools
 import logging
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import msgspec
 
@@ -83,7 +82,7 @@ class VllmBlockStored(_VllmEvent, tag="BlockStored"):
     lora_id: int | None
     medium: str | None
     lora_name: str | None
-    extra_keys: list[Any] | None = None
+    extra_keys: list[object] | None = None
     group_idx: int | None = None
 
 
@@ -124,7 +123,7 @@ _STORED_ORDER = ("block_hashes", "parent_block_hash", "token_ids", "block_size",
 _REMOVED_ORDER = ("block_hashes", "medium", "group_idx")
 
 
-def _fields(event: object) -> tuple[str, Mapping[str, Any]]:
+def _fields(event: object) -> tuple[str, Mapping[str, object]]:
     """``(tag, fields)`` of one event, a map tagged ``type`` or an array tagged first."""
     if isinstance(event, dict):
         tag = event.get("type")
@@ -136,7 +135,7 @@ def _fields(event: object) -> tuple[str, Mapping[str, Any]]:
     raise KvEventDecodeError("not a vLLM KV event: neither a tagged map nor a tagged array")
 
 
-def _batch(payload: bytes) -> tuple[float, list[Any]]:
+def _batch(payload: bytes) -> tuple[float, list[object]]:
     try:
         raw = _ANY.decode(payload)
     except msgspec.DecodeError as exc:
@@ -150,6 +149,13 @@ def _batch(payload: bytes) -> tuple[float, list[Any]]:
     if isinstance(ts, bool) or not isinstance(ts, int | float) or not isinstance(events, list):
         raise KvEventDecodeError("not a vLLM KVEventBatch: ts or events missing")
     return float(ts), events
+
+
+def _medium(f: Mapping[str, object], tag: str) -> str | None:
+    value = f.get("medium")
+    if value is not None and not isinstance(value, str):
+        raise KvEventDecodeError(f"{tag}: medium must be a string or null")
+    return value
 
 
 def _packed(value: object) -> array.array[int]:
@@ -219,14 +225,14 @@ class VllmBlockMap:
                     continue
                 ours = [self._digests.get(external_hash(h)) for h in hashes]
                 ids = [block_id(d) for d in ours if d is not None]
-                events.append(RemovedBlocks(keep_anchors(ids, mask), f.get("medium")))
+                events.append(RemovedBlocks(keep_anchors(ids, mask), _medium(f, "BlockRemoved")))
             elif tag == "AllBlocksCleared":
                 events.append(AllBlocksCleared())
             else:
                 raise KvEventDecodeError(f"unknown vLLM KV event {tag!r}")
         return IndexBatch(ts, events, anchor_every)
 
-    def _stored(self, f: Mapping[str, Any], mask: int) -> StoredBlocks | None:
+    def _stored(self, f: Mapping[str, object], mask: int) -> StoredBlocks | None:
         hashes = f.get("block_hashes")
         if not isinstance(hashes, list):
             raise KvEventDecodeError("BlockStored: block_hashes must be a list")
@@ -235,6 +241,7 @@ class VllmBlockMap:
         size = f.get("block_size")
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise KvEventDecodeError("BlockStored: block_size must be a positive integer")
+        medium = _medium(f, "BlockStored")  # checked before the map changes
         parent = f.get("parent_block_hash")
         extra = f.get("extra_keys")
         namespaced = (
@@ -272,7 +279,7 @@ class VllmBlockMap:
             keep_anchors(ids, mask),
             block_id(prior) if prior else None,
             size,
-            f.get("medium"),
+            medium,
             len(ids),
         )
 

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
-from typing import Any
 
 import msgspec
 
 from prefixindex.errors import KvEventDecodeError, KvEventsConfigError
+from wire.jsontypes import JsonObject, JsonValue
 
 __all__ = [
     "END_SEQ",
@@ -303,17 +303,6 @@ def connect_address(endpoint: str, host: str) -> str:
     return endpoint.replace("*", host, 1)
 
 
-_DEFAULTS: dict[str, Any] = {
-    "publisher": "null",
-    "endpoint": "tcp://*:5557",
-    "replay_endpoint": None,
-    "buffer_steps": 10_000,
-    "hwm": 100_000,
-    "max_queue_size": 100_000,
-    "topic": "",
-}
-
-
 @dataclass(frozen=True, slots=True)
 class KvEventsConfig:
     """``--kv-events-config``: SGLang's keys and defaults (``publisher`` "null" = off)."""
@@ -334,43 +323,57 @@ class KvEventsConfig:
     def from_json(cls, text: str) -> KvEventsConfig:
         """Parse the flag's JSON; KvEventsConfigError names the key and what is allowed."""
         try:
-            raw = json.loads(text)
+            raw: JsonValue = json.loads(text)
         except json.JSONDecodeError as exc:
             raise KvEventsConfigError(f"kv-events-config: not JSON: {exc}") from exc
         if not isinstance(raw, dict):
             raise KvEventsConfigError("kv-events-config: must be a JSON object")
-        values: dict[str, Any] = {}
-        for key, value in raw.items():
-            if key not in _DEFAULTS:
-                allowed = ", ".join(sorted(_DEFAULTS))
+        for key in raw:
+            if key not in _KEYS:
+                allowed = ", ".join(sorted(_KEYS))
                 raise KvEventsConfigError(
                     f"kv-events-config: unknown key {key!r}; allowed: {allowed}"
                 )
-            values[key] = value
-        cfg = cls(**values)
-        cfg._check()
-        return cfg
-
-    def to_json(self) -> str:
-        return json.dumps({k: getattr(self, k) for k in _DEFAULTS if k != "max_queue_size"})
-
-    def _check(self) -> None:
-        if self.publisher not in ("null", "zmq"):
+        d = cls()
+        publisher = raw.get("publisher", d.publisher)
+        if publisher not in ("null", "zmq"):
             raise KvEventsConfigError(
-                f"kv-events-config: publisher: {self.publisher!r} is not allowed; allowed: null, zmq"
+                f"kv-events-config: publisher: {publisher!r} is not allowed; allowed: null, zmq"
             )
-        for key in ("endpoint", "topic"):
-            if not isinstance(getattr(self, key), str):
-                raise KvEventsConfigError(f"kv-events-config: {key}: must be a string")
-        if self.replay_endpoint is not None and not isinstance(self.replay_endpoint, str):
+        endpoint = _text(raw, "endpoint", d.endpoint)
+        topic = _text(raw, "topic", d.topic)
+        replay = raw.get("replay_endpoint", d.replay_endpoint)
+        if replay is not None and not isinstance(replay, str):
             raise KvEventsConfigError("kv-events-config: replay_endpoint: must be a string or null")
-        for key in ("buffer_steps", "hwm", "max_queue_size"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise KvEventsConfigError(f"kv-events-config: {key}: must be an integer >= 1")
-        for key in ("endpoint", "replay_endpoint"):
-            value = getattr(self, key)
+        buffer_steps = _count(raw, "buffer_steps", d.buffer_steps)
+        hwm = _count(raw, "hwm", d.hwm)
+        max_queue_size = _count(raw, "max_queue_size", d.max_queue_size)
+        for key, value in (("endpoint", endpoint), ("replay_endpoint", replay)):
             if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
                 raise KvEventsConfigError(
                     f"kv-events-config: {key}: {value!r} must start with tcp://, ipc:// or inproc://"
                 )
+        return cls(
+            "zmq" if publisher == "zmq" else "null", endpoint, replay, buffer_steps, hwm,
+            max_queue_size, topic,
+        )  # fmt: skip
+
+    def to_json(self) -> str:
+        return json.dumps({k: getattr(self, k) for k in _KEYS if k != "max_queue_size"})
+
+
+def _text(raw: JsonObject, key: str, default: str) -> str:
+    value = raw.get(key, default)
+    if not isinstance(value, str):
+        raise KvEventsConfigError(f"kv-events-config: {key}: must be a string")
+    return value
+
+
+def _count(raw: JsonObject, key: str, default: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise KvEventsConfigError(f"kv-events-config: {key}: must be an integer >= 1")
+    return value
+
+
+_KEYS = tuple(f.name for f in fields(KvEventsConfig))  # SGLang's keys, in its order

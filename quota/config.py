@@ -13,7 +13,7 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeAlias
 
 from policy.model import Policy, Quotas
 from quota.cost import MICRO
@@ -52,6 +52,7 @@ _OFF = frozenset({"", "none", "off", "null", "-"})
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 MAX_LIMIT = 10**15
+Parsed: TypeAlias = bool | int | float | None  # one live quota field's value, parsed
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +144,7 @@ def service_defaults(policy: Policy, service: str) -> dict[str, str] | None:
     return out
 
 
-def _parse_value(attr: str, text: str, money: bool = False) -> Any:
+def _parse_value(attr: str, text: str, money: bool = False) -> Parsed:
     t = text.strip().lower()
     if t in _OFF and attr != "shadow":
         return None
@@ -168,6 +169,25 @@ def _parse_value(attr: str, text: str, money: bool = False) -> Any:
     return number
 
 
+def _spec(attrs: Mapping[str, Parsed]) -> QuotaSpec:
+    """The spec of one quota's parsed fields (each already in its attribute's range)."""
+
+    def whole(attr: str) -> int | None:
+        value = attrs.get(attr)
+        return None if value is None else int(value)
+
+    rate = attrs.get("refill_per_second")
+    return QuotaSpec(
+        burst=whole("burst"),
+        refill_per_second=None if rate is None else float(rate),
+        per_minute=whole("per_minute"),
+        per_hour=whole("per_hour"),
+        per_day=whole("per_day"),
+        per_month=whole("per_month"),
+        shadow=bool(attrs.get("shadow", False)),
+    )
+
+
 def _split(name: str) -> tuple[str, str] | None:
     quota, _, attr = name.rpartition(".")
     if attr not in ATTRIBUTES or not quota:
@@ -180,7 +200,7 @@ def _split(name: str) -> tuple[str, str] | None:
 
 def parse_quota_fields(fields: Mapping[str, str]) -> tuple[dict[str, QuotaSpec], list[str]]:
     """Quota specs from hash fields; unusable fields are reported in the second result."""
-    values: dict[str, dict[str, Any]] = {}
+    values: dict[str, dict[str, Parsed]] = {}
     problems: list[str] = []
     for name, text in fields.items():
         parts = _split(name)
@@ -197,7 +217,7 @@ def parse_quota_fields(fields: Mapping[str, str]) -> tuple[dict[str, QuotaSpec],
             values.setdefault(parts[0], {})[parts[1]] = _parse_value(parts[1], text, money)
         except QuotaConfigError as exc:
             problems.append(f"{name}: {exc}")
-    return {q: QuotaSpec(**attrs) for q, attrs in values.items()}, problems
+    return {q: _spec(attrs) for q, attrs in values.items()}, problems
 
 
 def effective_quotas(defaults: Mapping[str, str] | None, live: Mapping[str, str]) -> SubjectQuotas:

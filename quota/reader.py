@@ -12,10 +12,10 @@ import asyncio
 import hashlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from redis.exceptions import NoScriptError, RedisError
 
@@ -32,15 +32,20 @@ from quota.errors import QuotaUnavailable
 from quota.keys import bucket_key, config_key, window_key
 from quota.windows import UNITS, window
 from runtime.tasks import stop_task
+from wire.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
 
-__all__ = ["PEEK_LUA", "QuotaReader", "WindowUsage", "decode_map", "limit_remaining"]
+__all__ = ["PEEK_LUA", "QuotaReader", "RedisReply", "WindowUsage", "decode_map", "limit_remaining"]
 
 PEEK_LUA = resources.files("quota").joinpath("peek.lua").read_text()
 _PEEK_SHA = hashlib.sha1(PEEK_LUA.encode()).hexdigest()
 
+
+# What a Redis command (or the peek script) answers: a bulk string, an integer, nil or an array
+RedisReply: TypeAlias = "bytes | str | int | list[RedisReply] | None"
 
 _WINDOW_NAMES = {"bucket": "bucket", **{u: f"per_{u}" for u in UNITS}}
 
@@ -60,8 +65,8 @@ class WindowUsage:
     quota: str = "tokens"  # or "requests", "usd" (micro-USD), as :meth:`QuotaReader.usage` read
     shadow: bool = False  # counted, never refuses
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {
             "window": self.window,
             "limit": self.limit,
             "used": self.used,
@@ -73,11 +78,11 @@ class WindowUsage:
         return out
 
 
-def _s(value: Any) -> str:
+def _s(value: RedisReply) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def decode_map(raw: Any) -> dict[str, str]:
+def decode_map(raw: Mapping[RedisReply, RedisReply] | None) -> dict[str, str]:
     return {_s(k): _s(v) for k, v in (raw or {}).items()}
 
 
@@ -88,7 +93,7 @@ class QuotaReader:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: Redis | RedisCluster,
         policy: Policy,
         *,
         clock: Callable[[], float] = time.time,
@@ -98,7 +103,7 @@ class QuotaReader:
         self._policy = policy
         self._clock = clock
         self._timeout = timeout
-        self._waiting: list[tuple[list[str], asyncio.Future[list[Any]]]] = []
+        self._waiting: list[tuple[list[str], asyncio.Future[list[RedisReply]]]] = []
         self._running: asyncio.Task[None] | None = None
         self.batches = 0
 
@@ -150,14 +155,17 @@ class QuotaReader:
 
     async def _state(
         self, tenant: str, quotas: list[str], now_us: int
-    ) -> tuple[SubjectQuotas, dict[tuple[str, str], Any]]:
+    ) -> tuple[SubjectQuotas, dict[tuple[str, str], RedisReply]]:
         """One peek: the tenant's effective quotas and the raw state of each quota's counters."""
         keys = [config_key(tenant)]
         for q in quotas:
             keys.append(bucket_key(tenant, q))
             keys += [window_key(tenant, q, unit, window(unit, now_us)[0]) for unit in UNITS]
         results = await self._peek(keys)
-        fields = dict(zip(results[0][::2], results[0][1::2], strict=True))
+        head = results[0]
+        if not isinstance(head, list):
+            raise QuotaUnavailable(f"redis: the quota fields came back as {head!r}, not an array")
+        fields = dict(zip(head[::2], head[1::2], strict=True))
         sq = effective_quotas(tenant_defaults(self._policy, tenant), decode_map(fields))
         state = {}
         for i, q in enumerate(quotas):
@@ -167,8 +175,8 @@ class QuotaReader:
                 state[(q, unit)] = results[base + 1 + j]
         return sq, state
 
-    async def _peek(self, keys: list[str]) -> list[Any]:
-        fut: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+    async def _peek(self, keys: list[str]) -> list[RedisReply]:
+        fut: asyncio.Future[list[RedisReply]] = asyncio.get_running_loop().create_future()
         self._waiting.append((keys, fut))
         if self._running is None or self._running.done():
             self._running = asyncio.create_task(self._drain_queue(), name="quota-peek")
@@ -194,10 +202,12 @@ class QuotaReader:
                     continue
                 if isinstance(res, Exception):
                     fut.set_exception(QuotaUnavailable(f"redis: {res}"))
+                elif not isinstance(res, list):
+                    fut.set_exception(QuotaUnavailable(f"redis: the peek answered {res!r}"))
                 else:
                     fut.set_result(list(res))
 
-    async def _run(self, calls: list[list[str]]) -> list[Any]:
+    async def _run(self, calls: list[list[str]]) -> list[RedisReply | Exception]:
         results = await self._pipeline(calls)
         missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
         if missing:  # a restarted or flushed Redis: load the script, then run those again
@@ -207,7 +217,7 @@ class QuotaReader:
                 results[i] = res
         return results
 
-    async def _pipeline(self, calls: list[list[str]]) -> list[Any]:
+    async def _pipeline(self, calls: list[list[str]]) -> list[RedisReply | Exception]:
         pipe = self._redis.pipeline(transaction=False)
         for keys in calls:
             # a plain command: redis-py's cluster pipeline routes EVALSHA by its keys
@@ -220,11 +230,13 @@ class QuotaReader:
             await stop_task(task)
 
 
-def limit_remaining(lim: Limit, raw: Any, now_us: int) -> int:
+def limit_remaining(lim: Limit, raw: RedisReply, now_us: int) -> int:
     """What one limit still admits, from its raw Redis state (GET or HMGET tk ts)."""
     if lim.unit != "bucket":
         return lim.limit - (int(_s(raw)) if raw is not None else 0)
-    if raw is None or raw[0] is None:
+    if raw is None or (isinstance(raw, list) and raw and raw[0] is None):
         return lim.limit
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise QuotaUnavailable(f"redis: a bucket's state is {raw!r}, not [tk, ts]")
     tk, _ = refill(float(_s(raw[0])), int(float(_s(raw[1]))), now_us, lim.limit, lim.rate)
     return math.floor(tk)

@@ -32,9 +32,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
-from runtime.chunked import Assembler, encode
+from runtime.chunked import Assembler, Container, encode
 from runtime.errors import (
     BuildFailed,
     BuildTimeout,
@@ -47,13 +47,23 @@ from runtime.errors import (
 )
 from runtime.pipechild import FrameReader, PipeChild, error_frame, frame_output, serve_frames
 
-__all__ = ["BuildWorker", "Target", "main", "resolve", "target_name"]
+__all__ = ["BuildWorker", "Built", "Target", "main", "resolve", "target_name"]
 
 _FILES = b"f"
 _log = logging.getLogger(__name__)
 
 
-Target = str | Callable[[Path], Any]  # a module-level function, or its "module:function"
+class Built(Protocol):
+    """What a build target returns (``runtime.watcher.Loaded``): the value sent back, and the
+    files it was built from."""
+
+    @property
+    def value(self) -> object: ...
+    @property
+    def files(self) -> tuple[Path, ...]: ...
+
+
+Target = str | Callable[[Path], Built]  # a module-level function, or its "module:function"
 
 
 def target_name(target: Target) -> str:
@@ -94,7 +104,7 @@ class BuildWorker(PipeChild):
 
     async def build(
         self, path: Path, *, on_first_frame: Callable[[], None] = lambda: None
-    ) -> tuple[Any, tuple[Path, ...], list[Any]]:
+    ) -> tuple[object, tuple[Path, ...], list[Container]]:
         """``TARGET(path)`` in the child: its value (assembled between requests), its files and
         its large containers (:attr:`runtime.chunked.Assembler.parts`). ``on_first_frame`` is
         called when the value starts to arrive.
@@ -103,7 +113,7 @@ class BuildWorker(PipeChild):
         or :class:`BuildTimeout` (the child is then killed; the next call starts a new one).
         """
 
-        async def receive(frames: FrameReader) -> tuple[Any, tuple[Path, ...], list[Any]]:
+        async def receive(frames: FrameReader) -> tuple[object, tuple[Path, ...], list[Container]]:
             return await _receive(frames, on_first_frame)
 
         try:
@@ -120,7 +130,7 @@ class BuildWorker(PipeChild):
 
 async def _receive(
     frames: FrameReader, on_first_frame: Callable[[], None]
-) -> tuple[Any, tuple[Path, ...], list[Any]]:
+) -> tuple[object, tuple[Path, ...], list[Container]]:
     assembler: Assembler = Assembler()
     files: tuple[Path, ...] = ()
     while True:
@@ -139,13 +149,13 @@ async def _receive(
 
 
 # -- the child ---------------------------------------------------------------------------------
-def resolve(target: str) -> Callable[[Path], Any]:
+def resolve(target: str) -> Callable[[Path], Built]:
     module, _, name = target.partition(":")
-    fn: Callable[[Path], Any] = getattr(importlib.import_module(module), name)
+    fn: Callable[[Path], Built] = getattr(importlib.import_module(module), name)
     return fn
 
 
-def _answer(fn: Callable[[Path], Any], request: bytes) -> list[bytes]:
+def _answer(fn: Callable[[Path], Built], request: bytes) -> list[bytes]:
     path = Path(os.fsdecode(request))
     try:
         loaded = fn(path)

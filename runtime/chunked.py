@@ -17,19 +17,21 @@ from __future__ import annotations
 import io
 import pickle
 from collections.abc import Iterator
-from typing import Any
+from typing import TypeAlias
 
-__all__ = ["CHUNK_ITEMS", "Assembler", "encode"]
+__all__ = ["CHUNK_ITEMS", "Assembler", "Container", "encode"]
 
 CHUNK_ITEMS = 256
 _SLICE, _SKELETON = b"c", b"s"
+# a large plain container taken out of the value (its items whatever the value put there)
+Container: TypeAlias = "dict[object, object] | list[object]"
 
 
 class _SkeletonPickler(pickle.Pickler):
     def __init__(self, file: io.BytesIO, chunk: int) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.chunk = chunk
-        self.big: dict[int, tuple[int, dict[Any, Any] | list[Any]]] = {}  # id -> (number, it)
+        self.big: dict[int, tuple[int, Container]] = {}  # id -> (number, it)
 
     def persistent_id(self, obj: object) -> int | None:
         if (type(obj) is not dict and type(obj) is not list) or len(obj) <= self.chunk:
@@ -55,11 +57,11 @@ def encode(value: object, *, chunk: int = CHUNK_ITEMS) -> Iterator[bytes]:
 
 
 class _SkeletonUnpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, parts: dict[int, dict[Any, Any] | list[Any]]) -> None:
+    def __init__(self, data: bytes, parts: dict[int, Container]) -> None:
         super().__init__(io.BytesIO(data))
         self.parts = parts
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: int) -> Container:
         return self.parts[pid]
 
 
@@ -67,10 +69,10 @@ class Assembler:
     """Feed frames in order (:meth:`add`); the value is :attr:`value` once :attr:`done`."""
 
     def __init__(self) -> None:
-        self._parts: dict[int, dict[Any, Any] | list[Any]] = {}
+        self._parts: dict[int, Container] = {}
         self.done = False
-        self.value: Any = None
-        self.parts: list[dict[Any, Any] | list[Any]] = []  # the large containers, assembled
+        self.value: object = None  # unpickled: what the sending process built
+        self.parts: list[Container] = []  # the large containers, assembled
 
     def add(self, frame: bytes) -> None:
         kind, body = frame[:1], memoryview(frame)[1:]

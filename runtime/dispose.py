@@ -19,9 +19,11 @@ import dataclasses
 import gc
 import sys
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
 
-__all__ = ["WORTH_IT", "dispose", "exclusive_parts"]
+from runtime.chunked import Container
+
+__all__ = ["WORTH_IT", "Retired", "dispose", "exclusive_parts"]
 
 _CHUNK = 256
 _CAP = 10_000  # objects walked before giving up (the value is then dropped as a whole)
@@ -43,22 +45,38 @@ def _walked_into(obj: object) -> bool:
     return dataclasses.is_dataclass(kind) or kind.__module__.startswith(_OURS)
 
 
-def _big(obj: Any, chunk: int) -> bool:
-    return type(obj) in (dict, list) and len(obj) > chunk
+@dataclass(eq=False, slots=True)
+class Retired:
+    """A replaced value and its large containers (:attr:`runtime.chunked.Assembler.parts`): the
+    caller's only reference to both, which :func:`dispose` empties (:meth:`clear`) when done."""
+
+    value: object
+    parts: list[Container]
+
+    def clear(self) -> None:
+        self.value, self.parts = None, []
+
+    @property
+    def cleared(self) -> bool:
+        return self.value is None and not self.parts
 
 
-Walked = tuple[dict[int, Any], dict[int, int], dict[int, list[int]]]
+def _big(obj: object, chunk: int) -> bool:
+    return (type(obj) is dict or type(obj) is list) and len(obj) > chunk
+
+
+Walked = tuple[dict[int, object], dict[int, int], dict[int, list[int]]]
 
 
 def _walk(
-    root: Any, chunk: int, cap: int, out: list[Walked | None], step: int = _STEP
+    root: object, chunk: int, cap: int, out: list[Walked | None], step: int = _STEP
 ) -> Iterator[None]:
     """Everything ``root`` reaches (not into large containers, modules, types, functions):
     the objects by id, how many references each gets from the others, and the edges; put in
     ``out`` (None past ``cap`` objects). Yields every ``step`` objects: the value is frozen, so
     what it reaches does not change between slices (only who else refers to it does, and that
     is read in one go afterwards, :func:`_exclusive`)."""
-    nodes: dict[int, Any] = {id(root): root}
+    nodes: dict[int, object] = {id(root): root}
     inner: dict[int, int] = {}
     edges: dict[int, list[int]] = {}
     stack = [root]
@@ -87,34 +105,34 @@ def _walk(
     out.append((nodes, inner, edges))
 
 
-def exclusive_parts(holder: list[Any], *, chunk: int = _CHUNK, cap: int = _CAP) -> list[Any]:
-    """Those of the large containers ``holder[1]`` (the value's own, listed when it was built)
-    that nothing outside the value ``holder[0]`` can reach. ``holder`` is the caller's only
+def exclusive_parts(holder: Retired, *, chunk: int = _CHUNK, cap: int = _CAP) -> list[Container]:
+    """Those of the large containers ``holder.parts`` (the value's own, listed when it was built)
+    that nothing outside the value ``holder.value`` can reach. ``holder`` is the caller's only
     reference to both (an object of the value that something outside references -- a
     request's frame, a live cache -- puts everything it leads to off limits)."""
     out: list[Walked | None] = []
-    for _ in _walk(holder[0], chunk, cap, out):
+    for _ in _walk(holder.value, chunk, cap, out):
         pass
     return _exclusive(holder, out)
 
 
-async def _exclusive_parts_sliced(holder: list[Any], chunk: int, cap: int) -> list[Any]:
+async def _exclusive_parts_sliced(holder: Retired, chunk: int, cap: int) -> list[Container]:
     """:func:`exclusive_parts`, the walk yielding to the loop every ``_STEP`` objects."""
     out: list[Walked | None] = []
-    for _ in _walk(holder[0], chunk, cap, out):
+    for _ in _walk(holder.value, chunk, cap, out):
         await asyncio.sleep(0)
     return _exclusive(holder, out)
 
 
-def _exclusive(holder: list[Any], out: list[Walked | None]) -> list[Any]:
+def _exclusive(holder: Retired, out: list[Walked | None]) -> list[Container]:
     """The reference counts, all read in one go (nothing runs in between)."""
     walked = out.pop()
     if walked is None:
         return []
     nodes, inner, edges = walked
     del walked
-    root = id(holder[0])
-    own = {id(part) for part in holder[1]}
+    root = id(holder.value)
+    own = {id(part) for part in holder.parts}
     outside: list[int] = []
     for key in list(nodes):
         # getrefcount's argument and ``nodes``; the holder's references. (No local name for
@@ -128,22 +146,22 @@ def _exclusive(holder: list[Any], out: list[Walked | None]) -> list[Any]:
             if kid not in reached:
                 reached.add(kid)
                 outside.append(kid)
-    return [part for part in holder[1] if id(part) in nodes and id(part) not in reached]
+    return [part for part in holder.parts if id(part) in nodes and id(part) not in reached]
 
 
 async def dispose(
-    holder: list[Any], *, patience: float = 120.0, retry: float = 1.0, chunk: int = _CHUNK
+    holder: Retired, *, patience: float = 120.0, retry: float = 1.0, chunk: int = _CHUNK
 ) -> None:
-    """Take apart, slice by slice, the large containers ``holder[1]`` of the value
-    ``holder[0]`` that nothing else reaches (``holder``: the caller's only reference to both);
+    """Take apart, slice by slice, the large containers ``holder.parts`` of the value
+    ``holder.value`` that nothing else reaches (``holder``: the caller's only reference to both);
     while some are still reachable from elsewhere, look again later (waits doubling from
     ``retry``), and after ``patience`` seconds drop the value as it is."""
     loop = asyncio.get_running_loop()
     end = loop.time() + patience
     wait = retry
-    while holder:
+    while not holder.cleared:
         for part in await _exclusive_parts_sliced(holder, chunk, _CAP):
-            holder[1] = [p for p in holder[1] if p is not part]
+            holder.parts = [p for p in holder.parts if p is not part]
             while part:
                 if isinstance(part, dict):
                     for _ in range(min(chunk, len(part))):
@@ -151,7 +169,7 @@ async def dispose(
                 else:
                     del part[-chunk:]
                 await asyncio.sleep(0)
-        if not holder[1] or loop.time() + wait > end:
+        if not holder.parts or loop.time() + wait > end:
             holder.clear()
             return
         await asyncio.sleep(wait)

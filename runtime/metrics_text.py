@@ -16,11 +16,11 @@ docs/benchmarks.md, "Rendering /metrics beside the data path", has the measured 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import escape_metric_name
+from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
@@ -32,7 +32,7 @@ _TYPES.update({"gaugehistogram": "histogram", "unknown": "untyped"})
 _PROBE_NAME = "\x00"  # a family name no sample name is equal to plus a suffix
 
 
-class _One:
+class _One(Collector):
     """A collector of one family (what ``generate_latest`` reads)."""
 
     def __init__(self, metric: Metric) -> None:
@@ -47,12 +47,13 @@ class TextRenderer:
     is bounded (``max_series``: emptied past it, then refilled as scraped); safe to call from
     several threads at once (dict reads and writes only)."""
 
-    def __init__(self, registry: Any, max_series: int = 200_000) -> None:
+    def __init__(self, registry: Collector, max_series: int = 200_000) -> None:
         self.registry = registry
         self.max_series = max_series
         self._series: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
         self._headers: dict[tuple[str, str, str, str], str] = {}
-        self._values: dict[Any, str] = {}  # bucket counts repeat: 0.0, 1.0, 2.0, ...
+        # bucket counts repeat: 0.0, 1.0, 2.0, ...; a zero is keyed (0.0, its sign)
+        self._values: dict[float | tuple[float, float], str] = {}
 
     def render(self) -> bytes:
         out: list[str] = []
@@ -98,7 +99,7 @@ class TextRenderer:
         """The ``name{labels} `` part of a series not seen before, as the library writes it."""
         probe = Metric(_PROBE_NAME, "", "untyped")
         probe.samples = [Sample(sample.name, sample.labels, 0.0, None)]
-        text = generate_latest(_One(probe)).decode("utf-8")  # type: ignore[arg-type]  # generate_latest only calls collect(), which _One has; it is no CollectorRegistry
+        text = generate_latest(_One(probe)).decode("utf-8")
         line = text[: -len("0.0\n")]  # the probe's own header lines come first
         head = line[line.rindex("\n") + 1 :]
         if len(self._series) >= self.max_series:

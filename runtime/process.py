@@ -21,7 +21,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 from runtime.supervisor import WorkerSupervisor
 
@@ -169,7 +169,7 @@ async def _stop(
     return status
 
 
-def run(main: Coroutine[Any, Any, int], *, fast_loop: bool = True) -> int:
+def run(main: Coroutine[object, None, int], *, fast_loop: bool = True) -> int:
     """Run ``main`` to its exit status on a fresh event loop (uvloop when ``fast_loop``)."""
     factory = None
     if fast_loop:

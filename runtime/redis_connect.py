@@ -10,7 +10,7 @@ password (:func:`redacted`)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TypedDict
 from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
@@ -91,11 +91,16 @@ def split_cluster_flag(url: str) -> tuple[str, bool]:
     return clean, bool(flag)
 
 
-async def connect_redis(url: str, *, timeout: float = 0.5) -> Any:
+class _Timeouts(TypedDict):
+    socket_connect_timeout: float
+    socket_timeout: float
+
+
+async def connect_redis(url: str, *, timeout: float = 0.5) -> aioredis.Redis | RedisCluster:
     """An asyncio client (``Redis`` or ``RedisCluster``); never fails when Redis is down: the
     standalone client reconnects by itself on the next command."""
     clean, forced = _split_cluster_flag(url)
-    opts: dict[str, Any] = {"socket_connect_timeout": timeout, "socket_timeout": timeout * 2}
+    opts: _Timeouts = {"socket_connect_timeout": timeout, "socket_timeout": timeout * 2}
     await verify_credentials(url, timeout=max(timeout, 1.0))
     if forced is None:
         probe = aioredis.Redis.from_url(clean, **opts)

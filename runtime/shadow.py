@@ -18,9 +18,18 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TypedDict
 
-__all__ = ["Pair", "Side", "decode_pair", "judge", "pairs_key", "summarize"]
+__all__ = [
+    "Pair",
+    "Side",
+    "SideFigures",
+    "Summary",
+    "decode_pair",
+    "judge",
+    "pairs_key",
+    "summarize",
+]
 
 
 def pairs_key(route: str) -> str:
@@ -68,8 +77,12 @@ def _side(obj: object) -> Side:
     )  # fmt: skip
 
 
-def _num(v: Any) -> float | None:
-    return None if v is None else float(v)
+def _num(v: object) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, int | float | str):
+        return float(v)
+    raise TypeError(f"float() argument must be a string or a real number, not {type(v).__name__!r}")
 
 
 def decode_pair(raw: bytes | str) -> Pair:
@@ -95,7 +108,28 @@ def _quantile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def _figures(sides: list[Side]) -> dict[str, Any]:
+class SideFigures(TypedDict):
+    """One side of many pairs (:func:`summarize`); times in seconds."""
+
+    errors: int
+    errors_by_kind: dict[str, int]
+    latency_p50_s: float | None
+    latency_p95_s: float | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    completion_tokens_mean: float | None
+
+
+class Summary(TypedDict):
+    pairs: int
+    both_ok: int
+    same_output_tokens: int
+    latency_ratio_p50: float | None
+    primary: SideFigures
+    shadow: SideFigures
+
+
+def _figures(sides: list[Side]) -> SideFigures:
     good = [s for s in sides if s.ok]
     lat = [s.latency_s for s in good if s.latency_s is not None]
     ttft = [s.ttft_s for s in good if s.ttft_s is not None]
@@ -115,7 +149,7 @@ def _figures(sides: list[Side]) -> dict[str, Any]:
     }
 
 
-def summarize(pairs: Iterable[Pair]) -> dict[str, Any]:
+def summarize(pairs: Iterable[Pair]) -> Summary:
     """Per side: errors (by kind), latency and TTFT p50/p95, mean output tokens of good
     answers; per pair: how many both answered well, with the same output tokens, and the
     shadow's latency over the primary's (p50 of the per-pair ratio)."""

@@ -17,10 +17,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runtime.errors import PlaintextRefused
 from runtime.h2.server import is_loopback
+
+if TYPE_CHECKING:
+    import grpc
 
 __all__ = [
     "PlaintextRefused",
@@ -128,18 +131,18 @@ class RenewingTls:
         if self.on_reload is not None:
             self.on_reload(ok)
 
-    def grpc_credentials(self) -> Any:
+    def grpc_credentials(self) -> grpc.ServerCredentials:
         """grpc.aio's credentials for the same files, renewed the same way: gRPC asks before
         each handshake (``dynamic_ssl_server_credentials``)."""
-        import grpc
+        import grpc  # only the grpc.aio transport needs it
 
-        def config(files: ServerTlsFiles) -> Any:
+        def config(files: ServerTlsFiles) -> grpc.ServerCertificateConfiguration:
             return grpc.ssl_server_certificate_configuration(
                 [(Path(files.key).read_bytes(), Path(files.cert).read_bytes())],
                 root_certificates=Path(files.ca).read_bytes(),
             )
 
-        def fetch() -> Any:
+        def fetch() -> grpc.ServerCertificateConfiguration | None:
             if not self.refresh():  # checks the files whole; counts and logs
                 return None
             try:
@@ -148,5 +151,7 @@ class RenewingTls:
                 return None
 
         return grpc.dynamic_ssl_server_credentials(
-            config(self.files), fetch, require_client_authentication=True
+            config(self.files),
+            fetch,  # type: ignore[arg-type]  # grpc's stub omits the None its docs allow
+            require_client_authentication=True,
         )

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # the SDK is imported only by a process that traces
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span, Tracer
+    from opentelemetry.util.types import AttributeValue
 
 __all__ = [
     "CACHED_TOKENS",
@@ -111,7 +112,7 @@ class Tracing:
         self,
         name: str,
         headers: Iterable[tuple[str, str]] | Mapping[str, str],
-        attributes: Mapping[str, Any] | None = None,
+        attributes: Mapping[str, AttributeValue] | None = None,
         start_time_ns: int | None = None,
     ) -> Span | None:
         """A server span whose parent is the caller's (from ``headers``); the caller ends it.
@@ -235,7 +236,7 @@ class TracingSwitch:
                 self._retired.discard(old)
                 await old.aclose()
 
-    def _spawn(self, work: Any, name: str) -> None:
+    def _spawn(self, work: Coroutine[object, None, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(work, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._done)

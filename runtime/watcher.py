@@ -39,7 +39,8 @@ from typing import Any, Generic, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from runtime.buildworker import BuildWorker, Target, resolve, target_name
-from runtime.dispose import WORTH_IT, dispose
+from runtime.chunked import Container
+from runtime.dispose import WORTH_IT, Retired, dispose
 from runtime.errors import BuildFailed, WorkerCrashed, problem_lines
 from runtime.gil import SwitchInterval
 from runtime.tasks import stop_task
@@ -66,6 +67,7 @@ class InWorker(Generic[T]):
     a generator that yields between short steps and returns ``T``."""
 
     target: Target
+    # the value comes back unpickled from the worker process: no static type crosses that
     finish: Callable[[Any], T | Generator[None, None, T]]
     nice: int = 10
     timeout: float = 600.0
@@ -144,7 +146,7 @@ class PolicyWatcher(Generic[T]):
         self._seen: dict[Path, Fingerprint] = {self.path: fingerprint(self.path)}
         self._task: asyncio.Task[None] | None = None
         self._worker: BuildWorker | None = None
-        self._current: list[Any] = []  # the applied value and its large containers
+        self._current: Retired | None = None  # the applied value and its large containers
         self._disposing: set[asyncio.Task[None]] = set()
         if isinstance(load, InWorker):
             self._worker = BuildWorker(
@@ -230,7 +232,7 @@ class PolicyWatcher(Generic[T]):
                 gc.enable()
 
     def _applied(
-        self, loaded: Loaded[T], seen: dict[Path, Fingerprint], parts: list[Any] | None = None
+        self, loaded: Loaded[T], seen: dict[Path, Fingerprint], parts: list[Container] | None = None
     ) -> ReloadOutcome:
         try:
             changed = self._apply(loaded.value)
@@ -244,16 +246,16 @@ class PolicyWatcher(Generic[T]):
         self.metrics.last_error.set(0)
         return ReloadOutcome(True)
 
-    def _retire(self, value: T, parts: list[Any]) -> None:
+    def _retire(self, value: T, parts: list[Container]) -> None:
         """Keep ``value`` (now applied) and its large containers; the value it replaced is
         freed a slice at a time (:func:`runtime.dispose.dispose`)."""
         old = self._current
-        self._current = [value, parts]
+        self._current = Retired(value, parts)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # reload_now before the loop runs: nothing is serving yet
             return
-        if old and sum(len(part) for part in old[1]) >= WORTH_IT:
+        if old is not None and sum(len(part) for part in old.parts) >= WORTH_IT:
             task = loop.create_task(dispose(old), name="tokenweir-policy-dispose")
             self._disposing.add(task)
             task.add_done_callback(self._disposing.discard)
@@ -315,22 +317,24 @@ class PolicyWatcher(Generic[T]):
             await stop_task(pending, log=self._log)
 
 
+def _steps(steps: Generator[None, None, T], out: list[T]) -> Generator[None, None, None]:
+    """The yields of ``steps``; its return value is appended to ``out``."""
+    out.append((yield from steps))
+
+
 async def _drive(steps: Generator[None, None, T]) -> T:
     """Run a generator to its return value, letting the loop run at each ``yield``."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]  # StopIteration.value is Any; the generator returns this type
+    out: list[T] = []
+    for _ in _steps(steps, out):
         await asyncio.sleep(0)
+    return out[0]
 
 
 def _run_through(steps: Generator[None, None, T]) -> T:
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]  # StopIteration.value is Any; the generator returns this type
+    out: list[T] = []
+    for _ in _steps(steps, out):
+        pass
+    return out[0]
 
 
 class _Quiet:

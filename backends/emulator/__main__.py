@@ -9,7 +9,6 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
 
 from backends.emulator.app import start_emulator
 from backends.emulator.disagg import add_disagg_args, disagg_config
@@ -178,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency, but optional at runtime
-        run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
+        run: Callable[[Coroutine[object, None, None]], None] = asyncio.run
     else:
         run = uvloop.run
     try:

@@ -28,9 +28,9 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import aiohttp
 from aiohttp import web
@@ -43,6 +43,7 @@ from backends.emulator.disagg_config import (
 )
 from backends.emulator.request import EmuRequest, GenerationParams
 from backends.errors import KvTransferError, RequestError
+from wire.jsontypes import JsonObject
 
 
 class _Scheduler(Protocol):
@@ -72,7 +73,7 @@ class EmulatorServer(Protocol):
     @property
     def profile(self) -> _Profile: ...
 
-    def spawn(self, coro: Awaitable[Any]) -> None: ...
+    def spawn(self, coro: Awaitable[object]) -> None: ...
 
 
 __all__ = [
@@ -106,7 +107,7 @@ class Bootstrap:
     room: int
 
 
-def parse_bootstrap(body: dict[str, Any]) -> Bootstrap | None:
+def parse_bootstrap(body: Mapping[str, object]) -> Bootstrap | None:
     """The body's bootstrap fields (None when it has no ``bootstrap_room``); RequestError when
     they are malformed. A missing ``bootstrap_port`` means SGLang's default port."""
     room = body.get("bootstrap_room")
@@ -139,14 +140,14 @@ class _Room:
     decode_gone: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     failed: str | None = None
-    result: dict[str, Any] = field(default_factory=dict)
+    result: JsonObject = field(default_factory=dict)
 
     def fail(self, message: str) -> None:
         if not self.done.is_set():
             self.failed = message
             self.done.set()
 
-    def succeed(self, result: dict[str, Any]) -> None:
+    def succeed(self, result: JsonObject) -> None:
         if not self.done.is_set():
             self.result = result
             self.done.set()
@@ -182,12 +183,12 @@ class _Side:
     def __init__(self, config: DisaggConfig) -> None:
         self.config = config
         self.transfers = {"ok": 0, "failed": 0}
-        self.recent: deque[dict[str, Any]] = deque(maxlen=256)
+        self.recent: deque[JsonObject] = deque(maxlen=256)
 
     def seen(self, boot: Bootstrap) -> None:
         self.recent.append({"host": boot.host, "port": boot.port, "room": boot.room})
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> JsonObject:
         return {
             "mode": self.config.mode,
             "transfers": dict(self.transfers),

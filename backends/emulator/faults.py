@@ -14,12 +14,13 @@ Runtime control: ``POST /_emulator/faults`` with a JSON object holding any of th
 
 from __future__ import annotations
 
-import dataclasses
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from backends.errors import RequestError
+from wire.jsontypes import JsonObject
 
 __all__ = ["FaultConfig", "FaultDecision", "decide", "update_faults"]
 
@@ -35,7 +36,7 @@ class FaultConfig:
     unavailable_until: float = 0.0  # clock value until which the server answers 503
     crash: bool = False
 
-    def to_json(self, now: float) -> dict[str, Any]:
+    def to_json(self, now: float) -> JsonObject:
         return {
             "error_rate": self.error_rate,
             "hang_rate": self.hang_rate,
@@ -46,11 +47,22 @@ class FaultConfig:
         }
 
 
-def _rate(payload: dict[str, Any], key: str) -> float:
+def _rate(payload: Mapping[str, object], key: str, default: float) -> float:
+    if key not in payload:
+        return default
     value = payload[key]
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
         raise RequestError(f"{key} must be a number within [0, 1], got {value!r}", key)
     return float(value)
+
+
+def _flag(payload: Mapping[str, object], key: str, default: bool) -> bool:
+    if key not in payload:
+        return default
+    value = payload[key]
+    if not isinstance(value, bool):
+        raise RequestError(f"{key} must be true or false", key)
+    return value
 
 
 def update_faults(current: FaultConfig, payload: object, now: float) -> FaultConfig:
@@ -61,26 +73,23 @@ def update_faults(current: FaultConfig, payload: object, now: float) -> FaultCon
     unknown = sorted(set(payload) - allowed)
     if unknown:
         raise RequestError(f"unknown fault keys {unknown}; allowed: {sorted(allowed)}")
-    changes: dict[str, Any] = {}
-    for key in ("error_rate", "hang_rate"):
-        if key in payload:
-            changes[key] = _rate(payload, key)
-    for key in ("hang", "crash"):
-        if key in payload:
-            if not isinstance(payload[key], bool):
-                raise RequestError(f"{key} must be true or false", key)
-            changes[key] = payload[key]
+    error_rate = _rate(payload, "error_rate", current.error_rate)
+    hang_rate = _rate(payload, "hang_rate", current.hang_rate)
+    hang = _flag(payload, "hang", current.hang)
+    crash = _flag(payload, "crash", current.crash)
+    slow = current.slow
     if "slow" in payload:
-        slow = payload["slow"]
-        if isinstance(slow, bool) or not isinstance(slow, int | float) or slow < 1:
-            raise RequestError(f"slow must be a number >= 1, got {slow!r}", "slow")
-        changes["slow"] = float(slow)
+        value = payload["slow"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 1:
+            raise RequestError(f"slow must be a number >= 1, got {value!r}", "slow")
+        slow = float(value)
+    until = current.unavailable_until
     if "slow_start_s" in payload:
         s = payload["slow_start_s"]
         if isinstance(s, bool) or not isinstance(s, int | float) or s < 0:
             raise RequestError(f"slow_start_s must be a number >= 0, got {s!r}", "slow_start_s")
-        changes["unavailable_until"] = now + float(s)
-    return dataclasses.replace(current, **changes)
+        until = now + float(s)
+    return FaultConfig(error_rate, hang_rate, hang, slow, until, crash)
 
 
 def decide(faults: FaultConfig, rng: random.Random) -> FaultDecision:

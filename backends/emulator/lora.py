@@ -22,9 +22,8 @@ in :mod:`.lora_api`.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from backends.emulator.lora_config import LoraConfig
 from backends.errors import RequestError
@@ -140,7 +139,7 @@ class LoraSlots:
         self._resident.pop(name, None)
 
 
-def adapter_of(body: dict[str, Any], *, openai: bool) -> str | None:
+def adapter_of(body: Mapping[str, object], *, openai: bool) -> str | None:
     """The adapter a request names, as SGLang reads it (None: the base model)."""
     lora = body.get("lora_path")
     if lora is not None and not isinstance(lora, str):

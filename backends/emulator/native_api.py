@@ -8,7 +8,8 @@ import contextlib
 import dataclasses
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -27,8 +28,10 @@ from backends.emulator.protocol import (
     sse,
 )
 from backends.emulator.request import EmuRequest, GenerationParams
+from backends.emulator.shapes import GenerateResult, LoraInfo, ServerInfo
 from backends.emulator.tokenizer import encode
 from backends.errors import RequestError, SchedulerAbortError, ServerClosingError
+from wire.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from backends.emulator.server import EmulatorServer
@@ -60,7 +63,7 @@ def routes(server: EmulatorServer) -> list[web.RouteDef]:
     ]
 
 
-def _finish_reason(req: EmuRequest) -> dict[str, Any] | None:
+def _finish_reason(req: EmuRequest) -> JsonObject | None:
     if req.finish_reason == "length":
         return {"type": "length", "length": len(req.output_ids)}
     if req.finish_reason == "stop":
@@ -77,9 +80,11 @@ class _NativeApi:
         self.server = server
 
     # ---- /generate ----------------------------------------------------------------------
-    def _params(self, body: dict[str, Any]) -> GenerationParams:
+    def _params(self, body: Mapping[str, object]) -> GenerationParams:
         text, input_ids = body.get("text"), body.get("input_ids")
-        if isinstance(text, list) or (input_ids and isinstance(input_ids[0], list)):
+        if isinstance(text, list) or (
+            isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list)
+        ):
             raise RequestError("batched /generate is not supported by the emulator", "text")
         if isinstance(text, str):
             ids = self.server.encode_text(text)
@@ -103,7 +108,7 @@ class _NativeApi:
         )
         return self.server.with_adapter(params, body, openai=False)
 
-    def _result(self, req: EmuRequest) -> dict[str, Any]:
+    def _result(self, req: EmuRequest) -> GenerateResult:
         end = req.finished_at if req.finished_at is not None else self.server.clock()
         return {
             "text": output_text(req.output_words),
@@ -192,7 +197,7 @@ class _NativeApi:
             return web.Response(status=503)
         return web.Response(status=200 if req.output_ids else 503)
 
-    def _info(self) -> dict[str, Any]:
+    def _info(self) -> ServerInfo:
         s, p = self.server.settings, self.server.profile
         return {
             "model_path": s.model,
@@ -228,7 +233,7 @@ class _NativeApi:
             ],
         }
 
-    def _lora_info(self) -> dict[str, Any]:
+    def _lora_info(self) -> LoraInfo:
         """SGLang's LoRA server args, and (the emulator's) what is registered and resident."""
         lc = self.server.settings.lora
         return {
@@ -281,7 +286,7 @@ class _NativeApi:
         requests preempted so far; benchmarks sample it to show where a lane waits."""
         sched = self.server.scheduler
 
-        def by_priority(reqs: Any) -> dict[str, int]:
+        def by_priority(reqs: Iterable[EmuRequest]) -> dict[str, int]:
             out: dict[str, int] = {}
             for r in reqs:
                 out[str(r.priority)] = out.get(str(r.priority), 0) + 1

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -29,7 +29,9 @@ from backends.emulator.protocol import (
     usage_json,
 )
 from backends.emulator.request import EmuRequest, GenerationParams
+from backends.emulator.shapes import ChatChoice, Completion, TextChoice
 from backends.errors import RequestError, SchedulerAbortError
+from wire.jsontypes import JsonValue
 
 if TYPE_CHECKING:
     from backends.emulator.server import EmulatorServer
@@ -68,7 +70,7 @@ class _OpenAIApi:
     def __init__(self, server: EmulatorServer) -> None:
         self.server = server
 
-    def _params(self, body: dict[str, Any], prompt_ids: list[int]) -> GenerationParams:
+    def _params(self, body: Mapping[str, object], prompt_ids: list[int]) -> GenerationParams:
         n = body.get("n", 1)
         if n not in (None, 1):
             raise RequestError("the emulator supports n = 1 only", "n")
@@ -85,7 +87,7 @@ class _OpenAIApi:
         return self.server.with_adapter(params, body, openai=True)
 
     @staticmethod
-    def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    def _stream_flags(body: Mapping[str, object]) -> tuple[bool, bool]:
         stream = parse_bool(body, "stream")
         opts = body.get("stream_options") or {}
         if not isinstance(opts, dict):
@@ -109,7 +111,7 @@ class _OpenAIApi:
             return await self._stream(request, req, model, include_usage, chat=True)
         await self.server.run_to_end(req)
         _raise_scheduler_abort(req)
-        choice = {
+        choice: ChatChoice = {
             "index": 0,
             "message": {
                 "role": "assistant",
@@ -140,7 +142,7 @@ class _OpenAIApi:
             return await self._stream(request, req, model, include_usage, chat=False)
         await self.server.run_to_end(req)
         _raise_scheduler_abort(req)
-        choice = {
+        choice: TextChoice = {
             "index": 0,
             "text": output_text(req.output_words),
             "logprobs": None,
@@ -167,8 +169,8 @@ class _OpenAIApi:
         return web.json_response({"object": "list", "data": [card, *adapters]})
 
     def _envelope(
-        self, req: EmuRequest, model: str, obj: str, choice: dict[str, Any]
-    ) -> dict[str, Any]:
+        self, req: EmuRequest, model: JsonValue, obj: str, choice: ChatChoice | TextChoice
+    ) -> Completion:
         return {
             "id": req.rid,
             "object": obj,
@@ -179,7 +181,13 @@ class _OpenAIApi:
         }
 
     async def _stream(
-        self, request: web.Request, req: EmuRequest, model: str, include_usage: bool, *, chat: bool
+        self,
+        request: web.Request,
+        req: EmuRequest,
+        model: JsonValue,  # the request's, echoed
+        include_usage: bool,
+        *,
+        chat: bool,
     ) -> web.StreamResponse:
         obj = "chat.completion.chunk" if chat else "text_completion"
         head = json.dumps(

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from backends.emulator.request import EmuRequest, GenerationParams
+from backends.emulator.shapes import CachedTokens, ErrorBody, Usage
 from backends.errors import RequestError
+from wire.jsontypes import JsonObject, JsonValue
 
 __all__ = [
     "DONE",
@@ -43,7 +44,7 @@ def stream_error_event(status: int, message: str) -> bytes:
     return sse(json.dumps(body)) + DONE
 
 
-def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+def error_body(status: int, message: str, param: str | None = None) -> ErrorBody:
     """SGLang's error object (``{"object": "error", ...}``)."""
     return {
         "object": "error",
@@ -59,9 +60,9 @@ def sse(payload: str) -> bytes:
     return b"data: " + payload.encode() + b"\n\n"
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
+def parse_json_object(raw: bytes) -> JsonObject:
     try:
-        body = json.loads(raw)
+        body: JsonValue = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"the body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
@@ -77,7 +78,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
-def parse_max_tokens(body: dict[str, Any], keys: Sequence[str]) -> int | None:
+def parse_max_tokens(body: Mapping[str, object], keys: Sequence[str]) -> int | None:
     """The first of ``keys`` present (a non-negative integer), or None for 'use the default'."""
     for key in keys:
         if key in body and body[key] is not None:
@@ -88,7 +89,7 @@ def parse_max_tokens(body: dict[str, Any], keys: Sequence[str]) -> int | None:
     return None
 
 
-def parse_priority(body: dict[str, Any]) -> int | None:
+def parse_priority(body: Mapping[str, object]) -> int | None:
     """The request's ``priority`` (SGLang: an optional integer at the top of the body)."""
     value = body.get("priority")
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
@@ -106,7 +107,7 @@ def parse_stop(value: object) -> frozenset[str]:
     raise RequestError("stop must be a string or a list of strings", "stop")
 
 
-def parse_bool(body: dict[str, Any], key: str, default: bool = False) -> bool:
+def parse_bool(body: Mapping[str, object], key: str, default: bool = False) -> bool:
     value = body.get(key, default)
     if value is None:
         return default
@@ -149,10 +150,10 @@ def context_check(
     )
 
 
-def usage_json(req: EmuRequest, *, cache_report: bool) -> dict[str, Any]:
+def usage_json(req: EmuRequest, *, cache_report: bool) -> Usage:
     """OpenAI ``usage``; ``cached_tokens`` only with cache reporting and when > 0, as SGLang."""
     completion = len(req.output_ids)
-    details = (
+    details: CachedTokens | None = (
         {"cached_tokens": req.cached_tokens} if cache_report and req.cached_tokens > 0 else None
     )
     return {

@@ -15,8 +15,8 @@ import logging
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeAlias
 
 from aiohttp import web
 
@@ -32,6 +32,7 @@ from backends.emulator.request import EmuRequest, GenerationParams
 from backends.emulator.request_log import RequestLog
 from backends.emulator.scheduler import Scheduler
 from backends.emulator.settings import EmulatorSettings
+from backends.emulator.shapes import DisaggInfo
 from backends.emulator.tokenizer import encode, render_chat
 from backends.emulator.tracing import end_request_span, start_request_span
 from backends.errors import (
@@ -144,7 +145,7 @@ class EmulatorServer:
         self.abort_requests: dict[str, int] = {"received": 0, "aborted": 0}
         self._hang_gate = asyncio.Event()
         self._runner: web.AppRunner | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         self._inflight: set[asyncio.BaseTransport] = set()  # connections with a request
         self.closing = False
         self.crashed = False
@@ -160,7 +161,7 @@ class EmulatorServer:
         except ChatTemplateError as exc:
             raise RequestError(str(exc), "prompt") from exc
 
-    def encode_chat(self, body: dict[str, Any]) -> list[int]:
+    def encode_chat(self, body: Mapping[str, object]) -> list[int]:
         """A chat completion's prompt ids: the emulator's template, or the model's as SGLang
         applies it (RequestError when the template refuses the messages)."""
         if self.model is None:
@@ -170,7 +171,7 @@ class EmulatorServer:
         except ChatTemplateError as exc:
             raise RequestError(str(exc), "messages") from exc
 
-    def disagg_info(self) -> dict[str, Any]:
+    def disagg_info(self) -> DisaggInfo:
         """SGLang's server_info keys for PD mode (the bootstrap port actually bound)."""
         pd = self.settings.disaggregation
         port = self.disagg.port if isinstance(self.disagg, PrefillSide) else pd.bootstrap_port
@@ -240,9 +241,9 @@ class EmulatorServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def spawn(self, coro: Awaitable[Any]) -> None:
+    def spawn(self, coro: Awaitable[object]) -> None:
         """Run a background task that ``aclose`` stops."""
-        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        task: asyncio.Task[object] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -277,7 +278,7 @@ class EmulatorServer:
         )
 
     def with_adapter(
-        self, params: GenerationParams, body: dict[str, Any], *, openai: bool
+        self, params: GenerationParams, body: Mapping[str, object], *, openai: bool
     ) -> GenerationParams:
         """``params`` with the adapter ``body`` names (400 when LoRA is off or it is unknown)."""
         name = adapter_of(body, openai=openai)

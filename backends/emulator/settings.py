@@ -78,13 +78,22 @@ class EmulatorSettings:
     def resolved_profile(self) -> BackendProfile:
         """The named profile with this process's overrides applied."""
         base = get_profile(self.profile)
-        overrides = {
-            "max_running_requests": self.max_running_requests,
-            "max_queued_requests": self.max_queued_requests,
-            "max_total_tokens": self.cache_tokens,
-            "page_size": self.page_size,
-            "chunked_prefill_size": self.chunked_prefill_size,
-            "context_length": self.context_length,
-        }
-        changes = {k: v for k, v in overrides.items() if v is not None}
-        return dataclasses.replace(base, **changes) if changes else base  # type: ignore[arg-type]  # the overrides are the settings' own field names with their types (the CLI's)
+        overrides = (
+            self.max_running_requests, self.max_queued_requests, self.cache_tokens,
+            self.page_size, self.chunked_prefill_size, self.context_length,
+        )  # fmt: skip
+        if all(v is None for v in overrides):
+            return base
+
+        def pick(override: int | None, value: int) -> int:
+            return value if override is None else override
+
+        return dataclasses.replace(
+            base,
+            max_running_requests=pick(self.max_running_requests, base.max_running_requests),
+            max_queued_requests=pick(self.max_queued_requests, base.max_queued_requests),
+            max_total_tokens=pick(self.cache_tokens, base.max_total_tokens),
+            page_size=pick(self.page_size, base.page_size),
+            chunked_prefill_size=pick(self.chunked_prefill_size, base.chunked_prefill_size),
+            context_length=pick(self.context_length, base.context_length),
+        )

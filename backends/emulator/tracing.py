@@ -7,13 +7,16 @@ tokens, time to first token, finish reason). Off unless ``--enable-trace``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from opentelemetry.trace import Span
 
 from backends.emulator.request import EmuRequest
 from runtime import tracing as t
+
+if TYPE_CHECKING:
+    from opentelemetry.util.types import AttributeValue
 
 __all__ = ["end_request_span", "start_request_span"]
 
@@ -25,7 +28,7 @@ def start_request_span(tracing: t.Tracing, http: web.Request, req: EmuRequest, m
     operation = "generate" if http.path == "/generate" else (
         "chat" if http.path.endswith("/chat/completions") else "text_completion"
     )  # fmt: skip
-    attrs: Mapping[str, Any] = {
+    attrs: Mapping[str, AttributeValue] = {
         t.OPERATION: operation,
         t.REQUEST_MODEL: model,
         t.MAX_TOKENS: req.params.max_new_tokens,
@@ -42,7 +45,7 @@ def end_request_span(http: web.Request, status: int | None) -> None:
     if span is None:
         return
     req: EmuRequest = http[_REQ]
-    attrs: dict[str, Any] = {
+    attrs: dict[str, AttributeValue] = {
         t.INPUT_TOKENS: req.prompt_len,
         t.OUTPUT_TOKENS: len(req.output_ids),
         t.CACHED_TOKENS: req.cached_tokens,

@@ -12,15 +12,16 @@ server does not report stays None (unknown), never false.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
 from backends.errors import LauncherError
 from backends.sglang.endpoints import file_lock, write_atomic
 from poolstate.ranking import Ranking
+from wire.jsontypes import JsonObject
 
 __all__ = ["CapacityHints", "fetch_capacity", "parse_server_info", "write_capacity_file"]
 
@@ -39,7 +40,7 @@ class CapacityHints:
         default_factory=Ranking
     )  # its priority scheduling (SGLang's server args)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         out = asdict(self)
         if self.kv_events is None:
             out.pop("kv_events")
@@ -54,7 +55,7 @@ def _int(value: object) -> int | None:
     return int(value)
 
 
-def parse_server_info(info: dict[str, Any]) -> CapacityHints:
+def parse_server_info(info: Mapping[str, object]) -> CapacityHints:
     """Pure: the hints in one ``/get_server_info`` answer (missing values are None)."""
     states = info.get("internal_states")
     state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
@@ -78,8 +79,8 @@ def parse_server_info(info: dict[str, Any]) -> CapacityHints:
     )
 
 
-def _ranking(*sources: dict[str, Any]) -> Ranking:
-    def first(key: str) -> Any:
+def _ranking(*sources: Mapping[str, object]) -> Ranking:
+    def first(key: str) -> object:
         for source in sources:
             if source.get(key) is not None:
                 return source[key]

@@ -27,6 +27,7 @@ from runtime.redis_connect import RedisAuthError, connect_redis
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
 
 __all__ = ["MAX_TENANTS", "QUOTAS", "QuotaWindows"]
 
@@ -51,7 +52,7 @@ class QuotaWindows:
         self._url: str | None = redis_url
         self._clock = clock
         self._timeout = timeout
-        self._client: Redis | None = None
+        self._client: Redis | RedisCluster | None = None
         self._reader: QuotaReader | None = None
         self._policy: Policy | None = None
         self.errors = Counter(

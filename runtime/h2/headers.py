@@ -3,8 +3,6 @@ peer's dynamic table work) with the header list size bound, and a cache of whole
 
 from __future__ import annotations
 
-from typing import Any
-
 from hpack import Decoder
 
 from runtime.h2 import frames as f
@@ -22,7 +20,8 @@ class HeaderDecoder:
         self.decoder = Decoder()
         self.decoder.max_header_list_size = max_header_list_size
         self.hcache: dict[bytes, Decoded] = {}
-        self.hstate: tuple[int, Any, int] = (-1, None, -1)
+        # the dynamic table's length, first entry (compared by identity) and size
+        self.hstate: tuple[int, tuple[bytes, bytes] | None, int] = (-1, None, -1)
 
     def decode(self, block: bytes) -> Decoded:
         """A header block's non-pseudo headers, ``:path`` and ``grpc-timeout``, through

@@ -17,36 +17,20 @@ import asyncio
 import ipaddress
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from ssl import SSLContext
-from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from runtime.h2 import frames as f
 from runtime.h2.connection import H2Connection
 from runtime.h2.errors import GrpcError, Status
-from runtime.h2.stream import Stream
+from runtime.h2.stream import Method, Stream
 from runtime.health import CHECK_PATH, HealthState, UnknownService
 
 __all__ = ["GrpcH2Server", "Method", "is_loopback", "transport_for"]
 
 log = logging.getLogger(__name__)
-
-Unary = Callable[[bytes], Awaitable[bytes]]
-UnaryWithMetadata = Callable[[bytes, tuple[tuple[str, str], ...]], Awaitable[bytes]]
-Streaming = Callable[[Stream], Coroutine[Any, Any, None]]
-
-
-@dataclass(frozen=True)
-class Method:
-    """A unary method (request bytes → reply bytes; ``unary_metadata`` also gets the call's
-    metadata, e.g. ``traceparent``) or a streaming one (given the call)."""
-
-    unary: Unary | None = None
-    streaming: Streaming | None = None
-    unary_metadata: UnaryWithMetadata | None = None
 
 
 def transport_for(requested: str, host: str, tls: bool = False) -> str:
@@ -154,6 +138,7 @@ class GrpcH2Server:
 
     def ready(self, conn: H2Connection, s: Stream) -> None:
         method, s.method = s.method, None  # started: END_STREAM does not start it again
+        assert method is not None  # open() set it; the connection calls this only then
         task: asyncio.Task[None] = self.loop.create_task(self._call(conn, s, method))
         s.task = task
         self.tasks.add(task)

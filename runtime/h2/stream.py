@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 from runtime.h2.frames import Limits
 
-__all__ = ["Stream", "StreamOwner"]
+__all__ = ["Method", "Stream", "StreamOwner"]
 
 
 class StreamOwner(Protocol):
@@ -78,7 +80,7 @@ class Stream:
         self.headers_sent = False
         self.remote_closed = False
         self.closed = False  # answered or reset: nothing more is sent
-        self.method: Any = None
+        self.method: Method | None = None  # set while a unary call waits for its request
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
 
@@ -110,3 +112,18 @@ class Stream:
     def wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
+
+
+Unary = Callable[[bytes], Awaitable[bytes]]
+UnaryWithMetadata = Callable[[bytes, tuple[tuple[str, str], ...]], Awaitable[bytes]]
+Streaming = Callable[[Stream], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A unary method (request bytes → reply bytes; ``unary_metadata`` also gets the call's
+    metadata, e.g. ``traceparent``) or a streaming one (given the call)."""
+
+    unary: Unary | None = None
+    streaming: Streaming | None = None
+    unary_metadata: UnaryWithMetadata | None = None

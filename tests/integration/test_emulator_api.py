@@ -175,6 +175,8 @@ async def test_generate_native_stream_is_cumulative(
         ("/v1/completions", json.dumps({"prompt": "x", "max_tokens": 40000}).encode()),
         ("/v1/completions", json.dumps({"prompt": 5}).encode()),
         ("/generate", json.dumps({"sampling_params": {}}).encode()),
+        ("/generate", json.dumps({"input_ids": 5}).encode()),  # not a list: 400, never a 500
+        ("/generate", json.dumps({"input_ids": {"0": [1]}}).encode()),
         # bad text: a lone surrogate escape, invalid UTF-8, no body at all (never a 500, which
         # counts toward ejecting a healthy replica)
         (

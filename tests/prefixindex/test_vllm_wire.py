@@ -143,6 +143,18 @@ def test_malformed_batches_are_decode_errors(raw: bytes) -> None:
         VllmBlockMap(PAGE).read(1, raw)
 
 
+def test_a_medium_that_is_not_a_string_is_a_decode_error_and_the_map_keeps_its_state() -> None:
+    m = VllmBlockMap(PAGE)
+    with pytest.raises(KvEventDecodeError, match="BlockStored: medium must be a string or null"):
+        m.read(0, payload(stored(0, 2, medium=7)))
+    assert len(m) == 0
+    m.read(1, payload(stored(0, 2)))
+    gone = msgspec.msgpack.encode([1.0, [["BlockRemoved", HASHES[:1], ["GPU"]]]])
+    with pytest.raises(KvEventDecodeError, match="BlockRemoved: medium must be a string or null"):
+        m.read(2, gone)
+    assert len(m) == 2
+
+
 def test_frames_need_three_parts() -> None:
     m = VllmBlockMap(PAGE)
     seq, batch = m.read_frame([b"", encode_seq(7), payload(stored(0, 1))])

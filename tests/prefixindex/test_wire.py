@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import struct
 
 import msgspec
@@ -159,10 +161,17 @@ def test_config_keys_defaults_and_errors() -> None:
     cfg = KvEventsConfig.from_json('{"publisher": "zmq", "replay_endpoint": "tcp://*:5558"}')
     assert cfg.enabled and cfg.endpoint == "tcp://*:5557" and cfg.buffer_steps == 10_000
     assert not KvEventsConfig.from_json("{}").enabled
+    every = KvEventsConfig("zmq", "tcp://*:1", "ipc:///r", 3, 4, 5, "kv")
+    assert KvEventsConfig.from_json(json.dumps(dataclasses.asdict(every))) == every
     for bad, words in [
         ('{"publisher": "kafka"}', "allowed: null, zmq"),
         ('{"endpont": "tcp://*:1"}', "unknown key 'endpont'"),
         ('{"hwm": 0}', "hwm: must be an integer >= 1"),
+        ('{"max_queue_size": true}', "max_queue_size: must be an integer >= 1"),
+        ('{"publisher": 1}', "publisher: 1 is not allowed"),
+        ('{"topic": 1}', "topic: must be a string"),
+        ('{"replay_endpoint": 1}', "replay_endpoint: must be a string or null"),
+        ('{"replay_endpoint": "udp://x"}', "replay_endpoint: 'udp://x' must start with tcp://"),
         ('{"endpoint": "http://x"}', "must start with tcp://"),
         ("[1]", "must be a JSON object"),
         ("{", "not JSON"),

@@ -9,10 +9,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from policy import Policy
-from quota.config import effective_quotas, limits_for_tenant, tenant_defaults
+from quota.config import Limit, effective_quotas, limits_for_tenant, tenant_defaults
 from quota.errors import QuotaUnavailable
 from quota.keys import config_key
-from quota.reader import QuotaReader
+from quota.reader import QuotaReader, limit_remaining
 from ratelimit_service.plan import checks_for
 from ratelimit_service.store import RedisStore
 
@@ -184,3 +184,12 @@ async def test_usage_of_request_quotas_and_shadow_limits_for_the_binding_limit(
         assert [(u.window, u.shadow) for u in shadow] == [("bucket", True)]
     finally:
         await store.aclose()
+
+
+def test_a_bucket_state_that_is_not_tk_ts_is_quota_unavailable() -> None:
+    bucket = Limit("tokens", "bucket", 100, 1.0, shadow=False, tokens=True)
+    assert limit_remaining(bucket, [None, None], 0) == 100
+    assert limit_remaining(bucket, [b"40", b"0"], 0) == 40
+    for bad in (b"40", [b"40"], []):
+        with pytest.raises(QuotaUnavailable, match="not \\[tk, ts\\]"):
+            limit_remaining(bucket, bad, 0)

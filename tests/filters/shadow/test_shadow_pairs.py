@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from filters.plugins.shadow.book import Book
 from filters.plugins.shadow.scan import UsageScan
 from runtime.shadow import Pair, Side, decode_pair, judge, summarize
@@ -115,3 +117,12 @@ def test_summary_and_round_trip() -> None:
     assert s["latency_ratio_p50"] == 1.0  # ratios 3.0 and 1.0: the lower middle
     assert s["shadow"]["errors_by_kind"] == {"absent": 1} and s["primary"]["errors"] == 0
     assert s["shadow"]["completion_tokens_mean"] == 19.0
+
+
+def test_a_side_whose_time_is_not_a_number_is_not_a_shadow_pair() -> None:
+    good = json.loads(Pair("a", "llm", "r1", 1.0, Side(200, 0.01, 0.1, 20), Side()).encode())
+    assert decode_pair(json.dumps(good)).primary.latency_s == 0.1
+    for bad in ([0.1], {"s": 0.1}):
+        good["primary"]["latency_s"] = bad
+        with pytest.raises(ValueError, match=r"not a shadow pair: float\(\) argument must be"):
+            decode_pair(json.dumps(good))
