@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, cast, runtime_checkable
 
-from filters.bodies import LlmRequest
+from filters.bodies import Decoded, LlmRequest
 
 __all__ = [
     "HOOKS",
@@ -179,6 +179,8 @@ class Context:
     lane: str | None = None
     model: str | None = None
     body: LlmRequest | None = None  # the parsed request body, once a plugin read it
+    # the latest decode of the body's bytes (filters.bodies.body_json): one decode per request
+    decoded: Decoded | None = None
     # the prompt as the pool's backend renders it (its model's chat template), where the tokens
     # plugin rendered it to count it exactly: the picker hashes the same bytes
     rendered: bytes | None = None

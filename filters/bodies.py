@@ -15,18 +15,24 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from filters.errors import ClientError
+from wire.jsontypes import JsonObject
 
 __all__ = [
     "MAX_TOKENS_LIMIT",
+    "Decoded",
     "Kind",
     "LlmRequest",
     "Parsed",
+    "body_json",
+    "check_request",
     "decode_json",
     "dump_body",
     "empty_body",
+    "json_of",
     "kind_for_path",
     "parse_request",
     "request_of",
+    "write_body",
 ]
 
 Kind = Literal["chat", "completion", "generate"]
@@ -324,8 +330,18 @@ def _model(data: dict[str, Any], required: bool) -> str | None:
 def parse_request(
     kind: Kind, body: bytes, *, extra_fields: Collection[str] = (), reject_unknown: bool = True
 ) -> LlmRequest:
-    """Decode and check one request body of ``kind``."""
-    data = decode_json(body)
+    """Decode and check one request body of ``kind`` (no context: tests and benchmarks; the
+    plugins decode through the request's context, :func:`body_json`)."""
+    return check_request(
+        kind, decode_json(body), extra_fields=extra_fields, reject_unknown=reject_unknown
+    )
+
+
+def check_request(
+    kind: Kind, data: JsonObject, *, extra_fields: Collection[str] = (), reject_unknown: bool = True
+) -> LlmRequest:
+    """Check one decoded request body of ``kind``; ``data`` becomes the request's ``data``
+    (not copied)."""
     if reject_unknown:
         _check_fields(kind, data, extra_fields)
     if kind == "generate":
@@ -366,16 +382,62 @@ def parse_request(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """One decode of a request body: the bytes it came from and what they gave, the JSON
+    object or the 400 they earned. The request's context keeps the latest (``ctx.decoded``), so
+    the plugins after the first read it instead of decoding again; a plugin that rewrites the
+    body keeps it current (:func:`write_body`), and bytes it does not match are decoded anew."""
+
+    raw: bytes
+    result: JsonObject | ClientError
+
+
 class Parsed(Protocol):
-    """What :func:`request_of` reads and writes of a request's context (:class:`filters.api.Context`)."""
+    """What this module reads and writes of a request's context (:class:`filters.api.Context`)."""
 
     path: str
     body: LlmRequest | None
+    decoded: Decoded | None
+
+
+def body_json(ctx: Parsed, body: bytes) -> JsonObject:
+    """``body`` as a JSON object (:func:`decode_json`, its 400s included), decoded at most once
+    per request: the decode kept on the context when it came from these bytes (the same object,
+    or equal ones), else decoded here and kept. The object is shared: a plugin that changes it
+    writes the body with :func:`write_body`."""
+    d = ctx.decoded
+    if d is None or (d.raw is not body and d.raw != body):
+        try:
+            d = Decoded(body, decode_json(body))
+        except ClientError as exc:
+            d = Decoded(body, exc)
+        ctx.decoded = d
+    if isinstance(d.result, ClientError):
+        raise d.result
+    return d.result
+
+
+def json_of(ctx: Parsed, body: bytes) -> JsonObject | None:
+    """:func:`body_json`, or None where the body is no JSON object (plugins that leave such a
+    body alone: the backend answers it)."""
+    try:
+        return body_json(ctx, body)
+    except ClientError:
+        return None
+
+
+def write_body(ctx: Parsed, data: JsonObject) -> bytes:
+    """``data`` (a body's object, changed) as the request's new body (:func:`dump_body`), kept
+    as the context's decode of those bytes: the plugins after this one read it undecoded."""
+    new = dump_body(data)
+    ctx.decoded = Decoded(new, data)
+    return new
 
 
 def request_of(ctx: Parsed, body: bytes) -> LlmRequest | None:
     """The request's parsed body, read once per request: the one already in ``ctx.body`` (the
-    tokens plugin keeps its checked parse there), else ``body`` parsed here leniently (unknown
+    tokens plugin keeps its checked parse there), else ``body`` checked here leniently (unknown
     fields pass: only the tokens plugin refuses them) and kept in ``ctx.body`` for the plugins
     after this one. None on a path that carries no LLM body. The one side effect of this module:
     the parse is the request's, so it lives on its context."""
@@ -384,7 +446,7 @@ def request_of(ctx: Parsed, body: bytes) -> LlmRequest | None:
     kind = kind_for_path(ctx.path)
     if kind is None:
         return None
-    req = parse_request(kind, body, reject_unknown=False)
+    req = check_request(kind, body_json(ctx, body), reject_unknown=False)
     ctx.body = req
     return req
 

@@ -14,14 +14,13 @@ the request then counts there).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from filters.api import BasePlugin, Context, Result
-from filters.bodies import dump_body
+from filters.bodies import json_of, write_body
 from filters.errors import ConfigError
 from filters.plugins.lora.affinity import AdapterAffinity
 from filters.plugins.lora.hub import LOAD_S, LoraHub
@@ -61,12 +60,9 @@ class LoraPlugin(BasePlugin):
         adapter = ctx.model
         if adapter is None or pool.lora is None or adapter not in pool.lora.adapters:
             return None  # the base model
-        try:
-            data = json.loads(body)
-        except ValueError:
-            return None  # not JSON: the replica answers its 400
-        if not isinstance(data, dict):
-            return None
+        data = json_of(ctx, body)  # the tokens plugin's decode, kept on the context
+        if data is None:
+            return None  # not a JSON object: the replica answers its 400
         replicas = [str(a) for a in pool.endpoints]
         hub, lora = self.hub, pool.lora
         hub.refresh(pool_name, lora, replicas)  # the replicas' own reports, in the background
@@ -81,7 +77,7 @@ class LoraPlugin(BasePlugin):
         ctx.scratch[_KEY] = (aff, replica, adapter)
         ctx.plan.adapter_replica = replica
         data["lora_path"] = adapter
-        new = dump_body(data)
+        new = write_body(ctx, data)
         return Result(
             body=new, set_headers={ENDPOINT_HEADER: replica, "content-length": str(len(new))}
         )

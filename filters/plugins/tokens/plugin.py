@@ -42,10 +42,11 @@ from filters.api import BasePlugin, Context, Result
 from filters.bodies import (
     Kind,
     LlmRequest,
-    dump_body,
+    body_json,
+    check_request,
     empty_body,
     kind_for_path,
-    parse_request,
+    write_body,
 )
 from filters.errors import ClientError, ConfigError
 from filters.plugins.admission.limits import preemptive
@@ -171,8 +172,11 @@ class TokensPlugin(BasePlugin):
         kind: Kind | None = kind_for_path(ctx.path)
         if kind is None:
             return None
-        req = parse_request(
-            kind, body, extra_fields=self.extra_fields, reject_unknown=self.reject_unknown
+        req = check_request(
+            kind,
+            body_json(ctx, body),
+            extra_fields=self.extra_fields,
+            reject_unknown=self.reject_unknown,
         )
         ctx.body = req
         model = req.model or (ctx.route.models[0] if ctx.route.models else "unknown")
@@ -224,7 +228,7 @@ class TokensPlugin(BasePlugin):
         headers = {MODEL_HEADER: model, RESERVE_HEADER: str(ctx.reserve)}
         if not rewrite:
             return Result(set_headers=headers)
-        new = dump_body(req.data)
+        new = write_body(ctx, req.data)
         headers["content-length"] = str(len(new))
         return Result(set_headers=headers, body=new)
 
