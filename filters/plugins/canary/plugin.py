@@ -31,7 +31,7 @@ class CanaryPlugin(BasePlugin):
     name = "canary"
     bounded = True
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         if settings:
             raise ConfigError(f"canary: unknown setting(s) {sorted(settings)}")
         self.services = services

@@ -28,7 +28,6 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from filters.api import BasePlugin, Context, Result, Slot
 from filters.bodies import json_of
@@ -84,7 +83,7 @@ class CollapsePlugin(BasePlugin):
     name = "collapse"
     bounded = True  # its one Redis read has the client's timeout
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         if settings:
             raise ConfigError(
                 f"collapse: unknown setting(s) {sorted(settings)}; its knobs live in the "

@@ -24,7 +24,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from filters.api import BasePlugin, Context, Reply, Result, Slot, openai_error
 from filters.bodies import json_of
@@ -71,7 +70,7 @@ class IdempotencyPlugin(BasePlugin):
     name = "idempotency"
     bounded = True  # its only I/O, the store, has its own timeout
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         if settings:
             raise ConfigError(
                 f"idempotency: unknown setting(s) {sorted(settings)}; its knobs live in the "

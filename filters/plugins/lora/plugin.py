@@ -15,7 +15,6 @@ the request then counts there).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -35,7 +34,7 @@ _KEY = "lora"
 class LoraPlugin(BasePlugin):
     name = "lora"
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         if settings:
             raise ConfigError(f"lora: unknown setting(s) {sorted(settings)}; it has none")
         self.pools = services.policy.pools

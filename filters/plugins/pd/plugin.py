@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
 from filters.api import BasePlugin, Context, Result, Slot
 from filters.bodies import json_of, write_body
@@ -42,7 +41,7 @@ def _prompt_start(ctx: Context, data: JsonObject) -> bytes:
 class PdPlugin(BasePlugin):
     name = "pd"
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         if settings:
             raise ConfigError(f"pd: unknown setting(s) {sorted(settings)}; it has none")
         self.hub = services.pd  # None where the chain is only built to check the policy

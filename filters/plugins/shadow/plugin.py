@@ -51,7 +51,7 @@ class ShadowPlugin(BasePlugin):
     name = "shadow"
     bounded = True  # no I/O
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         if settings:
             raise ConfigError(
                 f"shadow: unknown setting(s) {sorted(settings)}; its knobs live in the "

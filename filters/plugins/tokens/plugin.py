@@ -35,7 +35,6 @@ import asyncio
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 from chat.tokenizer import ChatTemplateError
 from filters.api import BasePlugin, Context, Result
@@ -52,6 +51,7 @@ from filters.errors import ClientError, ConfigError
 from filters.plugins.admission.limits import preemptive
 from filters.plugins.lora.names import adapter_model
 from filters.services import Services
+from filters.settings import float_setting, int_setting, optional_int_setting, strings_setting
 from policy.model import Policy
 from runtime.throttled_log import ThrottledLog
 from wire.contract import MODEL_HEADER, RESERVE_HEADER
@@ -125,7 +125,7 @@ class TokensPlugin(BasePlugin):
     name = "tokens"
     bounded = True  # Redis reads have their own timeouts
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         unknown = set(settings) - {
             "extra_fields",
             "reject_unknown",
@@ -135,11 +135,11 @@ class TokensPlugin(BasePlugin):
         }
         if unknown:
             raise ConfigError(f"tokens: unknown setting(s) {sorted(unknown)}")
-        self.extra_fields = frozenset(settings.get("extra_fields", ()))
+        self.extra_fields = strings_setting(settings, "tokens", "extra_fields")
         self.reject_unknown = bool(settings.get("reject_unknown", True))
-        self.default_max_tokens = int(settings.get("default_max_tokens", 4096))
-        self.max_body_bytes: int | None = settings.get("max_body_bytes")
-        self.budget_timeout = float(settings.get("budget_timeout", 0.05))
+        self.default_max_tokens = int_setting(settings, "tokens", "default_max_tokens", 4096)
+        self.max_body_bytes = optional_int_setting(settings, "tokens", "max_body_bytes")
+        self.budget_timeout = float_setting(settings, "tokens", "budget_timeout", 0.05)
         self.services = services
         self._budget_warn = ThrottledLog(services.clock, 10.0, _log)  # not one line per request
 

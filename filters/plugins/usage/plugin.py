@@ -114,7 +114,7 @@ class UsagePlugin(BasePlugin):
     name = "usage"
     bounded = True
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         unknown = set(settings) - {"max_json_bytes", "stop_at_budget", "topup_tokens"}
         if unknown:
             raise ConfigError(f"usage: unknown setting(s) {sorted(unknown)}")
