@@ -12,10 +12,11 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from filters.api import HOOKS, BasePlugin, Context, Hook, Plugin, Reply, Result, openai_error
 from filters.errors import ClientError
+from wire.jsontypes import JsonValue
 
 __all__ = ["Chain", "ChainEvents", "Outcome", "error_reply"]
 
@@ -37,7 +38,7 @@ class Outcome:
     set_headers: dict[str, str] = field(default_factory=dict)
     remove_headers: list[str] = field(default_factory=list)
     body: bytes | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, JsonValue] = field(default_factory=dict)
     reply: Reply | None = None
     clear_route_cache: bool = False
 

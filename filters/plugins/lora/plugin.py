@@ -15,10 +15,11 @@ the request then counts there).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from filters.api import BasePlugin, Context, Result
+from filters.api import BasePlugin, Context, Result, Slot
 from filters.bodies import json_of, write_body
 from filters.errors import ConfigError
 from filters.plugins.lora.affinity import AdapterAffinity
@@ -28,7 +29,17 @@ from policy.routing import ENDPOINT_HEADER
 
 __all__ = ["LoraPlugin"]
 
-_KEY = "lora"
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """The replica the adapter's affinity placed this request on, counted out at its end."""
+
+    affinity: AdapterAffinity
+    replica: str
+    adapter: str
+
+
+_PLACED: Slot[_Placed] = Slot("lora")
 
 
 class LoraPlugin(BasePlugin):
@@ -73,7 +84,7 @@ class LoraPlugin(BasePlugin):
             if ctx.hold is not None:  # Envoy waits for this answer as long as a load may take
                 await ctx.hold(LOAD_S)
             await hub.ensure(pool_name, lora, replica, adapter)
-        ctx.scratch[_KEY] = (aff, replica, adapter)
+        ctx.put(_PLACED, _Placed(aff, replica, adapter))
         ctx.plan.adapter_replica = replica
         data["lora_path"] = adapter
         new = write_body(ctx, data)
@@ -82,9 +93,9 @@ class LoraPlugin(BasePlugin):
         )
 
     async def stream_end(self, ctx: Context) -> None:
-        entry = ctx.scratch.pop(_KEY, None)
+        entry = ctx.take(_PLACED)
         if entry is not None:
-            aff, replica, adapter = entry
+            aff, replica, adapter = entry.affinity, entry.replica, entry.adapter
             moved = ctx.plan.adapter_replica
             if moved is not None and moved != replica:  # the picker found its prefix there
                 aff.moved(adapter, replica, moved)

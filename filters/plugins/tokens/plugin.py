@@ -74,7 +74,8 @@ def estimate_prompt(req: LlmRequest, services: Services) -> int:
     count = services.estimator.count
     n = count(req.prompt_text)
     if req.kind == "chat":
-        n += _PER_MESSAGE * len(req.data.get("messages") or ()) + _TEMPLATE_TOKENS
+        messages = req.data.get("messages")  # a non-empty list: parse_request checked it
+        n += _PER_MESSAGE * (len(messages) if isinstance(messages, list) else 0) + _TEMPLATE_TOKENS
         tools = req.data.get("tools")
         if tools:  # the template writes the tool definitions into the prompt
             n += count(json.dumps(tools, ensure_ascii=False))
@@ -223,7 +224,11 @@ class TokensPlugin(BasePlugin):
             rewrite = True
         if req.stream and kind != "generate" and not req.include_usage:
             opts = req.data.get("stream_options")
-            req.data["stream_options"] = {**(opts or {}), "include_usage": True}
+            # an object or absent (parse_request checked it)
+            req.data["stream_options"] = {
+                **(opts if isinstance(opts, dict) else {}),
+                "include_usage": True,
+            }
             rewrite = True
         headers = {MODEL_HEADER: model, RESERVE_HEADER: str(ctx.reserve)}
         if not rewrite:
