@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -78,9 +78,9 @@ class KeyInfo:
 class RedisHashes(Protocol):
     """The part of ``redis.asyncio.Redis`` the store uses (a dict-backed fake in tests)."""
 
-    async def hgetall(self, name: str) -> Mapping[bytes | str, bytes | str]: ...
+    def hgetall(self, name: str) -> Awaitable[Mapping[bytes | str, bytes | str]]: ...
 
-    async def smembers(self, name: str) -> Iterable[bytes | str]: ...
+    def smembers(self, name: str) -> Awaitable[Iterable[bytes | str]]: ...
 
 
 def key_digest(api_key: str) -> str:
