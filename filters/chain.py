@@ -128,7 +128,10 @@ class Chain:
             return await p.request_body(ctx, state["body"])
 
         timed = "request_body" in self._unbounded
-        return await self._run("request_body", ctx, call, body_state=state, timed=timed)
+        try:
+            return await self._run("request_body", ctx, call, body_state=state, timed=timed)
+        finally:  # the body's bytes are read in this phase only: not kept to the stream's end
+            ctx.decoded = None
 
     async def response_headers(self, ctx: Context, headers: dict[str, str]) -> Outcome:
         async def call(p: Plugin) -> Result | None:

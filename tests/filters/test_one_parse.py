@@ -17,8 +17,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import filters.bodies
-from filters.api import Context, RouteInfo
-from filters.bodies import LlmRequest, json_of, request_of
+from filters.api import BasePlugin, Context, Result, RouteInfo
+from filters.bodies import Decoded, LlmRequest, json_of, request_of
 from filters.chain import Chain
 from filters.plugins.collapse.hub import Hub
 from filters.plugins.collapse.plugin import CollapsePlugin
@@ -165,6 +165,19 @@ def _all_plugins(tmp_path: Path, clock: Clock) -> tuple[Chain, Services]:
     return Chain("r", plugins), services
 
 
+class _Probe(BasePlugin):
+    """Records the body it is handed and the context's decode at that moment."""
+
+    name = "probe"
+
+    def __init__(self, seen: list[tuple[bytes, Decoded | None]]) -> None:
+        self.seen = seen
+
+    async def request_body(self, ctx: Context, body: bytes) -> Result | None:
+        self.seen.append((body, ctx.decoded))
+        return None
+
+
 def _ctx(pool: str, clock: Clock, model: str = "m") -> Context:
     route = RouteInfo(name="r", pool=pool, models=("m", "sql") if pool == "adapters" else ("m",))
     return Context(
@@ -203,6 +216,8 @@ async def test_every_plugin_reads_the_one_decode(
     ctx = _ctx(pool, clock, model)
     await chain.request_headers(ctx, {":method": "POST", "idempotency-key": "k1"}, False)
     body = _chat(model)
+    seen: list[tuple[bytes, Decoded | None]] = []
+    chain = Chain("r", [*chain.plugins, _Probe(seen)])
     raw_decodes.clear()
     out = await chain.request_body(ctx, body)
     assert raw_decodes == [len(body)]  # one decode by any decoder, of the client's body
@@ -217,8 +232,10 @@ async def test_every_plugin_reads_the_one_decode(
     }
     assert {k for k, v in done.items() if v} == acts
     assert len(decodes) == 1  # tokens decoded it; the others (and its rewrites) read that
-    assert out.body is not None and ctx.decoded is not None and ctx.decoded.raw is out.body
-    assert msgspec.json.decode(out.body) == ctx.decoded.result  # the kept decode is what is sent
+    ((last, kept),) = seen  # what the plugin after them all was handed, and the context's decode
+    assert out.body is last and kept is not None and kept.raw is last
+    assert msgspec.json.decode(last) == kept.result  # the kept decode is what is sent
+    assert ctx.decoded is None  # dropped with the body phase: the bytes are not held to the end
 
 
 async def test_without_tokens_the_first_reader_decodes_and_a_bad_body_once(
