@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import aiohttp
+from prometheus_client import Counter
 
 from filters.background import BackgroundCalls
 from runtime.throttled_log import ThrottledLog
@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 class Aborter(BackgroundCalls):
     def __init__(
         self,
-        counter: Any,
+        counter: Counter,
         *,
         timeout: float = 2.0,
         clock: Callable[[], float] = time.monotonic,

@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, cast, runtime_checkable
+from typing import ClassVar, Generic, Literal, Protocol, TypeVar, cast, runtime_checkable
 
-from filters.bodies import LlmRequest
+from filters.bodies import Decoded, LlmRequest
+from wire.jsontypes import JsonValue
 
 __all__ = [
     "HOOKS",
@@ -92,7 +93,7 @@ class Result:
     set_headers: Mapping[str, str] = field(default_factory=dict)
     remove_headers: tuple[str, ...] = ()
     body: bytes | None = None
-    metadata: Mapping[str, Any] = field(default_factory=dict)
+    metadata: Mapping[str, JsonValue] = field(default_factory=dict)
     reply: Reply | None = None
     clear_route_cache: bool = False
 
@@ -154,10 +155,11 @@ class Plan:
 
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)  # a slot names its value's type only: no value held
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class Slot(Generic[T]):
+class Slot(Generic[T_co]):
     """A typed key for one plugin's own per-request state (``ctx.put(SLOT, value)``); compared
     by identity, so two plugins never share one by accident. ``name`` is for debugging."""
 
@@ -179,6 +181,8 @@ class Context:
     lane: str | None = None
     model: str | None = None
     body: LlmRequest | None = None  # the parsed request body, once a plugin read it
+    # the latest decode of the body's bytes (filters.bodies.body_json): one decode per request
+    decoded: Decoded | None = None
     # the prompt as the pool's backend renders it (its model's chat template), where the tokens
     # plugin rendered it to count it exactly: the picker hashes the same bytes
     rendered: bytes | None = None
@@ -194,8 +198,8 @@ class Context:
     outcome: str | None = None  # how the answer ended (tokenweir_filters_requests_total), usage
     metered_in_envoy: bool = False  # Envoy's usage meter reports this request (server)
     # your own plugin's per-request state, keyed by your plugin's name (the built-ins use slots)
-    scratch: dict[str, Any] = field(default_factory=dict)
-    state: dict[Slot[Any], object] = field(default_factory=dict)
+    scratch: dict[str, object] = field(default_factory=dict)
+    state: dict[Slot[object], object] = field(default_factory=dict)
     # set by the server: ask Envoy to wait up to this many more seconds for the current phase's
     # answer (ext_proc override_message_timeout); a plugin that queues calls it before waiting
     hold: Callable[[float], Awaitable[None]] | None = None

@@ -13,10 +13,10 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from filters.aborts import Aborter
 from filters.budget import Budget, CachedBudget, NoBudget, quota_reader_budget
@@ -65,6 +65,9 @@ from runtime.tasks import stop_task
 from runtime.tls_server import RenewingTls, ServerTlsFiles, check_plaintext
 from runtime.tracing import TracingSwitch
 from runtime.watcher import InWorker, Loaded, PolicyWatcher, ReloadMetrics, ReloadOutcome
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["FilterApp", "Settings", "prepare"]
 
@@ -149,7 +152,7 @@ class FilterApp:
         # admission's and the ladder's saturation
         self._pool_state = pool_state_reader(self.policy, clock, needed=uses_ladder(self.policy))
         self._estimator: Estimator = load_estimator(settings.tokenizer_file)
-        self._redis: Any = None
+        self._redis: Redis | None = None
         self._shared_returns: SharedReturns | None = None
         self._fairshare: FairShare | None = None
         self._keys: KeyStore | None = None
@@ -362,7 +365,7 @@ class FilterApp:
             await self._pool_state.wait_update(5.0)
             self.gates.follow_reported()
 
-    def _metered(self, fields: dict[str, Any]) -> None:
+    def _metered(self, fields: Mapping[str, object]) -> None:
         """One request Envoy's usage meter covered (its access log entry's ``tokenweir``
         fields): the picker's predicted-vs-actual, the answer's length (learned output
         lengths), and the tokens its tenant was served (its share of the lane)."""

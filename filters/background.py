@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import aiohttp
 
@@ -19,7 +19,7 @@ class BackgroundCalls:
     def __init__(self, timeout: aiohttp.ClientTimeout | None = None) -> None:
         self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -32,7 +32,7 @@ class BackgroundCalls:
             )
         return self._session
 
-    def spawn(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> asyncio.Task[T]:
+    def spawn(self, coro: Coroutine[object, None, T], name: str | None = None) -> asyncio.Task[T]:
         """Run ``coro`` as a task of this owner; returns at once."""
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)

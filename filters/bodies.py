@@ -8,25 +8,31 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import msgspec
 
 from filters.errors import ClientError
+from wire.jsontypes import JsonObject, JsonValue
 
 __all__ = [
     "MAX_TOKENS_LIMIT",
+    "Decoded",
     "Kind",
     "LlmRequest",
     "Parsed",
+    "body_json",
+    "check_request",
     "decode_json",
     "dump_body",
     "empty_body",
+    "json_of",
     "kind_for_path",
     "parse_request",
     "request_of",
+    "write_body",
 ]
 
 Kind = Literal["chat", "completion", "generate"]
@@ -94,7 +100,7 @@ class LlmRequest:
     """A checked request. ``data`` is the decoded JSON object (rewritten by the tokens plugin)."""
 
     kind: Kind
-    data: dict[str, Any]
+    data: JsonObject
     model: str | None
     stream: bool
     include_usage: bool
@@ -123,7 +129,7 @@ def _bad(message: str, reason: str, param: str | None = None, status: int = 400)
     return ClientError(status, message, reason=reason, param=param)
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> JsonValue:
     raise ValueError(f"{name} is not valid JSON")
 
 
@@ -131,7 +137,7 @@ def empty_body() -> ClientError:
     return _bad("the request body is empty; send a JSON object", "empty_body")
 
 
-def decode_json(body: bytes) -> dict[str, Any]:
+def decode_json(body: bytes) -> JsonObject:
     """The body as a JSON object; 400 on an empty body, invalid UTF-8 (lone surrogates written
     as ``\\ud800`` escapes included: no backend can encode them), malformed or non-object JSON.
 
@@ -150,7 +156,7 @@ def decode_json(body: bytes) -> dict[str, Any]:
     return data
 
 
-def _decode_checked(body: bytes) -> dict[str, Any]:
+def _decode_checked(body: bytes) -> JsonObject:
     if not body.strip():
         raise empty_body()
     try:
@@ -190,7 +196,7 @@ def _has_surrogate_escape(text: str) -> bool:
     return False
 
 
-def _check_surrogates(data: dict[str, Any]) -> None:
+def _check_surrogates(data: JsonObject) -> None:
     try:  # msgspec encodes to UTF-8 in C: ~10x faster than json.dumps + encode on long prompts
         msgspec.json.encode(data)
     except UnicodeEncodeError as exc:
@@ -201,7 +207,7 @@ def _check_surrogates(data: dict[str, Any]) -> None:
         ) from exc
 
 
-def dump_body(data: dict[str, Any]) -> bytes:
+def dump_body(data: Mapping[str, object]) -> bytes:
     """Serialize a (rewritten) body as compact UTF-8 JSON (msgspec: ~10x faster than the
     standard library on long prompts). :func:`decode_json` refused lone surrogates, so every
     string encodes."""
@@ -216,7 +222,7 @@ def _int_field(value: object, param: str, *, low: int, high: int) -> int:
     return value
 
 
-def _opt_bool(data: dict[str, Any], key: str) -> bool:
+def _opt_bool(data: Mapping[str, object], key: str) -> bool:
     value = data.get(key)
     if value is None:
         return False
@@ -225,7 +231,7 @@ def _opt_bool(data: dict[str, Any], key: str) -> bool:
     return value
 
 
-def _one_completion(data: dict[str, Any], key: str = "n") -> None:
+def _one_completion(data: Mapping[str, object], key: str = "n") -> None:
     n = data.get(key)
     if n is not None and _int_field(n, key, low=1, high=MAX_TOKENS_LIMIT) != 1:
         raise _bad(
@@ -305,14 +311,14 @@ def _single_prompt(value: object, param: str) -> tuple[str, tuple[int, ...] | No
     raise _bad(f"{param} must be a string or a list of token ids", "bad_field", param)
 
 
-def _check_fields(kind: Kind, data: dict[str, Any], extra: Collection[str]) -> None:
+def _check_fields(kind: Kind, data: Mapping[str, object], extra: Collection[str]) -> None:
     allowed = _FIELDS[kind]
     for key in data:
         if key not in allowed and key not in extra:
             raise _bad(f"Unrecognized request argument supplied: {key}", "unknown_field", key)
 
 
-def _model(data: dict[str, Any], required: bool) -> str | None:
+def _model(data: Mapping[str, object], required: bool) -> str | None:
     model = data.get("model")
     if model is None and not required:
         return None
@@ -324,8 +330,18 @@ def _model(data: dict[str, Any], required: bool) -> str | None:
 def parse_request(
     kind: Kind, body: bytes, *, extra_fields: Collection[str] = (), reject_unknown: bool = True
 ) -> LlmRequest:
-    """Decode and check one request body of ``kind``."""
-    data = decode_json(body)
+    """Decode and check one request body of ``kind`` (no context: tests and benchmarks; the
+    plugins decode through the request's context, :func:`body_json`)."""
+    return check_request(
+        kind, decode_json(body), extra_fields=extra_fields, reject_unknown=reject_unknown
+    )
+
+
+def check_request(
+    kind: Kind, data: JsonObject, *, extra_fields: Collection[str] = (), reject_unknown: bool = True
+) -> LlmRequest:
+    """Check one decoded request body of ``kind``; ``data`` becomes the request's ``data``
+    (not copied)."""
     if reject_unknown:
         _check_fields(kind, data, extra_fields)
     if kind == "generate":
@@ -366,16 +382,62 @@ def parse_request(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """One decode of a request body: the bytes it came from and what they gave, the JSON
+    object or the 400 they earned. The request's context keeps the latest (``ctx.decoded``), so
+    the plugins after the first read it instead of decoding again; a plugin that rewrites the
+    body keeps it current (:func:`write_body`), and bytes it does not match are decoded anew."""
+
+    raw: bytes
+    result: JsonObject | ClientError
+
+
 class Parsed(Protocol):
-    """What :func:`request_of` reads and writes of a request's context (:class:`filters.api.Context`)."""
+    """What this module reads and writes of a request's context (:class:`filters.api.Context`)."""
 
     path: str
     body: LlmRequest | None
+    decoded: Decoded | None
+
+
+def body_json(ctx: Parsed, body: bytes) -> JsonObject:
+    """``body`` as a JSON object (:func:`decode_json`, its 400s included), decoded at most once
+    per request: the decode kept on the context when it came from these bytes (the same object,
+    or equal ones), else decoded here and kept. The object is shared: a plugin that changes it
+    writes the body with :func:`write_body`."""
+    d = ctx.decoded
+    if d is None or (d.raw is not body and d.raw != body):
+        try:
+            d = Decoded(body, decode_json(body))
+        except ClientError as exc:
+            d = Decoded(body, exc)
+        ctx.decoded = d
+    if isinstance(d.result, ClientError):
+        raise d.result
+    return d.result
+
+
+def json_of(ctx: Parsed, body: bytes) -> JsonObject | None:
+    """:func:`body_json`, or None where the body is no JSON object (plugins that leave such a
+    body alone: the backend answers it)."""
+    try:
+        return body_json(ctx, body)
+    except ClientError:
+        return None
+
+
+def write_body(ctx: Parsed, data: JsonObject) -> bytes:
+    """``data`` (a body's object, changed) as the request's new body (:func:`dump_body`), kept
+    as the context's decode of those bytes: the plugins after this one read it undecoded."""
+    new = dump_body(data)
+    ctx.decoded = Decoded(new, data)
+    return new
 
 
 def request_of(ctx: Parsed, body: bytes) -> LlmRequest | None:
     """The request's parsed body, read once per request: the one already in ``ctx.body`` (the
-    tokens plugin keeps its checked parse there), else ``body`` parsed here leniently (unknown
+    tokens plugin keeps its checked parse there), else ``body`` checked here leniently (unknown
     fields pass: only the tokens plugin refuses them) and kept in ``ctx.body`` for the plugins
     after this one. None on a path that carries no LLM body. The one side effect of this module:
     the parse is the request's, so it lives on its context."""
@@ -384,12 +446,12 @@ def request_of(ctx: Parsed, body: bytes) -> LlmRequest | None:
     kind = kind_for_path(ctx.path)
     if kind is None:
         return None
-    req = parse_request(kind, body, reject_unknown=False)
+    req = check_request(kind, body_json(ctx, body), reject_unknown=False)
     ctx.body = req
     return req
 
 
-def _parse_generate(data: dict[str, Any]) -> LlmRequest:
+def _parse_generate(data: JsonObject) -> LlmRequest:
     model = _model(data, required=False)
     if ("text" in data) == ("input_ids" in data):
         raise _bad("give exactly one of text or input_ids", "bad_field", "text")

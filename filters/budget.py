@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from redis.exceptions import RedisError
 
@@ -73,8 +74,16 @@ class _Reader(Protocol):
 _Key = tuple[str, str | None, str | None]
 
 
-def _left(hit: list[Any]) -> int | None:
-    return None if hit[1] is None else max(0, int(hit[1]))
+@dataclass(slots=True)
+class _Hit:
+    """A cached read: tokens left (None: no budget applies), less what was reserved since."""
+
+    expires: float
+    left: int | None
+
+
+def _left(hit: _Hit) -> int | None:
+    return None if hit.left is None else max(0, hit.left)
 
 
 _FAILURES = (RedisError, OSError, TimeoutError, QuotaUnavailable)
@@ -97,14 +106,14 @@ class CachedBudget:
         self._clock = clock
         self._ttl = ttl
         self._max = max_entries
-        self._cache: dict[_Key, list[Any]] = {}
+        self._cache: dict[_Key, _Hit] = {}
         self._pending: dict[_Key, asyncio.Task[int | None]] = {}
         self._on_error = on_error
         self._warn = ThrottledLog(clock, log_interval, _log)
 
     def cached(self, tenant: str, model: str | None, lane: str | None) -> tuple[bool, int | None]:
         hit = self._cache.get((tenant, model, lane))
-        if hit is not None and hit[0] > self._clock():
+        if hit is not None and hit.expires > self._clock():
             return True, _left(hit)
         return False, None
 
@@ -113,7 +122,7 @@ class CachedBudget:
     ) -> int | None:
         key = (tenant, model, lane)
         hit = self._cache.get(key)
-        if hit is not None and hit[0] > self._clock():
+        if hit is not None and hit.expires > self._clock():
             return _left(hit)
         task = self._pending.get(key)
         if task is None:
@@ -137,7 +146,7 @@ class CachedBudget:
         if self._ttl > 0:
             if len(self._cache) >= self._max:
                 self._cache.clear()
-            self._cache[key] = [now + self._ttl, value]
+            self._cache[key] = _Hit(now + self._ttl, value)
         return value
 
     async def aclose(self) -> None:
@@ -146,8 +155,8 @@ class CachedBudget:
 
     def note_reserved(self, tenant: str, model: str | None, lane: str | None, tokens: int) -> None:
         hit = self._cache.get((tenant, model, lane))
-        if hit is not None and hit[1] is not None:
-            hit[1] -= tokens
+        if hit is not None and hit.left is not None:
+            hit.left -= tokens
 
 
 def quota_reader_budget(

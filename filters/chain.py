@@ -12,10 +12,11 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from filters.api import HOOKS, BasePlugin, Context, Hook, Plugin, Reply, Result, openai_error
 from filters.errors import ClientError
+from wire.jsontypes import JsonValue
 
 __all__ = ["Chain", "ChainEvents", "Outcome", "error_reply"]
 
@@ -37,7 +38,7 @@ class Outcome:
     set_headers: dict[str, str] = field(default_factory=dict)
     remove_headers: list[str] = field(default_factory=list)
     body: bytes | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, JsonValue] = field(default_factory=dict)
     reply: Reply | None = None
     clear_route_cache: bool = False
 
@@ -127,7 +128,10 @@ class Chain:
             return await p.request_body(ctx, state["body"])
 
         timed = "request_body" in self._unbounded
-        return await self._run("request_body", ctx, call, body_state=state, timed=timed)
+        try:
+            return await self._run("request_body", ctx, call, body_state=state, timed=timed)
+        finally:  # the body's bytes are read in this phase only: not kept to the stream's end
+            ctx.decoded = None
 
     async def response_headers(self, ctx: Context, headers: dict[str, str]) -> Outcome:
         async def call(p: Plugin) -> Result | None:

@@ -20,9 +20,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from filters.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 __all__ = [
     "ByteBound",
@@ -223,7 +226,7 @@ class TokenizerEstimator:
                 "(pip install 'tokenweir[tokenizer]')"
             ) from exc
         try:
-            self._tok: Any = Tokenizer.from_file(str(path))
+            self._tok: Tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # the library raises its own Exception type
             raise ConfigError(f"cannot load tokenizer file {path}: {exc}") from exc
         self.path = str(path)

@@ -4,7 +4,7 @@ grpc.aio servicer context that ``FilterServicer.Process`` uses — ``read``, ``w
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -28,7 +28,7 @@ class StreamContext:
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self.stream.metadata
 
-    async def read(self) -> Any:
+    async def read(self) -> pb.ProcessingRequest:  # or EOF at the stream's end
         data = await self.stream.read()
         if data is None:
             return EOF

@@ -34,15 +34,21 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from redis.exceptions import RedisError
 
 from filters.errors import KeyServiceUnavailable
 from policy.model import Policy
 from runtime.throttled_log import ThrottledLog
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+    from redis.typing import EncodableT, FieldT
+
+T = TypeVar("T")
 
 __all__ = [
     "REVOKED_SET",
@@ -72,9 +78,9 @@ class KeyInfo:
 class RedisHashes(Protocol):
     """The part of ``redis.asyncio.Redis`` the store uses (a dict-backed fake in tests)."""
 
-    async def hgetall(self, name: str) -> Mapping[Any, Any]: ...
+    def hgetall(self, name: str) -> Awaitable[Mapping[bytes | str, bytes | str]]: ...
 
-    async def smembers(self, name: str) -> Any: ...
+    def smembers(self, name: str) -> Awaitable[Iterable[bytes | str]]: ...
 
 
 def key_digest(api_key: str) -> str:
@@ -95,10 +101,10 @@ def policy_keys(policy: Policy) -> dict[str, KeyInfo]:
 
 
 async def set_key(
-    redis: Any, api_key: str, tenant: str, tier: str | None = None, lane: str | None = None
+    redis: Redis, api_key: str, tenant: str, tier: str | None = None, lane: str | None = None
 ) -> None:
     """Give ``api_key`` to ``tenant`` live (admin helper; lifts a revocation)."""
-    mapping = {
+    mapping: dict[FieldT, EncodableT] = {
         "tenant": tenant,
         **({"tier": tier} if tier else {}),
         **({"lane": lane} if lane else {}),
@@ -110,7 +116,7 @@ async def set_key(
         await pipe.execute()
 
 
-async def revoke_key(redis: Any, api_key: str) -> None:
+async def revoke_key(redis: Redis, api_key: str) -> None:
     """Disable ``api_key`` live, even when the policy file lists it (a tombstone: kept)."""
     async with redis.pipeline(transaction=True) as pipe:
         pipe.hset(key_name(api_key), mapping={"disabled": "1"})
@@ -158,7 +164,7 @@ class KeyStore:
         self._max = max_entries
         self._cache: dict[str, _Entry] = {}  # Redis's answers; expired ones = last known
         self._pending: dict[str, asyncio.Future[KeyInfo | None]] = {}
-        self._tasks: set[asyncio.Future[Any]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         self._on_redis_error = on_redis_error
         self._on_fallback = on_fallback
         self._io_timeout = io_timeout
@@ -197,7 +203,7 @@ class KeyStore:
             pending.add_done_callback(lambda _: self._pending.pop(api_key, None))
         return await asyncio.shield(pending)
 
-    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
+    def _spawn(self, coro: Coroutine[object, None, T]) -> asyncio.Task[T]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -221,7 +227,9 @@ class KeyStore:
         self._remember(api_key, _Entry(now, now + ttl, info, knows))
         return info
 
-    def _from_redis(self, api_key: str, raw: Mapping[Any, Any]) -> tuple[KeyInfo | None, bool]:
+    def _from_redis(
+        self, api_key: str, raw: Mapping[bytes | str, bytes | str]
+    ) -> tuple[KeyInfo | None, bool]:
         """Redis's answer, and whether Redis knows the key at all."""
         base = self._fallback.get(api_key)
         if not raw:
@@ -299,7 +307,7 @@ class KeyStore:
         self._tasks.clear()
 
 
-def _retrieve(fut: asyncio.Future[Any]) -> None:
+def _retrieve(fut: asyncio.Future[T]) -> None:
     """Mark a read's outcome as seen (no 'exception was never retrieved' when nobody waits)."""
     if not fut.cancelled():
         fut.exception()

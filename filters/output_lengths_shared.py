@@ -23,8 +23,8 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
@@ -47,7 +47,7 @@ def redis_key(key: Key, period: int) -> str:
     return f"tw:{{{tenant}}}:olen:{model}:{period}"
 
 
-def _counts(raw: dict[Any, Any]) -> list[int]:
+def _counts(raw: Mapping[bytes | str, bytes | str]) -> list[int]:
     out = [0] * BUCKETS
     for field, value in raw.items():
         i = int(field)

@@ -9,7 +9,6 @@ client among them) then see a reset instead of the answer. Past ``max_bytes`` we
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -30,7 +29,10 @@ def oversize_limit(route_name: str, prefix: str) -> int | None:
 
 
 async def drain_body(
-    read: Callable[[], Awaitable[Any]], eof: Any, *, max_bytes: int = MAX_DRAIN_BYTES
+    read: Callable[[], Awaitable[pb.ProcessingRequest]],
+    eof: object,
+    *,
+    max_bytes: int = MAX_DRAIN_BYTES,
 ) -> int | None:
     """Read the request to its end (or past ``max_bytes``): the body bytes discarded, or None
     when Envoy gave up on the stream first (the client left: nobody to answer)."""

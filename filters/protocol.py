@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -13,6 +12,7 @@ from google.protobuf import struct_pb2
 from filters.api import Reply
 from filters.chain import Outcome
 from wire.contract import METADATA_NAMESPACE
+from wire.jsontypes import JsonValue
 
 __all__ = [
     "CONTINUE_REQUEST_BODY",
@@ -29,7 +29,7 @@ __all__ = [
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 
-def header_map(headers: Any) -> dict[str, str]:
+def header_map(headers: base_pb2.HeaderMap) -> dict[str, str]:
     """An Envoy HeaderMap as a dict (lower-case names; the last of repeated names wins)."""
     return {
         h.key: (raw.decode("utf-8", "replace") if (raw := h.raw_value) else h.value)
@@ -60,7 +60,7 @@ def _fill_common(common: pb.CommonResponse, out: Outcome) -> None:
         common.body_mutation.body = out.body
 
 
-def _value(v: Any) -> struct_pb2.Value:
+def _value(v: JsonValue) -> struct_pb2.Value:
     if isinstance(v, bool):
         return struct_pb2.Value(bool_value=v)
     if isinstance(v, int | float):

@@ -10,8 +10,6 @@ shorter), so a burst costs waiting, never errors, and Redis never sees more than
 
 from __future__ import annotations
 
-from typing import Any
-
 import redis.asyncio as aioredis
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "redis_client"]
@@ -25,7 +23,7 @@ def redis_client(
     timeout: float,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     pool_wait: float = 5.0,
-) -> Any:
+) -> aioredis.Redis:
     """An asyncio ``Redis`` over a ``BlockingConnectionPool`` it owns (``aclose()`` closes it).
     ``timeout`` bounds connecting and each socket read."""
     pool = aioredis.BlockingConnectionPool.from_url(

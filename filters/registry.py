@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from filters.api import Plugin, RouteInfo
 from filters.chain import Chain
@@ -35,7 +34,7 @@ from policy.phases import meters_usage, stops_at_budget
 
 __all__ = ["BUILTINS", "RouteEntry", "build_routes", "iter_routes", "load_factory", "route_info"]
 
-Factory = Callable[[Mapping[str, Any], Services], Plugin]
+Factory = Callable[[Mapping[str, object], Services], Plugin]
 BUILTINS: Mapping[str, Factory] = {
     "identity": IdentityPlugin,
     "tokens": TokensPlugin,

@@ -10,8 +10,8 @@ are complete (a missing ``hits_addend`` value would disable the limit in Envoy).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import NoReturn, Protocol
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -21,6 +21,7 @@ from filters.api import Context, openai_error
 from filters.chain import Outcome
 from filters.metrics import FilterMetrics
 from filters.oversize import drain_body, oversize_limit, oversize_reply
+from filters.plugins.usage.plugin import UsagePlugin
 from filters.protocol import (
     CONTINUE_REQUEST_BODY,
     CONTINUE_RESPONSE_BODY,
@@ -34,6 +35,7 @@ from filters.protocol import (
 from filters.registry import RouteEntry
 from filters.sse import SETTLE_KEY
 from filters.tracing import end_stream_span, reply_status
+from filters.usage_log import UsageLog
 from policy.admission import hold_slack
 from policy.phases import OVERSIZE_ROUTE_PREFIX, ROUTE_HEADER
 from runtime.drain import Inflight
@@ -48,7 +50,22 @@ _log = logging.getLogger(__name__)
 _INTERNAL = HEADER_PREFIX
 
 
-def _route_name(context: Any) -> str | None:
+class _Context(Protocol):
+    """What :meth:`FilterServicer.Process` uses of an ext_proc stream: grpc.aio's servicer
+    context, or the HTTP/2 transport's :class:`filters.h2stream.StreamContext`."""
+
+    def invocation_metadata(
+        self,
+    ) -> Sequence[tuple[str, str]] | None: ...  # grpc: bytes for -bin keys
+
+    async def read(self) -> pb.ProcessingRequest: ...  # or grpc.aio.EOF at the stream's end
+
+    async def write(self, message: pb.ProcessingResponse) -> None: ...
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn: ...
+
+
+def _route_name(context: _Context) -> str | None:
     for key, value in context.invocation_metadata() or ():
         if key == ROUTE_HEADER:
             return value if isinstance(value, str) else value.decode()
@@ -108,7 +125,7 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         self._routes = dict(routes)
 
     async def Process(  # gRPC's method name
-        self, request_iterator: Any, context: Any
+        self, request_iterator: AsyncIterator[pb.ProcessingRequest] | None, context: _Context
     ) -> None:
         """Read/write style (cheaper than an async generator in grpc.aio).
 
@@ -121,7 +138,7 @@ class FilterServicer(pb_grpc.ExternalProcessorServicer):
         finally:
             self.inflight.leave()
 
-    async def _process(self, context: Any) -> None:
+    async def _process(self, context: _Context) -> None:
         name = _route_name(context)
         entry = self._routes.get(name) if name else None
         ctx: Context | None = None
@@ -301,8 +318,8 @@ def _meters_usage(entry: RouteEntry) -> bool:
     return _usage_plugin(entry) is not None
 
 
-def _usage_plugin(entry: RouteEntry) -> Any:
-    return next((p for p in entry.chain.plugins if getattr(p, "name", "") == "usage"), None)
+def _usage_plugin(entry: RouteEntry) -> UsagePlugin | None:
+    return next((p for p in entry.chain.plugins if isinstance(p, UsagePlugin)), None)
 
 
 def _continue(which: str | None) -> pb.ProcessingResponse:
@@ -332,8 +349,8 @@ class FilterServer:
         port: int,
         *,
         health: HealthState | None = None,
-        usage_log: Any = None,
-        credentials: Any = None,
+        usage_log: UsageLog | None = None,
+        credentials: grpc.ServerCredentials | None = None,
     ) -> None:
         self.servicer = servicer
         self.health = AioHealth(health if health is not None else HealthState())
@@ -368,8 +385,10 @@ class FilterServer:
         await self._server.stop(grace)
 
 
-def _access_log_handler(usage_log: Any) -> grpc.GenericRpcHandler:
-    async def stream(requests: Any, context: Any) -> bytes:
+def _access_log_handler(usage_log: UsageLog) -> grpc.GenericRpcHandler:
+    async def stream(
+        requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
+    ) -> bytes:
         await usage_log.consume(requests)
         return b""
 

@@ -7,10 +7,10 @@ and a tail; :func:`usage_of` reads token counts from one decoded JSON object.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from filters.api import Usage
 from wire.contract import SETTLE_KEY
+from wire.jsontypes import JsonValue
 
 __all__ = [
     "SETTLE_KEY",
@@ -40,7 +40,7 @@ def split_events(data: bytes) -> tuple[list[bytes], bytes]:
     return events, tail
 
 
-def event_json(event: bytes) -> Any:
+def event_json(event: bytes) -> JsonValue:
     """The JSON in an event's ``data:`` lines, or None (``[DONE]``, comments, bad JSON)."""
     lines = [ln[5:].lstrip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
     if not lines:

@@ -8,9 +8,9 @@ tokenweir's decision): the request's model and token counts, tenant, tier, lane,
 
 from __future__ import annotations
 
-from typing import Any
-
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from opentelemetry.trace import Span, Status, StatusCode  # the API only (light)
+from opentelemetry.util.types import AttributeValue
 
 from filters.api import Context
 from runtime import tracing as t
@@ -18,7 +18,7 @@ from runtime import tracing as t
 __all__ = ["end_stream_span", "reply_status"]
 
 
-def reply_status(response: Any) -> int | None:
+def reply_status(response: pb.ProcessingResponse) -> int | None:
     """The HTTP status of an immediate reply, or None for any other ext_proc answer."""
     if response.WhichOneof("response") != "immediate_response":
         return None
@@ -26,7 +26,7 @@ def reply_status(response: Any) -> int | None:
 
 
 def end_stream_span(span: Span, route: str | None, ctx: Context | None, status: int | None) -> None:
-    attrs: dict[str, Any] = {
+    attrs: dict[str, AttributeValue] = {
         t.ROUTE: route or "",
         t.DECISION: "admitted" if status is None else "rejected",
     }

@@ -17,10 +17,12 @@ ext_proc stream closes before the response does), from the request's start to it
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TypeAlias
 
+from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
+from opentelemetry.util.types import AttributeValue
 
 from filters.metrics import FilterMetrics
 from policy.model import Policy
@@ -32,9 +34,24 @@ from wire.contract import METADATA_NAMESPACE
 __all__ = ["ALS_PATH", "UsageLog", "record"]
 
 ALS_PATH = "/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs"
+# one field of an entry's ``tokenweir`` metadata (a protobuf Struct value: numbers are floats)
+Logged: TypeAlias = float | str | bool | None
+LoggedFields: TypeAlias = dict[str, Logged]
 
 
-def _value(v: struct_pb2.Value) -> Any:
+def _text(md: LoggedFields, key: str) -> str | None:
+    """A string field (tenant, model, lane), or None where it is absent or not a string."""
+    value = md.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _count(md: LoggedFields, key: str) -> int:
+    """A token count (a number; 0 where it is absent)."""
+    value = md.get(key)
+    return int(value) if isinstance(value, int | float) else 0
+
+
+def _value(v: struct_pb2.Value) -> Logged:
     kind = v.WhichOneof("kind")
     if kind == "number_value":
         return v.number_value
@@ -51,7 +68,7 @@ _KEYS = ("meter", "tenant", "model", "lane", "route", "pool", "outcome", "timing
          "replica", "predicted_cached_tokens", "predicted_ttft_ms", "work_tokens", "sent_us")  # fmt: skip
 
 
-def _fields(entry: Any) -> dict[str, Any]:
+def _fields(entry: accesslog_pb2.HTTPAccessLogEntry) -> LoggedFields:
     st = entry.common_properties.metadata.filter_metadata.get(METADATA_NAMESPACE)
     if st is None:
         return {}
@@ -59,19 +76,22 @@ def _fields(entry: Any) -> dict[str, Any]:
     return {k: _value(fields[k]) for k in _KEYS if k in fields}
 
 
-def _seconds(d: Any) -> float:
+def _seconds(d: duration_pb2.Duration) -> float:
     return float(d.seconds) + d.nanos / 1e9
 
 
 def record(
-    metrics: FilterMetrics, policy: Policy, entry: Any, md: dict[str, Any] | None = None
+    metrics: FilterMetrics,
+    policy: Policy,
+    entry: accesslog_pb2.HTTPAccessLogEntry,
+    md: LoggedFields | None = None,
 ) -> None:
     """The metrics of one finished (or abandoned) metered request (``md``: the entry's
     ``tokenweir`` fields, when the caller already read them)."""
     md = _fields(entry) if md is None else md
     if not md.get("meter"):
         return
-    tenant, model, lane = md.get("tenant"), md.get("model"), md.get("lane")
+    tenant, model, lane = _text(md, "tenant"), _text(md, "model"), _text(md, "lane")
     common = entry.common_properties
     duration = common.duration if common.HasField("duration") else None
     if duration is None and common.HasField("time_to_last_downstream_tx_byte"):
@@ -94,10 +114,10 @@ def record(
             ttft.observe(max(0.0, first - t0 / 1e6))
         if chunks > 1:
             metrics.add_observations(tbt, parts[4:], gap_sum / 1e6)
-    if not isinstance(md.get("completion_tokens"), float):
+    completion = md.get("completion_tokens")
+    if not isinstance(completion, float):
         return
-    p, c = int(md.get("prompt_tokens") or 0), int(md["completion_tokens"])
-    k = int(md.get("cached_tokens") or 0)
+    p, c, k = _count(md, "prompt_tokens"), int(completion), _count(md, "cached_tokens")
     prompt_c, completion_c, cached_c = metrics.token_counters(tenant, model)
     prompt_c.inc(p)
     completion_c.inc(c)
@@ -111,11 +131,13 @@ def record(
         metrics.child(metrics.estimate_ratio, m_label).observe(estimate / p)
 
 
-def _ns(ts: Any) -> int:
+def _ns(ts: timestamp_pb2.Timestamp | duration_pb2.Duration) -> int:
     return int(ts.seconds) * 1_000_000_000 + int(ts.nanos)
 
 
-def usage_span(switch: TracingSwitch, entry: Any, md: dict[str, Any]) -> None:
+def usage_span(
+    switch: TracingSwitch, entry: accesslog_pb2.HTTPAccessLogEntry, md: LoggedFields
+) -> None:
     """The request's ``usage`` span (child of its ``traceparent``), when tracing is on and the
     request was traced; nothing otherwise. ``md``: the entry's ``tokenweir`` fields."""
     tracing = switch.current
@@ -124,14 +146,16 @@ def usage_span(switch: TracingSwitch, entry: Any, md: dict[str, Any]) -> None:
         return
     common = entry.common_properties
     start = _ns(common.start_time) if common.HasField("start_time") else None
-    attrs: dict[str, Any] = {}
+    attrs: dict[str, AttributeValue] = {}
     for key, name in (("model", t.REQUEST_MODEL), ("tenant", t.TENANT), ("lane", t.LANE)):
-        if isinstance(md.get(key), str):
-            attrs[name] = md[key]
-    if isinstance(md.get("completion_tokens"), float):
-        attrs[t.INPUT_TOKENS] = int(md.get("prompt_tokens") or 0)
-        attrs[t.OUTPUT_TOKENS] = int(md["completion_tokens"])
-        attrs[t.CACHED_TOKENS] = int(md.get("cached_tokens") or 0)
+        value = _text(md, key)
+        if value is not None:
+            attrs[name] = value
+    completion = md.get("completion_tokens")
+    if isinstance(completion, float):
+        attrs[t.INPUT_TOKENS] = _count(md, "prompt_tokens")
+        attrs[t.OUTPUT_TOKENS] = int(completion)
+        attrs[t.CACHED_TOKENS] = _count(md, "cached_tokens")
     attrs["tokenweir.outcome"] = str(md.get("outcome") or "no_output")
     span = tracing.start("usage", dict(headers), attrs, start_time_ns=start)
     if span is None:
@@ -148,9 +172,9 @@ class UsageLog:
     def __init__(
         self,
         metrics: FilterMetrics,
-        policy: Callable[[], Any],
+        policy: Callable[[], Policy],
         tracing: TracingSwitch | None = None,
-        on_metered: Callable[[dict[str, Any]], None] | None = None,
+        on_metered: Callable[[LoggedFields], None] | None = None,
     ) -> None:
         """``on_metered(fields)``: each request Envoy's usage meter covered, with its
         ``tokenweir`` fields (the endpoint pickers' predicted-vs-actual, the learned output

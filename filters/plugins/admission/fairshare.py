@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -31,6 +31,8 @@ from runtime.tasks import stop_task
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+
+    from filters.plugins.admission.gate import Gates
 
 __all__ = ["FairShare", "fairshare_key"]
 
@@ -52,7 +54,7 @@ class FairShare:
 
     def __init__(
         self,
-        gates: Any,
+        gates: Gates,
         redis: Redis | None,
         *,
         clock: Callable[[], float],

@@ -22,9 +22,8 @@ import asyncio
 import logging
 import math
 import random
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import replace
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -106,7 +105,7 @@ class PoolGate:
         weight: float = 1.0,
         tokens: int = 0,
         deadline: float | None = None,
-        on_wait: Callable[[float], Any] | None = None,
+        on_wait: Callable[[float], Awaitable[None]] | None = None,
         key: Hashable | None = None,
         returned: bool = False,
     ) -> Ticket | Shed:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from filters.api import BasePlugin, Context, Reply, Result, Slot, openai_error
 from filters.errors import ConfigError
@@ -98,7 +97,7 @@ class AdmissionPlugin(BasePlugin):
     name = "admission"
     bounded = True  # its wait is bounded by the lane's max_wait (and the client's deadline)
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         unknown = set(settings) - {"tokens_from_length"}
         if unknown:
             raise ConfigError(f"admission: unknown setting(s) {sorted(unknown)}")

@@ -34,12 +34,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Callable, Coroutine, Hashable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
 
 from runtime.tasks import stop_task
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["KEPT_PREFIX", "PREFIX", "KeptElsewhere", "SharedReturns", "promise_name"]
 
@@ -87,7 +90,7 @@ class SharedReturns:
 
     def __init__(
         self,
-        redis: Any,
+        redis: Redis,
         *,
         wall: Callable[[], float],
         timeout: float = 0.05,
@@ -99,7 +102,7 @@ class SharedReturns:
         self.timeout = timeout
         self.max_pending = max_pending
         self._take = redis.register_script(_TAKE)
-        self._pending: set[asyncio.Task[Any]] = set()
+        self._pending: set[asyncio.Task[None]] = set()
         # digest → (pool, lane, key, earliest, latest wall time): promises made here, open or
         # to come, whose keeping elsewhere this process must hear of (``poll``)
         self._made: dict[str, tuple[str, str, Hashable, float, float]] = {}
@@ -199,9 +202,10 @@ class SharedReturns:
         if self._pending:
             await asyncio.wait(list(self._pending), timeout=1.0)
 
-    def _spawn(self, op: Coroutine[Any, Any, Any]) -> bool:
+    def _spawn(self, op: Awaitable[object]) -> bool:
         if len(self._pending) >= self.max_pending:
-            op.close()
+            if isinstance(op, Coroutine):  # a redis call: never awaited, closed
+                op.close()
             self.outcomes.labels("dropped").inc()
             return False
         task = asyncio.ensure_future(self._guarded(op))
@@ -209,7 +213,7 @@ class SharedReturns:
         task.add_done_callback(self._pending.discard)
         return True
 
-    async def _guarded(self, op: Coroutine[Any, Any, Any]) -> None:
+    async def _guarded(self, op: Awaitable[object]) -> None:
         try:
             async with asyncio.timeout(max(self.timeout, 1.0)):
                 await op

@@ -34,12 +34,12 @@ import contextlib
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
 from filters.rendezvous import rendezvous
 from policy.model import Policy
+from poolstate.state import ReplicaState
 
 __all__ = ["LaneBalance", "PoolBalance", "choose", "replicas_down"]
 
@@ -210,6 +210,6 @@ class LaneBalance:
                     self.gauge.remove(pool, replica, lane)
 
 
-def replicas_down(states: Mapping[str, Any]) -> Sequence[str]:
+def replicas_down(states: Mapping[str, ReplicaState]) -> Sequence[str]:
     """Pure: the replicas of a pool state summary (``endpoints``) that did not answer lately."""
     return [name for name, r in states.items() if not r.healthy or r.stale]

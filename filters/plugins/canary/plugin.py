@@ -14,11 +14,11 @@ Put it after ``identity``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from filters.api import BasePlugin, Context, Result
 from filters.errors import ConfigError
 from filters.services import Services
+from policy.canary import CanaryPolicy
 from policy.phases import CANARY_HEADER, VERSION_HEADER
 
 __all__ = ["CanaryPlugin"]
@@ -31,12 +31,12 @@ class CanaryPlugin(BasePlugin):
     name = "canary"
     bounded = True
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         if settings:
             raise ConfigError(f"canary: unknown setting(s) {sorted(settings)}")
         self.services = services
 
-    def _canary(self, ctx: Context) -> Any:
+    def _canary(self, ctx: Context) -> CanaryPolicy | None:
         pool = self.services.policy.pools.get(ctx.route.pool) if ctx.route.pool else None
         return pool.canary if pool is not None else None
 

@@ -19,7 +19,7 @@ import asyncio
 import functools
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -29,6 +29,9 @@ from filters.plugins.collapse.hub import Hub, Origin, Run, registry_key
 from policy.phases import COLLAPSE_ID_HEADER
 from runtime.local_http import serve_any_path
 from runtime.tasks import stop_task
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["FanoutServer"]
 
@@ -52,7 +55,7 @@ class FanoutServer:
         *,
         idle_timeout: float,
         max_buffer_bytes: int = 4 * 1024**2,
-        redis: Any = None,
+        redis: Redis | None = None,
     ) -> None:
         self.hub = hub
         self.host = host
@@ -94,14 +97,14 @@ class FanoutServer:
         run.published = False
         if self.redis is None:
             return
-        task = asyncio.create_task(self._release(run), name="collapse-unpublish")
+        task = asyncio.create_task(self._release(self.redis, run), name="collapse-unpublish")
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
 
-    async def _release(self, run: Run) -> None:
+    async def _release(self, redis: Redis, run: Run) -> None:
         try:
             key = registry_key(run.key)
-            await self.redis.eval(_RELEASE, 1, key, f"{self.hub.address} {run.id}")
+            await redis.eval(_RELEASE, 1, key, f"{self.hub.address} {run.id}")
         except Exception as exc:  # the entry expires on its own (collapsing.follower_timeout)
             _log.warning("collapsed run %s not unpublished: %s", run.id, exc)
 

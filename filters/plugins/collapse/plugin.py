@@ -28,9 +28,9 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from filters.api import BasePlugin, Context, Result, Slot
+from filters.bodies import json_of
 from filters.errors import ConfigError
 from filters.plugins.collapse.hub import Hub, Origin, Run, registry_key
 from filters.services import Services
@@ -83,7 +83,7 @@ class CollapsePlugin(BasePlugin):
     name = "collapse"
     bounded = True  # its one Redis read has the client's timeout
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         if settings:
             raise ConfigError(
                 f"collapse: unknown setting(s) {sorted(settings)}; its knobs live in the "
@@ -96,11 +96,8 @@ class CollapsePlugin(BasePlugin):
         self.redis = services.redis
 
     async def request_body(self, ctx: Context, body: bytes) -> Result | None:
-        try:
-            obj = json.loads(body)
-        except (ValueError, RecursionError):
-            return None
-        if not is_deterministic(obj) or self.hub.address is None:
+        obj = json_of(ctx, body)  # the body as it reaches the backend, decoded once per request
+        if obj is None or not is_deterministic(obj) or self.hub.address is None:
             return None
         scope = "*" if self.policy.share_across_tenants else f"t:{ctx.tenant or 'anonymous'}"
         key = collapse_key(scope, ctx.path, obj)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from filters.api import BasePlugin, Context, Result
 from filters.plugins.admission.core import Shed
@@ -47,7 +46,7 @@ class DegradePlugin(BasePlugin):
     name = "degrade"
     bounded = True  # no I/O
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         if settings:
             raise LadderError(f"degrade: unknown setting(s) {sorted(settings)}")
         self.policy = services.policy

@@ -22,12 +22,11 @@ that did not ask for it cuts it out again (the fingerprint is the same, so the b
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from filters.api import BasePlugin, Context, Reply, Result, Slot, openai_error
+from filters.bodies import json_of
 from filters.errors import ClientError, ConfigError
 from filters.plugins.idempotency.errors import StoreUnavailable
 from filters.plugins.idempotency.record import (
@@ -44,6 +43,7 @@ from filters.plugins.idempotency.record import (
 from filters.plugins.idempotency.store import AnswerStore, MemoryStore, RedisStore
 from filters.services import Services
 from filters.sse import event_json, is_usage_only_event, split_events
+from wire.jsontypes import JsonObject
 
 __all__ = ["REPLAYED_HEADER", "IdempotencyPlugin"]
 
@@ -70,7 +70,7 @@ class IdempotencyPlugin(BasePlugin):
     name = "idempotency"
     bounded = True  # its only I/O, the store, has its own timeout
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         if settings:
             raise ConfigError(
                 f"idempotency: unknown setting(s) {sorted(settings)}; its knobs live in the "
@@ -169,7 +169,9 @@ class IdempotencyPlugin(BasePlugin):
             )
         self.services.metrics.tokens_saved.labels(ctx.route.name, "idempotency").inc(entry.tokens)
         out = entry.body
-        if entry.content_type.startswith("text/event-stream") and not _wants_usage(body):
+        if entry.content_type.startswith("text/event-stream") and not _wants_usage(
+            json_of(ctx, body)
+        ):
             out = _without_usage_events(out)
         return Reply(
             status=entry.status,
@@ -235,12 +237,8 @@ def _unavailable() -> Reply:
     )
 
 
-def _wants_usage(body: bytes) -> bool:
-    try:
-        obj = json.loads(body)
-    except (ValueError, RecursionError):
-        return False
-    opts = obj.get("stream_options") if isinstance(obj, dict) else None
+def _wants_usage(obj: JsonObject | None) -> bool:
+    opts = obj.get("stream_options") if obj is not None else None
     return isinstance(opts, dict) and opts.get("include_usage") is True
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from redis.exceptions import RedisError
 
@@ -19,6 +19,7 @@ from filters.plugins.idempotency.errors import StoreUnavailable
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+    from redis.commands.core import AsyncScript
 
 __all__ = ["AnswerStore", "MemoryStore", "RedisStore"]
 
@@ -63,7 +64,7 @@ class RedisStore:
         self._finish = redis.register_script(_FINISH)
         self._release = redis.register_script(_RELEASE)
 
-    async def _call(self, script: Any, key: str, args: list[Any]) -> Any:
+    async def _call(self, script: AsyncScript, key: str, args: list[bytes | int]) -> object:
         try:
             async with asyncio.timeout(self._timeout):
                 return await script(keys=[key], args=args)
@@ -72,7 +73,7 @@ class RedisStore:
 
     async def claim(self, key: str, claim: bytes, ttl: float) -> bytes | None:
         got = await self._call(self._claim, key, [claim, _ms(ttl)])
-        return bytes(got) if got else None
+        return bytes(got) if isinstance(got, bytes | bytearray) and got else None
 
     async def finish(self, key: str, claim: bytes, value: bytes, ttl: float) -> bool:
         return bool(await self._call(self._finish, key, [claim, value, _ms(ttl)]))

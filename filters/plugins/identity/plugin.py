@@ -15,11 +15,11 @@ the policy (403 otherwise), and no API key is needed then.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from filters.api import BasePlugin, Context, Result
 from filters.errors import ClientError, ConfigError, KeyServiceUnavailable
 from filters.services import Services
+from filters.settings import optional_str_setting
 from filters.xfcc import Source, certificate_identity
 from wire.contract import HEADER_PREFIX, TENANT_HEADER, TIER_HEADER
 
@@ -47,11 +47,14 @@ def _unauthorized(message: str) -> ClientError:
     )
 
 
+_SOURCES: dict[str, Source] = {"cn": "cn", "uri": "uri", "dns": "dns"}
+
+
 class IdentityPlugin(BasePlugin):
     name = "identity"
     bounded = True  # Redis reads have their own timeouts
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         unknown = set(settings) - {
             "require",
             "anonymous_tenant",
@@ -63,15 +66,15 @@ class IdentityPlugin(BasePlugin):
             raise ConfigError(f"identity: unknown setting(s) {sorted(unknown)}")
         self.require = bool(settings.get("require", True))
         self.anonymous_tenant = str(settings.get("anonymous_tenant", "anonymous"))
-        self.anonymous_tier = settings.get("anonymous_tier")
+        self.anonymous_tier = optional_str_setting(settings, "identity", "anonymous_tier")
         self.forward_authorization = bool(settings.get("forward_authorization", False))
         self.services = services
         source = settings.get("client_certificate")
-        if source not in (None, False, "cn", "uri", "dns"):
+        self.certificate: Source | None = _SOURCES.get(source) if isinstance(source, str) else None
+        if self.certificate is None and source is not None and source is not False:
             raise ConfigError(
                 f"identity: client_certificate: expected cn, uri or dns, got {source!r}"
             )
-        self.certificate: Source | None = source or None
 
     async def request_headers(
         self, ctx: Context, headers: Mapping[str, str], end_of_stream: bool

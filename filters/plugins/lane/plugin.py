@@ -8,7 +8,6 @@ the tier does not allow falls back to the default; ``reject``: 403).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from filters.api import BasePlugin, Context, Result
 from filters.errors import ClientError, ConfigError
@@ -24,7 +23,7 @@ class LanePlugin(BasePlugin):
     name = "lane"
     bounded = True
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         unknown = set(settings) - {"hint_header", "on_forbidden"}
         if unknown:
             raise ConfigError(f"lane: unknown setting(s) {sorted(unknown)}")

@@ -20,8 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter
@@ -63,7 +62,7 @@ def _names(value: object) -> list[str]:
     return out
 
 
-def read_server_info(info: dict[str, Any]) -> tuple[list[str] | None, list[str]]:
+def read_server_info(info: Mapping[str, object]) -> tuple[list[str] | None, list[str]]:
     """(resident least recent first, registered) from a ``/get_server_info`` answer; resident
     None where the server does not say (SGLang's own: its slots stay this process's guess)."""
     slots = info.get("resident_lora_adapters")
@@ -210,7 +209,7 @@ class LoraHub:
             self._session = aiohttp.ClientSession()
         return self._session
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    def _spawn(self, coro: Coroutine[object, None, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -3,16 +3,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from policy.model import LlmPool
 
 __all__ = ["adapter_model"]
 
 
-def adapter_model(pool: Any, model: str) -> str:
+def adapter_model(pool: LlmPool | None, model: str) -> str:
     """The model a request names: ``base:adapter`` on a LoRA pool whose base model is ``base``
     becomes ``adapter`` (served, quoted and priced under that name); anything else unchanged."""
-    lora = getattr(pool, "lora", None)
-    if lora is None or ":" not in model:
+    lora = pool.lora if pool is not None else None
+    if pool is None or lora is None or ":" not in model:
         return model
     base, _, adapter = model.partition(":")
     return adapter if base in pool.models and base not in lora.adapters else model

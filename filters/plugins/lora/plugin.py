@@ -14,14 +14,13 @@ the request then counts there).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from filters.api import BasePlugin, Context, Result
-from filters.bodies import dump_body
+from filters.api import BasePlugin, Context, Result, Slot
+from filters.bodies import json_of, write_body
 from filters.errors import ConfigError
 from filters.plugins.lora.affinity import AdapterAffinity
 from filters.plugins.lora.hub import LOAD_S, LoraHub
@@ -30,13 +29,23 @@ from policy.routing import ENDPOINT_HEADER
 
 __all__ = ["LoraPlugin"]
 
-_KEY = "lora"
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """The replica the adapter's affinity placed this request on, counted out at its end."""
+
+    affinity: AdapterAffinity
+    replica: str
+    adapter: str
+
+
+_PLACED: Slot[_Placed] = Slot("lora")
 
 
 class LoraPlugin(BasePlugin):
     name = "lora"
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         if settings:
             raise ConfigError(f"lora: unknown setting(s) {sorted(settings)}; it has none")
         self.pools = services.policy.pools
@@ -61,12 +70,9 @@ class LoraPlugin(BasePlugin):
         adapter = ctx.model
         if adapter is None or pool.lora is None or adapter not in pool.lora.adapters:
             return None  # the base model
-        try:
-            data = json.loads(body)
-        except ValueError:
-            return None  # not JSON: the replica answers its 400
-        if not isinstance(data, dict):
-            return None
+        data = json_of(ctx, body)  # the tokens plugin's decode, kept on the context
+        if data is None:
+            return None  # not a JSON object: the replica answers its 400
         replicas = [str(a) for a in pool.endpoints]
         hub, lora = self.hub, pool.lora
         hub.refresh(pool_name, lora, replicas)  # the replicas' own reports, in the background
@@ -78,18 +84,18 @@ class LoraPlugin(BasePlugin):
             if ctx.hold is not None:  # Envoy waits for this answer as long as a load may take
                 await ctx.hold(LOAD_S)
             await hub.ensure(pool_name, lora, replica, adapter)
-        ctx.scratch[_KEY] = (aff, replica, adapter)
+        ctx.put(_PLACED, _Placed(aff, replica, adapter))
         ctx.plan.adapter_replica = replica
         data["lora_path"] = adapter
-        new = dump_body(data)
+        new = write_body(ctx, data)
         return Result(
             body=new, set_headers={ENDPOINT_HEADER: replica, "content-length": str(len(new))}
         )
 
     async def stream_end(self, ctx: Context) -> None:
-        entry = ctx.scratch.pop(_KEY, None)
+        entry = ctx.take(_PLACED)
         if entry is not None:
-            aff, replica, adapter = entry
+            aff, replica, adapter = entry.affinity, entry.replica, entry.adapter
             moved = ctx.plan.adapter_replica
             if moved is not None and moved != replica:  # the picker found its prefix there
                 aff.moved(adapter, replica, moved)

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
 from filters.api import BasePlugin, Context, Result, Slot
-from filters.bodies import dump_body
+from filters.bodies import json_of, write_body
 from filters.errors import ConfigError
 from filters.plugins.pd.hub import Flight
 from filters.services import Services
 from policy.routing import ENDPOINT_HEADER
+from wire.jsontypes import JsonObject
 
 __all__ = ["PdPlugin"]
 
@@ -29,7 +29,7 @@ _FLIGHT: Slot[Flight] = Slot("pd")  # the request's prefill/decode pair, in flig
 _AFFINITY_BYTES = 1024  # the prompt's start that decides the prefill replica
 
 
-def _prompt_start(ctx: Context, data: dict[str, Any]) -> bytes:
+def _prompt_start(ctx: Context, data: JsonObject) -> bytes:
     if ctx.rendered is not None:
         return ctx.rendered[:_AFFINITY_BYTES]
     for key in ("messages", "prompt", "text", "input_ids"):
@@ -41,7 +41,7 @@ def _prompt_start(ctx: Context, data: dict[str, Any]) -> bytes:
 class PdPlugin(BasePlugin):
     name = "pd"
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         if settings:
             raise ConfigError(f"pd: unknown setting(s) {sorted(settings)}; it has none")
         self.hub = services.pd  # None where the chain is only built to check the policy
@@ -53,12 +53,9 @@ class PdPlugin(BasePlugin):
         pd = pool.disaggregation if pool is not None else None
         if pd is None or self.hub is None or name is None:
             return None
-        try:
-            data = json.loads(body)
-        except ValueError:
-            return None  # not JSON: the decode replica answers its 400
-        if not isinstance(data, dict):
-            return None
+        data = json_of(ctx, body)  # the tokens plugin's decode, kept on the context
+        if data is None:
+            return None  # not a JSON object: the decode replica answers its 400
         tokens = ctx.prompt_tokens if ctx.prompt_tokens is not None else len(body) // 4
         held = tokens + (ctx.max_tokens or 0)
         flight = self.hub.start(name, pd, _prompt_start(ctx, data), tokens, held)
@@ -66,7 +63,7 @@ class PdPlugin(BasePlugin):
         data["bootstrap_host"] = host
         data["bootstrap_port"] = self.hub.bootstrap_port(pd, flight.prefill)
         data["bootstrap_room"] = flight.room
-        new = dump_body(data)
+        new = write_body(ctx, data)
         self.hub.send_prefill(flight, ctx.path.split("?", 1)[0], new, pd)
         ctx.put(_FLIGHT, flight)
         return Result(

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from filters.api import BasePlugin, Context, Result, Slot
 from filters.bodies import request_of
@@ -52,7 +51,7 @@ class PickerPlugin(BasePlugin):
     name = "picker"
     bounded = True
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         if settings:
             raise ConfigError(f"picker: unknown setting(s) {sorted(settings)}; it has none")
         # None where the chain is only built to check the policy (the control plane's check)

@@ -27,7 +27,6 @@ import collections
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from chat.tokenizer import HfChatTokenizer
 from filters.plugins.picker.coalesce import STORED_SHARE, Lead, Leads, Wait
@@ -182,7 +181,7 @@ class PoolPicker:
             self.worker = None
 
     # ---- the request path --------------------------------------------------------------------
-    def render(self, kind: str, data: Mapping[str, Any]) -> bytes | None:
+    def render(self, kind: str, data: Mapping[str, object]) -> bytes | None:
         """The prompt the backend will see (:func:`~filters.plugins.picker.prompt.prompt_bytes`), with
         the model's own template and special tokens when ``routing.tokenizer`` names one."""
         return prompt_bytes(kind, data, self.model)

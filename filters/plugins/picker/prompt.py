@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from chat.tokenizer import ChatTemplateError, HfChatTokenizer
 from filters.plugins.picker.mapper import ROOT, Point
@@ -75,13 +74,13 @@ def render_emulator_chat(messages: object) -> str | None:
 
 
 def prompt_bytes(
-    kind: str, data: Mapping[str, Any], model: HfChatTokenizer | None = None
+    kind: str, data: Mapping[str, object], model: HfChatTokenizer | None = None
 ) -> bytes | None:
     """The rendered prompt of a parsed request body, or None when it cannot be known. With a
     ``model`` (``routing.tokenizer``): a chat request through its chat template as SGLang renders
     it, a plain prompt after the special tokens its tokenizer puts first; None when the template
     refuses the request."""
-    text: Any
+    text: object
     if kind == "chat":
         if model is None:
             text = render_emulator_chat(data.get("messages"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TypeAlias
 
 from prometheus_client import CollectorRegistry
 
@@ -18,11 +18,15 @@ from chat.tokenizer import TokenizerFilesError
 from filters.plugins.picker.metrics import PickerMetrics
 from filters.plugins.picker.pool import PoolPicker
 from filters.plugins.picker.regret import from_log, observe
+from policy.common import Address
 from policy.model import LlmPool, Policy
+from policy.routing import RoutingPolicy
 
 __all__ = ["Pickers"]
 
 _log = logging.getLogger(__name__)
+# what a pool's picker is built from: a change of either builds it anew
+_PoolKey: TypeAlias = tuple[RoutingPolicy, tuple[Address, ...]]
 
 
 class Pickers:
@@ -36,13 +40,13 @@ class Pickers:
         self.metrics = PickerMetrics(registry)
         self._clock = clock
         self._wall = wall
-        self._pools: dict[str, tuple[Any, PoolPicker]] = {}
+        self._pools: dict[str, tuple[_PoolKey, PoolPicker]] = {}
 
     def get(self, pool: str | None) -> PoolPicker | None:
         entry = self._pools.get(pool) if pool is not None else None
         return entry[1] if entry is not None else None
 
-    def metered(self, pool: str, fields: Mapping[str, Any]) -> None:
+    def metered(self, pool: str, fields: Mapping[str, object]) -> None:
         """One request of ``pool`` that Envoy's usage meter covered (filters/usage_log.py: the
         picker's stream end sees no usage there): the cached prompt tokens the backend reported,
         and the routing regret of the pick (filters/plugins/picker/regret.py) when the picker placed it."""
@@ -88,5 +92,5 @@ class Pickers:
             await picker.aclose()
 
 
-def _key(pool: LlmPool) -> tuple[Any, ...]:
+def _key(pool: LlmPool) -> _PoolKey:
     return (pool.routing, tuple(pool.endpoints))

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from filters.plugins.picker.coalesce import Lead
 from filters.plugins.picker.latency import LatencyModel
 from filters.plugins.picker.metrics import PickerMetrics
+from wire.jsontypes import JsonObject
 
 __all__ = ["Routed", "from_log", "observe"]
 
@@ -39,10 +40,10 @@ class Routed:
     predicted_ttft: float | None = None  # seconds from ``sent``; None until latency is learned
     sent: float = 0.0  # the picker's clock when the request left for the replica
 
-    def metadata(self, wall_sent: float) -> dict[str, Any]:
+    def metadata(self, wall_sent: float) -> JsonObject:
         """Dynamic metadata (namespace ``tokenweir``) for the access log and Envoy's meter;
         ``wall_sent``: ``sent`` on the wall clock (Envoy's Lua timestamps are wall time)."""
-        md: dict[str, Any] = {
+        md: JsonObject = {
             "replica": self.replica,
             "predicted_cached_tokens": self.predicted_cached,
             "work_tokens": self.work,
@@ -51,6 +52,18 @@ class Routed:
         if self.predicted_ttft is not None:
             md["predicted_ttft_ms"] = round(self.predicted_ttft * 1000, 1)
         return md
+
+
+class Regret(TypedDict):
+    """The inputs of :func:`observe` that one access log entry gives (:func:`from_log`)."""
+
+    replica: str
+    predicted_cached: int
+    actual_cached: int | None
+    prompt_tokens: int
+    work: int
+    predicted_ttft: float | None
+    ttft: float | None
 
 
 def observe(
@@ -78,7 +91,7 @@ def observe(
     model.observe(replica, work, ttft)
 
 
-def from_log(md: Mapping[str, Any]) -> dict[str, Any] | None:
+def from_log(md: Mapping[str, object]) -> Regret | None:
     """The regret inputs of one access log entry of a metered request (``md``: its
     ``tokenweir`` fields), or None when the picker did not place it. ``ttft`` runs from the
     pick's ``sent_us`` to the meter's first chunk (both wall clock, microseconds)."""
@@ -96,14 +109,19 @@ def from_log(md: Mapping[str, Any]) -> dict[str, Any] | None:
     cached = md.get("cached_tokens")
     reported = isinstance(completion, float)
     predicted_ttft = md.get("predicted_ttft_ms")
-    return {
-        "replica": replica,
-        "predicted_cached": int(predicted),
-        "actual_cached": int(cached)
+    return Regret(
+        replica=replica,
+        predicted_cached=int(predicted),
+        actual_cached=int(cached)
         if reported and isinstance(cached, float)
         else (0 if reported else None),
-        "prompt_tokens": int(md.get("prompt_tokens") or 0) if reported else 0,
-        "work": int(md.get("work_tokens") or 0),
-        "predicted_ttft": predicted_ttft / 1000 if isinstance(predicted_ttft, float) else None,
-        "ttft": ttft,
-    }
+        prompt_tokens=_whole(md.get("prompt_tokens")) if reported else 0,
+        work=_whole(md.get("work_tokens")),
+        predicted_ttft=predicted_ttft / 1000 if isinstance(predicted_ttft, float) else None,
+        ttft=ttft,
+    )
+
+
+def _whole(value: object) -> int:
+    """A count the access log carries as a number (protobuf Struct: a float); 0 when absent."""
+    return int(value) if isinstance(value, int | float) else 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import Any
 
 from filters.api import BasePlugin, Context, Result
 from filters.bodies import LlmRequest, request_of
@@ -38,7 +37,7 @@ class PrefixPlugin(BasePlugin):
     name = "prefix"
     bounded = True
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         unknown = set(settings) - {"tokens", "header"}
         if unknown:
             raise ConfigError(f"prefix: unknown setting(s) {sorted(unknown)}")

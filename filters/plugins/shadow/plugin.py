@@ -16,11 +16,11 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from filters.api import BasePlugin, Context, Result, Slot
 from filters.errors import ConfigError
 from filters.services import Services
+from policy.model import RouteShadow
 from policy.phases import (
     SHADOW_CLUSTER,
     SHADOW_CLUSTER_HEADER,
@@ -51,7 +51,7 @@ class ShadowPlugin(BasePlugin):
     name = "shadow"
     bounded = True  # no I/O
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         if settings:
             raise ConfigError(
                 f"shadow: unknown setting(s) {sorted(settings)}; its knobs live in the "
@@ -61,7 +61,7 @@ class ShadowPlugin(BasePlugin):
         self.recorder = getattr(services, "shadow", None)
         self.rng = random.Random()
         policy = services.policy
-        self._routes: dict[str, tuple[Any, tuple[str, ...]]] = {}
+        self._routes: dict[str, tuple[RouteShadow, tuple[str, ...]]] = {}
         for gw in policy.gateways.values():
             for r in gw.routes:
                 if r.shadow is not None and r.shadow.pool in policy.pools:

@@ -53,7 +53,7 @@ class ShadowRecorder:
         host: str,
         *,
         metrics: ShadowMetrics,
-        redis: Redis,
+        redis: Redis | None,
         clock: Callable[[], float],
         wall: Callable[[], float],
         grace: float = 2.0,
@@ -170,12 +170,15 @@ class ShadowRecorder:
                 self.metrics.dropped.labels("not_mirrored_or_stale").inc(self.book.dropped - before)
 
     async def _writer(self) -> None:
+        redis = self.redis
+        if redis is None:  # nothing is queued without Redis (_pair)
+            return
         while True:
             batch = [await self._queue.get()]
             while len(batch) < _BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             try:
-                pipe = self.redis.pipeline(transaction=False)
+                pipe = redis.pipeline(transaction=False)
                 for pair, keep, ttl in batch:
                     key = pairs_key(pair.route)
                     pipe.lpush(key, pair.encode())

@@ -35,22 +35,23 @@ import asyncio
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 from chat.tokenizer import ChatTemplateError
 from filters.api import BasePlugin, Context, Result
 from filters.bodies import (
     Kind,
     LlmRequest,
-    dump_body,
+    body_json,
+    check_request,
     empty_body,
     kind_for_path,
-    parse_request,
+    write_body,
 )
 from filters.errors import ClientError, ConfigError
 from filters.plugins.admission.limits import preemptive
 from filters.plugins.lora.names import adapter_model
 from filters.services import Services
+from filters.settings import float_setting, int_setting, optional_int_setting, strings_setting
 from policy.model import Policy
 from runtime.throttled_log import ThrottledLog
 from wire.contract import MODEL_HEADER, RESERVE_HEADER
@@ -73,7 +74,8 @@ def estimate_prompt(req: LlmRequest, services: Services) -> int:
     count = services.estimator.count
     n = count(req.prompt_text)
     if req.kind == "chat":
-        n += _PER_MESSAGE * len(req.data.get("messages") or ()) + _TEMPLATE_TOKENS
+        messages = req.data.get("messages")  # a non-empty list: parse_request checked it
+        n += _PER_MESSAGE * (len(messages) if isinstance(messages, list) else 0) + _TEMPLATE_TOKENS
         tools = req.data.get("tools")
         if tools:  # the template writes the tool definitions into the prompt
             n += count(json.dumps(tools, ensure_ascii=False))
@@ -124,7 +126,7 @@ class TokensPlugin(BasePlugin):
     name = "tokens"
     bounded = True  # Redis reads have their own timeouts
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         unknown = set(settings) - {
             "extra_fields",
             "reject_unknown",
@@ -134,11 +136,11 @@ class TokensPlugin(BasePlugin):
         }
         if unknown:
             raise ConfigError(f"tokens: unknown setting(s) {sorted(unknown)}")
-        self.extra_fields = frozenset(settings.get("extra_fields", ()))
+        self.extra_fields = strings_setting(settings, "tokens", "extra_fields")
         self.reject_unknown = bool(settings.get("reject_unknown", True))
-        self.default_max_tokens = int(settings.get("default_max_tokens", 4096))
-        self.max_body_bytes: int | None = settings.get("max_body_bytes")
-        self.budget_timeout = float(settings.get("budget_timeout", 0.05))
+        self.default_max_tokens = int_setting(settings, "tokens", "default_max_tokens", 4096)
+        self.max_body_bytes = optional_int_setting(settings, "tokens", "max_body_bytes")
+        self.budget_timeout = float_setting(settings, "tokens", "budget_timeout", 0.05)
         self.services = services
         self._budget_warn = ThrottledLog(services.clock, 10.0, _log)  # not one line per request
 
@@ -171,8 +173,11 @@ class TokensPlugin(BasePlugin):
         kind: Kind | None = kind_for_path(ctx.path)
         if kind is None:
             return None
-        req = parse_request(
-            kind, body, extra_fields=self.extra_fields, reject_unknown=self.reject_unknown
+        req = check_request(
+            kind,
+            body_json(ctx, body),
+            extra_fields=self.extra_fields,
+            reject_unknown=self.reject_unknown,
         )
         ctx.body = req
         model = req.model or (ctx.route.models[0] if ctx.route.models else "unknown")
@@ -219,12 +224,16 @@ class TokensPlugin(BasePlugin):
             rewrite = True
         if req.stream and kind != "generate" and not req.include_usage:
             opts = req.data.get("stream_options")
-            req.data["stream_options"] = {**(opts or {}), "include_usage": True}
+            # an object or absent (parse_request checked it)
+            req.data["stream_options"] = {
+                **(opts if isinstance(opts, dict) else {}),
+                "include_usage": True,
+            }
             rewrite = True
         headers = {MODEL_HEADER: model, RESERVE_HEADER: str(ctx.reserve)}
         if not rewrite:
             return Result(set_headers=headers)
-        new = dump_body(req.data)
+        new = write_body(ctx, req.data)
         headers["content-length"] = str(len(new))
         return Result(set_headers=headers, body=new)
 

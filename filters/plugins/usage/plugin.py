@@ -38,7 +38,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from prometheus_client import Histogram
 
 from filters.api import BasePlugin, Context, Result, Slot, Usage
 from filters.errors import ConfigError
@@ -61,6 +62,7 @@ from quota.errors import QuotaUnavailable
 from quota.keys import record_key
 from quota.topup import NO_RECORD
 from wire.contract import RESERVE_HEADER, SETTLE_USD_KEY
+from wire.jsontypes import JsonObject, JsonValue
 
 __all__ = ["SETTLE_USD_KEY", "UsagePlugin"]
 
@@ -78,6 +80,8 @@ class _State:
     sse: bool
     drop_usage: bool
     buf: bytearray
+    ttft: Histogram  # the tenant, model and lane's timers (FilterMetrics.stream_timers)
+    tbt: Histogram
     tail: bytes = b""
     last_event: bytes = b""
     first: float = 0.0
@@ -85,8 +89,6 @@ class _State:
     chunks: int = 0
     events: int = 0
     too_big: bool = False
-    ttft: Any = None
-    tbt: Any = None
     # the in-stream stop: completion tokens granted (reservation + top-ups; None: not
     # enforced), served so far (quick count; /generate: its cumulative count), the first event
     stop: _Stop | None = None
@@ -98,7 +100,7 @@ class _Stop:
     granted: int
     served: int = 0
     carry: bytes = b"\n"
-    head: dict[str, Any] | None = None
+    head: JsonObject | None = None
     prefix: bytes = b""  # the stream's first bytes until its first event is whole
     hold: bytes = b""  # /generate: an event not yet whole, held until it is (then counted)
     body: bytes | None = None  # /generate: what passes of this chunk (its whole events)
@@ -114,7 +116,7 @@ class UsagePlugin(BasePlugin):
     name = "usage"
     bounded = True
 
-    def __init__(self, settings: Mapping[str, Any], services: Services) -> None:
+    def __init__(self, settings: Mapping[str, object], services: Services) -> None:
         unknown = set(settings) - {"max_json_bytes", "stop_at_budget", "topup_tokens"}
         if unknown:
             raise ConfigError(f"usage: unknown setting(s) {sorted(unknown)}")
@@ -143,11 +145,11 @@ class UsagePlugin(BasePlugin):
             ctx.put(_FACTOR, f)
         return f
 
-    def envoy_inputs(self, ctx: Context) -> dict[str, Any]:
+    def envoy_inputs(self, ctx: Context) -> JsonObject:
         """Dynamic metadata for Envoy's Lua usage meter (``controlplane/translate/usage.lua``):
         what this plugin would know at the response, and the model's prices."""
         kind = ctx.body.kind if ctx.body is not None else None
-        out: dict[str, Any] = {
+        out: JsonObject = {
             "meter": True,
             "route": ctx.route.name,
             "prompt": ctx.prompt_tokens or 0,
@@ -333,7 +335,7 @@ class UsagePlugin(BasePlugin):
         sent = data[: len(sp.carry)] + held + chunk[:keep] if held else data[: len(sp.carry) + keep]
         if generate and c.last is None:
             c_last = getattr(st, "last_event", b"")
-            last: Any = event_json(c_last) if c_last else None
+            last: JsonValue = event_json(c_last) if c_last else None
         else:
             last = c.last
         prompt = ctx.prompt_tokens or 0
@@ -408,7 +410,7 @@ class UsagePlugin(BasePlugin):
         out = min(st.events, ctx.max_tokens) if ctx.max_tokens else st.events
         prompt = ctx.prompt_tokens or 0
         usd = micro_usd(self.services.policy, ctx.model, prompt, out, factor=self._factor(ctx))
-        metadata = {SETTLE_KEY: prompt + out, SETTLE_USD_KEY: str(usd)}
+        metadata: JsonObject = {SETTLE_KEY: prompt + out, SETTLE_USD_KEY: str(usd)}
         if result is None:
             return Result(metadata=metadata)
         return Result(body=result.body, metadata={**metadata, **result.metadata})

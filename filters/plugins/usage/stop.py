@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from filters.sse import event_json
+from wire.jsontypes import JsonObject, JsonValue
 
 __all__ = [
     "DONE",
@@ -91,7 +92,7 @@ class Cut:
     keep: int
     tokens: int
     stopped: bool
-    last: Any = None
+    last: JsonValue = None
 
 
 def cut(
@@ -105,7 +106,7 @@ def cut(
     cumulative bound and ``Cut.tokens`` the cumulative count kept."""
     starts = event_starts(chunk, at_line_start)
     tokens = served if generate else 0
-    last = None
+    last: JsonValue = None
     for i, s in enumerate(starts):
         end = starts[i + 1] if i + 1 < len(starts) else len(chunk)
         raw = chunk[s:end]
@@ -129,7 +130,7 @@ def cut(
     return Cut(len(chunk), tokens, False, last)
 
 
-def stream_head(chunk: bytes) -> dict[str, Any] | None:
+def stream_head(chunk: bytes) -> JsonObject | None:
     """The first event of a stream, parsed (its id is the backend's rid; model and created
     are copied into the closing chunks), or None."""
     starts = event_starts(chunk)
@@ -148,24 +149,24 @@ def _sse(obj: object) -> bytes:
 
 def stop_events(
     kind: str,
-    head: dict[str, Any] | None,
+    head: Mapping[str, object] | None,
     prompt: int,
     completion: int,
     *,
     with_usage: bool,
-    last: Any = None,
+    last: JsonValue = None,
 ) -> bytes:
     """The events that end a stream at its budget (``kind``: chat, completion or generate)."""
     if kind == "generate":
-        obj: dict[str, Any] = dict(last) if isinstance(last, dict) else {"text": ""}
+        obj: JsonObject = dict(last) if isinstance(last, dict) else {"text": ""}
         found = obj.get("meta_info")
-        meta: dict[str, Any] = dict(found) if isinstance(found, dict) else {}
+        meta: JsonObject = dict(found) if isinstance(found, dict) else {}
         meta["finish_reason"] = {"type": "length", "length": completion}
         meta["completion_tokens"] = completion
         meta.setdefault("prompt_tokens", prompt)
         obj["meta_info"] = meta
         return _sse(obj) + DONE
-    h = head or {}
+    h: Mapping[str, object] = head or {}
     env = {
         "id": h.get("id", ""),
         "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
