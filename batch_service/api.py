@@ -9,9 +9,8 @@ server listens on loopback (or a network only the gateway reaches): it trusts th
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import BodyPartReader, web
 from prometheus_client import CollectorRegistry, Counter
@@ -75,7 +74,9 @@ class BatchApi:
             web.post("/v1/batches/{id}/cancel", h("batches.cancel", self.cancel_batch)),
         ]
 
-    def _handle(self, op: str, fn: Callable[[web.Request, str], Any]) -> Any:
+    def _handle(
+        self, op: str, fn: Callable[[web.Request, str], Awaitable[web.StreamResponse]]
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handler(request: web.Request) -> web.StreamResponse:
             try:
                 tenant = request.headers.get(TENANT_HEADER, "")

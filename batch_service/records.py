@@ -31,8 +31,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from batch_service.objects import TERMINAL
@@ -109,12 +110,28 @@ def _member(tenant: str, job_id: str) -> str:
     return f"{tenant}/{job_id}"
 
 
-def decode_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
+def decode_hash(raw: Mapping[bytes | str, bytes | str]) -> dict[str, str]:
+    """A hash as redis-py gives it (bytes, or str when the client decodes) as text."""
     return {_s(k): _s(v) for k, v in raw.items()}
 
 
-def _s(v: Any) -> str:
+def _s(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _stream_entries(reply: object, at: tuple[int, ...]) -> list[tuple[str, dict[str, str]]]:
+    """The (id, fields) entries inside a stream reply (RESP2), found at index path ``at``:
+    XREADGROUP's ``[[stream, entries]]`` at (0, 1), XAUTOCLAIM's ``[next, entries, deleted]``
+    at (1,); none when the reply is empty. A trimmed entry has no fields (None)."""
+    node = reply
+    for i in at:
+        if not isinstance(node, list | tuple) or len(node) <= i:
+            return []
+        node = node[i]
+    entries: list[tuple[str, dict[str, str]]] = []
+    for entry_id, fields in node if isinstance(node, list) else []:
+        entries.append((_s(entry_id), decode_hash(fields or {})))
+    return entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +146,7 @@ class Claim:
 class Records:
     """All Redis I/O of the batch service; callers get plain dicts and raise their own errors."""
 
-    def __init__(self, redis: Any) -> None:
+    def __init__(self, redis: Redis | RedisCluster) -> None:
         self.redis = redis
         self._add_file = redis.register_script(_ADD_FILE)
         self._delete_file = redis.register_script(_DELETE_FILE)
@@ -150,7 +167,15 @@ class Records:
         """``ok``, or what a limit refused: ``files``, ``bytes`` (``exists``: the id is taken)."""
         fid = str(meta["id"])
         keys = [self._k(tenant, f"file:{fid}"), self._k(tenant, "files"), self._k(tenant, "bytes")]
-        args = [fid, meta["created_at"], meta["bytes"], max_files, max_bytes, json.dumps(meta)]
+        # str(): the bytes redis-py would send for the int itself
+        args: list[str | int] = [
+            fid,
+            str(meta["created_at"]),
+            str(meta["bytes"]),
+            max_files,
+            max_bytes,
+            json.dumps(meta),
+        ]
         return _s(await self._add_file(keys=keys, args=args))
 
     async def get_file(self, tenant: str, file_id: str) -> dict[str, str] | None:
@@ -189,9 +214,9 @@ class Records:
         if active:
             await self.redis.zadd(INTENTS, {member: float(str(fields["created_at"]))})
         keys = [self._k(tenant, f"job:{jid}"), self._k(tenant, "jobs"), self._k(tenant, "active")]
-        args = [
+        args: list[str | int] = [
             jid,
-            fields["created_at"],
+            str(fields["created_at"]),  # the bytes redis-py would send for the int itself
             max_in_flight,
             json.dumps(fields),
             "1" if active else "0",
@@ -278,7 +303,8 @@ class Records:
 
     async def results(self, tenant: str, job_id: str) -> dict[int, tuple[bool, bytes]]:
         raw = await self.redis.hgetall(self._k(tenant, f"res:{job_id}"))
-        return {int(k): (bytes(v[:1]) == b"o", bytes(v[1:])) for k, v in raw.items()}
+        tagged = {int(k): v if isinstance(v, bytes) else v.encode() for k, v in raw.items()}
+        return {k: (v[:1] == b"o", v[1:]) for k, v in tagged.items()}
 
     # ---- the runners' queue --------------------------------------------------------------------
     async def ensure_group(self) -> None:
@@ -292,20 +318,19 @@ class Records:
         """A job this consumer held before it restarted first, then one left by a runner
         silent for ``idle_ms``, else a new one (waits up to ``block_ms``)."""
         mine = await self.redis.xreadgroup(GROUP, consumer, {QUEUE: "0"}, count=1)
-        entries = mine[0][1] if mine else []
+        entries = _stream_entries(mine, (0, 1))
         if not entries:
             got = await self.redis.xautoclaim(QUEUE, GROUP, consumer, idle_ms, "0-0", count=1)
-            entries = got[1] if got else []
+            entries = _stream_entries(got, (1,))
         if not entries:
             read = await self.redis.xreadgroup(
                 GROUP, consumer, {QUEUE: ">"}, count=1, block=block_ms
             )
-            entries = read[0][1] if read else []
-        for entry_id, fields in entries:
-            f = decode_hash(fields or {})
+            entries = _stream_entries(read, (0, 1))
+        for entry_id, f in entries:
             if "tenant" in f and "job" in f:
-                return Claim(_s(entry_id), f["tenant"], f["job"])
-            await self.ack(_s(entry_id))  # a deleted entry (trimmed): nothing to run
+                return Claim(entry_id, f["tenant"], f["job"])
+            await self.ack(entry_id)  # a deleted entry (trimmed): nothing to run
         return None
 
     async def queued_jobs(self) -> int:

@@ -16,10 +16,9 @@ import collections
 import json
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -33,6 +32,7 @@ from batch_service.records import Claim, Records
 from batch_service.validate import Line, parse_lines
 from policy.batch import BATCH_LINE_HEADER, BatchPolicy
 from poolstate.reader import PoolStateReader
+from wire.jsontypes import JsonValue
 
 __all__ = ["BatchRunner", "RunnerMetrics", "RunnerSettings"]
 
@@ -288,7 +288,7 @@ class BatchRunner:
                 return False
         ok = 200 <= status < 300
         try:
-            body: Any = json.loads(raw) if raw else None
+            body: JsonValue = json.loads(raw) if raw else None
         except ValueError:
             body = {"error": {"message": raw.decode("utf-8", "replace")[:2000]}}
         if not rid and isinstance(body, dict):
@@ -336,7 +336,7 @@ class BatchRunner:
         fid = f"file-{jid}-{kind}"
         data = b"\n".join(rows) + b"\n"
 
-        async def once() -> Any:
+        async def once() -> AsyncIterator[bytes]:
             yield data
 
         size = await self.store.put(tenant, fid, once())

@@ -20,12 +20,15 @@ iteratively: no recursion at any depth. Every refusal is a :class:`PolicyError` 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import yaml
 from yaml.resolver import Resolver
 
 from policy.errors import Issue, PolicyError
+
+if TYPE_CHECKING:  # libyaml's marks (absent where PyYAML runs without libyaml)
+    from yaml import _yaml
 
 __all__ = ["DEFAULT_LIMITS", "Limits", "compose_bounded"]
 
@@ -260,6 +263,8 @@ class _Composer:
         raise _fail(self.filename, mark.line + 1 if mark is not None else 0, path, message)
 
 
-def _mark(mark: object) -> Any:
-    """libyaml's marks and PyYAML's have the same ``line``/``column``; typed as either."""
-    return mark
+def _mark(mark: yaml.Mark | _yaml.Mark | None) -> yaml.Mark | None:
+    """libyaml's marks and PyYAML's have the same ``name``/``line``/``column`` that a node's
+    readers use; the stubs type nodes with PyYAML's only, so libyaml's is passed on as it is
+    (converting each, or even a ``cast`` call, costs a large load's time: two per node)."""
+    return mark  # type: ignore[return-value]  # a libyaml Mark serves where PyYAML's is typed

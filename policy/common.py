@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import yaml
 
-from policy.decode import MISSING_NODE, Decoder, Range
+from policy.decode import MISSING_NODE, Decoder, Missing, Range
 
 __all__ = ["LANES", "Address", "Count", "Lane", "Percent", "Port", "Positive", "check_name"]
 
@@ -40,7 +40,7 @@ class Address:
         return cls(m.group("host").strip("[]"), int(m.group("port")))
 
     @classmethod
-    def __decode__(cls, d: Decoder, node: yaml.Node, path: str) -> Any:
+    def __decode__(cls, d: Decoder, node: yaml.Node, path: str) -> Address | Missing:
         if isinstance(node, yaml.ScalarNode):
             try:
                 return cls.parse(str(node.value))

@@ -15,13 +15,29 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Final,
+    Literal,
+    TypeAlias,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 import yaml
 
 from policy.errors import Issue
+from wire.jsontypes import JsonValue
 
-__all__ = ["MISSING_NODE", "Decoder", "Duration", "Node", "Range", "Size", "doc"]
+if TYPE_CHECKING:  # typeshed's name for "a dataclass" (no runtime object)
+    from _typeshed import DataclassInstance
+
+_T = typing.TypeVar("_T")
+
+__all__ = ["MISSING_NODE", "Decoder", "Duration", "Missing", "Node", "Range", "Size", "doc"]
 
 Node = yaml.Node
 
@@ -71,16 +87,29 @@ _SIZE_UNITS = {
 }
 
 
-def doc(text: str, **extra: object) -> dict[str, Any]:
+def doc(text: str, **extra: object) -> dict[str, object]:
     """Field metadata helper: ``field(default=..., metadata=doc("what it means"))``."""
     return {"doc": text, **extra}
 
 
-class _Missing:
-    pass
+class Missing:
+    """The type of :data:`MISSING_NODE`: what a decode step returns after recording an issue."""
 
 
-MISSING_NODE: Any = _Missing()
+MISSING_NODE: Final = Missing()
+
+# one decode step, worked out per type hint by _plan: the decoded value or MISSING_NODE
+Step: TypeAlias = Callable[["Decoder", Node, str], object]
+
+
+class _FreeForm:
+    """What ``JsonValue`` in a schema stands for while the decoder reads the schema's hints:
+    free-form data (plugin settings, planner inputs), checked to be plain JSON-like data."""
+
+
+# the names the schema's hints are evaluated with besides their module's: ``JsonValue`` is a
+# recursive alias made for type checkers; to the decoder it means free-form data
+_HINT_NAMES: Final[dict[str, object]] = {"JsonValue": _FreeForm}
 
 
 class Decoder:
@@ -97,42 +126,25 @@ class Decoder:
         self.issues.append(Issue(self.filename, line, path, message))
 
     # -- entry ---------------------------------------------------------------------------------
-    def decode(self, node: Node, hint: object, path: str) -> Any:
+    def decode(self, node: Node, hint: object, path: str) -> object:
         """Return the decoded value, or ``MISSING_NODE`` after recording an issue."""
-        kind, info = _plan(hint)
-        if kind == "dataclass":
-            return self.dataclass(node, info, path)
-        if kind == "scalar":
-            return info(self, node, path)
-        if kind == "optional":
-            inner, nullable = info
-            if nullable and _is_null(node):
-                return None
-            return self.decode(node, inner, path)
-        if kind == "annotated":
-            return self._annotated(node, info[0], info[1], path)
-        if kind == "mapping":
-            return self._mapping(node, info, path)
-        if kind == "tuple":
-            return self._tuple(node, info, path)
-        if kind == "literal":
-            return self._literal(node, info, path)
-        if kind == "custom":
-            return info(self, node, path)
-        if kind == "any":  # free-form settings (plugin options): plain YAML data
-            return yaml.safe_load(yaml.serialize(node))
-        raise TypeError(f"policy schema uses an unsupported type {hint!r} at {path}")
+        return _plan(hint)(self, node, path)
+
+    def document(self, node: Node, cls: type[_T]) -> _T | None:
+        """The whole document as ``cls``; None after recording issues."""
+        value = self.decode(node, cls, "")
+        return value if isinstance(value, cls) else None
 
     # -- structures ----------------------------------------------------------------------------
-    def dataclass(self, node: Node, cls: Any, path: str) -> Any:
+    def dataclass(self, node: Node, cls: type[DataclassInstance], path: str) -> object:
         pre: Callable[[Decoder, Node, str], Node] | None = getattr(cls, "__shorthand__", None)
         if pre is not None:
             node = pre(self, node, path)
         if not isinstance(node, yaml.MappingNode):
             self.error(node, path, f"expected a mapping with keys {_keys(cls)}, got {_kind(node)}")
             return MISSING_NODE
-        hints, fields = _schema(cls)
-        values: dict[str, Any] = {}
+        steps, fields = _schema(cls)
+        values: dict[str, object] = {}
         failed = False
         seen: set[str] = set()
         for key_node, value_node in node.value:
@@ -148,7 +160,7 @@ class Decoder:
                 continue
             seen.add(key)
             self._key_line[id(value_node)] = key_node.start_mark.line + 1
-            value = self.decode(value_node, hints[key], sub)
+            value = steps[key](self, value_node, sub)
             if value is MISSING_NODE:
                 failed = True
             else:
@@ -170,13 +182,21 @@ class Decoder:
             self.error(node, path, str(exc))
             return MISSING_NODE
 
-    def _mapping(self, node: Node, value_hint: object, path: str) -> Any:
+    def _free_form(self, node: Node, path: str) -> JsonValue | Missing:
+        """Plain YAML data (plugin settings, planner inputs) as JSON-like values."""
+        try:
+            return _as_json(yaml.safe_load(yaml.serialize(node)))
+        except ValueError as exc:
+            self.error(node, path, f"expected plain data ({_PLAIN}), got {exc}")
+            return MISSING_NODE
+
+    def _mapping(self, node: Node, value_step: Step, path: str) -> object:
         if _is_null(node):
             return {}
         if not isinstance(node, yaml.MappingNode):
             self.error(node, path, f"expected a mapping, got {_kind(node)}")
             return MISSING_NODE
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         failed = False
         for key_node, value_node in node.value:
             key = str(key_node.value)
@@ -186,14 +206,14 @@ class Decoder:
                 failed = True
                 continue
             self._key_line[id(value_node)] = key_node.start_mark.line + 1
-            value = self.decode(value_node, value_hint, sub)
+            value = value_step(self, value_node, sub)
             if value is MISSING_NODE:
                 failed = True
             else:
                 out[key] = value
         return MISSING_NODE if failed else out
 
-    def _tuple(self, node: Node, item_hint: object, path: str) -> Any:
+    def _tuple(self, node: Node, item_step: Step, path: str) -> object:
         if _is_null(node):
             return ()
         if isinstance(node, yaml.ScalarNode):  # a single item may be written without a list
@@ -203,10 +223,10 @@ class Decoder:
         if not isinstance(node, yaml.SequenceNode):
             self.error(node, path, f"expected a list, got {_kind(node)}")
             return MISSING_NODE
-        items = [self.decode(item, item_hint, f"{path}[{i}]") for i, item in enumerate(node.value)]
+        items = [item_step(self, item, f"{path}[{i}]") for i, item in enumerate(node.value)]
         return MISSING_NODE if any(i is MISSING_NODE for i in items) else tuple(items)
 
-    def _literal(self, node: Node, choices: tuple[Any, ...], path: str) -> Any:
+    def _literal(self, node: Node, choices: tuple[object, ...], path: str) -> object:
         if isinstance(node, yaml.ScalarNode):
             for choice in choices:
                 if node.value == str(choice):
@@ -215,24 +235,27 @@ class Decoder:
         self.error(node, path, f"must be one of {allowed}, got {_show(node)}")
         return MISSING_NODE
 
-    def _annotated(self, node: Node, base: object, markers: list[Any], path: str) -> Any:
+    def _annotated(
+        self, node: Node, base_step: Step, markers: tuple[object, ...], path: str
+    ) -> object:
         for marker in markers:
             if isinstance(marker, Duration):
                 return self._duration(node, marker, path)
             if isinstance(marker, Size):
                 return self._size(node, marker, path)
-        value = self.decode(node, base, path)
+        value = base_step(self, node, path)
         if value is MISSING_NODE or value is None:
             return value
         for marker in markers:
-            if isinstance(marker, Range):
+            # (int, float): a tuple, no union object built per check
+            if isinstance(marker, Range) and isinstance(value, (int, float)):
                 problem = marker.check(value)
                 if problem:
                     self.error(node, path, problem)
                     return MISSING_NODE
         return value
 
-    def _duration(self, node: Node, marker: Duration, path: str) -> Any:
+    def _duration(self, node: Node, marker: Duration, path: str) -> float | Missing | None:
         if _is_null(node):
             return None
         m = _DURATION_RE.match(str(node.value)) if isinstance(node, yaml.ScalarNode) else None
@@ -248,7 +271,7 @@ class Decoder:
             return MISSING_NODE
         return seconds
 
-    def _size(self, node: Node, marker: Size, path: str) -> Any:
+    def _size(self, node: Node, marker: Size, path: str) -> int | Missing:
         m = _SIZE_RE.match(str(node.value)) if isinstance(node, yaml.ScalarNode) else None
         if m is None:
             self.error(node, path, f"expected a size like 512, 64KiB or 1MiB, got {_show(node)}")
@@ -262,10 +285,8 @@ class Decoder:
 
 
 # -- scalars ----------------------------------------------------------------------------------
-def _scalar(
-    tag: str, convert: Callable[[str], Any], what: str
-) -> Callable[[Decoder, Node, str], Any]:
-    def decode(d: Decoder, node: Node, path: str) -> Any:
+def _scalar(tag: str, convert: Callable[[str], object], what: str) -> Step:
+    def decode(d: Decoder, node: Node, path: str) -> object:
         if isinstance(node, yaml.ScalarNode) and node.tag in tag.split("|"):
             try:
                 return convert(node.value)
@@ -287,7 +308,7 @@ def _to_bool(text: str) -> bool:
     return text.lower() in ("true", "yes", "on")
 
 
-_SCALARS: dict[Any, Callable[[Decoder, Node, str], Any]] = {
+_SCALARS: dict[type, Step] = {
     int: _scalar(_INT, lambda t: int(t.replace("_", ""), 0), "an integer"),
     float: _scalar(f"{_INT}|{_FLOAT}", lambda t: float(t.replace("_", "")), "a number"),
     str: _scalar(f"{_STR}|{_INT}|{_FLOAT}", str, "a string"),
@@ -295,51 +316,91 @@ _SCALARS: dict[Any, Callable[[Decoder, Node, str], Any]] = {
 }
 
 
+_PLAIN = "text, numbers, true/false, null, lists and mappings with text keys"
+
+
+def _as_json(value: object) -> JsonValue:
+    """``value`` (what ``yaml.safe_load`` gives) when it is JSON-like data; ValueError naming
+    the first part that is not (a timestamp, binary data, a set, a mapping key not text)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list):
+        return [_as_json(v) for v in value]
+    if isinstance(value, dict):
+        out: dict[str, JsonValue] = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValueError(f"the mapping key {k!r}")
+            out[k] = _as_json(v)
+        return out
+    raise ValueError(f"{value!r} ({type(value).__name__})")
+
+
 # -- small helpers ----------------------------------------------------------------------------
 @functools.cache
-def _plan(hint: object) -> tuple[str, Any]:
+def _plan(hint: object) -> Step:
     """How to decode a type hint, worked out once per hint (``get_origin``/``get_args`` on
     every node were a third of a 10k-tenant load)."""
-    if hint is Any:
-        return "any", None
+    if hint is _FreeForm:
+        return Decoder._free_form
     origin = get_origin(hint)
     if origin is Annotated:
         base, *markers = get_args(hint)
-        return "annotated", (base, markers)
+        base_step, marks = _plan(base), tuple(markers)
+        return lambda d, node, path: d._annotated(node, base_step, marks, path)
     if origin in (Union, types.UnionType):
         args = [a for a in get_args(hint) if a is not type(None)]
         if len(args) != 1:
             raise TypeError(f"policy schema: only Optional[X] unions are supported ({hint!r})")
-        return "optional", (args[0], len(args) < len(get_args(hint)))
+        inner = _plan(args[0])
+        if len(args) == len(get_args(hint)):  # no None among them
+            return inner
+
+        def optional(d: Decoder, node: Node, path: str) -> object:
+            return None if _is_null(node) else inner(d, node, path)
+
+        return optional
     if origin is Literal:
-        return "literal", get_args(hint)
+        choices = get_args(hint)
+        return lambda d, node, path: d._literal(node, choices, path)
     if origin is tuple:
-        return "tuple", get_args(hint)[0]
+        item = _plan(get_args(hint)[0])
+        return lambda d, node, path: d._tuple(node, item, path)
     if origin is dict or origin is typing.Mapping:
-        return "mapping", get_args(hint)[1]
-    custom = getattr(hint, "__decode__", None)
+        value = _plan(get_args(hint)[1])
+        return lambda d, node, path: d._mapping(node, value, path)
+    custom: Step | None = getattr(hint, "__decode__", None)
     if custom is not None:
-        return "custom", custom
-    if dataclasses.is_dataclass(hint):
-        return "dataclass", hint
-    if hint in _SCALARS:
-        return "scalar", _SCALARS[hint]
-    return "unsupported", None
+        return custom
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        cls = hint
+        return lambda d, node, path: d.dataclass(node, cls, path)
+    if isinstance(hint, type) and hint in _SCALARS:
+        return _SCALARS[hint]
+
+    def unsupported(d: Decoder, node: Node, path: str) -> object:
+        raise TypeError(f"policy schema uses an unsupported type {hint!r} at {path}")
+
+    return unsupported
 
 
 @functools.cache
-def _schema(cls: Any) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
-    """Type hints and init fields of a dataclass, resolved once per class (``get_type_hints``
-    evaluates every annotation string again on each call: most of a 10k-tenant load)."""
-    hints = get_type_hints(cls, include_extras=True)
-    return hints, {f.name: f for f in dataclasses.fields(cls) if f.init}
+def _schema(
+    cls: type[DataclassInstance],
+) -> tuple[dict[str, Step], dict[str, dataclasses.Field[object]]]:
+    """The decode step of each init field of a dataclass, and those fields, worked out once per
+    class (``get_type_hints`` evaluates every annotation string again on each call: most of a
+    10k-tenant load). Hints are read in their module's names and :data:`_HINT_NAMES`."""
+    hints = get_type_hints(cls, localns=_HINT_NAMES, include_extras=True)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    return {name: _plan(hints[name]) for name in fields}, fields
 
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def _keys(cls: Any) -> str:
+def _keys(cls: type[DataclassInstance]) -> str:
     return ", ".join(f.name for f in dataclasses.fields(cls) if f.init)
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Set
 from dataclasses import dataclass
-from typing import Any
 
 from policy.common import LANES
+from policy.model import Policy
 
 __all__ = ["OTHER", "LabelFold", "PolicyLabels"]
 
@@ -46,7 +46,7 @@ class PolicyLabels:
     lane: LabelFold
 
     @classmethod
-    def of(cls, policy: Any) -> PolicyLabels:
+    def of(cls, policy: Policy) -> PolicyLabels:
         """O(pools) on the event loop: nothing here walks the tenants (see :class:`LabelFold`)."""
         models = {m for pool in policy.pools.values() for m in pool.models}
         return cls(
@@ -60,10 +60,11 @@ class PolicyLabels:
         return cls(LabelFold(), LabelFold(), LabelFold(LANES))
 
     @staticmethod
-    def cost_center_of(policy: Any, tenant: str | None) -> str:
-        """The policy tenant's own cost center (a name the policy holds), else ``other``."""
-        t = policy.tenants.get(tenant) if tenant else None
-        return getattr(t, "cost_center", None) or OTHER
+    def cost_center_of(policy: Policy | None, tenant: str | None) -> str:
+        """The policy tenant's own cost center (a name the policy holds), else ``other`` (and
+        ``other`` before a policy is known)."""
+        t = policy.tenants.get(tenant) if tenant and policy is not None else None
+        return (t.cost_center if t is not None else None) or OTHER
 
     def quota(self, name: str) -> str:
         """A quota name with its model or lane folded (``models.<m>``, ``lanes.<l>``)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from policy.bounded import DEFAULT_LIMITS, Limits, compose_bounded
-from policy.decode import MISSING_NODE, Decoder
+from policy.decode import Decoder
 from policy.endpoints import parse_endpoints_text
 from policy.errors import Issue, PolicyError
 from policy.lora_models import with_adapter_models
@@ -115,8 +115,8 @@ def _load_text(
             [Issue(filename, 1, "", "the policy is empty; expected a mapping with 'version: 1'")]
         )
     decoder = Decoder(filename)
-    policy = decoder.decode(root, Policy, "")
-    if policy is MISSING_NODE:
+    policy = decoder.document(root, Policy)
+    if policy is None:
         raise PolicyError(decoder.issues)
     lines = _Lines(root)
     policy, lora_problems = with_adapter_models(policy)  # adapters are models (policy/lora.py)

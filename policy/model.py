@@ -10,7 +10,7 @@ Cross-references (route → pool, fallback → pool, sidecar → service …) ar
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import yaml
 
@@ -42,6 +42,7 @@ from policy.servers import ControlPlane, FiltersServer, RateLimitServer, Replica
 from policy.tenancy import MoneyLimits, Price, QuotaLimits, Quotas, Tenant, Tier
 from policy.tls import GatewayTls, UpstreamTls
 from policy.tracing import Tracing
+from wire.jsontypes import JsonValue
 
 __all__ = [
     "LANES",
@@ -305,7 +306,7 @@ class PluginRef:
     """A plugin by built-in name (``identity``) or dotted import path (``mypkg.mod:Plugin``)."""
 
     name: str
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, JsonValue] = field(default_factory=dict)
 
     @classmethod
     def __shorthand__(cls, d: Decoder, node: yaml.Node, path: str) -> yaml.Node:
@@ -432,6 +433,6 @@ class Policy:
     reservation: ReservationPolicy = field(default_factory=ReservationPolicy)
     batch: BatchPolicy | None = None  # the batch API and its runners (docs/batch.md)
     tracing: Tracing | None = None
-    planner: dict[str, Any] = field(
+    planner: dict[str, JsonValue] = field(
         default_factory=dict
     )  # `tokenweir plan` inputs (docs/capacity.md)

@@ -20,11 +20,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from policy.tls import Issues, UpstreamTls, check_ca, check_pair, read_pem
 
+if TYPE_CHECKING:  # typeshed's name for "an instance of a dataclass" (no runtime object)
+    from _typeshed import DataclassInstance
+
 __all__ = ["ServiceTls", "service_tls_issues"]
+
+_D = TypeVar("_D", bound="DataclassInstance")
 
 
 @dataclass(frozen=True)
@@ -43,8 +48,10 @@ class ServiceTls:
         )
 
 
-def service_tls_issues(policy: Any, base: Path) -> tuple[Any, Issues]:
-    """``policy`` with the services' TLS paths made absolute, and the problems with them."""
+def service_tls_issues(policy: _D, base: Path) -> tuple[_D, Issues]:
+    """``policy`` with the services' TLS paths made absolute, and the problems with them.
+    ``policy``: a :class:`policy.model.Policy` (whose module imports this one through
+    ``policy.servers``); its ``filters`` and ``ratelimit`` sections are read by name."""
     issues: Issues = []
     changes = {}
     for section in ("filters", "ratelimit"):

@@ -16,9 +16,25 @@ from __future__ import annotations
 import dataclasses
 import os
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
+
+if TYPE_CHECKING:  # typeshed's name for "an instance of a dataclass" (no runtime object)
+    from _typeshed import DataclassInstance
+
+    class _WithTlsFiles(DataclassInstance, Protocol):
+        """The parts of a :class:`policy.model.Policy` that name TLS files (that module imports
+        this one, so the policy is described here, not imported)."""
+
+        @property
+        def gateways(self) -> Mapping[str, DataclassInstance]: ...
+        @property
+        def pools(self) -> Mapping[str, DataclassInstance]: ...
+        @property
+        def services(self) -> Mapping[str, DataclassInstance]: ...
+
 
 __all__ = [
     "ClientCertificates",
@@ -94,12 +110,17 @@ _SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
 
 Issues = list[tuple[str, str]]  # (key path, message)
 
+_D = TypeVar("_D", bound="DataclassInstance")
 
-def tls_file_issues(policy: Any, base_dir: Path, read_gateways: bool = True) -> tuple[Any, Issues]:
+
+_P = TypeVar("_P", bound="_WithTlsFiles")
+
+
+def tls_file_issues(policy: _P, base_dir: Path, read_gateways: bool = True) -> tuple[_P, Issues]:
     """``policy`` with every TLS file path made absolute, and the problems with those files
     (``read_gateways=False``: the gateways' paths made absolute, their files not read)."""
     issues: Issues = []
-    gateways = {}
+    gateways: dict[str, DataclassInstance] = {}
     for name, gw in policy.gateways.items():
         tls = getattr(gw, "tls", None)
         if tls is not None:
@@ -157,7 +178,7 @@ def absolute(base: Path, name: str) -> str:
     return os.path.abspath(os.path.join(base, name))
 
 
-def _upstream(target: Any, at: str, base: Path, issues: Issues) -> Any:
+def _upstream(target: _D, at: str, base: Path, issues: Issues) -> _D:
     tls: UpstreamTls | None = getattr(target, "tls", None)
     if tls is None:
         return target

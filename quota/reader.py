@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 from redis.exceptions import NoScriptError, RedisError
 
@@ -78,11 +78,15 @@ class WindowUsage:
         return out
 
 
-def _s(value: RedisReply) -> str:
+def _s(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def decode_map(raw: Mapping[RedisReply, RedisReply] | None) -> dict[str, str]:
+_Key = TypeVar("_Key")  # a reply's key type, bytes or str (``Mapping`` is invariant in it)
+
+
+def decode_map(raw: Mapping[_Key, object] | None) -> dict[str, str]:
+    """A Redis hash as text, whichever reply type the client gives."""
     return {_s(k): _s(v) for k, v in (raw or {}).items()}
 
 
@@ -230,7 +234,7 @@ class QuotaReader:
             await stop_task(task)
 
 
-def limit_remaining(lim: Limit, raw: RedisReply, now_us: int) -> int:
+def limit_remaining(lim: Limit, raw: object, now_us: int) -> int:
     """What one limit still admits, from its raw Redis state (GET or HMGET tk ts)."""
     if lim.unit != "bucket":
         return lim.limit - (int(_s(raw)) if raw is not None else 0)

@@ -14,9 +14,9 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from envoy.service.ratelimit.v3 import rls_pb2
+from prometheus_client import Counter
 
 from quota.config import Limit, SubjectQuotas, limits_for_service, limits_for_tenant
 from quota.cost import worst_case_micro_usd
@@ -129,8 +129,8 @@ class Decider:
         self.metrics = metrics
         self.clock = clock
         self._last_log: dict[str, float] = {}
-        self._counters: dict[tuple[bool, str, str], Any] = {}
-        self._tenant_counters: dict[tuple[str, bool], Any] = {}
+        self._counters: dict[tuple[bool, str, str], Counter] = {}
+        self._tenant_counters: dict[tuple[str, bool], Counter] = {}
         self._limits: dict[
             tuple[str, str | None, str | None], tuple[SubjectQuotas, list[Limit]]
         ] = {}

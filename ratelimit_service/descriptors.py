@@ -7,7 +7,8 @@ Envoy 1.40 sends the cost per descriptor (``descriptors[i].hits_addend``); the r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from envoy.service.ratelimit.v3 import rls_pb2
 
 from ratelimit_service.errors import BadRequest
 from wire.contract import (
@@ -79,7 +80,7 @@ def _micro_usd(text: str | None) -> int | None:
     return min(int(text), MAX_HITS * 1000)
 
 
-def parse_request(request: Any, domain: str) -> list[Call]:
+def parse_request(request: rls_pb2.RateLimitRequest, domain: str) -> list[Call]:
     """Typed calls of a ``RateLimitRequest``; raises BadRequest for anything we cannot judge."""
     if request.domain != domain:
         raise BadRequest(

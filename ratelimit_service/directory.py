@@ -9,8 +9,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
+from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from policy.model import Policy
@@ -22,6 +22,7 @@ from quota.config import (
 )
 from quota.keys import config_key, seed_key, service_subject
 from quota.reader import decode_map
+from ratelimit_service.resp import RespReply
 from ratelimit_service.store import load_script
 from runtime.tasks import honour_cancel, stop_task
 
@@ -45,7 +46,7 @@ class QuotaDirectory:
     def __init__(
         self,
         policy: Policy,
-        fetch: Callable[[str], Awaitable[Any]] | None,
+        fetch: Callable[[str], Awaitable[dict[RespReply, RespReply]]] | None,
         *,
         ttl: float = 0.5,
         fetch_timeout: float = 0.05,
@@ -156,7 +157,7 @@ def seed_plan(policy: Policy) -> SeedPlan:
 
 
 async def seed_defaults(
-    client: Any,
+    client: Redis | RedisCluster,
     policy: Policy,
     *,
     plan: SeedPlan | None = None,

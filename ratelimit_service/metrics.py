@@ -7,12 +7,13 @@ Every name is in docs/metrics.md. Tenant and quota label values are folded throu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from policy.labels import OTHER, PolicyLabels
 from policy.model import Policy
+from quota.config import Limit
+from ratelimit_service.limiter import Outcome
 
 __all__ = ["Metrics"]
 
@@ -133,7 +134,7 @@ class Metrics:
         )
         self.redis_up.set(1)
         self.labels = PolicyLabels.empty()
-        self._quota_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._quota_children: dict[tuple[str, str, str], tuple[Gauge, Gauge]] = {}
 
     def configure(self, policy: Policy) -> None:
         """Fold label values through ``policy`` from now on (at start and on every reload)."""
@@ -143,7 +144,9 @@ class Metrics:
     def tenant_label(self, tenant: str | None) -> str:
         return self.labels.tenant(tenant)
 
-    def observe_quota(self, tenant: str, limits: Sequence[Any], outcomes: Sequence[Any]) -> None:
+    def observe_quota(
+        self, tenant: str, limits: Sequence[Limit], outcomes: Sequence[Outcome]
+    ) -> None:
         """Limit and remaining of every limit a reserve of a policy tenant checked."""
         if self.labels.tenant(tenant) == OTHER:
             return

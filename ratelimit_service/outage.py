@@ -17,7 +17,8 @@ Pure: no clock, no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from quota.config import Limit
 
 __all__ = ["OutageLedger", "Spent"]
 
@@ -31,7 +32,7 @@ class Spent:
     subject: str
     model: str | None
     lane: str | None
-    limits: list[Any]  # the subject's limits (unscaled: Redis holds the whole limit)
+    limits: list[Limit]  # the subject's limits (unscaled: Redis holds the whole limit)
     tokens: int = 0
     usd: int = 0
     open: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # record → (at, tok, usd)
@@ -47,7 +48,7 @@ class OutageLedger:
         return len(self._spent)
 
     def reserved(
-        self, record: str, key: Key, limits: list[Any], tokens: int, usd: int, now_us: int
+        self, record: str, key: Key, limits: list[Limit], tokens: int, usd: int, now_us: int
     ) -> None:
         """A local reservation of ``tokens`` (and ``usd``) was admitted under ``record``."""
         s = self._spent.get(key)

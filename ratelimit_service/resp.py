@@ -16,16 +16,26 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from typing import Any
+from collections.abc import Mapping
+from typing import TypeAlias
 from urllib.parse import urlsplit
 
 import hiredis
-from redis.asyncio.connection import parse_url
+from redis.asyncio.connection import ConnectKwargs, parse_url
 
-__all__ = ["RespConnection", "fast_path_url", "pack"]
+__all__ = ["RespArg", "RespCommand", "RespConnection", "RespReply", "fast_path_url", "pack"]
+
+RespArg: TypeAlias = bytes | str | int | float
+RespCommand: TypeAlias = tuple[RespArg, ...]
+# what a reply decodes to: hiredis gives bytes, integers, None, nested arrays and error replies as
+# ``hiredis.ReplyError`` values; redis-py (the cluster and unix:// path) may also give str, float
+# and, through its response callbacks, a dict (HGETALL)
+RespReply: TypeAlias = (
+    "bytes | str | int | float | Exception | list[RespReply] | dict[RespReply, RespReply] | None"
+)
 
 
-def _arg(a: Any) -> bytes:
+def _arg(a: RespArg) -> bytes:
     if isinstance(a, bytes):
         return a
     if isinstance(a, str):
@@ -35,7 +45,7 @@ def _arg(a: Any) -> bytes:
     return b"%d" % a
 
 
-def pack(commands: list[tuple[Any, ...]]) -> bytes:
+def pack(commands: list[RespCommand]) -> bytes:
     out = []
     for cmd in commands:
         out.append(b"*%d\r\n" % len(cmd))
@@ -56,22 +66,29 @@ def fast_path_url(url: str | None) -> str | None:
     return url if parts.scheme == "rediss" else url.partition("?")[0]
 
 
-def _tls_context(opts: dict[str, Any]) -> ssl.SSLContext | None:
+def _text(opts: Mapping[str, object], key: str) -> str | None:
+    """A URL query setting kept as text by ``parse_url`` (None when absent)."""
+    value = opts.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _tls_context(opts: Mapping[str, object]) -> ssl.SSLContext | None:
     """The client TLS context a ``rediss://`` URL asks for (None for ``redis://``)."""
     if _scheme(opts) != "rediss":
         return None
-    ctx = ssl.create_default_context(cafile=opts.get("ssl_ca_certs"))
-    if opts.get("ssl_cert_reqs") in ("none", "optional"):
+    ctx = ssl.create_default_context(cafile=_text(opts, "ssl_ca_certs"))
+    reqs = _text(opts, "ssl_cert_reqs")
+    if reqs in ("none", "optional"):
         ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE if opts["ssl_cert_reqs"] == "none" else ssl.CERT_OPTIONAL
+        ctx.verify_mode = ssl.CERT_NONE if reqs == "none" else ssl.CERT_OPTIONAL
     elif opts.get("ssl_check_hostname") is False:
         ctx.check_hostname = False
-    if opts.get("ssl_certfile"):
-        ctx.load_cert_chain(opts["ssl_certfile"], opts.get("ssl_keyfile"))
+    if certfile := _text(opts, "ssl_certfile"):
+        ctx.load_cert_chain(certfile, _text(opts, "ssl_keyfile"))
     return ctx
 
 
-def _scheme(opts: dict[str, Any]) -> str:
+def _scheme(opts: Mapping[str, object]) -> str:
     return "rediss" if "SSL" in getattr(opts.get("connection_class"), "__name__", "") else "redis"
 
 
@@ -80,7 +97,7 @@ _KEEPALIVE = (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3))
 
 class RespConnection:
     """One connection; ``execute`` sends a batch and returns its replies in order (error replies
-    as ``hiredis.ReplyError`` values). Any I/O failure or a round trip longer than
+    as ``hiredis.ReplyError`` values). An I/O failure or a round trip longer than
     ``read_timeout`` closes it; the next call reconnects."""
 
     def __init__(
@@ -88,7 +105,7 @@ class RespConnection:
     ) -> None:
         if fast_path_url(url) is None:
             raise ValueError(f"the RESP fast path serves redis:// and rediss:// only, not {url}")
-        self._opts: dict[str, Any] = dict(parse_url(url))
+        self._opts: ConnectKwargs = parse_url(url)
         self._tls = _tls_context(self._opts)
         self._timeout = connect_timeout
         self._read_timeout = read_timeout
@@ -100,9 +117,10 @@ class RespConnection:
     async def _connect(self) -> None:
         host = self._opts.get("host", "127.0.0.1")
         port = int(self._opts.get("port", 6379))
-        tls = {"ssl": self._tls, "server_hostname": host} if self._tls is not None else {}
+        hostname = host if self._tls is not None else None  # checked against the certificate
         self._reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, **tls), self._timeout
+            asyncio.open_connection(host, port, ssl=self._tls, server_hostname=hostname),
+            self._timeout,
         )
         self._writer = writer
         sock = writer.get_extra_info("socket")
@@ -111,25 +129,24 @@ class RespConnection:
             for name, value in _KEEPALIVE:
                 if hasattr(socket, name):
                     sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-        setup: list[tuple[Any, ...]] = []
+        setup: list[RespCommand] = []
         if self._opts.get("password"):
             user = self._opts.get("username")
-            setup.append(
-                ("AUTH", user, self._opts["password"]) if user else ("AUTH", self._opts["password"])
-            )
-        if int(self._opts.get("db", 0) or 0):
-            setup.append(("SELECT", int(self._opts["db"])))
+            password = self._opts["password"]
+            setup.append(("AUTH", user, password) if user else ("AUTH", password))
+        if db := int(self._opts.get("db", 0) or 0):
+            setup.append(("SELECT", db))
         if setup:
             for reply in await self._roundtrip(setup):
                 if isinstance(reply, hiredis.ReplyError):
                     raise ConnectionError(f"redis setup failed: {reply}")
 
-    async def _roundtrip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+    async def _roundtrip(self, commands: list[RespCommand]) -> list[RespReply]:
         reader, writer = self._reader, self._writer
         assert reader is not None and writer is not None
         writer.write(pack(commands))
         parser = hiredis.Reader()
-        replies: list[Any] = []
+        replies: list[RespReply] = []
         self._stalled = False
         timer = asyncio.get_running_loop().call_later(self._read_timeout, self._stall, writer)
         try:
@@ -153,7 +170,7 @@ class RespConnection:
         self._stalled = True
         writer.transport.abort()
 
-    async def execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+    async def execute(self, commands: list[RespCommand]) -> list[RespReply]:
         async with self._lock:
             try:
                 if self._writer is None:

@@ -10,13 +10,15 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import grpc
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from google.protobuf.message import DecodeError
+from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from policy import Policy, load_policy
@@ -97,6 +99,15 @@ def prepare(path: Path) -> Loaded[_Built]:
     return Loaded(_Built(policy, settings, seed_plan(policy)))
 
 
+Metadata = Iterable[tuple[str, str]]
+
+
+class CallContext(Protocol):
+    """What the servicer reads of grpc.aio's ``ServicerContext``: the call's metadata."""
+
+    def invocation_metadata(self) -> Metadata | None: ...
+
+
 class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
     """gRPC boundary: every answer comes from the Decider; an unexpected error is logged, counted
     and answered per the failure mode (never a gRPC error Envoy would silently fail open on)."""
@@ -109,7 +120,7 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
         )
 
     async def ShouldRateLimit(
-        self, request: rls_pb2.RateLimitRequest, context: Any
+        self, request: rls_pb2.RateLimitRequest, context: CallContext | None
     ) -> rls_pb2.RateLimitResponse:
         tracer = self.tracing.current
         if tracer is None:
@@ -118,7 +129,7 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
         return await self._traced(tracer, request, meta)
 
     async def _traced(
-        self, tracer: Tracing, request: rls_pb2.RateLimitRequest, metadata: Any
+        self, tracer: Tracing, request: rls_pb2.RateLimitRequest, metadata: Metadata
     ) -> rls_pb2.RateLimitResponse:
         """A span for the call: a child of its ``traceparent``; a call without one (Envoy 1.40's
         stream-done settlement) gets one only when its reservation kept the request's."""
@@ -185,7 +196,7 @@ class Service:
         self.policy = policy
         self.metrics = Metrics()
         self.metrics.configure(policy)  # label values folded to the policy's names
-        self.redis: Any = None
+        self.redis: Redis | RedisCluster | None = None
         self.store: RedisStore | None = None
         self.health: RedisHealth | None = None
         self.decider: Decider | None = None
@@ -215,16 +226,17 @@ class Service:
         rl = self._rl()
         url = self.settings.redis_url or rl.redis_url
         if url:
-            self.redis = await connect_redis(url)
+            redis: Redis | RedisCluster = await connect_redis(url)
+            self.redis = redis
             self.store = RedisStore(
-                self.redis,
+                redis,
                 deadline=decider_settings(rl).deadline,
                 observe=self.metrics.observe_batch,
-                fast_url=None if isinstance(self.redis, RedisCluster) else fast_path_url(url),
+                fast_url=None if isinstance(redis, RedisCluster) else fast_path_url(url),
             )
-            self.health = RedisHealth(self.redis.ping, self.metrics)
+            self.health = RedisHealth(redis.ping, self.metrics)
             try:  # pipelined: 10k tenants take well under a second
-                await seed_defaults(self.redis, self.policy)
+                await seed_defaults(redis, self.policy)
             except Exception as exc:  # Redis down: the seeder retries in the background
                 log.warning("seeding quota defaults deferred: %s", exc)
                 self._seed_wanted.set()

@@ -11,9 +11,11 @@ import logging
 import time
 from collections.abc import Callable
 from importlib import resources
-from typing import Any, Protocol
+from typing import Protocol, TypeAlias
 
 import hiredis
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError
 
 from ratelimit_service.errors import StoreUnavailable
@@ -26,7 +28,13 @@ from ratelimit_service.limiter import (
     reserve,
     settle,
 )
-from ratelimit_service.resp import RespConnection, fast_path_url
+from ratelimit_service.resp import (
+    RespArg,
+    RespCommand,
+    RespConnection,
+    RespReply,
+    fast_path_url,
+)
 
 __all__ = ["MemoryStore", "QuotaStore", "RedisStore", "load_script", "reserve_args"]
 
@@ -63,10 +71,10 @@ def reserve_args(
     now_us: int,
     ttl_ms: int,
     trace: str | None = None,
-) -> tuple[list[str], list[Any]]:
+) -> tuple[list[str], list[RespArg]]:
     """KEYS and ARGV of reserve.lua (``trace`` last, only when tracing)."""
     keys = [record]
-    args: list[Any] = [now_us, ttl_ms, 1 if has_record else 0]
+    args: list[RespArg] = [now_us, ttl_ms, 1 if has_record else 0]
     for c in checks:
         keys.append(c.key)
         args += [
@@ -86,9 +94,22 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _reserve_result(raw: list[Any]) -> ReserveResult:
+def _array(raw: RespReply, script: str) -> list[RespReply]:
+    if not isinstance(raw, list):
+        raise StoreUnavailable(f"redis: {script}.lua answered {raw!r}, not an array")
+    return raw
+
+
+def _int(value: RespReply) -> int:
+    if isinstance(value, int | float | str | bytes):
+        return int(value)
+    raise StoreUnavailable(f"redis: a script answered {value!r} where a number belongs")
+
+
+def _reserve_result(reply: RespReply) -> ReserveResult:
+    raw = _array(reply, "reserve")
     outs = tuple(
-        Outcome(bool(raw[i]), int(raw[i + 1]), int(raw[i + 2])) for i in range(1, len(raw), 3)
+        Outcome(bool(raw[i]), _int(raw[i + 1]), _int(raw[i + 2])) for i in range(1, len(raw), 3)
     )
     return ReserveResult(bool(raw[0]), outs)
 
@@ -124,10 +145,10 @@ class MemoryStore:
         return settle(self.state, record, actual, now_us, actual_usd)
 
 
-_Entry = tuple[tuple[Any, ...], "asyncio.Future[Any]", "asyncio.TimerHandle | None"]
+_Entry: TypeAlias = tuple[RespCommand, "asyncio.Future[RespReply]", "asyncio.TimerHandle | None"]
 
 
-def _expire(fut: asyncio.Future[Any]) -> None:
+def _expire(fut: asyncio.Future[RespReply]) -> None:
     if not fut.done():
         fut.set_exception(TimeoutError())
 
@@ -140,7 +161,7 @@ class RedisStore:
 
     def __init__(
         self,
-        client: Any,
+        client: Redis | RedisCluster,
         *,
         deadline: float | None = None,
         max_batch: int = 512,
@@ -185,19 +206,24 @@ class RedisStore:
     async def settle(
         self, record: str, actual: int, now_us: int, actual_usd: int = 0
     ) -> SettleResult:
-        raw = await self._call(("EVALSHA", "settle", 1, record, now_us, actual, actual_usd))
+        raw = _array(
+            await self._call(("EVALSHA", "settle", 1, record, now_us, actual, actual_usd)),
+            "settle",
+        )
         trace = raw[2] if len(raw) > 2 else None
-        return SettleResult(bool(raw[0]), int(raw[1]), _text(trace) if trace else None)
+        return SettleResult(bool(raw[0]), _int(raw[1]), _text(trace) if trace else None)
 
-    async def hgetall(self, key: str) -> dict[Any, Any]:
+    async def hgetall(self, key: str) -> dict[RespReply, RespReply]:
         raw = await self._call(("HGETALL", key))
-        if isinstance(raw, list):
+        if isinstance(raw, list):  # the RESP fast path: field, value, field, value, ...
             return dict(zip(raw[::2], raw[1::2], strict=True))
-        return dict(raw)
+        if isinstance(raw, dict):  # redis-py's callback made the dict
+            return dict(raw)
+        raise StoreUnavailable(f"redis: HGETALL answered {raw!r}, not a hash")
 
-    def _call(self, command: tuple[Any, ...]) -> asyncio.Future[Any]:
+    def _call(self, command: RespCommand) -> asyncio.Future[RespReply]:
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
+        fut: asyncio.Future[RespReply] = loop.create_future()
         timer = None if self.deadline is None else loop.call_later(self.deadline, _expire, fut)
         self._queue.append((command, fut, timer))
         if not self._scheduled and self._inflight < self._max_inflight:
@@ -227,9 +253,9 @@ class RedisStore:
         self._inflight -= 1
         self._kick()
 
-    def _command(self, command: tuple[Any, ...]) -> tuple[Any, ...]:
+    def _command(self, command: RespCommand) -> RespCommand:
         if command[0] == "EVALSHA":
-            return ("EVALSHA", self._sha[command[1]], *command[2:])
+            return ("EVALSHA", self._sha[str(command[1])], *command[2:])
         return command
 
     async def _run(self, batch: list[_Entry]) -> None:
@@ -271,7 +297,7 @@ class RedisStore:
             else:
                 fut.set_result(res)
 
-    async def _run_fast(self, batch: list[_Entry]) -> list[Any]:
+    async def _run_fast(self, batch: list[_Entry]) -> list[RespReply]:
         conn = self._fast[self._next_fast % len(self._fast)]
         self._next_fast += 1
         commands = [self._command(c) for c, _, _ in batch]
@@ -289,7 +315,9 @@ class RedisStore:
                 results[i] = r
         return [RedisError(str(r)) if isinstance(r, hiredis.ReplyError) else r for r in results]
 
-    async def _reload(self, batch: list[_Entry], results: list[Any], missing: list[int]) -> None:
+    async def _reload(
+        self, batch: list[_Entry], results: list[RespReply], missing: list[int]
+    ) -> None:
         log.info("scripts missing in redis (NOSCRIPT): loading them")
         for src in self._scripts.values():
             await self.client.script_load(src)

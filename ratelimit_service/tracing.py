@@ -8,8 +8,6 @@ tokens asked for (``tokenweir.hits``: a reservation, or the real usage when sett
 
 from __future__ import annotations
 
-from typing import Any
-
 from envoy.service.ratelimit.v3 import rls_pb2
 from opentelemetry.trace import Span, Status, StatusCode
 
@@ -25,7 +23,7 @@ def end_call_span(
 ) -> None:
     """``response`` None: the call ended without an answer (cancelled when Envoy's timeout
     fired first; Envoy then applied its failure mode)."""
-    attrs: dict[str, Any] = {}
+    attrs: dict[str, str | int] = {}
     hits = 0
     for d in request.descriptors:
         for e in d.entries:

@@ -19,12 +19,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from controlplane.xds.status import ADMIN_METADATA
 from runtime.admin_auth import is_loopback
+from wire.jsontypes import JsonObject
 
 __all__ = [
     "XDS_CLUSTER",
@@ -101,12 +102,12 @@ def _seconds(value: float) -> str:
     return f"{value:.3f}s"
 
 
-def _socket(host: str, port: int) -> dict[str, Any]:
+def _socket(host: str, port: int) -> JsonObject:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
-def _node(settings: EnvoySettings) -> dict[str, Any]:
-    node: dict[str, Any] = {"id": settings.node_id, "cluster": settings.node_cluster}
+def _node(settings: EnvoySettings) -> JsonObject:
+    node: JsonObject = {"id": settings.node_id, "cluster": settings.node_cluster}
     # the admin address the control plane reads Envoy's stats from (the dashboard), where it is
     # known before start (a free port Envoy picks is not) and names a host (a wildcard bind, as
     # in a Kubernetes pod, does not say where to reach it)
@@ -115,15 +116,37 @@ def _node(settings: EnvoySettings) -> dict[str, Any]:
     return node
 
 
-def render_bootstrap(settings: EnvoySettings) -> dict[str, Any]:
+def render_bootstrap(settings: EnvoySettings) -> JsonObject:
     """The bootstrap: ADS over gRPC to a static ``xds_cluster``; everything else is dynamic."""
     xds = ((settings.xds_host, settings.xds_port), *settings.xds_more)
-    config_source = {
+    config_source: JsonObject = {
         "ads": {},
         "resource_api_version": "V3",
         "initial_fetch_timeout": _seconds(settings.initial_fetch_timeout_s),
     }
-    bootstrap: dict[str, Any] = {
+    cluster: JsonObject = {
+        "name": XDS_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "per_connection_buffer_limit_bytes": settings.buffer_limit_bytes,
+        "typed_extension_protocol_options": {
+            _HTTP_PROTOCOL_OPTIONS: {
+                "@type": f"type.googleapis.com/{_HTTP_PROTOCOL_OPTIONS}",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": {
+            "cluster_name": XDS_CLUSTER,
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {"endpoint": {"address": _socket(host, port)}} for host, port in xds
+                    ]
+                }
+            ],
+        },
+    }
+    bootstrap: JsonObject = {
         "node": _node(settings),
         # the admin port stays reachable when clients hold every connection the cap allows
         "admin": {
@@ -163,37 +186,10 @@ def render_bootstrap(settings: EnvoySettings) -> dict[str, Any]:
             "cds_config": config_source,
             "lds_config": config_source,
         },
-        "static_resources": {
-            "clusters": [
-                {
-                    "name": XDS_CLUSTER,
-                    "type": "STATIC",
-                    "connect_timeout": "1s",
-                    "per_connection_buffer_limit_bytes": settings.buffer_limit_bytes,
-                    "typed_extension_protocol_options": {
-                        _HTTP_PROTOCOL_OPTIONS: {
-                            "@type": f"type.googleapis.com/{_HTTP_PROTOCOL_OPTIONS}",
-                            "explicit_http_config": {"http2_protocol_options": {}},
-                        }
-                    },
-                    "load_assignment": {
-                        "cluster_name": XDS_CLUSTER,
-                        "endpoints": [
-                            {
-                                "lb_endpoints": [
-                                    {"endpoint": {"address": _socket(host, port)}}
-                                    for host, port in xds
-                                ]
-                            }
-                        ],
-                    },
-                }
-            ]
-        },
+        "static_resources": {"clusters": [cluster]},
     }
     dns = any(not _is_ip(host) for host, _ in xds)  # a Kubernetes Service name
     if len(xds) > 1 or dns:  # several control planes: check each, stream to a healthy one
-        cluster = bootstrap["static_resources"]["clusters"][0]
         cluster["health_checks"] = [
             {
                 "timeout": "1s",
@@ -205,7 +201,6 @@ def render_bootstrap(settings: EnvoySettings) -> dict[str, Any]:
             }
         ]
     if dns:  # Envoy resolves it; a headless Service gives every control-plane pod
-        cluster = bootstrap["static_resources"]["clusters"][0]
         cluster["type"] = "STRICT_DNS"
         cluster["dns_lookup_family"] = "V4_PREFERRED"
     if settings.stats_inclusion:
@@ -397,7 +392,7 @@ def _http_get(url: str, timeout: float, data: bytes | None = None) -> tuple[int,
 
 
 def validate(
-    config_json: dict[str, Any], *, binary: Path | None = None, timeout: float = 60.0
+    config_json: Mapping[str, object], *, binary: Path | None = None, timeout: float = 60.0
 ) -> tuple[bool, str]:
     """Run ``envoy --mode validate`` on a static bootstrap; (ok, Envoy's message)."""
     with tempfile.TemporaryDirectory(prefix="tw-validate-") as tmp:

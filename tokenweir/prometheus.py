@@ -14,11 +14,11 @@ import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from policy import Policy
 from policy.servers import replica_addresses, worker_metrics_ports
 from runtime.children import Child, wait_child_port
+from wire.jsontypes import JsonObject
 
 __all__ = [
     "RULES_DIR",
@@ -100,7 +100,7 @@ def render_config(
     jobs: dict[tuple[str, str], list[Target]] = {}
     for t in targets:
         jobs.setdefault((t.job, t.path), []).append(t)
-    scrape_configs: list[dict[str, Any]] = []
+    scrape_configs: list[JsonObject] = []
     for (job, path), ts in jobs.items():
         scrape_configs.append(
             {

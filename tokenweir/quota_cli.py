@@ -13,7 +13,8 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TypeAlias, TypedDict
 
 import redis
 from redis.cluster import RedisCluster
@@ -35,6 +36,32 @@ from runtime.statedir import RedisTarget, default_state_dir, find_redis
 from tokenweir.admin_args import REDIS_FAILURES, add_mesh_redis_args, redis_failure
 
 __all__ = ["register"]
+
+Client: TypeAlias = "redis.Redis | RedisCluster"
+Action: TypeAlias = Callable[[argparse.Namespace, Policy, Client], int]
+
+
+class FieldInfo(TypedDict):
+    value: str | None
+    source: str  # "policy" or "live edit"
+
+
+class LimitInfo(TypedDict):
+    quota: str  # QUOTA.UNIT
+    limit: int
+    rate: float
+    remaining: int
+    shadow: bool
+
+
+class TenantInfo(TypedDict):
+    """What ``quota get`` prints (``--json``: this object as it is)."""
+
+    tenant: str
+    known: bool
+    fields: dict[str, FieldInfo]
+    limits: list[LimitInfo]
+    problems: list[str]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,7 +93,7 @@ def _target(args: argparse.Namespace, policy: Policy) -> RedisTarget:
     return find_redis(args.redis_url, state, policy_url)
 
 
-def _connect(policy: Policy, target: RedisTarget) -> Any:
+def _connect(policy: Policy, target: RedisTarget) -> Client:
     url, cluster = split_cluster_flag(target.url)  # rediss:// keeps its ssl_* arguments
     if cluster:
         return RedisCluster.from_url(url)
@@ -77,7 +104,7 @@ def _connect(policy: Policy, target: RedisTarget) -> Any:
     return client
 
 
-def _run(args: argparse.Namespace, action: Any) -> int:
+def _run(args: argparse.Namespace, action: Action) -> int:
     try:
         policy = load_policy(args.config)
     except PolicyError as exc:
@@ -99,21 +126,22 @@ def _run(args: argparse.Namespace, action: Any) -> int:
 
 
 def _describe(
-    policy: Policy, client: Any, tenant: str, model: str | None, lane: str | None
-) -> dict[str, Any]:
+    policy: Policy, client: Client, tenant: str, model: str | None, lane: str | None
+) -> TenantInfo:
     defaults = tenant_defaults(policy, tenant)
     live = decode_map(client.hgetall(config_key(tenant)))
     seeded = decode_map(client.hgetall(seed_key(tenant)))
     sq = effective_quotas(defaults, live)
     now_us = int(time.time() * 1_000_000)
-    fields = {}
+    fields: dict[str, FieldInfo] = {}
     for name in sorted({*(defaults or {}), *live}):
         edited = name in live and live[name] != seeded.get(name, (defaults or {}).get(name))
         value = live.get(name, (defaults or {}).get(name))
         fields[name] = {"value": value, "source": "live edit" if edited else "policy"}
-    limits = []
+    limits: list[LimitInfo] = []
     chosen = limits_for_tenant(sq, model, lane) if model or lane else all_limits(sq)
     for lim in chosen:
+        raw: list[bytes | str | None] | bytes | str | None  # HMGET tk ts, or GET of a window
         if lim.unit == "bucket":
             raw = client.hmget(bucket_key(tenant, lim.quota), "tk", "ts")
         else:
@@ -136,7 +164,7 @@ def _describe(
     }
 
 
-def _print(args: argparse.Namespace, info: dict[str, Any]) -> None:
+def _print(args: argparse.Namespace, info: TenantInfo) -> None:
     if args.json:
         print(json.dumps(info, indent=2))
         return
@@ -154,7 +182,7 @@ def _print(args: argparse.Namespace, info: dict[str, Any]) -> None:
 
 
 def _get(args: argparse.Namespace) -> int:
-    def act(args: argparse.Namespace, policy: Policy, client: Any) -> int:
+    def act(args: argparse.Namespace, policy: Policy, client: Client) -> int:
         _print(args, _describe(policy, client, args.tenant, args.model, args.lane))
         return 0
 
@@ -174,7 +202,7 @@ def _set(args: argparse.Namespace) -> int:
         print("\n".join(problems), file=sys.stderr)
         return 2
 
-    def act(args: argparse.Namespace, policy: Policy, client: Any) -> int:
+    def act(args: argparse.Namespace, policy: Policy, client: Client) -> int:
         client.hset(config_key(args.tenant), mapping=pairs)
         _print(args, _describe(policy, client, args.tenant, None, None))
         return 0
@@ -183,7 +211,7 @@ def _set(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    def act(args: argparse.Namespace, policy: Policy, client: Any) -> int:
+    def act(args: argparse.Namespace, policy: Policy, client: Client) -> int:
         tenants = set(policy.tenants)
         for key in client.scan_iter(match="tw:{*}:quota", count=1000):
             name = (key.decode() if isinstance(key, bytes) else key)[4:-7]
@@ -201,7 +229,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _reset(args: argparse.Namespace) -> int:
-    def act(args: argparse.Namespace, policy: Policy, client: Any) -> int:
+    def act(args: argparse.Namespace, policy: Policy, client: Client) -> int:
         t = args.tenant
         if args.edits:
             client.delete(config_key(t), seed_key(t))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 import redis
 
@@ -35,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.set_defaults(func=_main)
 
 
-def read_pairs(client: Any, route: str) -> tuple[list[Pair], int]:
+def read_pairs(client: redis.Redis, route: str) -> tuple[list[Pair], int]:
     """The stored pairs of ``route``, newest first, and how many entries were unreadable."""
     pairs, bad = [], 0
     for raw in client.lrange(pairs_key(route), 0, -1):

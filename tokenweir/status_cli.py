@@ -21,15 +21,15 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from policy import Address
 from runtime.admin_auth import AdminAuthError, AdminTls, admin_tls, admin_token
+from wire.jsontypes import JsonObject, JsonValue
 
 __all__ = ["format_shadow", "format_status", "register", "unreachable"]
 
 
-def register(sub: Any) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("status", help="canary weights and automatic rollbacks of a running mesh")
     s.add_argument("-c", "--config", type=Path, help="policy file (for control_plane.metrics)")
     s.add_argument(
@@ -39,11 +39,17 @@ def register(sub: Any) -> None:
     s.set_defaults(func=_status)
 
 
-def format_status(pools: dict[str, Any]) -> str:
+def _object(value: JsonValue) -> JsonObject:
+    return value if isinstance(value, dict) else {}
+
+
+def format_status(pools: JsonObject) -> str:
+    """``pools`` of ``GET /api/v1/canary``."""
     if not pools:
         return "no pool has a canary"
     lines = [f"{'pool':<16} {'state':<12} {'weight':>6} {'policy':>6}  reason"]
-    for name, p in sorted(pools.items()):
+    for name in sorted(pools):
+        p = _object(pools[name])
         reason = p.get("reason") or p.get("breaching") or ""
         lines.append(
             f"{name:<16} {p['state']:<12} {p['weight']:>6} {p['configured_weight']:>6}  {reason}"
@@ -57,15 +63,18 @@ def _fmt(v: object) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
-def format_shadow(routes: dict[str, Any]) -> str:
+def format_shadow(routes: JsonObject) -> str:
+    """``routes`` of ``GET /api/v1/shadow``."""
     if not routes:
         return "no route mirrors to a shadow pool"
     keys = ("requests", "aborted", "completion_tokens_per_request", "ttft_p95_s", "tbt_p95_s")
     lines = [f"{'route':<16} {'side':<8} " + " ".join(f"{k:>14.14}" for k in keys)]
-    for name, r in sorted(routes.items()):
+    for name in sorted(routes):
+        r = _object(routes[name])
         for side in ("primary", "shadow"):
             pool = r[f"{side}_pool"]
-            vals = " ".join(f"{_fmt(r[side][k]):>14}" for k in keys)
+            stats = _object(r[side])
+            vals = " ".join(f"{_fmt(stats[k]):>14}" for k in keys)
             lines.append(f"{name:<16} {side:<8} {vals}  ({pool})")
     return "\n".join(lines)
 
@@ -91,13 +100,14 @@ def client_context(tls: AdminTls) -> ssl.SSLContext:
     return ctx
 
 
-def _get(url: str, context: ssl.SSLContext | None = None) -> Any:
+def _get(url: str, context: ssl.SSLContext | None = None) -> JsonValue:
     """GET JSON, with the admin token when one is set (runtime.admin_auth)."""
     token = admin_token(os.environ)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     request = urllib.request.Request(url, headers=headers)
     with urllib.request.urlopen(request, timeout=5, context=context) as r:
-        return json.loads(r.read())
+        answer: JsonValue = json.loads(r.read())
+        return answer
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -128,7 +138,7 @@ def _status(args: argparse.Namespace) -> int:
         json.dump({"canary": canary, "shadow": shadow}, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
-        print(format_status(canary.get("pools", {})))
+        print(format_status(_object(_object(canary).get("pools", {}))))
         print()
-        print(format_shadow(shadow.get("routes", {})))
+        print(format_shadow(_object(_object(shadow).get("routes", {}))))
     return 0

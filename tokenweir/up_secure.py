@@ -18,7 +18,6 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -101,14 +100,15 @@ def ensure_gateway_certs(policy_path: Path, state_dir: Path) -> Path | None:
     wanted: list[tuple[Path, Path, list[str]]] = []
     for gw in _mapping(_mapping(raw).get("gateways")).values():
         tls = _mapping(_mapping(gw).get("tls"))
-        for c in tls.get("certificates") or []:
-            c = _mapping(c)
-            if not isinstance(c.get("cert"), str) or not isinstance(c.get("key"), str):
+        for item in _list(tls.get("certificates")):
+            c = _mapping(item)
+            cert_name, key_name = c.get("cert"), c.get("key")
+            if not isinstance(cert_name, str) or not isinstance(key_name, str):
                 continue
-            cert = (policy_path.parent / c["cert"]).resolve()
-            key = (policy_path.parent / c["key"]).resolve()
+            cert = (policy_path.parent / cert_name).resolve()
+            key = (policy_path.parent / key_name).resolve()
             if cert.is_relative_to(state) and key.is_relative_to(state):
-                sni = [str(n) for n in c.get("sni") or []]
+                sni = [str(n) for n in _list(c.get("sni"))]
                 wanted.append((cert, key, sni))
     if not wanted:
         return None
@@ -126,5 +126,11 @@ def ensure_gateway_certs(policy_path: Path, state_dir: Path) -> Path | None:
     return ca_cert
 
 
-def _mapping(value: Any) -> dict[str, Any]:
+def _mapping(value: object) -> Mapping[str, object]:
+    """A YAML mapping, or an empty one for anything else (lenient: the loader reports it)."""
     return value if isinstance(value, dict) else {}
+
+
+def _list(value: object) -> list[object]:
+    """A YAML sequence, or an empty one for anything else (lenient: the loader reports it)."""
+    return value if isinstance(value, list) else []
