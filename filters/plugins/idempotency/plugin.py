@@ -164,7 +164,9 @@ class IdempotencyPlugin(BasePlugin):
         c.renewer = asyncio.get_running_loop().create_task(self._renew(c))
         ctx.put(_CLAIM, c)
         self._count(ctx, "claimed")
-        return Result(body=sent[0]) if sent is not None else None
+        if sent is None:
+            return None
+        return Result(set_headers={"content-length": str(len(sent[0]))}, body=sent[0])
 
     async def _take_over(
         self, ctx: Context, skey: str, got: Claimed | None, claim: bytes
