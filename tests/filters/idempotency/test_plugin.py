@@ -227,7 +227,7 @@ async def test_each_run_names_its_backend_request_and_a_client_gone_aborts_it_fi
     assert runs(second) and rid_of(second) != rid  # freed only once aborted; a new rid
     # an abort not confirmed keeps the claim (its lease lapses; the next holder aborts again)
     aborts.ok = False
-    ctx3, third = await run(plugin, key="k-3", answer=None, finish=False)
+    ctx3, _ = await run(plugin, key="k-3", answer=None, finish=False)
     await plugin.stream_end(ctx3)
     assert count(plugin, "abort_failed") == 1
     _, again = await run(plugin, key="k-3", answer=None, finish=False)
