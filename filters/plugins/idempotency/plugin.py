@@ -105,6 +105,7 @@ class IdempotencyPlugin(BasePlugin):
         )
         self._abort_timeout = timeout
         self._owners = itertools.count()
+        self._marks: set[asyncio.Task[None]] = set()  # answered marks in flight
 
     def _count(self, ctx: Context, outcome: str) -> None:
         self.services.metrics.idempotency.labels(ctx.route.name, outcome).inc()
@@ -189,7 +190,7 @@ class IdempotencyPlugin(BasePlugin):
         if not took:  # another request took it first
             return Decision("in_flight", old)
         self._count(ctx, "takeover")
-        if old.answered:  # the orphan's answer had come back: this run is the second
+        if got.answered:  # the orphan's answer had come back: this run is the second
             self._count(ctx, "rerun_answered")
         return Decision("take_over", old)
 
@@ -268,18 +269,17 @@ class IdempotencyPlugin(BasePlugin):
                 c.status = 0
             c.content_type = headers.get("content-type", "")
             if c.rid and 200 <= c.status < 300 and not ctx.stream:
-                await self._mark_answered(c)
+                task = asyncio.get_running_loop().create_task(self._mark_answered(c))
+                self._marks.add(task)
+                task.add_done_callback(self._marks.discard)
         return None
 
     async def _mark_answered(self, c: _Claim) -> None:
-        """A non-streamed answer's headers: the backend has finished the request. Kept in the
-        claim, so a takeover after this holder dies knows its rerun is a second run."""
-        value = encode_entry(Entry("inflight", c.fingerprint, c.owner, rid=c.rid, answered=True))
-        try:
-            if await self.store.replace(c.key, c.claim, value, self.policy.inflight_ttl):
-                c.claim = value
-        except StoreUnavailable:
-            pass  # the takeover then cannot tell a second run from an aborted one
+        """A non-streamed answer's headers: the backend has finished the request. Noted beside
+        the claim, so a takeover after this holder dies knows its rerun is a second run; off
+        the answer's path (a slow store must not hold the answer past Envoy's message timeout)."""
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.mark_answered(c.key, c.claim, self.policy.inflight_ttl)
 
     async def response_chunk(
         self, ctx: Context, chunk: bytes, end_of_stream: bool

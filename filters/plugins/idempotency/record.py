@@ -3,8 +3,7 @@
 A key's entry is ``inflight`` (a request is running with it), ``done`` (its answer: status,
 content type and body) or ``unstored`` (it finished, but the answer was larger than the store
 allows). An ``inflight`` entry names the backend request it runs as (``rid``, the SGLang request
-id the plugin gave it: what an abort names) and whether the backend has answered it
-(``answered``: its answer was on its way back when the entry was last written). Each entry
+id the plugin gave it: what an abort names). Each entry
 carries the fingerprint of the request that made it; a request with the
 same key and another fingerprint is a misuse (422). The Redis key holds the tenant as a hash
 tag, so one tenant's key can never name another tenant's answer.
@@ -44,7 +43,6 @@ class Entry:
     tokens: int = 0  # backend tokens the answer cost (prompt + completion), for the metric
     body: bytes = b""
     rid: str = ""  # inflight: the backend request id it runs as ("" : none given)
-    answered: bool = False  # inflight: the backend's answer had begun to come back
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +92,6 @@ def encode_entry(entry: Entry) -> bytes:
     }
     if entry.rid:
         meta["r"] = entry.rid
-    if entry.answered:
-        meta["a"] = 1
     return json.dumps(meta, separators=(",", ":")).encode() + b"\n" + entry.body
 
 
@@ -118,7 +114,6 @@ def decode_entry(raw: bytes) -> Entry | None:
             tokens=int(meta["t"]),
             body=body,
             rid=str(meta.get("r", "")),
-            answered=bool(meta.get("a", 0)),
         )
     except (ValueError, KeyError, TypeError):
         return None
