@@ -51,6 +51,11 @@ def drill_policy(ns: argparse.Namespace) -> tuple[str, int, dict[str, int]]:
     doc = yaml.safe_load(text)
     doc["pools"]["chat"]["emulated"]["time_scale"] = ns.time_scale
     doc["batch"]["runner"]["claim_idle"] = f"{ns.claim_idle}s"
+    # a shared 2-core box: the example's tight ext_proc message timeout, missed under load, would
+    # lose answers on their way back (each a rerun) for reasons no kill caused
+    doc["filters"]["message_timeout"] = f"{ns.message_timeout}s"
+    if ns.inflight_ttl is not None:  # (the code before leases needed a short one to finish)
+        doc.setdefault("idempotency", {})["inflight_ttl"] = f"{ns.inflight_ttl}s"
     return yaml.safe_dump(doc, sort_keys=False), gw, ports
 
 
@@ -206,6 +211,8 @@ def main() -> None:
     p.add_argument("--profile", default="seed-2k")
     p.add_argument("--fill", type=float, default=0.9)
     p.add_argument("--claim-idle", type=float, default=3.0)
+    p.add_argument("--message-timeout", type=float, default=2.0, help="filters.message_timeout")
+    p.add_argument("--inflight-ttl", type=float, help="idempotency.inflight_ttl (default: unset)")
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--run-dir", default="/tmp/tokenweir-batch-kill-drill")
     p.add_argument("--out", type=Path)
