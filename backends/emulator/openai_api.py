@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -254,7 +254,7 @@ class _OpenAIApi:
         await resp.write_eof()
 
 
-def _rid(body: dict[str, Any], prefix: str, make: Callable[[], str]) -> str:
+def _rid(body: Mapping[str, object], prefix: str, make: Callable[[], str]) -> str:
     """The request's id: the body's ``rid`` (a string, as SGLang's OpenAI protocol takes it),
     else ``prefix`` and a fresh id."""
     rid = body.get("rid")
