@@ -212,7 +212,11 @@ def main() -> None:
     p.add_argument("--fill", type=float, default=0.9)
     p.add_argument("--claim-idle", type=float, default=3.0)
     p.add_argument("--message-timeout", type=float, default=2.0, help="filters.message_timeout")
-    p.add_argument("--inflight-ttl", type=float, help="idempotency.inflight_ttl (default: unset)")
+    p.add_argument(
+        "--inflight-ttl",
+        type=float,
+        help="idempotency.inflight_ttl (default: unset; the baseline run of code before leases used 3)",
+    )
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--run-dir", default="/tmp/tokenweir-batch-kill-drill")
     p.add_argument("--out", type=Path)

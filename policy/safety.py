@@ -48,6 +48,11 @@ class IdempotencyPolicy:
     on_store_error: Literal["run", "reject"] = "run"
 
     def __post_init__(self) -> None:
+        if self.lease > self.inflight_ttl:
+            raise ValueError(
+                f"lease ({self.lease:g}s) must be at most inflight_ttl ({self.inflight_ttl:g}s): "
+                "a claim lives no longer than inflight_ttl; set a shorter idempotency.lease"
+            )
         if not _HEADER.match(self.header):
             raise ValueError(
                 f"header {self.header!r}: a lower-case header name (letters, digits, '-') is "
