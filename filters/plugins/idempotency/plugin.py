@@ -19,7 +19,7 @@ No backend request left behind (docs/batch.md, "Exactly once"): on a route to a 
 request's body gets a fresh ``rid`` (SGLang's request id, kept in the claim), and the claim has a
 *lease* this filter server renews every ``lease / 3`` while the request runs.
 
-* a client (or Envoy) gone before any answer came: the backend request is aborted by its ``rid``
+* a client (or Envoy) gone before any answer came, or mid-stream: the backend request is aborted by its ``rid``
   at every replica of the pool, and only then is the key freed (a retry cannot overlap it);
   an abort not confirmed leaves the claim to lapse, so the next holder aborts it again;
 * a claim whose holder died (its lease lapsed): the next request with the key aborts the
@@ -303,9 +303,11 @@ class IdempotencyPlugin(BasePlugin):
             c.renewer.cancel()
         try:
             if not (c.complete and 200 <= c.status < 300):
-                if c.status == 0 and ctx.status is None and c.rid:
-                    # gone before any answer: the backend may still run it; free the key only
-                    # once it runs nowhere (else the lease lapses and a retry aborts it again)
+                running = c.status == 0 or (ctx.stream and 200 <= c.status < 300)
+                if running and ctx.status is None and c.rid:
+                    # gone before any answer, or mid-stream: the backend may still run it; free
+                    # the key only once it runs nowhere (else the lease lapses and a retry
+                    # aborts it again)
                     if not await self._abort(ctx, c.rid):
                         self._count(ctx, "abort_failed")
                         return

@@ -277,3 +277,17 @@ def test_the_rid_is_spliced_in_or_replaced() -> None:
     got = _with_rid(b'{"rid": "theirs", "a": 1}', "r1")
     assert got is not None and json.loads(got[0]) == {"rid": "r1", "a": 1}
     assert _with_rid(b"[1]", "r1") is None
+
+
+async def test_a_stream_cut_mid_way_is_aborted_before_its_key_is_freed(
+    policy: Policy, clock: FakeClock
+) -> None:
+    aborts = FakeAborts()
+    plugin = with_aborts(plugin_for(policy, clock), aborts)
+    ctx, first = await run(plugin, answer=None, finish=False)
+    ctx.stream = True
+    await plugin.response_headers(ctx, {":status": "200", "content-type": "text/event-stream"})
+    await plugin.response_chunk(ctx, b"data: {}\n\n", False)
+    await plugin.stream_end(ctx)  # the client went mid-stream: the backend may still decode
+    assert aborts.rids == [rid_of(first)] and count(plugin, "answer_lost") == 0
+    assert count(plugin, "orphan_aborted") == 1
