@@ -6,10 +6,15 @@ Fire and forget: :meth:`Aborter.abort` returns at once (the client's closing chu
 on it); the call runs in a task this object owns, bounded by ``timeout``; each outcome is
 counted (``tokenweir_filters_backend_aborts_total{result}``: sent, failed) and a failure is
 logged (at most once per 10 s, with the number held back). ``aclose()`` cancels what is left.
+
+:meth:`Aborter.abort_everywhere` is the awaited form for a request whose replica is unknown (an
+idempotency claim whose client or holder went away before an answer named its replica): the
+abort goes to every replica of the pool, and the caller learns whether all of them answered.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -43,9 +48,20 @@ class Aborter(BackgroundCalls):
         """Ask ``host`` (``ip:port``) to abort request ``rid``; returns at once."""
         self.spawn(self._send(host, rid))
 
-    async def _send(self, host: str, rid: str) -> None:
+    async def abort_everywhere(self, hosts: tuple[str, ...], rid: str, timeout: float) -> bool:
+        """Ask every host to abort ``rid`` (an unknown rid is no error: SGLang answers 200);
+        True when all of them answered within ``timeout`` seconds (the request runs nowhere
+        any more: it was aborted, or had ended)."""
+        if not hosts:
+            return False
+        calls = [self._send(h, rid, timeout) for h in hosts]
+        return all(await asyncio.gather(*calls))
+
+    async def _send(self, host: str, rid: str, timeout: float | None = None) -> bool:
+        url = f"http://{host}{ABORT_PATH}"
+        bound = aiohttp.ClientTimeout(total=timeout) if timeout is not None else self._timeout
         try:
-            async with self.session.post(f"http://{host}{ABORT_PATH}", json={"rid": rid}) as r:
+            async with self.session.post(url, json={"rid": rid}, timeout=bound) as r:
                 await r.read()
                 ok = r.status < 400
                 why = f"HTTP {r.status}"
@@ -54,3 +70,4 @@ class Aborter(BackgroundCalls):
         self._counter.labels("sent" if ok else "failed").inc()
         if not ok:
             self._log.warning("backend abort of %s at %s failed: %s", rid, host, why)
+        return ok

@@ -24,7 +24,11 @@ class IdempotencyPolicy:
     """``Idempotency-Key`` handling (IETF httpapi draft "The Idempotency-Key HTTP Header Field").
 
     ``ttl``: how long a finished answer is kept and replayed. ``inflight_ttl``: how long a claim
-    of a request still running holds (a gateway that dies mid-request frees its keys after it).
+    of a request still running holds: at most as long as its backend request can run.
+    ``lease``: how long a claim outlives the last heartbeat of the filter server that holds it
+    (it renews it every ``lease / 3`` while the request runs); a request with the key after
+    that aborts the dead holder's backend request (SGLang's ``/abort_request`` by its ``rid``,
+    at every replica of the pool) and then runs in its place (docs/batch.md).
     ``max_response_bytes``: the largest answer stored; a larger one is remembered as finished
     (a retry gets 409 ``idempotency_answer_not_stored``, never a second run). ``max_key_length``:
     longer keys are refused (400). ``require``: refuse requests without a key (400).
@@ -36,6 +40,7 @@ class IdempotencyPolicy:
     header: str = "idempotency-key"
     ttl: Annotated[float, Duration(1, 7 * 86400)] = 86400.0
     inflight_ttl: Annotated[float, Duration(1, 86400)] = 600.0
+    lease: Annotated[float, Duration(0.3, 3600)] = 10.0
     max_response_bytes: Annotated[int, Size(1024, 64 * 1024**2)] = 1024**2
     max_key_length: Annotated[int, Range(8, 1024)] = 255
     require: bool = False
@@ -43,6 +48,11 @@ class IdempotencyPolicy:
     on_store_error: Literal["run", "reject"] = "run"
 
     def __post_init__(self) -> None:
+        if self.lease > self.inflight_ttl:
+            raise ValueError(
+                f"lease ({self.lease:g}s) must be at most inflight_ttl ({self.inflight_ttl:g}s): "
+                "a claim lives no longer than inflight_ttl; set a shorter idempotency.lease"
+            )
         if not _HEADER.match(self.header):
             raise ValueError(
                 f"header {self.header!r}: a lower-case header name (letters, digits, '-') is "

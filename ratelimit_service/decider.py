@@ -19,7 +19,7 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from prometheus_client import Counter
 
 from quota.config import Limit, SubjectQuotas, limits_for_service, limits_for_tenant
-from quota.cost import worst_case_micro_usd
+from quota.cost import price_factor, worst_case_micro_usd
 from quota.keys import record_key, service_subject
 from ratelimit_service.descriptors import Call, parse_request
 from ratelimit_service.directory import QuotaDirectory
@@ -204,7 +204,7 @@ class Decider:
             self._log_limited("no_request_id", "reserve without request_id: it cannot be settled")
         usd = 0
         if any(x.money for x in limits):  # the worst case: every token at the dearer price
-            usd = worst_case_micro_usd(self.directory.policy, call.model, call.hits)
+            usd = self._worst_case(call)
         tp = trace.incoming if trace is not None and call.request_id is not None else None
         return await self._reserve(tenant, limits, call, call.request_id, usd, tp)
 
@@ -322,6 +322,13 @@ class Decider:
         if v.ok and call.phase == "reserve":
             self._reserved.inc(call.hits)
 
+    def _worst_case(self, call: Call) -> int:
+        """Micro-USD of ``call.hits`` tokens at the dearer price, times the price factor of the
+        call's route (a batch line's reservation at the batch price: quota.cost)."""
+        policy = self.directory.policy
+        factor = price_factor(policy, call.route)
+        return worst_case_micro_usd(policy, call.model, call.hits, factor)
+
     async def _settle(self, call: Call, trace: CallTrace | None = None) -> None:
         if call.request_id is None:
             self._log_limited("settle_no_id", "settle without request_id: ignored")
@@ -331,7 +338,7 @@ class Decider:
         now_us = int(self.clock() * 1_000_000)
         usd = call.usd
         if usd is None:  # no price from the filter server: what the reserve charged for this many
-            usd = worst_case_micro_usd(self.directory.policy, call.model, call.hits)
+            usd = self._worst_case(call)
         if self.local.has_record(record):
             res = await self.local.settle(record, call.hits, now_us, usd)
             result = "local"

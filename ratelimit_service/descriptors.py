@@ -17,6 +17,7 @@ from wire.contract import (
     KEY_PHASE,
     KEY_REMOTE_ADDRESS,
     KEY_REQUEST_ID,
+    KEY_ROUTE,
     KEY_SERVICE,
     KEY_TENANT,
     KEY_USD,
@@ -44,6 +45,7 @@ class Call:
     service: str | None = None
     remote_address: str | None = None
     usd: int | None = None  # settle: the real price in micro-USD (entry ``usd``; "-" = unknown)
+    route: str | None = None  # a route that pays a price factor (batch lines; entry ``route``)
 
 
 def _call(entries: dict[str, str], hits: int) -> Call:
@@ -70,6 +72,7 @@ def _call(entries: dict[str, str], hits: int) -> Call:
         lane=entries.get(KEY_LANE) or None,
         request_id=entries.get(KEY_REQUEST_ID) or None,
         usd=_micro_usd(entries.get(KEY_USD)),
+        route=entries.get(KEY_ROUTE) or None,
     )
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "KEY_PHASE",
     "KEY_REMOTE_ADDRESS",
     "KEY_REQUEST_ID",
+    "KEY_ROUTE",
     "KEY_SERVICE",
     "KEY_TENANT",
     "KEY_USD",
@@ -102,6 +103,9 @@ KEY_PHASE = "phase"
 PHASE_RESERVE, PHASE_SETTLE, PHASE_REQUESTS = "reserve", "settle", "requests"
 KEY_TENANT, KEY_MODEL, KEY_LANE, KEY_REQUEST_ID = "tenant", "model", "lane", "request_id"
 KEY_USD = "usd"  # settle: the real price in micro-USD
+# the route, on the descriptors of the routes that pay a price factor (batch lines): the
+# rate-limit service prices their reservation with it (quota.cost.price_factor)
+KEY_ROUTE = "route"
 KEY_SERVICE, KEY_REMOTE_ADDRESS = "service", "remote_address"  # request-count descriptors
 # request header → descriptor key, in the order Envoy's actions list them
 DESCRIPTOR_HEADERS: tuple[tuple[str, str], ...] = (

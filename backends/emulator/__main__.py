@@ -76,6 +76,14 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
         "prompts are rendered and tokenized as SGLang does for that model (docs/emulator.md)",
     )
     p.add_argument(
+        "--disconnect-check",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="a non-streamed request whose client went is aborted only at the next check, "
+        "every SECONDS of its run (SGLang: 4); 0 (default): at once",
+    )
+    p.add_argument(
         "--request-log",
         metavar="PATH",
         help="append a JSON line per finished request (id, queue, TTFT, tokens) to PATH",
@@ -133,6 +141,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
             exit_on_crash=True,
             kv_events=kv_events,
             request_log=a.request_log,
+            disconnect_check=a.disconnect_check,
             tokenizer_path=a.tokenizer_path,
             enable_trace=a.enable_trace,
             otlp_traces_endpoint=a.otlp_traces_endpoint,

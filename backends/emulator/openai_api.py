@@ -3,6 +3,8 @@
 Streaming (chat): a role chunk, one content delta per token, a finish chunk carrying
 ``finish_reason`` and ``matched_stop``, with ``stream_options.include_usage`` a usage chunk with
 ``"choices": []``, then ``data: [DONE]``. Completions stream the same way with ``text`` deltas.
+A body's ``rid`` (SGLang's request field) names the request: its answer's ``id`` and what
+``/abort_request`` takes; without one the server makes an id.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ class _OpenAIApi:
         stream, include_usage = self._stream_flags(body)
         try:
             req = await self.server.open_request(
-                params, "chatcmpl-" + self.server.next_id(), request, parse_bootstrap(body)
+                params, _rid(body, "chatcmpl-", self.server.next_id), request, parse_bootstrap(body)
             )
         except SchedulerAbortError as exc:
             if not stream:
@@ -131,7 +133,7 @@ class _OpenAIApi:
         stream, include_usage = self._stream_flags(body)
         try:
             req = await self.server.open_request(
-                params, "cmpl-" + self.server.next_id(), request, parse_bootstrap(body)
+                params, _rid(body, "cmpl-", self.server.next_id), request, parse_bootstrap(body)
             )
         except SchedulerAbortError as exc:
             if not stream:
@@ -258,6 +260,17 @@ class _OpenAIApi:
         tail.append(DONE)
         await resp.write(b"".join(tail))
         await resp.write_eof()
+
+
+def _rid(body: Mapping[str, object], prefix: str, make: Callable[[], str]) -> str:
+    """The request's id: the body's ``rid`` (a string, as SGLang's OpenAI protocol takes it),
+    else ``prefix`` and a fresh id."""
+    rid = body.get("rid")
+    if rid is None:
+        return prefix + make()
+    if not isinstance(rid, str) or not rid:
+        raise RequestError("rid must be a non-empty string", "rid")
+    return rid
 
 
 def _raise_scheduler_abort(req: EmuRequest) -> None:

@@ -333,9 +333,19 @@ class EmulatorServer:
         return req
 
     async def run_to_end(self, req: EmuRequest) -> None:
-        """Wait for a non-streamed request; abort it if the client goes away."""
+        """Wait for a non-streamed request; abort it if the client goes away — at once, or
+        with ``disconnect_check`` at the next check (SGLang looks every 4 s of the request's
+        wait: one that ends before then runs to its end, its answer written to nobody)."""
+        started = time.monotonic()
         try:
             await req.wait_done()
+        except asyncio.CancelledError:
+            every = self.settings.disconnect_check
+            if every > 0 and not req.done:
+                waited = time.monotonic() - started
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(req.wait_done()), every - waited % every)
+            raise
         finally:
             if not req.done:
                 self.scheduler.abort(req)

@@ -41,6 +41,10 @@ class EmulatorSettings:
     enable_trace: bool = False  # --enable-trace: OTLP spans per request (as SGLang)
     otlp_traces_endpoint: str = "localhost:4317"  # --otlp-traces-endpoint (gRPC)
     kv_events: KvEventsConfig | None = None  # --kv-events-config (publisher "zmq" turns it on)
+    # --disconnect-check: seconds between checks for a gone client of a non-streamed request
+    # (SGLang's HTTP server looks every 4 s and aborts then: a request that ends before the
+    # next look runs to its end). 0: the moment the connection closes
+    disconnect_check: float = 0.0
     request_log: str | None = (
         None  # --request-log: a JSON line per finished request (request_log.py)
     )

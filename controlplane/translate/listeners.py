@@ -13,6 +13,7 @@ Every listener bounds its clients (policy ``downstream``): the request head must
 
 from __future__ import annotations
 
+import functools
 import json
 
 from envoy.config.accesslog.v3 import accesslog_pb2
@@ -45,6 +46,7 @@ from controlplane.translate.usage_meter import (
     usage_http_filter,
     usage_per_route,
 )
+from policy.batch_checks import batch_line_routes
 from policy.model import Address, Downstream, Gateway, Policy, Route
 from policy.tls import GatewayTls
 
@@ -75,7 +77,7 @@ def route_hooks(
         from controlplane.translate.ratelimit import ratelimit_http_filter, ratelimit_per_route
 
         filters.append(ratelimit_http_filter(policy))
-        per_route.append(ratelimit_per_route)
+        per_route.append(functools.partial(ratelimit_per_route, priced=batch_line_routes(policy)))
     return filters, per_route
 
 

@@ -4,6 +4,8 @@ Token costs travel in the filter's **own** ``rate_limits`` (Envoy honours ``hits
 ``apply_on_stream_done`` only there; DESIGN.md fact 1), one descriptor per entry:
 
 * request time: tenant, model, lane, request_id, ``phase=reserve``; cost ``%REQ(x-tokenweir-reserve)%``
+* a route that takes the batch runner's lines adds ``route=<name>`` to both (a per-route
+  override): the rate-limit service prices its reservation at ``batch.price_factor``
 * stream done: the same with ``phase=settle``; cost ``%DYNAMIC_METADATA(tokenweir:settle_tokens)%``
   (the filter server sets it to 0 with the request headers and the usage plugin raises it as
   output passes, so it is always there: without it Envoy would log "Invalid hits_addend", make no
@@ -32,6 +34,7 @@ from policy.model import Policy, RateLimitServer, Route
 from wire.contract import (
     DESCRIPTOR_HEADERS,
     KEY_PHASE,
+    KEY_ROUTE,
     KEY_SERVICE,
     KEY_USD,
     METADATA_NAMESPACE,
@@ -63,12 +66,17 @@ def _phase(value: str) -> rc.RateLimit.Action:
     return _A(generic_key=_A.GenericKey(descriptor_key=KEY_PHASE, descriptor_value=value))
 
 
-def llm_rate_limits() -> list[rc.RateLimit]:
-    """The reserve (request time) and settle (stream done) entries."""
+def llm_rate_limits(route: str | None = None) -> list[rc.RateLimit]:
+    """The reserve (request time) and settle (stream done) entries; with ``route``, each names
+    it (a route that pays a price factor)."""
     actions = [
         _A(request_headers=_A.RequestHeaders(header_name=h, descriptor_key=k))
         for h, k in DESCRIPTOR_HEADERS
     ]
+    if route is not None:
+        actions.append(
+            _A(generic_key=_A.GenericKey(descriptor_key=KEY_ROUTE, descriptor_value=route))
+        )
     reserve = rc.RateLimit(
         actions=[*actions, _phase(PHASE_RESERVE)],
         hits_addend=rc.RateLimit.HitsAddend(format=RESERVE_FORMAT),
@@ -126,14 +134,19 @@ def ratelimit_http_filter(policy: Policy) -> hcm_pb2.HttpFilter:
     return hcm_pb2.HttpFilter(name=RATELIMIT_FILTER, typed_config=any_of(cfg))
 
 
-def ratelimit_per_route(route: Route) -> dict[str, Packed]:
-    """typed_per_filter_config entries for one route."""
+def ratelimit_per_route(route: Route, priced: frozenset[str] = frozenset()) -> dict[str, Packed]:
+    """typed_per_filter_config entries for one route; ``priced``: the routes whose descriptors
+    name them (the batch lines': ``policy.batch_checks.batch_line_routes``)."""
     if route.rate_limit is None or not route.rate_limit.enabled:
         return {RATELIMIT_FILTER: any_of(rc.FilterConfig(disabled=True))}
     if route.service is not None:
         per_route = rate_limit_pb2.RateLimitPerRoute(rate_limits=service_rate_limits(route.service))
         return {RATELIMIT_FILTER: any_of(per_route)}
+    named = route.name if route.name in priced else None
     if not route.rate_limit.settle_on_stream_done:
-        per_route = rate_limit_pb2.RateLimitPerRoute(rate_limits=llm_rate_limits()[:1])
+        per_route = rate_limit_pb2.RateLimitPerRoute(rate_limits=llm_rate_limits(named)[:1])
+        return {RATELIMIT_FILTER: any_of(per_route)}
+    if named is not None:
+        per_route = rate_limit_pb2.RateLimitPerRoute(rate_limits=llm_rate_limits(named))
         return {RATELIMIT_FILTER: any_of(per_route)}
     return {}

@@ -33,7 +33,7 @@ def batch_policy(tmp: Path) -> tuple[Path, int]:
     # a dead runner's job is taken back soon; an interrupted line's claim frees soon
     text = text.replace("backoff: 1s}", "backoff: 200ms, claim_idle: 3s}")
     assert "claim_idle: 3s" in text
-    text += "\nidempotency: {inflight_ttl: 3s}\n"
+    text += "\nidempotency: {inflight_ttl: 3s, lease: 1s}\n"
     path = tmp / "mesh.yaml"
     path.write_text(text)
     return path, gw

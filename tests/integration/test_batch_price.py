@@ -22,6 +22,8 @@ from tests.integration.mesh_harness import mesh
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 KEY = "erin-key-1234"
+FRAN_KEY, GUS_KEY = "fran-key-1234", "gus-key-12345"
+LEAN_BUDGET = 1600  # micro-USD a day: fran's whole budget
 PROMPT, COMPLETION = 0.002, 0.006  # USD per 1k tokens: 2 and 6 micro-USD per token
 
 
@@ -70,8 +72,13 @@ tiers:
   paid:
     max_tokens: 100
     quotas: {{usd: {{per_day: 10}}}}
+  lean:
+    max_tokens: 100
+    quotas: {{usd: {{per_day: {LEAN_BUDGET / 1e6}}}}}
 tenants:
   erin: {{tier: paid, api_keys: [{KEY}]}}
+  fran: {{tier: lean, api_keys: [{FRAN_KEY}]}}
+  gus: {{tier: paid, api_keys: [{GUS_KEY}]}}
 """
 
 
@@ -132,3 +139,52 @@ async def test_a_batch_line_is_charged_the_batch_price(tmp_path: Path, redis_por
     price = (p * PROMPT + c * COMPLETION) * 1000  # micro-USD
     assert full == math.ceil(price - 1e-6), (full, usage)
     assert both - full == math.ceil(price * 0.5 - 1e-6), (both, full, usage)
+
+
+async def test_a_budget_admits_the_batch_lines_its_batch_price_allows(
+    tmp_path: Path, redis_port: int
+) -> None:
+    """The reservation of a batch line is at the batch price too: lines in flight together
+    (slow streams hold their reservations) are admitted while their *batch* worst cases fit
+    the tenant's usd budget — twice as many as at the whole price."""
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    r = aioredis.Redis.from_url(redis_url)
+    await r.flushdb()
+    backend = FakeOpenAI(name="b0", words=20, gap=0.25)  # 5 s streams
+    await backend.start()
+    gw, fp, rp = free_port(), free_port(), free_port()
+    children: list[ChildProcess] = []
+    body = json.dumps({"model": "m1", "max_tokens": 60, "stream": True,
+                       "messages": [{"role": "user", "content": "tell me about weirs"}]})  # fmt: skip
+    url = f"http://127.0.0.1:{gw}/v1/chat/completions"
+
+    async def line(s: aiohttp.ClientSession, key: str, i: int) -> int:
+        headers = {"authorization": f"Bearer {key}", "content-type": "application/json",
+                   "x-batch-line": "1", "idempotency-key": f"batch-b-{key}-{i}"}  # fmt: skip
+        async with s.post(url, data=body, headers=headers) as resp:
+            await resp.read()
+            return resp.status
+
+    try:
+        async with (
+            mesh(tmp_path, policy_text(gw, fp, rp, redis_url, backend), {"edge": gw}) as m,
+            aiohttp.ClientSession() as s,
+        ):
+            for mod, port in (("ratelimit_service", rp), ("filters", fp)):
+                argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
+                        "--redis-url", redis_url]  # fmt: skip
+                children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
+                await asyncio.to_thread(wait_for_port, port, 40.0)
+            assert await line(s, GUS_KEY, 0) == 200  # the same line for a rich tenant: its size
+            reserve = int(backend.seen[-1][0]["x-tokenweir-reserve"])
+            statuses = await asyncio.gather(*(line(s, FRAN_KEY, i) for i in range(10)))
+    finally:
+        for c in children:
+            c.close()
+        await backend.aclose()
+        await r.aclose()
+    worst = reserve * max(PROMPT, COMPLETION) * 1000  # micro-USD of the line at the whole price
+    batch_fits = LEAN_BUDGET // math.ceil(worst * 0.5 - 1e-6)
+    assert LEAN_BUDGET // math.ceil(worst - 1e-6) < batch_fits < 10, (reserve, batch_fits)
+    assert statuses.count(200) == batch_fits, (statuses, reserve)
+    assert set(statuses) == {200, 429}, statuses

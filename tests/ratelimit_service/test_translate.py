@@ -73,3 +73,13 @@ def test_per_route_configs() -> None:
     per = rate_limit_pb2.RateLimitPerRoute()
     assert ratelimit_per_route(no_settle)[RATELIMIT_FILTER].Unpack(per)
     assert [r.apply_on_stream_done for r in per.rate_limits] == [False]
+
+
+def test_a_batch_line_route_names_itself_on_its_descriptors() -> None:
+    """The rate-limit service prices a batch line's reservation by its route (issue 41)."""
+    lines = Route(name="batch-lines", pool="p", rate_limit=RouteRateLimit())
+    per = rate_limit_pb2.RateLimitPerRoute()
+    assert ratelimit_per_route(lines, frozenset({"batch-lines"}))[RATELIMIT_FILTER].Unpack(per)
+    assert [("route", "batch-lines") in _entries(r) for r in per.rate_limits] == [True, True]
+    assert [r.apply_on_stream_done for r in per.rate_limits] == [False, True]
+    assert ratelimit_per_route(lines) == {}  # not a batch-line route: the filter's own entries

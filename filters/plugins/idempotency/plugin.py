@@ -15,18 +15,35 @@ fingerprint is taken from the body as the client sent it, before any clamp rewri
 * an answer over ``max_response_bytes``: remembered as finished but not stored; a retry gets
   ``409`` (``idempotency_answer_not_stored``), never a second run.
 
+No backend request left behind (docs/batch.md, "Exactly once"): on a route to a pool the
+request's body gets a fresh ``rid`` (SGLang's request id, kept in the claim), and the claim has a
+*lease* this filter server renews every ``lease / 3`` while the request runs.
+
+* a client (or Envoy) gone before any answer came, or mid-stream: the backend request is aborted by its ``rid``
+  at every replica of the pool, and only then is the key freed (a retry cannot overlap it);
+  an abort not confirmed leaves the claim to lapse, so the next holder aborts it again;
+* a claim whose holder died (its lease lapsed): the next request with the key aborts the
+  orphan's backend request the same way, then takes the claim over (``takeover``);
+* what cannot be undone is counted: the backend had answered (a non-streamed answer's headers
+  came back) but the answer never reached the store — the holder died (``rerun_answered``, at
+  the takeover) or the client went (``answer_lost``) — so the retry is the second backend run.
+
 The stored stream keeps the usage event the tokens plugin forced upstream; a replay to a client
 that did not ask for it cuts it out again (the fingerprint is the same, so the body is too).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
+import json
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from filters.api import BasePlugin, Context, Reply, Result, Slot, openai_error
-from filters.bodies import json_of
+from filters.bodies import json_of, kind_for_path, write_body
 from filters.errors import ClientError, ConfigError
 from filters.plugins.idempotency.errors import StoreUnavailable
 from filters.plugins.idempotency.record import (
@@ -40,7 +57,7 @@ from filters.plugins.idempotency.record import (
     parse_key,
     store_key,
 )
-from filters.plugins.idempotency.store import AnswerStore, MemoryStore, RedisStore
+from filters.plugins.idempotency.store import AnswerStore, Claimed, MemoryStore, RedisStore
 from filters.services import Services
 from filters.sse import event_json, is_usage_only_event, split_events
 from wire.jsontypes import JsonObject
@@ -55,6 +72,9 @@ class _Claim:
     key: str
     claim: bytes
     fingerprint: str
+    owner: str = ""
+    rid: str = ""  # the backend request id given in the body ("" : none could be given)
+    renewer: asyncio.Task[None] | None = None
     status: int = 0
     content_type: str = ""
     body: bytearray = field(default_factory=bytearray)
@@ -83,7 +103,9 @@ class IdempotencyPlugin(BasePlugin):
         self.store: AnswerStore = (
             RedisStore(redis, timeout=timeout) if redis is not None else MemoryStore(services.clock)
         )
+        self._abort_timeout = timeout
         self._owners = itertools.count()
+        self._marks: set[asyncio.Task[None]] = set()  # answered marks in flight
 
     def _count(self, ctx: Context, outcome: str) -> None:
         self.services.metrics.idempotency.labels(ctx.route.name, outcome).inc()
@@ -119,23 +141,83 @@ class IdempotencyPlugin(BasePlugin):
             return None
         fp = fingerprint(ctx.method or "POST", ctx.path, body)
         skey = store_key(ctx.tenant or "anonymous", key)
-        claim = encode_entry(Entry("inflight", fp, f"{ctx.request_id}/{next(self._owners)}"))
+        owner = f"{ctx.request_id}/{next(self._owners)}"
+        sent = _with_rid(ctx, body, _new_rid(skey)) if self._hosts(ctx) else None
+        rid = sent[1] if sent is not None else ""
+        claim = encode_entry(Entry("inflight", fp, owner, rid=rid))
+        ttl, lease = self.policy.inflight_ttl, self.policy.lease
         try:
-            raw = await self.store.claim(skey, claim, self.policy.inflight_ttl)
+            got = await self.store.claim(skey, claim, ttl, lease)
         except StoreUnavailable:
             self._count(ctx, "store_error")
             if self.policy.on_store_error == "run":
                 return None
             return Result(reply=_unavailable())
-        existing = decode_entry(raw) if raw is not None else None
-        if raw is not None and existing is None:  # not ours to read: treat as a conflict
-            existing = Entry("inflight", "", "")
-        decision = decide(existing, fp)
-        if decision.verdict == "run":
-            ctx.put(_CLAIM, _Claim(skey, claim, fp))
-            self._count(ctx, "claimed")
+        decision = Decision("run")
+        if got is not None:
+            entry, alive = _found(got)
+            decision = decide(entry, fp, alive)
+        if decision.verdict == "take_over":
+            decision = await self._take_over(ctx, skey, got, claim)
+        if decision.verdict not in ("run", "take_over"):
+            return Result(reply=self._answer(ctx, decision, body))
+        c = _Claim(skey, claim, fp, owner, rid)
+        c.renewer = asyncio.get_running_loop().create_task(self._renew(c))
+        ctx.put(_CLAIM, c)
+        self._count(ctx, "claimed")
+        if sent is None:
             return None
-        return Result(reply=self._answer(ctx, decision, body))
+        return Result(set_headers={"content-length": str(len(sent[0]))}, body=sent[0])
+
+    async def _take_over(
+        self, ctx: Context, skey: str, got: Claimed | None, claim: bytes
+    ) -> Decision:
+        """A dead holder's claim: abort its backend request everywhere, then take the claim
+        (``take_over``); while that cannot be made sure of, the request waits (``in_flight``)."""
+        assert got is not None
+        old = decode_entry(got.entry)
+        assert old is not None
+        if not await self._abort(ctx, old.rid):
+            self._count(ctx, "orphan_unaborted")
+            return Decision("in_flight", old)
+        try:
+            took = await self.store.take_over(
+                skey, got.entry, claim, self.policy.inflight_ttl, self.policy.lease
+            )
+        except StoreUnavailable:
+            self._count(ctx, "store_error")
+            took = False
+        if not took:  # another request took it first
+            return Decision("in_flight", old)
+        self._count(ctx, "takeover")
+        if got.answered:  # the orphan's answer had come back: this run is the second
+            self._count(ctx, "rerun_answered")
+        return Decision("take_over", old)
+
+    def _hosts(self, ctx: Context) -> tuple[str, ...]:
+        """The replicas a request of this route may run on (where an abort goes); none on a
+        path without an LLM body."""
+        pool = self.services.policy.pools.get(ctx.route.pool) if ctx.route.pool else None
+        if pool is None or kind_for_path(ctx.path) is None:
+            return ()
+        return tuple(f"{ep.host}:{ep.port}" for ep in pool.endpoints)
+
+    async def _abort(self, ctx: Context, rid: str) -> bool:
+        """The backend request ``rid`` runs nowhere any more (every replica answered the abort)."""
+        aborts, hosts = self.services.aborts, self._hosts(ctx)
+        if aborts is None or not hosts or not rid:
+            return False
+        return await aborts.abort_everywhere(hosts, rid, self._abort_timeout)
+
+    async def _renew(self, c: _Claim) -> None:
+        """The holder's heartbeat: the claim's lease renewed until the request ends."""
+        every = self.policy.lease / 3
+        while True:
+            await asyncio.sleep(every)
+            # a store error: the next beat tries again (a lease that lapses meanwhile is taken
+            # over, its request aborted first)
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.renew(c.key, c.claim, self.policy.lease)
 
     def _answer(self, ctx: Context, decision: Decision, body: bytes) -> Reply:
         entry = decision.entry
@@ -188,7 +270,18 @@ class IdempotencyPlugin(BasePlugin):
             except ValueError:
                 c.status = 0
             c.content_type = headers.get("content-type", "")
+            if c.rid and 200 <= c.status < 300 and not ctx.stream:
+                task = asyncio.get_running_loop().create_task(self._mark_answered(c))
+                self._marks.add(task)
+                task.add_done_callback(self._marks.discard)
         return None
+
+    async def _mark_answered(self, c: _Claim) -> None:
+        """A non-streamed answer's headers: the backend has finished the request. Noted beside
+        the claim, so a takeover after this holder dies knows its rerun is a second run; off
+        the answer's path (a slow store must not hold the answer past Envoy's message timeout)."""
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.mark_answered(c.key, c.claim, self.policy.inflight_ttl)
 
     async def response_chunk(
         self, ctx: Context, chunk: bytes, end_of_stream: bool
@@ -208,8 +301,21 @@ class IdempotencyPlugin(BasePlugin):
         c = ctx.take(_CLAIM)
         if c is None:
             return
+        if c.renewer is not None:
+            c.renewer.cancel()
         try:
             if not (c.complete and 200 <= c.status < 300):
+                running = c.status == 0 or (ctx.stream and 200 <= c.status < 300)
+                if running and ctx.status is None and c.rid:
+                    # gone before any answer, or mid-stream: the backend may still run it; free
+                    # the key only once it runs nowhere (else the lease lapses and a retry
+                    # aborts it again)
+                    if not await self._abort(ctx, c.rid):
+                        self._count(ctx, "abort_failed")
+                        return
+                    self._count(ctx, "orphan_aborted")
+                elif 200 <= c.status < 300:
+                    self._count(ctx, "answer_lost")  # the backend answered; a retry reruns it
                 await self.store.release(c.key, c.claim)
                 self._count(ctx, "released")
                 return
@@ -224,6 +330,39 @@ class IdempotencyPlugin(BasePlugin):
         except StoreUnavailable:
             # the claim expires after inflight_ttl; until then a retry gets 409, never a rerun
             self._count(ctx, "store_error")
+
+
+def _found(got: Claimed) -> tuple[Entry, bool]:
+    """The entry a claim found and whether its holder lives; bytes this code did not write
+    read as a conflict (an entry of no fingerprint)."""
+    entry = decode_entry(got.entry)
+    if entry is None:
+        return Entry("inflight", "", ""), True
+    return entry, got.holder_alive
+
+
+def _new_rid(skey: str) -> str:
+    """A backend request id for one run under ``skey``: the key's digest (so a run can be
+    traced to its key) and a fresh part (two runs never share an id)."""
+    return f"idem-{skey.rsplit(':', 1)[-1][:16]}-{secrets.token_hex(6)}"
+
+
+def _with_rid(ctx: Context, body: bytes, rid: str) -> tuple[bytes, str] | None:
+    """The body with ``"rid": rid`` (SGLang's request id) set, and the rid; None for a body
+    that is no JSON object (it runs without one). A body that has no ``rid`` yet gets it
+    spliced in after its ``{`` (no re-encoding of a large prompt); one that has it is parsed."""
+    head = body.lstrip()
+    if not head.startswith(b"{"):
+        return None
+    if b'"rid"' in body:
+        obj = json_of(ctx, body)  # the request's one decode (filters.bodies), kept for the rest
+        if obj is None:
+            return None
+        obj["rid"] = rid
+        return write_body(ctx, obj), rid
+    rest = head[1:].lstrip()
+    sep = b"" if rest.startswith(b"}") else b","
+    return b'{"rid":' + json.dumps(rid).encode() + sep + rest, rid
 
 
 def _unavailable() -> Reply:

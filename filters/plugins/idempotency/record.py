@@ -2,7 +2,9 @@
 
 A key's entry is ``inflight`` (a request is running with it), ``done`` (its answer: status,
 content type and body) or ``unstored`` (it finished, but the answer was larger than the store
-allows). Each entry carries the fingerprint of the request that made it; a request with the
+allows). An ``inflight`` entry names the backend request it runs as (``rid``, the SGLang request
+id the plugin gave it: what an abort names). Each entry
+carries the fingerprint of the request that made it; a request with the
 same key and another fingerprint is a misuse (422). The Redis key holds the tenant as a hash
 tag, so one tenant's key can never name another tenant's answer.
 """
@@ -27,7 +29,7 @@ __all__ = [
 ]
 
 State = Literal["inflight", "done", "unstored"]
-Verdict = Literal["run", "replay", "in_flight", "mismatch", "unstored"]
+Verdict = Literal["run", "replay", "in_flight", "take_over", "mismatch", "unstored"]
 _MAX_META = 4096
 
 
@@ -40,6 +42,7 @@ class Entry:
     content_type: str = ""
     tokens: int = 0  # backend tokens the answer cost (prompt + completion), for the metric
     body: bytes = b""
+    rid: str = ""  # inflight: the backend request id it runs as ("" : none given)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,8 @@ def encode_entry(entry: Entry) -> bytes:
         "ct": entry.content_type,
         "t": entry.tokens,
     }
+    if entry.rid:
+        meta["r"] = entry.rid
     return json.dumps(meta, separators=(",", ":")).encode() + b"\n" + entry.body
 
 
@@ -108,19 +113,25 @@ def decode_entry(raw: bytes) -> Entry | None:
             content_type=str(meta["ct"]),
             tokens=int(meta["t"]),
             body=body,
+            rid=str(meta.get("r", "")),
         )
     except (ValueError, KeyError, TypeError):
         return None
 
 
-def decide(existing: Entry | None, fp: str) -> Decision:
+def decide(existing: Entry | None, fp: str, holder_alive: bool = True) -> Decision:
     """What a request with fingerprint ``fp`` gets, given the entry its key already has
-    (None: the claim succeeded, the request runs)."""
+    (None: the claim succeeded, the request runs) and whether the holder of an ``inflight``
+    entry still renews its lease. A dead holder's request is taken over (its backend request
+    aborted first) when the entry names that backend request; without a ``rid`` nothing can
+    abort it, and the claim holds until ``inflight_ttl``."""
     if existing is None:
         return Decision("run")
     if existing.fingerprint != fp:
         return Decision("mismatch", existing)
     if existing.state == "inflight":
+        if not holder_alive and existing.rid:
+            return Decision("take_over", existing)
         return Decision("in_flight", existing)
     if existing.state == "unstored":
         return Decision("unstored", existing)
