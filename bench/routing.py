@@ -239,7 +239,7 @@ class Gateway:
                 "--prometheus-host", "127.0.0.1", "--log-level", "error",
             ]  # fmt: skip
             child = self._spawn("sglang-router", argv)
-            await wait_child_port("127.0.0.1", self.port, child, timeout=90)
+            await wait_child_port("127.0.0.1", self.port, child, timeout=300)
             return
         fp, mp = free_port(), free_port()
         a = self.pool.a
@@ -259,8 +259,9 @@ class Gateway:
             *(["--replicas", a.up_replicas] if a.up_replicas else []),
         ]  # fmt: skip
         child = self._spawn(f"up-{self.arm}", argv)
-        await wait_child_port("127.0.0.1", self.port, child, timeout=120)
-        await wait_child_line(child, "tokenweir up: ready", timeout=90)
+        # (a shared 2-core box at load 11-13 took over two minutes to start a mesh)
+        await wait_child_port("127.0.0.1", self.port, child, timeout=300)
+        await wait_child_line(child, "tokenweir up: ready", timeout=300)
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
         src = self.pool.a.baseline_src if self.arm == "picker-baseline" else None
