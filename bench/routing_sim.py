@@ -227,11 +227,11 @@ def _watch_admissions(s: Scheduler, i: int, name: str, picker: PoolPicker, out: 
     real = s.cache.match_prefix
     clock = picker._clock
 
-    def match(tokens: Sequence[int]) -> Any:
+    def match(tokens: Sequence[int], *rest: Any) -> Any:  # rest: the LoRA adapter's id
         s.publish_kv_events()
         probe(picker)
         said = picker.index.query(list(tokens), clock())[name]
-        result = real(tokens)
+        result = real(tokens, *rest)
         out.admissions += 1
         # exact at the index's anchor granularity: the match rounded down to its last anchor
         blocks = prefix_block_ids(tokens, picker.index.page_size)
