@@ -20,7 +20,9 @@ ratio one infinite cache would reach on the slice (the ceiling no routing passes
     nice -n 5 .venv/bin/python bench/routing.py --start 500 --requests 300 --scale 4
 
 ``--workload docs``: agents over shared long documents (``--docs`` documents of ``--doc-words``
-words, Zipf-like popularity, a unique question each).
+words, Zipf-like popularity, a unique question each). ``--workload sessions``: generated agent
+sessions growing turn by turn with tool output (``bench/routing_jobs.py``), a workload the
+picker's defaults were not tuned on.
 
 Writes ``bench/results/routing-WORKLOAD.json`` and ``docs/img/routing-WORKLOAD.png``.
 """
@@ -48,7 +50,13 @@ sys.path.insert(0, str(ROOT))
 from backends.emulator.trace import load_trace  # noqa: E402
 from bench.peers_cpu import per_request_ms, snapshot  # noqa: E402
 from bench.routing_client import MODEL, drive  # noqa: E402
-from bench.routing_jobs import Job, combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
+from bench.routing_jobs import (  # noqa: E402
+    Job,
+    combined_lru_hit_ratio,
+    docs_jobs,
+    session_jobs,
+    trace_jobs,
+)
 from bench.routing_lora import LORA_ARMS, run_lora  # noqa: E402
 from bench.routing_pd import PD_ARMS, run_pd  # noqa: E402
 from bench.routing_report import picker_metrics, plot  # noqa: E402
@@ -62,8 +70,9 @@ OFFSET = 1000  # KV events on replica port + OFFSET, replay on + OFFSET + 1
 # (usage metered in Python: every response chunk through ext_proc)
 # picker-baseline: the picker route run from another checkout's code (--baseline-src), side by side
 # picker-nobacklog: the picker with routing.backlog_weight 0 (prefill backlogs ignored)
+# picker-ttft: the picker with routing.scoring predicted_ttft (experimental, issue 37)
 ARMS = ("ring_hash", "picker", "picker-chunks", "picker-baseline", "picker-nobacklog",
-        "sglang-router")  # fmt: skip
+        "picker-ttft", "sglang-router")  # fmt: skip
 
 
 def _kv_port_ok(p: int) -> bool:
@@ -155,6 +164,7 @@ def tokenweir_policy(
     cache_weight: float = 0.7,
     meter: str = "envoy",
     backlog_weight: float = 1.0,
+    scoring: str = "weights",
 ) -> dict[str, Any]:
     plugins: list[Any] = [{"name": "identity", "settings": {"require": False}}, "tokens", "prefix"]
     if picker:
@@ -179,6 +189,7 @@ def tokenweir_policy(
             "pending_ttl": f"{a_pending}s",
             "cache_weight": cache_weight,
             "backlog_weight": backlog_weight,
+            "scoring": scoring,
             "tokenizer": pool.a.tokenizer_path or "emulator",  # as the emulators (--tokenizer-path)
         }
     return {
@@ -228,7 +239,7 @@ class Gateway:
                 "--prometheus-host", "127.0.0.1", "--log-level", "error",
             ]  # fmt: skip
             child = self._spawn("sglang-router", argv)
-            await wait_child_port("127.0.0.1", self.port, child, timeout=90)
+            await wait_child_port("127.0.0.1", self.port, child, timeout=300)
             return
         fp, mp = free_port(), free_port()
         a = self.pool.a
@@ -236,6 +247,7 @@ class Gateway:
             self.pool, self.port, fp, mp, self.arm.startswith("picker"), a.scale, a.pending_ttl,
             a.cache_weight, "python" if self.arm == "picker-chunks" else "envoy",
             0.0 if self.arm == "picker-nobacklog" else 1.0,
+            "predicted_ttft" if self.arm == "picker-ttft" else "weights",
         )  # fmt: skip
         path = self.run_dir / f"policy-{self.arm}.yaml"
         path.write_text(yaml.safe_dump(policy, sort_keys=False))
@@ -247,8 +259,9 @@ class Gateway:
             *(["--replicas", a.up_replicas] if a.up_replicas else []),
         ]  # fmt: skip
         child = self._spawn(f"up-{self.arm}", argv)
-        await wait_child_port("127.0.0.1", self.port, child, timeout=120)
-        await wait_child_line(child, "tokenweir up: ready", timeout=90)
+        # (a shared 2-core box at load 11-13 took over two minutes to start a mesh)
+        await wait_child_port("127.0.0.1", self.port, child, timeout=300)
+        await wait_child_line(child, "tokenweir up: ready", timeout=300)
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
         src = self.pool.a.baseline_src if self.arm == "picker-baseline" else None
@@ -311,6 +324,8 @@ async def run_arm(
 async def main_async(a: argparse.Namespace) -> int:
     if a.workload == "trace":
         jobs, ceiling = trace_jobs(load_trace(TRACE)[a.start : a.start + a.requests], a.scale)
+    elif a.workload == "sessions":
+        jobs, ceiling = session_jobs(a.requests, a.sessions, seed=a.start)
     else:
         jobs, ceiling = docs_jobs(a.requests, a.docs, a.doc_words, seed=a.start)
     lru = combined_lru_hit_ratio(jobs, a.replicas * (a.cache_tokens // a.scale))
@@ -355,7 +370,10 @@ async def main_async(a: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workload", choices=("trace", "docs", "pd", "lora"), default="trace")
+    ap.add_argument(
+        "--workload", choices=("trace", "docs", "sessions", "pd", "lora"), default="trace"
+    )
+    ap.add_argument("--sessions", type=int, default=60, help="sessions workload: sessions")
     ap.add_argument("--docs", type=int, default=24, help="docs workload: documents")
     ap.add_argument("--doc-words", type=int, default=3000, help="docs workload: words each")
     ap.add_argument("--start", type=int, default=500, help="trace: first record; docs: seed")
@@ -384,7 +402,9 @@ def main() -> int:
     ap.add_argument(
         "--arms",
         nargs="+",
-        default=[x for x in ARMS if x not in ("picker-baseline", "picker-nobacklog")],
+        default=[
+            x for x in ARMS if x not in ("picker-baseline", "picker-nobacklog", "picker-ttft")
+        ],
         choices=ARMS,
     )
     ap.add_argument(

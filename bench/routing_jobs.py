@@ -10,7 +10,7 @@ from backends.emulator.radix_cache import RadixCache
 from backends.emulator.tokenizer import encode, render_chat
 from backends.emulator.trace import TraceRecord, ideal_cached_tokens, prompt_text
 
-__all__ = ["Job", "combined_lru_hit_ratio", "docs_jobs", "trace_jobs"]
+__all__ = ["Job", "combined_lru_hit_ratio", "docs_jobs", "session_jobs", "trace_jobs"]
 
 Job = tuple[str, int]  # (prompt text, max tokens)
 
@@ -41,6 +41,43 @@ def docs_jobs(n: int, docs: int, words: int, seed: int) -> tuple[list[Job], floa
         cached += words if d in seen else 0
         seen.add(d)
     return jobs, cached / total
+
+
+def session_jobs(n: int, sessions: int, seed: int) -> tuple[list[Job], float]:
+    """Agent sessions (a workload the picker's defaults were not tuned on, issue 37): each of
+    ``sessions`` sessions runs one of four agents (its system prompt of 300-1,500 words, shared
+    by every session of that agent) and grows turn by turn with a tool's output (50-1,200
+    words) and a user message; the sessions' turns interleave (a session starts when another
+    ends, eight at a time), so each turn's prompt is its session's previous prompt plus the new
+    text. The infinite-cache ceiling counts each prompt's longest prefix seen before."""
+    rng = random.Random(seed)
+    agents = [" ".join(f"agent{a}sys{i}" for i in range(rng.randint(300, 1500))) for a in range(4)]
+    live: list[tuple[int, str, int]] = []  # (session id, prompt so far, turns left)
+    started = 0
+    jobs: list[Job] = []
+    cached = total = 0
+
+    def new() -> tuple[int, str, int]:
+        nonlocal started
+        started += 1
+        return started, rng.choice(agents), rng.randint(2, max(2, 2 * n // sessions))
+
+    while len(jobs) < n:
+        while len(live) < 8:
+            live.append(new())
+        k = rng.randrange(len(live))
+        sid, text, left = live[k]
+        tool = " ".join(f"s{sid}t{len(jobs)}w{j}" for j in range(rng.randint(50, 1200)))
+        user = " ".join(f"s{sid}u{len(jobs)}w{j}" for j in range(rng.randint(10, 60)))
+        prompt = f"{text} {tool} {user}"
+        total += len(prompt.split())
+        cached += len(text.split())  # its session's previous prompt (or the agent's prompt)
+        jobs.append((prompt, rng.randint(16, 200)))
+        if left <= 1:
+            live.pop(k)
+        else:
+            live[k] = (sid, prompt, left - 1)
+    return jobs, cached / max(1, total)
 
 
 def combined_lru_hit_ratio(jobs: list[Job], capacity_tokens: int) -> float:

@@ -48,7 +48,12 @@ from backends.emulator.tokenizer import encode, render_chat  # noqa: E402
 from backends.emulator.trace import load_trace  # noqa: E402
 from backends.profiles import get_profile  # noqa: E402
 from bench.routing import TRACE  # noqa: E402
-from bench.routing_jobs import combined_lru_hit_ratio, docs_jobs, trace_jobs  # noqa: E402
+from bench.routing_jobs import (  # noqa: E402
+    combined_lru_hit_ratio,
+    docs_jobs,
+    session_jobs,
+    trace_jobs,
+)
 from bench.routing_sim_routers import (  # noqa: E402
     ApproxTreeRouter,
     Job,
@@ -139,6 +144,7 @@ def _picker(names: list[str], a: argparse.Namespace, clock: Callable[[], float])
         coalesce_wait=a.coalesce_wait,
         balance_window=a.balance_window,
         max_share=a.max_share,
+        scoring=a.scoring,
     )
     cfg = LlmPool(models=("m",), endpoints=tuple(Address.parse(n) for n in names), routing=routing)
     return PoolPicker("sim", cfg, PickerMetrics(CollectorRegistry()), clock=clock, wall=clock)
@@ -196,6 +202,11 @@ async def simulate(router_name: str, jobs: list[Job], a: argparse.Namespace) -> 
                 req.event.clear()
             inflight[replica] -= 1
             router.done(replica, job)
+            if isinstance(router, PickerRouter):
+                first, end = req.first_token_at, loop.time()
+                n = job.max_tokens
+                step = (end - first) / (n - 1) if first is not None and n > 1 else None
+                router.learn(replica, job, None if first is None else first - t0, step)
             if req.first_token_at is not None:
                 out.ttft.append(req.first_token_at - t0)
             out.prompt_tokens += len(job.ids)
@@ -216,11 +227,11 @@ def _watch_admissions(s: Scheduler, i: int, name: str, picker: PoolPicker, out: 
     real = s.cache.match_prefix
     clock = picker._clock
 
-    def match(tokens: Sequence[int]) -> Any:
+    def match(tokens: Sequence[int], *rest: Any) -> Any:  # rest: the LoRA adapter's id
         s.publish_kv_events()
         probe(picker)
         said = picker.index.query(list(tokens), clock())[name]
-        result = real(tokens)
+        result = real(tokens, *rest)
         out.admissions += 1
         # exact at the index's anchor granularity: the match rounded down to its last anchor
         blocks = prefix_block_ids(tokens, picker.index.page_size)
@@ -233,6 +244,8 @@ def _watch_admissions(s: Scheduler, i: int, name: str, picker: PoolPicker, out: 
 def make_jobs(a: argparse.Namespace) -> tuple[list[Job], float]:
     if a.workload == "trace":
         texts, ceiling = trace_jobs(load_trace(TRACE)[a.start : a.start + a.requests], a.scale)
+    elif a.workload == "sessions":
+        texts, ceiling = session_jobs(a.requests, a.sessions, seed=a.start)
     else:
         texts, ceiling = docs_jobs(a.requests, a.docs, a.doc_words, seed=a.start)
     lru = combined_lru_hit_ratio(texts, a.replicas * (a.cache_tokens // a.scale))
@@ -246,7 +259,12 @@ def make_jobs(a: argparse.Namespace) -> tuple[list[Job], float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workload", choices=("trace", "docs"), default="trace")
+    ap.add_argument("--workload", choices=("trace", "docs", "sessions"), default="trace")
+    ap.add_argument("--sessions", type=int, default=60, help="sessions workload: sessions")
+    ap.add_argument(
+        "--scoring", choices=("weights", "predicted_ttft"), default="weights",
+        help="picker: routing.scoring (predicted_ttft learns from the simulated TTFTs)",
+    )  # fmt: skip
     ap.add_argument("--docs", type=int, default=24)
     ap.add_argument("--doc-words", type=int, default=3000)
     ap.add_argument("--start", type=int, default=500)

@@ -45,6 +45,7 @@ class PickerRouter(Router):
     def __init__(self, picker: PoolPicker, names: list[str], map_delay: float) -> None:
         self.picker, self.names, self.map_delay = picker, names, map_delay
         self.sent: dict[int, tuple[int, Lead | None]] = {}  # id(job) → what record_lead said
+        self.work: dict[int, tuple[int, int]] = {}  # id(job) → (backlog, batch) when sent
         self.follow: dict[int, tuple[str, Prompt, Wait]] = {}  # id(job) → the prefill it awaits
         self.coalesced: collections.Counter[str] = collections.Counter()
         self.waited = 0.0
@@ -55,6 +56,8 @@ class PickerRouter(Router):
         pick, wait = self.picker.pick_and_lead(prompt)
         assert pick.replica is not None, pick
         self.sent[id(job)] = self.picker.record_lead(prompt, pick)
+        name = pick.replica
+        self.work[id(job)] = (self.picker.backlog.get(name, 0), self.picker.inflight.get(name, 1))
         if wait is not None:
             self.follow[id(job)] = (pick.replica, prompt, wait)
 
@@ -71,6 +74,16 @@ class PickerRouter(Router):
     def done(self, replica: int, job: Job) -> None:
         uncached, own = self.sent.pop(id(job), (0, None))
         self.picker.done(self.names[replica], uncached, own)
+
+    def learn(self, replica: int, job: Job, ttft: float | None, step: float | None) -> None:
+        """What the request saw teaches the picker's latency model (as the regret observer
+        does on the real path: filters/plugins/picker/regret.py)."""
+        work, running = self.work.pop(id(job), (0, 1))
+        name = self.names[replica]
+        if ttft is not None:
+            self.picker.latency.observe(name, work, ttft)
+        if step is not None:
+            self.picker.latency.observe_step(name, running, step)
 
     async def hold(self, job: Job) -> None:
         entry = self.follow.pop(id(job), None)

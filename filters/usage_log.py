@@ -65,7 +65,8 @@ def _value(v: struct_pb2.Value) -> Logged:
 _KEYS = ("meter", "tenant", "model", "lane", "route", "pool", "outcome", "timing", "t0_us",
          "prompt", "prompt_tokens", "completion_tokens", "cached_tokens",
          # the endpoint picker's prediction (filters/plugins/picker/regret.py)
-         "replica", "predicted_cached_tokens", "predicted_ttft_ms", "work_tokens", "sent_us")  # fmt: skip
+         "replica", "predicted_cached_tokens", "predicted_ttft_ms", "work_tokens", "sent_us",
+         "running")  # fmt: skip
 
 
 def _fields(entry: accesslog_pb2.HTTPAccessLogEntry) -> LoggedFields:

@@ -28,6 +28,13 @@ class RoutingPolicy:
     """Per pool; every knob but ``mode`` matters only with ``mode: prefix_index``."""
 
     mode: Literal["ring_hash", "prefix_index"] = "ring_hash"
+    # how the picker scores replicas: "weights" (cache share against load, the knobs below) or
+    # "predicted_ttft" (experimental: the lowest predicted time to first token from the prefill
+    # backlog, uncached tokens and each replica's learned rates; filters/plugins/picker/score_ttft.py)
+    scoring: Literal["weights", "predicted_ttft"] = "weights"
+    # predicted_ttft: a replica whose predicted decode step (s per output token) with the request
+    # added exceeds this is not picked while another stays within it (0: no budget)
+    tpot_budget: Annotated[float, Duration(0.0, 10)] = 0.0
     # score = cache_weight × (cached share of the prompt) − (1 − cache_weight) × (relative load)
     cache_weight: Annotated[float, Range(0.0, 1.0)] = 0.7
     # a replica whose in-flight requests exceed max_imbalance × the pool mean (+1) is not picked

@@ -29,7 +29,7 @@ from filters.bodies import request_of
 from filters.errors import ConfigError
 from filters.plugins.picker.coalesce import follow
 from filters.plugins.picker.pool import PoolPicker
-from filters.plugins.picker.regret import Routed, observe
+from filters.plugins.picker.regret import Routed, observe, step_of
 from filters.services import Services
 from policy.routing import ENDPOINT_HEADER
 
@@ -90,6 +90,7 @@ class PickerPlugin(BasePlugin):
         metrics.predicted_tokens.labels(picker.pool).inc(pick.predicted_tokens)
         replica = pick.replica
         routed = Routed(replica, uncached, own, pick.predicted_tokens)
+        routed.running = picker.inflight.get(replica, 1)
         ctx.put(_PLACED, _Placed(picker, routed))
         if wait is not None:
             clock = picker.clock
@@ -123,10 +124,12 @@ class PickerPlugin(BasePlugin):
         if usage.cached_tokens:
             self.pickers.metrics.actual_tokens.labels(picker.pool).inc(usage.cached_tokens)
         first = ctx.first_token_at
+        step = None if first is None else step_of(first, picker.clock(), usage.completion_tokens)
         observe(
             self.pickers.metrics, picker.latency, picker.pool, routed.replica,
             predicted_cached=routed.predicted_cached, actual_cached=usage.cached_tokens,
             prompt_tokens=usage.prompt_tokens, work=routed.work,
             predicted_ttft=routed.predicted_ttft,
             ttft=None if first is None else first - routed.sent,
+            running=routed.running, step=step,
         )  # fmt: skip

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from chat.tokenizer import HfChatTokenizer
 from filters.plugins.picker.coalesce import STORED_SHARE, Lead, Leads, Wait
-from filters.plugins.picker.latency import LatencyModel
+from filters.plugins.picker.latency import LatencyModel, Rates
 from filters.plugins.picker.mapper import (
     EMULATOR,
     ROOT,
@@ -43,6 +43,7 @@ from filters.plugins.picker.mapping_task import run_mapper
 from filters.plugins.picker.metrics import PickerMetrics
 from filters.plugins.picker.prompt import Prompt, checkpoints, prompt_bytes
 from filters.plugins.picker.score import Candidate, Pick, Weights, choose
+from filters.plugins.picker.score_ttft import Scoring, choose_ttft
 from filters.plugins.picker.worker import MapperWorker
 from policy.model import Address, LlmPool
 from policy.routing import RoutingPolicy
@@ -99,6 +100,7 @@ class PoolPicker:
             r.balance_window,
             r.max_share,
         )
+        self.scoring = Scoring(r.min_prefix_tokens, r.tpot_budget)
         self.index = PrefixIndex(
             r.page_size,
             max_blocks=r.max_index_blocks,
@@ -118,9 +120,8 @@ class PoolPicker:
         self.recent: dict[str, float] = {f.name: 0.0 for f in self.feeds}
         # prefill backlog per replica (tokens), its bound and the stored-token counter last read
         self.backlog: dict[str, int] = {f.name: 0 for f in self.feeds}
-        self.latency = (
-            LatencyModel()
-        )  # each replica's TTFT, learned (filters/plugins/picker/regret.py)
+        # each replica's TTFT and decode step, learned (filters/plugins/picker/regret.py)
+        self.latency = LatencyModel()
         self._inflight_uncached: dict[str, int] = {f.name: 0 for f in self.feeds}
         self._stored_seen: dict[str, int] = {f.name: 0 for f in self.feeds}
         # checkpoint → {replica: until}: prefixes recently sent there, before their events
@@ -213,7 +214,9 @@ class PoolPicker:
         pending = self._pending_runs(prompt.marks, now)
         leading = self.leads.runs(prompt.marks, now) if self.routing.coalesce_wait > 0 else {}
         self._drain()
-        free = self.routing.backlog_allowance
+        by_ttft = self.routing.scoring == "predicted_ttft"
+        # predicted_ttft counts the backlog exactly (no allowance: the rates say what it costs)
+        free = 0 if by_ttft else self.routing.backlog_allowance
         candidates = []
         for name, count in held.items():
             k = count or 0
@@ -240,8 +243,15 @@ class PoolPicker:
                 )
             )
         tie = prompt.marks[0] if prompt.marks else prompt.data[:64]
-        pick = choose(candidates, len(prompt.data), self.weights, tie, self._tokens_of(prompt))
+        if by_ttft:
+            pick = choose_ttft(candidates, self._tokens_of(prompt), self.scoring, self._rates, tie)
+        else:
+            pick = choose(candidates, len(prompt.data), self.weights, tie, self._tokens_of(prompt))
         return pick, self._lead_for(prompt, pick, held, leading)
+
+    def _rates(self, name: str) -> Rates:
+        """The replica's learned rates, its decode step with one more request in flight."""
+        return self.latency.rates(name, self.inflight.get(name, 0) + 1)
 
     def _lead_for(
         self, prompt: Prompt, pick: Pick, held: dict[str, int | None], leading: dict[str, Wait]

@@ -25,7 +25,7 @@ from filters.plugins.picker.latency import LatencyModel
 from filters.plugins.picker.metrics import PickerMetrics
 from wire.jsontypes import JsonObject
 
-__all__ = ["Routed", "from_log", "observe"]
+__all__ = ["Routed", "from_log", "observe", "step_of"]
 
 
 @dataclass(slots=True)
@@ -39,6 +39,7 @@ class Routed:
     work: int = 0  # prompt tokens the replica must prefill before this request's first token
     predicted_ttft: float | None = None  # seconds from ``sent``; None until latency is learned
     sent: float = 0.0  # the picker's clock when the request left for the replica
+    running: int = 0  # the picker's requests in flight on the replica with this one (its batch)
 
     def metadata(self, wall_sent: float) -> JsonObject:
         """Dynamic metadata (namespace ``tokenweir``) for the access log and Envoy's meter;
@@ -48,6 +49,7 @@ class Routed:
             "predicted_cached_tokens": self.predicted_cached,
             "work_tokens": self.work,
             "sent_us": round(wall_sent * 1e6),
+            "running": self.running,
         }
         if self.predicted_ttft is not None:
             md["predicted_ttft_ms"] = round(self.predicted_ttft * 1000, 1)
@@ -64,6 +66,8 @@ class Regret(TypedDict):
     work: int
     predicted_ttft: float | None
     ttft: float | None
+    running: int  # the picker's requests in flight on the replica with this one
+    step: float | None  # seconds per output token after the first (None: unknown)
 
 
 def observe(
@@ -78,9 +82,15 @@ def observe(
     work: int,
     predicted_ttft: float | None,
     ttft: float | None,
+    running: int = 0,
+    step: float | None = None,
 ) -> None:
     """One finished request's regret; ``actual_cached`` None or ``prompt_tokens`` 0: the
-    backend reported no usage; ``ttft`` None: no token came."""
+    backend reported no usage; ``ttft`` None: no token came. ``step``: seconds per output token
+    after the first, in a batch of ``running`` (None: fewer than two tokens); it teaches the
+    model the replica's decode step (``routing.tpot_budget``)."""
+    if step is not None:
+        model.observe_step(replica, running, step)
     if actual_cached is not None and prompt_tokens > 0:
         error = (actual_cached - predicted_cached) / prompt_tokens
         metrics.cached_error.labels(pool, replica).observe(error)
@@ -100,12 +110,15 @@ def from_log(md: Mapping[str, object]) -> Regret | None:
     if not isinstance(replica, str) or not isinstance(predicted, float):
         return None
     ttft: float | None = None
+    completion = md.get("completion_tokens")
+    step: float | None = None
     timing, sent = md.get("timing"), md.get("sent_us")
     if isinstance(timing, str) and timing and isinstance(sent, float):
         parts = timing.split(",")
         if len(parts) >= 2 and int(parts[0]) > 0:
             ttft = (int(parts[1]) - sent) / 1e6
-    completion = md.get("completion_tokens")
+        if len(parts) >= 3 and isinstance(completion, float) and completion > 1:
+            step = step_of(int(parts[1]) / 1e6, int(parts[2]) / 1e6, int(completion))
     cached = md.get("cached_tokens")
     reported = isinstance(completion, float)
     predicted_ttft = md.get("predicted_ttft_ms")
@@ -119,9 +132,18 @@ def from_log(md: Mapping[str, object]) -> Regret | None:
         work=_whole(md.get("work_tokens")),
         predicted_ttft=predicted_ttft / 1000 if isinstance(predicted_ttft, float) else None,
         ttft=ttft,
+        running=_whole(md.get("running")),
+        step=step,
     )
 
 
 def _whole(value: object) -> int:
     """A count the access log carries as a number (protobuf Struct: a float); 0 when absent."""
     return int(value) if isinstance(value, int | float) else 0
+
+
+def step_of(first: float, last: float, completion_tokens: int) -> float | None:
+    """Seconds per output token after the first (None: fewer than two, or no time between)."""
+    if completion_tokens < 2 or last <= first:
+        return None
+    return (last - first) / (completion_tokens - 1)

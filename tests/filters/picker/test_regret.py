@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry
 
 from filters.plugins.picker.latency import LatencyModel
 from filters.plugins.picker.metrics import PickerMetrics
-from filters.plugins.picker.regret import Routed, from_log, observe
+from filters.plugins.picker.regret import Routed, from_log, observe, step_of
 
 R = "127.0.0.1:7001"
 
@@ -121,3 +121,31 @@ async def test_the_plugin_predicts_at_the_pick_and_learns_at_the_stream_end() ->
         if s.name.endswith("_count")
     )
     assert errors == 10
+
+
+def test_the_access_log_brings_back_the_batch_and_the_decode_step() -> None:
+    routed = Routed(R, uncached=0, lead=None, predicted_cached=0, running=3)
+    md: dict[str, object] = {
+        k: float(v) if isinstance(v, int) else v for k, v in routed.metadata(100.0).items()
+    }
+    # 5 tokens: the first at +80 ms, the last at +120 ms: 10 ms per token after the first
+    md.update(timing="5,100080000,100120000,0", prompt_tokens=70.0, completion_tokens=5.0)
+    facts = from_log(md)
+    assert facts is not None and facts["running"] == 3
+    assert abs(facts["step"] - 0.01) < 1e-9
+    md["completion_tokens"] = 1.0  # one token: no step
+    assert (from_log(md) or {})["step"] is None
+    assert step_of(1.0, 1.0, 5) is None and step_of(1.0, 1.5, 6) == 0.1
+
+
+def test_decode_steps_teach_the_model_its_step_against_the_batch() -> None:
+    metrics, model = PickerMetrics(CollectorRegistry()), LatencyModel(min_count=4)
+    assert model.step(R, 4) is None
+    for running in (1, 2, 4, 8, 1, 2, 4, 8):  # step = 10 ms + 2 ms per request in the batch
+        observe(
+            metrics, model, "chat", R, predicted_cached=0, actual_cached=0, prompt_tokens=10,
+            work=0, predicted_ttft=None, ttft=0.05, running=running, step=0.01 + 0.002 * running,
+        )  # fmt: skip
+    got = model.step(R, 6)
+    assert got is not None and abs(got - 0.022) < 0.002
+    assert model.rates(R, 6).step_s == got
