@@ -150,10 +150,11 @@ class BatchRunner:
                     await asyncio.sleep(self.s.policy.runner.backoff)
 
     def _pool(self) -> PoolView | None:
-        p = self.pool_state.state.pools.get(self.s.policy.pool)
+        state = self.pool_state.state
+        p = state.pools.get(self.s.policy.pool)
         if p is None:
             return None
-        return PoolView(p.capacity_running, p.running, p.saturation)
+        return PoolView(p.capacity_running, p.running, p.saturation, p.queued, state.version)
 
     # ---- one job -------------------------------------------------------------------------------
     async def _job(self, claim: Claim) -> None:
