@@ -13,12 +13,21 @@ control plane publishes (every scrape interval, ~0.25 s):
   ``trend`` seconds; the largest rise between two samples there (at least one slot) is held
   free, so a burst that is arriving finds slots before its next requests queue, and the window
   shrinks as soon as interactive demand climbs, not after it has taken the slots;
-* the window is ``min(fill × room, room - headroom)``, bounded by an additive-increase /
-  multiplicative-decrease limit that the gateway's own answers drive: a line shed by
-  admission or quota (429, 503) halves the limit and pauses new lines for ``backoff`` (or
-  the answer's ``Retry-After``); each answered line raises it by one. The limit starts at
-  ``max_concurrency``: the pool state already bounds the window, and a slow start only left
-  idle slots for the first round trips.
+* the first window is ``min(fill × room, room - headroom)``. From then on each new sample
+  closes the loop on what the replicas report: the window moves by ``gain`` × (the occupancy
+  aimed at − ``running + queued``), where the occupancy aimed at is the capacity less
+  ``max(headroom, (1 - fill) × room)``. Lines in flight are not all in a slot: each spends part
+  of its life in the gateway (its filters, admission, recording its result), and a window
+  counted in lines in flight left those lines' share of the slots idle. An excess is cut at
+  once, from our lines in flight as the sample saw them (the largest count over ``lag``; the
+  same excess seen in two samples is not cut twice); a shortfall is made up by ``gain`` of it, only while the window binds (as
+  many lines in flight as it allows) and at most once per ``lag`` (the last rise must show
+  in the samples first): no wind-up either way;
+* all of it bounded by an additive-increase / multiplicative-decrease limit that the gateway's
+  own answers drive: a line shed by admission or quota (429, 503) halves the limit and pauses
+  new lines for ``backoff`` (or the answer's ``Retry-After``); each answered line raises it by
+  one. The limit starts at ``max_concurrency``: the pool state already bounds the window, and
+  a slow start only left idle slots for the first round trips.
 
 While the pool state is stale (the control plane is not heard), the reader reports every replica
 saturated, so nothing new starts.
@@ -34,6 +43,7 @@ __all__ = ["Pacer", "PoolView"]
 
 LAG_S = 0.5  # how old a pool-state sample may be when it is read (scrape + publish)
 TREND_S = 2.0  # how far back interactive demand's rise is looked at
+GAIN = 0.5  # share of a shortfall in occupancy made up per rise (an excess is cut at once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +64,16 @@ class Pacer:
         *,
         lag: float = LAG_S,
         trend: float = TREND_S,
+        gain: float = GAIN,
     ) -> None:
         self.max = max_concurrency
         self.fill = fill
         self.backoff = backoff
         self.lag = lag
         self.trend = trend
+        self.gain = gain
+        self._window: float | None = None  # the controlled window (None: no sample yet)
+        self._raised_at = float("-inf")
         self.limit = float(max_concurrency)  # the AIMD limit
         self.paused_until = 0.0
         self._ours: collections.deque[tuple[float, int]] = collections.deque()  # (t, in flight)
@@ -76,14 +90,28 @@ class Pacer:
             return 0 if pool.saturation >= 1.0 else min(int(self.limit), self.max)
         recent = max(n for _, n in self._ours)
         others = max(0, pool.running + pool.queued - recent)
-        if pool.version != self._version:  # a new sample: one point of the interactive trend
+        fresh = pool.version != self._version
+        if fresh:  # a new sample: one point of the interactive trend
             self._version = pool.version
             self._others.append((now, others))
         while self._others and self._others[0][0] < now - self.trend:
             self._others.popleft()
         room = pool.capacity - others
-        want = min(math.floor(self.fill * room), room - self.headroom())
-        return max(0, min(want, int(self.limit), self.max))
+        head = self.headroom()
+        if self._window is None:
+            self._window = float(min(math.floor(self.fill * room), room - head))
+            self._raised_at = now
+        elif fresh:
+            aim = pool.capacity - max(head, math.ceil((1.0 - self.fill) * room))
+            error = aim - (pool.running + pool.queued)
+            if error < 0:  # at once, from our lines as the sample saw them (an excess seen
+                self._window = min(self._window, recent + error)  # in two samples: cut once)
+            elif ours >= self._window - 1 and now - self._raised_at >= self.lag:
+                # grow while the window binds, once the last rise can show in the samples
+                self._window += self.gain * error
+                self._raised_at = now
+        self._window = max(0.0, min(self._window, float(self.max)))
+        return max(0, min(math.floor(self._window), int(self.limit), self.max))
 
     def headroom(self) -> int:
         """Slots held free for interactive demand: its largest rise between two samples of

@@ -47,7 +47,7 @@ class BatchRunner:
 
     replicas: Annotated[int, Range(0, 16)] = 1
     metrics_port: Port = 18075
-    max_concurrency: Annotated[int, Range(1, 4096)] = 64
+    max_concurrency: Annotated[int, Range(1, 4096)] = 128
     fill: Annotated[float, Range(0.05, 1.0)] = 0.95
     backoff: Annotated[float, Duration(0.01, 600)] = 1.0
     line_retries: Annotated[int, Range(0, 30)] = 8

@@ -19,28 +19,59 @@ def test_window_is_a_share_of_the_room_interactive_leaves() -> None:
     assert p.window(PoolView(0, 0, 1e9), ours=0, now=2) == 0
 
 
-def test_a_sample_taken_before_our_lines_finished_does_not_count_them_as_interactive() -> None:
+def test_a_sample_taken_before_our_lines_finished_does_not_read_them_as_interactive() -> None:
     """The pool state is up to ``lag`` old: lines of ours that finished since are still in it.
-    Counting them as interactive work left their slots idle at every turnover."""
-    p = Pacer(max_concurrency=128, fill=1.0, backoff=1.0, lag=0.5, trend=0.0)
-    assert p.window(PoolView(64, 60, 0.9, version=1), ours=60, now=0.0) == 63  # one slot held free
-    # 20 of ours finish at 0.1 s; the sample still shows them running (60): the room is 64
+    Read as interactive work, they looked like a burst and shrank the window at every
+    turnover."""
+    p = Pacer(max_concurrency=128, fill=1.0, backoff=1.0, lag=0.5)
+    assert p.window(PoolView(64, 60, 0.9, version=1), ours=60, now=0.0) == 63  # 1 slot kept
+    # 20 of ours finish at 0.1 s; a sample at 0.2 s still shows them running: no burst
     assert p.window(PoolView(64, 60, 0.9, version=1), ours=40, now=0.1) == 63
-    # once the lag has passed, 60 running with 40 of ours are 20 others: the room is 44
-    assert p.window(PoolView(64, 60, 0.9, version=1), ours=40, now=0.7) == 43
+    assert p.window(PoolView(64, 60, 0.9, version=2), ours=40, now=0.2) == 63
+    assert p.headroom() == 1
 
 
-def test_interactive_demand_rising_is_held_free_before_it_queues() -> None:
-    p = Pacer(max_concurrency=128, fill=1.0, backoff=1.0, lag=0.0, trend=2.0)
-    # steady interactive demand (4): one slot held free
-    assert p.window(PoolView(64, 4, 0.1, version=1), ours=0, now=0.0) == 59
-    assert p.window(PoolView(64, 54, 0.9, version=2), ours=50, now=0.25) == 59
-    # a burst: interactive 4 -> 12 in one sample; that rise (8) is held free as well
-    assert p.window(PoolView(64, 62, 1.0, version=3), ours=50, now=0.5) == 64 - 12 - 8
-    # the same sample read again does not count as a second point of the trend
-    assert p.window(PoolView(64, 62, 1.0, version=3), ours=50, now=0.55) == 44
-    # the burst is over 2 s later: only the one slot again
-    assert p.window(PoolView(64, 62, 1.0, version=4), ours=50, now=2.6) == 64 - 12 - 1
+def plant(p: Pacer, interactive: list[int], transit: int, pending: int = 10**6) -> list[int]:
+    """The pacer against a replica of 64 slots sampled every 0.25 s, one sample late: the
+    replica runs the interactive requests and those of our lines not in the gateway
+    (``transit`` of them are); the runner keeps the window full while it has lines."""
+    windows, ours, seen = [], 0, 0
+    for i, inter in enumerate(interactive):
+        at_replica = inter + max(0, seen - transit)
+        w = p.window(
+            PoolView(64, min(64, at_replica), 0.5, max(0, at_replica - 64), i), ours, i / 4
+        )
+        seen, ours = ours, min(w, pending)
+        windows.append(w)
+    return windows
+
+
+def test_the_window_closes_the_loop_on_the_replicas_occupancy() -> None:
+    """Lines in the gateway (its filters, admission, recording results) hold no slot: a window
+    counted in lines in flight left their share of the slots idle. The window grows until the
+    replica's own count reaches the capacity less what is kept free."""
+    p = Pacer(max_concurrency=128, fill=0.95, backoff=1.0)
+    w = plant(p, [4] * 60, transit=10)
+    # 64 slots, 4 interactive, 4 kept free (5% of the room): 56 of ours in slots, 10 in transit
+    assert 64 <= w[-1] <= 67
+    assert w[-1] - 10 >= 0.9 * (64 - 4)
+    assert max(w) <= 72  # no wild overshoot on the way
+
+
+def test_an_interactive_burst_shrinks_the_window_within_a_few_samples() -> None:
+    p = Pacer(max_concurrency=128, fill=0.95, backoff=1.0)
+    w = plant(p, [4] * 40 + [24] * 20, transit=10)
+    before = w[39]
+    assert w[41] <= before - 20  # the rise itself is kept free at once
+    assert all(x <= before - 15 for x in w[41:])
+    # settled: interactive 24 and what is kept free leave 36 slots; ours fill them again
+    assert w[-1] - 10 >= 0.85 * (64 - 24)
+
+
+def test_the_window_does_not_wind_up_while_the_runner_has_few_lines() -> None:
+    p = Pacer(max_concurrency=128, fill=0.95, backoff=1.0)
+    w = plant(p, [4] * 40, transit=0, pending=5)  # 5 lines left: the window never binds
+    assert w[-1] <= w[0]
 
 
 def test_a_shed_line_halves_the_limit_and_pauses() -> None:
