@@ -229,7 +229,9 @@ class BatchRunner:
                 if not stopping:
                     window = self.pacer.window(self._pool(), len(inflight), now)
                     self.m.window.set(window)
-                    while pending and len(inflight) < window:
+                    starts = self.pacer.starts(now, window - len(inflight))
+                    while pending and starts > 0:
+                        starts -= 1
                         line = pending.popleft()
                         task = asyncio.create_task(self._send(t, jid, job, line, tries))
                         inflight[task] = line

@@ -87,3 +87,13 @@ def test_a_shed_line_halves_the_limit_and_pauses() -> None:
     for _ in range(100):
         p.answered()
     assert p.window(idle, 0, now=17.0) == 64  # never above max_concurrency
+
+
+def test_new_lines_start_in_small_bursts() -> None:
+    """A whole window opened at once sent it into the filter server together."""
+    p = Pacer(max_concurrency=128, fill=1.0, backoff=1.0)
+    assert p.starts(now=100.0, want=60) == 16  # an eighth of max_concurrency at once
+    assert p.starts(now=100.0, want=60) == 0
+    assert p.starts(now=100.05, want=60) == 6  # then 128 a second
+    assert p.starts(now=101.0, want=3) == 3
+    assert p.starts(now=101.0, want=60) == 13  # the bucket holds no more than a burst
