@@ -29,7 +29,8 @@ control plane publishes (every scrape interval, ~0.25 s):
   one. The limit starts at ``max_concurrency``: the pool state already bounds the window, and
   a slow start only left idle slots for the first round trips.
 
-New lines start at most ``max_concurrency`` a second, in bursts of at most an eighth of it: a
+New lines start in bursts of at most an eighth of ``max_concurrency`` (at least 4), eight
+bursts a second: a
 window of 60 opened at once sent 60 requests into the filter server together, and on a loaded
 machine a third of them waited past its ``message_timeout`` (504) and made the runner back off.
 
@@ -78,7 +79,7 @@ class Pacer:
         self.gain = gain
         self._window: float | None = None  # the controlled window (None: no sample yet)
         self._raised_at = float("-inf")
-        self._bucket = max(1.0, max_concurrency / 8)  # lines that may start now
+        self._bucket = max(4.0, max_concurrency / 8)  # lines that may start now
         self._filled_at = 0.0
         self.limit = float(max_concurrency)  # the AIMD limit
         self.paused_until = 0.0
@@ -121,8 +122,8 @@ class Pacer:
 
     def starts(self, now: float, want: int) -> int:
         """How many of ``want`` new lines may start at ``now`` (the start bucket; taken)."""
-        rate = float(self.max)
-        burst = max(1.0, rate / 8)
+        burst = max(4.0, self.max / 8)
+        rate = 8 * burst  # a burst every 1/8 s
         self._bucket = min(burst, self._bucket + (now - self._filled_at) * rate)
         self._filled_at = now
         n = max(0, min(want, math.floor(self._bucket)))

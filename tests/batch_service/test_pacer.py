@@ -97,3 +97,6 @@ def test_new_lines_start_in_small_bursts() -> None:
     assert p.starts(now=100.05, want=60) == 6  # then 128 a second
     assert p.starts(now=101.0, want=3) == 3
     assert p.starts(now=101.0, want=60) == 13  # the bucket holds no more than a burst
+    small = Pacer(max_concurrency=2, fill=1.0, backoff=1.0)  # at least 4, 32 a second
+    assert small.starts(now=5.0, want=10) == 4
+    assert small.starts(now=5.25, want=10) == 4
