@@ -1,19 +1,54 @@
 """How many batch lines may be in flight now (pure; the clock is passed in).
 
-The window is the room interactive traffic leaves in the pool: ``fill`` of its running slots
-(the capacity the replicas report) minus what runs there that is not ours, bounded by an
-additive-increase / multiplicative-decrease limit that the gateway's own answers drive: a line
-shed by admission or quota (429, 503) halves the limit and pauses new lines for ``backoff``;
-each answered line raises it by one. While the pool state is stale (the control plane is not
-heard), the reader reports every replica saturated, so nothing new starts.
+The window is the room interactive traffic leaves in the pool, read from the pool state the
+control plane publishes (every scrape interval, ~0.25 s):
+
+* **others** = what the replicas run or queue that is not ours: ``running + queued`` minus our
+  lines in flight. Our count is the largest it was over the last ``lag`` seconds, not the count
+  now: the pool state is a sample taken up to ``lag`` ago, and lines that finished since are
+  still in it. Subtracting today's (smaller) count would read our own finished lines as
+  interactive work and leave their slots idle at every turnover;
+* **room** = ``capacity - others``: the slots interactive traffic leaves idle;
+* **headroom**: the interactive lane's rise. ``others`` is kept per sample over the last
+  ``trend`` seconds; the largest rise between two samples there (at least one slot) is held
+  free, so a burst that is arriving finds slots before its next requests queue, and the window
+  shrinks as soon as interactive demand climbs, not after it has taken the slots;
+* the first window is ``min(fill × room, room - headroom)``. From then on each new sample
+  closes the loop on what the replicas report: the window moves by ``gain`` × (the occupancy
+  aimed at − ``running + queued``), where the occupancy aimed at is the capacity less
+  ``max(headroom, (1 - fill) × room)``. Lines in flight are not all in a slot: each spends part
+  of its life in the gateway (its filters, admission, recording its result), and a window
+  counted in lines in flight left those lines' share of the slots idle. An excess is cut at
+  once, from our lines in flight as the sample saw them (the largest count over ``lag``; the
+  same excess seen in two samples is not cut twice); a shortfall is made up by ``gain`` of it, only while the window binds (as
+  many lines in flight as it allows) and at most once per ``lag`` (the last rise must show
+  in the samples first): no wind-up either way;
+* all of it bounded by an additive-increase / multiplicative-decrease limit that the gateway's
+  own answers drive: a line shed by admission or quota (429, 503) halves the limit and pauses
+  new lines for ``backoff`` (or the answer's ``Retry-After``); each answered line raises it by
+  one. The limit starts at ``max_concurrency``: the pool state already bounds the window, and
+  a slow start only left idle slots for the first round trips.
+
+New lines start in bursts of at most an eighth of ``max_concurrency`` (at least 4), eight
+bursts a second: a
+window of 60 opened at once sent 60 requests into the filter server together, and on a loaded
+machine a third of them waited past its ``message_timeout`` (504) and made the runner back off.
+
+While the pool state is stale (the control plane is not heard), the reader reports every replica
+saturated, so nothing new starts.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
 
 __all__ = ["Pacer", "PoolView"]
+
+LAG_S = 0.5  # how old a pool-state sample may be when it is read (scrape + publish)
+TREND_S = 2.0  # how far back interactive demand's rise is looked at
+GAIN = 0.5  # share of a shortfall in occupancy made up per rise (an excess is cut at once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,26 +56,90 @@ class PoolView:
     capacity: int  # running slots of the pool's fresh replicas (0: unknown)
     running: int  # requests running there now, ours included
     saturation: float  # the pool's mean saturation (1 = every slot busy; stale = saturated)
+    queued: int = 0  # requests waiting in the replicas' queues, ours included
+    version: int = 0  # the pool state's version: a new one is a new sample
 
 
 class Pacer:
-    def __init__(self, max_concurrency: int, fill: float, backoff: float) -> None:
+    def __init__(
+        self,
+        max_concurrency: int,
+        fill: float,
+        backoff: float,
+        *,
+        lag: float = LAG_S,
+        trend: float = TREND_S,
+        gain: float = GAIN,
+    ) -> None:
         self.max = max_concurrency
         self.fill = fill
         self.backoff = backoff
-        self.limit = float(max(1, max_concurrency // 4))  # the AIMD limit; starts modest
+        self.lag = lag
+        self.trend = trend
+        self.gain = gain
+        self._window: float | None = None  # the controlled window (None: no sample yet)
+        self._raised_at = float("-inf")
+        self._bucket = max(4.0, max_concurrency / 8)  # lines that may start now
+        self._filled_at = 0.0
+        self.limit = float(max_concurrency)  # the AIMD limit
         self.paused_until = 0.0
+        self._ours: collections.deque[tuple[float, int]] = collections.deque()  # (t, in flight)
+        self._others: collections.deque[tuple[float, int]] = collections.deque()  # per sample
+        self._version: int | None = None
 
     def window(self, pool: PoolView | None, ours: int, now: float) -> int:
         """Lines that may be in flight at ``now`` with ``ours`` in flight (``pool`` None:
         no pool state at all yet: nothing)."""
+        self._remember_ours(ours, now)
         if now < self.paused_until or pool is None:
             return 0
         if pool.capacity <= 0:  # stale or unknown replicas: the reader marks them saturated
             return 0 if pool.saturation >= 1.0 else min(int(self.limit), self.max)
-        others = max(0, pool.running - ours)
-        room = math.floor(self.fill * pool.capacity) - others
-        return max(0, min(room, int(self.limit), self.max))
+        recent = max(n for _, n in self._ours)
+        others = max(0, pool.running + pool.queued - recent)
+        fresh = pool.version != self._version
+        if fresh:  # a new sample: one point of the interactive trend
+            self._version = pool.version
+            self._others.append((now, others))
+        while self._others and self._others[0][0] < now - self.trend:
+            self._others.popleft()
+        room = pool.capacity - others
+        head = self.headroom()
+        if self._window is None:
+            self._window = float(min(math.floor(self.fill * room), room - head))
+            self._raised_at = now
+        elif fresh:
+            aim = pool.capacity - max(head, math.ceil((1.0 - self.fill) * room))
+            error = aim - (pool.running + pool.queued)
+            if error < 0:  # at once, from our lines as the sample saw them (an excess seen
+                self._window = min(self._window, recent + error)  # in two samples: cut once)
+            elif ours >= self._window - 1 and now - self._raised_at >= self.lag:
+                # grow while the window binds, once the last rise can show in the samples
+                self._window += self.gain * error
+                self._raised_at = now
+        self._window = max(0.0, min(self._window, float(self.max)))
+        return max(0, min(math.floor(self._window), int(self.limit), self.max))
+
+    def starts(self, now: float, want: int) -> int:
+        """How many of ``want`` new lines may start at ``now`` (the start bucket; taken)."""
+        burst = max(4.0, self.max / 8)
+        rate = 8 * burst  # a burst every 1/8 s
+        self._bucket = min(burst, self._bucket + (now - self._filled_at) * rate)
+        self._filled_at = now
+        n = max(0, min(want, math.floor(self._bucket)))
+        self._bucket -= n
+        return n
+
+    def headroom(self) -> int:
+        """Slots held free for interactive demand: its largest rise between two samples of
+        the last ``trend`` seconds, at least one."""
+        rise = 1
+        prev: int | None = None
+        for _, n in self._others:
+            if prev is not None:
+                rise = max(rise, n - prev)
+            prev = n
+        return rise
 
     def answered(self) -> None:
         self.limit = min(float(self.max), self.limit + 1.0)
@@ -49,3 +148,8 @@ class Pacer:
         self.limit = max(1.0, self.limit / 2.0)
         pause = self.backoff if retry_after is None else max(self.backoff, retry_after)
         self.paused_until = max(self.paused_until, now + pause)
+
+    def _remember_ours(self, ours: int, now: float) -> None:
+        self._ours.append((now, ours))
+        while len(self._ours) > 1 and self._ours[0][0] < now - self.lag:
+            self._ours.popleft()

@@ -39,7 +39,8 @@ __all__ = ["BatchRunner", "RunnerMetrics", "RunnerSettings"]
 log = logging.getLogger("tokenweir.batch.runner")
 
 LANE_HINT = "x-lane"  # the lane plugin's client hint (its default hint_header)
-SHED = (409, 429, 503)  # in flight under the same key, over quota, shed by admission: later
+SHED = (429, 503)  # over quota, shed by admission: later, and the whole window backs off
+IN_FLIGHT = 409  # the line is in flight under the same key: it alone is sent again later
 UNLIMITED = 2**62
 
 
@@ -150,10 +151,11 @@ class BatchRunner:
                     await asyncio.sleep(self.s.policy.runner.backoff)
 
     def _pool(self) -> PoolView | None:
-        p = self.pool_state.state.pools.get(self.s.policy.pool)
+        state = self.pool_state.state
+        p = state.pools.get(self.s.policy.pool)
         if p is None:
             return None
-        return PoolView(p.capacity_running, p.running, p.saturation)
+        return PoolView(p.capacity_running, p.running, p.saturation, p.queued, state.version)
 
     # ---- one job -------------------------------------------------------------------------------
     async def _job(self, claim: Claim) -> None:
@@ -228,7 +230,9 @@ class BatchRunner:
                 if not stopping:
                     window = self.pacer.window(self._pool(), len(inflight), now)
                     self.m.window.set(window)
-                    while pending and len(inflight) < window:
+                    starts = self.pacer.starts(now, window - len(inflight))
+                    while pending and starts > 0:
+                        starts -= 1
                         line = pending.popleft()
                         task = asyncio.create_task(self._send(t, jid, job, line, tries))
                         inflight[task] = line
@@ -272,6 +276,13 @@ class BatchRunner:
             log.info("line %d of %s: %s; again later", line.index, jid, exc)
             self.pacer.shed(self.clock())
             self.m.lines.labels("retried").inc()
+            return False
+        if status == IN_FLIGHT:
+            # this line alone is in flight under its key (an earlier try the gateway still
+            # holds): it waits, the window does not shrink for the other lines (measured: a
+            # 409 a second paused the whole job for 30 s, docs/benchmarks.md)
+            self.m.lines.labels("shed").inc()
+            await asyncio.sleep(max(self.s.policy.runner.backoff, retry_after or 0.0))
             return False
         if status in SHED:
             self.pacer.shed(self.clock(), retry_after)

@@ -46,7 +46,9 @@ KEY = "tw-demo-pro-key"
 MODEL = "llama-3.1-8b"
 
 
-def policy_text(slots_profile: str, fill: float) -> tuple[str, int, dict[str, int]]:
+def policy_text(
+    slots_profile: str, fill: float | None, time_scale: float = 1.0
+) -> tuple[str, int, dict[str, int]]:
     """The example policy on free ports: one chat replica, no sidecar, the batch runner."""
     doc = yaml.safe_load((ROOT / "examples" / "mesh.yaml").read_text())
     doc.pop("sidecars")
@@ -65,11 +67,13 @@ def policy_text(slots_profile: str, fill: float) -> tuple[str, int, dict[str, in
     doc["filters"]["address"] = f"127.0.0.1:{port('fs')}"
     doc["filters"]["metrics_port"] = port("fsm")
     chat = doc["pools"]["chat"]["emulated"]
-    chat.update(replicas=1, profile=slots_profile, base_port=port("em"))
+    chat.update(replicas=1, profile=slots_profile, base_port=port("em"), time_scale=time_scale)
     doc["pools"]["chat-small"]["emulated"]["base_port"] = port("em2")
     doc["services"]["batch-api"]["endpoints"] = [f"127.0.0.1:{port('api')}"]
     gw["listen"] = f"127.0.0.1:{port('gw')}"
-    doc["batch"]["runner"].update(metrics_port=port("runner"), fill=fill)
+    doc["batch"]["runner"]["metrics_port"] = port("runner")
+    if fill is not None:
+        doc["batch"]["runner"]["fill"] = fill
     # the bench's tenant is not the bottleneck: pro's token bucket is large
     return yaml.safe_dump(doc, sort_keys=False), ports["gw"], ports
 
@@ -96,6 +100,10 @@ class Arm:
     batch: int = 0  # naive lines in flight now
     batch_done: int = 0
     samples: list[tuple[int, int]] = field(default_factory=list)  # (interactive, batch)
+    # the replica's own view at the same instants: (interactive running, batch running,
+    # interactive waiting, batch waiting), by the priority each lane carries
+    replica: list[tuple[int, int, int, int]] = field(default_factory=list)
+    preempted: int = 0  # batch requests preempted by the replica during the arm
 
 
 async def interactive(http: aiohttp.ClientSession, url: str, arm: Arm, i: int, tokens: int) -> None:
@@ -171,6 +179,15 @@ async def gauge(http: aiohttp.ClientSession, url: str, name: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+INTERACTIVE_PRIORITY, BATCH_PRIORITY = "100", "0"  # policy/admission.py's defaults
+
+
+async def replica_state(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with http.get(url) as r:
+        doc: dict[str, Any] = await r.json()
+    return doc
+
+
 async def run_arm(
     name: str, gw: int, ports: dict[str, int], arrivals: list[float], ns: argparse.Namespace
 ) -> tuple[Arm, dict[str, Any]]:
@@ -204,6 +221,9 @@ async def run_arm(
         start = time.monotonic()
         tasks: list[asyncio.Task[None]] = []
 
+        state_url = f"http://127.0.0.1:{ports['em']}/_emulator/state"
+        first = await replica_state(http, state_url)
+
         async def sampler() -> None:
             while not stop.is_set():
                 b = arm.batch
@@ -211,6 +231,13 @@ async def run_arm(
                     with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                         b = int(await gauge(http, runner_metrics, "tokenweir_batch_inflight"))
                 arm.samples.append((arm.inter, b))
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    st = await replica_state(http, state_url)
+                    run, wait = st["running"], st["waiting"]
+                    arm.replica.append((
+                        run.get(INTERACTIVE_PRIORITY, 0), run.get(BATCH_PRIORITY, 0),
+                        wait.get(INTERACTIVE_PRIORITY, 0), wait.get(BATCH_PRIORITY, 0),
+                    ))  # fmt: skip
                 await asyncio.sleep(ns.sample)
 
         samp = asyncio.create_task(sampler())
@@ -226,6 +253,8 @@ async def run_arm(
         for w in workers:
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
+        last = await replica_state(http, state_url)
+        arm.preempted = int(last["preempted_total"]) - int(first["preempted_total"])
         if batch_id is not None:
             b = await client.batches.retrieve(batch_id)
             extra["batch_completed_during_day"] = (
@@ -241,6 +270,7 @@ async def run_arm(
             extra["shed"] = await gauge(
                 http, runner_metrics, 'tokenweir_batch_lines_total\\{outcome="shed"\\}'
             )
+    extra["load_avg_1m_at_end"] = float(Path("/proc/loadavg").read_text().split()[0])
     await asyncio.sleep(ns.settle)  # what the arm left running drains before the next
     return arm, extra
 
@@ -249,6 +279,10 @@ def summary(arm: Arm, slots: int, extra: dict[str, Any]) -> dict[str, Any]:
     idle = sum(max(0, slots - i) for i, _ in arm.samples)
     used = sum(min(b, max(0, slots - i)) for i, b in arm.samples)
     q = statistics.quantiles(arm.ttft, n=20) if len(arm.ttft) >= 20 else [float("nan")] * 19
+    # the replica's view: idle = slots no interactive request runs in; used = batch running
+    r_idle = sum(max(0, slots - ir) for ir, _, _, _ in arm.replica)
+    r_used = sum(min(br, max(0, slots - ir)) for ir, br, _, _ in arm.replica)
+    n = max(1, len(arm.replica))
     return {
         "arm": arm.name,
         "interactive_requests": len(arm.ttft),
@@ -259,12 +293,18 @@ def summary(arm: Arm, slots: int, extra: dict[str, Any]) -> dict[str, Any]:
         "idle_slot_share_used_by_batch": round(used / idle, 3) if idle else None,
         "mean_interactive_in_flight": round(statistics.mean(i for i, _ in arm.samples), 2),
         "mean_batch_in_flight": round(statistics.mean(b for _, b in arm.samples), 2),
+        "idle_slot_share_running_batch": round(r_used / r_idle, 3) if r_idle else None,
+        "replica_mean_interactive_running": round(sum(x[0] for x in arm.replica) / n, 2),
+        "replica_mean_batch_running": round(sum(x[1] for x in arm.replica) / n, 2),
+        "replica_mean_interactive_waiting": round(sum(x[2] for x in arm.replica) / n, 3),
+        "replica_mean_batch_waiting": round(sum(x[3] for x in arm.replica) / n, 2),
+        "batch_preempted": arm.preempted,
         **extra,
     }
 
 
 async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
-    text, gw, ports = policy_text(ns.profile, ns.fill)
+    text, gw, ports = policy_text(ns.profile, ns.fill, ns.time_scale)
     run = Path(ns.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     (run / "mesh.yaml").write_text(text)
@@ -314,15 +354,25 @@ def main() -> None:
     p.add_argument("--lines", type=int, default=10000)
     p.add_argument("--profile", default="seed-2k")
     p.add_argument("--slots", type=int, default=64, help="the pool's running slots (the profile's)")
-    p.add_argument("--fill", type=float, default=0.9)
+    p.add_argument("--fill", type=float, help="the runner's fill (default: the example's)")
     p.add_argument("--naive-concurrency", type=int, default=128)
     p.add_argument("--sample", type=float, default=0.25)
     p.add_argument("--settle", type=float, default=8.0)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="the emulator's time scale; the day and the request rates are scaled with it (the "
+        "same slot occupancy with N times fewer requests a second: less gateway CPU per slot)",
+    )
     p.add_argument("--arms", nargs="+", default=["alone", "runner", "naive"])
     p.add_argument("--run-dir", default="/tmp/tokenweir-batch-valleys")
     p.add_argument("--out", type=Path)
     ns = p.parse_args()
+    ns.day *= ns.time_scale
+    ns.peak_rps /= ns.time_scale
+    ns.valley_rps /= ns.time_scale
     result = asyncio.run(main_async(ns))
     text = json.dumps(result, indent=2)
     print(text)

@@ -39,16 +39,16 @@ class BatchLimits:
 class BatchRunner:
     """The runner processes: ``replicas`` of them (0: none, the API only); replica ``i`` serves
     /metrics on ``metrics_port + i``. Each keeps at most ``max_concurrency`` lines in flight and
-    fills the pool's running slots up to ``fill`` of its capacity, counting interactive
-    requests first; a line the gateway sheds (429, 503) halves the window and pauses the
+    fills up to ``fill`` of the running slots interactive requests leave idle, less their
+    recent rise (batch_service/pacer.py); a line the gateway sheds (429, 503) halves the window and pauses the
     runner for ``backoff``. ``line_retries``: how often a line answered 5xx is sent again
     before it is recorded as failed; the runner pauses ``backoff``, then twice that, and so on
     (8: about 4 minutes with 1 s, longer than a restart of any part of the mesh)."""
 
     replicas: Annotated[int, Range(0, 16)] = 1
     metrics_port: Port = 18075
-    max_concurrency: Annotated[int, Range(1, 4096)] = 64
-    fill: Annotated[float, Range(0.05, 1.0)] = 0.9
+    max_concurrency: Annotated[int, Range(1, 4096)] = 128
+    fill: Annotated[float, Range(0.05, 1.0)] = 0.95
     backoff: Annotated[float, Duration(0.01, 600)] = 1.0
     line_retries: Annotated[int, Range(0, 30)] = 8
     claim_idle: Annotated[float, Duration(1, 3600)] = 15.0  # a dead runner's job is taken after

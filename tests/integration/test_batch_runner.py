@@ -59,7 +59,7 @@ async def test_a_job_past_its_window_expires_with_partial_output(
 ) -> None:
     redis = await connect_redis(f"redis://127.0.0.1:{redis_port}/0", timeout=2.0)
     records, store = Records(redis), DirectoryStore(tmp_path / "files")
-    tenant, n = f"t{secrets.token_hex(4)}", 12
+    tenant, n = f"t{secrets.token_hex(4)}", 24  # ~6 s of work at 2 in flight: past 3 s
     rows = [
         {
             "custom_id": f"x-{i}", "method": "POST", "url": EP,

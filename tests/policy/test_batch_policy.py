@@ -50,7 +50,7 @@ def test_the_lines_need_a_route_with_idempotency() -> None:
 
 
 def test_unknown_keys_and_ranges_name_the_line() -> None:
-    text = EXAMPLE.replace("fill: 0.9, backoff: 1s}", "fill: 2, backoff: 1s, speed: 3}")
+    text = EXAMPLE.replace("fill: 0.95, backoff: 1s}", "fill: 2, backoff: 1s, speed: 3}")
     with pytest.raises(PolicyError) as err:
         load_policy_text(text, "mesh.yaml")
     msg = str(err.value)
