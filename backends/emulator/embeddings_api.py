@@ -116,7 +116,12 @@ async def _embed(server: EmulatorServer, body: JsonObject) -> JsonObject:
         )
         for ids in items
     ]
-    reqs = [await server.open_request(p, "embd-" + server.next_id()) for p in params]
+    rid = body.get("rid")  # SGLang's request id: the one item's, else "<rid>-<index>" each
+    if rid is not None and (not isinstance(rid, str) or not rid):
+        raise RequestError("rid must be a non-empty string", "rid")
+    base = rid or "embd-" + server.next_id()
+    rids = [base] if len(params) == 1 else [f"{base}-{i}" for i in range(len(params))]
+    reqs = [await server.open_request(p, r) for p, r in zip(params, rids, strict=True)]
     await asyncio.gather(*(server.run_to_end(r) for r in reqs))
     for r in reqs:
         if r.abort_message is not None:
