@@ -4,7 +4,7 @@
 item is one prefill through the scheduler (SGLang runs an embedding as a prefill: it queues,
 batches and is preempted like any request), so its time is the profile's prefill time. The
 vector is a deterministic function of the item's token ids (a seeded generator from their
-hash), unit length, of ``--embedding-dim`` floats (``dimensions`` asks for a shorter prefix,
+hash, with the served model's name), unit length, of ``--embedding-dim`` floats (``dimensions`` asks for a shorter prefix,
 renormalized, as a Matryoshka model gives it). ``encoding_format: base64`` answers the little
 endian float32 bytes in base64, as the OpenAI API does (the ``openai`` client asks for it).
 """
@@ -72,9 +72,12 @@ def input_items(value: object, encode: Callable[[str], list[int]]) -> list[list[
     return items
 
 
-def embedding_vector(ids: Sequence[int], dim: int, seed: int) -> list[float]:
-    """The unit vector of ``dim`` floats the emulated model gives these token ids."""
-    digest = hashlib.sha256(struct.pack(f"<q{len(ids)}I", seed, *ids)).digest()
+def embedding_vector(ids: Sequence[int], dim: int, model: str) -> list[float]:
+    """The unit vector of ``dim`` floats ``model`` gives these token ids: the same on every
+    replica of a pool, as one model's weights give it (not ``--seed``, which differs)."""
+    h = hashlib.sha256(model.encode("utf-8", "surrogatepass"))
+    h.update(",".join(map(str, ids)).encode())
+    digest = h.digest()
     rng = random.Random(digest)
     vec = [rng.gauss(0.0, 1.0) for _ in range(dim)]
     norm = math.sqrt(sum(v * v for v in vec)) or 1.0
@@ -128,7 +131,7 @@ async def _embed(server: EmulatorServer, body: JsonObject) -> JsonObject:
             raise SchedulerAbortError(r.abort_message)
     data: list[JsonValue] = []
     for i, ids in enumerate(items):
-        vec = embedding_vector(ids, s.embedding_dim, s.seed)[:full]
+        vec = embedding_vector(ids, s.embedding_dim, s.model)[:full]
         if full < s.embedding_dim:
             norm = math.sqrt(sum(v * v for v in vec)) or 1.0
             vec = [v / norm for v in vec]
