@@ -26,7 +26,7 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from batch_service.api import ApiSettings, BatchApi
+from batch_service.api import ApiSettings, BatchApi, served_endpoints
 from batch_service.files import DirectoryStore
 from batch_service.records import Records
 from batch_service.runner import BatchRunner, RunnerSettings
@@ -101,7 +101,7 @@ async def _api(ns: argparse.Namespace, policy: Policy, b: BatchPolicy, records: 
     models = frozenset(m for p in policy.pools.values() for m in p.models)
     registry = CollectorRegistry()
     api = BatchApi(
-        ApiSettings(b, models), records, DirectoryStore(_files_dir(ns, b)),
+        ApiSettings(b, models, served_endpoints(policy)), records, DirectoryStore(_files_dir(ns, b)),
         clock=time.time, registry=registry,
     )  # fmt: skip
     if ns.metrics_port is None:  # one port, loopback only (as `up` runs it)

@@ -19,10 +19,11 @@ from batch_service.errors import ApiError, StoreError
 from batch_service.files import FileStore
 from batch_service.objects import ACTIVE, batch_object, file_object, new_id
 from batch_service.records import Records
-from batch_service.validate import ENDPOINTS, parse_lines
+from batch_service.validate import EMBEDDINGS, ENDPOINTS, parse_lines
 from policy.batch import BatchPolicy
+from policy.model import Policy
 
-__all__ = ["ApiSettings", "BatchApi"]
+__all__ = ["ApiSettings", "BatchApi", "served_endpoints"]
 
 TENANT_HEADER = "x-tokenweir-tenant"
 WINDOWS = ("24h",)
@@ -32,6 +33,21 @@ WINDOWS = ("24h",)
 class ApiSettings:
     policy: BatchPolicy
     models: frozenset[str]  # every model a pool serves
+    endpoints: tuple[str, ...] = ENDPOINTS  # what a batch may call (served_endpoints)
+
+
+def served_endpoints(policy: Policy) -> tuple[str, ...]:
+    """The endpoints a batch may call: chat and completions (every pool serves them), and
+    ``/v1/embeddings`` where a gateway route sends that path to a pool (its ``match`` takes the
+    path: ``path: /v1/embeddings`` or a prefix of it; headers aside, as the runner's own
+    ``x-batch-line`` header picks the batch lane's route)."""
+    routes = [r for g in policy.gateways.values() for r in g.routes if r.pool is not None]
+    served = any(
+        r.match.path == EMBEDDINGS
+        or (r.match.prefix is not None and EMBEDDINGS.startswith(r.match.prefix))
+        for r in routes
+    )
+    return (*ENDPOINTS, EMBEDDINGS) if served else ENDPOINTS
 
 
 class BatchApi:
@@ -185,10 +201,10 @@ class BatchApi:
                 "completion_window, metadata", code="unknown_parameter", param=unknown[0],
             )  # fmt: skip
         endpoint = req.get("endpoint")
-        if endpoint not in ENDPOINTS:
+        if endpoint not in self.s.endpoints:
             raise ApiError(
                 400, f"endpoint: {endpoint!r} is not served by this mesh's pools; allowed: "
-                f"{list(ENDPOINTS)}", code="invalid_value", param="endpoint",
+                f"{list(self.s.endpoints)}", code="invalid_value", param="endpoint",
             )  # fmt: skip
         window = req.get("completion_window")
         if window not in WINDOWS:

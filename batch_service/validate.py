@@ -11,10 +11,12 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass
 
-__all__ = ["ENDPOINTS", "Line", "LineError", "parse_lines"]
+__all__ = ["EMBEDDINGS", "ENDPOINTS", "Line", "LineError", "parse_lines"]
 
-# what a batch may call: the OpenAI endpoints the pools (SGLang, the emulator) serve
+# what a batch may call: the OpenAI endpoints the pools (SGLang, the emulator) serve;
+# embeddings only where the policy routes them to a pool (batch_service/endpoints.py)
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+EMBEDDINGS = "/v1/embeddings"
 MAX_ERRORS = 100  # problems reported for one file (OpenAI stops early too)
 
 
@@ -74,12 +76,34 @@ def _check(n: int, raw: bytes, endpoint: str, models: Collection[str]) -> Line |
             f"line {n}: body.model: {model!r} is not served here; served: {sorted(models)}",
             "body.model",
         )  # fmt: skip
+    if endpoint == EMBEDDINGS and not _embedding_input(body.get("input")):
+        return LineError(
+            n, "invalid_request", f"line {n}: body.input: a non-empty string, list of strings, "
+            "list of token ids or list of token-id lists is required", "body.input",
+        )  # fmt: skip
     if body.get("stream"):
         return LineError(
             n, "invalid_request", f"line {n}: body.stream: a batch line cannot stream",
             "body.stream",
         )  # fmt: skip
     return Line(n - 1, cid, body)
+
+
+def _embedding_input(value: object) -> bool:
+    """OpenAI's four forms of an embeddings ``input`` (the gateway checks the rest)."""
+    if isinstance(value, str):
+        return bool(value)
+    if not isinstance(value, list) or not value:
+        return False
+    return _ids(value) or all(isinstance(v, str) and v for v in value) or all(map(_ids, value))
+
+
+def _ids(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    )
 
 
 def parse_lines(

@@ -1,4 +1,5 @@
-"""Parse and check LLM request bodies: OpenAI chat/completions, completions, SGLang ``/generate``.
+"""Parse and check LLM request bodies: OpenAI chat/completions, completions, embeddings, SGLang
+``/generate``.
 
 Pure functions. Every problem raises :class:`~filters.errors.ClientError` with an OpenAI-style
 message, a ``param`` and a short metric ``reason``; nothing else escapes :func:`parse_request`.
@@ -35,7 +36,7 @@ __all__ = [
     "write_body",
 ]
 
-Kind = Literal["chat", "completion", "generate"]
+Kind = Literal["chat", "completion", "generate", "embedding"]
 MAX_TOKENS_LIMIT = 1_000_000  # above this a max_tokens value is absurd, not merely large
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _SGLANG_EXTRAS = frozenset(
@@ -73,6 +74,9 @@ _FIELDS: dict[Kind, frozenset[str]] = {
         "prediction",
     },
     "completion": _COMMON | _SGLANG_EXTRAS | {"prompt", "echo", "best_of", "suffix"},
+    "embedding": frozenset(
+        {"model", "input", "encoding_format", "dimensions", "user", "rid", "priority"}
+    ),
     "generate": frozenset(
         {
             "model",
@@ -122,6 +126,8 @@ def kind_for_path(path: str) -> Kind | None:
         return "completion"
     if p.endswith("/generate"):
         return "generate"
+    if p.endswith("/embeddings"):
+        return "embedding"
     return None
 
 
@@ -346,6 +352,8 @@ def check_request(
         _check_fields(kind, data, extra_fields)
     if kind == "generate":
         return _parse_generate(data)
+    if kind == "embedding":
+        return _parse_embedding(data)
     model = _model(data, required=True)
     _one_completion(data)
     if kind == "completion":
@@ -486,4 +494,56 @@ def _parse_generate(data: JsonObject) -> LlmRequest:
         prompt_text=text,
         prefix_text=text,
         input_ids=ids,
+    )
+
+
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the items of one embeddings request
+
+
+def _parse_embedding(data: JsonObject) -> LlmRequest:
+    """``/v1/embeddings``: ``input`` a string, a list of strings, token ids or a list of token-id
+    lists (OpenAI's four forms); the prompt is every item (their texts joined, or all their
+    ids): an embedding costs its prompt tokens and generates none."""
+    model = _model(data, required=True)
+    what = "must be a non-empty string, a list of strings, or (lists of) token ids"
+    value = data.get("input")
+    if value is None:
+        raise _bad("input is required", "bad_field", "input")
+    items = [value] if isinstance(value, str) or _ids(value, "input") is not None else value
+    if not isinstance(items, list) or not items:
+        raise _bad(f"input {what}", "bad_field", "input")
+    if len(items) > MAX_EMBEDDING_INPUTS:
+        raise _bad(
+            f"input holds {len(items)} items; at most {MAX_EMBEDDING_INPUTS}", "bad_field", "input"
+        )
+    texts: list[str] = []
+    ids: list[int] = []
+    for i, item in enumerate(items):
+        if isinstance(item, str) and item:
+            texts.append(item)
+            continue
+        item_ids = _ids(item, "input")
+        if item_ids is None or any(t < 0 for t in item_ids):
+            raise _bad(f"input[{i}] {what}", "bad_field", "input")
+        ids.extend(item_ids)
+    if texts and ids:
+        raise _bad("input mixes strings and token ids: send one kind", "bad_field", "input")
+    for key in ("encoding_format", "dimensions"):
+        v = data.get(key)
+        if key == "encoding_format" and v is not None and v not in ("float", "base64"):
+            raise _bad("encoding_format must be 'float' or 'base64'", "bad_field", key)
+        if key == "dimensions" and v is not None:
+            _int_field(v, key, low=1, high=MAX_TOKENS_LIMIT)
+    text = "\n".join(texts)
+    return LlmRequest(
+        kind="embedding",
+        data=data,
+        model=model,
+        stream=False,
+        include_usage=False,
+        max_tokens=None,
+        max_tokens_field="max_tokens",  # none: an embedding generates nothing
+        prompt_text=text,
+        prefix_text=text,
+        input_ids=tuple(ids) if ids else None,
     )

@@ -59,11 +59,13 @@ def _int(v: object) -> int:
 
 
 def usage_of(obj: object) -> Usage | None:
-    """Token counts from an OpenAI ``usage`` object or an SGLang ``meta_info``."""
+    """Token counts from an OpenAI ``usage`` object (an embeddings answer's included: no
+    completion tokens) or an SGLang ``meta_info``."""
     if not isinstance(obj, dict):
         return None
     u = obj.get("usage")
-    if isinstance(u, dict) and "completion_tokens" in u:
+    # an embeddings answer's usage has no completion_tokens: prompt_tokens and total_tokens
+    if isinstance(u, dict) and ("completion_tokens" in u or "total_tokens" in u):
         details = u.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         return Usage(_int(u.get("prompt_tokens")), _int(u.get("completion_tokens")), _int(cached))

@@ -49,6 +49,9 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
     p.add_argument("--chunked-prefill-size", type=int)
     p.add_argument("--context-length", type=int)
     p.add_argument("--default-max-tokens", type=int, default=128)
+    p.add_argument(
+        "--embedding-dim", type=int, default=256, help="floats per /v1/embeddings vector"
+    )
     p.add_argument("--stop-prob", type=float, default=0.0, help="per-token EOS chance")
     p.add_argument("--no-cache-report", action="store_true", help="omit cached_tokens in usage")
     p.add_argument("--error-rate", type=float, default=0.0)
@@ -132,6 +135,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EmulatorSettings:
             chunked_prefill_size=a.chunked_prefill_size,
             context_length=a.context_length,
             default_max_tokens=a.default_max_tokens,
+            embedding_dim=a.embedding_dim,
             stop_prob=a.stop_prob,
             enable_cache_report=not a.no_cache_report,
             error_rate=a.error_rate,

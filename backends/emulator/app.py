@@ -7,13 +7,19 @@ from __future__ import annotations
 from aiohttp import web
 
 from backends.emulator import lora_api, native_api, openai_api
+from backends.emulator.embeddings_api import embeddings_routes
 from backends.emulator.flavor import VLLM_NATIVE_PATHS
 from backends.emulator.server import Api, EmulatorServer
 from backends.emulator.settings import EmulatorSettings
 
 __all__ = ["APIS", "apis_for", "start_emulator"]
 
-APIS: tuple[Api, ...] = (openai_api.routes, native_api.routes, lora_api.lora_routes)
+APIS: tuple[Api, ...] = (
+    openai_api.routes,
+    embeddings_routes,
+    native_api.routes,
+    lora_api.lora_routes,
+)
 
 
 def _vllm_native(server: EmulatorServer) -> list[web.RouteDef]:
@@ -24,7 +30,7 @@ def _vllm_native(server: EmulatorServer) -> list[web.RouteDef]:
 
 def apis_for(flavor: str) -> tuple[Api, ...]:
     """The HTTP APIs an emulator of ``flavor`` serves."""
-    return (openai_api.routes, _vllm_native) if flavor == "vllm" else APIS
+    return (openai_api.routes, embeddings_routes, _vllm_native) if flavor == "vllm" else APIS
 
 
 async def start_emulator(settings: EmulatorSettings) -> EmulatorServer:

@@ -30,6 +30,9 @@ class EmulatorSettings:
     page_size: int | None = None
     chunked_prefill_size: int | None = None
     context_length: int | None = None
+    embedding_dim: int = (
+        256  # --embedding-dim: floats per /v1/embeddings vector (embeddings_api.py)
+    )
     default_max_tokens: int = 128  # when a request names no max_tokens / max_new_tokens
     stop_prob: float = 0.0  # per-token chance of an EOS (unless ignore_eos)
     enable_cache_report: bool = True  # usage.prompt_tokens_details.cached_tokens
@@ -75,6 +78,8 @@ class EmulatorSettings:
             raise ValueError(f"slow_factor must be >= 1, got {self.slow_factor}")
         if self.slow_start_s < 0:
             raise ValueError(f"slow_start_s must be >= 0, got {self.slow_start_s}")
+        if not 1 <= self.embedding_dim <= 65536:
+            raise ValueError(f"embedding_dim must be from 1 to 65536, got {self.embedding_dim}")
         if self.default_max_tokens < 1:
             raise ValueError("default_max_tokens must be >= 1")
         self.resolved_profile()  # unknown names and bad overrides fail here

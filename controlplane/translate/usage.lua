@@ -45,13 +45,14 @@ local function num(s, key)
   return tonumber(v)
 end
 
--- token counts from an OpenAI usage object (with completion_tokens) or an SGLang meta_info
+-- token counts from an OpenAI usage object (with completion_tokens, or an embeddings answer's
+-- with total_tokens and no completion) or an SGLang meta_info
 local function usage_of(s)
   for _, key in ipairs({'"usage"%s*:%s*{', '"meta_info"%s*:%s*{'}) do
     local at = find(s, key)
     if at ~= nil then
       local u = sub(s, at)
-      if find(u, '"completion_tokens"%s*:') ~= nil then
+      if find(u, '"completion_tokens"%s*:') ~= nil or find(u, '"total_tokens"%s*:') ~= nil then
         return num(u, "prompt_tokens"), num(u, "completion_tokens"), num(u, "cached_tokens")
       end
     end

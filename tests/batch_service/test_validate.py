@@ -62,3 +62,20 @@ def test_streaming_lines_and_oversized_files_are_refused() -> None:
     assert [e.code for e in errors] == ["too_many_lines"]
     _, errors = parse_lines(b"\n\n", EP, MODELS, 3)
     assert [e.code for e in errors] == ["empty_file"]
+
+
+def test_embedding_lines_need_an_input() -> None:
+    ep = "/v1/embeddings"
+
+    def emb(cid: str, value: object) -> bytes:
+        body = {"model": "llama-3.1-8b", "input": value}
+        return json.dumps({"custom_id": cid, "method": "POST", "url": ep, "body": body}).encode()
+
+    good = [emb("a", "text"), emb("b", ["x", "y"]), emb("c", [1, 2]), emb("d", [[1], [2, 3]])]
+    lines, errors = parse_lines(b"\n".join(good), ep, MODELS, 100)
+    assert errors == [] and len(lines) == 4
+    bad = [emb("e", ""), emb("f", []), emb("g", ["x", 1]), emb("h", None), line("i")]
+    _, errors = parse_lines(b"\n".join(bad), ep, MODELS, 100)
+    assert [(e.line, e.param) for e in errors] == [
+        (1, "body.input"), (2, "body.input"), (3, "body.input"), (4, "body.input"), (5, "url"),
+    ]  # fmt: skip

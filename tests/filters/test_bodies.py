@@ -19,6 +19,7 @@ def test_kind_for_path() -> None:
     assert kind_for_path("/v1/chat/completions?x=1") == "chat"
     assert kind_for_path("/v1/completions") == "completion"
     assert kind_for_path("/generate") == "generate"
+    assert kind_for_path("/v1/embeddings") == "embedding"
     assert kind_for_path("/v1/models") is None
 
 
@@ -93,6 +94,40 @@ def test_completion_prompt_forms() -> None:
     assert info.value.reason == "n_gt_1"
 
 
+def test_embedding_input_forms() -> None:
+    one = parse_request("embedding", b'{"model":"m","input":"hello there"}')
+    assert (one.kind, one.prompt_text, one.max_tokens, one.stream) == (
+        "embedding", "hello there", None, False,
+    )  # fmt: skip
+    many = parse_request("embedding", b'{"model":"m","input":["a","b"],"dimensions":8}')
+    assert many.prompt_text == "a\nb" and many.input_ids is None
+    ids = parse_request(
+        "embedding", b'{"model":"m","input":[[1,2],[3]],"encoding_format":"base64"}'
+    )
+    assert ids.input_ids == (1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"input":"x"}', "model"),
+        (b'{"model":"m"}', "input"),
+        (b'{"model":"m","input":""}', "input"),
+        (b'{"model":"m","input":[]}', "input"),
+        (b'{"model":"m","input":{"a":1}}', "input"),
+        (b'{"model":"m","input":["a",[1]]}', "input"),
+        (b'{"model":"m","input":[[1,-1]]}', "input"),
+        (b'{"model":"m","input":"x","dimensions":0}', "dimensions"),
+        (b'{"model":"m","input":"x","encoding_format":"int8"}', "encoding_format"),
+        (b'{"model":"m","input":"x","max_tokens":3}', "max_tokens"),
+    ],
+)
+def test_bad_embedding_bodies_are_client_errors(body: bytes, param: str) -> None:
+    with pytest.raises(ClientError) as info:
+        parse_request("embedding", body)
+    assert info.value.status == 400 and info.value.param == param
+
+
 def test_generate_body() -> None:
     req = parse_request("generate", b'{"text":"hi there","sampling_params":{"max_new_tokens":9}}')
     assert (req.model, req.max_tokens, req.include_usage) == (None, 9, True)
@@ -159,12 +194,15 @@ json_values = st.recursive(
 )
 fields = st.sampled_from(
     ["model", "messages", "max_tokens", "n", "stream", "stream_options", "prompt", "text",
-     "input_ids", "sampling_params", "max_completion_tokens", "temperature", "zzz"]
+     "input_ids", "input", "sampling_params", "max_completion_tokens", "temperature", "zzz"]
 )  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None)
-@given(kind=st.sampled_from(["chat", "completion", "generate"]), raw=st.binary(max_size=200))
+@given(
+    kind=st.sampled_from(["chat", "completion", "generate", "embedding"]),
+    raw=st.binary(max_size=200),
+)
 def test_fuzz_random_bytes_never_crash(kind: str, raw: bytes) -> None:
     try:
         parse_request(kind, raw)  # type: ignore[arg-type]
@@ -174,7 +212,7 @@ def test_fuzz_random_bytes_never_crash(kind: str, raw: bytes) -> None:
 
 @settings(max_examples=400, deadline=None)
 @given(
-    kind=st.sampled_from(["chat", "completion", "generate"]),
+    kind=st.sampled_from(["chat", "completion", "generate", "embedding"]),
     obj=st.dictionaries(fields, json_values, max_size=6),
 )
 def test_fuzz_json_objects_parse_or_fail_cleanly(kind: str, obj: dict[str, object]) -> None:

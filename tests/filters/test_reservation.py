@@ -162,3 +162,15 @@ async def test_a_pool_naming_its_models_tokenizer_counts_the_prompt_exactly(
     await plugin.request_body(ctx, long.encode())
     assert ctx.rendered is None and ctx.prompt_tokens is not None
     assert ctx.prompt_tokens >= EXACT_BYTES + 1  # its bytes: the bound
+
+
+async def test_an_embedding_reserves_its_prompt_alone(policy: Policy, clock: FakeClock) -> None:
+    budget = FakeBudget({"demo-pro": 300})
+    clamping = replace(policy, reservation=ReservationPolicy(short_budget="clamp"))
+    services = make_services(clamping, clock, budget=budget)
+    ctx = make_ctx(path="/v1/embeddings", tenant="demo-pro", tier="pro", lane="interactive")
+    body = json.dumps({"model": "llama-3.1-8b", "input": [[1, 2, 3], [4, 5]]}).encode()
+    r = await TokensPlugin({}, services).request_body(ctx, body)
+    assert r is not None and r.body is None  # no max_tokens written into an embeddings body
+    assert (ctx.prompt_tokens, ctx.max_tokens, ctx.reserve, ctx.stream) == (5, 0, 5, False)
+    assert r.set_headers is not None and r.set_headers["x-tokenweir-reserve"] == "5"

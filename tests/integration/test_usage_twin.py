@@ -49,6 +49,9 @@ WORD_SPLIT = [ROLE, TOKENS[0], ONLY_USAGE[:34] + b"", ONLY_USAGE[34:] + DONE]  #
 NO_USAGE = [ROLE, *TOKENS, FINISH, DONE]  # the backend never reports: the estimate stays
 JSON_OK = [json.dumps({"choices": [{"message": {"content": "hi"}}], "usage": USAGE}).encode()]
 JSON_ERR = [b'{"object":"error","message":"boom","type":"Bad Request","code":400}']
+EMB_USAGE = {"prompt_tokens": 12, "total_tokens": 12}  # an embeddings answer: no completion
+EMB = [json.dumps({"object": "list", "data": [{"object": "embedding", "embedding": [0.6, 0.8],
+                   "index": 0}], "model": MODEL, "usage": EMB_USAGE}).encode()]  # fmt: skip
 GEN = [
     b"data: " + json.dumps({"text": "a" * i, "meta_info": {"prompt_tokens": 9,
                             "completion_tokens": i, "cached_tokens": 0}}).encode() + b"\n\n"
@@ -66,6 +69,7 @@ CASES: dict[str, tuple[list[bytes], bool, bool, str, int]] = {
     "json": (JSON_OK, False, False, "chat", 200),
     "json_error": (JSON_ERR, False, False, "chat", 400),
     "generate": (GEN, True, False, "generate", 200),
+    "embeddings": (EMB, False, False, "embedding", 200),
 }
 PROMPT, MAX_TOKENS, RESERVE = 30, 2, 99
 
@@ -174,9 +178,12 @@ async def _python(case: str) -> tuple[bytes, dict[str, Any]]:
     body: dict[str, Any] = {"model": MODEL, "stream": stream}
     if kind == "chat":
         body.update(messages=[{"role": "user", "content": "x"}], max_tokens=MAX_TOKENS)
+    elif kind == "embedding":
+        body = {"model": MODEL, "input": "x"}
     else:
         body.update(text="x", sampling_params={"max_new_tokens": MAX_TOKENS})
-    ctx = make_ctx(path="/v1/chat/completions" if kind == "chat" else "/generate", model=MODEL)
+    paths = {"chat": "/v1/chat/completions", "embedding": "/v1/embeddings"}
+    ctx = make_ctx(path=paths.get(kind, "/generate"), model=MODEL)
     ctx.body = parse_request(kind, json.dumps(body).encode())
     ctx.stream, ctx.client_wants_usage = stream, wants
     ctx.prompt_tokens, ctx.max_tokens, ctx.reserve = PROMPT, MAX_TOKENS, RESERVE
@@ -221,6 +228,8 @@ async def test_lua_and_python_meters_agree(envoy: tuple[str, Path], case: str) -
     assert got_bytes == want_bytes
     assert row["settle_tokens"] == meta.get(SETTLE_KEY, 0)
     assert row["settle_usd_micros"] == meta.get("settle_usd_micros", None)
+    if case == "embeddings":  # settled from usage.prompt_tokens, not the reservation
+        assert row["settle_tokens"] == 12 != RESERVE
 
 
 async def test_the_usage_event_is_cut_when_not_asked_and_kept_when_asked(

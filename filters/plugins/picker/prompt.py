@@ -90,7 +90,8 @@ def prompt_bytes(
             except ChatTemplateError:
                 return None
     else:
-        text = data.get("text") if kind == "generate" else data.get("prompt")
+        key = {"generate": "text", "embedding": "input"}.get(kind, "prompt")
+        text = data.get(key)
         if isinstance(text, list) and len(text) == 1:
             text = text[0]
         if isinstance(text, str) and model is not None:

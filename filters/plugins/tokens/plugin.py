@@ -79,6 +79,9 @@ def estimate_prompt(req: LlmRequest, services: Services) -> int:
         tools = req.data.get("tools")
         if tools:  # the template writes the tool definitions into the prompt
             n += count(json.dumps(tools, ensure_ascii=False))
+    elif req.kind == "embedding":  # a BOS per item
+        items = req.data.get("input")
+        n += len(items) if isinstance(items, list) else 1
     else:
         n += 1  # BOS
     return max(1, n)
@@ -198,13 +201,15 @@ class TokensPlugin(BasePlugin):
         if prompt is None:
             prompt = estimate_prompt(req, self.services)
         ctx.prompt_tokens = prompt
-        final, why = await self._clamp(ctx, req, prompt, model)
+        embedding = kind == "embedding"  # generates nothing: its cost is its prompt
+        final, why = (0, "none") if embedding else await self._clamp(ctx, req, prompt, model)
         ctx.max_tokens = final
-        ctx.reserve = prompt + self._output_reserve(ctx, model, final)
+        ctx.reserve = prompt + (0 if embedding else self._output_reserve(ctx, model, final))
         if ctx.tenant is not None and ctx.route.rate_limited:
             self.services.budget.note_reserved(ctx.tenant, model, ctx.lane, ctx.reserve)
-        rewrite = final != req.max_tokens or (
-            kind != "generate" and req.data.get(_other_field(req)) not in (None, final)
+        rewrite = not embedding and (
+            final != req.max_tokens
+            or (kind != "generate" and req.data.get(_other_field(req)) not in (None, final))
         )
         if rewrite:
             _set_max_tokens(req, final)
