@@ -37,7 +37,8 @@ PYTEST := env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/pytest
 test: $(STAMP)
 	bash scripts/ensure-system-deps.sh
 	$(MAKE) lint
-	$(PYTEST) -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	$(PYTEST) -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  -m "not serial"
 	$(PYTEST) -q -p no:cacheprovider -m serial
 
 clean:
