@@ -172,19 +172,25 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def test_imports_point_down_the_layers() -> None:
+@pytest.fixture(scope="module")
+def our_edges() -> list[tuple[str, str, str, str]]:
+    """The imports of the whole tree, parsed once for the tests that read them (~10 s of AST)."""
+    return edges()
+
+
+def test_imports_point_down_the_layers(our_edges: list[tuple[str, str, str, str]]) -> None:
     bad = [
         f"{where}: {a} ({layer_of(a)[0]}) {'loads' if how == 'by name' else 'imports'} "
         f"{b} ({layer_of(b)[0]}){' by name' if how == 'by name' else ''}"
-        for where, a, b, how in edges()
+        for where, a, b, how in our_edges
         if not allowed(a, b)
     ]
     assert bad == []
 
 
-def test_no_file_level_cycles() -> None:
+def test_no_file_level_cycles(our_edges: list[tuple[str, str, str, str]]) -> None:
     graph: dict[str, set[str]] = {}
-    for _, a, b, how in edges():
+    for _, a, b, how in our_edges:
         if how == "import" and a != b:
             graph.setdefault(a, set()).add(b)
     assert cycles(graph) == []
