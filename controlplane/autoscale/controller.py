@@ -14,21 +14,23 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 
-from controlplane.planner import PlannerError, ReplicaModel, profile_replica
+from controlplane.planner import PlannerError, ReplicaModel, for_workload, profile_replica
 from policy import Policy
 from policy.autoscale import AutoscalePolicy
 from poolstate import PoolState
 from runtime.tasks import stop_task
+from wire.jsontypes import JsonObject
 
 from .counters import ReplicaCounters, parse_counters
 from .demand import DemandWindow
 from .need import replicas_for
+from .rates import MEASURED, RateEstimator, Speed, pool_speed
 from .stabilize import Decision, Stabilizer
 
 __all__ = ["AUTOSCALE_PATH", "Autoscaler", "PoolPlan"]
@@ -54,6 +56,10 @@ class PoolPlan:
     forecast_rps: float = 0.0
     serving: int = 0
     starting: int = 0
+    rates: RateEstimator = field(default_factory=RateEstimator)
+    speeds: dict[str, Speed] = field(default_factory=dict)
+    speed: tuple[float, float, str] = (1.0, 1.0, "profile")
+    model: ReplicaModel | None = None  # the profile at the workload now (unscaled)
 
 
 class _Metrics:
@@ -81,7 +87,24 @@ class _Metrics:
             "now (over the window) and forecast (trend projected ahead)", ["pool", "kind"],
             registry=registry,
         )  # fmt: skip
+        self.speed = Gauge(
+            "tokenweir_pool_speed_factor", "Step time over the backend profile's (2 = twice as "
+            "slow) the planner sizes a pool's replicas with, per phase (decode, prefill): "
+            "measured from the replicas' metrics, or the time scale until measured",
+            ["pool", "phase"], registry=registry,
+        )  # fmt: skip
+        self.measured = Gauge(
+            "tokenweir_pool_speed_measured", "1 when the pool's speed factors rest on the "
+            "replicas' measured rates, 0 while they are the profile's", ["pool"],
+            registry=registry,
+        )  # fmt: skip
+        self.replica_speed = Gauge(
+            "tokenweir_replica_speed_factor", "A replica's step time over the backend profile's "
+            "per phase (decode, prefill), measured from its ITL, TTFT and queue-time histograms",
+            ["pool", "endpoint", "phase"], registry=registry,
+        )  # fmt: skip
         self.reasons: dict[str, str] = {}
+        self.replicas_seen: dict[str, set[str]] = {}
 
     def publish(self, pool: str, plan: PoolPlan) -> None:
         d = plan.last
@@ -94,11 +117,30 @@ class _Metrics:
         self.desired.labels(pool, d.reason).set(d.desired)
         self.needed.labels(pool).set(d.need.replicas)
         self.rate.labels(pool, "forecast").set(plan.forecast_rps)
+        decode, prefill, source = plan.speed
+        self.speed.labels(pool, "decode").set(decode)
+        self.speed.labels(pool, "prefill").set(prefill)
+        self.measured.labels(pool).set(1.0 if source == MEASURED else 0.0)
+        seen = self.replicas_seen.setdefault(pool, set())
+        for ep in seen - set(plan.speeds):
+            for phase in ("decode", "prefill"):
+                self.replica_speed.remove(pool, ep, phase)
+        for ep, sp in plan.speeds.items():
+            if sp.source == MEASURED:
+                self.replica_speed.labels(pool, ep, "decode").set(sp.decode)
+                self.replica_speed.labels(pool, ep, "prefill").set(sp.prefill)
+            elif ep in seen:
+                for phase in ("decode", "prefill"):
+                    self.replica_speed.remove(pool, ep, phase)
+        self.replicas_seen[pool] = {ep for ep, sp in plan.speeds.items() if sp.source == MEASURED}
 
     def forget(self, pool: str) -> None:
         old = self.reasons.pop(pool, None)
         if old is not None:
             self.desired.remove(pool, old)
+        for ep in self.replicas_seen.pop(pool, set()):
+            for phase in ("decode", "prefill"):
+                self.replica_speed.remove(pool, ep, phase)
 
 
 class Autoscaler:
@@ -116,7 +158,7 @@ class Autoscaler:
         self._sleep = sleep
         self._metrics = _Metrics(registry) if registry is not None else None
         self.pools: dict[str, PoolPlan] = {}
-        self._counters: dict[str, ReplicaCounters] = {}
+        self._counters: dict[str, tuple[float, ReplicaCounters]] = {}  # when read, what
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self._starting_listeners: list[Callable[[str, int, float | None], None]] = []
@@ -143,12 +185,16 @@ class Autoscaler:
             if old is not None and old.policy == a:
                 old.replica, old.time_scale, old.ttft_s, old.endpoints = replica, scale, ttft, eps
                 old.window.forget(set(eps))
+                old.rates.forget(eps)
                 keep[name] = old
                 continue
             start = min(max(len(eps), a.min_replicas), a.max_replicas)
             window = old.window if old is not None else DemandWindow(a.window)
             window.window_s = a.window
             keep[name] = PoolPlan(a, replica, scale, ttft, eps, window, Stabilizer(a, start))
+            if old is not None:  # measured speeds outlive a change of the autoscale keys
+                old.rates.forget(eps)
+                keep[name].rates = old.rates
         for gone in set(self.pools) - set(keep):
             if self._metrics is not None:
                 self._metrics.forget(gone)
@@ -157,7 +203,7 @@ class Autoscaler:
     def tap(self, endpoint: str, text: str) -> None:
         counters = parse_counters(text)
         if counters is not None:
-            self._counters[endpoint] = counters
+            self._counters[endpoint] = (self._clock(), counters)
 
     def on_state(self, state: PoolState) -> None:
         for name, summary in state.pools.items():
@@ -192,14 +238,19 @@ class Autoscaler:
             if now < plan.next_at:
                 continue
             plan.next_at = now + plan.policy.interval
-            seen = {ep: self._counters[ep] for ep in plan.endpoints if ep in self._counters}
+            read = {ep: self._counters[ep] for ep in plan.endpoints if ep in self._counters}
+            seen = {ep: c for ep, (_, c) in read.items()}
             plan.window.observe(now, seen)
             demand = plan.window.demand()
             a = plan.policy
             plan.forecast_rps = demand.forecast_rps(a.forecast)
+            self._measure(name, plan, read, demand.prompt_mean, demand.output_mean,
+                          demand.hit_rate)  # fmt: skip
+            decode, prefill, _ = plan.speed
             need = replicas_for(
                 demand, plan.forecast_rps, plan.replica, ttft_s=plan.ttft_s,
-                tbt_s=a.tbt_budget, headroom=a.headroom, time_scale=plan.time_scale,
+                tbt_s=a.tbt_budget, headroom=a.headroom, time_scale=decode,
+                prefill_scale=prefill,
             )  # fmt: skip
             before = plan.last.desired if plan.last is not None else None
             plan.last = plan.stabilizer.step(now, need)
@@ -216,6 +267,26 @@ class Autoscaler:
                 self._metrics.publish(name, plan)
             out[name] = plan.last
         return out
+
+    def _measure(
+        self, name: str, plan: PoolPlan, read: dict[str, tuple[float, ReplicaCounters]],
+        prompt: float,
+        output: float, hit: float,
+    ) -> None:  # fmt: skip
+        """Each replica's speed from this round's pages, and the pool's (rates.py)."""
+        model, _ = for_workload(plan.replica, prompt, output, hit)
+        plan.model = model
+        for ep, (at, counters) in read.items():
+            plan.rates.observe(ep, counters, model, at)
+        plan.speeds = {ep: plan.rates.speed(ep, plan.time_scale) for ep in plan.endpoints}
+        before = plan.speed[2]
+        plan.speed = pool_speed(plan.speeds.values(), plan.time_scale)
+        if plan.speed[2] != before:
+            log.info(
+                "pool %s: replica rates now from the %s (decode ×%.3g, prefill ×%.3g of %s)",
+                name, "replicas' metrics" if plan.speed[2] == MEASURED else "profile",
+                plan.speed[0], plan.speed[1], plan.replica.name,
+            )  # fmt: skip
 
     def desired(self, pool: str) -> int | None:
         plan = self.pools.get(pool)
@@ -237,8 +308,31 @@ class Autoscaler:
                 "min": plan.policy.min_replicas,
                 "max": plan.policy.max_replicas,
                 "budget": plan.policy.budget_replicas,
+                "speed": self._speed_json(plan),
             }
         return {"pools": out}
+
+    @staticmethod
+    def _speed_json(plan: PoolPlan) -> JsonObject:
+        """The factors the pool is sized with, and per replica its measured rates: prefill
+        tok/s and the time between tokens at the planned batch (the slots per replica)."""
+        c = plan.last.need.slots if plan.last is not None and plan.last.need.slots else 1
+        model = plan.model
+        replicas: JsonObject = {}
+        for ep, sp in plan.speeds.items():
+            row: JsonObject = {
+                "source": sp.source, "decode": _round(sp.decode), "prefill": _round(sp.prefill),
+                "token_gaps": sp.gaps, "first_tokens": sp.first,
+            }  # fmt: skip
+            if model is not None:
+                row["prefill_tok_s"] = _round(model.prefill_tok_s / sp.prefill)
+                row["itl_ms_at_slots"] = _round(model.itl_s(c) * sp.decode * 1e3)
+            replicas[ep] = row
+        decode, prefill, source = plan.speed
+        return {
+            "source": source, "decode": _round(decode), "prefill": _round(prefill),
+            "replicas": replicas,
+        }  # fmt: skip
 
     def routes(self) -> list[web.RouteDef]:
         async def get(_request: web.Request) -> web.Response:

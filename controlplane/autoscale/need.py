@@ -3,8 +3,9 @@
 The planner (controlplane/planner) is run as ``tokenweir plan`` runs it, with the live demand as
 its inputs: one traffic class at the forecast arrival rate, the measured prompt and output means
 (p95 taken as 3× the mean, an exponential tail, since counters carry no distribution), the
-measured cache hit ratio, the replica's profile folded at this workload's context and slowed by
-the emulator's time scale, the interactive lane's TTFT budget and the pool's TBT budget, and a
+measured cache hit ratio, the replica's profile folded at this workload's context and scaled by
+the pool's measured decode and prefill factors (rates.py; the emulator's time scale until
+measured), the interactive lane's TTFT budget and the pool's TBT budget, and a
 target utilization of ``1 / (1 + headroom)``. The binding reason is ``ttft`` when the wait budget
 needs more replicas than the utilization target, else what bounds a replica's batch (``tbt``,
 ``kv``, ``slots`` for max_running_requests). The requests in flight set a floor too
@@ -37,10 +38,12 @@ _BINDING = {"TBT budget": "tbt", "KV cache": "kv", "max_running_requests": "slot
 
 @dataclass(frozen=True)
 class TimeScaled:
-    """``inner`` with every duration multiplied by ``k`` (the emulator's ``--time-scale``)."""
+    """``inner`` with every step time multiplied by ``k`` (the emulator's ``--time-scale``, or a
+    replica's measured decode factor) and prefill time by ``k_prefill`` (default ``k``)."""
 
     inner: ReplicaModel
     k: float
+    k_prefill: float | None = None
 
     @property
     def name(self) -> str:
@@ -48,7 +51,7 @@ class TimeScaled:
 
     @property
     def prefill_tok_s(self) -> float:
-        return self.inner.prefill_tok_s / self.k
+        return self.inner.prefill_tok_s / (self.k if self.k_prefill is None else self.k_prefill)
 
     @property
     def step_overhead_s(self) -> float:
@@ -88,10 +91,14 @@ def replicas_for(
     tbt_s: float,
     headroom: float,
     time_scale: float = 1.0,
+    prefill_scale: float | None = None,
 ) -> Need:
-    """Replicas for ``rate_rps`` arrivals of ``demand``'s shape (see the module docstring)."""
+    """Replicas for ``rate_rps`` arrivals of ``demand``'s shape (see the module docstring);
+    ``time_scale`` multiplies the profile's step times and ``prefill_scale`` (default the same)
+    its prefill time: the emulator's time scale, or the pool's measured factors (rates.py)."""
     folded, _ = for_workload(replica, demand.prompt_mean, demand.output_mean, demand.hit_rate)
-    model: ReplicaModel = TimeScaled(folded, time_scale) if time_scale != 1.0 else folded
+    scaled = time_scale != 1.0 or (prefill_scale is not None and prefill_scale != 1.0)
+    model: ReplicaModel = TimeScaled(folded, time_scale, prefill_scale) if scaled else folded
     util = min(1.0 / (1.0 + headroom), 0.99)
     try:
         inputs = PlanInputs(
