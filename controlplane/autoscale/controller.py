@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from wire.jsontypes import JsonObject
 
 from .counters import ReplicaCounters, parse_counters
 from .demand import DemandWindow
+from .lanes import LaneWindow, ordered
 from .need import replicas_for
 from .rates import MEASURED, RateEstimator, Speed, pool_speed
 from .stabilize import Decision, Stabilizer
@@ -60,13 +61,16 @@ class PoolPlan:
     speeds: dict[str, Speed] = field(default_factory=dict)
     speed: tuple[float, float, str] = (1.0, 1.0, "profile")
     model: ReplicaModel | None = None  # the profile at the workload now (unscaled)
+    budgets: dict[str, float] = field(default_factory=dict)  # lane → TTFT budget
+    lanes: LaneWindow = field(default_factory=lambda: LaneWindow(20.0))
+    lane_shares: dict[str, float] = field(default_factory=dict)
 
 
 class _Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.desired = Gauge(
             "tokenweir_pool_desired_replicas",
-            "Replicas the online planner asks for, with the reason that binds (ttft, tbt, kv, "
+            "Replicas the online planner asks for, with the reason that binds (ttft, ttft_batch, tbt, kv, "
             "slots, budget, min, max)", ["pool", "reason"], registry=registry,
         )  # fmt: skip
         self.replicas = Gauge(
@@ -103,6 +107,11 @@ class _Metrics:
             "per phase (decode, prefill), measured from its ITL, TTFT and queue-time histograms",
             ["pool", "endpoint", "phase"], registry=registry,
         )  # fmt: skip
+        self.lane_rate = Gauge(
+            "tokenweir_pool_lane_arrival_rate", "The forecast arrival rate of a pool split by "
+            "lane (admission's admitted + shed by lane), each planned against its own TTFT "
+            "budget", ["pool", "lane"], registry=registry,
+        )  # fmt: skip
         self.reasons: dict[str, str] = {}
         self.replicas_seen: dict[str, set[str]] = {}
 
@@ -117,6 +126,9 @@ class _Metrics:
         self.desired.labels(pool, d.reason).set(d.desired)
         self.needed.labels(pool).set(d.need.replicas)
         self.rate.labels(pool, "forecast").set(plan.forecast_rps)
+        for lane in plan.budgets:
+            share = plan.lane_shares.get(lane, 0.0)
+            self.lane_rate.labels(pool, lane).set(plan.forecast_rps * share)
         decode, prefill, source = plan.speed
         self.speed.labels(pool, "decode").set(decode)
         self.speed.labels(pool, "prefill").set(prefill)
@@ -182,8 +194,12 @@ class Autoscaler:
             eps = tuple(str(ep) for ep in pool.endpoints)
             old = self.pools.get(name)
             ttft = policy.admission.interactive.ttft_budget
+            budgets = {
+                "interactive": ttft, "batch": policy.admission.batch.ttft_budget,
+            }  # fmt: skip
             if old is not None and old.policy == a:
                 old.replica, old.time_scale, old.ttft_s, old.endpoints = replica, scale, ttft, eps
+                old.budgets = budgets
                 old.window.forget(set(eps))
                 old.rates.forget(eps)
                 keep[name] = old
@@ -192,9 +208,12 @@ class Autoscaler:
             window = old.window if old is not None else DemandWindow(a.window)
             window.window_s = a.window
             keep[name] = PoolPlan(a, replica, scale, ttft, eps, window, Stabilizer(a, start))
-            if old is not None:  # measured speeds outlive a change of the autoscale keys
+            keep[name].budgets = budgets
+            keep[name].lanes.window_s = a.window
+            if old is not None:  # measured speeds and lanes outlive a change of the keys
                 old.rates.forget(eps)
-                keep[name].rates = old.rates
+                keep[name].rates, keep[name].lanes = old.rates, old.lanes
+                old.lanes.window_s = a.window
         for gone in set(self.pools) - set(keep):
             if self._metrics is not None:
                 self._metrics.forget(gone)
@@ -204,6 +223,15 @@ class Autoscaler:
         counters = parse_counters(text)
         if counters is not None:
             self._counters[endpoint] = (self._clock(), counters)
+
+    def on_lanes(self, now: float, arrivals: Mapping[tuple[str, str], float]) -> None:
+        """Admission's arrivals by (pool, lane) summed over the filter processes, cumulative
+        (the dashboard collector's round: admitted + shed)."""
+        by_pool: dict[str, dict[str, float]] = {}
+        for (pool, lane), v in arrivals.items():
+            by_pool.setdefault(pool, {})[lane] = by_pool.get(pool, {}).get(lane, 0.0) + v
+        for name, plan in self.pools.items():
+            plan.lanes.observe(now, by_pool.get(name, {}))
 
     def on_state(self, state: PoolState) -> None:
         for name, summary in state.pools.items():
@@ -247,10 +275,12 @@ class Autoscaler:
             self._measure(name, plan, read, demand.prompt_mean, demand.output_mean,
                           demand.hit_rate)  # fmt: skip
             decode, prefill, _ = plan.speed
+            lanes = ordered(plan.lanes.shares(), plan.budgets)
+            plan.lane_shares = {ld.lane: ld.share for ld in lanes}
             need = replicas_for(
                 demand, plan.forecast_rps, plan.replica, ttft_s=plan.ttft_s,
                 tbt_s=a.tbt_budget, headroom=a.headroom, time_scale=decode,
-                prefill_scale=prefill,
+                prefill_scale=prefill, lanes=lanes,
             )  # fmt: skip
             before = plan.last.desired if plan.last is not None else None
             plan.last = plan.stabilizer.step(now, need)
@@ -309,6 +339,15 @@ class Autoscaler:
                 "max": plan.policy.max_replicas,
                 "budget": plan.policy.budget_replicas,
                 "speed": self._speed_json(plan),
+                "lanes": {
+                    lane: {
+                        "share": _round(plan.lane_shares.get(lane, 0.0)),
+                        "forecast_rps": _round(plan.forecast_rps * plan.lane_shares.get(lane, 0.0)),
+                        "ttft_budget": budget,
+                        "needed": dict(d.need.lanes).get(lane) if d else None,
+                    }
+                    for lane, budget in plan.budgets.items()
+                },
             }
         return {"pools": out}
 

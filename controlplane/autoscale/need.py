@@ -26,9 +26,10 @@ from controlplane.planner import (
     TrafficClass,
     for_workload,
 )
-from controlplane.planner.capacity import replica_capacity, replicas_needed
+from controlplane.planner.capacity import replica_capacity
 
 from .demand import Demand
+from .lanes import LaneDemand, replicas_for_lane
 
 __all__ = ["Need", "TimeScaled", "replicas_for"]
 
@@ -80,6 +81,7 @@ class Need:
     reason: str
     slots: int = 0
     note: str = ""
+    lanes: tuple[tuple[str, int], ...] = ()  # (lane, replicas its own TTFT budget needs)
 
 
 def replicas_for(
@@ -92,14 +94,19 @@ def replicas_for(
     headroom: float,
     time_scale: float = 1.0,
     prefill_scale: float | None = None,
+    lanes: tuple[LaneDemand, ...] = (),
 ) -> Need:
     """Replicas for ``rate_rps`` arrivals of ``demand``'s shape (see the module docstring);
     ``time_scale`` multiplies the profile's step times and ``prefill_scale`` (default the same)
-    its prefill time: the emulator's time scale, or the pool's measured factors (rates.py)."""
+    its prefill time: the emulator's time scale, or the pool's measured factors (rates.py).
+    ``lanes`` split the arrivals, each with its own TTFT budget (lanes.py); none: one
+    interactive lane with budget ``ttft_s``."""
     folded, _ = for_workload(replica, demand.prompt_mean, demand.output_mean, demand.hit_rate)
     scaled = time_scale != 1.0 or (prefill_scale is not None and prefill_scale != 1.0)
     model: ReplicaModel = TimeScaled(folded, time_scale, prefill_scale) if scaled else folded
     util = min(1.0 / (1.0 + headroom), 0.99)
+    lanes = lanes or (LaneDemand("interactive", 1.0, ttft_s),)
+    rate = max(rate_rps, 1e-9)
     try:
         inputs = PlanInputs(
             replica=model,
@@ -109,9 +116,11 @@ def replicas_for(
             output=TokenDist(
                 demand.output_mean, demand.output_mean * P95_OVER_MEAN, None, "output"
             ),
-            ttft_s=ttft_s,
+            ttft_s=min(ld.ttft_s for ld in lanes),
             tbt_s=tbt_s,
-            classes=(TrafficClass("observed", max(rate_rps, 1e-9)),),
+            classes=tuple(
+                TrafficClass(ld.lane, rate * ld.share, ld.lane, ld.ttft_s) for ld in lanes
+            ),
             target_utilization=util,
             prefix_hit_rate=demand.hit_rate,
         )
@@ -121,11 +130,23 @@ def replicas_for(
     floor = math.ceil(demand.inflight / cap.c - 1e-9) if demand.inflight > 0 else 0
     if rate_rps <= 0 or not demand.measured:  # no load, or no finished request to size it by
         return Need(floor, "ttft" if floor else "idle", cap.c)
-    try:
-        n, n_util, n_lat, _ = replicas_needed(inputs, cap, "batch")
-    except InfeasibleError as exc:
-        return Need(max(floor, 1), "ttft", cap.c, str(exc))
-    reason = "ttft" if n_lat > n_util else _BINDING.get(cap.binding, "tbt")
+    n_util = max(1, math.ceil(inputs.total_qps / (cap.rate("batch") * util) - 1e-9))
+    per_lane: list[tuple[str, int]] = []
+    for k, ld in enumerate(lanes):
+        n_k = replicas_for_lane(inputs, cap, lanes, k)
+        if n_k is None:
+            note = f"{ld.lane}: no replica count meets its p95 wait within its TTFT budget"
+            return Need(max(floor, 1), _ttft_reason(ld.lane), cap.c, note)
+        per_lane.append((ld.lane, n_k))
+    lane, n_lat = max(per_lane, key=lambda x: x[1])
+    n = max(n_util, n_lat)
+    reason = _ttft_reason(lane) if n_lat > n_util else _BINDING.get(cap.binding, "tbt")
     if floor > n:
-        return Need(floor, "ttft", cap.c, f"{demand.inflight:g} in flight / c = {cap.c}")
-    return Need(n, reason, cap.c)
+        note = f"{demand.inflight:g} in flight / c = {cap.c}"
+        return Need(floor, "ttft", cap.c, note, tuple(per_lane))
+    return Need(n, reason, cap.c, "", tuple(per_lane))
+
+
+def _ttft_reason(lane: str) -> str:
+    """``ttft`` for the interactive lane (the usual case), ``ttft_<lane>`` for another."""
+    return "ttft" if lane == "interactive" else f"ttft_{lane}"
