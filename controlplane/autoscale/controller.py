@@ -70,8 +70,8 @@ class _Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.desired = Gauge(
             "tokenweir_pool_desired_replicas",
-            "Replicas the online planner asks for, with the reason that binds (ttft, ttft_batch, tbt, kv, "
-            "slots, budget, min, max)", ["pool", "reason"], registry=registry,
+            "Replicas the online planner asks for, with the reason that binds (ttft, ttft_batch, "
+            "tbt, kv, slots, budget, min, max)", ["pool", "reason"], registry=registry,
         )  # fmt: skip
         self.replicas = Gauge(
             "tokenweir_pool_replicas", "Replicas of a pool serving now (fresh in the pool state)",
