@@ -107,17 +107,23 @@ class Result:
     failed: int = 0  # no [DONE]
     ttft: list[float] = dataclasses.field(default_factory=list)
     tbt: list[float] = dataclasses.field(default_factory=list)
+    # each request without [DONE]: when, the status, the error or body, chunks received
+    failures: list[dict[str, object]] = dataclasses.field(default_factory=list)
 
 
-async def one(http: aiohttp.ClientSession, gw: int, res: Result) -> None:
+async def one(http: aiohttp.ClientSession, gw: int, res: Result, t_start: float) -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": OUT, "stream": True}  # fmt: skip
     t0 = time.monotonic()
     first = last = None
     n, done = 0, False
     res.sent += 1
+    status, error, text, retry = 0, "", "", None
     try:
         async with http.post(f"http://127.0.0.1:{gw}/v1/chat/completions", json=body) as r:
+            status, retry = r.status, r.headers.get("retry-after")
+            if r.status != 200:
+                text = (await r.text())[:300]
             async for raw in r.content:
                 line = raw.decode().strip()
                 if line == "data: [DONE]":
@@ -126,10 +132,16 @@ async def one(http: aiohttp.ClientSession, gw: int, res: Result) -> None:
                     now = time.monotonic()
                     first = now if first is None else first
                     last, n = now, n + 1
-    except (aiohttp.ClientError, TimeoutError):
-        pass
+                elif line.startswith("data:") and '"error"' in line:
+                    text = line[:300]
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
     if not done or first is None or last is None:
         res.failed += 1
+        res.failures.append({
+            "at_s": round(t0 - t_start, 2), "after_s": round(time.monotonic() - t0, 2),
+            "status": status, "retry_after": retry, "error": error, "body": text, "chunks": n,
+        })  # fmt: skip
         return
     ttft = first - t0
     tbt = (last - first) / (n - 1) if n > 1 else 0.0
@@ -195,12 +207,14 @@ async def arm(name: str, base_rps: float, peak_n: int, seed: int) -> dict[str, o
             if now >= end:
                 break
             if now >= nxt:
-                t = asyncio.create_task(one(http, gw, res))
+                t = asyncio.create_task(one(http, gw, res, t0))
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
                 nxt += rng.expovariate(max(rate_at(knots, now - t0), 1e-6))
             await asyncio.sleep(min(0.05, max(0.0, nxt - time.monotonic())))
         await asyncio.gather(*tasks)
+    assert mesh.plane is not None
+    planner = mesh.plane.autoscaler.to_json()["pools"].get("chat") if name == "planner" else None
     await mesh.aclose(5.0)
     optimal_s = sum(hindsight(rate_at(knots, s + 0.5)) for s in range(int(knots[-1][0])))
     return {
@@ -209,7 +223,9 @@ async def arm(name: str, base_rps: float, peak_n: int, seed: int) -> dict[str, o
         "ttft_p95_s": _q(res.ttft, 0.95), "tbt_p95_s": _q(res.tbt, 0.95),
         "replica_minutes": replica_s / 60, "hindsight_replica_minutes": optimal_s / 60,
         "vs_hindsight": replica_s / optimal_s if optimal_s else math.inf,
-        "cut_streams": fleet.cut_streams, "replicas_by_second": counts,
+        "cut_streams": fleet.cut_streams, "failures": res.failures, "work": str(work),
+        "planner_at_end": planner,
+        "replicas_by_second": counts,
     }  # fmt: skip
 
 
