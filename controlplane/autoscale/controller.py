@@ -64,6 +64,7 @@ class PoolPlan:
     budgets: dict[str, float] = field(default_factory=dict)  # lane → TTFT budget
     lanes: LaneWindow = field(default_factory=lambda: LaneWindow(20.0))
     lane_shares: dict[str, float] = field(default_factory=dict)
+    slots: int | None = None  # the pool's declared capacity.max_running_requests
 
 
 class _Metrics:
@@ -199,7 +200,7 @@ class Autoscaler:
             }  # fmt: skip
             if old is not None and old.policy == a:
                 old.replica, old.time_scale, old.ttft_s, old.endpoints = replica, scale, ttft, eps
-                old.budgets = budgets
+                old.budgets, old.slots = budgets, pool.capacity.max_running_requests
                 old.window.forget(set(eps))
                 old.rates.forget(eps)
                 keep[name] = old
@@ -209,6 +210,7 @@ class Autoscaler:
             window.window_s = a.window
             keep[name] = PoolPlan(a, replica, scale, ttft, eps, window, Stabilizer(a, start))
             keep[name].budgets = budgets
+            keep[name].slots = pool.capacity.max_running_requests
             keep[name].lanes.window_s = a.window
             if old is not None:  # measured speeds and lanes outlive a change of the keys
                 old.rates.forget(eps)
@@ -280,7 +282,7 @@ class Autoscaler:
             need = replicas_for(
                 demand, plan.forecast_rps, plan.replica, ttft_s=plan.ttft_s,
                 tbt_s=a.tbt_budget, headroom=a.headroom, time_scale=decode,
-                prefill_scale=prefill, lanes=lanes,
+                prefill_scale=prefill, lanes=lanes, slots=plan.slots,
             )  # fmt: skip
             before = plan.last.desired if plan.last is not None else None
             plan.last = plan.stabilizer.step(now, need)

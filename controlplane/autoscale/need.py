@@ -45,6 +45,7 @@ class TimeScaled:
     inner: ReplicaModel
     k: float
     k_prefill: float | None = None
+    slots: int | None = None  # the pool's declared max_running_requests, where lower
 
     @property
     def name(self) -> str:
@@ -60,7 +61,8 @@ class TimeScaled:
 
     @property
     def max_running_requests(self) -> int:
-        return self.inner.max_running_requests
+        own = self.inner.max_running_requests
+        return own if self.slots is None else min(own, self.slots)
 
     @property
     def max_total_tokens(self) -> int:
@@ -95,15 +97,20 @@ def replicas_for(
     time_scale: float = 1.0,
     prefill_scale: float | None = None,
     lanes: tuple[LaneDemand, ...] = (),
+    slots: int | None = None,
 ) -> Need:
     """Replicas for ``rate_rps`` arrivals of ``demand``'s shape (see the module docstring);
     ``time_scale`` multiplies the profile's step times and ``prefill_scale`` (default the same)
     its prefill time: the emulator's time scale, or the pool's measured factors (rates.py).
     ``lanes`` split the arrivals, each with its own TTFT budget (lanes.py); none: one
-    interactive lane with budget ``ttft_s``."""
+    interactive lane with budget ``ttft_s``. ``slots``: the pool's declared
+    ``capacity.max_running_requests`` (its replicas run no larger batch)."""
     folded, _ = for_workload(replica, demand.prompt_mean, demand.output_mean, demand.hit_rate)
     scaled = time_scale != 1.0 or (prefill_scale is not None and prefill_scale != 1.0)
-    model: ReplicaModel = TimeScaled(folded, time_scale, prefill_scale) if scaled else folded
+    capped = slots is not None and slots < folded.max_running_requests
+    model: ReplicaModel = (
+        TimeScaled(folded, time_scale, prefill_scale, slots) if scaled or capped else folded
+    )
     util = min(1.0 / (1.0 + headroom), 0.99)
     lanes = lanes or (LaneDemand("interactive", 1.0, ttft_s),)
     rate = max(rate_rps, 1e-9)

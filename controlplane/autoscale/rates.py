@@ -12,14 +12,16 @@ rate). They come from what the replica's ``/metrics`` already counts, per scrape
   so ``Σ gaps = decode · count · itl(b̄) + prefill · b̄ · P`` with ``b̄`` the running requests
   (mean of the two scrapes) and ``P`` the profile's time for the uncached prompt tokens admitted
   in the interval (``Δprompt − Δcached`` over the profile's prefill rate).
-- **First tokens** (``time_to_first_token`` minus ``queue_time`` sums): from admission to the
-  first token a request waits out the step(s) that prefill it, so
-  ``Σ (ttft − queue) = decode · first · itl(b̄) + prefill · P``.
+- **First tokens** (``time_to_first_token`` minus ``queue_time``: the interval's mean TTFT
+  minus its mean queue time, per first token): from admission to the first token a request
+  waits out the step that prefills it, shared with the prompts admitted beside it (λ·d of
+  them, λ the first tokens per second, d the mean gap), so
+  ``Σ (ttft − queue) = decode · first · itl(b̄) + prefill · P · (1 + λ·d)``.
 
 Summed over the last ``keep`` intervals that had traffic (idle intervals add nothing, so an
 idle replica keeps its last figures), the two equations give the two factors. Where they are
-nearly proportional (a mix the two cannot tell apart) or give a non-positive factor, one
-factor for both is taken (the mean of the two equations' ratios). Until a replica has
+nearly proportional (a mix the two cannot tell apart: short prompts, say) or give a
+non-positive factor, one factor for both is taken from the token gaps alone. Until a replica has
 ``min_gaps`` token gaps and ``min_first`` first tokens in its window, its source is
 ``profile`` and the caller uses the profile (times its time scale).
 
@@ -109,7 +111,16 @@ class RateEstimator:
         itl = _itl(model, batch)
         uncached = max((cur.prompt - prev.prompt) - (cur.cached - prev.cached), 0.0)
         p = uncached / model.prefill_tok_s
-        first_s = (cur.ttft_sum - prev.ttft_sum) - (cur.queue_sum - prev.queue_sum)
+        admitted = cur.queue_count - prev.queue_count
+        if first > 0 and admitted > 0:
+            # per request: the mean TTFT of the first tokens minus the mean queue time of the
+            # admissions of the same interval (a sum of each would count, at the window's
+            # edges, queue times whose first token is outside it: seconds each in a backlog)
+            ttft = (cur.ttft_sum - prev.ttft_sum) / first
+            first_s = first * (ttft - (cur.queue_sum - prev.queue_sum) / admitted)
+        else:
+            first = 0.0  # no pair to read a prefill from in this interval
+            first_s = 0.0
         gaps_s = max(cur.itl_sum - prev.itl_sum, 0.0)
         # a request admitted with others waits for their prefills too: with arrivals at rate
         # λ, one step of d seconds gathers λ·d of them besides itself (d: the mean gap)
@@ -153,9 +164,10 @@ class RateEstimator:
 
 
 def _solve(y1: float, a1: float, b1: float, y2: float, a2: float, b2: float) -> tuple[float, float]:
-    """``y1 = d·a1 + p·b1``, ``y2 = d·a2 + p·b2`` for (d, p); one factor for both where the two
-    are nearly proportional or a factor comes out non-positive."""
-    one = 0.5 * (y1 / (a1 + b1) + y2 / (a2 + b2)) if a1 + b1 > 0 and a2 + b2 > 0 else math.nan
+    """``y1 = d·a1 + p·b1``, ``y2 = d·a2 + p·b2`` for (d, p); where the two are nearly
+    proportional or a factor comes out non-positive, one factor for both from the token gaps
+    alone (the most samples, and no queue time subtracted)."""
+    one = y1 / (a1 + b1) if a1 + b1 > 0 else math.nan
     det = a1 * b2 - a2 * b1
     if a1 * b2 <= 0 or abs(det) < (1 - _PROPORTIONAL) * a1 * b2:
         return one, one

@@ -104,7 +104,7 @@ def test_proportional_equations_give_one_factor() -> None:
     itl = SEED.itl_s(1)
     p = 100 / SEED.prefill_tok_s
     page = dataclasses.replace(
-        base, prompt=100, itl_count=1, itl_sum=2 * (itl + p), ttft_count=1,
+        base, prompt=100, itl_count=1, itl_sum=2 * (itl + p), ttft_count=1, queue_count=1,
         ttft_sum=2 * (itl + p),
     )  # fmt: skip
     est.observe("r", page, SEED, 1000.0)  # one first token in 1000 s: no prompt shares a step
@@ -116,7 +116,7 @@ def test_broken_pages_clamp_and_pool_speed_is_harmonic() -> None:
     est = RateEstimator(min_gaps=1, min_first=1)
     est.observe("r", ReplicaCounters(running=1), SEED, 0.0)
     huge = ReplicaCounters(running=1, prompt=10, itl_count=5, itl_sum=1e9, ttft_count=2,
-                           ttft_sum=1e9)  # fmt: skip
+                           ttft_sum=1e9, queue_count=2)  # fmt: skip
     est.observe("r", huge, SEED, 1.0)
     assert est.speed("r").decode == 50.0
     one, two = Speed(1.0, 1.0, MEASURED), Speed(2.0, 4.0, MEASURED)
@@ -124,6 +124,25 @@ def test_broken_pages_clamp_and_pool_speed_is_harmonic() -> None:
     assert (d, p, src) == (pytest.approx(4 / 3), pytest.approx(8 / 5), MEASURED)
     assert pool_speed([], fallback=2.0) == (2.0, 2.0, PROFILE)
     assert pool_speed([Speed(2.0, 2.0, PROFILE)])[2] == PROFILE
+
+
+def test_a_backlog_of_queue_times_does_not_bias_the_prefill_factor() -> None:
+    """Requests admitted near the end of an interval get their first token in the next: a sum
+    of queue times minus a sum of TTFTs would count a growing backlog (seconds each) against
+    the prefill; per request means of the same interval do not."""
+    est = RateEstimator(min_gaps=50, min_first=5)
+    rep = FakeReplica(2.0, 2.0)
+    c = rep.c
+    for t in range(30):
+        c = rep.second(4 + t % 3 * 6, first=2, uncached=400)
+        # the queue grows: each second 2 more are admitted than got a first token, each having
+        # waited 5 s; their first tokens come later (outside this window)
+        c = dataclasses.replace(c, queue_count=c.queue_count + 2 * (t + 1),
+                                queue_sum=c.queue_sum + 2 * (t + 1) * 5.0)  # fmt: skip
+        est.observe("r", c, SEED, rep.t)
+    s = est.speed("r")
+    assert s.decode == pytest.approx(2.0, rel=0.2)
+    assert s.prefill > 0.5  # not driven to the floor by the backlog
 
 
 def test_histogram_sums_are_read_from_the_page() -> None:
