@@ -23,6 +23,7 @@ the hindsight-optimal schedule is the planner's model with no headroom, no forec
 load time, applied to the trace's true rate at each second.
 
     python bench/autoscale_ramp.py            # ~6 minutes on 2 cores; writes bench/results/
+    python bench/autoscale_ramp.py --stretch 3 --out bench/results/autoscale_ramp_x3.json
 """
 
 from __future__ import annotations
@@ -87,10 +88,11 @@ gateways:
 """
 
 
-def trace(base_rps: float) -> list[tuple[float, float]]:
-    """(seconds from start, rate) knots: 1x, ramp up, 3x, ramp down, 1x."""
-    return [(0, base_rps), (20, base_rps), (35, 3 * base_rps), (65, 3 * base_rps),
-            (80, base_rps), (110, base_rps)]  # fmt: skip
+def trace(base_rps: float, stretch: float = 1.0) -> list[tuple[float, float]]:
+    """(seconds from start, rate) knots: 1x, ramp up, 3x, ramp down, 1x; every phase
+    ``stretch`` times as long (the load time and the planner's keys stay as they are)."""
+    return [(t * stretch, r * base_rps) for t, r in
+            ((0, 1), (20, 1), (35, 3), (65, 3), (80, 1), (110, 1))]  # fmt: skip
 
 
 def rate_at(knots: list[tuple[float, float]], t: float) -> float:
@@ -171,7 +173,9 @@ def desired_queue(mesh: Mesh, per_replica: float, window: float, state: dict[str
     return desired
 
 
-async def arm(name: str, base_rps: float, peak_n: int, seed: int) -> dict[str, object]:
+async def arm(
+    name: str, base_rps: float, peak_n: int, seed: int, stretch: float = 1.0
+) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix=f"tw-autoscale-{name}-"))
     gw, xds, metrics, base = free_port(), free_port(), free_port(), free_port_block(MAX)
     (work / "mesh.yaml").write_text(policy_text(gw, base, xds, metrics))
@@ -184,7 +188,7 @@ async def arm(name: str, base_rps: float, peak_n: int, seed: int) -> dict[str, o
         fleet.start(desired=lambda: peak_n)
     elif name == "queue-depth":
         fleet.start(desired=desired_queue(mesh, per_replica=2.0, window=10.0, state={}))
-    knots = trace(base_rps)
+    knots = trace(base_rps, stretch)
     # fixed-peak: wait until the peak's replicas serve (provisioned before the traffic)
     while name == "fixed-peak" and len(fleet.serving()) < peak_n:
         await asyncio.sleep(0.5)
@@ -250,18 +254,24 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base-rps", type=float, default=0.8)
     p.add_argument("--arms", default="planner,fixed-peak,queue-depth")
+    p.add_argument(
+        "--stretch",
+        type=float,
+        default=1.0,
+        help="every phase of the trace this many times as long (load time kept)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench/results/autoscale_ramp.json")
     a = p.parse_args()
     peak = replicas_for(DEMAND, 3 * a.base_rps, REPLICA, ttft_s=TTFT, tbt_s=TBT, headroom=0.3,
                         time_scale=SCALE).replicas  # fmt: skip
     rows = []
     for _i, name in enumerate(a.arms.split(",")):
-        row = asyncio.run(arm(name, a.base_rps, peak, seed=42))
+        row = asyncio.run(arm(name, a.base_rps, peak, seed=42, stretch=a.stretch))
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "replicas_by_second"}), flush=True)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"base_rps": a.base_rps, "profile": PROFILE, "time_scale": SCALE,
-                                 "tbt_budget_s": TBT, "ttft_budget_s": TTFT, "output_tokens": OUT,
+    a.out.write_text(json.dumps({"base_rps": a.base_rps, "stretch": a.stretch,
+                                 "profile": PROFILE, "time_scale": SCALE, "tbt_budget_s": TBT, "ttft_budget_s": TTFT, "output_tokens": OUT,
                                  "load_time_s": LOAD_S, "fixed_peak_replicas": peak,
                                  "arms": rows}, indent=1) + "\n")  # fmt: skip
     print(f"{'arm':<12} {'SLO':>7} {'failed':>6} {'rep-min':>8} {'optimal':>8} {'ratio':>6}")
