@@ -34,6 +34,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import random
 import sys
 import tempfile
@@ -262,6 +263,9 @@ def main() -> int:
     )
     p.add_argument("--out", type=Path, default=ROOT / "bench/results/autoscale_ramp.json")
     a = p.parse_args()
+    # the reloader's build worker runs at idle priority by default: on a busy shared box it
+    # starved for minutes before an arm's first policy build (the arm never started)
+    os.environ.setdefault("TOKENWEIR_BUILD_NICE", "0")
     peak = replicas_for(DEMAND, 3 * a.base_rps, REPLICA, ttft_s=TTFT, tbt_s=TBT, headroom=0.3,
                         time_scale=SCALE).replicas  # fmt: skip
     rows = []
