@@ -115,7 +115,9 @@ async def test_planner_follows_measured_rates_not_profile(
     # each replica's factor is its own time scale (the profile's times × 2 and × 4); a loaded
     # box stretches steps a little, never shortens them
     assert 1.6 <= f["decode"] <= 3.0 and 3.2 <= s["decode"] <= 6.0, speed
-    assert 1.6 <= f["prefill"] <= 4.0 and 3.2 <= s["prefill"] <= 8.0, speed
+    # prefill rests on tens of first tokens (each one step): noisier than decode
+    assert 1.2 <= f["prefill"] <= 4.0 and 2.4 <= s["prefill"] <= 8.0, speed
+    assert s["prefill"] > f["prefill"], speed
     assert 1.4 <= s["decode"] / f["decode"] <= 2.6, speed
     assert f["prefill_tok_s"] > s["prefill_tok_s"] and f["itl_ms_at_slots"] < s["itl_ms_at_slots"]
     # the pool is planned with the replicas' harmonic mean (≈ 2.67), not the policy's 2
