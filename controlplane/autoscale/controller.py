@@ -208,14 +208,15 @@ class Autoscaler:
             start = min(max(len(eps), a.min_replicas), a.max_replicas)
             window = old.window if old is not None else DemandWindow(a.window)
             window.window_s = a.window
-            keep[name] = PoolPlan(a, replica, scale, ttft, eps, window, Stabilizer(a, start))
-            keep[name].budgets = budgets
-            keep[name].slots = pool.capacity.max_running_requests
-            keep[name].lanes.window_s = a.window
+            plan = PoolPlan(
+                a, replica, scale, ttft, eps, window, Stabilizer(a, start), budgets=budgets,
+                slots=pool.capacity.max_running_requests,
+            )  # fmt: skip
             if old is not None:  # measured speeds and lanes outlive a change of the keys
                 old.rates.forget(eps)
-                keep[name].rates, keep[name].lanes = old.rates, old.lanes
-                old.lanes.window_s = a.window
+                plan.rates, plan.lanes = old.rates, old.lanes
+            plan.lanes.window_s = a.window
+            keep[name] = plan
         for gone in set(self.pools) - set(keep):
             if self._metrics is not None:
                 self._metrics.forget(gone)
@@ -302,8 +303,7 @@ class Autoscaler:
 
     def _measure(
         self, name: str, plan: PoolPlan, read: dict[str, tuple[float, ReplicaCounters]],
-        prompt: float,
-        output: float, hit: float,
+        prompt: float, output: float, hit: float,
     ) -> None:  # fmt: skip
         """Each replica's speed from this round's pages, and the pool's (rates.py)."""
         model, _ = for_workload(plan.replica, prompt, output, hit)
@@ -341,17 +341,23 @@ class Autoscaler:
                 "max": plan.policy.max_replicas,
                 "budget": plan.policy.budget_replicas,
                 "speed": self._speed_json(plan),
-                "lanes": {
-                    lane: {
-                        "share": _round(plan.lane_shares.get(lane, 0.0)),
-                        "forecast_rps": _round(plan.forecast_rps * plan.lane_shares.get(lane, 0.0)),
-                        "ttft_budget": budget,
-                        "needed": dict(d.need.lanes).get(lane) if d else None,
-                    }
-                    for lane, budget in plan.budgets.items()
-                },
+                "lanes": self._lanes_json(plan),
             }
         return {"pools": out}
+
+    @staticmethod
+    def _lanes_json(plan: PoolPlan) -> JsonObject:
+        """Per lane: its share of the arrivals, its forecast rate, its TTFT budget and the
+        replicas that budget needs (None: no arrivals in the lane)."""
+        needs = dict(plan.last.need.lanes) if plan.last is not None else {}
+        out: JsonObject = {}
+        for lane, budget in plan.budgets.items():
+            share = plan.lane_shares.get(lane, 0.0)
+            out[lane] = {
+                "share": _round(share), "forecast_rps": _round(plan.forecast_rps * share),
+                "ttft_budget": budget, "needed": needs.get(lane),
+            }  # fmt: skip
+        return out
 
     @staticmethod
     def _speed_json(plan: PoolPlan) -> JsonObject:
