@@ -23,6 +23,7 @@ the hindsight-optimal schedule is the planner's model with no headroom, no forec
 load time, applied to the trace's true rate at each second.
 
     python bench/autoscale_ramp.py            # ~6 minutes on 2 cores; writes bench/results/
+    python bench/autoscale_ramp.py --stretch 3 --out bench/results/autoscale_ramp_x3.json
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import random
 import sys
 import tempfile
@@ -87,10 +89,11 @@ gateways:
 """
 
 
-def trace(base_rps: float) -> list[tuple[float, float]]:
-    """(seconds from start, rate) knots: 1x, ramp up, 3x, ramp down, 1x."""
-    return [(0, base_rps), (20, base_rps), (35, 3 * base_rps), (65, 3 * base_rps),
-            (80, base_rps), (110, base_rps)]  # fmt: skip
+def trace(base_rps: float, stretch: float = 1.0) -> list[tuple[float, float]]:
+    """(seconds from start, rate) knots: 1x, ramp up, 3x, ramp down, 1x; every phase
+    ``stretch`` times as long (the load time and the planner's keys stay as they are)."""
+    return [(t * stretch, r * base_rps) for t, r in
+            ((0, 1), (20, 1), (35, 3), (65, 3), (80, 1), (110, 1))]  # fmt: skip
 
 
 def rate_at(knots: list[tuple[float, float]], t: float) -> float:
@@ -107,17 +110,23 @@ class Result:
     failed: int = 0  # no [DONE]
     ttft: list[float] = dataclasses.field(default_factory=list)
     tbt: list[float] = dataclasses.field(default_factory=list)
+    # each request without [DONE]: when, the status, the error or body, chunks received
+    failures: list[dict[str, object]] = dataclasses.field(default_factory=list)
 
 
-async def one(http: aiohttp.ClientSession, gw: int, res: Result) -> None:
+async def one(http: aiohttp.ClientSession, gw: int, res: Result, t_start: float) -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": OUT, "stream": True}  # fmt: skip
     t0 = time.monotonic()
     first = last = None
     n, done = 0, False
     res.sent += 1
+    status, error, text, retry = 0, "", "", None
     try:
         async with http.post(f"http://127.0.0.1:{gw}/v1/chat/completions", json=body) as r:
+            status, retry = r.status, r.headers.get("retry-after")
+            if r.status != 200:
+                text = (await r.text())[:300]
             async for raw in r.content:
                 line = raw.decode().strip()
                 if line == "data: [DONE]":
@@ -126,10 +135,16 @@ async def one(http: aiohttp.ClientSession, gw: int, res: Result) -> None:
                     now = time.monotonic()
                     first = now if first is None else first
                     last, n = now, n + 1
-    except (aiohttp.ClientError, TimeoutError):
-        pass
+                elif line.startswith("data:") and '"error"' in line:
+                    text = line[:300]
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
     if not done or first is None or last is None:
         res.failed += 1
+        res.failures.append({
+            "at_s": round(t0 - t_start, 2), "after_s": round(time.monotonic() - t0, 2),
+            "status": status, "retry_after": retry, "error": error, "body": text, "chunks": n,
+        })  # fmt: skip
         return
     ttft = first - t0
     tbt = (last - first) / (n - 1) if n > 1 else 0.0
@@ -159,7 +174,9 @@ def desired_queue(mesh: Mesh, per_replica: float, window: float, state: dict[str
     return desired
 
 
-async def arm(name: str, base_rps: float, peak_n: int, seed: int) -> dict[str, object]:
+async def arm(
+    name: str, base_rps: float, peak_n: int, seed: int, stretch: float = 1.0
+) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix=f"tw-autoscale-{name}-"))
     gw, xds, metrics, base = free_port(), free_port(), free_port(), free_port_block(MAX)
     (work / "mesh.yaml").write_text(policy_text(gw, base, xds, metrics))
@@ -172,7 +189,7 @@ async def arm(name: str, base_rps: float, peak_n: int, seed: int) -> dict[str, o
         fleet.start(desired=lambda: peak_n)
     elif name == "queue-depth":
         fleet.start(desired=desired_queue(mesh, per_replica=2.0, window=10.0, state={}))
-    knots = trace(base_rps)
+    knots = trace(base_rps, stretch)
     # fixed-peak: wait until the peak's replicas serve (provisioned before the traffic)
     while name == "fixed-peak" and len(fleet.serving()) < peak_n:
         await asyncio.sleep(0.5)
@@ -195,12 +212,14 @@ async def arm(name: str, base_rps: float, peak_n: int, seed: int) -> dict[str, o
             if now >= end:
                 break
             if now >= nxt:
-                t = asyncio.create_task(one(http, gw, res))
+                t = asyncio.create_task(one(http, gw, res, t0))
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
                 nxt += rng.expovariate(max(rate_at(knots, now - t0), 1e-6))
             await asyncio.sleep(min(0.05, max(0.0, nxt - time.monotonic())))
         await asyncio.gather(*tasks)
+    assert mesh.plane is not None
+    planner = mesh.plane.autoscaler.to_json()["pools"].get("chat") if name == "planner" else None
     await mesh.aclose(5.0)
     optimal_s = sum(hindsight(rate_at(knots, s + 0.5)) for s in range(int(knots[-1][0])))
     return {
@@ -209,7 +228,9 @@ async def arm(name: str, base_rps: float, peak_n: int, seed: int) -> dict[str, o
         "ttft_p95_s": _q(res.ttft, 0.95), "tbt_p95_s": _q(res.tbt, 0.95),
         "replica_minutes": replica_s / 60, "hindsight_replica_minutes": optimal_s / 60,
         "vs_hindsight": replica_s / optimal_s if optimal_s else math.inf,
-        "cut_streams": fleet.cut_streams, "replicas_by_second": counts,
+        "cut_streams": fleet.cut_streams, "failures": res.failures, "work": str(work),
+        "planner_at_end": planner,
+        "replicas_by_second": counts,
     }  # fmt: skip
 
 
@@ -234,18 +255,27 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base-rps", type=float, default=0.8)
     p.add_argument("--arms", default="planner,fixed-peak,queue-depth")
+    p.add_argument(
+        "--stretch",
+        type=float,
+        default=1.0,
+        help="every phase of the trace this many times as long (load time kept)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench/results/autoscale_ramp.json")
     a = p.parse_args()
+    # the reloader's build worker runs at idle priority by default: on a busy shared box it
+    # starved for minutes before an arm's first policy build (the arm never started)
+    os.environ.setdefault("TOKENWEIR_BUILD_NICE", "0")
     peak = replicas_for(DEMAND, 3 * a.base_rps, REPLICA, ttft_s=TTFT, tbt_s=TBT, headroom=0.3,
                         time_scale=SCALE).replicas  # fmt: skip
     rows = []
     for _i, name in enumerate(a.arms.split(",")):
-        row = asyncio.run(arm(name, a.base_rps, peak, seed=42))
+        row = asyncio.run(arm(name, a.base_rps, peak, seed=42, stretch=a.stretch))
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "replicas_by_second"}), flush=True)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"base_rps": a.base_rps, "profile": PROFILE, "time_scale": SCALE,
-                                 "tbt_budget_s": TBT, "ttft_budget_s": TTFT, "output_tokens": OUT,
+    a.out.write_text(json.dumps({"base_rps": a.base_rps, "stretch": a.stretch,
+                                 "profile": PROFILE, "time_scale": SCALE, "tbt_budget_s": TBT, "ttft_budget_s": TTFT, "output_tokens": OUT,
                                  "load_time_s": LOAD_S, "fixed_peak_replicas": peak,
                                  "arms": rows}, indent=1) + "\n")  # fmt: skip
     print(f"{'arm':<12} {'SLO':>7} {'failed':>6} {'rep-min':>8} {'optimal':>8} {'ratio':>6}")

@@ -109,6 +109,9 @@ class ControlPlane:
             nodes=self.xds.nodes,
             quotas=QuotaWindows(settings.redis_url, registry=self.registry),
         )
+        self.dashboard.collector.follow(  # arrivals by lane for the online planner
+            lambda now, totals: self.autoscaler.on_lanes(now, totals.lane_arrivals())
+        )
         self.metrics = MetricsServer(
             self.registry,
             settings.metrics.host,

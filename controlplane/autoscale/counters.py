@@ -1,7 +1,9 @@
 """Pure: the SGLang counters the online planner reads out of a replica's ``/metrics`` text.
 
 The pool scraper already reads every replica's page (controlplane/saturation); it hands the text
-to the planner's tap, which keeps only these lines (one regex pass, no full parse).
+to the planner's tap, which keeps only these lines (one regex pass, no full parse): the request
+and token counters (demand.py) and the sums and counts of the ITL, TTFT and queue-time
+histograms (each replica's measured speed, rates.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ _NAMES = {
     "sglang:cached_tokens_total": "cached",
     "sglang:num_running_reqs": "running",
     "sglang:num_queue_reqs": "queued",
+    # the histograms' sums and counts: each replica's measured speed (rates.py)
+    "sglang:inter_token_latency_seconds_sum": "itl_sum",
+    "sglang:inter_token_latency_seconds_count": "itl_count",
+    "sglang:time_to_first_token_seconds_sum": "ttft_sum",
+    "sglang:time_to_first_token_seconds_count": "ttft_count",
+    "sglang:queue_time_seconds_sum": "queue_sum",
+    "sglang:queue_time_seconds_count": "queue_count",
 }
 _LINE = re.compile(
     "^(" + "|".join(re.escape(n) for n in _NAMES) + r")(?:\{[^\n]*\})?[ \t]+(\S+)", re.M
@@ -35,6 +44,12 @@ class ReplicaCounters:
     cached: float = 0.0
     running: float = 0.0
     queued: float = 0.0
+    itl_sum: float = 0.0  # seconds between tokens, summed; itl_count gaps
+    itl_count: float = 0.0
+    ttft_sum: float = 0.0  # arrival → first token, summed over ttft_count requests
+    ttft_count: float = 0.0
+    queue_sum: float = 0.0  # arrival → admission (prefill starts), over queue_count requests
+    queue_count: float = 0.0
 
     @property
     def inflight(self) -> float:

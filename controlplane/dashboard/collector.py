@@ -76,6 +76,12 @@ class ServiceCollector:
         self._more = more  # sources that come and go (the connected Envoys)
         self._status: dict[str, str | None] = {}
         self._task: asyncio.Task[None] | None = None
+        self._followers: list[Callable[[float, Totals], None]] = []
+
+    def follow(self, listener: Callable[[float, Totals], None]) -> None:
+        """Called with ``(now, totals)`` after every round (the online planner reads the
+        arrivals by lane from it)."""
+        self._followers.append(listener)
 
     def configure(self, sources: Sequence[Source]) -> None:
         self._sources = list(sources)
@@ -121,6 +127,8 @@ class ServiceCollector:
         self._recent.append((now, totals))
         self.totals = totals
         self.rounds += 1
+        for listener in self._followers:
+            listener(now, totals)
 
     @property
     def last_round(self) -> float:

@@ -57,6 +57,13 @@ class Totals:
     batch_lag: float = 0.0  # the oldest job being run, seconds since its submission
     batch_queued: float = 0.0  # jobs in the queue (each runner reports the same stream)
 
+    def lane_arrivals(self) -> dict[tuple[str, str], float]:
+        """Requests that reached admission by (pool, lane): admitted or shed, one or the other."""
+        out = dict(self.admitted)
+        for key, v in self.shed.items():
+            out[key] = out.get(key, 0.0) + v
+        return out
+
 
 def _add(d: dict, key: object, value: float) -> None:  # type: ignore[type-arg]  # a counter dict of any key type, summed into
     d[key] = d.get(key, 0.0) + value

@@ -9,7 +9,10 @@ sessions move too (DESIGN.md fact 9); when it recovers the ring, and every mappi
 exactly. A lower weight keeps the host on the ring with a prefix of its points, but the others'
 shares still grow (the ring is normalized), and measured on real Envoy small weights move *more*
 of the others' sessions than removal (weight 1: 16%). docs/operations.md has the numbers.
-If every endpoint of a pool is marked, none is: all-DEGRADED would leave the ring empty.
+If every endpoint of a pool is marked, none is: all-DEGRADED would leave the ring empty. Nor
+where the only unmarked endpoints are ones the pool state has not seen serve (a replica the
+autoscaler just added: Envoy has not health-checked it yet, so it is not in the ring either;
+marking the rest DEGRADED answered a request ``503 no healthy upstream`` in the ramp bench).
 
 Pure parts: :func:`marks_of` and :func:`reweigh`. :class:`EdsMarks` holds the current marks,
 rewrites the reloader's snapshots (its ``transform``) and republishes when a mark flips; only
@@ -33,7 +36,7 @@ from controlplane.xds.snapshot import Snapshot
 from controlplane.xds.types import ENDPOINT
 from poolstate import PoolState
 
-__all__ = ["FULL_WEIGHT", "EdsMarks", "marks_of", "reweigh"]
+__all__ = ["FULL_WEIGHT", "EdsMarks", "marks_of", "ready_of", "reweigh"]
 
 log = logging.getLogger("tokenweir.saturation")
 
@@ -51,15 +54,32 @@ def marks_of(state: PoolState) -> dict[str, frozenset[str]]:
     return out
 
 
+def ready_of(state: PoolState) -> dict[str, frozenset[str]]:
+    """Pure: per pool, the replicas that can take what a mark spills: answered the last scrape,
+    fresh and unmarked."""
+    return {
+        pool: frozenset(
+            ep
+            for ep, r in summary.endpoints.items()
+            if r.healthy and not r.stale and not r.degraded
+        )
+        for pool, summary in state.pools.items()
+    }
+
+
 def _address(lb: endpoint_components_pb2.LbEndpoint) -> str:
     sa = lb.endpoint.address.socket_address
     return f"{sa.address}:{sa.port_value}"
 
 
-def reweigh(snapshot: Snapshot, marks: Marks, weights: Mapping[str, int]) -> Snapshot:
+def reweigh(
+    snapshot: Snapshot, marks: Marks, weights: Mapping[str, int], ready: Marks | None = None
+) -> Snapshot:
     """Pure: ``snapshot`` with every marked endpoint at ``weights[pool]`` percent (default 0:
     ``DEGRADED`` instead of a weight) and its pool's other endpoints at :data:`FULL_WEIGHT`;
-    unmarked pools, and pools whose every endpoint is marked, are untouched."""
+    unmarked pools, and pools whose every endpoint is marked, are untouched; so are pools none
+    of whose unmarked endpoints is in ``ready`` (where it names the pool: those seen
+    serving)."""
     if not marks:
         return snapshot
     cla = dict(snapshot.of_type(ENDPOINT))
@@ -73,6 +93,8 @@ def reweigh(snapshot: Snapshot, marks: Marks, weights: Mapping[str, int]) -> Sna
         hosts = {_address(lb) for loc in new.endpoints for lb in loc.lb_endpoints}
         if hosts <= marked:
             continue  # nowhere to spill: all-DEGRADED would leave Envoy's ring empty
+        if ready is not None and pool in ready and not (hosts - marked) & ready[pool]:
+            continue  # only to replicas not seen serving yet, which Envoy may not route to
         for locality in new.endpoints:
             for lb in locality.lb_endpoints:
                 w = weights.get(pool, 0) if _address(lb) in marked else FULL_WEIGHT
@@ -99,6 +121,7 @@ class EdsMarks:
     def __init__(self, cache: SnapshotCache, *, registry: CollectorRegistry | None = None) -> None:
         self._cache = cache
         self.marks: dict[str, frozenset[str]] = {}
+        self.ready: dict[str, frozenset[str]] = {}  # pool → replicas seen serving, unmarked
         self.weights: dict[str, int] = {}
         self._base: dict[str, Snapshot] = {}  # each group's snapshot as the policy renders it
         self._flips = (
@@ -115,7 +138,7 @@ class EdsMarks:
     def transform(self, group: str, snapshot: Snapshot) -> Snapshot:
         """The reloader's snapshot for ``group`` with the current marks applied."""
         self._base[group] = snapshot
-        return reweigh(snapshot, self.marks, self.weights)
+        return reweigh(snapshot, self.marks, self.weights, self.ready)
 
     def set_weights(self, weights: Mapping[str, int]) -> None:
         """The policy's ``degraded_weight`` per pool; republishes if marks are in force."""
@@ -124,9 +147,14 @@ class EdsMarks:
             self._publish()
 
     def on_state(self, state: PoolState) -> None:
-        marks = marks_of(state)
+        marks, ready = marks_of(state), ready_of(state)
         if marks == self.marks:
+            if ready != self.ready:  # a replica began (or ceased) to serve: where to spill
+                self.ready = ready
+                if marks:
+                    self._publish()
             return
+        self.ready = ready
         for pool in sorted(set(marks) | set(self.marks)):
             now, before = marks.get(pool, frozenset()), self.marks.get(pool, frozenset())
             for ep in sorted(now - before):
@@ -140,7 +168,7 @@ class EdsMarks:
 
     def _publish(self) -> None:
         for group, base in self._base.items():
-            snap = reweigh(base, self.marks, self.weights)
+            snap = reweigh(base, self.marks, self.weights, self.ready)
             current = self._cache.get(group)
             if current is None or current.version != snap.version:
                 self._cache.set_snapshot(group, snap)

@@ -115,8 +115,15 @@ async def test_a_scale_up_reaches_the_filter_servers_pool_state_and_bounds_the_p
             shed = [after for status, after in answers if status == 503]
             assert shed and all(shed), (answers, [t.done() for t in held])
             assert 0 < ready_in <= LOAD_S + 1, ready_in
-            # told the replica's ready time (whole seconds, rounded up), not a longer drain
-            assert all(int(a) <= math.ceil(ready_in) + 1 for a in shed), (shed, ready_in)
+            # told the replica's ready time (whole seconds, rounded up), not a longer drain,
+            # each client a second after the one before (not one herd at the ready time)
+            told = sorted(int(a) for a in shed)
+            assert all(t <= math.ceil(ready_in) + 1 + i for i, t in enumerate(told)), (
+                shed,
+                ready_in,
+            )
+            # (one may keep its own sooner promise, or be told by another filter process)
+            assert len(told) < 2 or len(set(told)) > 1, told
             for t in held:
                 t.cancel()
     finally:

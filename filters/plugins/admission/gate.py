@@ -28,6 +28,7 @@ from dataclasses import replace
 from prometheus_client import CollectorRegistry
 
 from filters.plugins.admission.core import Admission, LaneConfig, Shed
+from filters.plugins.admission.herd import Stagger
 from filters.plugins.admission.limits import (
     lane_configs,
     pool_limits,
@@ -387,20 +388,27 @@ class Gates:
         self.ranking = ranking  # pool → its replicas' priority scheduling (preemptive pools)
         self.capacity = capacity  # pool → its replicas' reported running slots (no declared one)
         self.ready_in: ReadySource | None = None  # pool → seconds until a starting replica serves
+        self._stagger = Stagger()  # the clients promised a starting replica, one second apart
         self.metrics = AdmissionMetrics(registry if registry is not None else CollectorRegistry())
         self._gates: dict[str, PoolGate] = {}
         self._shared: SharedReturns | None = None
 
     def promise(self, pool: str, shed: Shed) -> Shed:
         """``shed`` with its Retry-After cut to when a replica ``pool`` is starting should serve
-        (a scale-up under way, from the pool state), where that is sooner; else ``shed``.
+        (a scale-up under way, from the pool state), where that is sooner; else ``shed``. The
+        clients told so while one replica loads are told one second apart (:class:`Stagger`),
+        over as long again as the wait, never past what they would have been told.
         Admission and the ladder size the pool by the replicas that serve; only the promise
         of when to come back knows that more capacity is on its way."""
         ready_in = self.ready_in(pool) if self.ready_in is not None else None
         if ready_in is None or ready_in >= shed.retry_after:
             return shed
         self.metrics.scale_up_promises.labels(pool).inc()
-        return replace(shed, retry_after=min(shed.retry_after, max(1.0, ready_in)))
+        at = max(1.0, ready_in)
+        # spread over as long again as the wait (never past the promise without the scale-up)
+        width = min(shed.retry_after, at + at) - at
+        at += self._stagger.offset(pool, self.wall() + ready_in, width)
+        return replace(shed, retry_after=min(shed.retry_after, at))
 
     def share_returns(self, shared: SharedReturns | None) -> None:
         """Every pool's promises go through ``shared`` from now on (None: this process's own),

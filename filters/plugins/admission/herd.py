@@ -14,6 +14,9 @@
   taken for gone (``expired``). Keyless promises only spread the herd and end at ``at``.
 * :meth:`Promises.held` counts an owner's (a tenant's) claimable promises, so that the caller
   can bound them: a tenant shed many times must not come back ahead of everyone else.
+* :class:`Stagger` spreads the promises cut to a scale-up (``Gates.promise``): the clients
+  shed while one replica loads are told one second apart after it should serve, not all the
+  same instant.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from __future__ import annotations
 import bisect
 import collections
 import heapq
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-__all__ = ["Promises", "window"]
+__all__ = ["Promises", "Stagger", "window"]
 
 EARLY_S, EARLY_SHARE = 0.05, 0.02  # a client may come back this early (clock skew, rounding)
 LATE_S, LATE_SHARE = 1.0, 0.3  # ... and this late (its own jitter, a slow send)
@@ -190,3 +194,22 @@ class Promises:
             i += 1
         if i:
             del a[:i]
+
+
+class Stagger:
+    """Per pool, the clients told to come back when a starting replica should serve: the k-th
+    told while the same replica loads (same ``ready_at``) gets ``k mod ⌊width⌋`` seconds more
+    (``Retry-After`` has whole seconds), so they come back one second apart, not as one herd."""
+
+    def __init__(self) -> None:
+        self._told: dict[str, tuple[float, int]] = {}  # pool → (ready_at, told so far)
+
+    def offset(self, pool: str, ready_at: float, width: float) -> float:
+        """Seconds to add to this client's promise; ``width`` is how far past ``ready_at`` it
+        may be told (0 or less: none)."""
+        at, told = self._told.get(pool, (ready_at, 0))
+        if abs(at - ready_at) > 0.5:  # another replica loading: start over
+            told = 0
+        self._told[pool] = (ready_at, told + 1)
+        slots = math.floor(width)
+        return float(told % slots) if slots >= 1 else 0.0

@@ -111,3 +111,14 @@ def test_before_any_request_finished_only_the_queue_counts() -> None:
     blind = dataclasses.replace(D, measured=False, inflight=50)
     n = replicas_for(blind, 30.0, SEED, ttft_s=1.0, tbt_s=0.02, headroom=0.3)
     assert (n.replicas, n.reason) == (2, "ttft")  # 50 in flight / 40 slots, not the 30 req/s
+
+
+def test_the_pools_declared_slots_cap_each_replicas_batch() -> None:
+    """A pool whose replicas run ``max_running_requests: 4`` (``capacity:``) is planned with 4
+    slots, whatever the TBT budget would allow, and needs more replicas for it."""
+    kw = {"ttft_s": 10.0, "tbt_s": 0.02, "headroom": 0.3}
+    free = replicas_for(D, 20, SEED, **kw)
+    capped = replicas_for(D, 20, SEED, slots=4, **kw)
+    assert (free.slots, capped.slots) == (40, 4)
+    assert capped.reason == "slots" and capped.replicas > free.replicas
+    assert replicas_for(D, 20, SEED, slots=400, **kw) == free  # a cap above c changes nothing

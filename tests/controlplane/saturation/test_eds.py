@@ -5,7 +5,7 @@ from __future__ import annotations
 from envoy.config.core.v3 import health_check_pb2
 
 from controlplane.reloader import snapshots_for
-from controlplane.saturation.eds import FULL_WEIGHT, EdsMarks, marks_of, reweigh
+from controlplane.saturation.eds import FULL_WEIGHT, EdsMarks, marks_of, ready_of, reweigh
 from controlplane.translate.render import render
 from controlplane.xds.cache import SnapshotCache
 from controlplane.xds.snapshot import Snapshot
@@ -128,3 +128,30 @@ def test_the_reloader_publishes_its_snapshots_through_the_transform(tmp_path) ->
     published = cache.get("edge")
     assert published is not None
     assert weights(published, "pool_chat")[1] == (0, health_check_pb2.DEGRADED)
+
+
+def test_no_mark_spills_only_to_a_replica_not_seen_serving() -> None:
+    """A replica just added (not yet scraped: Envoy may not have health-checked it either) is no
+    place to spill to: marking the only one that serves DEGRADED would leave no host to route to
+    (the ramp bench's 503 ``no healthy upstream`` while a scale-up's replica came in)."""
+    base = snapshot()
+    marks = {"code": frozenset({"127.0.0.1:7"})}
+    # the pool state has seen only :7 (saturated); :8 was just added to the endpoints
+    seen = PoolState(1, 0.0, {"code": summarize_pool(
+        {"127.0.0.1:7": ReplicaState(0.9, degraded=True)}, {})})  # fmt: skip
+    assert ready_of(seen) == {"code": frozenset()}
+    assert reweigh(base, marks, {}, ready_of(seen)) is base  # :7 stays in the ring
+    assert weights(reweigh(base, marks, {}), "pool_code")[7][1] == health_check_pb2.DEGRADED
+    # once :8 answers a scrape, the mark applies; EdsMarks republishes when the ready set moves
+    cache = SnapshotCache()
+    eds = EdsMarks(cache)
+    cache.set_snapshot("edge", eds.transform("edge", base))
+    eds.on_state(seen)
+    held = cache.get("edge")
+    assert held is not None and weights(held, "pool_code")[7][1] == 0
+    both = PoolState(1, 0.0, {"code": summarize_pool(
+        {"127.0.0.1:7": ReplicaState(0.9, degraded=True), "127.0.0.1:8": ReplicaState(0.1)},
+        {})})  # fmt: skip
+    eds.on_state(both)
+    snap = cache.get("edge")
+    assert snap is not None and weights(snap, "pool_code")[7][1] == health_check_pb2.DEGRADED

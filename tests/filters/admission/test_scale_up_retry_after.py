@@ -104,3 +104,20 @@ async def test_the_ladders_sheds_promise_the_starting_replica() -> None:
     out = await s.plugin.request_headers(s.ctx("pro", "batch"), {}, False)
     assert out is not None and out.reply is not None
     assert out.reply.headers["retry-after"] == "2"
+
+
+def test_the_clients_promised_a_starting_replica_are_told_one_second_apart() -> None:
+    """Clients shed while one replica loads do not all come back the instant it serves: one
+    second apart, over as long again as the wait, never past their own promise."""
+    clock, wall = FakeClock(), FakeClock(WALL)
+    gates = Gates(clock=clock, wall=wall, registry=CollectorRegistry())
+    gates.ready_in = ready_source(reader_saying(clock, starting=1, ready_at=WALL + 8), wall)
+    told = [gates.promise("chat", Shed(503, "queue_full", 20.0)).retry_after for _ in range(10)]
+    assert told == [8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 8.0, 9.0]
+    # a client whose own promise is sooner than that spread keeps its own
+    near = [gates.promise("chat", Shed(503, "queue_full", 10.0)).retry_after for _ in range(3)]
+    assert near == [8.0, 9.0, 8.0]
+    # another replica loading (a later ready_at): the count starts over
+    gates.ready_in = ready_source(reader_saying(clock, starting=1, ready_at=WALL + 30), wall)
+    assert gates.promise("chat", Shed(503, "queue_full", 60.0)).retry_after == 30.0
+    assert gates.promise("other", Shed(503, "queue_full", 60.0)).retry_after == 60.0
