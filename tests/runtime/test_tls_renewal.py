@@ -40,8 +40,12 @@ def _served_cn(port: int, ca: CertPair, client: CertPair) -> tuple[str, ssl.SSLS
     ctx = ssl.create_default_context(cafile=str(ca.cert))
     ctx.load_cert_chain(str(client.cert), str(client.key))
     ctx.set_alpn_protocols(["h2"])
-    sock = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5),
-                           server_hostname="127.0.0.1")  # fmt: skip
+    raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        sock = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+    except BaseException:
+        raw.close()  # a refused handshake leaves the plain socket open
+        raise
     cert = sock.getpeercert()
     assert cert is not None
     subject = dict(x[0] for x in cert["subject"])
