@@ -72,9 +72,12 @@ def test_an_open_loop_sends_on_time_whatever_is_in_flight() -> None:
     res, sent = _run(100.0, 20)
     assert res["requests"] == 20 and res["failed"] == 0 and res["offered_rate"] == 100.0
     at = arrivals(20, 100.0, seed=1)
-    offsets = [t - sent[0] for t in sent]
-    # never before its seeded time (a loaded machine may make it late, not early) …
-    assert all(got >= want - 0.005 for got, want in zip(offsets, at, strict=True))
+    # never sent before its seeded time from the run's start (a loaded machine may make it late,
+    # not early); the client's own clock: the backend's arrival times carry the connection's
+    # set-up, which made the first arrival late and so every later one look early …
+    per_request = res["per_request"]
+    assert isinstance(per_request, list) and len(per_request) == 20
+    assert all(when >= at[i] - 0.001 for i, when, _, _ in per_request), (per_request, at)
     # … and not held back by the requests still open: more than the closed loop's two clients
     # had a request out at once (each is answered 50 ms after it arrives)
     overlapping = max(sum(1 for t in sent if s <= t < s + 0.05) for s in sent)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,6 +194,9 @@ async def test_a_learned_reservation_admits_whole_answers(tmp_path: Path, redis_
         )
 
         # a request the rest of the budget cannot serve whole is refused, not cut short
-        await m.redis.hset("tw:{warm}:b:tokens", mapping={"tk": 1})
+        # 1 token left now (``ts`` now too: with the burst's old ``ts`` a slow box's elapsed
+        # seconds would refill it at 2 tokens/s before the check)
+        now_us = int(time.time() * 1_000_000)
+        await m.redis.hset("tw:{warm}:b:tokens", mapping={"tk": 1, "ts": now_us})
         s, h, b = await m.chat("warm")
         assert s == 429 and _refused([(s, h, b)])
