@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from batch_valleys import KEY, lines, policy_text  # noqa: E402
+from batch_valleys import KEY, lines, policy_text, stop_up  # noqa: E402
 
 EP = "/v1/chat/completions"
 
@@ -194,11 +194,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             "idempotency_outcomes": dict(idem),
         }
     finally:
-        up.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            up.wait(60)
-        if up.poll() is None:
-            up.kill()
+        stop_up(up)
 
 
 def main() -> None:

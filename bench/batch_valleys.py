@@ -335,11 +335,16 @@ async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
             "rows": rows,
         }
     finally:
-        up.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            up.wait(60)
-        if up.poll() is None:
-            up.kill()
+        stop_up(up)
+
+
+def stop_up(up: subprocess.Popen[str]) -> None:
+    """Stop ``tokenweir up`` as Ctrl-C does (it stops its children), killing it after 60 s."""
+    up.send_signal(signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        up.wait(60)
+    if up.poll() is None:
+        up.kill()
 
 
 def main() -> None:
