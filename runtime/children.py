@@ -2,7 +2,13 @@
 
 ``aclose(timeout)`` sends SIGTERM (the child drains: see ``docs/operations.md``), waits up to
 ``timeout`` seconds, then SIGKILLs the whole group; nothing is left running. Every child gets
-:func:`die_with_parent`, so none outlives a parent that was killed without cleaning up.
+the parent-death signal, so none outlives a parent that was killed without cleaning up.
+
+No Python runs between fork and exec where it can be avoided: the parents (``tokenweir up``, a
+service's worker supervisor) run gRPC threads, and Python code in a child forked from such a
+process may deadlock (a lock some other thread held at the fork) or crash before its exec: a
+worker that never starts. util-linux's ``setpriv --pdeathsig`` sets the signal and then execs the
+program (same pid); only without ``setpriv`` does :func:`die_with_parent` run as ``preexec_fn``.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 from dataclasses import dataclass, field
@@ -42,6 +49,10 @@ def checkout(src: Path | None) -> tuple[dict[str, str], Path | None]:
     return {"PYTHONPATH": str(root)}, root
 
 
+# util-linux (Debian's essential set): PR_SET_PDEATHSIG, then exec
+_SETPRIV = shutil.which("setpriv")
+
+
 @dataclass
 class Child:
     name: str
@@ -49,8 +60,7 @@ class Child:
     log_path: Path | None  # None: share the parent's stdout and stderr
     env: dict[str, str] = field(default_factory=dict)
     cwd: Path | None = None  # None: the parent's (``python -m`` imports from the cwd first)
-    # False: no Python runs between fork and exec (the child can be spawned safely from a
-    # process with gRPC threads), and the child does not get the parent-death signal
+    # False: the child does not get the parent-death signal (SIGTERM when the parent dies)
     die_with_parent: bool = True
     _proc: subprocess.Popen[bytes] | None = None
 
@@ -58,22 +68,26 @@ class Child:
         """Start the process; its log file is emptied first unless ``append`` (a restart keeps
         the log of the run that died)."""
         env = {**os.environ, **self.env}
+        argv, preexec = self.argv, None
+        if self.die_with_parent and _SETPRIV is not None:
+            argv = [_SETPRIV, "--pdeathsig", "TERM", "--", *argv]
+        elif self.die_with_parent:
+            preexec = die_with_parent
         if self.log_path is None:
             self._proc = subprocess.Popen(
-                self.argv, start_new_session=True, env=env, cwd=self.cwd,
-                preexec_fn=die_with_parent if self.die_with_parent else None,
-            )  # fmt: skip
+                argv, start_new_session=True, env=env, cwd=self.cwd, preexec_fn=preexec
+            )
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab" if append else "wb") as log:
             self._proc = subprocess.Popen(
-                self.argv,
+                argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env=env,
                 cwd=self.cwd,
-                preexec_fn=die_with_parent if self.die_with_parent else None,
+                preexec_fn=preexec,
             )
 
     @property
@@ -121,7 +135,7 @@ class Child:
 
 
 def die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM if the parent dies without cleaning up
+    """In the child, before exec (where there is no ``setpriv``): get SIGTERM if the parent dies without cleaning up
     (SIGKILL, a crash), so no child outlives it (Linux ``PR_SET_PDEATHSIG``)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG

@@ -25,7 +25,6 @@ import contextlib
 import enum
 import logging
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +47,6 @@ log = logging.getLogger("tokenweir.up")
 _TICK_S = 0.25
 _FAILED_REST_S = 30.0
 _EDS_SETTLE_S = 1.0
-_SETPRIV = shutil.which("setpriv")
 
 
 class Phase(enum.Enum):
@@ -142,13 +140,8 @@ class EmulatorFleet:
         addr = Address("127.0.0.1", self.base_port + slot)
         argv = [*self.argv(slot, addr), "--slow-start", str(self.policy.load_time)]
         name = f"emulator {self.name}#{slot}"
-        # spawned without Python code between fork and exec: this process runs gRPC threads (the
-        # control plane), and a child that runs Python after fork may crash (SIGSEGV) before
-        # exec. setpriv gives the replica the parent-death signal Child otherwise sets.
-        if _SETPRIV is not None:
-            argv = [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
         log_path = self.run_dir / f"emulator-{self.name}-{slot}.log"
-        child = Child(name, argv, log_path, die_with_parent=False)
+        child = Child(name, argv, log_path)  # parent-death signal via setpriv (runtime.children)
         child.start(append=True)
         self.replicas[slot] = _Replica(slot, addr, child, Phase.STARTING, self._clock())
         self._count("start")
