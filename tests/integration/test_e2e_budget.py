@@ -113,7 +113,7 @@ async def e2e(tmp_path: Path, redis_port: int, transport: str) -> AsyncIterator[
                     argv += ["--transport", transport]
                 children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
                 await asyncio.to_thread(wait_for_port, port, 20.0)
-            reader = QuotaReader(r, load_policy(m.policy_path))
+            reader = QuotaReader(r, load_policy(m.policy_path), timeout=5.0)
             async with aiohttp.ClientSession() as s:
                 yield E2E(f"http://127.0.0.1:{gw}", backend, reader, s)
     finally:

@@ -100,7 +100,11 @@ async def stack(
                 clock=time.monotonic,
             )
             await app.start()
-            yield f"http://127.0.0.1:{gw}", app, QuotaReader(r, load_policy(m.policy_path))
+            yield (
+                f"http://127.0.0.1:{gw}",
+                app,
+                QuotaReader(r, load_policy(m.policy_path), timeout=5.0),
+            )
     finally:
         if app is not None:
             await app.aclose()

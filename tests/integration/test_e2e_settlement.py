@@ -74,7 +74,10 @@ async def stack(tmp_path: Path, redis_port: int) -> AsyncIterator[Stack]:
                 children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
                 await asyncio.to_thread(wait_for_port, port, 40.0)  # a busy machine
             yield Stack(
-                f"http://127.0.0.1:{gw}", m, backend, QuotaReader(r, load_policy(m.policy_path))
+                f"http://127.0.0.1:{gw}",
+                m,
+                backend,
+                QuotaReader(r, load_policy(m.policy_path), timeout=5.0),
             )
     finally:
         for c in children:

@@ -92,7 +92,7 @@ async def test_a_pd_request_reserves_and_settles_its_tokens_to_the_tenant(
                         "--redis-url", redis_url]  # fmt: skip
                 children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
                 await asyncio.to_thread(wait_for_port, port, 40.0)
-            reader = QuotaReader(r, load_policy(m.policy_path))
+            reader = QuotaReader(r, load_policy(m.policy_path), timeout=5.0)
 
             async def spent() -> int:
                 left = await reader.remaining("carol", "m1", "interactive")

@@ -64,7 +64,7 @@ async def test_service_on_a_cluster(cluster: list[int], tmp_path: Path) -> None:
                 per_tenant = {t: codes[i * 3 : i * 3 + 3].count(ok) for i, t in enumerate(TENANTS)}
                 assert per_tenant["tenant-0"] == 0  # live burst 300 < 400
                 assert all(per_tenant[t] == 2 for t in TENANTS[1:])  # 2 x 400 <= 1000 < 3 x 400
-                reader = QuotaReader(client, load_policy_text(POLICY))
+                reader = QuotaReader(client, load_policy_text(POLICY), timeout=5.0)
                 assert await reader.remaining("tenant-1") == 200
                 # settle refunds on the cluster too (the two admitted ones), and is idempotent
                 for t in TENANTS[1:]:

@@ -153,12 +153,16 @@ async def test_fail_closed_denies_quickly(tmp_path: Path) -> None:
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
             stub = rls_pb2_grpc.RateLimitServiceStub(ch)
+            took = []
             for i in range(5):
                 t0 = time.perf_counter()
                 resp = await stub.ShouldRateLimit(rls.llm("acme", 1, rid=str(i)), timeout=5)
-                assert time.perf_counter() - t0 < 0.25  # no waiting for a connect timeout
+                took.append(time.perf_counter() - t0)
                 assert resp.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT
                 assert b"quota_unavailable" in resp.raw_body
+            # no waiting for Redis' 0.5 s connect timeout on each call (the median: one call
+            # slowed by a loaded box is not the service waiting)
+            assert sorted(took)[2] < 0.25, took
     finally:
         svc.close()
 

@@ -70,7 +70,7 @@ async def test_spoofed_headers_do_not_pass_while_the_filter_server_is_down(
                     "--redis-url", redis_url]  # fmt: skip
             rls = ChildProcess(argv, log=tmp_path / "ratelimit_service.log")
             await asyncio.to_thread(wait_for_port, rp, 20.0)
-            reader = QuotaReader(r, load_policy(m.policy_path))
+            reader = QuotaReader(r, load_policy(m.policy_path), timeout=5.0)
             body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}],
                     "max_tokens": 100}  # fmt: skip
             spoofed = {

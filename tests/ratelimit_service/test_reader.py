@@ -159,7 +159,7 @@ async def test_usage_is_the_quota_windows_own_accounting(
         ]
         assert await _reserve(store, policy, tenant, 250, model="big")
         await aredis.hset(config_key(tenant), "tokens.refill_per_second", "10")
-        later = QuotaReader(aredis, policy, clock=lambda: time.time() + 5)
+        later = QuotaReader(aredis, policy, clock=lambda: time.time() + 5, timeout=SLACK)
         bucket, day = await later.usage(tenant)
         assert 190 <= bucket.used <= 200 and bucket.remaining == 1000 - bucket.used  # refilled 50
         assert bucket.rate == 10.0 and bucket.reset_s is not None and 19 <= bucket.reset_s <= 20
@@ -180,14 +180,14 @@ async def test_usage_of_request_quotas_and_shadow_limits_for_the_binding_limit(
         assert await _reserve(store, policy, tenant, 100)
         assert await _reserve(store, policy, tenant, 100)
         now = time.time()
-        got = await QuotaReader(aredis, policy, clock=lambda: now).usage(
+        got = await QuotaReader(aredis, policy, clock=lambda: now, timeout=SLACK).usage(
             tenant, ("tokens", "requests")
         )
         by = {(u.quota, u.window): u for u in got}
         assert set(by) == {("tokens", "bucket"), ("tokens", "per_day"), ("requests", "bucket")}
         assert by[("tokens", "bucket")].used == 200 and not by[("tokens", "bucket")].shadow
         assert 1 <= by[("requests", "bucket")].used <= 2  # 2 of 50, refilling 1 a second
-        shadow = await QuotaReader(aredis, policy).usage(f"{tenant}-shadow")
+        shadow = await QuotaReader(aredis, policy, timeout=SLACK).usage(f"{tenant}-shadow")
         assert [(u.window, u.shadow) for u in shadow] == [("bucket", True)]
     finally:
         await store.aclose()
