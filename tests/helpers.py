@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -73,6 +74,16 @@ def static_cluster(name: str, port: int, http2: dict[str, Any] | None = None) ->
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     return _free_port(LOOPBACK)
+
+
+_RANDOM = random.SystemRandom()
+
+
+def envoy_base_id() -> int:
+    """An Envoy ``--base-id`` (its hot-restart socket names) for one test's Envoy: drawn at
+    random from 4 million, so Envoys of several pytest workers do not collide (a counter
+    seeded per worker did: workers allocate alike, and Envoy refused to start, errno 98)."""
+    return 100_000 + _RANDOM.randrange(4_000_000)
 
 
 def wait_for_port(port: int, timeout: float = 15.0, host: str = LOOPBACK) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,13 +14,10 @@ from aiohttp import web
 
 from controlplane.app import ControlPlane, ControlPlaneSettings
 from policy import Address
-from tests.helpers import free_port
+from tests.helpers import envoy_base_id, free_port
 from tokenweir.envoy_launcher import EnvoyProcess, EnvoySettings
 
 __all__ = ["Backend", "Mesh", "close_backends", "eventually", "mesh", "start_backends"]
-
-_BASE_IDS = itertools.count(2000 + (id(object()) % 500) * 10)
-
 
 _PROBES = frozenset({"/metrics", "/get_server_info", "/server_info"})
 
@@ -167,7 +163,7 @@ async def mesh(
                     node_id=f"{node}-test",
                     node_cluster=node,
                     xds_port=plane.xds_port,
-                    base_id=next(_BASE_IDS),
+                    base_id=envoy_base_id(),
                     delta=delta,
                 ),
                 tmp_path / f"envoy-{node}",

@@ -19,7 +19,7 @@ from openai import AsyncOpenAI
 
 from backends.errors import LauncherError
 from backends.sglang import LaunchConfig, SGLangLauncher, read_endpoints
-from tests.helpers import ChildProcess, free_port, wait_for_port
+from tests.helpers import ChildProcess, envoy_base_id, free_port, wait_for_port
 
 pytestmark = pytest.mark.integration
 
@@ -172,7 +172,7 @@ async def test_gateway_smoke_stream_non_stream_and_cached_prefix(
             "-c",
             str(conf),
             "--base-id",
-            str(listen),
+            str(envoy_base_id()),
             "--concurrency",
             "1",
             "-l",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from filters.sse import SETTLE_KEY
 from policy import load_policy
 from tests.filters.conftest import ROOT, FakeClock, make_ctx, make_services
 from tests.filters.test_usage import run
-from tests.helpers import ChildProcess, free_port, wait_for_port
+from tests.helpers import ChildProcess, envoy_base_id, free_port, wait_for_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -158,7 +157,7 @@ async def envoy(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
     path = tmp_path / "bootstrap.json"
     path.write_text(json.dumps(bootstrap(port, admin, backend, log)))
     argv = [str(Path(sys.executable).parent / "envoy"), "-c", str(path), "--concurrency", "1",
-            "--base-id", str(30_000 + os.getpid() % 10_000), "--disable-hot-restart",
+            "--base-id", str(envoy_base_id()), "--disable-hot-restart",
             "-l", "warning", "--file-flush-interval-msec", "50"]  # fmt: skip
     child = ChildProcess(argv, log=tmp_path / "envoy.log")
     wait_for_port(admin, timeout=30)

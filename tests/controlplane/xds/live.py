@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from tests.helpers import free_port
+from tests.helpers import envoy_base_id, free_port
 from tokenweir.envoy_launcher import EnvoyProcess, EnvoySettings
 
 __all__ = ["Backend", "backends", "envoy", "eventually", "get_text"]
@@ -63,7 +63,7 @@ async def envoy(
         node_id=node_id,
         node_cluster=group,
         xds_port=xds_port,
-        base_id=free_port(),  # unique among live processes, like the ports themselves
+        base_id=envoy_base_id(),
         delta=delta,
         log_level="info",
         drain_time_s=drain_time_s,
