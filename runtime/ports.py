@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -39,6 +41,10 @@ RESERVED = frozenset(
 )
 _handed_out: set[int] = set()
 _rng = random.Random()
+# claims shared by every process of this user on the machine: one empty file per port handed
+# out, for a while after (a port is bound within seconds of being handed out)
+CLAIMS_DIR = Path(tempfile.gettempdir()) / f"tokenweir-ports-{os.getuid()}"
+CLAIM_TTL_S = 120.0
 
 
 def ephemeral_range(path: Path = _EPHEMERAL_FILE) -> tuple[int, int]:
@@ -56,6 +62,34 @@ def candidate_ranges(ephemeral: tuple[int, int]) -> list[tuple[int, int]]:
     ranges = [(_LOWEST, low - 1), (high + 1, 65535)]
     ranges = [(a, b) for a, b in ranges if b - a >= 1000]
     return sorted(ranges, key=lambda r: r[0] - r[1]) or [(_LOWEST, 65535)]
+
+
+def _claim(block: range, claims: Path = CLAIMS_DIR, ttl: float = CLAIM_TTL_S) -> bool:
+    """Claim every port of ``block`` machine-wide (``O_EXCL`` files in ``claims``): False when
+    another process (a pytest worker, another ``up``) handed one of them out in the last ``ttl``
+    seconds; an older claim is removed and its port skipped this time, so two processes that
+    find it stale at once cannot both take it. Without a usable claims folder, only this
+    process's own hand-outs are remembered."""
+    try:
+        claims.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return True
+    made: list[Path] = []
+    for port in block:
+        path = claims / str(port)
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            with contextlib.suppress(OSError):
+                if time.time() - path.stat().st_mtime > ttl:
+                    path.unlink()
+            for mine in made:
+                mine.unlink(missing_ok=True)
+            return False
+        except OSError:
+            continue  # an unwritable folder: this process's own record still holds
+        made.append(path)
+    return True
 
 
 def _bindable(host: str, ports: range) -> bool:
@@ -82,11 +116,15 @@ def free_port_block(
     connections take their ports from inside it, so neither can grab a port handed out here
     between this call and the server's bind (a race that made Envoy's listener fail with
     "Address already in use" under a loaded test run). A port is handed out once per process,
-    and never one of ``avoid`` (ports a part not started yet will listen on: ``up``'s port plan).
+    and once per :data:`CLAIM_TTL_S` on the machine (:func:`_claim`: pytest workers picking at
+    random from the same ranges gave one port to two tests, and an emulator found its port
+    taken), and never one of ``avoid`` (ports a part not started yet will listen on: ``up``'s
+    port plan). Ranges are drawn by their size.
     """
     ranges = candidate_ranges(ephemeral_range())
+    sizes = [high - low + 1 for low, high in ranges]
     for _ in range(tries):
-        low, high = ranges[0] if len(ranges) == 1 else _rng.choice(ranges)
+        low, high = _rng.choices(ranges, weights=sizes)[0]
         if high - low + 1 < count:
             continue
         base = _rng.randrange(low, high - count + 2)
@@ -95,7 +133,7 @@ def free_port_block(
             continue
         if avoid and not set(avoid).isdisjoint(block):
             continue
-        if not _bindable(host, block):
+        if not _bindable(host, block) or not _claim(block):
             continue
         _handed_out.update(block)
         return base

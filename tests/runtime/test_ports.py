@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from runtime.children import Child, ChildError, wait_child_line, wait_child_port
 from runtime.errors import PortTimeout
-from runtime.ports import candidate_ranges, ephemeral_range, free_port, free_port_block, wait_port
+from runtime.ports import (
+    _claim,
+    candidate_ranges,
+    ephemeral_range,
+    free_port,
+    free_port_block,
+    wait_port,
+)
 
 
 async def test_wait_port_fails_at_once_when_the_process_is_gone() -> None:
@@ -99,3 +109,35 @@ def test_ports_to_avoid_are_never_handed_out() -> None:
     assert not avoid.intersection(picked), sorted(avoid.intersection(picked))
     base = free_port_block(3, avoid=avoid)
     assert not avoid.intersection(range(base, base + 3))
+
+
+def test_a_port_claimed_by_another_process_is_not_handed_out(tmp_path: Path) -> None:
+    claims = tmp_path / "claims"
+    assert _claim(range(20000, 20002), claims)
+    assert not _claim(range(20001, 20003), claims)  # 20001 is taken: nothing of this block
+    assert not (claims / "20002").exists()  # the block's own claims are given back
+    old = time.time() - 3600
+    os.utime(claims / "20000", (old, old))
+    assert not _claim(range(20000, 20001), claims, ttl=60)  # stale: removed and skipped once
+    assert _claim(range(20000, 20001), claims, ttl=60)
+
+
+_PICKER = """
+import sys
+from runtime.ports import free_port
+print(" ".join(str(free_port()) for _ in range(int(sys.argv[1]))))
+"""
+
+
+def test_processes_picking_at_once_never_get_the_same_port() -> None:
+    """Two pytest workers picked the same port (an emulator then found it taken): 2 x 600 picks
+    from about 27,000 ports give the same one twice ~13 times without the machine-wide claims."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _PICKER, "600"], stdout=subprocess.PIPE, env=env)
+        for _ in range(2)
+    ]
+    picked = [set(map(int, p.communicate(timeout=60)[0].split())) for p in procs]
+    assert [len(p) for p in picked] == [600, 600]
+    assert not picked[0] & picked[1], sorted(picked[0] & picked[1])
