@@ -122,8 +122,11 @@ async def test_a_scale_up_reaches_the_filter_servers_pool_state_and_bounds_the_p
                 shed,
                 ready_in,
             )
-            # (one may keep its own sooner promise, or be told by another filter process)
-            assert len(told) < 2 or len(set(told)) > 1, told
+            # (one may keep its own sooner promise, or be told by another filter process). The
+            # spread is as long again as the wait: with under 2 s left (a loaded box reached the
+            # probes late) there is one whole second to tell, and all are told the same
+            if ready_in >= 2.0:
+                assert len(told) < 2 or len(set(told)) > 1, (told, ready_in)
             for t in held:
                 t.cancel()
     finally:
