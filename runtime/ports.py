@@ -20,6 +20,7 @@ from runtime.errors import ChildError, PortTimeout
 __all__ = [
     "RESERVED",
     "candidate_ranges",
+    "claims_dir",
     "ephemeral_range",
     "free_port",
     "free_port_block",
@@ -42,9 +43,16 @@ RESERVED = frozenset(
 _handed_out: set[int] = set()
 _rng = random.Random()
 # claims shared by every process of this user on the machine: one empty file per port handed
-# out, for a while after (a port is bound within seconds of being handed out)
-CLAIMS_DIR = Path(tempfile.gettempdir()) / f"tokenweir-ports-{os.getuid()}"
-CLAIM_TTL_S = 120.0
+# out, for a while after (a port is bound within seconds of being handed out; a long claim would
+# leave too few blocks of 100 free for a port plan where the suite hands out ~500 a minute)
+CLAIMS_ENV = "TOKENWEIR_PORT_CLAIMS"
+CLAIM_TTL_S = 30.0
+
+
+def claims_dir() -> Path:
+    """Where claims live: ``$TOKENWEIR_PORT_CLAIMS``, else a folder of this user in the temp folder."""
+    where = os.environ.get(CLAIMS_ENV)
+    return Path(where) if where else Path(tempfile.gettempdir()) / f"tokenweir-ports-{os.getuid()}"
 
 
 def ephemeral_range(path: Path = _EPHEMERAL_FILE) -> tuple[int, int]:
@@ -64,32 +72,50 @@ def candidate_ranges(ephemeral: tuple[int, int]) -> list[tuple[int, int]]:
     return sorted(ranges, key=lambda r: r[0] - r[1]) or [(_LOWEST, 65535)]
 
 
-def _claim(block: range, claims: Path = CLAIMS_DIR, ttl: float = CLAIM_TTL_S) -> bool:
-    """Claim every port of ``block`` machine-wide (``O_EXCL`` files in ``claims``): False when
-    another process (a pytest worker, another ``up``) handed one of them out in the last ``ttl``
-    seconds; an older claim is removed and its port skipped this time, so two processes that
-    find it stale at once cannot both take it. Without a usable claims folder, only this
+def _claim(block: range, claims: Path | None = None, ttl: float = CLAIM_TTL_S) -> bool:
+    """Claim every port of ``block`` machine-wide (``O_EXCL`` files in :func:`claims_dir`): False
+    when another process (a pytest worker, another ``up``) handed one of them out in the last
+    ``ttl`` seconds; an older claim is taken over. Without a usable claims folder, only this
     process's own hand-outs are remembered."""
+    folder = claims if claims is not None else claims_dir()
     try:
-        claims.mkdir(mode=0o700, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
     except OSError:
         return True
     made: list[Path] = []
     for port in block:
-        path = claims / str(port)
-        try:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        except FileExistsError:
-            with contextlib.suppress(OSError):
-                if time.time() - path.stat().st_mtime > ttl:
-                    path.unlink()
+        path = folder / str(port)
+        taken = _take(path, ttl)
+        if taken is None:
+            continue  # an unwritable folder: this process's own record still holds
+        if not taken:
             for mine in made:
                 mine.unlink(missing_ok=True)
             return False
-        except OSError:
-            continue  # an unwritable folder: this process's own record still holds
         made.append(path)
     return True
+
+
+def _take(path: Path, ttl: float) -> bool | None:
+    """Create the claim ``path`` (True), find it held (False), or fail to write (None). A claim
+    older than ``ttl`` is removed and taken again with ``O_EXCL``: of two processes that find it
+    stale at once, one creates it."""
+    for _ in range(2):
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            return True
+        except FileExistsError:
+            try:
+                if time.time() - path.stat().st_mtime <= ttl:
+                    return False
+                path.unlink()
+            except FileNotFoundError:
+                continue  # gone meanwhile: try to create it once more
+            except OSError:
+                return False
+        except OSError:
+            return None
+    return False
 
 
 def _bindable(host: str, ports: range) -> bool:
