@@ -44,6 +44,8 @@ import collections
 import math
 from dataclasses import dataclass
 
+from batch_service.stepguard import StepGuard
+
 __all__ = ["Pacer", "PoolView"]
 
 LAG_S = 0.5  # how old a pool-state sample may be when it is read (scrape + publish)
@@ -58,6 +60,7 @@ class PoolView:
     saturation: float  # the pool's mean saturation (1 = every slot busy; stale = saturated)
     queued: int = 0  # requests waiting in the replicas' queues, ours included
     version: int = 0  # the pool state's version: a new one is a new sample
+    endpoints: tuple[str, ...] = ()  # the fresh replicas (the step guard's per-replica cap)
 
 
 class Pacer:
@@ -70,6 +73,7 @@ class Pacer:
         lag: float = LAG_S,
         trend: float = TREND_S,
         gain: float = GAIN,
+        guard: StepGuard | None = None,
     ) -> None:
         self.max = max_concurrency
         self.fill = fill
@@ -77,6 +81,8 @@ class Pacer:
         self.lag = lag
         self.trend = trend
         self.gain = gain
+        self.guard = guard
+        self.cap: int | None = None  # batch streams the step guard allows now (None: off)
         self._window: float | None = None  # the controlled window (None: no sample yet)
         self._raised_at = float("-inf")
         self._bucket = max(4.0, max_concurrency / 8)  # lines that may start now
@@ -105,11 +111,16 @@ class Pacer:
             self._others.popleft()
         room = pool.capacity - others
         head = self.headroom()
+        self.cap = self._cap(pool, others)
         if self._window is None:
             self._window = float(min(math.floor(self.fill * room), room - head))
+            if self.cap is not None:
+                self._window = min(self._window, float(self.cap))
             self._raised_at = now
         elif fresh:
             aim = pool.capacity - max(head, math.ceil((1.0 - self.fill) * room))
+            if self.cap is not None:  # the step guard: at most ``cap`` batch streams
+                aim = min(aim, others + self.cap)
             error = aim - (pool.running + pool.queued)
             if error < 0:  # at once, from our lines as the sample saw them (an excess seen
                 self._window = min(self._window, recent + error)  # in two samples: cut once)
@@ -119,6 +130,15 @@ class Pacer:
                 self._raised_at = now
         self._window = max(0.0, min(self._window, float(self.max)))
         return max(0, min(math.floor(self._window), int(self.limit), self.max))
+
+    def _cap(self, pool: PoolView, others: int) -> int | None:
+        """The step guard's bound on batch streams while interactive is active (any
+        interactive work in the samples of the last ``trend`` seconds); None: no bound."""
+        if self.guard is None or not pool.endpoints:
+            return None
+        if others <= 0 and not any(n > 0 for _, n in self._others):
+            return None  # interactive idle: the slots decide
+        return self.guard.cap(pool.endpoints, others)
 
     def starts(self, now: float, want: int) -> int:
         """How many of ``want`` new lines may start at ``now`` (the start bucket; taken)."""

@@ -47,7 +47,10 @@ MODEL = "llama-3.1-8b"
 
 
 def policy_text(
-    slots_profile: str, fill: float | None, time_scale: float = 1.0
+    slots_profile: str,
+    fill: float | None,
+    time_scale: float = 1.0,
+    step_increase: str | None = None,
 ) -> tuple[str, int, dict[str, int]]:
     """The example policy on free ports: one chat replica, no sidecar, the batch runner."""
     doc = yaml.safe_load((ROOT / "examples" / "mesh.yaml").read_text())
@@ -74,6 +77,9 @@ def policy_text(
     doc["batch"]["runner"]["metrics_port"] = port("runner")
     if fill is not None:
         doc["batch"]["runner"]["fill"] = fill
+    if step_increase is not None:  # the step guard's key; "off": null (no guard)
+        off = step_increase == "off"
+        doc["batch"]["runner"]["max_step_increase"] = None if off else float(step_increase)
     # the bench's tenant is not the bottleneck: pro's token bucket is large
     return yaml.safe_dump(doc, sort_keys=False), ports["gw"], ports
 
@@ -304,7 +310,7 @@ def summary(arm: Arm, slots: int, extra: dict[str, Any]) -> dict[str, Any]:
 
 
 async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
-    text, gw, ports = policy_text(ns.profile, ns.fill, ns.time_scale)
+    text, gw, ports = policy_text(ns.profile, ns.fill, ns.time_scale, ns.max_step_increase)
     run = Path(ns.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     (run / "mesh.yaml").write_text(text)
@@ -360,6 +366,10 @@ def main() -> None:
     p.add_argument("--profile", default="seed-2k")
     p.add_argument("--slots", type=int, default=64, help="the pool's running slots (the profile's)")
     p.add_argument("--fill", type=float, help="the runner's fill (default: the example's)")
+    p.add_argument(
+        "--max-step-increase",
+        help="batch.runner.max_step_increase (a share, or 'off'; default: the example's)",
+    )
     p.add_argument("--naive-concurrency", type=int, default=128)
     p.add_argument("--sample", type=float, default=0.25)
     p.add_argument("--settle", type=float, default=8.0)

@@ -1,0 +1,152 @@
+"""The step guard (pure): how many batch streams a replica may carry beside interactive ones.
+
+Every stream a replica decodes lengthens its decode step, and an interactive stream's time
+between tokens (and the step its prefill waits behind) is that step. Priority scheduling
+preempts batch for slots, not for step time: a fuller batch slows every interactive token.
+The guard bounds what the batch adds: on each replica, the step with the batch beside the
+interactive streams may be at most ``1 + max_increase`` times the step of the interactive
+streams alone (``batch.runner.max_step_increase``).
+
+**The replica's step, measured.** Each replica's ``/metrics`` counts its token gaps
+(``sglang:inter_token_latency_seconds`` sum and count): a step of ``b`` decoding streams that
+lasts ``s`` adds ``b`` gaps of ``s``. So between two reads ``Δt`` apart, the mean gap
+``g = Δsum / Δcount`` is the step the streams saw, and ``b̄ = Δsum / Δt`` is how many streams
+decoded on average (every second a stream decodes adds one second of gaps): both from the
+same two counters, with no gauge read at another moment. Over the last ``keep`` intervals, a
+line ``step(b) = a + c·b`` is fitted (least squares, each interval weighted by its gaps);
+``c`` is the time one more stream adds to every step.
+
+**On the safe side.** The slope used is the fit's upper bound, ``c + 2·se(c)`` (its standard
+error from the intervals' scatter), never above the proportional bound ``Σ g / Σ b̄`` (a step
+cannot cost less than nothing at zero streams: ``a ≥ 0`` means ``c ≤ g/b`` for every
+interval). With too few intervals (fewer than three, or no spread in ``b̄``) the proportional
+bound alone is used. So a replica whose step was never seen at two loads carries few batch
+streams beside interactive ones; once it has been seen idle and busy, the fit decides.
+
+**The arithmetic.** With ``i`` interactive streams on a replica (at least one when interactive
+is active: an arriving request is a stream), the step they would see alone is
+``s = max(a + c·i, c·i)``, and the batch may add ``n = ⌊max_increase · s / c⌋`` streams. A
+replica with no measure yet gets ``⌊max_increase · i⌋`` (the proportional bound: steps as
+long as their stream count). When no interactive stream is seen at all the guard does not
+bind (the caller asks it only while interactive is active).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+__all__ = ["StepFit", "StepGuard", "StepReading"]
+
+KEEP = 240  # intervals kept per replica (~2 min at the runner's 0.5 s reads)
+Z = 2.0  # standard errors above the fitted slope (the safe side)
+
+
+@dataclass(frozen=True, slots=True)
+class StepReading:
+    """One read of a replica's ``/metrics``: its token-gap totals since it started."""
+
+    gaps_s: float  # Σ inter-token gaps (seconds)
+    gaps: float  # their count
+    at: float  # when it was read (the reader's monotonic clock, seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class _Interval:
+    streams: float  # b̄: mean running streams
+    step_s: float  # g: mean gap
+    weight: float  # gaps in the interval
+
+
+@dataclass(frozen=True, slots=True)
+class StepFit:
+    """``step(b) = intercept + slope·b`` as the guard uses it (``slope`` on the safe side)."""
+
+    intercept: float
+    slope: float
+    intervals: int
+
+    def step(self, streams: float) -> float:
+        return max(self.intercept + self.slope * streams, self.slope * streams)
+
+
+class StepGuard:
+    """Per replica, the last ``keep`` intervals of measured steps; :meth:`cap` sums the batch
+    streams every replica may carry."""
+
+    def __init__(self, max_increase: float, *, keep: int = KEEP, z: float = Z) -> None:
+        self.max_increase = max_increase
+        self.keep = keep
+        self.z = z
+        self._last: dict[str, StepReading] = {}
+        self._intervals: dict[str, deque[_Interval]] = {}
+
+    def observe(self, endpoint: str, reading: StepReading) -> None:
+        """One read of ``endpoint``; an interval with no token gaps (idle) adds nothing."""
+        last = self._last.get(endpoint)
+        self._last[endpoint] = reading
+        if last is None or reading.gaps < last.gaps or reading.gaps_s < last.gaps_s:
+            return  # first sight, or the replica restarted
+        gaps = reading.gaps - last.gaps
+        span = reading.at - last.at
+        if gaps <= 0 or span <= 0:
+            return
+        gaps_s = reading.gaps_s - last.gaps_s
+        streams = gaps_s / span  # streams decoding, on average over the interval
+        step = gaps_s / gaps
+        q = self._intervals.setdefault(endpoint, deque(maxlen=self.keep))
+        q.append(_Interval(streams, step, gaps))
+
+    def forget(self, endpoints: Iterable[str]) -> None:
+        """Keep only ``endpoints`` (a replica that left the pool takes its intervals along)."""
+        keep = set(endpoints)
+        for ep in set(self._last) - keep:
+            del self._last[ep]
+            self._intervals.pop(ep, None)
+
+    def fit(self, endpoint: str) -> StepFit | None:
+        """``endpoint``'s step line (slope on the safe side); None before any interval."""
+        q = self._intervals.get(endpoint)
+        if not q:
+            return None
+        w = sum(iv.weight for iv in q)
+        prop = sum(iv.weight * iv.step_s for iv in q) / sum(iv.weight * iv.streams for iv in q)
+        n = len(q)
+        mb = sum(iv.weight * iv.streams for iv in q) / w
+        mg = sum(iv.weight * iv.step_s for iv in q) / w
+        sbb = sum(iv.weight * (iv.streams - mb) ** 2 for iv in q) / w
+        if n < 3 or sbb <= 1e-9:
+            return StepFit(0.0, prop, n)
+        sbg = sum(iv.weight * (iv.streams - mb) * (iv.step_s - mg) for iv in q) / w
+        slope = sbg / sbb
+        intercept = mg - slope * mb
+        resid = sum(iv.weight * (iv.step_s - intercept - slope * iv.streams) ** 2 for iv in q) / w
+        se = math.sqrt(resid * n / (n - 2) / (n * sbb))
+        upper = min(max(slope + self.z * se, 0.0), prop)
+        # the line through the intervals' centre with the safe slope
+        return StepFit(mg - upper * mb, upper, n)
+
+    def streams(self, endpoint: str, interactive: float) -> int:
+        """Batch streams ``endpoint`` may carry beside ``interactive`` streams (at least one
+        counted)."""
+        i = max(interactive, 1.0)
+        fit = self.fit(endpoint)
+        if fit is None:
+            return math.floor(self.max_increase * i)
+        if fit.slope <= 0.0:
+            return 2**31  # no measured cost per stream: the slots decide
+        return math.floor(self.max_increase * fit.step(i) / fit.slope)
+
+    def cap(self, endpoints: Iterable[str], interactive: float) -> int:
+        """Batch streams the replicas ``endpoints`` may carry together, with ``interactive``
+        streams over the pool spread evenly over them (the router's balance)."""
+        eps = list(endpoints)
+        if not eps:
+            return 0
+        each = interactive / len(eps)
+        return min(sum(self.streams(ep, each) for ep in eps), 2**31)
+
+    def fits(self) -> Mapping[str, StepFit | None]:
+        return {ep: self.fit(ep) for ep in self._last}
