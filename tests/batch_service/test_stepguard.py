@@ -4,7 +4,7 @@ ones so that its measured decode step grows by at most ``max_increase``."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -14,7 +14,11 @@ from batch_service.stepmeter import parse_step_reading
 
 
 def feed(
-    g: StepGuard, ep: str, streams: list[float], step: Callable[[float], float], noise: float = 0.0
+    g: StepGuard,
+    ep: str,
+    streams: Sequence[float],
+    step: Callable[[float], float],
+    noise: float = 0.0,
 ) -> None:
     """A replica running ``streams[k]`` for one second each, its gaps as ``step(b)`` says."""
     rnd = random.Random(1)
