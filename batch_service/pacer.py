@@ -29,6 +29,14 @@ control plane publishes (every scrape interval, ~0.25 s):
   one. The limit starts at ``max_concurrency``: the pool state already bounds the window, and
   a slow start only left idle slots for the first round trips.
 
+While interactive work shows in any sample of the last ``trend`` seconds, the **step guard**
+(``guard``, batch_service/stepguard.py) caps the batch streams: the occupancy aimed at is at
+most ``others + cap``, where ``cap`` is how many batch streams the replicas may carry before
+their measured decode step grows more than ``batch.runner.max_step_increase`` over the step
+the interactive streams see alone. An excess is cut at once as above, so the window falls to
+the cap with the first sample that shows interactive demand. With no interactive work in that
+span the guard does not bind and the slots decide.
+
 New lines start in bursts of at most an eighth of ``max_concurrency`` (at least 4), eight
 bursts a second: a
 window of 60 opened at once sent 60 requests into the filter server together, and on a loaded

@@ -12,9 +12,13 @@ streams alone (``batch.runner.max_step_increase``).
 lasts ``s`` adds ``b`` gaps of ``s``. So between two reads ``Δt`` apart, the mean gap
 ``g = Δsum / Δcount`` is the step the streams saw, and ``b̄ = Δsum / Δt`` is how many streams
 decoded on average (every second a stream decodes adds one second of gaps): both from the
-same two counters, with no gauge read at another moment. Over the last ``keep`` intervals, a
-line ``step(b) = a + c·b`` is fitted (least squares, each interval weighted by its gaps);
-``c`` is the time one more stream adds to every step.
+same two counters, with no gauge read at another moment. The intervals are kept by load: the
+last ``keep`` of each band of ``b̄`` (bands a quarter of a doubling wide), so hours at one
+load (interactive busy, the batch capped) do not push out what was measured at another (the
+last idle spell, the batch filling). Over them a line ``step(b) = a + c·b`` is fitted (least
+squares, each interval weighted by its gaps); ``c`` is the time one more stream adds to
+every step. A load seen again replaces its band's oldest intervals: the fit follows a replica
+that got slower or faster at the loads it runs.
 
 **On the safe side.** The slope used is the fit's upper bound, ``c + 2·se(c)`` (its standard
 error from the intervals' scatter), never above the proportional bound ``Σ g / Σ b̄`` (a step
@@ -35,12 +39,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = ["StepFit", "StepGuard", "StepReading"]
 
-KEEP = 240  # intervals kept per replica (~2 min at the runner's 0.5 s reads)
+KEEP = 30  # intervals kept per band of load (15 s at the runner's 0.5 s reads)
+BANDS_PER_DOUBLING = 4  # a band of b̄: [2^(k/4), 2^((k+1)/4)) streams
 Z = 2.0  # standard errors above the fitted slope (the safe side)
 
 
@@ -73,15 +78,15 @@ class StepFit:
 
 
 class StepGuard:
-    """Per replica, the last ``keep`` intervals of measured steps; :meth:`cap` sums the batch
-    streams every replica may carry."""
+    """Per replica and band of load, the last ``keep`` intervals of measured steps;
+    :meth:`cap` sums the batch streams every replica may carry."""
 
     def __init__(self, max_increase: float, *, keep: int = KEEP, z: float = Z) -> None:
         self.max_increase = max_increase
         self.keep = keep
         self.z = z
         self._last: dict[str, StepReading] = {}
-        self._intervals: dict[str, deque[_Interval]] = {}
+        self._intervals: dict[str, dict[int, deque[_Interval]]] = {}
 
     def observe(self, endpoint: str, reading: StepReading) -> None:
         """One read of ``endpoint``; an interval with no token gaps (idle) adds nothing."""
@@ -96,8 +101,9 @@ class StepGuard:
         gaps_s = reading.gaps_s - last.gaps_s
         streams = gaps_s / span  # streams decoding, on average over the interval
         step = gaps_s / gaps
-        q = self._intervals.setdefault(endpoint, deque(maxlen=self.keep))
-        q.append(_Interval(streams, step, gaps))
+        band = math.floor(math.log2(max(streams, 1.0)) * BANDS_PER_DOUBLING)
+        bands = self._intervals.setdefault(endpoint, {})
+        bands.setdefault(band, deque(maxlen=self.keep)).append(_Interval(streams, step, gaps))
 
     def forget(self, endpoints: Iterable[str]) -> None:
         """Keep only ``endpoints`` (a replica that left the pool takes its intervals along)."""
@@ -108,7 +114,7 @@ class StepGuard:
 
     def fit(self, endpoint: str) -> StepFit | None:
         """``endpoint``'s step line (slope on the safe side); None before any interval."""
-        q = self._intervals.get(endpoint)
+        q = [iv for band in self._intervals.get(endpoint, {}).values() for iv in band]
         if not q:
             return None
         w = sum(iv.weight for iv in q)
@@ -147,6 +153,3 @@ class StepGuard:
             return 0
         each = interactive / len(eps)
         return min(sum(self.streams(ep, each) for ep in eps), 2**31)
-
-    def fits(self) -> Mapping[str, StepFit | None]:
-        return {ep: self.fit(ep) for ep in self._last}

@@ -137,3 +137,13 @@ def test_the_pacer_holds_batch_to_the_guard_while_interactive_is_active() -> Non
     # the pacer without a guard keeps the slots' window beside the same interactive load
     plain = Pacer(max_concurrency=128, fill=0.95, backoff=1.0)
     assert plain.window(PoolView(64, 4, 0.1, version=1, endpoints=eps), ours=0, now=0.0) == 57
+
+
+def test_hours_at_one_load_keep_what_another_load_measured() -> None:
+    """The batch capped beside busy interactive traffic for a long time: the intervals of the
+    last idle spell (60 streams) stay, so the slope stays measured rather than falling back."""
+    g = StepGuard(0.1)
+    feed(g, "r1", [2, 60, 4, 58, 3, 61, 2, 60] * 4 + [6, 7] * 2000, seed2k)
+    fit = g.fit("r1")
+    assert fit is not None and fit.slope == pytest.approx(0.000305, rel=0.05)
+    assert g.streams("r1", interactive=4) == 3
