@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import collections
 import math
+import statistics
 from dataclasses import dataclass
 
 from batch_service.stepguard import StepGuard
@@ -59,6 +60,8 @@ __all__ = ["Pacer", "PoolView"]
 LAG_S = 0.5  # how old a pool-state sample may be when it is read (scrape + publish)
 TREND_S = 2.0  # how far back interactive demand's rise is looked at
 GAIN = 0.5  # share of a shortfall in occupancy made up per rise (an excess is cut at once)
+TRANSIT_SAMPLES = 16  # idle samples the share of our lines in the gateway is the median of
+TRANSIT_MIN_LINES = 4  # fewer lines in flight say nothing about that share
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,7 @@ class Pacer:
         self.gain = gain
         self.guard = guard
         self.cap: int | None = None  # batch streams the step guard allows now (None: off)
+        self.interactive = 0  # interactive requests at the replicas, as the guard reads them
         self._window: float | None = None  # the controlled window (None: no sample yet)
         self._raised_at = float("-inf")
         self._bucket = max(4.0, max_concurrency / 8)  # lines that may start now
@@ -100,6 +104,11 @@ class Pacer:
         self._ours: collections.deque[tuple[float, int]] = collections.deque()  # (t, in flight)
         self._others: collections.deque[tuple[float, int]] = collections.deque()  # per sample
         self._version: int | None = None
+        # the step guard's view of interactive work: per sample, (t, interactive requests);
+        # and the share of our lines in flight not at the replicas (in the gateway), read
+        # while interactive is idle (all the replicas' work is ours then)
+        self._inter: collections.deque[tuple[float, int]] = collections.deque()
+        self._transit: collections.deque[float] = collections.deque(maxlen=TRANSIT_SAMPLES)
 
     def window(self, pool: PoolView | None, ours: int, now: float) -> int:
         """Lines that may be in flight at ``now`` with ``ours`` in flight (``pool`` None:
@@ -119,7 +128,7 @@ class Pacer:
             self._others.popleft()
         room = pool.capacity - others
         head = self.headroom()
-        self.cap = self._cap(pool, others)
+        self.cap = self._cap(pool, recent, fresh, now)
         if self._window is None:
             self._window = float(min(math.floor(self.fill * room), room - head))
             if self.cap is not None:
@@ -128,7 +137,7 @@ class Pacer:
         elif fresh:
             aim = pool.capacity - max(head, math.ceil((1.0 - self.fill) * room))
             if self.cap is not None:  # the step guard: at most ``cap`` batch streams
-                aim = min(aim, others + self.cap)
+                aim = min(aim, self.interactive + self.cap)
             error = aim - (pool.running + pool.queued)
             if error < 0:  # at once, from our lines as the sample saw them (an excess seen
                 self._window = min(self._window, recent + error)  # in two samples: cut once)
@@ -139,14 +148,32 @@ class Pacer:
         self._window = max(0.0, min(self._window, float(self.max)))
         return max(0, min(math.floor(self._window), int(self.limit), self.max))
 
-    def _cap(self, pool: PoolView, others: int) -> int | None:
-        """The step guard's bound on batch streams while interactive is active (any
-        interactive work in the samples of the last ``trend`` seconds); None: no bound."""
+    def _cap(self, pool: PoolView, recent: int, fresh: bool, now: float) -> int | None:
+        """The step guard's bound on batch streams while interactive is active (interactive
+        work in any sample of the last ``trend`` seconds); None: no bound.
+
+        Interactive work is read as the replicas' ``running + queued`` less our lines *at the
+        replicas*: our lines in flight less the share of them that is in the gateway
+        (filters, admission, recording results: ~1/6 of a full window, measured). With
+        ``others`` (all our lines subtracted) a full batch hid up to that many interactive
+        requests, and the guard let go while they ran. The share is the median of the last
+        samples taken while interactive was idle (then every request at the replicas is
+        ours)."""
         if self.guard is None or not pool.endpoints:
             return None
-        if others <= 0 and not any(n > 0 for _, n in self._others):
+        occupancy = pool.running + pool.queued
+        share = statistics.median(self._transit) if self._transit else 0.0
+        interactive = max(0, round(occupancy - (1.0 - share) * recent))
+        self.interactive = interactive
+        if fresh:
+            self._inter.append((now, interactive))
+        while self._inter and self._inter[0][0] < now - self.trend:
+            self._inter.popleft()
+        if not any(n > 0 for _, n in self._inter):
+            if fresh and recent >= TRANSIT_MIN_LINES:  # idle: what is not at the replicas
+                self._transit.append(max(0.0, (recent - occupancy) / recent))
             return None  # interactive idle: the slots decide
-        return self.guard.cap(pool.endpoints, others)
+        return self.guard.cap(pool.endpoints, interactive)
 
     def starts(self, now: float, want: int) -> int:
         """How many of ``want`` new lines may start at ``now`` (the start bucket; taken)."""

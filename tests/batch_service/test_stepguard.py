@@ -147,3 +147,23 @@ def test_hours_at_one_load_keep_what_another_load_measured() -> None:
     fit = g.fit("r1")
     assert fit is not None and fit.slope == pytest.approx(0.000305, rel=0.05)
     assert g.streams("r1", interactive=4) == 3
+
+
+def test_a_full_batch_does_not_hide_interactive_requests_from_the_guard() -> None:
+    """Lines in flight are not all at the replica: ~1/6 of a full window is in the gateway.
+    Subtracting every line in flight from the replica's count hid that many interactive
+    requests (``others`` read 0 beside 5 interactive ones) and the guard let go; the share of
+    our lines not at the replica, read while interactive is idle, uncovers them."""
+    g = StepGuard(0.1)
+    feed(g, "r1", [2, 60, 4, 58, 3, 61, 2, 60] * 4, seed2k)
+    p = Pacer(max_concurrency=128, fill=1.0, backoff=1.0, guard=g, lag=0.0)
+    eps = ("r1",)
+    v = 0
+    for t in range(12):  # idle: 60 lines in flight, 50 at the replica
+        v += 1
+        p.window(PoolView(64, 50, 0.8, version=v, endpoints=eps), ours=60, now=t * 0.25)
+    assert p.cap is None  # interactive idle: the slots decide
+    # five interactive requests arrive: the replica runs 55, still fewer than our 60 lines
+    w = p.window(PoolView(64, 55, 0.9, version=v + 1, endpoints=eps), ours=60, now=3.25)
+    assert p.cap is not None and p.cap <= 4
+    assert w <= p.cap + 10  # cut at once to the cap and the lines in the gateway
