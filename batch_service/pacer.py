@@ -31,11 +31,14 @@ control plane publishes (every scrape interval, ~0.25 s):
 
 While interactive work shows in any sample of the last ``trend`` seconds, the **step guard**
 (``guard``, batch_service/stepguard.py) caps the batch streams: the occupancy aimed at is at
-most ``others + cap``, where ``cap`` is how many batch streams the replicas may carry before
-their measured decode step grows more than ``batch.runner.max_step_increase`` over the step
-the interactive streams see alone. An excess is cut at once as above, so the window falls to
-the cap with the first sample that shows interactive demand. With no interactive work in that
-span the guard does not bind and the slots decide.
+most ``interactive + cap``, where ``cap`` is how many batch streams the replicas may carry
+before their measured decode step grows more than ``batch.runner.max_step_increase`` over the
+step the interactive streams see alone. ``interactive`` is the replicas' ``running + queued``
+less our lines *at the replicas*: our lines in flight less the share of them in the gateway,
+read while interactive is idle (``others``, which subtracts every line in flight, hid up to
+that many interactive requests beside a full batch). An excess is cut at once as above, so the
+window falls to the cap with the first sample that shows interactive demand. With no
+interactive work in that span the guard does not bind and the slots decide.
 
 New lines start in bursts of at most an eighth of ``max_concurrency`` (at least 4), eight
 bursts a second: a
