@@ -29,7 +29,8 @@ control plane publishes (every scrape interval, ~0.25 s):
   one. The limit starts at ``max_concurrency``: the pool state already bounds the window, and
   a slow start only left idle slots for the first round trips.
 
-While interactive work shows in any sample of the last ``trend`` seconds, the **step guard**
+Until interactive is quiet (no work seen for ``trend`` seconds and for ``ln 20 / λ`` at its
+measured arrival rate ``λ``: stepguard.Quiet), the **step guard**
 (``guard``, batch_service/stepguard.py) caps the batch streams: the occupancy aimed at is at
 most ``interactive + cap``, where ``cap`` is how many batch streams the replicas may carry
 before their measured decode step grows more than ``batch.runner.max_step_increase`` over the
@@ -37,8 +38,8 @@ step the interactive streams see alone. ``interactive`` is the replicas' ``runni
 less our lines *at the replicas*: our lines in flight less the share of them in the gateway,
 read while interactive is idle (``others``, which subtracts every line in flight, hid up to
 that many interactive requests beside a full batch). An excess is cut at once as above, so the
-window falls to the cap with the first sample that shows interactive demand. With no
-interactive work in that span the guard does not bind and the slots decide.
+window falls to the cap with the first sample that shows interactive demand. Once interactive
+is quiet the guard does not bind and the slots decide.
 
 New lines start in bursts of at most an eighth of ``max_concurrency`` (at least 4), eight
 bursts a second: a
@@ -56,7 +57,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from batch_service.stepguard import StepGuard
+from batch_service.stepguard import Quiet, StepGuard
 
 __all__ = ["Pacer", "PoolView"]
 
@@ -110,7 +111,7 @@ class Pacer:
         # the step guard's view of interactive work: per sample, (t, interactive requests);
         # and the share of our lines in flight not at the replicas (in the gateway), read
         # while interactive is idle (all the replicas' work is ours then)
-        self._inter: collections.deque[tuple[float, int]] = collections.deque()
+        self._quiet = Quiet(trend)
         self._transit: collections.deque[float] = collections.deque(maxlen=TRANSIT_SAMPLES)
 
     def window(self, pool: PoolView | None, ours: int, now: float) -> int:
@@ -152,15 +153,16 @@ class Pacer:
         return max(0, min(math.floor(self._window), int(self.limit), self.max))
 
     def _cap(self, pool: PoolView, recent: int, fresh: bool, now: float) -> int | None:
-        """The step guard's bound on batch streams while interactive is active (interactive
-        work in any sample of the last ``trend`` seconds); None: no bound.
+        """The step guard's bound on batch streams until interactive is quiet
+        (:class:`~batch_service.stepguard.Quiet`: idle for ``trend`` and for ``ln 20 / λ``
+        at its arrival rate ``λ``); None: no bound.
 
         Interactive work is read as the replicas' ``running + queued`` less our lines *at the
         replicas*: our lines in flight less the share of them that is in the gateway
         (filters, admission, recording results: ~1/6 of a full window, measured). With
         ``others`` (all our lines subtracted) a full batch hid up to that many interactive
         requests, and the guard let go while they ran. The share is the median of the last
-        samples taken while interactive was idle (then every request at the replicas is
+        samples taken while interactive was quiet (then every request at the replicas is
         ours)."""
         if self.guard is None or not pool.endpoints:
             return None
@@ -169,13 +171,11 @@ class Pacer:
         interactive = max(0, round(occupancy - (1.0 - share) * recent))
         self.interactive = interactive
         if fresh:
-            self._inter.append((now, interactive))
-        while self._inter and self._inter[0][0] < now - self.trend:
-            self._inter.popleft()
-        if not any(n > 0 for _, n in self._inter):
+            self._quiet.observe(now, interactive)
+        if self._quiet.quiet(now):
             if fresh and recent >= TRANSIT_MIN_LINES:  # idle: what is not at the replicas
                 self._transit.append(max(0.0, (recent - occupancy) / recent))
-            return None  # interactive idle: the slots decide
+            return None  # interactive quiet: the slots decide
         return self.guard.cap(pool.endpoints, interactive)
 
     def starts(self, now: float, want: int) -> int:

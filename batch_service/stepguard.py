@@ -42,8 +42,10 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["StepFit", "StepGuard", "StepReading"]
+__all__ = ["Quiet", "StepFit", "StepGuard", "StepReading"]
 
+TAIL = math.log(20.0)  # a Poisson gap longer than TAIL/λ comes before 1 arrival in 20 (p95)
+RATE_WINDOW_S = 60.0  # interactive arrivals are counted over this span
 KEEP = 30  # intervals kept per band of load (15 s at the runner's 0.5 s reads)
 BANDS_PER_DOUBLING = 4  # a band of b̄: [2^(k/4), 2^((k+1)/4)) streams
 Z = 2.0  # standard errors above the fitted slope (the safe side)
@@ -153,3 +155,53 @@ class StepGuard:
             return 0
         each = interactive / len(eps)
         return min(sum(self.streams(ep, each) for ep in eps), 2**31)
+
+
+class Quiet:
+    """When the guard may let go: interactive has been idle long enough that the batch filling
+    the slots will meet few interactive arrivals.
+
+    A batch that fills the slots in a lull stays there for its lines' lifetime, and the next
+    interactive requests meet its long steps: the guard's bound holds for them only if the
+    lull is a real one. With interactive arrivals at rate ``λ`` (Poisson), a gap longer than
+    ``ln 20 / λ`` precedes one arrival in 20; the guard lets go only after interactive has
+    been idle that long (and at least ``trend``), so at most ~5% of interactive arrivals
+    (the p95 the latency target is stated in) come after a lull long enough to find the
+    batch unguarded. ``λ`` is counted over the last ``window`` seconds from the rises of
+    the interactive count between samples (a lower bound: one that came and went between
+    two samples is missed); none counted: ``trend`` alone."""
+
+    def __init__(self, trend: float, *, window: float = RATE_WINDOW_S) -> None:
+        self.trend = trend
+        self.window = window
+        self._rises: deque[tuple[float, int]] = deque()
+        self._prev = 0
+        self._seen_at = float("-inf")  # the last sample with interactive work
+        self._start: float | None = None
+
+    def observe(self, now: float, interactive: int) -> None:
+        """One sample of the interactive requests at the replicas."""
+        if self._start is None:
+            self._start = now
+        if interactive > self._prev:
+            self._rises.append((now, interactive - self._prev))
+        self._prev = interactive
+        if interactive > 0:
+            self._seen_at = now
+        while self._rises and self._rises[0][0] < now - self.window:
+            self._rises.popleft()
+
+    def rate(self, now: float) -> float:
+        """Interactive arrivals a second over the window (or since the first sample)."""
+        if self._start is None:
+            return 0.0
+        span = min(self.window, now - self._start)
+        return sum(n for _, n in self._rises) / span if span > 0 else 0.0
+
+    def hold(self, now: float) -> float:
+        """How long interactive must be idle before the guard lets go."""
+        lam = self.rate(now)
+        return max(self.trend, TAIL / lam) if lam > 0 else self.trend
+
+    def quiet(self, now: float) -> bool:
+        return now - self._seen_at >= self.hold(now)

@@ -3,13 +3,14 @@ ones so that its measured decode step grows by at most ``max_increase``."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 
 import pytest
 
 from batch_service.pacer import Pacer, PoolView
-from batch_service.stepguard import StepGuard, StepReading
+from batch_service.stepguard import Quiet, StepGuard, StepReading
 from batch_service.stepmeter import parse_step_reading
 
 
@@ -167,3 +168,24 @@ def test_a_full_batch_does_not_hide_interactive_requests_from_the_guard() -> Non
     w = p.window(PoolView(64, 55, 0.9, version=v + 1, endpoints=eps), ours=60, now=3.25)
     assert p.cap is not None and p.cap <= 4
     assert w <= p.cap + 10  # cut at once to the cap and the lines in the gateway
+
+
+def test_the_guard_lets_go_only_after_a_lull_long_for_the_interactive_rate() -> None:
+    """A lull of ``trend`` seconds at 0.5 arrivals a second is no lull: a batch filling the
+    slots then meets the next arrival (a gap that long comes before 37% of arrivals). The
+    guard waits ``ln 20 / λ`` (6 s here: one arrival in 20); with no arrivals, ``trend``."""
+    q = Quiet(trend=2.0, window=60.0)
+    t = 0.0
+    for _ in range(30):  # one arrival every 2 s, each seen in one sample
+        q.observe(t, 1)
+        q.observe(t + 0.25, 0)
+        t += 2.0
+    assert q.rate(t) == pytest.approx(0.5, rel=0.05)
+    assert q.hold(t) == pytest.approx(math.log(20) / 0.5, rel=0.05)
+    last = t - 2.0  # the last sample with interactive work
+    assert not q.quiet(last + 3.0)
+    assert q.quiet(last + 6.5)
+    # no interactive at all: quiet from the start (the slots decide at once)
+    fresh = Quiet(trend=2.0)
+    fresh.observe(0.0, 0)
+    assert fresh.quiet(0.0) and fresh.hold(0.0) == 2.0
