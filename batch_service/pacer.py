@@ -112,6 +112,7 @@ class Pacer:
         # and the share of our lines in flight not at the replicas (in the gateway), read
         # while interactive is idle (all the replicas' work is ours then)
         self._quiet = Quiet(trend)
+        self._steady: collections.deque[tuple[float, int]] = collections.deque()  # over trend
         self._transit: collections.deque[float] = collections.deque(maxlen=TRANSIT_SAMPLES)
 
     def window(self, pool: PoolView | None, ours: int, now: float) -> int:
@@ -173,7 +174,12 @@ class Pacer:
         if fresh:
             self._quiet.observe(now, interactive)
         if self._quiet.quiet(now):
-            if fresh and recent >= TRANSIT_MIN_LINES:  # idle: what is not at the replicas
+            # idle: what is not at the replicas, read while our lines in flight hold steady
+            # (a window opening sends lines the sample cannot show yet: read then, the
+            # share came out near 1 and every request at the replicas looked interactive)
+            low = min(n for _, n in self._steady)
+            steady = recent - low <= max(2, recent // 10)
+            if fresh and recent >= TRANSIT_MIN_LINES and steady:
                 self._transit.append(max(0.0, (recent - occupancy) / recent))
             return None  # interactive quiet: the slots decide
         return self.guard.cap(pool.endpoints, interactive)
@@ -208,6 +214,9 @@ class Pacer:
         self.paused_until = max(self.paused_until, now + pause)
 
     def _remember_ours(self, ours: int, now: float) -> None:
+        self._steady.append((now, ours))
+        while len(self._steady) > 1 and self._steady[0][0] < now - self.trend:
+            self._steady.popleft()
         self._ours.append((now, ours))
         while len(self._ours) > 1 and self._ours[0][0] < now - self.lag:
             self._ours.popleft()

@@ -91,8 +91,10 @@ async def interactive(http: aiohttp.ClientSession, port: int, stop: asyncio.Even
 async def run_phases(
     tmp_path: Path, redis_port: int, port: int, increase: float | None
 ) -> dict[str, float]:
-    """Idle 6 s, interactive for 10 s, idle 6 s; the batch streams running (the replica's
-    running requests less the interactive ones) averaged over each phase's last part."""
+    """Idle 6 s, interactive for 10 s, idle 12 s (the guard lets go after a lull of
+    ``ln 20 / λ`` at the interactive arrival rate it counted: a few seconds here); the batch
+    streams running (the replica's running requests less the interactive ones) averaged over
+    each phase's second half."""
     redis = await connect_redis(f"redis://127.0.0.1:{redis_port}/0", timeout=2.0)
     records, store = Records(redis), DirectoryStore(tmp_path / "files")
     tenant, n = f"t{secrets.token_hex(4)}", 3000
@@ -136,7 +138,7 @@ async def run_phases(
         task = asyncio.create_task(runner.run())
         clients: list[asyncio.Task[None]] = []
         try:
-            for phase, seconds in (("idle", 6.0), ("interactive", 10.0), ("idle again", 6.0)):
+            for phase, seconds in (("idle", 6.0), ("interactive", 10.0), ("idle again", 12.0)):
                 if phase == "interactive":
                     clients = [
                         asyncio.create_task(interactive(http, port, stop))
