@@ -178,7 +178,8 @@ class Pacer:
             # (a window opening sends lines the sample cannot show yet: read then, the
             # share came out near 1 and every request at the replicas looked interactive)
             low = min(n for _, n in self._steady)
-            steady = recent - low <= max(2, recent // 10)
+            spanned = self._steady[0][0] <= now - self.trend  # a whole ``trend`` seen
+            steady = spanned and recent - low <= max(2, recent // 10)
             if fresh and recent >= TRANSIT_MIN_LINES and steady:
                 self._transit.append(max(0.0, (recent - occupancy) / recent))
             return None  # interactive quiet: the slots decide
@@ -214,8 +215,8 @@ class Pacer:
         self.paused_until = max(self.paused_until, now + pause)
 
     def _remember_ours(self, ours: int, now: float) -> None:
-        self._steady.append((now, ours))
-        while len(self._steady) > 1 and self._steady[0][0] < now - self.trend:
+        self._steady.append((now, ours))  # kept back to the last entry at or before the span
+        while len(self._steady) > 1 and self._steady[1][0] <= now - self.trend:
             self._steady.popleft()
         self._ours.append((now, ours))
         while len(self._ours) > 1 and self._ours[0][0] < now - self.lag:

@@ -189,3 +189,18 @@ def test_the_guard_lets_go_only_after_a_lull_long_for_the_interactive_rate() -> 
     fresh = Quiet(trend=2.0)
     fresh.observe(0.0, 0)
     assert fresh.quiet(0.0) and fresh.hold(0.0) == 2.0
+
+
+def test_the_share_in_the_gateway_is_not_read_while_a_window_opens() -> None:
+    """Lines just sent are not in the sample yet: read then, nearly all our lines look like
+    they are in the gateway, and every request at the replicas would read as interactive."""
+    g = StepGuard(0.1)
+    feed(g, "r1", [2, 60, 4, 58, 3, 61, 2, 60] * 4, seed2k)
+    p = Pacer(max_concurrency=128, fill=1.0, backoff=1.0, guard=g, lag=0.0)
+    eps = ("r1",)
+    for v, ours in enumerate((16, 32, 48, 60), start=1):  # opening: the replica shows none
+        p.window(PoolView(64, 0, 0.0, version=v, endpoints=eps), ours=ours, now=v * 0.25)
+    for v in range(5, 17):  # steady: 60 in flight, 50 at the replica
+        p.window(PoolView(64, 50, 0.8, version=v, endpoints=eps), ours=60, now=v * 0.25 + 2.0)
+    p.window(PoolView(64, 50, 0.8, version=17, endpoints=eps), ours=60, now=6.5)
+    assert p.cap is None and p.interactive <= 1  # the share is ~1/6, not ~1
