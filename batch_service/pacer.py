@@ -29,6 +29,18 @@ control plane publishes (every scrape interval, ~0.25 s):
   one. The limit starts at ``max_concurrency``: the pool state already bounds the window, and
   a slow start only left idle slots for the first round trips.
 
+Until interactive is quiet (no work seen for ``trend`` seconds and for ``ln 20 / λ`` at its
+measured arrival rate ``λ``: stepguard.Quiet), the **step guard**
+(``guard``, batch_service/stepguard.py) caps the batch streams: the occupancy aimed at is at
+most ``interactive + cap``, where ``cap`` is how many batch streams the replicas may carry
+before their measured decode step grows more than ``batch.runner.max_step_increase`` over the
+step the interactive streams see alone. ``interactive`` is the replicas' ``running + queued``
+less our lines *at the replicas*: our lines in flight less the share of them in the gateway,
+read while interactive is idle (``others``, which subtracts every line in flight, hid up to
+that many interactive requests beside a full batch). An excess is cut at once as above, so the
+window falls to the cap with the first sample that shows interactive demand. Once interactive
+is quiet the guard does not bind and the slots decide.
+
 New lines start in bursts of at most an eighth of ``max_concurrency`` (at least 4), eight
 bursts a second: a
 window of 60 opened at once sent 60 requests into the filter server together, and on a loaded
@@ -42,13 +54,18 @@ from __future__ import annotations
 
 import collections
 import math
+import statistics
 from dataclasses import dataclass
+
+from batch_service.stepguard import Quiet, StepGuard
 
 __all__ = ["Pacer", "PoolView"]
 
 LAG_S = 0.5  # how old a pool-state sample may be when it is read (scrape + publish)
 TREND_S = 2.0  # how far back interactive demand's rise is looked at
 GAIN = 0.5  # share of a shortfall in occupancy made up per rise (an excess is cut at once)
+TRANSIT_SAMPLES = 16  # idle samples the share of our lines in the gateway is the median of
+TRANSIT_MIN_LINES = 4  # fewer lines in flight say nothing about that share
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +75,7 @@ class PoolView:
     saturation: float  # the pool's mean saturation (1 = every slot busy; stale = saturated)
     queued: int = 0  # requests waiting in the replicas' queues, ours included
     version: int = 0  # the pool state's version: a new one is a new sample
+    endpoints: tuple[str, ...] = ()  # the fresh replicas (the step guard's per-replica cap)
 
 
 class Pacer:
@@ -70,6 +88,7 @@ class Pacer:
         lag: float = LAG_S,
         trend: float = TREND_S,
         gain: float = GAIN,
+        guard: StepGuard | None = None,
     ) -> None:
         self.max = max_concurrency
         self.fill = fill
@@ -77,6 +96,9 @@ class Pacer:
         self.lag = lag
         self.trend = trend
         self.gain = gain
+        self.guard = guard
+        self.cap: int | None = None  # batch streams the step guard allows now (None: off)
+        self.interactive = 0  # interactive requests at the replicas, as the guard reads them
         self._window: float | None = None  # the controlled window (None: no sample yet)
         self._raised_at = float("-inf")
         self._bucket = max(4.0, max_concurrency / 8)  # lines that may start now
@@ -86,6 +108,12 @@ class Pacer:
         self._ours: collections.deque[tuple[float, int]] = collections.deque()  # (t, in flight)
         self._others: collections.deque[tuple[float, int]] = collections.deque()  # per sample
         self._version: int | None = None
+        # the step guard's view of interactive work: per sample, (t, interactive requests);
+        # and the share of our lines in flight not at the replicas (in the gateway), read
+        # while interactive is idle (all the replicas' work is ours then)
+        self._quiet = Quiet(trend)
+        self._steady: collections.deque[tuple[float, int]] = collections.deque()  # over trend
+        self._transit: collections.deque[float] = collections.deque(maxlen=TRANSIT_SAMPLES)
 
     def window(self, pool: PoolView | None, ours: int, now: float) -> int:
         """Lines that may be in flight at ``now`` with ``ours`` in flight (``pool`` None:
@@ -105,11 +133,16 @@ class Pacer:
             self._others.popleft()
         room = pool.capacity - others
         head = self.headroom()
+        self.cap = self._cap(pool, recent, fresh, now)
         if self._window is None:
             self._window = float(min(math.floor(self.fill * room), room - head))
+            if self.cap is not None:
+                self._window = min(self._window, float(self.cap))
             self._raised_at = now
         elif fresh:
             aim = pool.capacity - max(head, math.ceil((1.0 - self.fill) * room))
+            if self.cap is not None:  # the step guard: at most ``cap`` batch streams
+                aim = min(aim, self.interactive + self.cap)
             error = aim - (pool.running + pool.queued)
             if error < 0:  # at once, from our lines as the sample saw them (an excess seen
                 self._window = min(self._window, recent + error)  # in two samples: cut once)
@@ -119,6 +152,38 @@ class Pacer:
                 self._raised_at = now
         self._window = max(0.0, min(self._window, float(self.max)))
         return max(0, min(math.floor(self._window), int(self.limit), self.max))
+
+    def _cap(self, pool: PoolView, recent: int, fresh: bool, now: float) -> int | None:
+        """The step guard's bound on batch streams until interactive is quiet
+        (:class:`~batch_service.stepguard.Quiet`: idle for ``trend`` and for ``ln 20 / λ``
+        at its arrival rate ``λ``); None: no bound.
+
+        Interactive work is read as the replicas' ``running + queued`` less our lines *at the
+        replicas*: our lines in flight less the share of them that is in the gateway
+        (filters, admission, recording results: ~1/6 of a full window, measured). With
+        ``others`` (all our lines subtracted) a full batch hid up to that many interactive
+        requests, and the guard let go while they ran. The share is the median of the last
+        samples taken while interactive was quiet (then every request at the replicas is
+        ours)."""
+        if self.guard is None or not pool.endpoints:
+            return None
+        occupancy = pool.running + pool.queued
+        share = statistics.median(self._transit) if self._transit else 0.0
+        interactive = max(0, round(occupancy - (1.0 - share) * recent))
+        self.interactive = interactive
+        if fresh:
+            self._quiet.observe(now, interactive)
+        if self._quiet.quiet(now):
+            # idle: what is not at the replicas, read while our lines in flight hold steady
+            # (a window opening sends lines the sample cannot show yet: read then, the
+            # share came out near 1 and every request at the replicas looked interactive)
+            low = min(n for _, n in self._steady)
+            spanned = self._steady[0][0] <= now - self.trend  # a whole ``trend`` seen
+            steady = spanned and recent - low <= max(2, recent // 10)
+            if fresh and recent >= TRANSIT_MIN_LINES and steady:
+                self._transit.append(max(0.0, (recent - occupancy) / recent))
+            return None  # interactive quiet: the slots decide
+        return self.guard.cap(pool.endpoints, interactive)
 
     def starts(self, now: float, want: int) -> int:
         """How many of ``want`` new lines may start at ``now`` (the start bucket; taken)."""
@@ -150,6 +215,9 @@ class Pacer:
         self.paused_until = max(self.paused_until, now + pause)
 
     def _remember_ours(self, ours: int, now: float) -> None:
+        self._steady.append((now, ours))  # kept back to the last entry at or before the span
+        while len(self._steady) > 1 and self._steady[1][0] <= now - self.trend:
+            self._steady.popleft()
         self._ours.append((now, ours))
         while len(self._ours) > 1 and self._ours[0][0] < now - self.lag:
             self._ours.popleft()

@@ -29,6 +29,8 @@ from batch_service.files import FileStore
 from batch_service.objects import ACTIVE, TERMINAL, error_line, output_line
 from batch_service.pacer import Pacer, PoolView
 from batch_service.records import Claim, Records
+from batch_service.stepguard import StepGuard
+from batch_service.stepmeter import StepMeter
 from batch_service.validate import Line, parse_lines
 from policy.batch import BATCH_LINE_HEADER, BatchPolicy
 from poolstate.reader import PoolStateReader
@@ -88,6 +90,12 @@ class RunnerMetrics:
             "jobs an API server created but died before queueing, queued by this runner",
             registry=registry,
         )
+        self.guard = Gauge(
+            "tokenweir_batch_guard_streams",
+            "batch streams the step guard allows on the pool now (-1: not binding: interactive "
+            "idle, or the guard off)",
+            registry=registry,
+        )
         self.lag = Gauge(
             "tokenweir_batch_lag_seconds",
             "age of the job this runner works on (0 when idle): how far behind submission it is",
@@ -113,7 +121,8 @@ class BatchRunner:
         self.clock = clock
         self.m = RunnerMetrics(registry)
         r = settings.policy.runner
-        self.pacer = Pacer(r.max_concurrency, r.fill, r.backoff)
+        self.guard = None if r.max_step_increase is None else StepGuard(r.max_step_increase)
+        self.pacer = Pacer(r.max_concurrency, r.fill, r.backoff, guard=self.guard)
         self._http: aiohttp.ClientSession | None = None
 
     # ---- the loop ------------------------------------------------------------------------------
@@ -123,39 +132,55 @@ class BatchRunner:
         connector = aiohttp.TCPConnector(limit=0, ssl=tls if tls is not None else True)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
             self._http = http
-            while True:
-                try:
-                    await self.records.ensure_group()
-                    break
-                except (RedisError, OSError) as exc:
-                    log.warning("redis: %s; retrying", exc)
-                    await asyncio.sleep(1.0)
-            idle = self.s.policy.runner.claim_idle
-            idle_ms = int(idle * 1000)
-            swept = float("-inf")
-            while True:
-                try:
-                    if self.clock() - swept >= idle / 3:
-                        swept = self.clock()
-                        for tenant, jid in await self.records.requeue_stuck(swept, idle):
-                            log.warning("job %s/%s was left unqueued; queued it", tenant, jid)
-                            self.m.requeued.inc()
-                        self.m.queued.set(await self.records.queued_jobs())
-                    claim = await self.records.claim(
-                        self.s.consumer, idle_ms=idle_ms, block_ms=1000
-                    )
-                    if claim is not None:
-                        await self._job(claim)
-                except (RedisError, OSError, StoreError) as exc:
-                    log.warning("batch runner: %s: %s; retrying", type(exc).__name__, exc)
-                    await asyncio.sleep(self.s.policy.runner.backoff)
+            meter = None
+            if self.guard is not None:
+                meter = asyncio.create_task(
+                    StepMeter(self.guard, self._endpoints, http, clock=self.clock).run(),
+                    name="batch-step-meter",
+                )
+            try:
+                await self._loop()
+            finally:
+                if meter is not None:
+                    meter.cancel()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.records.ensure_group()
+                break
+            except (RedisError, OSError) as exc:
+                log.warning("redis: %s; retrying", exc)
+                await asyncio.sleep(1.0)
+        idle = self.s.policy.runner.claim_idle
+        idle_ms = int(idle * 1000)
+        swept = float("-inf")
+        while True:
+            try:
+                if self.clock() - swept >= idle / 3:
+                    swept = self.clock()
+                    for tenant, jid in await self.records.requeue_stuck(swept, idle):
+                        log.warning("job %s/%s was left unqueued; queued it", tenant, jid)
+                        self.m.requeued.inc()
+                    self.m.queued.set(await self.records.queued_jobs())
+                claim = await self.records.claim(self.s.consumer, idle_ms=idle_ms, block_ms=1000)
+                if claim is not None:
+                    await self._job(claim)
+            except (RedisError, OSError, StoreError) as exc:
+                log.warning("batch runner: %s: %s; retrying", type(exc).__name__, exc)
+                await asyncio.sleep(self.s.policy.runner.backoff)
 
     def _pool(self) -> PoolView | None:
         state = self.pool_state.state
         p = state.pools.get(self.s.policy.pool)
         if p is None:
             return None
-        return PoolView(p.capacity_running, p.running, p.saturation, p.queued, state.version)
+        fresh = tuple(ep for ep, r in p.endpoints.items() if not r.stale)
+        return PoolView(p.capacity_running, p.running, p.saturation, p.queued, state.version, fresh)
+
+    def _endpoints(self) -> list[str]:
+        p = self.pool_state.state.pools.get(self.s.policy.pool)
+        return [] if p is None else [ep for ep, r in p.endpoints.items() if not r.stale]
 
     # ---- one job -------------------------------------------------------------------------------
     async def _job(self, claim: Claim) -> None:
@@ -230,6 +255,7 @@ class BatchRunner:
                 if not stopping:
                     window = self.pacer.window(self._pool(), len(inflight), now)
                     self.m.window.set(window)
+                    self.m.guard.set(-1 if self.pacer.cap is None else self.pacer.cap)
                     starts = self.pacer.starts(now, window - len(inflight))
                     while pending and starts > 0:
                         starts -= 1

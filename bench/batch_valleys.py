@@ -47,7 +47,10 @@ MODEL = "llama-3.1-8b"
 
 
 def policy_text(
-    slots_profile: str, fill: float | None, time_scale: float = 1.0
+    slots_profile: str,
+    fill: float | None,
+    time_scale: float = 1.0,
+    step_increase: str | None = None,
 ) -> tuple[str, int, dict[str, int]]:
     """The example policy on free ports: one chat replica, no sidecar, the batch runner."""
     doc = yaml.safe_load((ROOT / "examples" / "mesh.yaml").read_text())
@@ -74,6 +77,9 @@ def policy_text(
     doc["batch"]["runner"]["metrics_port"] = port("runner")
     if fill is not None:
         doc["batch"]["runner"]["fill"] = fill
+    if step_increase is not None:  # the step guard's key; "off": null (no guard)
+        off = step_increase == "off"
+        doc["batch"]["runner"]["max_step_increase"] = None if off else float(step_increase)
     # the bench's tenant is not the bottleneck: pro's token bucket is large
     return yaml.safe_dump(doc, sort_keys=False), ports["gw"], ports
 
@@ -104,6 +110,10 @@ class Arm:
     # interactive waiting, batch waiting), by the priority each lane carries
     replica: list[tuple[int, int, int, int]] = field(default_factory=list)
     preempted: int = 0  # batch requests preempted by the replica during the arm
+    # per interactive request with a first token: (ttft, batch running at the replica at its
+    # arrival (the last sample), interactive requests in flight at its arrival)
+    seen: list[tuple[float, int, int]] = field(default_factory=list)
+    guard: list[int] = field(default_factory=list)  # the runner's step-guard cap, when binding
 
 
 async def interactive(http: aiohttp.ClientSession, url: str, arm: Arm, i: int, tokens: int) -> None:
@@ -111,6 +121,8 @@ async def interactive(http: aiohttp.ClientSession, url: str, arm: Arm, i: int, t
         "model": MODEL, "stream": True, "max_tokens": tokens,
         "messages": [{"role": "user", "content": f"question {i}: " + "word " * 40}],
     }  # fmt: skip
+    at_batch = arm.replica[-1][1] if arm.replica else 0
+    at_inter = arm.inter
     arm.inter += 1
     start = time.monotonic()
     first = None
@@ -126,6 +138,7 @@ async def interactive(http: aiohttp.ClientSession, url: str, arm: Arm, i: int, t
                     first = time.monotonic() - start
         if first is not None:
             arm.ttft.append(first)
+            arm.seen.append((first, at_batch, at_inter))
     except (aiohttp.ClientError, TimeoutError):
         arm.errors += 1
     finally:
@@ -230,6 +243,9 @@ async def run_arm(
                 if name == "runner":
                     with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                         b = int(await gauge(http, runner_metrics, "tokenweir_batch_inflight"))
+                        cap = await gauge(http, runner_metrics, "tokenweir_batch_guard_streams")
+                        if cap >= 0:
+                            arm.guard.append(int(cap))
                 arm.samples.append((arm.inter, b))
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     st = await replica_state(http, state_url)
@@ -299,12 +315,21 @@ def summary(arm: Arm, slots: int, extra: dict[str, Any]) -> dict[str, Any]:
         "replica_mean_interactive_waiting": round(sum(x[2] for x in arm.replica) / n, 3),
         "replica_mean_batch_waiting": round(sum(x[3] for x in arm.replica) / n, 2),
         "batch_preempted": arm.preempted,
+        # where the tail comes from: the slowest twentieth, with the batch running at the
+        # replica when each arrived, and the TTFT p95 of arrivals beside little or much batch
+        "slowest": [
+            {"ttft_ms": round(t * 1000, 1), "batch_running_at_arrival": b, "interactive": i}
+            for t, b, i in sorted(arm.seen, reverse=True)[: max(1, len(arm.seen) // 20)]
+        ],
+        "arrivals_beside_batch_over_10": sum(1 for _, b, _ in arm.seen if b > 10),
+        "guard_binding_share": round(len(arm.guard) / len(arm.samples), 3) if arm.samples else 0,
+        "guard_mean_cap": round(statistics.mean(arm.guard), 2) if arm.guard else None,
         **extra,
     }
 
 
 async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
-    text, gw, ports = policy_text(ns.profile, ns.fill, ns.time_scale)
+    text, gw, ports = policy_text(ns.profile, ns.fill, ns.time_scale, ns.max_step_increase)
     run = Path(ns.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     (run / "mesh.yaml").write_text(text)
@@ -360,6 +385,10 @@ def main() -> None:
     p.add_argument("--profile", default="seed-2k")
     p.add_argument("--slots", type=int, default=64, help="the pool's running slots (the profile's)")
     p.add_argument("--fill", type=float, help="the runner's fill (default: the example's)")
+    p.add_argument(
+        "--max-step-increase",
+        help="batch.runner.max_step_increase (a share, or 'off'; default: the example's)",
+    )
     p.add_argument("--naive-concurrency", type=int, default=128)
     p.add_argument("--sample", type=float, default=0.25)
     p.add_argument("--settle", type=float, default=8.0)

@@ -43,7 +43,11 @@ class BatchRunner:
     recent rise (batch_service/pacer.py); a line the gateway sheds (429, 503) halves the window and pauses the
     runner for ``backoff``. ``line_retries``: how often a line answered 5xx is sent again
     before it is recorded as failed; the runner pauses ``backoff``, then twice that, and so on
-    (8: about 4 minutes with 1 s, longer than a restart of any part of the mesh)."""
+    (8: about 4 minutes with 1 s, longer than a restart of any part of the mesh).
+    ``max_step_increase``: while interactive requests are active, the batch may lengthen each
+    replica's decode step (the interactive streams' time between tokens) by at most this share
+    of the step they would see alone, measured on the replica (batch_service/stepguard.py;
+    0.1: 10%); ``null`` turns the step guard off (only the slots bound the batch)."""
 
     replicas: Annotated[int, Range(0, 16)] = 1
     metrics_port: Port = 18075
@@ -52,6 +56,7 @@ class BatchRunner:
     backoff: Annotated[float, Duration(0.01, 600)] = 1.0
     line_retries: Annotated[int, Range(0, 30)] = 8
     claim_idle: Annotated[float, Duration(1, 3600)] = 15.0  # a dead runner's job is taken after
+    max_step_increase: Annotated[float, Range(0.0, 100.0)] | None = 0.1
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,93 @@
+"""Reads each replica's step counters for the step guard (batch_service/stepguard.py).
+
+Every ``interval`` the meter reads ``/metrics`` of the pool's fresh replicas (the endpoints the
+pool state names) and keeps two lines: the token-gap histogram's sum and count (SGLang's
+``sglang:inter_token_latency_seconds``; the emulator exports the same). One regex pass, no full parse: a
+page's histograms are most of its lines. A replica that does not answer keeps its intervals
+(the guard uses what it measured last); one whose counters go back (a restart) starts again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable, Iterable
+
+import aiohttp
+
+from batch_service.stepguard import StepGuard, StepReading
+
+__all__ = ["StepMeter", "parse_step_reading"]
+
+log = logging.getLogger("tokenweir.batch.stepmeter")
+
+_NAMES = {
+    "sglang:inter_token_latency_seconds_sum": "gaps_s",
+    "sglang:inter_token_latency_seconds_count": "gaps",
+}
+_LINE = re.compile(
+    "^(" + "|".join(re.escape(n) for n in _NAMES) + r")(?:\{[^\n]*\})?[ \t]+(\S+)", re.M
+)
+
+
+def parse_step_reading(text: str, at: float) -> StepReading | None:
+    """The two counters in ``text`` (read at ``at``), summed over label sets (data-parallel
+    ranks); None when the token-gap count is absent (not an SGLang page)."""
+    got: dict[str, float] = {}
+    for name, value in _LINE.findall(text):
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        if v == v:  # NaN: a rank with nothing yet
+            got[_NAMES[name]] = got.get(_NAMES[name], 0.0) + v
+    if "gaps" not in got:
+        return None
+    return StepReading(got.get("gaps_s", 0.0), got["gaps"], at)
+
+
+class StepMeter:
+    """Feeds ``guard`` from the replicas ``endpoints()`` names, every ``interval`` seconds."""
+
+    def __init__(
+        self,
+        guard: StepGuard,
+        endpoints: Callable[[], Iterable[str]],
+        http: aiohttp.ClientSession,
+        *,
+        clock: Callable[[], float],
+        interval: float = 0.5,
+        timeout: float = 1.0,
+    ) -> None:
+        self.guard = guard
+        self.endpoints = endpoints
+        self.http = http
+        self.clock = clock
+        self.interval = interval
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+
+    async def read(self, endpoint: str) -> StepReading | None:
+        try:
+            async with self.http.get(f"http://{endpoint}/metrics", timeout=self.timeout) as r:
+                if r.status != 200:
+                    return None
+                text = await r.text()
+                return parse_step_reading(text, self.clock())
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.debug("step meter: %s: %s", endpoint, exc)
+            return None
+
+    async def once(self) -> None:
+        eps = list(self.endpoints())
+        readings = await asyncio.gather(*(self.read(ep) for ep in eps))
+        for ep, reading in zip(eps, readings, strict=True):
+            if reading is not None:
+                self.guard.observe(ep, reading)
+        if eps:  # no pool state (stale, not yet read): keep what was measured
+            self.guard.forget(eps)
+
+    async def run(self) -> None:
+        while True:
+            await self.once()
+            await asyncio.sleep(self.interval)
