@@ -146,7 +146,8 @@ class Predictions:
         above it, or ``extra`` requests ahead) plus every client already told to come back
         take to start at the measured drain rate (no slower than the lane's room over its hold
         time: what it starts once full), stretched by up to ``JITTER`` (with an rng);
-        when nothing was measured yet, the lane's longest wait for as many clients as the lane
+        when nothing was measured yet (no request of the pool has ended: a burst's first grants
+        into free slots are no drain rate), the lane's longest wait for as many clients as the lane
         holds at once and the later ones spread evenly up to twice it (a burst shed before
         anything was measured does not come back as one herd; its returns are measured by
         then). A lane blocked by the lanes
@@ -157,7 +158,11 @@ class Predictions:
         that comes back then goes first (:mod:`filters.plugins.admission.herd`) — while ``tenant``
         holds fewer such places in the lane than it may queue requests there."""
         outlook = self.outlook(now, lane)
-        rate = self.drain_rate(now, lane)
+        # until the pool has ended requests, grants went into free slots at once: a burst's
+        # first grants, 40/s over its first 50 ms, are no drain rate (its clients were told
+        # 0.7-1.4 s, a third of them within one quarter second); nothing is measured yet
+        ended = self.completed.rate(now) is not None
+        rate = self.drain_rate(now, lane) if ended else None
         if outlook is not None and outlook.room > 0:
             # no slower than the lane drains once it is full (room / hold): a grant rate
             # measured under a light load tells what the lane was asked, not what it can

@@ -189,6 +189,20 @@ def test_a_burst_shed_before_anything_is_measured_is_told_spread_times() -> None
     assert a.told["interactive"].claimable(told[5], ("t", "5", ""))
 
 
+def test_a_bursts_first_grants_are_not_a_drain_rate() -> None:
+    """A burst fills the free slots at once: 4 grants within 30 ms (133/s "measured") and no
+    request has ended. The clients shed then are told as when nothing is measured (the lane's
+    longest wait, then spread up to twice it), not paced at 133/s: that told a third of a
+    storm to come back within one quarter second (CI, test_storm_ladder)."""
+    a = admission(cap=4, wait=1.0)
+    for i in range(4):
+        ticket(a.offer(0.01 * i, "interactive", f"x{i}"))
+    told = [a.retry_after(0.03, "interactive", key=("t", str(i), ""), tenant=f"t{i}")
+            for i in range(8)]  # fmt: skip
+    assert told[0] >= 1.0 and all(1.0 <= t < 2.0 for t in told), told
+    assert max(told) - min(told) > 0.5, told  # spread, not one instant
+
+
 def test_clients_told_under_a_light_load_are_paced_at_what_the_lane_can_start() -> None:
     """One request a second, each holding its slot 1 s, on 4 slots: the grant rate says 1/s,
     but the lane starts 4/s once full, so a burst shed now is told times 0.25 s apart (at the
