@@ -137,12 +137,12 @@ async def test_pd_pool_through_envoy_pairs_prefill_and_decode(tmp_path: Path) ->
                         f"http://127.0.0.1:{p}/_emulator/faults", json={"error_rate": 1.0}
                     ) as r:
                         assert r.status == 200
-                t0 = time.monotonic()
                 status, answer = await generate("this one fails " * 20)
                 assert status == 500, answer
+                # the prefill's own error, not the 5 s bootstrap timeout's (read from the
+                # message: a bound on the time is a loaded box's flake)
                 assert "KV transfer from prefill" in answer["message"], answer
                 assert "injected fault" in answer["message"]
-                assert time.monotonic() - t0 < 4  # not the 5 s bootstrap timeout
                 await _until(
                     lambda: outcomes("prefill_failed") >= 1, lambda: str(outcomes("prefill_failed"))
                 )
