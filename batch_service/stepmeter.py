@@ -2,8 +2,8 @@
 
 Every ``interval`` the meter reads ``/metrics`` of the pool's fresh replicas (the endpoints the
 pool state names) and keeps two lines: the token-gap histogram's sum and count (SGLang's
-``sglang:inter_token_latency_seconds``; the emulator exports the same). One regex pass, no full parse: a
-page's histograms are most of its lines. A replica that does not answer keeps its intervals
+``sglang:inter_token_latency_seconds``; the emulator exports the same), read with the pool
+scraper's own parser (:func:`poolstate.counters.counter_sums`). A replica that does not answer keeps its intervals
 (the guard uses what it measured last); one whose counters go back (a restart) starts again.
 """
 
@@ -11,40 +11,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Callable, Iterable
 
 import aiohttp
 
 from batch_service.stepguard import StepGuard, StepReading
+from poolstate.counters import counter_sums
 
 __all__ = ["StepMeter", "parse_step_reading"]
 
 log = logging.getLogger("tokenweir.batch.stepmeter")
 
-_NAMES = {
-    "sglang:inter_token_latency_seconds_sum": "gaps_s",
-    "sglang:inter_token_latency_seconds_count": "gaps",
-}
-_LINE = re.compile(
-    "^(" + "|".join(re.escape(n) for n in _NAMES) + r")(?:\{[^\n]*\})?[ \t]+(\S+)", re.M
-)
-
 
 def parse_step_reading(text: str, at: float) -> StepReading | None:
-    """The two counters in ``text`` (read at ``at``), summed over label sets (data-parallel
-    ranks); None when the token-gap count is absent (not an SGLang page)."""
-    got: dict[str, float] = {}
-    for name, value in _LINE.findall(text):
-        try:
-            v = float(value)
-        except ValueError:
-            continue
-        if v == v:  # NaN: a rank with nothing yet
-            got[_NAMES[name]] = got.get(_NAMES[name], 0.0) + v
-    if "gaps" not in got:
+    """The token-gap sum and count in ``text`` (read at ``at``), summed over label sets
+    (data-parallel ranks); None when the count is absent (not an SGLang page)."""
+    sums = counter_sums(text)
+    if "itl_count" not in sums:
         return None
-    return StepReading(got.get("gaps_s", 0.0), got["gaps"], at)
+    return StepReading(sums.get("itl_sum", 0.0), sums["itl_count"], at)
 
 
 class StepMeter:

@@ -7,8 +7,9 @@ lane, each lane's wait count), ``need`` (the planner's count), ``stabilize`` (bo
 damping), ``controller`` (the loop, metrics and API).
 """
 
+from poolstate.counters import ReplicaCounters, parse_counters
+
 from .controller import AUTOSCALE_PATH, Autoscaler, PoolPlan
-from .counters import ReplicaCounters, parse_counters
 from .demand import Demand, DemandWindow
 from .errors import AutoscaleError, ReplicaStartError
 from .lanes import LaneDemand, LaneWindow

@@ -24,10 +24,10 @@ from controlplane.planner import PlannerError, ReplicaModel, for_workload, profi
 from policy import Policy
 from policy.autoscale import AutoscalePolicy
 from poolstate import PoolState
+from poolstate.counters import ReplicaCounters, parse_counters
 from runtime.tasks import stop_task
 from wire.jsontypes import JsonObject
 
-from .counters import ReplicaCounters, parse_counters
 from .demand import DemandWindow
 from .lanes import LaneWindow, ordered
 from .need import replicas_for

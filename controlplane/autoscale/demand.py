@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .counters import ReplicaCounters
+from poolstate.counters import ReplicaCounters
 
 __all__ = ["DEFAULT_OUTPUT", "DEFAULT_PROMPT", "Demand", "DemandWindow"]
 

@@ -38,8 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from controlplane.planner import ReplicaModel
-
-from .counters import ReplicaCounters
+from poolstate.counters import ReplicaCounters
 
 __all__ = ["MEASURED", "PROFILE", "RateEstimator", "Speed", "pool_speed"]
 

@@ -1,9 +1,10 @@
-"""Pure: the SGLang counters the online planner reads out of a replica's ``/metrics`` text.
+"""Pure: the SGLang counters read out of a replica's ``/metrics`` text.
 
 The pool scraper already reads every replica's page (controlplane/saturation); it hands the text
-to the planner's tap, which keeps only these lines (one regex pass, no full parse): the request
-and token counters (demand.py) and the sums and counts of the ITL, TTFT and queue-time
-histograms (each replica's measured speed, rates.py).
+to the online planner's tap, which keeps only these lines (one regex pass, no full parse): the
+request and token counters (controlplane/autoscale/demand.py) and the sums and counts of the
+ITL, TTFT and queue-time histograms (each replica's measured speed, autoscale/rates.py). The
+batch runner's step meter reads the ITL sum and count the same way (batch_service/stepmeter.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 
-__all__ = ["ReplicaCounters", "parse_counters"]
+__all__ = ["ReplicaCounters", "counter_sums", "parse_counters"]
 
 _NAMES = {
     "sglang:num_requests_total": "finished",
@@ -56,9 +57,9 @@ class ReplicaCounters:
         return self.running + self.queued
 
 
-def parse_counters(text: str) -> ReplicaCounters | None:
-    """The counters in ``text`` summed over label sets; None when the request counter is absent
-    (not an SGLang page)."""
+def counter_sums(text: str) -> dict[str, float]:
+    """The counters found in ``text`` (by their :class:`ReplicaCounters` field names), each
+    summed over its label sets (data-parallel ranks); NaN and infinite values are left out."""
     sums: dict[str, float] = {}
     for name, raw in _LINE.findall(text):
         try:
@@ -68,6 +69,13 @@ def parse_counters(text: str) -> ReplicaCounters | None:
         if math.isfinite(value):
             key = _NAMES[name]
             sums[key] = sums.get(key, 0.0) + value
+    return sums
+
+
+def parse_counters(text: str) -> ReplicaCounters | None:
+    """The counters in ``text`` summed over label sets; None when the request counter is absent
+    (not an SGLang page)."""
+    sums = counter_sums(text)
     if "finished" not in sums:
         return None
     return ReplicaCounters(**sums)
