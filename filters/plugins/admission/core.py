@@ -92,6 +92,7 @@ class Admission(Predictions):
         self.max_requests = max_requests
         self.max_tokens = max_tokens
         self.in_flight = 0
+        self.in_flight_since = 0.0  # the running tickets' grant instants, summed (their age)
         self.in_flight_tokens = 0
         self.lane_in_flight = dict.fromkeys(self.order, 0)
         self.lane_tokens = dict.fromkeys(self.order, 0)
@@ -179,6 +180,7 @@ class Admission(Predictions):
         ticket.state = "done"
         self.queues[ticket.lane].ledger.end(ticket.tenant, ticket.charge, now, settled)
         self.in_flight -= 1
+        self.in_flight_since -= ticket.granted_at
         self.in_flight_tokens -= ticket.tokens
         self.lane_in_flight[ticket.lane] -= 1
         self.lane_tokens[ticket.lane] -= ticket.tokens
@@ -297,6 +299,7 @@ class Admission(Predictions):
         t.state = "admitted"
         t.granted_at = now
         self.in_flight += 1
+        self.in_flight_since += now
         self.in_flight_tokens += t.tokens
         self.lane_in_flight[t.lane] += 1
         self.lane_tokens[t.lane] += t.tokens

@@ -33,6 +33,7 @@ class Predictions:
     queues: dict[str, LaneQueue]
     max_requests: int | None
     in_flight: int
+    in_flight_since: float  # the running tickets' grant instants, summed
     lane_in_flight: dict[str, int]
     preemptive: bool  # the backends preempt lower-priority running requests
     preempt_limit: int | None  # the lanes that preempt count to this (None: max_requests)
@@ -147,10 +148,10 @@ class Predictions:
         take to start at the measured drain rate (no slower than the lane's room over its hold
         time: what it starts once full), stretched by up to ``JITTER`` (with an rng);
         when nothing was measured yet (no request of the pool has ended: a burst's first grants
-        into free slots are no drain rate), the lane's longest wait for as many clients as the lane
-        holds at once and the later ones spread evenly up to twice it (a burst shed before
-        anything was measured does not come back as one herd; its returns are measured by
-        then). A lane blocked by the lanes
+        into free slots are no drain rate), twice the running requests' mean age (within 1 s and
+        the lane's longest wait) for as many clients as the lane holds at once and the later ones
+        spread evenly up to twice it (a burst shed before anything was measured does not come
+        back as one herd, nor long after the pool idles; its returns are measured by then). A lane blocked by the lanes
         above (no room) is told no sooner than their measured need could fade, than the
         clients queued or told at or above it take at the pool's completion rate, and than its
         own queue and told clients take at the rate it lately started requests. The answer
@@ -182,10 +183,11 @@ class Predictions:
                 wait = max(wait, paced)
         elif paced is not None:
             wait = paced
-        else:  # nothing measured: the lane's longest wait for as many as it holds at once,
-            # the later ones spread evenly over one more longest wait, whatever their number
-            # (a golden-ratio sequence: every prefix of it covers the interval evenly)
-            base = max(self.lanes[lane].max_wait, 1.0)
+        else:  # nothing measured: as long again as the running requests have run (no
+            # sooner than 1 s, no later than the lane's longest wait) for as many as the lane
+            # holds at once, the later ones spread evenly over as long again, whatever their
+            # number (a golden-ratio sequence: every prefix of it covers the interval evenly)
+            base = self._unmeasured_wait(now, lane)
             room = max(1, self.room(now, lane) or 1)
             n = ahead + told.outstanding(now)
             wait = base if n < room else base * (1.0 + math.fmod((n - room + 1) * _PHI, 1.0))
@@ -197,6 +199,20 @@ class Predictions:
             key = None  # no more promised places than queue places: it comes back fresh
         told.add(now + wait, wait, key, tenant)
         return wait
+
+    def _unmeasured_wait(self, now: float, lane: str) -> float:
+        """A shed client's wait before any request of the pool has ended: twice the mean age
+        of the running requests (a request that has run ``a`` seconds is as likely to run ``a``
+        more as to end sooner), within [1 s, the lane's ``max_wait``]. A storm's first clients
+        are told about a second (its returns are measured by then), and while the requests run
+        on unended, each new answer is later: a back-off that follows what it sees. With none
+        running here either (shed on the pool state's word alone), nothing here will be
+        measured soon: the lane's ``max_wait``."""
+        longest = max(1.0, self.lanes[lane].max_wait)
+        if not self.in_flight:
+            return longest
+        age = now - self.in_flight_since / self.in_flight
+        return max(1.0, min(longest, 2.0 * age))
 
     def _blocked_wait(self, now: float, lane: str, outlook: Outlook, queued: int) -> float:
         above = self.order[: self.order.index(lane) + 1]

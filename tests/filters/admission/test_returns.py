@@ -203,6 +203,26 @@ def test_a_bursts_first_grants_are_not_a_drain_rate() -> None:
     assert max(told) - min(told) > 0.5, told  # spread, not one instant
 
 
+def test_before_anything_ended_clients_are_told_as_long_again_as_the_running_requests_ran() -> None:
+    """Nothing has ended yet (a cold filter process meets a storm): the clients are told twice
+    the running requests' mean age, no sooner than 1 s and no later than the lane's longest
+    wait, spread up to twice that. The lane's longest wait alone (10 s here) told a storm on
+    30 ms requests to come back 10-24 s later while the pool idled from its third second
+    (test_storm_ladder)."""
+    a = admission(cap=4, wait=10.0)
+    for i in range(4):
+        ticket(a.offer(0.01 * i, "interactive", f"x{i}"))
+    told = [a.retry_after(0.05, "interactive", key=("t", str(i), ""), tenant=f"t{i}")
+            for i in range(8)]  # fmt: skip
+    assert all(1.0 <= t < 2.0 for t in told), told  # not 10-20 s
+    assert max(told) - min(told) > 0.5, told  # spread, not one instant
+    # the requests run on for 3 s, none ends: each new answer is later (a back-off)
+    later = a.retry_after(3.0, "interactive", key=("t", "9", ""), tenant="t9")
+    assert 2 * (3.0 - 0.015) <= later < 4 * (3.0 - 0.015), later
+    # never past the lane's longest wait, doubled by the spread at most
+    assert a.retry_after(60.0, "interactive", key=("t", "a", ""), tenant="ta") < 20.0
+
+
 def test_clients_told_under_a_light_load_are_paced_at_what_the_lane_can_start() -> None:
     """One request a second, each holding its slot 1 s, on 4 slots: the grant rate says 1/s,
     but the lane starts 4/s once full, so a burst shed now is told times 0.25 s apart (at the

@@ -68,6 +68,7 @@ def test_promise_cuts_the_retry_after_only_where_a_scale_up_is_sooner() -> None:
 async def shed_by_admission(s: AdmissionSetup) -> Result:
     for _ in range(2):  # two slots taken, the tenant's one batch place taken
         await s.headers(s.ctx("x", "batch", "free"))
+    s.clock.now += 2.0  # they have run 2 s, none ended: told twice that (nothing measured)
     queued = asyncio.create_task(s.headers(s.ctx("x", "batch", "free")))
     await settle()
     r = await s.headers(s.ctx("x", "batch", "free"))
