@@ -7,40 +7,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-import time
 from pathlib import Path
-
-from prometheus_client import CollectorRegistry
 
 from batch_service.files import DirectoryStore
 from batch_service.records import Records
-from batch_service.runner import BatchRunner, RunnerSettings
-from policy.batch import BatchPolicy
-from policy.batch import BatchRunner as RunnerPolicy
-from poolstate.state import PoolState, PoolSummary
 from runtime.redis_connect import connect_redis
-
-
-class IdlePool:
-    """The pool-state reader's one property the runner reads: an idle pool of 100 slots."""
-
-    @property
-    def state(self) -> PoolState:
-        return PoolState(1, time.time(), {"chat": PoolSummary({}, 100, 0)})
+from tests.integration.batch_jobs import batch_runner, runner_policy
 
 
 async def main(redis_url: str, files: str, gateway: str, consumer: str, window: int) -> None:
     redis = await connect_redis(redis_url, timeout=2.0)
-    policy = BatchPolicy(
-        service="batch-api", gateway="edge", pool="chat",
-        runner=RunnerPolicy(max_concurrency=window, backoff=0.2, claim_idle=2.0),
-    )  # fmt: skip
-    runner = BatchRunner(
-        RunnerSettings(policy, gateway, consumer),
-        Records(redis), DirectoryStore(Path(files)), IdlePool(),  # type: ignore[arg-type]
-        clock=time.time, registry=CollectorRegistry(),
-    )  # fmt: skip
-    await runner.run()
+    policy = runner_policy(max_concurrency=window, backoff=0.2, claim_idle=2.0)
+    await batch_runner(policy, gateway, consumer, Records(redis), DirectoryStore(Path(files))).run()
 
 
 if __name__ == "__main__":

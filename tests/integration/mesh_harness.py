@@ -1,11 +1,13 @@
 """A real mesh for integration tests: our control plane in-process, real Envoy processes, and
-small aiohttp backends that say who they are and can be told to fail or be slow."""
+small aiohttp backends that say who they are and can be told to fail or be slow; the policy
+of a small mesh, and the rate-limit service and the filter server as processes beside it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,10 +16,21 @@ from aiohttp import web
 
 from controlplane.app import ControlPlane, ControlPlaneSettings
 from policy import Address
-from tests.helpers import envoy_base_id, free_port
+from tests.helpers import ChildProcess, envoy_base_id, free_port, wait_for_port
 from tokenweir.envoy_launcher import EnvoyProcess, EnvoySettings
 
-__all__ = ["Backend", "Mesh", "close_backends", "eventually", "mesh", "start_backends"]
+__all__ = [
+    "Backend",
+    "Mesh",
+    "close_backends",
+    "eventually",
+    "mesh",
+    "mesh_policy",
+    "metered_route",
+    "service_processes",
+    "start_backends",
+    "token_tier",
+]
 
 _PROBES = frozenset({"/metrics", "/get_server_info", "/server_info"})
 
@@ -177,6 +190,100 @@ async def mesh(
         for env in envoys.values():
             await env.aclose()
         await plane.aclose()
+
+
+def mesh_policy(
+    *,
+    gw: int,
+    fp: int,
+    pools: Mapping[str, tuple[str, int]],
+    routes: Sequence[str],
+    rest: str,
+    rp: int | None = None,
+    redis_url: str = "",
+    filters: str = "message_timeout: 2s",
+    ratelimit: str = ", reservation_ttl: 60s",
+    pool_extra: str = "",
+) -> str:
+    """The policy of a small mesh: gateway ``edge`` on ``gw`` with ``routes`` (a YAML flow
+    mapping each), the filter server on ``fp`` (``filters``: its other settings), a pool per
+    ``pools`` entry (name → its model and its one backend's port; no health checks, no retries,
+    ``pool_extra`` appended), the rate-limit service on ``rp`` (its Redis ``redis_url``,
+    ``ratelimit`` appended) where given; ``rest``: the sections after those (tiers, tenants, ...). The control plane's own
+    addresses are placeholders: :func:`mesh` gives it free ports."""
+    service = (
+        f'ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}"'
+        f"{ratelimit}}}\n"
+        if rp is not None
+        else ""
+    )
+    pool_lines = "".join(
+        f"  {name}: {{models: [{model}], endpoints: [127.0.0.1:{port}], "
+        f"health_check: {{enabled: false}}, retries: {{enabled: false}}{pool_extra}}}\n"
+        for name, (model, port) in pools.items()
+    )
+    route_lines = "".join(f"      - {r}\n" for r in routes)
+    return (
+        "version: 1\ncontrol_plane: {xds: 127.0.0.1:1, metrics: 127.0.0.1:2}\n"
+        f"{service}filters: {{address: 127.0.0.1:{fp}, {filters}}}\n"
+        f"pools:\n{pool_lines}"
+        f"gateways:\n  edge:\n    listen: 127.0.0.1:{gw}\n    routes:\n{route_lines}"
+        f"{rest.strip()}\n"
+    )
+
+
+def metered_route(
+    name: str = "llm",
+    pool: str = "chat",
+    match: str = "{prefix: /v1/}",
+    *,
+    plugins: str = "identity, tokens, prefix, lane, usage",
+    filters: str = "",
+    extra: str = "",
+) -> str:
+    """A rate-limited route to ``pool`` with ``plugins`` (``filters``: more filter-chain
+    settings, e.g. ``", failure_mode: open"``; ``extra``: more route keys, e.g.
+    ``", lane: batch"``)."""
+    return (
+        f"{{name: {name}, match: {match}, pool: {pool}{extra}, rate_limit: {{enabled: true}}, "
+        f"filters: {{plugins: [{plugins}]{filters}}}}}"
+    )
+
+
+def token_tier(budget: int, tenants: Mapping[str, str]) -> str:
+    """Tier ``small`` (100 tokens a request at most, a token budget of ``budget`` that hardly
+    refills) and ``tenants`` (name → API key) on it."""
+    names = "".join(f"  {t}: {{tier: small, api_keys: [{k}]}}\n" for t, k in tenants.items())
+    quotas = f"{{tokens: {{burst: {budget}, refill_per_second: 0.01}}}}"
+    return f"tiers:\n  small:\n    max_tokens: 100\n    quotas: {quotas}\ntenants:\n{names}"
+
+
+@contextlib.asynccontextmanager
+async def service_processes(
+    tmp_path: Path,
+    policy_path: Path,
+    redis_url: str | None,
+    ports: Mapping[str, int],
+    *,
+    timeout: float = 20.0,
+    extra: Mapping[str, Sequence[str]] | None = None,
+) -> AsyncIterator[dict[str, ChildProcess]]:
+    """The services ``ports`` names (module → its port: ``ratelimit_service``, ``filters``) as
+    processes on ``policy_path`` (``--redis-url`` where given; ``extra``: more arguments by
+    module), started in that order, each waited for ``timeout`` s at most, its log
+    ``<module>.log`` in ``tmp_path``; stopped on exit."""
+    children: dict[str, ChildProcess] = {}
+    try:
+        for mod, port in ports.items():
+            argv = [sys.executable, "-m", mod, "--policy", str(policy_path)]
+            argv += ["--redis-url", redis_url] if redis_url is not None else []
+            argv += (extra or {}).get(mod, [])
+            children[mod] = ChildProcess(argv, log=tmp_path / f"{mod}.log")
+            await asyncio.to_thread(wait_for_port, port, timeout)
+        yield children
+    finally:
+        for child in children.values():
+            child.close()
 
 
 async def _wait_port(port: int, timeout: float = 15.0) -> None:

@@ -15,73 +15,19 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-import openai
 import pytest
 from openai import OpenAI
 
-from tests.integration.test_e2e_first_contact import example_policy
+from tests.integration.batch_jobs import EP, FINAL, batch_policy, chat_lines, lines_of, submit, wait
 from tests.integration.up_process import start_up, stop_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
-EP = "/v1/chat/completions"
-FINAL = ("completed", "failed", "expired", "cancelled")
-
-
-def batch_policy(tmp: Path) -> tuple[Path, int]:
-    text, gw = example_policy()
-    # a dead runner's job is taken back soon; an interrupted line's claim frees soon
-    text = text.replace("backoff: 1s}", "backoff: 200ms, claim_idle: 3s}")
-    assert "claim_idle: 3s" in text
-    text += "\nidempotency: {inflight_ttl: 3s, lease: 1s}\n"
-    path = tmp / "mesh.yaml"
-    path.write_text(text)
-    return path, gw
-
 
 def jsonl(n: int, prefix: str, max_tokens: int = 16) -> bytes:
-    rows = [
-        {
-            "custom_id": f"{prefix}-{i}",
-            "method": "POST",
-            "url": EP,
-            "body": {
-                "model": "llama-3.1-8b",
-                "max_tokens": max_tokens,
-                "messages": [{"role": "user", "content": f"line {i} of {prefix}"}],
-            },
-        }
-        for i in range(n)
-    ]
-    return b"\n".join(json.dumps(r).encode() for r in rows) + b"\n"
-
-
-def submit(client: OpenAI, data: bytes) -> str:
-    f = client.files.create(file=("input.jsonl", io.BytesIO(data)), purpose="batch")
-    assert f.purpose == "batch" and f.bytes == len(data)
-    b = client.batches.create(input_file_id=f.id, endpoint=EP, completion_window="24h")
-    assert b.status == "validating" and b.input_file_id == f.id
-    return b.id
-
-
-def wait(client: OpenAI, bid: str, until: object, timeout: float = 180.0):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            b = client.batches.retrieve(bid)
-        except (openai.InternalServerError, openai.APIConnectionError):
-            time.sleep(0.2)  # a part of the mesh restarting (the kills below): poll again
-            continue
-        if until(b):  # type: ignore[operator]
-            return b
-        time.sleep(0.2)
-    raise AssertionError(f"batch {bid} stuck: {client.batches.retrieve(bid)}")
-
-
-def lines_of(client: OpenAI, file_id: str | None) -> list[dict[str, object]]:
-    if file_id is None:
-        return []
-    return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x]
+    return chat_lines(
+        n, prefix, model="llama-3.1-8b", max_tokens=max_tokens, content="line {i} of {prefix}"
+    )
 
 
 def finished_at_backend(banner: str) -> int:

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,53 +26,38 @@ from batch_service.records import Records
 from filters.plugins.idempotency.record import store_key
 from runtime.redis_connect import connect_redis
 from tests.helpers import ChildProcess, free_port, wait_for_port
-from tests.integration.mesh_harness import mesh
+from tests.integration.batch_jobs import (
+    chat_lines,
+    emulator_process,
+    job_record,
+    read_lines,
+    submit_job,
+)
+from tests.integration.mesh_harness import mesh, mesh_policy
 
 # serial: beside other workers more answers are in transit at a kill, and a run that finished
 # before its abort came (the window docs/batch.md names) shows up as an unaborted second run
 pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(240)]
 
-EP = "/v1/chat/completions"
 KEY = "acme-key-1234"
 
 
 def policy_text(gw: int, fp: int, emulator: int, redis_url: str) -> str:
-    return f"""
-version: 1
-control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-ratelimit: {{address: 127.0.0.1:{free_port()}, timeout: 500ms, redis_url: "{redis_url}"}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
-pools:
-  chat:
-    models: [m1]
-    endpoints: [127.0.0.1:{emulator}]
-    health_check: {{enabled: false}}
-    retries: {{enabled: false}}
-gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - name: batch-lines
-        match: {{prefix: /v1/, headers: {{x-batch-line: "1"}}}}
-        pool: chat
-        lane: batch
-        filters: {{plugins: [identity, idempotency, tokens]}}
+    route = (
+        '{name: batch-lines, match: {prefix: /v1/, headers: {x-batch-line: "1"}}, pool: chat, '
+        "lane: batch, filters: {plugins: [identity, idempotency, tokens]}}"
+    )
+    rest = f"""
 idempotency: {{inflight_ttl: 120s, lease: 1s}}
 tiers:
   mid: {{max_tokens: 256}}
 tenants:
   acme: {{tier: mid, api_keys: [{KEY}]}}
 """
-
-
-def lines(n: int, max_tokens: int) -> bytes:
-    rows = [
-        {"custom_id": f"x-{i}", "method": "POST", "url": EP,
-         "body": {"model": "m1", "max_tokens": max_tokens, "ignore_eos": True,
-                  "messages": [{"role": "user", "content": f"line {i}"}]}}
-        for i in range(n)
-    ]  # fmt: skip
-    return b"\n".join(json.dumps(r).encode() for r in rows) + b"\n"
+    return mesh_policy(
+        gw=gw, fp=fp, rp=free_port(), redis_url=redis_url, ratelimit="",
+        pools={"chat": ("m1", emulator)}, routes=[route], rest=rest,
+    )  # fmt: skip
 
 
 def completions(log: Path) -> Counter[str]:
@@ -111,17 +96,11 @@ def digest(tenant: str, key: str) -> str:
 
 
 @pytest.fixture
-async def emulator(tmp_path: Path) -> AsyncIterator[tuple[int, Path, Path]]:
-    port, log = free_port(), tmp_path / "requests.jsonl"
-    argv = [sys.executable, "-m", "backends.emulator", "--port", str(port), "--model", "m1",
-            "--profile", "seed-2k", "--time-scale", "1.0", "--max-running-requests", "16",
-            "--disconnect-check", "4", "--request-log", str(log)]  # fmt: skip
-    child = ChildProcess(argv, log=tmp_path / "emulator.log")
-    try:
-        wait_for_port(port, timeout=30)
+def emulator(tmp_path: Path) -> Iterator[tuple[int, Path, Path]]:
+    log = tmp_path / "requests.jsonl"
+    extra = ["--disconnect-check", "4", "--request-log", str(log)]
+    with emulator_process(tmp_path, 16, model="m1", extra=extra) as port:
         yield port, log, tmp_path / "emulator.log"
-    finally:
-        child.close()
 
 
 async def test_no_line_runs_twice_when_the_runner_and_the_filter_server_are_killed(
@@ -131,13 +110,9 @@ async def test_no_line_runs_twice_when_the_runner_and_the_filter_server_are_kill
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     redis = await connect_redis(redis_url, timeout=2.0)
     records, files = Records(redis), tmp_path / "files"
+    store = DirectoryStore(files)
     tenant, jid, n = "acme", f"batch_{secrets.token_hex(4)}", 80
-    data = lines(n, 64)
-
-    async def once() -> AsyncIterator[bytes]:
-        yield data
-
-    await DirectoryStore(files).put(tenant, "file-in", once())
+    data = chat_lines(n, "x", model="m1", max_tokens=64, content="line {i}", ignore_eos=True)
     gw, fp = free_port(), free_port()
     children: list[ChildProcess] = []
 
@@ -169,14 +144,8 @@ async def test_no_line_runs_twice_when_the_runner_and_the_filter_server_are_kill
                            redis_url, str(files), f"http://127.0.0.1:{gw}", "drill", "12"]  # fmt: skip
             fs = start(filters_argv, "filters")
             await asyncio.to_thread(wait_for_port, fp, 40.0)
-            now = int(time.time())
-            job = {
-                "id": jid, "endpoint": EP, "input_file_id": "file-in",
-                "completion_window": "24h", "created_at": now, "status": "validating",
-                "total": n, "completed": 0, "failed": 0, "expires_at": now + 3600, "model": "m1",
-                "key": f"Bearer {KEY}", "metadata": "",
-            }  # fmt: skip
-            assert await records.create_job(tenant, job, 10, active=True) == "ok"
+            job = job_record(jid, n, model="m1", key=f"Bearer {KEY}")
+            await submit_job(records, store, tenant, data, job)
             runner = start(runner_argv, "runner")
             await until(lambda: _at_least(completed, 10), timeout=40.0)
             kill(runner)  # lines in flight: their connections cut mid-request
@@ -195,7 +164,7 @@ async def test_no_line_runs_twice_when_the_runner_and_the_filter_server_are_kill
     assert final is not None
     assert at_runner_kill < n and at_filters_kill < n, "the job ended before a kill"
     assert (int(final["completed"]), int(final["failed"])) == (n, 0), final
-    out = [json.loads(x) for x in (await DirectoryStore(files).get(tenant, final["output_file_id"])).splitlines()]  # fmt: skip
+    out = await read_lines(store, tenant, final["output_file_id"])
     assert Counter(str(x["custom_id"]) for x in out) == Counter(f"x-{i}" for i in range(n))
     # each line completed once at the backend
     await asyncio.sleep(0.5)  # the emulator writes a request's line after its last byte

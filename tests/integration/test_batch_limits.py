@@ -4,7 +4,6 @@ without the gateway's tenant header 401; cancelling a final batch 409."""
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -21,13 +20,9 @@ from batch_service.files import DirectoryStore
 from batch_service.records import Records
 from policy.batch import BatchLimits, BatchPolicy
 from runtime.redis_connect import connect_redis
+from tests.integration.batch_jobs import EP, chat_lines
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-LINE = {
-    "custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-    "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-}  # fmt: skip
 
 
 @pytest.fixture
@@ -69,7 +64,7 @@ async def test_limits_and_refusals(api: tuple[TestClient, Path]) -> None:
     assert r.status == 413 and (await r.json())["error"]["code"] == "file_too_large"
     r = await client.post("/v1/files", data=form(b"x", purpose="fine-tune"), headers=h)
     assert r.status == 400 and (await r.json())["error"]["param"] == "purpose"
-    line = json.dumps(LINE).encode()
+    line = chat_lines(1, "a")
     ids = []
     for size in (line, b"y" * 4000):
         r = await client.post("/v1/files", data=form(size), headers=h)
@@ -92,7 +87,7 @@ async def test_limits_and_refusals(api: tuple[TestClient, Path]) -> None:
 
     create = {
         "input_file_id": ids[0],
-        "endpoint": "/v1/chat/completions",
+        "endpoint": EP,
         "completion_window": "24h",
     }
     r = await client.post("/v1/batches", json=create, headers=h)

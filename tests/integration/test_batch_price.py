@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -16,8 +15,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.filters.fake_openai import FakeOpenAI
-from tests.helpers import ChildProcess, free_port, wait_for_port
-from tests.integration.mesh_harness import mesh
+from tests.helpers import free_port
+from tests.integration.mesh_harness import mesh, mesh_policy, metered_route, service_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -28,38 +27,20 @@ PROMPT, COMPLETION = 0.002, 0.006  # USD per 1k tokens: 2 and 6 micro-USD per to
 
 
 def policy_text(gw: int, fp: int, rp: int, redis_url: str, backend: FakeOpenAI) -> str:
-    return f"""
-version: 1
-control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}", reservation_ttl: 60s}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
+    routes = [
+        "{name: batch-jobs, match: {prefix: /v1/batches}, service: batch-api, filters: {plugins: "
+        "[{name: identity, settings: {forward_authorization: true}}]}}",
+        metered_route(
+            "batch-lines", match='{prefix: /v1/, headers: {x-batch-line: "1"}}',
+            plugins="identity, idempotency, lane, tokens, prefix, usage", extra=", lane: batch",
+        ),
+        metered_route(),
+    ]  # fmt: skip
+    return mesh_policy(
+        gw=gw, fp=fp, rp=rp, redis_url=redis_url, pools={"chat": ("m1", backend.port)},
+        routes=routes, rest=f"""
 services:
   batch-api: {{endpoints: ["127.0.0.1:{free_port()}"]}}
-pools:
-  chat:
-    models: [m1]
-    endpoints: [127.0.0.1:{backend.port}]
-    health_check: {{enabled: false}}
-    retries: {{enabled: false}}
-gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - name: batch-jobs
-        match: {{prefix: /v1/batches}}
-        service: batch-api
-        filters: {{plugins: [{{name: identity, settings: {{forward_authorization: true}}}}]}}
-      - name: batch-lines
-        match: {{prefix: /v1/, headers: {{x-batch-line: "1"}}}}
-        pool: chat
-        lane: batch
-        rate_limit: {{enabled: true}}
-        filters: {{plugins: [identity, idempotency, lane, tokens, prefix, usage]}}
-      - name: llm
-        match: {{prefix: /v1/}}
-        pool: chat
-        rate_limit: {{enabled: true}}
-        filters: {{plugins: [identity, tokens, prefix, lane, usage]}}
 batch:
   service: batch-api
   gateway: edge
@@ -79,7 +60,8 @@ tenants:
   erin: {{tier: paid, api_keys: [{KEY}]}}
   fran: {{tier: lean, api_keys: [{FRAN_KEY}]}}
   gus: {{tier: paid, api_keys: [{GUS_KEY}]}}
-"""
+""",
+    )  # fmt: skip
 
 
 async def spent(r: aioredis.Redis, before: int, timeout: float = 8.0) -> int:
@@ -106,20 +88,16 @@ async def test_a_batch_line_is_charged_the_batch_price(tmp_path: Path, redis_por
     backend = FakeOpenAI(name="b0", words=40)
     await backend.start()
     gw, fp, rp = free_port(), free_port(), free_port()
-    children: list[ChildProcess] = []
+    ports = {"ratelimit_service": rp, "filters": fp}
     body = json.dumps({"model": "m1", "max_tokens": 60,
                        "messages": [{"role": "user", "content": "tell me about weirs"}]})  # fmt: skip
     base = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
     try:
         async with (
             mesh(tmp_path, policy_text(gw, fp, rp, redis_url, backend), {"edge": gw}) as m,
+            service_processes(tmp_path, m.policy_path, redis_url, ports, timeout=40.0),
             aiohttp.ClientSession() as s,
         ):
-            for mod, port in (("ratelimit_service", rp), ("filters", fp)):
-                argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
-                        "--redis-url", redis_url]  # fmt: skip
-                children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
-                await asyncio.to_thread(wait_for_port, port, 40.0)
             url = f"http://127.0.0.1:{gw}/v1/chat/completions"
             async with s.post(url, data=body, headers=base) as resp:
                 assert resp.status == 200, await resp.text()
@@ -131,8 +109,6 @@ async def test_a_batch_line_is_charged_the_batch_price(tmp_path: Path, redis_por
                 assert (await resp.json())["usage"] == usage  # the same work
             both = await spent(r, full)
     finally:
-        for c in children:
-            c.close()
         await backend.aclose()
         await r.aclose()
     p, c = usage["prompt_tokens"], usage["completion_tokens"]
@@ -153,7 +129,7 @@ async def test_a_budget_admits_the_batch_lines_its_batch_price_allows(
     backend = FakeOpenAI(name="b0", words=20, gap=0.25)  # 5 s streams
     await backend.start()
     gw, fp, rp = free_port(), free_port(), free_port()
-    children: list[ChildProcess] = []
+    ports = {"ratelimit_service": rp, "filters": fp}
     body = json.dumps({"model": "m1", "max_tokens": 60, "stream": True,
                        "messages": [{"role": "user", "content": "tell me about weirs"}]})  # fmt: skip
     url = f"http://127.0.0.1:{gw}/v1/chat/completions"
@@ -168,19 +144,13 @@ async def test_a_budget_admits_the_batch_lines_its_batch_price_allows(
     try:
         async with (
             mesh(tmp_path, policy_text(gw, fp, rp, redis_url, backend), {"edge": gw}) as m,
+            service_processes(tmp_path, m.policy_path, redis_url, ports, timeout=40.0),
             aiohttp.ClientSession() as s,
         ):
-            for mod, port in (("ratelimit_service", rp), ("filters", fp)):
-                argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
-                        "--redis-url", redis_url]  # fmt: skip
-                children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
-                await asyncio.to_thread(wait_for_port, port, 40.0)
             assert await line(s, GUS_KEY, 0) == 200  # the same line for a rich tenant: its size
             reserve = int(backend.seen[-1][0]["x-tokenweir-reserve"])
             statuses = await asyncio.gather(*(line(s, FRAN_KEY, i) for i in range(10)))
     finally:
-        for c in children:
-            c.close()
         await backend.aclose()
         await r.aclose()
     worst = reserve * max(PROMPT, COMPLETION) * 1000  # micro-USD of the line at the whole price

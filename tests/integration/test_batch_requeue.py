@@ -4,11 +4,8 @@ Redis, and a runner that then runs the job against a real (emulated) replica (is
 
 from __future__ import annotations
 
-import asyncio
-import json
-import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,17 +13,19 @@ from prometheus_client import CollectorRegistry
 
 from batch_service.files import DirectoryStore
 from batch_service.records import INTENTS, ORPHAN_FACTOR, QUEUE, Records
-from batch_service.runner import BatchRunner, RunnerSettings
-from policy.batch import BatchPolicy
-from policy.batch import BatchRunner as RunnerPolicy
 from runtime.redis_connect import connect_redis
-from runtime.tasks import stop_task
-from tests.helpers import ChildProcess, free_port, wait_for_port
-from tests.integration.test_batch_runner import IdlePool
+from tests.integration.batch_jobs import (
+    batch_runner,
+    chat_lines,
+    emulator_process,
+    job_record,
+    put_input,
+    runner_policy,
+    running,
+    wait_ended,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-EP = "/v1/chat/completions"
 
 
 class DiesBeforeQueueing(Records):
@@ -34,14 +33,6 @@ class DiesBeforeQueueing(Records):
 
     async def enqueue(self, tenant: str, job_id: str) -> bool:
         raise ConnectionError("the API server died here")
-
-
-def _job(jid: str, created: float, n: int) -> dict[str, object]:
-    return {
-        "id": jid, "endpoint": EP, "input_file_id": "file-in", "completion_window": "24h",
-        "created_at": int(created), "status": "validating", "total": n, "completed": 0,
-        "failed": 0, "expires_at": int(created) + 3600, "model": "m", "key": "", "metadata": "",
-    }  # fmt: skip
 
 
 @pytest.fixture
@@ -59,7 +50,7 @@ async def test_a_job_left_unqueued_is_queued_once_by_the_sweep(redis: object) ->
     records, dying = Records(redis), DiesBeforeQueueing(redis)
     now = time.time()
     with pytest.raises(ConnectionError):
-        await dying.create_job("acme", _job("batch_a", now, 3), 10, active=True)
+        await dying.create_job("acme", job_record("batch_a", 3, created=now), 10, active=True)
     job = await records.get_job("acme", "batch_a")
     assert job is not None and job["status"] == "validating"
     assert await redis.xlen(QUEUE) == 0  # type: ignore[attr-defined]
@@ -77,11 +68,11 @@ async def test_a_job_left_unqueued_is_queued_once_by_the_sweep(redis: object) ->
 
 async def test_a_normal_create_queues_once_and_leaves_no_intent(redis: object) -> None:
     records = Records(redis)
-    assert await records.create_job("acme", _job("batch_b", time.time(), 1), 1, active=True) == "ok"
+    assert await records.create_job("acme", job_record("batch_b", 1), 1, active=True) == "ok"
     assert await redis.xlen(QUEUE) == 1  # type: ignore[attr-defined]
     assert await redis.zcard(INTENTS) == 0  # type: ignore[attr-defined]
     # refused by the jobs-in-flight limit: no entry, no intent
-    got = await records.create_job("acme", _job("batch_c", time.time(), 1), 1, active=True)
+    got = await records.create_job("acme", job_record("batch_c", 1), 1, active=True)
     assert got == "jobs"
     assert await redis.xlen(QUEUE) == 1  # type: ignore[attr-defined]
     assert await redis.zcard(INTENTS) == 0  # type: ignore[attr-defined]
@@ -91,7 +82,7 @@ async def test_intents_of_jobs_never_created_or_final_are_dropped(redis: object)
     records = Records(redis)
     now = time.time()
     await redis.zadd(INTENTS, {"acme/batch_ghost": now, "acme/batch_done": now})  # type: ignore[attr-defined]
-    done = _job("batch_done", now, 1) | {"status": "cancelled"}
+    done = job_record("batch_done", 1, created=now) | {"status": "cancelled"}
     assert await records.create_job("acme", done, 10, active=False) == "ok"
     assert await records.requeue_stuck(now + 6, older_than=5) == []
     left = await redis.zrange(INTENTS, 0, -1)  # type: ignore[attr-defined]
@@ -102,59 +93,26 @@ async def test_intents_of_jobs_never_created_or_final_are_dropped(redis: object)
 
 
 @pytest.fixture
-async def emulator(tmp_path: Path) -> AsyncIterator[int]:
-    port = free_port()
-    argv = [sys.executable, "-m", "backends.emulator", "--port", str(port), "--model", "m"]
-    argv += ["--profile", "seed-2k", "--time-scale", "1.0", "--max-running-requests", "4"]
-    child = ChildProcess(argv, log=tmp_path / "emulator.log")
-    try:
-        wait_for_port(port, timeout=30)
+def emulator(tmp_path: Path) -> Iterator[int]:
+    with emulator_process(tmp_path, 4) as port:
         yield port
-    finally:
-        child.close()
 
 
 async def test_a_runner_runs_a_job_its_api_server_never_queued(
     tmp_path: Path, redis: object, emulator: int
 ) -> None:
     records, store, n = Records(redis), DirectoryStore(tmp_path / "files"), 4
-    rows = [
-        {
-            "custom_id": f"z-{i}", "method": "POST", "url": EP,
-            "body": {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": f"{i}"}]},
-        }
-        for i in range(n)
-    ]  # fmt: skip
-
-    async def once() -> AsyncIterator[bytes]:
-        yield b"\n".join(json.dumps(r).encode() for r in rows)
-
-    await store.put("acme", "file-in", once())
+    await put_input(store, "acme", chat_lines(n, "z", max_tokens=8))
     with pytest.raises(ConnectionError):
         await DiesBeforeQueueing(redis).create_job(
-            "acme", _job("batch_z", time.time(), n), 10, active=True
+            "acme", job_record("batch_z", n), 10, active=True
         )
-    policy = BatchPolicy(
-        service="batch-api", gateway="edge", pool="chat",
-        runner=RunnerPolicy(max_concurrency=4, backoff=0.05, claim_idle=1.0),
-    )  # fmt: skip
+    policy = runner_policy(max_concurrency=4, backoff=0.05, claim_idle=1.0)
     registry = CollectorRegistry()
-    runner = BatchRunner(
-        RunnerSettings(policy, f"http://127.0.0.1:{emulator}", "test-requeue"),
-        records, store, IdlePool(),  # type: ignore[arg-type]
-        clock=time.time, registry=registry,
-    )  # fmt: skip
-    task = asyncio.create_task(runner.run())
-    try:
-        end = time.monotonic() + 60
-        while True:
-            got = await records.get_job("acme", "batch_z")
-            assert got is not None
-            if got["status"] in ("expired", "completed", "failed"):
-                break
-            assert time.monotonic() < end, got
-            await asyncio.sleep(0.1)
-    finally:
-        await stop_task(task)  # type: ignore[arg-type]
+    runner = batch_runner(
+        policy, f"http://127.0.0.1:{emulator}", "test-requeue", records, store, registry=registry
+    )
+    async with running(runner):
+        got = await wait_ended(records, "acme", "batch_z")
     assert got["status"] == "completed" and int(got["completed"]) == n, got
     assert registry.get_sample_value("tokenweir_batch_requeued_jobs_total") == 1.0

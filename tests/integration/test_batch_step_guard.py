@@ -10,32 +10,34 @@ with a real Redis holding the job; its pool state is the replica's own ``/metric
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import statistics
-import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry
 
 from batch_service.files import DirectoryStore
 from batch_service.records import Records
-from batch_service.runner import BatchRunner, RunnerSettings
-from policy.batch import BatchPolicy
-from policy.batch import BatchRunner as RunnerPolicy
 from poolstate.metrics_text import parse_metrics_text
 from poolstate.state import PoolState, PoolSummary, ReplicaState
 from runtime.redis_connect import connect_redis
 from runtime.tasks import stop_task
-from tests.helpers import ChildProcess, free_port, wait_for_port
+from tests.integration.batch_jobs import (
+    EP,
+    batch_runner,
+    chat_lines,
+    emulator_process,
+    job_record,
+    runner_policy,
+    running,
+    submit_job,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-EP = "/v1/chat/completions"
 SLOTS = 64
 INTERACTIVE = 4  # streams kept running while interactive is active
 # (phase, seconds, the last seconds measured): after the interactive phase the guard waits
@@ -72,16 +74,9 @@ class ReplicaPoolState:
 
 
 @pytest.fixture
-async def emulator(tmp_path: Path) -> AsyncIterator[int]:
-    port = free_port()
-    argv = [sys.executable, "-m", "backends.emulator", "--port", str(port), "--model", "m"]
-    argv += ["--profile", "seed-2k", "--time-scale", "1.0", "--max-running-requests", str(SLOTS)]
-    child = ChildProcess(argv, log=tmp_path / "emulator.log")
-    try:
-        wait_for_port(port, timeout=30)
+def emulator(tmp_path: Path) -> Iterator[int]:
+    with emulator_process(tmp_path, SLOTS) as port:
         yield port
-    finally:
-        child.close()
 
 
 async def interactive(http: aiohttp.ClientSession, port: int, stop: asyncio.Event) -> None:
@@ -100,67 +95,44 @@ async def run_phases(
     redis = await connect_redis(f"redis://127.0.0.1:{redis_port}/0", timeout=2.0)
     records, store = Records(redis), DirectoryStore(tmp_path / "files")
     tenant, n = f"t{secrets.token_hex(4)}", 3000
-    rows = [
-        {
-            "custom_id": f"x-{i}", "method": "POST", "url": EP,
-            "body": {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": f"{i}"}]},
-        }
-        for i in range(n)
-    ]  # fmt: skip
-    data = b"\n".join(json.dumps(r).encode() for r in rows)
-
-    async def once() -> AsyncIterator[bytes]:
-        yield data
-
-    await store.put(tenant, "file-in", once())
-    now = int(time.time())
-    job = {
-        "id": "batch_g", "endpoint": EP, "input_file_id": "file-in", "completion_window": "24h",
-        "created_at": now, "status": "validating", "total": n, "completed": 0, "failed": 0,
-        "expires_at": now + 3600, "model": "m", "key": "", "metadata": "",
-    }  # fmt: skip
-    assert await records.create_job(tenant, job, 10, active=True) == "ok"
-    policy = BatchPolicy(
-        service="batch-api", gateway="edge", pool="chat",
-        runner=RunnerPolicy(max_concurrency=128, backoff=0.05, claim_idle=5.0,
-                            max_step_increase=increase),
-    )  # fmt: skip
-    endpoint = f"127.0.0.1:{port}"
-    pool = ReplicaPoolState(endpoint)
-    runner = BatchRunner(
-        RunnerSettings(policy, f"http://127.0.0.1:{port}", f"test-{tenant}"),
-        records, store, pool,  # type: ignore[arg-type]  # the reader's one property
-        clock=time.monotonic, registry=CollectorRegistry(),
+    data = chat_lines(n, "x", max_tokens=64)
+    await submit_job(records, store, tenant, data, job_record("batch_g", n))
+    policy = runner_policy(
+        max_concurrency=128, backoff=0.05, claim_idle=5.0, max_step_increase=increase
+    )
+    pool = ReplicaPoolState(f"127.0.0.1:{port}")
+    runner = batch_runner(
+        policy, f"http://127.0.0.1:{port}", f"test-{tenant}", records, store, pool,
+        clock=time.monotonic,
     )  # fmt: skip
     stop = asyncio.Event()
     busy = 0
     batch: dict[str, list[float]] = {"idle": [], "interactive": [], "idle again": []}
     async with aiohttp.ClientSession() as http:
         reader = asyncio.create_task(pool.run(http))
-        task = asyncio.create_task(runner.run())
         clients: list[asyncio.Task[None]] = []
         try:
-            for phase, seconds, settle in PHASES:
-                if phase == "interactive":
-                    clients = [
-                        asyncio.create_task(interactive(http, port, stop))
-                        for _ in range(INTERACTIVE)
-                    ]
-                    busy = INTERACTIVE
-                elif clients:
-                    stop.set()
-                    await asyncio.gather(*clients)
-                    busy = 0
-                start = time.monotonic()
-                while time.monotonic() - start < seconds:
-                    await asyncio.sleep(0.25)
-                    if time.monotonic() - start >= seconds - settle:  # settled
-                        batch[phase].append(max(0, pool.running - busy))
+            async with running(runner):
+                for phase, seconds, settle in PHASES:
+                    if phase == "interactive":
+                        clients = [
+                            asyncio.create_task(interactive(http, port, stop))
+                            for _ in range(INTERACTIVE)
+                        ]
+                        busy = INTERACTIVE
+                    elif clients:
+                        stop.set()
+                        await asyncio.gather(*clients)
+                        busy = 0
+                    start = time.monotonic()
+                    while time.monotonic() - start < seconds:
+                        await asyncio.sleep(0.25)
+                        if time.monotonic() - start >= seconds - settle:  # settled
+                            batch[phase].append(max(0, pool.running - busy))
         finally:
             stop.set()
             for c in clients:
                 await stop_task(c)  # type: ignore[arg-type]
-            await stop_task(task)  # type: ignore[arg-type]
             await stop_task(reader)  # type: ignore[arg-type]
             await redis.aclose()
     return {phase: statistics.mean(v) for phase, v in batch.items()}

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +18,14 @@ import redis.asyncio as aioredis
 from policy import load_policy
 from quota.reader import QuotaReader
 from tests.filters.fake_openai import FakeOpenAI
-from tests.helpers import ChildProcess, free_port, wait_for_port
-from tests.integration.mesh_harness import mesh
+from tests.helpers import free_port
+from tests.integration.mesh_harness import (
+    mesh,
+    mesh_policy,
+    metered_route,
+    service_processes,
+    token_tier,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -28,34 +33,11 @@ BUDGET = 1000
 
 
 def policy_text(gw: int, fp: int, rp: int, redis_url: str, backend: FakeOpenAI) -> str:
-    return f"""
-version: 1
-control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}", reservation_ttl: 60s}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
-pools:
-  chat:
-    models: [m1]
-    endpoints: [127.0.0.1:{backend.port}]
-    health_check: {{enabled: false}}
-    retries: {{enabled: false}}
-gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - name: llm
-        match: {{prefix: /v1/}}
-        pool: chat
-        rate_limit: {{enabled: true}}
-        filters: {{plugins: [identity, tokens, prefix, lane, usage]}}
-tiers:
-  small:
-    max_tokens: 100
-    quotas: {{tokens: {{burst: {BUDGET}, refill_per_second: 0.01}}}}
-tenants:
-  carol: {{tier: small, api_keys: [carol-key-123]}}
-  dave: {{tier: small, api_keys: [dave-key-1234]}}
-"""
+    tenants = {"carol": "carol-key-123", "dave": "dave-key-1234"}
+    return mesh_policy(
+        gw=gw, fp=fp, rp=rp, redis_url=redis_url, pools={"chat": ("m1", backend.port)},
+        routes=[metered_route()], rest=token_tier(BUDGET, tenants),
+    )  # fmt: skip
 
 
 @dataclass
@@ -103,22 +85,16 @@ async def e2e(tmp_path: Path, redis_port: int, transport: str) -> AsyncIterator[
     backend = FakeOpenAI(name="b0", gap=0.002)
     await backend.start()
     gw, fp, rp = free_port(), free_port(), free_port()
-    children: list[ChildProcess] = []
+    ports, extra = {"ratelimit_service": rp, "filters": fp}, {"filters": ["--transport", transport]}
     try:
-        async with mesh(tmp_path, policy_text(gw, fp, rp, redis_url, backend), {"edge": gw}) as m:
-            for mod, port in (("ratelimit_service", rp), ("filters", fp)):
-                argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
-                        "--redis-url", redis_url]  # fmt: skip
-                if mod == "filters":
-                    argv += ["--transport", transport]
-                children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
-                await asyncio.to_thread(wait_for_port, port, 20.0)
+        async with (
+            mesh(tmp_path, policy_text(gw, fp, rp, redis_url, backend), {"edge": gw}) as m,
+            service_processes(tmp_path, m.policy_path, redis_url, ports, extra=extra),
+        ):
             reader = QuotaReader(r, load_policy(m.policy_path), timeout=5.0)
             async with aiohttp.ClientSession() as s:
                 yield E2E(f"http://127.0.0.1:{gw}", backend, reader, s)
     finally:
-        for c in children:
-            c.close()
         await backend.aclose()
         await r.aclose()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from tests.integration.test_batch_api import FINAL, batch_policy, lines_of, wait
+from tests.integration.batch_jobs import FINAL, batch_policy, lines_of, wait
 from tests.integration.test_e2e_first_contact import call, filters_metrics
 from tests.integration.up_process import start_up, stop_up
 

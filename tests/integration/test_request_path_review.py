@@ -5,10 +5,8 @@ read them: any tenant's budget could be spent or skipped)."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -18,40 +16,28 @@ import redis.asyncio as aioredis
 from policy import load_policy
 from quota.reader import QuotaReader
 from tests.filters.fake_openai import FakeOpenAI
-from tests.helpers import ChildProcess, free_port, wait_for_port
-from tests.integration.mesh_harness import mesh
+from tests.helpers import free_port
+from tests.integration.mesh_harness import (
+    mesh,
+    mesh_policy,
+    metered_route,
+    service_processes,
+    token_tier,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
+DAVE = {"dave": "dave-key-1234"}
 
-def policy_text(gw: int, fp: int, rp: int, redis_url: str, backend: FakeOpenAI) -> str:
-    return f"""
-version: 1
-control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}", reservation_ttl: 60s}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 500ms}}
-pools:
-  chat:
-    models: [m1]
-    endpoints: [127.0.0.1:{backend.port}]
-    health_check: {{enabled: false}}
-    retries: {{enabled: false}}
-gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - name: llm
-        match: {{prefix: /v1/}}
-        pool: chat
-        rate_limit: {{enabled: true}}
-        filters: {{plugins: [identity, tokens, prefix, lane, usage], failure_mode: open}}
-tiers:
-  small:
-    max_tokens: 100
-    quotas: {{tokens: {{burst: 1000, refill_per_second: 0.01}}}}
-tenants:
-  dave: {{tier: small, api_keys: [dave-key-1234]}}
-"""
+
+def policy_text(
+    gw: int, fp: int, rp: int, redis_url: str, backend: FakeOpenAI, *, fail_open: bool = True
+) -> str:
+    return mesh_policy(
+        gw=gw, fp=fp, rp=rp, redis_url=redis_url, pools={"chat": ("m1", backend.port)},
+        routes=[metered_route(filters=", failure_mode: open" if fail_open else "")],
+        rest=token_tier(1000, DAVE), filters="message_timeout: 500ms",
+    )  # fmt: skip
 
 
 async def test_spoofed_headers_do_not_pass_while_the_filter_server_is_down(
@@ -63,13 +49,11 @@ async def test_spoofed_headers_do_not_pass_while_the_filter_server_is_down(
     backend = FakeOpenAI(name="b0", gap=0.002)
     await backend.start()
     gw, fp, rp = free_port(), free_port(), free_port()  # nothing listens on fp
-    rls: ChildProcess | None = None
     try:
-        async with mesh(tmp_path, policy_text(gw, fp, rp, redis_url, backend), {"edge": gw}) as m:
-            argv = [sys.executable, "-m", "ratelimit_service", "--policy", str(m.policy_path),
-                    "--redis-url", redis_url]  # fmt: skip
-            rls = ChildProcess(argv, log=tmp_path / "ratelimit_service.log")
-            await asyncio.to_thread(wait_for_port, rp, 20.0)
+        async with (
+            mesh(tmp_path, policy_text(gw, fp, rp, redis_url, backend), {"edge": gw}) as m,
+            service_processes(tmp_path, m.policy_path, redis_url, {"ratelimit_service": rp}),
+        ):
             reader = QuotaReader(r, load_policy(m.policy_path), timeout=5.0)
             body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}],
                     "max_tokens": 100}  # fmt: skip
@@ -92,8 +76,6 @@ async def test_spoofed_headers_do_not_pass_while_the_filter_server_is_down(
                 f"dave's budget was spent by a stranger: {left}"
             )
     finally:
-        if rls is not None:
-            rls.close()
         await backend.aclose()
         await r.aclose()
 
@@ -105,23 +87,19 @@ async def test_a_client_cannot_choose_the_reservation_id(tmp_path: Path, redis_p
     await backend.start()
     gw, fp, rp = free_port(), free_port(), free_port()
     try:
-        text = policy_text(gw, fp, rp, redis_url, backend).replace("failure_mode: open", "")
-        async with mesh(tmp_path, text, {"edge": gw}) as m:
-            argv = [sys.executable, "-m", "filters", "--policy", str(m.policy_path),
-                    "--redis-url", redis_url]  # fmt: skip
-            filters = ChildProcess(argv, log=tmp_path / "filters.log")
-            try:
-                await asyncio.to_thread(wait_for_port, fp, 20.0)
-                body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}],
-                        "max_tokens": 5, "stream": False}  # fmt: skip
-                headers = {"content-type": "application/json", "x-request-id": "chosen-id",
-                           "authorization": "Bearer dave-key-1234"}  # fmt: skip
-                async with aiohttp.ClientSession() as s:
-                    url = f"http://127.0.0.1:{gw}/v1/chat/completions"
-                    async with s.post(url, data=json.dumps(body), headers=headers) as resp:
-                        await resp.read()
-            finally:
-                filters.close()
+        text = policy_text(gw, fp, rp, redis_url, backend, fail_open=False)
+        async with (
+            mesh(tmp_path, text, {"edge": gw}) as m,
+            service_processes(tmp_path, m.policy_path, redis_url, {"filters": fp}),
+        ):
+            body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 5, "stream": False}  # fmt: skip
+            headers = {"content-type": "application/json", "x-request-id": "chosen-id",
+                       "authorization": "Bearer dave-key-1234"}  # fmt: skip
+            async with aiohttp.ClientSession() as s:
+                url = f"http://127.0.0.1:{gw}/v1/chat/completions"
+                async with s.post(url, data=json.dumps(body), headers=headers) as resp:
+                    await resp.read()
         assert backend.seen, "the request did not reach the backend"
         assert backend.seen[0][0].get("x-request-id") != "chosen-id"
     finally:
@@ -131,42 +109,15 @@ async def test_a_client_cannot_choose_the_reservation_id(tmp_path: Path, redis_p
 def two_pool_policy(
     gw: int, fp: int, rp: int, redis_url: str, b1: FakeOpenAI, b2: FakeOpenAI
 ) -> str:
-    return f"""
-version: 1
-control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}", reservation_ttl: 60s}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
-pools:
-  small:
-    models: [m1]
-    endpoints: [127.0.0.1:{b1.port}]
-    health_check: {{enabled: false}}
-    retries: {{enabled: false}}
-  big:
-    models: [m2]
-    endpoints: [127.0.0.1:{b2.port}]
-    health_check: {{enabled: false}}
-    retries: {{enabled: false}}
-gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - name: big
-        match: {{prefix: /v1/, model: m2}}
-        pool: big
-        rate_limit: {{enabled: true}}
-        filters: {{plugins: [identity, tokens, prefix, lane, usage]}}
-      - name: small
-        match: {{prefix: /v1/}}
-        pool: small
-        filters: {{plugins: [tokens, lane, usage]}}
-tiers:
-  small:
-    max_tokens: 100
-    quotas: {{tokens: {{burst: 1000, refill_per_second: 0.01}}}}
-tenants:
-  dave: {{tier: small, api_keys: [dave-key-1234]}}
-"""
+    routes = [
+        metered_route("big", "big", "{prefix: /v1/, model: m2}"),
+        "{name: small, match: {prefix: /v1/}, pool: small, filters: {plugins: [tokens, lane, usage]}}",
+    ]
+    return mesh_policy(
+        gw=gw, fp=fp, rp=rp, redis_url=redis_url,
+        pools={"small": ("m1", b1.port), "big": ("m2", b2.port)},
+        routes=routes, rest=token_tier(1000, DAVE),
+    )  # fmt: skip
 
 
 async def test_a_request_rerouted_to_a_metered_route_is_metered(
@@ -183,15 +134,13 @@ async def test_a_request_rerouted_to_a_metered_route_is_metered(
     await b1.start()
     await b2.start()
     gw, fp, rp = free_port(), free_port(), free_port()
-    children: list[ChildProcess] = []
+    ports = {"ratelimit_service": rp, "filters": fp}
     try:
         text = two_pool_policy(gw, fp, rp, redis_url, b1, b2)
-        async with mesh(tmp_path, text, {"edge": gw}) as m:
-            for mod, port in (("ratelimit_service", rp), ("filters", fp)):
-                argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
-                        "--redis-url", redis_url]  # fmt: skip
-                children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
-                await asyncio.to_thread(wait_for_port, port, 20.0)
+        async with (
+            mesh(tmp_path, text, {"edge": gw}) as m,
+            service_processes(tmp_path, m.policy_path, redis_url, ports),
+        ):
             url = f"http://127.0.0.1:{gw}/v1/chat/completions"
             statuses = []
             async with aiohttp.ClientSession() as s:
@@ -208,38 +157,20 @@ async def test_a_request_rerouted_to_a_metered_route_is_metered(
             f"an unauthenticated request reached the metered pool {statuses} {b2.seen[0][0] if b2.seen else None}"
         )
     finally:
-        for c in children:
-            c.close()
         await b1.aclose()
         await b2.aclose()
         await r.aclose()
 
 
 def big_body_policy(gw: int, fp: int, backend: FakeOpenAI) -> str:
-    return f"""
-version: 1
-control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 5s, max_body_bytes: 4MiB}}
-pools:
-  chat:
-    models: [m1]
-    endpoints: [127.0.0.1:{backend.port}]
-    health_check: {{enabled: false}}
-    retries: {{enabled: false}}
-    max_body_bytes: 4MiB
-gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - name: llm
-        match: {{prefix: /v1/}}
-        pool: chat
-        filters: {{plugins: [identity, tokens, usage]}}
-tiers:
-  small: {{max_tokens: 100}}
-tenants:
-  dave: {{tier: small, api_keys: [dave-key-1234]}}
-"""
+    return mesh_policy(
+        gw=gw, fp=fp, pools={"chat": ("m1", backend.port)}, pool_extra=", max_body_bytes: 4MiB",
+        filters="message_timeout: 5s, max_body_bytes: 4MiB",
+        routes=["{name: llm, match: {prefix: /v1/}, pool: chat, "
+                "filters: {plugins: [identity, tokens, usage]}}"],
+        rest="tiers:\n  small: {max_tokens: 100}\n"
+             "tenants:\n  dave: {tier: small, api_keys: [dave-key-1234]}",
+    )  # fmt: skip
 
 
 async def test_a_body_within_the_policy_limit_is_accepted(tmp_path: Path) -> None:
@@ -248,24 +179,21 @@ async def test_a_body_within_the_policy_limit_is_accepted(tmp_path: Path) -> Non
     await backend.start()
     gw, fp = free_port(), free_port()
     try:
-        async with mesh(tmp_path, big_body_policy(gw, fp, backend), {"edge": gw}) as m:
-            argv = [sys.executable, "-m", "filters", "--policy", str(m.policy_path)]
-            filters = ChildProcess(argv, log=tmp_path / "filters.log")
-            try:
-                await asyncio.to_thread(wait_for_port, fp, 20.0)
-                text = "weir " * (400 * 1024)  # 2 MiB: over Envoy's default buffers
-                body = {"model": "m1", "messages": [{"role": "user", "content": text}],
-                        "max_tokens": 5}  # fmt: skip
-                headers = {"content-type": "application/json",
-                           "authorization": "Bearer dave-key-1234"}  # fmt: skip
-                async with aiohttp.ClientSession() as s:
-                    url = f"http://127.0.0.1:{gw}/v1/chat/completions"
-                    data = io.BytesIO(json.dumps(body).encode())
-                    async with s.post(url, data=data, headers=headers) as resp:
-                        status, got = resp.status, await resp.read()
-                        upstream = "x-envoy-upstream-service-time" in resp.headers
-            finally:
-                filters.close()
+        async with (
+            mesh(tmp_path, big_body_policy(gw, fp, backend), {"edge": gw}) as m,
+            service_processes(tmp_path, m.policy_path, None, {"filters": fp}),
+        ):
+            text = "weir " * (400 * 1024)  # 2 MiB: over Envoy's default buffers
+            body = {"model": "m1", "messages": [{"role": "user", "content": text}],
+                    "max_tokens": 5}  # fmt: skip
+            headers = {"content-type": "application/json",
+                       "authorization": "Bearer dave-key-1234"}  # fmt: skip
+            async with aiohttp.ClientSession() as s:
+                url = f"http://127.0.0.1:{gw}/v1/chat/completions"
+                data = io.BytesIO(json.dumps(body).encode())
+                async with s.post(url, data=data, headers=headers) as resp:
+                    status, got = resp.status, await resp.read()
+                    upstream = "x-envoy-upstream-service-time" in resp.headers
         # it passed Envoy and the filter server (the fake backend itself takes at most 1 MiB)
         assert upstream, (status, got[:200])
     finally:
