@@ -196,31 +196,32 @@ def mesh_policy(
     *,
     gw: int,
     fp: int,
-    pools: Mapping[str, tuple[str, int]],
+    pools: Mapping[str, tuple[str, int | Sequence[int]] | str],
     routes: Sequence[str],
     rest: str,
     rp: int | None = None,
     redis_url: str = "",
     filters: str = "message_timeout: 2s",
     ratelimit: str = ", reservation_ttl: 60s",
+    ratelimit_timeout: str = "500ms",
     pool_extra: str = "",
 ) -> str:
     """The policy of a small mesh: gateway ``edge`` on ``gw`` with ``routes`` (a YAML flow
     mapping each), the filter server on ``fp`` (``filters``: its other settings), a pool per
-    ``pools`` entry (name → its model and its one backend's port; no health checks, no retries,
-    ``pool_extra`` appended), the rate-limit service on ``rp`` (its Redis ``redis_url``,
-    ``ratelimit`` appended) where given; ``rest``: the sections after those (tiers, tenants, ...). The control plane's own
-    addresses are placeholders: :func:`mesh` gives it free ports."""
+    ``pools`` entry (name → its model and its backends' ports, no health checks, no retries,
+    ``pool_extra`` appended; or the pool's own flow mapping as text), the rate-limit service on
+    ``rp`` (``ratelimit_timeout``, its Redis ``redis_url``, ``ratelimit`` appended) where given;
+    ``rest``: the sections after those (tiers, tenants, ...). The control plane's own addresses
+    are placeholders: :func:`mesh` gives it free ports."""
     service = (
-        f'ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}"'
-        f"{ratelimit}}}\n"
+        f"ratelimit: {{address: 127.0.0.1:{rp}, timeout: {ratelimit_timeout}, "
+        f'redis_url: "{redis_url}"{ratelimit}}}\n'
         if rp is not None
         else ""
     )
     pool_lines = "".join(
-        f"  {name}: {{models: [{model}], endpoints: [127.0.0.1:{port}], "
-        f"health_check: {{enabled: false}}, retries: {{enabled: false}}{pool_extra}}}\n"
-        for name, (model, port) in pools.items()
+        f"  {name}: {pool if isinstance(pool, str) else _pool(*pool, pool_extra)}\n"
+        for name, pool in pools.items()
     )
     route_lines = "".join(f"      - {r}\n" for r in routes)
     return (
@@ -250,12 +251,29 @@ def metered_route(
     )
 
 
-def token_tier(budget: int, tenants: Mapping[str, str]) -> str:
-    """Tier ``small`` (100 tokens a request at most, a token budget of ``budget`` that hardly
-    refills) and ``tenants`` (name → API key) on it."""
-    names = "".join(f"  {t}: {{tier: small, api_keys: [{k}]}}\n" for t, k in tenants.items())
-    quotas = f"{{tokens: {{burst: {budget}, refill_per_second: 0.01}}}}"
-    return f"tiers:\n  small:\n    max_tokens: 100\n    quotas: {quotas}\ntenants:\n{names}"
+def _pool(model: str, ports: int | Sequence[int], extra: str) -> str:
+    eps = ", ".join(f"127.0.0.1:{p}" for p in ([ports] if isinstance(ports, int) else ports))
+    return (
+        f"{{models: [{model}], endpoints: [{eps}], "
+        f"health_check: {{enabled: false}}, retries: {{enabled: false}}{extra}}}"
+    )
+
+
+def token_tier(
+    budget: int,
+    tenants: Mapping[str, str],
+    *,
+    tier: str = "small",
+    max_tokens: int = 100,
+    refill: float = 0.01,
+) -> str:
+    """Tier ``tier`` (``max_tokens`` a request at most, a token budget of ``budget`` that
+    refills ``refill`` a second: hardly, unless told) and ``tenants`` (name → API key) on it."""
+    names = "".join(f"  {t}: {{tier: {tier}, api_keys: [{k}]}}\n" for t, k in tenants.items())
+    quotas = f"{{tokens: {{burst: {budget}, refill_per_second: {refill}}}}}"
+    return (
+        f"tiers:\n  {tier}:\n    max_tokens: {max_tokens}\n    quotas: {quotas}\ntenants:\n{names}"
+    )
 
 
 @contextlib.asynccontextmanager

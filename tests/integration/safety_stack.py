@@ -20,7 +20,7 @@ from filters.app import FilterApp, Settings
 from policy import load_policy
 from quota.reader import QuotaReader
 from tests.helpers import ChildProcess, free_port, free_port_block, wait_for_port
-from tests.integration.mesh_harness import Mesh, mesh
+from tests.integration.mesh_harness import Mesh, mesh, service_processes
 
 __all__ = ["BUDGET", "KEYS", "SafetyStack", "backend_requests", "safety_stack"]
 
@@ -213,10 +213,12 @@ async def safety_stack(
         if early:
             (tmp_path / "mesh.yaml").write_text(text)  # the file mesh() writes, written first
             app = await _filter_servers(tmp_path, redis_url, fp, filter_replicas, children)
-        async with mesh(tmp_path, text, {"edge": gw}) as m:
-            argv = [sys.executable, "-m", "ratelimit_service", "--policy", str(m.policy_path)]
-            children.append(ChildProcess(argv, log=tmp_path / "ratelimit.log"))
-            await asyncio.to_thread(wait_for_port, rp, 30.0)
+        async with (
+            mesh(tmp_path, text, {"edge": gw}) as m,
+            service_processes(
+                tmp_path, m.policy_path, None, {"ratelimit_service": rp}, timeout=30.0
+            ),
+        ):
             if not early:
                 app = await _filter_servers(tmp_path, redis_url, fp, 1, children)
             if filter_replicas > 1:  # Envoy's health checks must have found every one

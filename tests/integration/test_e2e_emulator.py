@@ -20,7 +20,13 @@ from filters.app import FilterApp, Settings
 from policy import load_policy
 from quota.reader import QuotaReader
 from tests.helpers import ChildProcess, free_port, wait_for_port
-from tests.integration.mesh_harness import mesh
+from tests.integration.mesh_harness import (
+    mesh,
+    mesh_policy,
+    metered_route,
+    service_processes,
+    token_tier,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -28,40 +34,12 @@ KEY = "erin-key-1234"
 
 
 def policy_text(gw: int, fp: int, rp: int, redis_url: str, replicas: list[int]) -> str:
-    eps = ", ".join(f"127.0.0.1:{p}" for p in replicas)
-    return f"""
-version: 1
-control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}"}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
-pools:
-  chat:
-    models: [m1]
-    endpoints: [{eps}]
-    health_check: {{enabled: false}}
-    retries: {{enabled: false}}
-    affinity: {{prefix_tokens: 64}}
-gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - name: llm
-        match: {{prefix: /v1/}}
-        pool: chat
-        rate_limit: {{enabled: true}}
-        filters: {{plugins: [identity, tokens, prefix, lane, usage]}}
-      - name: native
-        match: {{path: /generate}}
-        pool: chat
-        rate_limit: {{enabled: true}}
-        filters: {{plugins: [identity, tokens, prefix, lane, usage]}}
-tiers:
-  mid:
-    max_tokens: 12
-    quotas: {{tokens: {{burst: 100000, refill_per_second: 0.01}}}}
-tenants:
-  erin: {{tier: mid, api_keys: [{KEY}]}}
-"""
+    return mesh_policy(
+        gw=gw, fp=fp, rp=rp, redis_url=redis_url, ratelimit="", pools={"chat": ("m1", replicas)},
+        pool_extra=", affinity: {prefix_tokens: 64}",
+        routes=[metered_route(), metered_route("native", match="{path: /generate}")],
+        rest=token_tier(100000, {"erin": KEY}, tier="mid", max_tokens=12),
+    )  # fmt: skip
 
 
 @pytest.fixture(params=["grpc", "h2"])
@@ -91,10 +69,10 @@ async def stack(
     try:
         for p in replicas:
             await asyncio.to_thread(wait_for_port, p, 30.0)
-        async with mesh(tmp_path, policy_text(gw, fp, rp, redis_url, replicas), {"edge": gw}) as m:
-            argv = [sys.executable, "-m", "ratelimit_service", "--policy", str(m.policy_path)]
-            children.append(ChildProcess(argv, log=tmp_path / "ratelimit.log"))
-            await asyncio.to_thread(wait_for_port, rp, 20.0)
+        async with (
+            mesh(tmp_path, policy_text(gw, fp, rp, redis_url, replicas), {"edge": gw}) as m,
+            service_processes(tmp_path, m.policy_path, None, {"ratelimit_service": rp}),
+        ):
             app = FilterApp(
                 Settings(policy_path=m.policy_path, redis_url=redis_url, transport=transport),
                 clock=time.monotonic,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,8 @@ from policy import load_policy
 from policy.phases import meters_usage
 from quota.reader import QuotaReader
 from tests.filters.fake_openai import FakeOpenAI
-from tests.helpers import ChildProcess, free_port, wait_for_port
-from tests.integration.mesh_harness import Mesh, mesh
+from tests.helpers import free_port
+from tests.integration.mesh_harness import Mesh, mesh, service_processes
 from tests.integration.test_e2e_budget import BUDGET, policy_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -65,14 +64,12 @@ async def stack(tmp_path: Path, redis_port: int) -> AsyncIterator[Stack]:
     backend = FakeOpenAI(name="b0", words=40, gap=0.05)
     await backend.start()
     gw, fp, rp = free_port(), free_port(), free_port()
-    children: list[ChildProcess] = []
+    ports = {"ratelimit_service": rp, "filters": fp}
     try:
-        async with mesh(tmp_path, policy_text(gw, fp, rp, redis_url, backend), {"edge": gw}) as m:
-            for mod, port in (("ratelimit_service", rp), ("filters", fp)):
-                argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
-                        "--redis-url", redis_url]  # fmt: skip
-                children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
-                await asyncio.to_thread(wait_for_port, port, 40.0)  # a busy machine
+        async with (
+            mesh(tmp_path, policy_text(gw, fp, rp, redis_url, backend), {"edge": gw}) as m,
+            service_processes(tmp_path, m.policy_path, redis_url, ports, timeout=40.0),  # busy box
+        ):
             yield Stack(
                 f"http://127.0.0.1:{gw}",
                 m,
@@ -80,8 +77,6 @@ async def stack(tmp_path: Path, redis_port: int) -> AsyncIterator[Stack]:
                 QuotaReader(r, load_policy(m.policy_path), timeout=5.0),
             )
     finally:
-        for c in children:
-            c.close()
         await backend.aclose()
         await r.aclose()
 

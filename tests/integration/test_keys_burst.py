@@ -21,7 +21,13 @@ import redis.asyncio as aioredis
 from filters.keys import key_name
 from filters.keys_admin import main as keys_main
 from tests.helpers import ChildProcess, free_port, wait_for_port
-from tests.integration.mesh_harness import mesh
+from tests.integration.mesh_harness import (
+    mesh,
+    mesh_policy,
+    metered_route,
+    service_processes,
+    token_tier,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -30,34 +36,12 @@ VALID = 300
 
 
 def policy_text(gw: int, fp: int, rp: int, redis_url: str, emulator: int) -> str:
-    return f"""
-version: 1
-control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-ratelimit: {{address: 127.0.0.1:{rp}, timeout: 2s, redis_url: "{redis_url}"}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 10s}}
-pools:
-  chat:
-    models: [m1]
-    endpoints: [127.0.0.1:{emulator}]
-    health_check: {{enabled: false}}
-    retries: {{enabled: false}}
-
-gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - name: llm
-        match: {{prefix: /v1/}}
-        pool: chat
-        rate_limit: {{enabled: true}}
-        filters: {{plugins: [identity, tokens, lane, usage]}}
-tiers:
-  big:
-    max_tokens: 2
-    quotas: {{tokens: {{burst: 100000000, refill_per_second: 1000000}}}}
-tenants:
-  acme: {{tier: big, api_keys: [{REVOKED}]}}
-"""
+    return mesh_policy(
+        gw=gw, fp=fp, rp=rp, redis_url=redis_url, ratelimit="", ratelimit_timeout="2s",
+        filters="message_timeout: 10s", pools={"chat": ("m1", emulator)},
+        routes=[metered_route(plugins="identity, tokens, lane, usage")],
+        rest=token_tier(100000000, {"acme": REVOKED}, tier="big", max_tokens=2, refill=1000000),
+    )  # fmt: skip
 
 
 @contextlib.asynccontextmanager
@@ -77,11 +61,12 @@ async def burst_stack(tmp_path: Path, redis_port: int) -> AsyncIterator[str]:
     ]  # fmt: skip
     try:
         await asyncio.to_thread(wait_for_port, ep, 30.0)
-        async with mesh(tmp_path, policy_text(gw, fp, rp, redis_url, ep), {"edge": gw}) as m:
-            for mod, port in (("ratelimit_service", rp), ("filters", fp)):
-                argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path)]
-                children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
-                await asyncio.to_thread(wait_for_port, port, 20.0)
+        async with (
+            mesh(tmp_path, policy_text(gw, fp, rp, redis_url, ep), {"edge": gw}) as m,
+            service_processes(
+                tmp_path, m.policy_path, None, {"ratelimit_service": rp, "filters": fp}
+            ),
+        ):
             yield f"http://127.0.0.1:{gw}/v1/chat/completions"
     finally:
         for c in children:

@@ -25,7 +25,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.helpers import ChildProcess, free_port, wait_for_port
-from tests.integration.mesh_harness import mesh
+from tests.integration.mesh_harness import (
+    mesh,
+    mesh_policy,
+    metered_route,
+    service_processes,
+    token_tier,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -35,35 +41,15 @@ KEYS = {"warm": "warm-key-123456", "cold": "cold-key-123456"}
 
 
 def policy_text(gw: int, fp: int, rp: int, emu: int, redis_url: str) -> str:
-    tenants = "\n".join(f"  {t}: {{tier: small, api_keys: [{k}]}}" for t, k in KEYS.items())
-    return f"""
-version: 1
-control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}", reservation_ttl: 60s}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
-reservation: {{output: learned, quantile: 0.95, min_samples: 20, short_budget: reject}}
-pools:
-  chat:
-    models: [m1]
-    endpoints: [127.0.0.1:{emu}]
-    health_check: {{enabled: false}}
-    retries: {{enabled: false}}
-gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - name: llm
-        match: {{prefix: /v1/}}
-        pool: chat
-        rate_limit: {{enabled: true}}
-        filters: {{plugins: [identity, tokens, prefix, lane, {{name: usage, settings: {{stop_at_budget: true}}}}]}}
-tiers:
-  small:
-    max_tokens: 2048
-    quotas: {{tokens: {{burst: {BURST}, refill_per_second: 2}}}}
-tenants:
-{tenants}
-"""
+    usage = "{name: usage, settings: {stop_at_budget: true}}"
+    learned = (
+        "reservation: {output: learned, quantile: 0.95, min_samples: 20, short_budget: reject}"
+    )
+    return mesh_policy(
+        gw=gw, fp=fp, rp=rp, redis_url=redis_url, pools={"chat": ("m1", emu)},
+        routes=[metered_route(plugins=f"identity, tokens, prefix, lane, {usage}")],
+        rest=f"{learned}\n{token_tier(BURST, KEYS, max_tokens=2048, refill=2)}",
+    )  # fmt: skip
 
 
 Answer = tuple[int, dict[str, str], Any]
@@ -114,16 +100,16 @@ async def started(tmp_path: Path, redis_port: int) -> AsyncIterator[Mesh]:
                     "m1", "--stop-prob", "0.1", "--time-scale", "0.2", "--log-level", "WARNING"]  # fmt: skip
         children.append(ChildProcess(emulator, log=tmp_path / "emulator.log"))
         await asyncio.to_thread(wait_for_port, emu, 20.0)
-        async with mesh(tmp_path, policy_text(gw, fp, rp, emu, redis_url), {"edge": gw}) as m:
-            for mod, port in (("ratelimit_service", rp), ("filters", fp)):
-                argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
-                        "--redis-url", redis_url]  # fmt: skip
-                children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
-                await asyncio.to_thread(wait_for_port, port, 20.0)
-            async with aiohttp.ClientSession() as s:
-                yield Mesh(f"http://127.0.0.1:{gw}", s, r)
+        async with (
+            mesh(tmp_path, policy_text(gw, fp, rp, emu, redis_url), {"edge": gw}) as m,
+            service_processes(
+                tmp_path, m.policy_path, redis_url, {"ratelimit_service": rp, "filters": fp}
+            ),
+            aiohttp.ClientSession() as s,
+        ):
+            yield Mesh(f"http://127.0.0.1:{gw}", s, r)
     finally:
-        for c in reversed(children):
+        for c in children:
             c.close()
         await r.aclose()
 

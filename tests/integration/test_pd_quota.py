@@ -23,7 +23,13 @@ import redis.asyncio as aioredis
 from policy import load_policy
 from quota.reader import QuotaReader
 from tests.helpers import ChildProcess, free_port, wait_for_port
-from tests.integration.mesh_harness import mesh
+from tests.integration.mesh_harness import (
+    mesh,
+    mesh_policy,
+    metered_route,
+    service_processes,
+    token_tier,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -32,35 +38,15 @@ KEY = "carol-key-123"
 
 
 def _policy(gw: int, fp: int, rp: int, redis_url: str, pre: tuple[int, int], dec: int) -> str:
-    return f"""
-version: 1
-control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}", reservation_ttl: 60s}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 5s}}
-pools:
-  chat:
-    models: [m1]
-    health_check: {{interval: 200ms, timeout: 200ms, unhealthy_threshold: 1}}
-    retries: {{num_retries: 0}}
-    disaggregation:
-      prefill: [{{address: 127.0.0.1:{pre[0]}, bootstrap_port: {pre[1]}}}]
-      decode: [127.0.0.1:{dec}]
-gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - name: llm
-        match: {{prefix: /v1/}}
-        pool: chat
-        rate_limit: {{enabled: true}}
-        filters: {{plugins: [identity, tokens, lane, pd, usage]}}
-tiers:
-  small:
-    max_tokens: 100
-    quotas: {{tokens: {{burst: {BUDGET}, refill_per_second: 0.01}}}}
-tenants:
-  carol: {{tier: small, api_keys: [{KEY}]}}
-"""
+    pd = (f"disaggregation: {{prefill: [{{address: 127.0.0.1:{pre[0]}, bootstrap_port: {pre[1]}}}], "
+          f"decode: [127.0.0.1:{dec}]}}")  # fmt: skip
+    checks = "health_check: {interval: 200ms, timeout: 200ms, unhealthy_threshold: 1}"
+    return mesh_policy(
+        gw=gw, fp=fp, rp=rp, redis_url=redis_url, filters="message_timeout: 5s",
+        pools={"chat": f"{{models: [m1], {checks}, retries: {{num_retries: 0}}, {pd}}}"},
+        routes=[metered_route(plugins="identity, tokens, lane, pd, usage")],
+        rest=token_tier(BUDGET, {"carol": KEY}),
+    )  # fmt: skip
 
 
 def _emulator(tmp: Path, name: str, port: int, *extra: str) -> ChildProcess:
@@ -78,6 +64,7 @@ async def test_a_pd_request_reserves_and_settles_its_tokens_to_the_tenant(
     await r.flushdb()
     gw, fp, rp = free_port(), free_port(), free_port()
     pre, dec = (free_port(), free_port()), free_port()
+    ports = {"ratelimit_service": rp, "filters": fp}
     children = [
         _emulator(tmp_path, "prefill", pre[0], "--disaggregation-mode", "prefill",
                   "--disaggregation-bootstrap-port", str(pre[1])),
@@ -86,12 +73,10 @@ async def test_a_pd_request_reserves_and_settles_its_tokens_to_the_tenant(
     try:
         for port in (*pre, dec):
             await asyncio.to_thread(wait_for_port, port, 30.0)
-        async with mesh(tmp_path, _policy(gw, fp, rp, redis_url, pre, dec), {"edge": gw}) as m:
-            for mod, port in (("ratelimit_service", rp), ("filters", fp)):
-                argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
-                        "--redis-url", redis_url]  # fmt: skip
-                children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
-                await asyncio.to_thread(wait_for_port, port, 40.0)
+        async with (
+            mesh(tmp_path, _policy(gw, fp, rp, redis_url, pre, dec), {"edge": gw}) as m,
+            service_processes(tmp_path, m.policy_path, redis_url, ports, timeout=40.0),
+        ):
             reader = QuotaReader(r, load_policy(m.policy_path), timeout=5.0)
 
             async def spent() -> int:

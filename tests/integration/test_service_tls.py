@@ -20,8 +20,14 @@ import redis.asyncio as aioredis
 
 from controlplane.tls_material import CertPair, make_ca, make_cert
 from tests.filters.fake_openai import FakeOpenAI
-from tests.helpers import ChildProcess, free_port, wait_for_port
-from tests.integration.mesh_harness import mesh
+from tests.helpers import free_port
+from tests.integration.mesh_harness import (
+    mesh,
+    mesh_policy,
+    metered_route,
+    service_processes,
+    token_tier,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -34,33 +40,12 @@ def _tls(server: CertPair, ca: CertPair, envoy: CertPair) -> str:
 
 
 def _policy(gw: int, fp: int, rp: int, redis_url: str, backend: int, tls: str) -> str:
-    return f"""
-version: 1
-control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-ratelimit: {{address: 127.0.0.1:{rp}, timeout: 2s, redis_url: "{redis_url}", tls: {tls}}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s, tls: {tls}}}
-pools:
-  chat:
-    models: [m1]
-    endpoints: [127.0.0.1:{backend}]
-    health_check: {{enabled: false}}
-    retries: {{enabled: false}}
-gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - name: llm
-        match: {{prefix: /v1/}}
-        pool: chat
-        rate_limit: {{enabled: true}}
-        filters: {{plugins: [identity, tokens, lane, usage]}}
-tiers:
-  small:
-    max_tokens: 100
-    quotas: {{tokens: {{burst: 1000, refill_per_second: 0.01}}}}
-tenants:
-  carol: {{tier: small, api_keys: [carol-key-123]}}
-"""
+    return mesh_policy(
+        gw=gw, fp=fp, rp=rp, redis_url=redis_url, ratelimit=f", tls: {tls}",
+        ratelimit_timeout="2s", filters=f"message_timeout: 2s, tls: {tls}",
+        pools={"chat": ("m1", backend)}, rest=token_tier(1000, {"carol": "carol-key-123"}),
+        routes=[metered_route(plugins="identity, tokens, lane, usage")],
+    )  # fmt: skip
 
 
 async def _handshake(port: int, ctx: ssl.SSLContext) -> str | None:
@@ -101,14 +86,13 @@ async def test_envoy_speaks_mtls_to_filters_and_ratelimit(
     await backend.start()
     gw, fp, rp = free_port(), free_port(), free_port()
     text = _policy(gw, fp, rp, redis_url, backend.port, _tls(server, ca, envoy))
-    children: list[ChildProcess] = []
+    ports = {"ratelimit_service": rp, "filters": fp}
+    extra = {mod: ["--transport", transport] for mod in ports}
     try:
-        async with mesh(tmp_path, text, {"edge": gw}) as m:
-            for mod, port in (("ratelimit_service", rp), ("filters", fp)):
-                argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
-                        "--redis-url", redis_url, "--transport", transport]  # fmt: skip
-                children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
-                await asyncio.to_thread(wait_for_port, port, 20.0)
+        async with (
+            mesh(tmp_path, text, {"edge": gw}) as m,
+            service_processes(tmp_path, m.policy_path, redis_url, ports, extra=extra),
+        ):
             clusters = await m.clusters_text("edge")
             assert "tokenweir_filters" in clusters and "tokenweir_ratelimit" in clusters
 
@@ -132,8 +116,6 @@ async def test_envoy_speaks_mtls_to_filters_and_ratelimit(
                     ):
                         await _handshake(port, _client(ca, who))
     finally:
-        for c in children:
-            c.close()
         await backend.aclose()
         await r.aclose()
 

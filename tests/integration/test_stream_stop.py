@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,8 +23,14 @@ import redis.asyncio as aioredis
 from openai import AsyncOpenAI
 
 from backends.emulator import EmulatorServer, EmulatorSettings, start_emulator
-from tests.helpers import ChildProcess, free_port, wait_for_port
-from tests.integration.mesh_harness import mesh
+from tests.helpers import free_port
+from tests.integration.mesh_harness import (
+    mesh,
+    mesh_policy,
+    metered_route,
+    service_processes,
+    token_tier,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -34,43 +39,14 @@ MAX_TOKENS = 300
 
 
 def policy_text(gw: int, fp: int, rp: int, redis_url: str, emu: int, stop: bool) -> str:
-    return f"""
-version: 1
-control_plane: {{xds: 127.0.0.1:1, metrics: 127.0.0.1:2}}
-ratelimit: {{address: 127.0.0.1:{rp}, timeout: 500ms, redis_url: "{redis_url}", reservation_ttl: 60s}}
-filters: {{address: 127.0.0.1:{fp}, message_timeout: 2s}}
-pools:
-  chat:
-    models: [m1]
-    endpoints: [127.0.0.1:{emu}]
-    health_check: {{enabled: false}}
-    retries: {{enabled: false}}
-gateways:
-  edge:
-    listen: 127.0.0.1:{gw}
-    routes:
-      - name: llm
-        match: {{prefix: /v1/}}
-        pool: chat
-        rate_limit: {{enabled: true}}
-        filters: &stop
-          plugins:
-            - identity
-            - tokens
-            - tests.integration.lowball_plugin:Lowball
-            - {{name: usage, settings: {{stop_at_budget: {str(stop).lower()}, topup_tokens: 32}}}}
-      - name: generate
-        match: {{path: /generate}}
-        pool: chat
-        rate_limit: {{enabled: true}}
-        filters: *stop
-tiers:
-  small:
-    max_tokens: 1000
-    quotas: {{tokens: {{burst: {BURST}, refill_per_second: {REFILL}}}}}
-tenants:
-  carol: {{tier: small, api_keys: [carol-key-123]}}
-"""
+    usage = f"{{name: usage, settings: {{stop_at_budget: {str(stop).lower()}, topup_tokens: 32}}}}"
+    plugins = f"identity, tokens, tests.integration.lowball_plugin:Lowball, {usage}"
+    routes = [metered_route(plugins=plugins),
+              metered_route("generate", match="{path: /generate}", plugins=plugins)]  # fmt: skip
+    return mesh_policy(
+        gw=gw, fp=fp, rp=rp, redis_url=redis_url, pools={"chat": ("m1", emu)}, routes=routes,
+        rest=token_tier(BURST, {"carol": "carol-key-123"}, max_tokens=1000, refill=REFILL),
+    )  # fmt: skip
 
 
 @dataclass
@@ -101,25 +77,19 @@ async def stack(
         EmulatorSettings(profile="seed-2k", time_scale=0.5, seed=3, request_log=str(log))
     )
     gw, fp, rp = free_port(), free_port(), free_port()
-    children: list[ChildProcess] = []
     text = policy_text(gw, fp, rp, redis_url, emu.port, stop)
+    ports, extra = {"ratelimit_service": rp, "filters": fp}, {"filters": ["--transport", transport]}
     try:
-        async with mesh(tmp_path, text, {"edge": gw}) as m:
-            for mod, port in (("ratelimit_service", rp), ("filters", fp)):
-                argv = [sys.executable, "-m", mod, "--policy", str(m.policy_path),
-                        "--redis-url", redis_url]  # fmt: skip
-                if mod == "filters":
-                    argv += ["--transport", transport]
-                children.append(ChildProcess(argv, log=tmp_path / f"{mod}.log"))
-                await asyncio.to_thread(wait_for_port, port, 40.0)
+        async with (
+            mesh(tmp_path, text, {"edge": gw}) as m,
+            service_processes(tmp_path, m.policy_path, redis_url, ports, timeout=40.0, extra=extra),
+        ):
             client = AsyncOpenAI(
                 base_url=f"http://127.0.0.1:{gw}/v1", api_key="carol-key-123", max_retries=0
             )
             yield Stack(f"http://127.0.0.1:{gw}", client, emu, log, r)
             await client.close()
     finally:
-        for c in children:
-            c.close()
         await emu.aclose()
         await r.aclose()
 
