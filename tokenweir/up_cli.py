@@ -17,6 +17,7 @@ from policy import Policy
 from policy.ports import port_clashes, port_plan
 from policy.servers import Replicas
 from runtime.children import ChildError
+from runtime.ports import port_open
 from runtime.process import Signals
 from runtime.statedir import StateDirBusy, StateLock, default_state_dir, remove_mesh_info
 from tokenweir.up import Mesh
@@ -88,6 +89,25 @@ def port_problems(policy: Policy, replicas: Replicas | None, prometheus_port: in
     return out
 
 
+def ports_taken(config: Path, policy: Policy, replicas: Replicas | None) -> list[str]:
+    """The ports of the plan another process already listens on. Checked before anything
+    starts: the part would fail to bind and be restarted again and again, while the stranger
+    answered its readiness check (``up`` said ready; the gateway answered
+    ``no_healthy_upstream``)."""
+    if replicas is not None:
+        policy = dataclasses.replace(policy, replicas=replicas)
+    out = []
+    for claim in port_plan(policy):
+        host = claim.host if claim.host not in (None, "", "0.0.0.0", "::") else "127.0.0.1"
+        if port_open(host, claim.port):
+            name = claim.part if claim.replica is None else f"{claim.part}#{claim.replica}"
+            out.append(
+                f"{config}: {claim.key}: {host}:{claim.port} ({name}, {claim.what}) is already "
+                "in use by another process; fix: stop that process, or move the port"
+            )
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
     from tokenweir.admin_args import load_or_report
 
@@ -123,6 +143,15 @@ def _run(args: argparse.Namespace) -> int:
         lock.acquire()
     except (StateDirBusy, OSError) as exc:
         print(f"tokenweir up: {exc}", file=sys.stderr)
+        return 1
+    taken = ports_taken(
+        args.config, policy, replicas
+    )  # after the lock: a second `up` is named as such
+    if taken:
+        for problem in taken:
+            print(f"tokenweir up: {problem}", file=sys.stderr)
+        print(f"tokenweir up: {len(taken)} port(s) in use; nothing started", file=sys.stderr)
+        lock.release()
         return 1
     if args.fresh:
         shutil.rmtree(state_dir / "redis", ignore_errors=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,9 @@ import pytest
 from policy import PolicyError, load_policy, load_policy_text
 from policy.ports import port_clashes, port_plan
 from policy.servers import Replicas
+from runtime.ports import free_port
 from tokenweir.cli import main
-from tokenweir.up_cli import port_problems
+from tokenweir.up_cli import port_problems, ports_taken
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_MD = "gateway=3,filters=2,ratelimit=2,controlplane=2"  # docs/deploy.md's command
@@ -127,3 +129,40 @@ def test_up_refuses_clashing_replicas_before_starting_anything(
     assert "filters.address: port 18082 is claimed twice" in err
     assert "2 port clash(es); nothing started" in err
     assert not run.exists() and not state.exists()  # no lock taken, no child started
+
+
+def test_up_refuses_a_port_another_process_listens_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Something else listens where an emulator would: `up` said ready (the stranger answered
+    the readiness check) while the emulator failed to bind again and again and the gateway
+    answered `no_healthy_upstream`. Now nothing starts, and the error names the key."""
+    xds, metrics, gateway = (free_port() for _ in range(3))
+    stranger = socket.socket()
+    stranger.bind(("127.0.0.1", 0))
+    stranger.listen()
+    held = stranger.getsockname()[1]
+    path = tmp_path / "mesh.yaml"
+    path.write_text(
+        f"version: 1\n"
+        f"control_plane: {{xds: 127.0.0.1:{xds}, metrics: 127.0.0.1:{metrics}}}\n"
+        f"pools:\n  chat:\n    models: [m1]\n"
+        f"    emulated: {{replicas: 1, profile: llama-3.1-8b-h100, base_port: {held}}}\n"
+        f"gateways:\n  edge:\n    listen: 127.0.0.1:{gateway}\n"
+        f"    routes: [{{name: llm, match: {{prefix: /v1/}}, pool: chat}}]\n"
+    )
+    run = tmp_path / "run"
+    argv = ["up", "-c", str(path), "--run-dir", str(run), "--state-dir", str(tmp_path / "s")]
+    try:
+        rc = main([*argv, "--no-prometheus"])
+        err = capsys.readouterr().err
+        assert rc == 1, err
+        assert (
+            f"{path}: pools.chat.emulated.base_port: 127.0.0.1:{held} (emulator chat#0, HTTP) "
+            "is already in use by another process" in err
+        ), err
+        assert "1 port(s) in use; nothing started" in err
+        assert not run.exists()  # no child started
+    finally:
+        stranger.close()
+    assert ports_taken(path, load_policy(path), None) == []  # the port is free again
