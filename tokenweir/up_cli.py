@@ -96,8 +96,13 @@ def ports_taken(config: Path, policy: Policy, replicas: Replicas | None) -> list
     ``no_healthy_upstream``)."""
     if replicas is not None:
         policy = dataclasses.replace(policy, replicas=replicas)
+    # an autoscaled pool's replicas start on demand, each on the first of its slots that binds
+    # (a slot another process holds is counted and skipped): not refused here
+    fleets = {f"emulator {n}" for n, p in policy.pools.items() if p.autoscale is not None}
     out = []
     for claim in port_plan(policy):
+        if claim.part in fleets:
+            continue
         host = claim.host if claim.host not in (None, "", "0.0.0.0", "::") else "127.0.0.1"
         if port_open(host, claim.port):
             name = claim.part if claim.replica is None else f"{claim.part}#{claim.replica}"
