@@ -149,9 +149,8 @@ def _run(args: argparse.Namespace) -> int:
     except (StateDirBusy, OSError) as exc:
         print(f"tokenweir up: {exc}", file=sys.stderr)
         return 1
-    taken = ports_taken(
-        args.config, policy, replicas
-    )  # after the lock: a second `up` is named as such
+    # after the lock: a second `up` of this mesh is named as such, not as a port in use
+    taken = ports_taken(args.config, policy, replicas)
     if taken:
         for problem in taken:
             print(f"tokenweir up: {problem}", file=sys.stderr)

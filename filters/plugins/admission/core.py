@@ -180,7 +180,7 @@ class Admission(Predictions):
         ticket.state = "done"
         self.queues[ticket.lane].ledger.end(ticket.tenant, ticket.charge, now, settled)
         self.in_flight -= 1
-        self.in_flight_since -= ticket.granted_at
+        self.in_flight_since = self.in_flight_since - ticket.granted_at if self.in_flight else 0.0
         self.in_flight_tokens -= ticket.tokens
         self.lane_in_flight[ticket.lane] -= 1
         self.lane_tokens[ticket.lane] -= ticket.tokens

@@ -151,10 +151,11 @@ class Predictions:
         into free slots are no drain rate), twice the running requests' mean age (within 1 s and
         the lane's longest wait) for as many clients as the lane holds at once and the later ones
         spread evenly up to twice it (a burst shed before anything was measured does not come
-        back as one herd, nor long after the pool idles; its returns are measured by then). A lane blocked by the lanes
-        above (no room) is told no sooner than their measured need could fade, than the
-        clients queued or told at or above it take at the pool's completion rate, and than its
-        own queue and told clients take at the rate it lately started requests. The answer
+        back as one herd, nor long after the pool idles; its returns are measured by then). A
+        lane blocked by the lanes above (no room) is told no sooner than their measured need
+        could fade, than the clients queued or told at or above it take at the pool's
+        completion rate, and than its own queue and told clients take at the rate it lately
+        started requests. The answer
         is remembered: the next client shed is told a later time, and a client with ``key``
         that comes back then goes first (:mod:`filters.plugins.admission.herd`) — while ``tenant``
         holds fewer such places in the lane than it may queue requests there."""
