@@ -84,6 +84,14 @@ class Mesh:
         stream = {"stream": True, "stream_options": {"include_usage": True}}
         return list(await asyncio.gather(*(self.chat(tenant, **stream) for _ in range(n))))
 
+    async def settled(self, tenant: str, timeout: float = 10.0) -> None:
+        """Until every admitted request of ``tenant`` is settled: the settle deletes its
+        reservation record (``tw:{tenant}:r:<id>``, quota/keys.py)."""
+        end = time.monotonic() + timeout
+        while [k async for k in self.redis.scan_iter(match=f"tw:{{{tenant}}}:r:*")]:
+            assert time.monotonic() < end, f"{tenant}'s reservations were not all settled"
+            await asyncio.sleep(0.05)
+
     async def refill(self, tenant: str) -> None:
         await self.redis.delete(f"tw:{{{tenant}}}:b:tokens")  # docs/quotas.md: refill now
 
@@ -180,8 +188,11 @@ async def test_a_learned_reservation_admits_whole_answers(tmp_path: Path, redis_
         )
 
         # a request the rest of the budget cannot serve whole is refused, not cut short
-        # 1 token left now (``ts`` now too: with the burst's old ``ts`` a slow box's elapsed
-        # seconds would refill it at 2 tokens/s before the check)
+        # 1 token left now, once the burst's settlements have landed (each settle refunds its
+        # unused reservation into the bucket; one landing after the write below would refill it:
+        # fresh-clone CI saw this) (``ts`` now too: with the burst's old ``ts`` a slow box's
+        # elapsed seconds would refill it at 2 tokens/s before the check)
+        await m.settled("warm")
         now_us = int(time.time() * 1_000_000)
         await m.redis.hset("tw:{warm}:b:tokens", mapping={"tk": 1, "ts": now_us})
         s, h, b = await m.chat("warm")
