@@ -28,18 +28,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# The suite writes bytecode even where the environment says not to (PYTHONDONTWRITEBYTECODE=1
-# in some images): else each of the 5 collections rewrites and compiles all ~370 test modules
-# (19 s of CPU each instead of 9) and every service process a test starts compiles our
-# packages again (-16% CPU over a sample of integration and unit files). __pycache__ is ignored.
-PYTEST := env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/pytest
-
+# The serial tests (timings of a box they load) run beside the rest at a higher CPU priority:
+# scripts/run-tests.sh says why.
 test: $(STAMP)
 	bash scripts/ensure-system-deps.sh
 	$(MAKE) lint
-	$(PYTEST) -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
-	  -m "not serial"
-	$(PYTEST) -q -p no:cacheprovider -m serial
+	VENV=$(VENV) TEST_WORKERS=$(TEST_WORKERS) bash scripts/run-tests.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache

@@ -35,9 +35,9 @@ from tests.integration.batch_jobs import (
 )
 from tests.integration.mesh_harness import mesh, mesh_policy
 
-# serial: beside other workers more answers are in transit at a kill, and a run that finished
+# alone: beside other work more answers are in transit at a kill, and a run that finished
 # before its abort came (the window docs/batch.md names) shows up as an unaborted second run
-pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.alone, pytest.mark.timeout(240)]
 
 KEY = "acme-key-1234"
 

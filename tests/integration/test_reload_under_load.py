@@ -30,7 +30,7 @@ from tests.bigpolicy import big_policy_text
 from tests.helpers import free_port
 from tests.integration.up_process import start_up, stop_up
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.alone, pytest.mark.timeout(600)]
 TENANTS, ROUTES, KEYS = 10_000, 100, 100  # requests use the first KEYS tenants' keys
 
 
