@@ -204,8 +204,11 @@ class Reloader:
         return self._result(out.ok, out.problems)
 
     async def start(self) -> ReloadResult:
-        """Load once (the result says whether it worked), then watch in the background."""
-        result = await self.reload_async()
+        """Load once (the result says whether it worked), then watch in the background. The
+        first load runs in a thread at this process's priority, not in the build worker: nothing
+        is served before it (:meth:`runtime.watcher.PolicyWatcher.load_first`)."""
+        out = await self.watcher.load_first()
+        result = self._result(out.ok, out.problems)
         self.watcher.start()
         return result
 

@@ -169,9 +169,18 @@ class PolicyWatcher(Generic[T]):
 
     async def reload(self) -> ReloadOutcome:
         """Load and build off the loop (the worker process, or a thread), then apply on it."""
-        seen = self._fingerprints()
         if self._worker is not None:
-            return await self._reload_in_worker(self._worker, seen)
+            return await self._reload_in_worker(self._worker, self._fingerprints())
+        return await self.load_first()
+
+    async def load_first(self) -> ReloadOutcome:
+        """Load and build in a thread of this process, at its own CPU priority, even where
+        later builds go to the worker; then apply on the loop. For an owner that loads its
+        first policy with the loop already running and nothing served yet: the worker's lowered
+        priority only protects requests, and on a busy host it left a start-up waiting for CPU
+        the rest of the host did not leave idle (`tokenweir up` took 50-90 s to publish its
+        first config beside a loaded test suite)."""
+        seen = self._fingerprints()
         try:
             loaded = await asyncio.to_thread(self._timed_load)
         except Exception as exc:  # any failure of load/build: reported, counted, survived

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -131,3 +132,29 @@ def test_the_injected_service_check_refuses_and_keeps_the_last_good(tmp_path: Pa
     )
     unchecked = Reloader(path, SnapshotCache(), registry=CollectorRegistry())
     assert unchecked.reload().ok  # what the control plane accepted before the check
+
+
+async def test_the_first_load_is_built_here_and_later_ones_in_the_build_worker(
+    tmp_path: Path,
+) -> None:
+    """Nothing is served before the first load, so it runs at this process's own priority: in
+    the build worker (lowered priority) a start-up on a busy host waited for idle CPU, 50-90 s.
+    Reloads, with requests being served, still go to the worker."""
+    path = tmp_path / "mesh.yaml"
+    _write(path, "127.0.0.1:9001")
+    cache, registry = SnapshotCache(), CollectorRegistry()
+    reloader = Reloader(
+        path, cache, registry=registry, debounce=0.05, poll_interval=0.01,
+        build_worker="tests.runtime.build_targets:prepare_noting_pid",
+    )  # fmt: skip
+    pids = tmp_path / "mesh.yaml.pids"
+    try:
+        assert (await reloader.start()).ok
+        assert pids.read_text().split() == [str(os.getpid())]
+        first = cache.get("edge")
+        _write(path, "127.0.0.1:9001, 127.0.0.1:9002")
+        await _until(lambda: cache.get("edge") is not first, timeout=60.0)
+        built_by = pids.read_text().split()
+        assert len(built_by) == 2 and built_by[1] != str(os.getpid()), built_by
+    finally:
+        await reloader.aclose()

@@ -6,10 +6,19 @@ import os
 import time
 from pathlib import Path
 
+from controlplane.reloader import Prepared, prepare
 from policy import Policy, load_policy
 from runtime.watcher import Loaded
 
-__all__ = ["autogroup", "crash_on_marker", "pid_and_nice", "policy", "slow", "tenant_table"]
+__all__ = [
+    "autogroup",
+    "crash_on_marker",
+    "pid_and_nice",
+    "policy",
+    "prepare_noting_pid",
+    "slow",
+    "tenant_table",
+]
 
 
 def policy(path: Path) -> Loaded[Policy]:
@@ -48,3 +57,11 @@ def tenant_table(path: Path) -> Loaded[dict[str, object]]:
     """A value with large containers (sent in slices)."""
     n = int(path.read_text())
     return Loaded({"tenants": {f"t{i}": (i, f"k{i}") for i in range(n)}, "order": list(range(n))})
+
+
+def prepare_noting_pid(path: Path) -> Loaded[Prepared]:
+    """The control plane's build (load, render), noting the building process's pid in
+    ``<path>.pids``, one line per build."""
+    with path.with_name(path.name + ".pids").open("a") as out:
+        out.write(f"{os.getpid()}\n")
+    return prepare(path)
