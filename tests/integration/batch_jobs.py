@@ -185,14 +185,14 @@ async def read_lines(store: DirectoryStore, tenant: str, file_id: str) -> list[d
 
 
 # -- through the OpenAI Batch API (`tokenweir up` on examples/mesh.yaml) ----------------------
-# (``openai`` and the first-contact test are imported where used: batch_runner_child.py, a
+# (``openai`` and the example's policy are imported where used: batch_runner_child.py, a
 # process the drills kill and start again, imports this module and should start fast)
 
 
 def batch_policy(tmp: Path) -> tuple[Path, int]:
     """examples/mesh.yaml (written to ``tmp``) with its runner's claims and the lines'
     idempotency records freed soon; the path and the gateway's port."""
-    from tests.integration.test_e2e_first_contact import example_policy
+    from tests.integration.example_mesh import example_policy
 
     text, gw = example_policy()
     # a dead runner's job is taken back soon; an interrupted line's claim frees soon

@@ -27,7 +27,7 @@ import httpx
 import pytest
 import redis
 
-from tests.integration.test_e2e_first_contact import example_policy
+from tests.integration.example_mesh import example_policy
 from tests.integration.up_process import mesh_redis_url, start_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(240)]
