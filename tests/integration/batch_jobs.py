@@ -190,11 +190,11 @@ async def read_lines(store: DirectoryStore, tenant: str, file_id: str) -> list[d
 
 
 def batch_policy(tmp: Path) -> tuple[Path, int]:
-    """examples/mesh.yaml (written to ``tmp``) with its runner's claims and the lines'
-    idempotency records freed soon; the path and the gateway's port."""
+    """examples/mesh.yaml (written to ``tmp``; one chat replica, no sidecar) with its runner's
+    claims and the lines' idempotency records freed soon; the path and the gateway's port."""
     from tests.integration.example_mesh import example_policy
 
-    text, gw = example_policy()
+    text, gw = example_policy(replicas=1, sidecar=False)  # no check reads the others, the sidecar
     # a dead runner's job is taken back soon; an interrupted line's claim frees soon
     text = text.replace("backoff: 1s}", "backoff: 200ms, claim_idle: 3s}")
     assert "claim_idle: 3s" in text

@@ -173,7 +173,8 @@ class Drill:
 @pytest.fixture(scope="module")
 def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
     tmp = tmp_path_factory.mktemp("supervisor")
-    text, gw = example_policy()
+    # the drills' parts (three chat replicas, the fallback pool); not the batch API, the sidecar
+    text, gw = example_policy(batch=False, sidecar=False)
     policy = tmp / "mesh.yaml"
     policy.write_text(text)
     proc, banner = start_up(policy, tmp / "run")
