@@ -60,8 +60,9 @@ def envoy_stats(admin: str) -> dict[str, int]:
 
 
 def test_the_dashboard_agrees_with_metrics_and_with_the_clients(tmp_path: Path) -> None:
-    # the pool, its ladder (fallback step included) and the tenants; not the batch API, the sidecar
-    text, gw = example_policy(time_scale=1.0, replicas=1, batch=False, sidecar=False)
+    # the pool's three replicas (one alone stays saturated: the ladder's clamp would keep the free
+    # tenant under its bucket), its ladder and fallback, the tenants; not the batch API, sidecar
+    text, gw = example_policy(time_scale=1.0, batch=False, sidecar=False)
     text = text.replace("    # capacity: {max_running_requests: 64}",
                         "    capacity: {max_running_requests: 4}  #")  # fmt: skip
     text = text.replace("message_timeout: 200ms", "message_timeout: 2s")  # a loaded 2-core box
