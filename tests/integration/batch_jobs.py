@@ -185,16 +185,16 @@ async def read_lines(store: DirectoryStore, tenant: str, file_id: str) -> list[d
 
 
 # -- through the OpenAI Batch API (`tokenweir up` on examples/mesh.yaml) ----------------------
-# (``openai`` and the first-contact test are imported where used: batch_runner_child.py, a
+# (``openai`` and the example's policy are imported where used: batch_runner_child.py, a
 # process the drills kill and start again, imports this module and should start fast)
 
 
 def batch_policy(tmp: Path) -> tuple[Path, int]:
-    """examples/mesh.yaml (written to ``tmp``) with its runner's claims and the lines'
-    idempotency records freed soon; the path and the gateway's port."""
-    from tests.integration.test_e2e_first_contact import example_policy
+    """examples/mesh.yaml (written to ``tmp``; one chat replica, no sidecar) with its runner's
+    claims and the lines' idempotency records freed soon; the path and the gateway's port."""
+    from tests.integration.example_mesh import example_policy
 
-    text, gw = example_policy()
+    text, gw = example_policy(replicas=1, sidecar=False)  # no check reads the others, the sidecar
     # a dead runner's job is taken back soon; an interrupted line's claim frees soon
     text = text.replace("backoff: 1s}", "backoff: 200ms, claim_idle: 3s}")
     assert "claim_idle: 3s" in text

@@ -23,7 +23,8 @@ from policy import load_policy
 from policy.loader import load_policy_text
 from quota.keys import bucket_key, window_key
 from tests.helpers import free_port
-from tests.integration.test_e2e_first_contact import call, example_policy
+from tests.integration.example_mesh import example_policy
+from tests.integration.test_e2e_first_contact import call
 from tests.integration.test_up_state import cli
 from tests.integration.up_process import mesh_redis_url, start_up, stop_up
 
@@ -59,7 +60,8 @@ def redis_state(client: redis.Redis, tenant: str) -> tuple[int, float]:
 
 
 def test_overview_budgets_follow_the_quota_in_redis(tmp_path: Path) -> None:
-    text, gw = example_policy()
+    # the tenants' budgets: one chat replica, no batch API, sidecar or fallback pool (fewer processes)
+    text, gw = example_policy(replicas=1, batch=False, sidecar=False, fallback=False)
     text = text.replace("message_timeout: 200ms", "message_timeout: 2s")  # a loaded 2-core box
     text = text.replace("timeout: 50ms", "timeout: 1s")
     policy_path = tmp_path / "mesh.yaml"

@@ -24,7 +24,8 @@ import pytest
 from playwright.sync_api import ConsoleMessage, Page, sync_playwright
 
 from policy import load_policy
-from tests.integration.test_e2e_first_contact import call, example_policy
+from tests.integration.example_mesh import example_policy
+from tests.integration.test_e2e_first_contact import call
 from tests.integration.up_process import start_up, stop_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from policy import load_policy
-from tests.integration.test_e2e_first_contact import burst, call, example_policy, report
+from tests.integration.example_mesh import example_policy
+from tests.integration.test_e2e_first_contact import burst, call, report
 from tests.integration.up_process import start_up, stop_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -59,7 +60,9 @@ def envoy_stats(admin: str) -> dict[str, int]:
 
 
 def test_the_dashboard_agrees_with_metrics_and_with_the_clients(tmp_path: Path) -> None:
-    text, gw = example_policy(time_scale=1.0)
+    # the pool's three replicas (one alone stays saturated: the ladder's clamp would keep the free
+    # tenant under its bucket), its ladder and fallback, the tenants; not the batch API, sidecar
+    text, gw = example_policy(time_scale=1.0, batch=False, sidecar=False)
     text = text.replace("    # capacity: {max_running_requests: 64}",
                         "    capacity: {max_running_requests: 4}  #")  # fmt: skip
     text = text.replace("message_timeout: 200ms", "message_timeout: 2s")  # a loaded 2-core box

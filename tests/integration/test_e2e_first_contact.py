@@ -18,7 +18,7 @@ import aiohttp
 import openai
 import pytest
 
-from tests.helpers import free_port, free_port_block
+from tests.integration.example_mesh import example_policy
 from tests.integration.up_process import ROOT, start_up, stop_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -32,21 +32,6 @@ _spec.loader.exec_module(_burst)
 burst, report = _burst.burst, _burst.report
 ADMISSION_CODES = {"queue_full", "tenant_queue_full", "wait_too_long", "fell_behind", "timed_out"}
 LADDER_CODES = {"degraded"}  # the ladder's shed step (batch, past 1.5)
-
-
-def example_policy(time_scale: float = 0.02) -> tuple[str, int]:
-    text = (ROOT / "examples" / "mesh.yaml").read_text()
-    base = free_port_block(3)
-    text = re.sub(r"base_port: 30001\b", f"base_port: {base}\n      time_scale: {time_scale}", text)
-    small = free_port_block(1)  # the fallback pool's replica (a flow mapping)
-    text = re.sub(r"base_port: 30011\}", f"base_port: {small}, time_scale: {time_scale}}}", text)
-    moved: dict[str, int] = {}  # every fixed port of the example, metrics ports included
-
-    def move(m: re.Match[str]) -> str:
-        return f"{m.group(1)}{moved.setdefault(m.group(2), free_port())}"
-
-    text = re.sub(r"(127\.0\.0\.1:|metrics_port: )(\d+)", move, text)
-    return text, moved["10000"]
 
 
 def call(url: str, key: str, body: dict[str, object], extra: dict[str, str] | None = None):  # type: ignore[no-untyped-def]

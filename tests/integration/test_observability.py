@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_e2e_first_contact import call, example_policy
+from tests.integration.example_mesh import example_policy
+from tests.integration.test_e2e_first_contact import call
 from tests.integration.test_up_state import cli
 from tests.integration.up_process import ROOT, mesh_redis_url, start_up, stop_up
 

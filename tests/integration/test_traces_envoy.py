@@ -14,8 +14,9 @@ import openai
 import pytest
 
 from tests.helpers import free_port
+from tests.integration.example_mesh import example_policy
 from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan
-from tests.integration.test_e2e_first_contact import call, example_policy
+from tests.integration.test_e2e_first_contact import call
 from tests.integration.up_process import start_up, stop_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -52,7 +53,8 @@ def _settles(trace: list[ReceivedSpan]) -> list[ReceivedSpan]:
 
 
 def test_one_connected_trace_per_request_across_every_hop(tmp_path: Path) -> None:
-    text, gw = example_policy()
+    # requests' spans: one chat replica, no batch API, sidecar or fallback pool (fewer processes)
+    text, gw = example_policy(replicas=1, batch=False, sidecar=False, fallback=False)
     # a loaded 2-core CI box: the example's 200 ms ext_proc and 50 ms RLS timeouts would fail
     # requests (504) or let them through unchecked (fail open)
     text = text.replace("message_timeout: 200ms", "message_timeout: 2s")

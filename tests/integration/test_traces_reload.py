@@ -18,8 +18,9 @@ from envoy.service.ratelimit.v3 import rls_pb2_grpc
 
 from policy import load_policy
 from tests.helpers import free_port
+from tests.integration.example_mesh import example_policy
 from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan
-from tests.integration.test_e2e_first_contact import call, example_policy
+from tests.integration.test_e2e_first_contact import call
 from tests.integration.up_process import start_up, stop_up
 from tests.ratelimit_service import rls
 
@@ -53,7 +54,8 @@ def services(spans: list[ReceivedSpan]) -> set[str]:
 
 
 def test_tracing_turns_on_and_off_with_the_policy(tmp_path: Path) -> None:
-    text, gw = example_policy()
+    # requests' spans: one chat replica, no batch API, sidecar or fallback pool (fewer processes)
+    text, gw = example_policy(replicas=1, batch=False, sidecar=False, fallback=False)
     text = text.replace("message_timeout: 200ms", "message_timeout: 2s")  # a loaded 2-core box
     text = text.replace("timeout: 50ms", "timeout: 1s")
     policy_path = tmp_path / "mesh.yaml"

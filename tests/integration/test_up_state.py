@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_e2e_first_contact import call, example_policy
+from tests.integration.example_mesh import example_policy
+from tests.integration.test_e2e_first_contact import call
 from tests.integration.up_process import ROOT, TOKENWEIR, start_up, stop_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -32,7 +33,8 @@ def burst(policy: Path) -> object:
 
 
 def test_live_edits_survive_a_restart_of_up(tmp_path: Path) -> None:
-    text, gw = example_policy()
+    # the quotas and keys an operator edits: one chat replica, no batch API, sidecar or fallback pool (fewer processes)
+    text, gw = example_policy(replicas=1, batch=False, sidecar=False, fallback=False)
     policy = tmp_path / "mesh.yaml"
     policy.write_text(text)
     url = f"http://127.0.0.1:{gw}/v1/chat/completions"

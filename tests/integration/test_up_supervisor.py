@@ -27,7 +27,7 @@ import httpx
 import pytest
 import redis
 
-from tests.integration.test_e2e_first_contact import example_policy
+from tests.integration.example_mesh import example_policy
 from tests.integration.up_process import mesh_redis_url, start_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(240)]
@@ -173,7 +173,8 @@ class Drill:
 @pytest.fixture(scope="module")
 def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
     tmp = tmp_path_factory.mktemp("supervisor")
-    text, gw = example_policy()
+    # the drills' parts (three chat replicas, the fallback pool); not the batch API, the sidecar
+    text, gw = example_policy(batch=False, sidecar=False)
     policy = tmp / "mesh.yaml"
     policy.write_text(text)
     proc, banner = start_up(policy, tmp / "run")
