@@ -101,11 +101,12 @@ def fetch(name: str) -> Path:
     return target
 
 
-def texts() -> list[str]:
+def texts(max_chars: int | None = None) -> list[str]:
+    """The corpus of the piecewise check; ``max_chars``: each text's first characters only."""
     out = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md"))]
     out += [p.read_text(encoding="utf-8") for p in sorted((ROOT / "filters").rglob("*.py"))[:40]]
     out.append("日本語のテキスト、ナイーブ。" * 300 + " naïve café Ω≈ç√ 😀😀 emoji " * 50)
-    return out
+    return [t[:max_chars] for t in out] if max_chars else out
 
 
 def piecewise(tok: HfChatTokenizer, corpus: list[str]) -> dict[str, Any]:
@@ -211,6 +212,10 @@ def main() -> int:
     ap.add_argument("--reference", action="store_true", help="compare with transformers")
     ap.add_argument("--cases", type=int, default=150)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument(
+        "--text-kib", type=int, default=0,
+        help="piecewise check on each text's first KiB only (0: whole texts; tests: seconds)",
+    )  # fmt: skip
     ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
     a = ap.parse_args()
     models = dict(m.split("=", 1) for m in a.model_dir) if a.model_dir else {}
@@ -218,7 +223,7 @@ def main() -> int:
     bodies = cases(11, a.cases)
     plain = ["the cat sat", "  leading spaces", "12345 naïve", "<|eot_id|> inside", "日本語"]
     ref, version = reference(paths, bodies, plain) if a.reference else ({}, None)
-    corpus = texts()
+    corpus = texts(a.text_kib * 1024 or None)
     results: dict[str, Any] = {"transformers": version, "cases": len(bodies), "models": {}}
     for name, path in paths.items():
         t0 = time.perf_counter()

@@ -203,7 +203,7 @@ async def run(
         "samples": {},
         "timelines": {},
     }
-    honour = Behaviour("honour", max_attempts=cfg.max_attempts)
+    honour = Behaviour("honour", max_attempts=cfg.max_attempts, max_wait=cfg.retry_wait)
     with tempfile.TemporaryDirectory(prefix="tw-overload-") as tmp:
         arms: dict[str, Arm] = {}
         try:
@@ -275,7 +275,12 @@ async def _storms(
     )  # fmt: skip
     patience = {"interactive": cfg.storm_patience, "batch": cfg.storm_patience}
     behaviours = (
-        Behaviour("honour", max_attempts=cfg.storm_max_attempts, retry_untold=True),
+        Behaviour(
+            "honour",
+            max_attempts=cfg.storm_max_attempts,
+            retry_untold=True,
+            max_wait=cfg.retry_wait,
+        ),
         Behaviour("immediate", max_attempts=cfg.storm_max_attempts),
     )
     total = before + during + after

@@ -9,7 +9,9 @@ followed a wait that honoured one. Behaviours on a failed attempt:
 - ``honour``: told a Retry-After (``retry-after-ms`` first, as OpenAI's client reads it, else
   ``Retry-After`` seconds), wait that long plus jitter (0..``jitter`` of it, never less than
   told), then retry; not told: retry after an exponential back-off with full jitter only when
-  ``retry_untold`` is set, else give up.
+  ``retry_untold`` is set, else give up. ``max_wait`` (None: no limit) caps each wait, told or
+  backed off: the seconds-long smoke run's clients come back within its phases, however far
+  off the gateway's promise on the smoke's small pool (the real run honours every second).
 - ``immediate``: retry at once, whatever the answer.
 - ``none``: never retry.
 
@@ -40,12 +42,15 @@ class Behaviour:
     retry_untold: bool = False
     backoff_base: float = 0.5
     backoff_max: float = 8.0
+    max_wait: float | None = None  # the longest wait between two attempts (None: any)
 
     def __post_init__(self) -> None:
         if self.name not in ("honour", "immediate", "none"):
             raise ValueError(f"unknown behaviour {self.name!r}")
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
+        if self.max_wait is not None and self.max_wait <= 0:
+            raise ValueError("max_wait must be > 0 (or None: no limit)")
 
 
 @dataclass(slots=True, eq=False)  # identity: attempts sit in a set while in flight
@@ -162,12 +167,13 @@ class Client:
                 continue
             if attempt.retry_after is not None:
                 told = attempt.retry_after
-                await self._sleep(told * (1.0 + self.rng.uniform(0.0, b.jitter)))  # type: ignore[misc]
+                wait = told * (1.0 + self.rng.uniform(0.0, b.jitter))
             elif b.retry_untold:
                 cap = min(b.backoff_max, b.backoff_base * 2 ** (number - 1))
-                await self._sleep(self.rng.uniform(0.0, cap))  # type: ignore[misc]
+                wait = self.rng.uniform(0.0, cap)
             else:
                 return
+            await self._sleep(wait if b.max_wait is None else min(wait, b.max_wait))  # type: ignore[misc]
 
     def _body(self, arrival: Arrival) -> dict[str, object]:
         return {

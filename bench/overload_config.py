@@ -29,6 +29,9 @@ class Config:
     seed: int
     sample_every: float
     calibration: tuple[float, float]  # seconds measured, seconds of warm-up
+    # the longest wait of an honouring client between two attempts (None: as long as told or
+    # backed off); the smoke's phases last seconds, its 4-slot pool's promises 10 s and more
+    retry_wait: float | None = None
 
 
 def config(a: argparse.Namespace) -> Config:
@@ -39,7 +42,7 @@ def config(a: argparse.Namespace) -> Config:
             patience={"interactive": 2.0, "batch": 2.0}, max_attempts=3,
             storm_arms=("envoy", "tokenweir"), storm=(0.5, 3.0, 0.5, 1.0, 1.0),
             storm_patience=1.0, storm_max_attempts=5, arms=tuple(a.arms), seed=a.seed,
-            sample_every=0.25, calibration=(2.0, 0.5),
+            sample_every=0.5, calibration=(2.0, 0.5), retry_wait=1.0,
         )  # fmt: skip
     k = a.scale
     return Config(

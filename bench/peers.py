@@ -81,6 +81,8 @@ class Config:
     variants: tuple[str, ...] = VARIANTS
     warmup: int = 30  # the history before each burst: sequential requests on its key
     history_sync_s: float = 4.5  # for tokenweir's filter processes to share what they learned
+    settle_s: float = 1.0  # after a burst, for its last settlements to reach the service
+    rls_warmup_s: float = 1.0  # the rate-limit phase's warm-up load per setup (0: none)
     oversubscribe: float = 2.0  # a burst asks this many times its budget
     phases: tuple[str, ...] = PHASES
 
@@ -88,11 +90,11 @@ class Config:
 def config(a: argparse.Namespace) -> Config:
     if a.smoke:
         return Config(
-            replicas=1, running=16, time_scale=0.05, length_scale=32, vus=4, seconds=2.0,
+            replicas=1, running=16, time_scale=0.05, length_scale=32, vus=4, seconds=1.0,
             rate=4.0, burst=2.0, mix_seconds=2.0, chunk_requests=6, chunk_rate=6.0,
-            bursts=(5, 10), rls_seconds=1.0, seed=a.seed, stream=not a.no_stream,
-            variants=tuple(a.budget_variants), warmup=2, history_sync_s=0.2,
-            phases=tuple(a.phases),
+            bursts=(5, 10), rls_seconds=0.5, seed=a.seed, stream=not a.no_stream,
+            variants=tuple(a.budget_variants), warmup=2, history_sync_s=0.2, settle_s=0.2,
+            rls_warmup_s=0.0, phases=tuple(a.phases),
         )  # fmt: skip
     k = a.scale
     return Config(
@@ -138,7 +140,14 @@ async def measure_arm(
                 print(f"[peers] {arm.name}: budget {b.variant} x{b.parallel}", flush=True)
                 out["budget"].append(
                     await budget_burst(
-                        arm, b, emus.urls, MODEL, cfg.seed, prompt_tokens, cfg.history_sync_s
+                        arm,
+                        b,
+                        emus.urls,
+                        MODEL,
+                        cfg.seed,
+                        prompt_tokens,
+                        cfg.history_sync_s,
+                        cfg.settle_s,
                     )
                 )
     return out
@@ -225,7 +234,7 @@ async def run(a: argparse.Namespace, cfg: Config) -> dict[str, Any]:
         finally:
             await emus.aclose()
         if "rls" in cfg.phases and not a.no_rls:
-            result["rls"] = rls_phase(tmp, cfg.rls_seconds)
+            result["rls"] = rls_phase(tmp, cfg.rls_seconds, warmup=cfg.rls_warmup_s)
     result["loadavg_after"] = os.getloadavg()
     return result
 

@@ -213,10 +213,12 @@ async def budget_burst(
     seed: int,
     prompt_tokens: Callable[[str], int],
     history_sync_s: float,
+    settle_s: float = 1.0,
 ) -> dict[str, Any]:
     """The key's history (``b.warmup_prompts`` one after the other), ``history_sync_s`` for a
     gateway to learn it (tokenweir's filter processes share answer lengths every 2 s), the
-    budget refilled, then all of ``b.prompts`` at once: what was served, and was it allowed?"""
+    budget refilled, then all of ``b.prompts`` at once: what was served, and was it allowed?
+    ``settle_s``: the wait for the burst's last settlements before its false rejects are read."""
     header = dict([BUDGET_HEADER])
     warm_urls, warm_key = arm.warmup_target(b.key)
     history, _ = await _drive(
@@ -236,7 +238,7 @@ async def budget_burst(
         )  # fmt: skip
         after = await _emulators_idle(probe, emulator_urls)
     if rejects_before is not None:
-        await asyncio.sleep(1.0)  # the last settlements reach the rate-limit service
+        await asyncio.sleep(settle_s)  # the last settlements reach the rate-limit service
     rejects_after = await arm.false_rejects(b.key)
     counters_after = await arm.gateway_counters()
     backend = after["tokens"] - before["tokens"]

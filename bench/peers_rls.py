@@ -128,9 +128,14 @@ def _measured(svc: Service, redis_pid: int, fn: Any) -> dict[str, Any]:
 
 
 def rls_phase(
-    tmp: Path, seconds: float, setups: tuple[tuple[str, int, int], ...] = SETUPS
+    tmp: Path,
+    seconds: float,
+    setups: tuple[tuple[str, int, int], ...] = SETUPS,
+    warmup: float = 1.0,
 ) -> dict[str, Any]:
-    runs = [_setup(tmp, seconds, *setup) for setup in setups]
+    """Every setup on a fresh service and Redis; ``warmup`` seconds of load before each (0: none,
+    for the smoke run, whose numbers mean nothing)."""
+    runs = [_setup(tmp, seconds, *setup, warmup=warmup) for setup in setups]
     best = max(runs, key=lambda r: float(r["closed_loop_c200"]["rps"]))
     return {
         "closed_loop_c200": best["closed_loop_c200"],
@@ -142,7 +147,7 @@ def rls_phase(
 
 
 def _setup(
-    tmp: Path, seconds: float, client: str, processes: int, loaders: int = 1
+    tmp: Path, seconds: float, client: str, processes: int, loaders: int = 1, warmup: float = 1.0
 ) -> dict[str, Any]:
     port = free_port()
     policy = tmp / f"rls-policy-{client}-{processes}.yaml"
@@ -152,7 +157,8 @@ def _setup(
         url = f"redis://127.0.0.1:{redis_port}/0"
         svc = Service(f"ours-{processes}", policy, url, port, tmp)
         try:
-            _load(port, 1.0, 50, 0.0, client, processes, loaders)  # warm-up
+            if warmup > 0:
+                _load(port, warmup, 50, 0.0, client, processes, loaders)
             closed = _measured(
                 svc, redis_pid, lambda: _load(port, seconds, 200, 0.0, client, processes, loaders)
             )
@@ -191,6 +197,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description="the rate-limit service alone, three setups")
     ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--warmup", type=float, default=1.0, help="seconds of load first (0: none)")
     ap.add_argument("--out", type=Path, default=None, help="write the JSON here")
     ap.add_argument(
         "--setups", nargs="+", type=parse_setup, default=list(SETUPS),
@@ -198,7 +205,7 @@ def main() -> None:
     )  # fmt: skip
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="tw-rls-") as tmp:
-        result = rls_phase(Path(tmp), a.seconds, tuple(a.setups))
+        result = rls_phase(Path(tmp), a.seconds, tuple(a.setups), a.warmup)
     result["load_average"] = os.getloadavg()
     text = json.dumps(result, indent=1)
     if a.out is not None:

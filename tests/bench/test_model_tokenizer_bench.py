@@ -21,7 +21,8 @@ def test_the_benchmark_runs_and_reports_no_mismatch(tmp_path: Path) -> None:
     model = make_model_dir(tmp_path / "model")
     out = tmp_path / "out"
     argv = [sys.executable, str(ROOT / "bench" / "model_tokenizer.py"), "--model-dir",
-            f"small={model}", "--cases", "10", "--rounds", "1", "--out-dir", str(out)]  # fmt: skip
+            f"small={model}", "--cases", "10", "--rounds", "1", "--text-kib", "8",
+            "--out-dir", str(out)]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads((out / "model_tokenizer.json").read_text())

@@ -179,6 +179,20 @@ async def test_honouring_clients_wait_as_told_plus_jitter_then_retry() -> None:
     assert float(session.sent[1]["at"]) - float(session.sent[0]["at"]) >= 2.0  # type: ignore[arg-type]
 
 
+async def test_a_capped_wait_comes_back_before_a_far_retry_after() -> None:
+    script = [shed({"retry-after": "10"}), shed({"retry-after-ms": "300"}), (200, {}, STREAM)]
+    client, _, slept = make(script, Behaviour("honour", max_attempts=4, max_wait=1.0))
+    await client.run(0, ARRIVAL)
+    assert slept[0] == 1.0 and 0.3 <= slept[1] <= 0.375  # a short one is honoured in full
+    assert [a.told_to_wait for a in client.attempts] == [None, 10.0, 0.3]
+    b = Behaviour("honour", retry_untold=True, backoff_base=8.0, max_wait=0.5)
+    client, _, slept = make([shed({}), (200, {}, STREAM)], b)
+    await client.run(0, ARRIVAL)
+    assert len(client.attempts) == 2 and 0.0 <= slept[0] <= 0.5  # a back-off too
+    with pytest.raises(ValueError, match="max_wait"):
+        Behaviour("honour", max_wait=0.0)
+
+
 async def test_honouring_clients_not_told_give_up_unless_told_to_back_off() -> None:
     client, _, slept = make([shed({}), (200, {}, STREAM)], Behaviour("honour"))
     await client.run(0, ARRIVAL)

@@ -48,7 +48,7 @@ def test_several_loaders_sum_and_bound_p99() -> None:
 def test_two_processes_two_loaders_run(tmp_path: Path) -> None:
     out = tmp_path / "rls.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "peers_rls.py"), "--seconds", "0.5",
+        [sys.executable, str(ROOT / "bench" / "peers_rls.py"), "--seconds", "0.5", "--warmup", "0",
          "--setups", "h2:2:2", "--out", str(out)],
         capture_output=True, text=True, timeout=110,
     )  # fmt: skip
