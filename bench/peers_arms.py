@@ -219,6 +219,7 @@ class Tokenweir(PeerArm):
             )  # a fresh start: no quotas, buckets or answer lengths of an arm before
         argv = [
             str(Path(sys.executable).parent / "tokenweir"), "--log-level", "warning", "up",
+            "--no-prometheus",  # a scraper beside the arm would take CPU from what is measured
             "-c", str(path), "--run-dir", str(self.run_dir / f"{self.name}-up"),
             "--drain-timeout", "1", "--redis-url", f"redis://127.0.0.1:{self.redis_port}/0",
         ]  # fmt: skip
