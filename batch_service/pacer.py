@@ -115,9 +115,14 @@ class Pacer:
         self._steady: collections.deque[tuple[float, int]] = collections.deque()  # over trend
         self._transit: collections.deque[float] = collections.deque(maxlen=TRANSIT_SAMPLES)
 
-    def window(self, pool: PoolView | None, ours: int, now: float) -> int:
+    def window(self, pool: PoolView | None, ours: int, now: float, *, decodes: bool = True) -> int:
         """Lines that may be in flight at ``now`` with ``ours`` in flight (``pool`` None:
-        no pool state at all yet: nothing)."""
+        no pool state at all yet: nothing). ``decodes``: the job's lines are decode streams
+        (chat, completions); an embeddings job's are not (one prefill each), so the step
+        guard, which bounds the decode step batch streams add, does not bind it (its
+        unmeasured bound, ``⌊max_step_increase · i⌋`` streams, is 0 beside a few interactive
+        requests, and no embeddings request ever gives a step to measure: the job stopped
+        for as long as interactive requests kept coming)."""
         self._remember_ours(ours, now)
         if now < self.paused_until or pool is None:
             return 0
@@ -133,7 +138,9 @@ class Pacer:
             self._others.popleft()
         room = pool.capacity - others
         head = self.headroom()
-        self.cap = self._cap(pool, recent, fresh, now)
+        self.cap = self._cap(pool, recent, fresh, now)  # the interactive view kept current
+        if not decodes:
+            self.cap = None
         if self._window is None:
             self._window = float(min(math.floor(self.fill * room), room - head))
             if self.cap is not None:

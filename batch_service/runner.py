@@ -31,7 +31,7 @@ from batch_service.pacer import Pacer, PoolView
 from batch_service.records import Claim, Records
 from batch_service.stepguard import StepGuard
 from batch_service.stepmeter import StepMeter
-from batch_service.validate import Line, parse_lines
+from batch_service.validate import EMBEDDINGS, Line, parse_lines
 from policy.batch import BATCH_LINE_HEADER, BatchPolicy
 from poolstate.reader import PoolStateReader
 from wire.jsontypes import JsonValue
@@ -234,6 +234,7 @@ class BatchRunner:
         touched = checked = self.clock()
         outcome = "completed"
         stopping = False
+        decodes = job["endpoint"] != EMBEDDINGS  # embeddings lines are no decode streams
         try:
             while pending or inflight:
                 now = self.clock()
@@ -253,7 +254,7 @@ class BatchRunner:
                 if stopping and not inflight:
                     break
                 if not stopping:
-                    window = self.pacer.window(self._pool(), len(inflight), now)
+                    window = self.pacer.window(self._pool(), len(inflight), now, decodes=decodes)
                     self.m.window.set(window)
                     self.m.guard.set(-1 if self.pacer.cap is None else self.pacer.cap)
                     starts = self.pacer.starts(now, window - len(inflight))

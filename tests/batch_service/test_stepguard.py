@@ -204,3 +204,33 @@ def test_the_share_in_the_gateway_is_not_read_while_a_window_opens() -> None:
         p.window(PoolView(64, 50, 0.8, version=v, endpoints=eps), ours=60, now=v * 0.25 + 2.0)
     p.window(PoolView(64, 50, 0.8, version=17, endpoints=eps), ours=60, now=6.5)
     assert p.cap is None and p.interactive <= 1  # the share is ~1/6, not ~1
+
+
+def light_interactive(p: Pacer, *, decodes: bool, seconds: float = 120.0) -> list[int]:
+    """The windows of a job beside light interactive traffic on 3 idle replicas that were never
+    measured (no token gaps seen: an embeddings pool, or none decoded yet): one interactive
+    request at the replicas for one sample every 5 s; the job's lines are not at the replicas
+    (each one's work there is over within a sample)."""
+    eps = ("r1", "r2", "r3")
+    windows, v, t = [], 0, 0.0
+    while t < seconds:
+        v += 1
+        busy = 1 if v % 20 == 1 else 0
+        pool = PoolView(768, busy, busy / 768, version=v, endpoints=eps)
+        windows.append(p.window(pool, ours=0, now=t, decodes=decodes))
+        t += 0.25
+    return windows
+
+
+def test_a_job_whose_lines_decode_nothing_is_not_held_by_the_guard() -> None:
+    """The guard caps batch *streams* by the decode step they add; an embeddings line is one
+    prefill and decodes nothing, and no embeddings request ever adds a token gap to measure.
+    Applied to such a job, the unmeasured bound (``⌊0.1 · i⌋``: 0 beside fewer than 10
+    interactive streams a replica) held its window at 0 for as long as any interactive request
+    came within ``ln 20 / λ`` of the last (a hold that grows with every arrival it counts):
+    the batch stopped with lines left."""
+    chat = light_interactive(Pacer(128, 0.95, 0.2, guard=StepGuard(0.1)), decodes=True)
+    assert max(chat[8:]) == 0  # a decoding job beside unmeasured replicas: the guard holds it
+    p = Pacer(128, 0.95, 0.2, guard=StepGuard(0.1))
+    emb = light_interactive(p, decodes=False)
+    assert min(emb) >= 100 and p.cap is None  # the slots decide (768 idle)
