@@ -34,6 +34,7 @@ from batch_service.stepmeter import StepMeter
 from batch_service.validate import EMBEDDINGS, Line, parse_lines
 from policy.batch import BATCH_LINE_HEADER, BatchPolicy
 from poolstate.reader import PoolStateReader
+from wire.contract import IDEMPOTENCY_IN_USE
 from wire.jsontypes import JsonValue
 
 __all__ = ["BatchRunner", "RunnerMetrics", "RunnerSettings"]
@@ -304,10 +305,12 @@ class BatchRunner:
             self.pacer.shed(self.clock())
             self.m.lines.labels("retried").inc()
             return False
-        if status == IN_FLIGHT:
+        if status == IN_FLIGHT and _error_code(raw) == IDEMPOTENCY_IN_USE:
             # this line alone is in flight under its key (an earlier try the gateway still
             # holds): it waits, the window does not shrink for the other lines (measured: a
-            # 409 a second paused the whole job for 30 s, docs/benchmarks.md)
+            # 409 a second paused the whole job for 30 s, docs/benchmarks.md). Any other 409
+            # is final: ``idempotency_answer_not_stored`` (the line ran, its answer was too
+            # large for the gateway to keep: asking again would wait forever) is its error line
             self.m.lines.labels("shed").inc()
             await asyncio.sleep(max(self.s.policy.runner.backoff, retry_after or 0.0))
             return False
@@ -384,6 +387,17 @@ class BatchRunner:
         }  # fmt: skip
         await self.records.add_file(tenant, meta, UNLIMITED, UNLIMITED)  # outputs: not limited
         return fid
+
+
+def _error_code(raw: bytes) -> str | None:
+    """The OpenAI-style ``error.code`` of an answer's body, if it has one."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
 
 
 def _seconds(value: str | None) -> float | None:

@@ -22,6 +22,8 @@ __all__ = [
     "DESCRIPTOR_HEADERS",
     "ENDPOINT_HEADER",
     "HEADER_PREFIX",
+    "IDEMPOTENCY_IN_USE",
+    "IDEMPOTENCY_UNSTORED",
     "KEY_LANE",
     "KEY_MODEL",
     "KEY_PHASE",
@@ -96,6 +98,12 @@ OVERSIZE_ROUTE_PREFIX = "tokenweir.oversize:"
 METADATA_NAMESPACE = "tokenweir"  # the filter server's and the usage meter's namespace
 SETTLE_KEY = "settle_tokens"  # tokens to settle: the settle descriptor's hits
 SETTLE_USD_KEY = "settle_usd_micros"  # the real price, micro-USD; "-" when unknown
+
+# -- error codes a client of the gateway acts on (the batch runner: batch_service/runner.py) -----
+# 409 of the idempotency plugin: a request with this key still runs (try again later for its
+# answer), or it finished and its answer was too large to keep (final: it is not run again)
+IDEMPOTENCY_IN_USE = "idempotency_key_in_use"
+IDEMPOTENCY_UNSTORED = "idempotency_answer_not_stored"
 
 # -- rate-limit descriptors -------------------------------------------------------------------
 RATELIMIT_DOMAIN = "tokenweir"  # the default domain of the rate-limit service

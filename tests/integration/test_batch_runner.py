@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from batch_service.files import DirectoryStore
 from batch_service.records import Records
@@ -105,3 +106,59 @@ async def test_a_job_survives_redis_killed_mid_job(tmp_path: Path, emulator: int
     assert (int(got["completed"]), int(got["failed"])) == (n, 0)
     out = await read_lines(store, tenant, got["output_file_id"])
     assert Counter(x["custom_id"] for x in out) == Counter(f"y-{i}" for i in range(n))
+
+
+async def test_a_409_whose_answer_is_not_kept_is_an_error_line_not_a_wait(
+    tmp_path: Path, redis_port: int
+) -> None:
+    """The gateway's idempotency 409s differ: ``idempotency_key_in_use`` (an earlier try still
+    runs: ask again later for its answer) and ``idempotency_answer_not_stored`` (it ran, its
+    answer was too large to keep: final). The runner waited on every 409, so a line of the second
+    kind was asked for again forever and its job never ended. Here a stand-in gateway (aiohttp
+    on loopback) answers line 1 in-use once, then 200; line 2 not-stored, always."""
+    asked: Counter[str] = Counter()
+
+    async def answer(request: web.Request) -> web.Response:
+        key = request.headers["idempotency-key"]
+        asked[key] += 1
+        line = int(key.rsplit("-", 1)[1])
+        if line == 1 and asked[key] == 1:
+            return _openai_error(409, "idempotency_key_in_use", retry_after="0")
+        if line == 2:
+            return _openai_error(409, "idempotency_answer_not_stored")
+        body = {"id": f"r{line}", "object": "chat.completion", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"},
+             "finish_reason": "stop"}]}  # fmt: skip
+        return web.json_response(body)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    gateway = web.AppRunner(app)
+    await gateway.setup()
+    port = free_port()
+    await web.TCPSite(gateway, "127.0.0.1", port).start()
+    redis = await connect_redis(f"redis://127.0.0.1:{redis_port}/0", timeout=2.0)
+    records, store = Records(redis), DirectoryStore(tmp_path / "files")
+    tenant, n = f"t{secrets.token_hex(4)}", 4
+    try:
+        await submit_job(records, store, tenant, chat_lines(n, "x"), job_record("batch_409", n))
+        policy = runner_policy(max_concurrency=4, backoff=0.05, claim_idle=2.0)
+        runner = batch_runner(policy, f"http://127.0.0.1:{port}", f"t-{tenant}", records, store)
+        async with running(runner):
+            got = await wait_ended(records, tenant, "batch_409", timeout=30.0)
+    finally:
+        await gateway.cleanup()
+    assert got["status"] == "completed", got
+    assert (int(got["completed"]), int(got["failed"])) == (3, 1), got
+    err = await read_lines(store, tenant, got["error_file_id"])
+    assert [(e["custom_id"], e["response"]["status_code"]) for e in err] == [("x-2", 409)]
+    assert err[0]["response"]["body"]["error"]["code"] == "idempotency_answer_not_stored"
+    assert asked["batch-batch_409-2"] == 1  # not asked again
+    assert asked["batch-batch_409-1"] == 2  # asked again once the earlier try was done
+    await redis.aclose()
+
+
+def _openai_error(status: int, code: str, retry_after: str | None = None) -> web.Response:
+    headers = {"retry-after": retry_after} if retry_after is not None else None
+    body = {"error": {"message": code, "type": "invalid_request_error", "code": code}}
+    return web.json_response(body, status=status, headers=headers)

@@ -60,6 +60,7 @@ from filters.plugins.idempotency.record import (
 from filters.plugins.idempotency.store import AnswerStore, Claimed, MemoryStore, RedisStore
 from filters.services import Services
 from filters.sse import event_json, is_usage_only_event, split_events
+from wire.contract import IDEMPOTENCY_IN_USE, IDEMPOTENCY_UNSTORED
 from wire.jsontypes import JsonObject
 
 __all__ = ["REPLAYED_HEADER", "IdempotencyPlugin"]
@@ -237,7 +238,7 @@ class IdempotencyPlugin(BasePlugin):
                 409,
                 f"a request with this {self.policy.header} is still running; retry after {wait}s "
                 "to get its answer",
-                code="idempotency_key_in_use",
+                code=IDEMPOTENCY_IN_USE,
                 headers={"retry-after": str(wait)},
                 details="tokenweir_idempotency_in_flight",
             )
@@ -246,7 +247,7 @@ class IdempotencyPlugin(BasePlugin):
                 409,
                 f"the request with this {self.policy.header} has finished, but its answer was "
                 "larger than the gateway stores for replay; it is not run again",
-                code="idempotency_answer_not_stored",
+                code=IDEMPOTENCY_UNSTORED,
                 details="tokenweir_idempotency_unstored",
             )
         self.services.metrics.tokens_saved.labels(ctx.route.name, "idempotency").inc(entry.tokens)
