@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from runtime.ports import free_port as _free_port
 from runtime.ports import free_port_block as _free_port_block
 from runtime.ports import port_open
@@ -25,12 +27,26 @@ __all__ = [
     "free_port",
     "free_port_block",
     "redis_server",
+    "serving",
     "sse_events",
     "static_cluster",
     "wait_for_port",
 ]
 
 LOOPBACK = "127.0.0.1"
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[int]:
+    """``app`` served on a free loopback port (yielded) while the block runs."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        port = free_port()
+        await web.TCPSite(runner, LOOPBACK, port).start()
+        yield port
+    finally:
+        await runner.cleanup()
 
 
 async def sse_events(lines: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:

@@ -18,7 +18,7 @@ from aiohttp import web
 from batch_service.files import DirectoryStore
 from batch_service.records import Records
 from runtime.redis_connect import connect_redis
-from tests.helpers import ChildProcess, free_port, wait_for_port
+from tests.helpers import ChildProcess, free_port, serving, wait_for_port
 from tests.integration.batch_jobs import (
     batch_runner,
     chat_lines,
@@ -133,21 +133,15 @@ async def test_a_409_whose_answer_is_not_kept_is_an_error_line_not_a_wait(
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", answer)
-    gateway = web.AppRunner(app)
-    await gateway.setup()
-    port = free_port()
-    await web.TCPSite(gateway, "127.0.0.1", port).start()
     redis = await connect_redis(f"redis://127.0.0.1:{redis_port}/0", timeout=2.0)
     records, store = Records(redis), DirectoryStore(tmp_path / "files")
     tenant, n = f"t{secrets.token_hex(4)}", 4
-    try:
+    async with serving(app) as port:
         await submit_job(records, store, tenant, chat_lines(n, "x"), job_record("batch_409", n))
         policy = runner_policy(max_concurrency=4, backoff=0.05, claim_idle=2.0)
         runner = batch_runner(policy, f"http://127.0.0.1:{port}", f"t-{tenant}", records, store)
         async with running(runner):
             got = await wait_ended(records, tenant, "batch_409", timeout=30.0)
-    finally:
-        await gateway.cleanup()
     assert got["status"] == "completed", got
     assert (int(got["completed"]), int(got["failed"])) == (3, 1), got
     err = await read_lines(store, tenant, got["error_file_id"])
