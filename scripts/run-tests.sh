@@ -30,6 +30,12 @@ WORKERS=${TEST_WORKERS:-4}
 # CPU over a sample of integration and unit files). __pycache__ is ignored.
 PYTEST=(env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/pytest" -q -p no:cacheprovider)
 
+# The files of a phase mark (collecting the whole suite to select a dozen tests costs ~10 CPU-s;
+# tests/conftest.py refuses a mark not spelled `pytest.mark.NAME` in its file)
+marked() { grep -rlE --include='test_*.py' "pytest\.mark\.$1\b" tests | sort; }
+mapfile -t serial_files < <(marked serial)
+mapfile -t alone_files < <(marked alone)
+
 log=$(mktemp -t tokenweir-serial.XXXXXX)
 base=$(mktemp -d -t tokenweir-serial-tmp.XXXXXX)
 trap 'rm -rf "$log" "$base"' EXIT
@@ -37,7 +43,7 @@ trap 'rm -rf "$log" "$base"' EXIT
 # Job control: each phase in its own process group, so an interrupt reaches both (a plain
 # background job would ignore SIGINT) and each pytest tears its tests down.
 set -m
-"${PYTEST[@]}" -m "serial and not alone" --basetemp "$base/t" > "$log" 2>&1 &
+"${PYTEST[@]}" -m "serial and not alone" --basetemp "$base/t" "${serial_files[@]}" > "$log" 2>&1 &
 serial=$!
 "${PYTEST[@]}" -n "$WORKERS" --dist loadfile --no-loadscope-reorder -m "not serial and not alone" &
 parallel=$!
@@ -65,7 +71,7 @@ cat "$log"
 
 echo
 echo "== the tests marked alone (nothing beside them) =="
-"${PYTEST[@]}" -m alone
+"${PYTEST[@]}" -m alone "${alone_files[@]}"
 alone_rc=$?
 
 if [ "$parallel_rc" -ne 0 ] || [ "$serial_rc" -ne 0 ] || [ "$alone_rc" -ne 0 ]; then

@@ -27,3 +27,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     workers' ends. xdist's own order (most tests first) left the one-test benchmark files for
     last: in a loaded run one of them ran alone for the last 3 minutes."""
     items.sort(key=lambda item: not item.nodeid.startswith("tests/integration/"))
+    _phase_marks_written_in_their_files(items)
+
+
+PHASE_MARKS = ("serial", "alone")  # scripts/run-tests.sh finds their files by the text
+
+
+def _phase_marks_written_in_their_files(items: list[pytest.Item]) -> None:
+    """scripts/run-tests.sh collects the serial and alone phases from the files that spell
+    ``pytest.mark.serial`` / ``pytest.mark.alone`` (collecting the whole suite to select a
+    dozen tests cost ~10 CPU-s a phase). A test given such a mark some other way would run in
+    no phase: refuse it here, in every collection."""
+    texts: dict[str, str] = {}
+    for item in items:
+        for name in PHASE_MARKS:
+            if item.get_closest_marker(name) is None:
+                continue
+            path = str(item.path)
+            if path not in texts:
+                texts[path] = item.path.read_text()
+            if f"pytest.mark.{name}" not in texts[path]:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: marked {name} without `pytest.mark.{name}` in its file; "
+                    "scripts/run-tests.sh would run it in no phase"
+                )
