@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -159,10 +160,27 @@ def start_envoy(bootstrap_path: Path, admin: int, tmp: Path) -> ChildProcess:
     child = ChildProcess(argv, log=tmp / "envoy.log")
     try:
         wait_for_port(admin, timeout=30)
+        _wait_live(admin, timeout=30)
     except TimeoutError:
         child.close()
         raise RuntimeError(child.output()) from None
     return child
+
+
+def _wait_live(admin: int, timeout: float) -> None:
+    """Until Envoy's admin ``/ready`` answers 200 (LIVE: its listeners are up). The admin port
+    opens first; a loaded box once saw the test's first request refused in between."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:  # not LIVE yet (503), or the admin port busy
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Envoy (admin {admin}) not LIVE after {timeout:g} s")
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager
