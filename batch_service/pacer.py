@@ -138,9 +138,8 @@ class Pacer:
             self._others.popleft()
         room = pool.capacity - others
         head = self.headroom()
-        self.cap = self._cap(pool, recent, fresh, now)  # the interactive view kept current
-        if not decodes:
-            self.cap = None
+        cap = self._cap(pool, recent, fresh, now)  # run for every job: it keeps the guard's view
+        self.cap = cap if decodes else None
         if self._window is None:
             self._window = float(min(math.floor(self.fill * room), room - head))
             if self.cap is not None:

@@ -206,8 +206,8 @@ class Reloader:
     async def start(self) -> ReloadResult:
         """Load once (the result says whether it worked), then watch in the background. The
         first load runs in a thread at this process's priority, not in the build worker: nothing
-        is served before it (:meth:`runtime.watcher.PolicyWatcher.load_first`)."""
-        out = await self.watcher.load_first()
+        is served before it (:meth:`runtime.watcher.PolicyWatcher.reload_in_thread`)."""
+        out = await self.watcher.reload_in_thread()
         result = self._result(out.ok, out.problems)
         self.watcher.start()
         return result

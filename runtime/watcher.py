@@ -171,15 +171,15 @@ class PolicyWatcher(Generic[T]):
         """Load and build off the loop (the worker process, or a thread), then apply on it."""
         if self._worker is not None:
             return await self._reload_in_worker(self._worker, self._fingerprints())
-        return await self.load_first()
+        return await self.reload_in_thread()
 
-    async def load_first(self) -> ReloadOutcome:
+    async def reload_in_thread(self) -> ReloadOutcome:
         """Load and build in a thread of this process, at its own CPU priority, even where
-        later builds go to the worker; then apply on the loop. For an owner that loads its
-        first policy with the loop already running and nothing served yet: the worker's lowered
-        priority only protects requests, and on a busy host it left a start-up waiting for CPU
-        the rest of the host did not leave idle (`tokenweir up` took 50-90 s to publish its
-        first config beside a loaded test suite)."""
+        reloads go to the worker; then apply on the loop. An owner's first load, with the loop
+        running and nothing served yet, belongs here: the worker's lowered priority only
+        protects requests, and on a busy host it left a start-up waiting for CPU the rest of
+        the host did not leave idle (`tokenweir up` took 50-90 s to publish its first config
+        beside a loaded test suite)."""
         seen = self._fingerprints()
         try:
             loaded = await asyncio.to_thread(self._timed_load)
