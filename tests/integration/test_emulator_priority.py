@@ -25,7 +25,9 @@ LOW_TOKENS = 300
 async def url(tmp_path: Path) -> AsyncIterator[str]:
     port = free_port()
     argv = [sys.executable, "-m", "backends.emulator", "--port", str(port), "--profile", "seed-2k"]
-    argv += ["--time-scale", "0.05", "--max-running-requests", "2", "--enable-priority-scheduling"]
+    # time scale 0.5: a low stream runs ~1.5 s, so the high request's first token comes while
+    # both still run on a loaded box too (at 0.05 one had ended first in a fresh-clone CI run)
+    argv += ["--time-scale", "0.5", "--max-running-requests", "2", "--enable-priority-scheduling"]
     child = ChildProcess(argv, log=tmp_path / "emulator.log")
     try:
         wait_for_port(port, timeout=30)
