@@ -2,9 +2,11 @@
 
 Every ``interval`` the meter reads ``/metrics`` of the pool's fresh replicas (the endpoints the
 pool state names) and keeps two lines: the token-gap histogram's sum and count (SGLang's
-``sglang:inter_token_latency_seconds``; the emulator exports the same), read with the pool
-scraper's own parser (:func:`poolstate.counters.counter_sums`). A replica that does not answer keeps its intervals
-(the guard uses what it measured last); one whose counters go back (a restart) starts again.
+``sglang:inter_token_latency_seconds``, vLLM's ``vllm:inter_token_latency_seconds`` or, before
+it, ``vllm:time_per_output_token_seconds``; the emulator exports them in either flavour), read
+with the pool scraper's own parser (:func:`poolstate.counters.counter_sums`). A replica that
+does not answer keeps its intervals (the guard uses what it measured last); one whose counters
+go back (a restart) starts again.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ log = logging.getLogger("tokenweir.batch.stepmeter")
 
 def parse_step_reading(text: str, at: float) -> StepReading | None:
     """The token-gap sum and count in ``text`` (read at ``at``), summed over label sets
-    (data-parallel ranks); None when the count is absent (not an SGLang page)."""
+    (data-parallel ranks, engines); None when the count is absent (a page with no token-gap
+    histogram)."""
     sums = counter_sums(text)
     if "itl_count" not in sums:
         return None

@@ -51,6 +51,7 @@ def policy_text(
     fill: float | None,
     time_scale: float = 1.0,
     step_increase: str | None = None,
+    slots: int | None = None,
 ) -> tuple[str, int, dict[str, int]]:
     """The example policy on free ports: one chat replica, no sidecar, the batch runner."""
     doc = yaml.safe_load((ROOT / "examples" / "mesh.yaml").read_text())
@@ -71,6 +72,8 @@ def policy_text(
     doc["filters"]["metrics_port"] = port("fsm")
     chat = doc["pools"]["chat"]["emulated"]
     chat.update(replicas=1, profile=slots_profile, base_port=port("em"), time_scale=time_scale)
+    if slots is not None:  # the replica runs this many (SGLang's --max-running-requests)
+        doc["pools"]["chat"].setdefault("capacity", {})["max_running_requests"] = slots
     doc["pools"]["chat-small"]["emulated"]["base_port"] = port("em2")
     doc["services"]["batch-api"]["endpoints"] = [f"127.0.0.1:{port('api')}"]
     gw["listen"] = f"127.0.0.1:{port('gw')}"
@@ -329,7 +332,9 @@ def summary(arm: Arm, slots: int, extra: dict[str, Any]) -> dict[str, Any]:
 
 
 async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
-    text, gw, ports = policy_text(ns.profile, ns.fill, ns.time_scale, ns.max_step_increase)
+    text, gw, ports = policy_text(
+        ns.profile, ns.fill, ns.time_scale, ns.max_step_increase, ns.slots
+    )
     run = Path(ns.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     (run / "mesh.yaml").write_text(text)
@@ -383,7 +388,12 @@ def main() -> None:
     p.add_argument("--batch-tokens", type=int, default=64)
     p.add_argument("--lines", type=int, default=10000)
     p.add_argument("--profile", default="seed-2k")
-    p.add_argument("--slots", type=int, default=64, help="the pool's running slots (the profile's)")
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=64,
+        help="the pool's running slots (capacity.max_running_requests: the replica runs that many)",
+    )
     p.add_argument("--fill", type=float, help="the runner's fill (default: the example's)")
     p.add_argument(
         "--max-step-increase",

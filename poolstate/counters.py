@@ -1,4 +1,4 @@
-"""Pure: the SGLang counters read out of a replica's ``/metrics`` text.
+"""Pure: the counters read out of a replica's ``/metrics`` text (SGLang's names or vLLM's).
 
 The pool scraper already reads every replica's page (controlplane/saturation); it hands the text
 to the online planner's tap, which keeps only these lines (one regex pass, no full parse): the
@@ -15,20 +15,41 @@ from dataclasses import dataclass
 
 __all__ = ["ReplicaCounters", "counter_sums", "parse_counters"]
 
-_NAMES = {
-    "sglang:num_requests_total": "finished",
-    "sglang:prompt_tokens_total": "prompt",
-    "sglang:generation_tokens_total": "generated",
-    "sglang:cached_tokens_total": "cached",
-    "sglang:num_running_reqs": "running",
-    "sglang:num_queue_reqs": "queued",
+# each engine's names for the same counters: SGLang's, then vLLM's (``vllm/v1/metrics/
+# loggers.py``). Where vLLM has renamed one, every name it used is listed, newest first: the
+# first found on a page wins (vLLM exports some twice, under the old name and the new, and
+# summing them would count twice). vLLM's ``time_per_output_token_seconds`` observed every
+# token gap until ``inter_token_latency_seconds`` took that role (later versions keep the old
+# name per request), so it is read only on pages without the newer one.
+_NAMES: dict[str, tuple[str, int]] = {
+    "sglang:num_requests_total": ("finished", 0),
+    "sglang:prompt_tokens_total": ("prompt", 0),
+    "sglang:generation_tokens_total": ("generated", 0),
+    "sglang:cached_tokens_total": ("cached", 0),
+    "sglang:num_running_reqs": ("running", 0),
+    "sglang:num_queue_reqs": ("queued", 0),
     # the histograms' sums and counts: each replica's measured speed (rates.py)
-    "sglang:inter_token_latency_seconds_sum": "itl_sum",
-    "sglang:inter_token_latency_seconds_count": "itl_count",
-    "sglang:time_to_first_token_seconds_sum": "ttft_sum",
-    "sglang:time_to_first_token_seconds_count": "ttft_count",
-    "sglang:queue_time_seconds_sum": "queue_sum",
-    "sglang:queue_time_seconds_count": "queue_count",
+    "sglang:inter_token_latency_seconds_sum": ("itl_sum", 0),
+    "sglang:inter_token_latency_seconds_count": ("itl_count", 0),
+    "sglang:time_to_first_token_seconds_sum": ("ttft_sum", 0),
+    "sglang:time_to_first_token_seconds_count": ("ttft_count", 0),
+    "sglang:queue_time_seconds_sum": ("queue_sum", 0),
+    "sglang:queue_time_seconds_count": ("queue_count", 0),
+    "vllm:request_success_total": ("finished", 0),  # one series per finish reason: summed
+    "vllm:prompt_tokens_total": ("prompt", 0),
+    "vllm:generation_tokens_total": ("generated", 0),
+    "vllm:prefix_cache_hits_total": ("cached", 0),  # tokens
+    "vllm:gpu_prefix_cache_hits_total": ("cached", 1),
+    "vllm:num_requests_running": ("running", 0),
+    "vllm:num_requests_waiting": ("queued", 0),
+    "vllm:inter_token_latency_seconds_sum": ("itl_sum", 0),
+    "vllm:inter_token_latency_seconds_count": ("itl_count", 0),
+    "vllm:time_per_output_token_seconds_sum": ("itl_sum", 1),
+    "vllm:time_per_output_token_seconds_count": ("itl_count", 1),
+    "vllm:time_to_first_token_seconds_sum": ("ttft_sum", 0),
+    "vllm:time_to_first_token_seconds_count": ("ttft_count", 0),
+    "vllm:request_queue_time_seconds_sum": ("queue_sum", 0),  # the WAITING phase
+    "vllm:request_queue_time_seconds_count": ("queue_count", 0),
 }
 _LINE = re.compile(
     "^(" + "|".join(re.escape(n) for n in _NAMES) + r")(?:\{[^\n]*\})?[ \t]+(\S+)", re.M
@@ -59,8 +80,9 @@ class ReplicaCounters:
 
 def counter_sums(text: str) -> dict[str, float]:
     """The counters found in ``text`` (by their :class:`ReplicaCounters` field names), each
-    summed over its label sets (data-parallel ranks); NaN and infinite values are left out."""
-    sums: dict[str, float] = {}
+    summed over its label sets (data-parallel ranks, engines); where an engine names one
+    counter twice (a rename), the newest name found; NaN and infinite values are left out."""
+    found: dict[tuple[str, int], float] = {}
     for name, raw in _LINE.findall(text):
         try:
             value = float(raw)
@@ -68,13 +90,16 @@ def counter_sums(text: str) -> dict[str, float]:
             continue
         if math.isfinite(value):
             key = _NAMES[name]
-            sums[key] = sums.get(key, 0.0) + value
+            found[key] = found.get(key, 0.0) + value
+    sums: dict[str, float] = {}
+    for (field, _newest_first), value in sorted(found.items(), key=lambda kv: kv[0][1]):
+        sums.setdefault(field, value)
     return sums
 
 
 def parse_counters(text: str) -> ReplicaCounters | None:
     """The counters in ``text`` summed over label sets; None when the request counter is absent
-    (not an SGLang page)."""
+    (neither an SGLang nor a vLLM page)."""
     sums = counter_sums(text)
     if "finished" not in sums:
         return None

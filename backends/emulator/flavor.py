@@ -11,7 +11,9 @@ What changes against the SGLang flavour (the scheduler, radix cache and timing s
   ``vllm:kv_cache_usage_perc``, ``vllm:cache_config_info`` (labels ``block_size``,
   ``num_gpu_blocks``), counters ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits``
   (tokens), ``vllm:prompt_tokens``, ``vllm:generation_tokens``, ``vllm:request_success``,
-  histograms ``vllm:time_to_first_token_seconds``, ``vllm:e2e_request_latency_seconds``.
+  histograms ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds`` (every
+  token gap, as newer vLLM; older ones observed them as ``vllm:time_per_output_token_seconds``),
+  ``vllm:request_queue_time_seconds`` (the WAITING phase), ``vllm:e2e_request_latency_seconds``.
 - **KV events** (:class:`VllmEventEncoder`): newer vLLM's shape (msgpack maps, events tagged
   ``"type"``, ``medium``, ``lora_name``, ``data_parallel_rank``), block hashes as 32 raw bytes
   chained from a seed drawn per process (as vLLM does without ``PYTHONHASHSEED``), so a consumer
@@ -48,6 +50,8 @@ VLLM_NATIVE_PATHS = frozenset({"/health", "/metrics"})
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                  7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
 
 
@@ -106,6 +110,8 @@ class VllmMetrics:
         self._success = counter("request_success", "Count of successfully processed requests.")
         self._ok = self._success.labels(*values)
         self._ttft = hist("time_to_first_token_seconds", "TTFT", _TTFT_BUCKETS).labels(*values)
+        self._itl = hist("inter_token_latency_seconds", "ITL", _ITL_BUCKETS).labels(*values)
+        self._queue = hist("request_queue_time_seconds", "WAITING", _E2E_BUCKETS).labels(*values)
         self._e2e = hist("e2e_request_latency_seconds", "E2E", _E2E_BUCKETS).labels(*values)
         self._gauges: _VllmGauges | None = None
 
@@ -115,6 +121,7 @@ class VllmMetrics:
             self.registry.register(self._gauges)
 
     def on_admit(self, req: EmuRequest, queue_time_s: float) -> None:
+        self._queue.observe(queue_time_s)
         self._queries.inc(req.prompt_len)
         self._prompt.inc(req.prompt_len)
         if req.cached_tokens:
@@ -125,6 +132,9 @@ class VllmMetrics:
 
     def on_decode(self, tokens: int, itls_s: list[float]) -> None:
         self._gen.inc(tokens)
+        observe = self._itl.observe
+        for v in itls_s:
+            observe(v)
 
     def on_finish(self, req: EmuRequest, e2e_s: float) -> None:
         if req.finish_reason != "abort":

@@ -10,7 +10,9 @@ from backends.emulator.app import start_emulator
 from backends.emulator.flavor import VllmEventEncoder
 from backends.emulator.radix_cache import RadixCache
 from backends.emulator.settings import EmulatorSettings
+from batch_service.stepmeter import parse_step_reading
 from poolstate import parse_backend_metrics
+from poolstate.counters import parse_counters
 from prefixindex.hashing import prefix_block_ids
 from prefixindex.vllm_wire import VllmBlockMap
 from prefixindex.wire import StoredBlocks
@@ -56,7 +58,7 @@ async def test_a_vllm_flavoured_server_answers_as_vllm_does() -> None:
             body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
             async with http.post(server.url + "/generate", json=body) as r:
                 assert r.status == 404
-            body2 = {"model": "emulated-model", "prompt": "hello there", "max_tokens": 2}
+            body2 = {"model": "emulated-model", "prompt": "hello there", "max_tokens": 5}
             async with http.post(server.url + "/v1/completions", json=body2) as r:
                 assert r.status == 200
             async with http.get(server.url + "/metrics") as r:
@@ -65,5 +67,13 @@ async def test_a_vllm_flavoured_server_answers_as_vllm_does() -> None:
         sample = parse_backend_metrics(text, "vllm")
         assert sample.complete and sample.max_total_tokens == server.profile.max_total_tokens
         assert 'vllm:prompt_tokens_total{engine="0",model_name="emulated-model"} 2.0' in text
+        # the counters the online planner and the batch runner's step guard read: a vLLM
+        # replica is measured as an SGLang one is (its four token gaps, its one request)
+        counters = parse_counters(text)
+        assert counters is not None
+        assert (counters.finished, counters.generated, counters.itl_count) == (1.0, 5.0, 4.0)
+        assert counters.ttft_count == counters.queue_count == 1.0
+        reading = parse_step_reading(text, 1.0)
+        assert reading is not None and reading.gaps == 4.0 and reading.gaps_s > 0
     finally:
         await server.aclose()

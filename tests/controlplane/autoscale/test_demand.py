@@ -26,6 +26,45 @@ def test_parse_counters_sums_label_sets_and_ignores_others() -> None:
     assert parse_counters("up 1\n") is None
 
 
+# a vLLM page as its loggers write it: two engines, finish reasons as label sets, the prefix
+# cache counted under the old name and the new, and the token-gap histogram under both names
+VLLM_PAGE = """vllm:num_requests_running{engine="0",model_name="m"} 2.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 7.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 2.0
+vllm:request_success_total{engine="1",finished_reason="stop",model_name="m"} 3.0
+vllm:request_success_created{engine="0",finished_reason="stop",model_name="m"} 1.7e9
+vllm:prompt_tokens_total{engine="0",model_name="m"} 5000.0
+vllm:generation_tokens_total{engine="0",model_name="m"} 1200.0
+vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 1000.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 1000.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 4.0
+vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 400.0
+vllm:time_per_output_token_seconds_sum{engine="0",model_name="m"} 0.5
+vllm:time_per_output_token_seconds_count{engine="0",model_name="m"} 12.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 1.2
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 12.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.3
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 12.0
+"""
+
+
+def test_a_vllm_page_gives_the_same_counters_each_counted_once() -> None:
+    c = parse_counters(VLLM_PAGE)
+    assert c == ReplicaCounters(
+        12.0, 5000.0, 1200.0, 1000.0, 3.0, 1.0, 4.0, 400.0, 1.2, 12.0, 0.3, 12.0
+    )  # the cache hits once (not old + new), the token gaps from the newer histogram
+    older = "\n".join(
+        line
+        for line in VLLM_PAGE.splitlines()
+        if not line.startswith(("vllm:inter_token", "vllm:prefix_cache_hits"))
+    )  # a vLLM before the renames: its per-token histogram and the gpu_ counters
+    c = parse_counters(older)
+    assert c is not None
+    assert (c.cached, c.itl_sum, c.itl_count) == (1000.0, 0.5, 12.0)
+
+
 def _c(finished: float, inflight: float = 0, prompt: float = 0, gen: float = 0, cached: float = 0):
     return ReplicaCounters(finished, prompt, gen, cached, inflight, 0.0)
 
