@@ -146,7 +146,7 @@ async def _runner(ns: argparse.Namespace, policy: Policy, b: BatchPolicy, record
     runner = BatchRunner(
         RunnerSettings(
             b, ns.gateway_url or _gateway_url(policy, b.gateway), consumer,
-            gateway_ca=ns.gateway_ca,
+            gateway_ca=ns.gateway_ca, lane_share=policy.admission.lane("batch").max_share,
         ),
         records, DirectoryStore(_files_dir(ns, b)), reader,
         clock=time.time, registry=registry,

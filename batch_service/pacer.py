@@ -23,6 +23,15 @@ control plane publishes (every scrape interval, ~0.25 s):
   same excess seen in two samples is not cut twice); a shortfall is made up by ``gain`` of it, only while the window binds (as
   many lines in flight as it allows) and at most once per ``lag`` (the last rise must show
   in the samples first): no wind-up either way;
+* the occupancy aimed at holds at most ``max_share`` of the pool's running slots of ours
+  (``lane_share``: the admission policy's share for the batch lane, default 0.9) beside the
+  interactive work: admission lets the lane hold no more. Before this bound ``fill`` 0.95
+  aimed past the lane's 0.9: the replicas never reached the aim, the window grew to ~75 lines
+  for 57 admitted, and the lines past it waited in the gateway's queue, where the degradation
+  ladder read them as the pool's overload (its level is the higher of the replicas'
+  saturation and the gate's in-flight and queued requests against its limit): it went to
+  its batch shed step, and 90 lines were shed in one run, each halving the limit and pausing
+  new lines;
 * all of it bounded by an additive-increase / multiplicative-decrease limit that the gateway's
   own answers drive: a line shed by admission or quota (429, 503) halves the limit and pauses
   new lines for ``backoff`` (or the answer's ``Retry-After``); each answered line raises it by
@@ -89,8 +98,10 @@ class Pacer:
         trend: float = TREND_S,
         gain: float = GAIN,
         guard: StepGuard | None = None,
+        lane_share: float = 1.0,
     ) -> None:
         self.max = max_concurrency
+        self.lane_share = lane_share  # admission's ``max_share`` of the batch lane
         self.fill = fill
         self.backoff = backoff
         self.lag = lag
@@ -141,14 +152,23 @@ class Pacer:
         cap = self._cap(pool, recent, fresh, now)  # run for every job: it keeps the guard's view
         self.cap = cap if decodes else None
         if self._window is None:
-            self._window = float(min(math.floor(self.fill * room), room - head))
+            admitted = math.floor(self.lane_share * pool.capacity)
+            self._window = float(min(math.floor(self.fill * room), room - head, admitted))
             if self.cap is not None:
                 self._window = min(self._window, float(self.cap))
             self._raised_at = now
         elif fresh:
             aim = pool.capacity - max(head, math.ceil((1.0 - self.fill) * room))
+            # interactive work at the replicas: the step guard's reading where it has one
+            # (our lines at the replicas taken off), else ``others`` (all our lines taken off)
+            interactive = self.interactive if self.guard is not None else others
             if self.cap is not None:  # the step guard: at most ``cap`` batch streams
-                aim = min(aim, self.interactive + self.cap)
+                aim = min(aim, interactive + self.cap)
+            # no more of ours at the replicas than admission lets the batch lane hold
+            # (``max_share`` of the slots): a window aiming past it grew without ever
+            # reaching its aim, and the lines past it waited in the gateway's queue, where
+            # the degradation ladder read them as the pool's overload
+            aim = min(aim, interactive + math.floor(self.lane_share * pool.capacity))
             error = aim - (pool.running + pool.queued)
             if error < 0:  # at once, from our lines as the sample saw them (an excess seen
                 self._window = min(self._window, recent + error)  # in two samples: cut once)

@@ -54,6 +54,7 @@ class RunnerSettings:
     consumer: str  # this runner's name in the consumer group
     line_timeout: float = 600.0
     gateway_ca: Path | None = None  # https: the CA bundle the gateway's certificate chains to
+    lane_share: float = 1.0  # admission's max_share of the batch lane (the policy's)
 
 
 class RunnerMetrics:
@@ -123,7 +124,9 @@ class BatchRunner:
         self.m = RunnerMetrics(registry)
         r = settings.policy.runner
         self.guard = None if r.max_step_increase is None else StepGuard(r.max_step_increase)
-        self.pacer = Pacer(r.max_concurrency, r.fill, r.backoff, guard=self.guard)
+        self.pacer = Pacer(
+            r.max_concurrency, r.fill, r.backoff, guard=self.guard, lane_share=settings.lane_share
+        )
         self._http: aiohttp.ClientSession | None = None
 
     # ---- the loop ------------------------------------------------------------------------------

@@ -4,8 +4,11 @@ Saturation of one replica (docs/operations.md, "Saturation signal"):
 
 * no waiting requests: ``max(running / max_running_requests, KV in use / max_total_tokens)``;
   below 1 there is room, above 1 the replica runs more than the policy declares it can;
-* requests waiting: ``1 + queued / max_queued_requests`` (without a declared queue bound,
-  ``max_running_requests`` stands in for it), so 2 means the queue is full;
+* requests waiting that the free running slots hold (and KV not full): they start at the
+  scheduler's next step, so they count as running, ``(running + queued) / max_running_requests``
+  (at most 1);
+* requests waiting past that: ``1 + queued / max_queued_requests`` (without a declared queue
+  bound, ``max_running_requests`` stands in for it), so 2 means the queue is full;
 * no sample, or the last good one older than ``stale_after``: :data:`SATURATED`, ``stale``.
 """
 
@@ -76,7 +79,14 @@ def replica_saturation(sample: ReplicaSample, cap: Capacity) -> float:
     base = max(parts)
     if queued == 0:
         return base
-    bound = cap.max_queued_requests or cap.max_running_requests or 1
+    slots = cap.max_running_requests
+    if slots and running + queued <= slots and base < 1.0:
+        # they fit the free slots (and KV is not full): arrivals the scheduler takes at its
+        # next step, not a queue. Read as waiting, one request caught between two steps made
+        # an idle replica saturated (a ladder's step at 1.0 entered at 6% load, on a busy
+        # interactive trace every few seconds, and EDS marked the replica degraded)
+        return max(base, (running + queued) / slots)
+    bound = cap.max_queued_requests or slots or 1
     return max(base, 1.0 + queued / bound)
 
 

@@ -31,13 +31,20 @@ def test_a_sample_taken_before_our_lines_finished_does_not_read_them_as_interact
     assert p.headroom() == 1
 
 
-def plant(p: Pacer, interactive: list[int], transit: int, pending: int = 10**6) -> list[int]:
+def plant(
+    p: Pacer,
+    interactive: list[int],
+    transit: int,
+    pending: int = 10**6,
+    admitted: int = 10**6,
+) -> list[int]:
     """The pacer against a replica of 64 slots sampled every 0.25 s, one sample late: the
     replica runs the interactive requests and those of our lines not in the gateway
-    (``transit`` of them are); the runner keeps the window full while it has lines."""
+    (``transit`` of them are, and the gateway's admission lets at most ``admitted`` through);
+    the runner keeps the window full while it has lines."""
     windows, ours, seen = [], 0, 0
     for i, inter in enumerate(interactive):
-        at_replica = inter + max(0, seen - transit)
+        at_replica = inter + min(admitted, max(0, seen - transit))
         w = p.window(
             PoolView(64, min(64, at_replica), 0.5, max(0, at_replica - 64), i), ours, i / 4
         )
@@ -56,6 +63,18 @@ def test_the_window_closes_the_loop_on_the_replicas_occupancy() -> None:
     assert 64 <= w[-1] <= 67
     assert w[-1] - 10 >= 0.9 * (64 - 4)
     assert max(w) <= 72  # no wild overshoot on the way
+
+
+def test_the_window_aims_no_higher_than_admission_lets_the_batch_lane_hold() -> None:
+    """Admission holds the batch lane to ``max_share`` of the slots (57 of 64 at 0.9). With one
+    interactive request the occupancy aimed at (60) was out of reach: the window grew to its
+    maximum, and the lines past admission's share waited in the gateway's queue (which the
+    degradation ladder reads as the pool's overload)."""
+    unbounded = plant(Pacer(128, 0.95, 1.0), [1] * 120, transit=10, admitted=57)
+    assert unbounded[-1] >= 120  # wound up toward its maximum (what the bound prevents)
+    bounded = plant(Pacer(128, 0.95, 1.0, lane_share=0.9), [1] * 120, transit=10, admitted=57)
+    assert max(bounded) <= 57 + 10 + 4  # admission's share, our lines in transit, one step
+    assert bounded[-1] - 10 >= 0.95 * 57  # and the share it allows is used
 
 
 def test_an_interactive_burst_shrinks_the_window_within_a_few_samples() -> None:

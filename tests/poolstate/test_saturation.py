@@ -48,6 +48,18 @@ def test_idle_busy_queued_and_full() -> None:
     assert replica_saturation(ReplicaSample(running=10, queued=20, used_tokens=0), CAP) == 2.0
 
 
+def test_arrivals_the_free_slots_hold_are_no_queue() -> None:
+    """A request caught in the scheduler's queue between two steps, with slots free, starts at
+    the next step: it counts as running. Read as waiting (saturation past 1), it took a ladder
+    step at 1.0 on an idle replica."""
+    assert replica_saturation(ReplicaSample(running=3, queued=1, used_tokens=100), CAP) == 0.4
+    assert replica_saturation(ReplicaSample(running=6, queued=4, used_tokens=0), CAP) == 1.0
+    # more than the free slots hold: a queue
+    assert replica_saturation(ReplicaSample(running=6, queued=5, used_tokens=0), CAP) == 1.25
+    # free slots but KV full: a queue (waiting for memory)
+    assert replica_saturation(ReplicaSample(running=2, queued=1, used_tokens=1000), CAP) == 1.05
+
+
 def test_the_policy_capacity_wins_over_what_the_server_could_hold() -> None:
     # the server runs 16, the policy says 8 fit the latency budget: over capacity, > 1
     s = ReplicaSample(running=16, queued=0, used_tokens=0, max_total_tokens=10**6)
@@ -60,12 +72,14 @@ def test_kv_usage_falls_back_to_the_token_usage_gauge() -> None:
 
 
 @given(samples, caps)
-def test_saturation_is_finite_non_negative_and_at_least_one_while_requests_wait(
+def test_saturation_is_finite_non_negative_and_past_one_while_requests_wait_for_a_slot(
     s: ReplicaSample, cap: Capacity
 ) -> None:
     x = replica_saturation(s, cap)
     assert 0.0 <= x < float("inf")
-    assert (x > 1.0) if s.queued else True
+    slots = cap.max_running_requests
+    if s.queued and (not slots or (s.running or 0) + s.queued > slots):
+        assert x > 1.0
 
 
 @given(samples, caps, counts)
