@@ -161,7 +161,8 @@ class Pacer:
             aim = pool.capacity - max(head, math.ceil((1.0 - self.fill) * room))
             # interactive work at the replicas: the step guard's reading where it has one
             # (our lines at the replicas taken off), else ``others`` (all our lines taken off)
-            interactive = self.interactive if self.guard is not None else others
+            read = self.guard is not None and pool.endpoints  # (_cap read it just now)
+            interactive = self.interactive if read else others
             if self.cap is not None:  # the step guard: at most ``cap`` batch streams
                 aim = min(aim, interactive + self.cap)
             # no more of ours at the replicas than admission lets the batch lane hold
