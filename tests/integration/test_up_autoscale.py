@@ -81,14 +81,15 @@ class Load:
     def _pace(self) -> None:
         nxt = time.monotonic()
         while not self._stop.is_set():
-            if self.rate <= 0:
+            rate = self.rate  # read once: the test thread sets it to 0 at the ramp's end
+            if rate <= 0:
                 time.sleep(0.05)
                 nxt = time.monotonic()
                 continue
             t = threading.Thread(target=self._one, daemon=True)
             t.start()
             self._threads.append(t)
-            nxt += 1.0 / self.rate
+            nxt += 1.0 / rate
             time.sleep(max(0.0, nxt - time.monotonic()))
 
     def _one(self) -> None:
