@@ -10,7 +10,8 @@ from backends.emulator.app import start_emulator
 from backends.emulator.flavor import VllmEventEncoder
 from backends.emulator.radix_cache import RadixCache
 from backends.emulator.settings import EmulatorSettings
-from batch_service.stepmeter import parse_step_reading
+from batch_service.stepguard import StepGuard
+from batch_service.stepmeter import StepMeter, parse_step_reading
 from poolstate import parse_backend_metrics
 from poolstate.counters import parse_counters
 from prefixindex.hashing import prefix_block_ids
@@ -75,5 +76,28 @@ async def test_a_vllm_flavoured_server_answers_as_vllm_does() -> None:
         assert counters.ttft_count == counters.queue_count == 1.0
         reading = parse_step_reading(text, 1.0)
         assert reading is not None and reading.gaps == 4.0 and reading.gaps_s > 0
+    finally:
+        await server.aclose()
+
+
+async def test_the_step_guard_measures_a_vllm_replica() -> None:
+    """The batch runner's step meter reads a vLLM replica's token gaps over HTTP and the guard
+    fits its step from them (before, a vLLM page gave no reading: the guard kept its unmeasured
+    bound, no batch stream beside fewer than 10 interactive ones)."""
+    server = await start_emulator(EmulatorSettings(flavor="vllm", time_scale=0.01, port=0))
+    try:
+        endpoint = server.url.removeprefix("http://")
+        guard = StepGuard(0.1)
+        clock = iter(float(i) for i in range(100))
+        async with aiohttp.ClientSession() as http:
+            meter = StepMeter(guard, lambda: [endpoint], http, clock=lambda: next(clock))
+            body = {"model": "emulated-model", "prompt": "hello there", "max_tokens": 8}
+            await meter.once()
+            for _ in range(2):  # two intervals, each with a request's token gaps in it
+                async with http.post(server.url + "/v1/completions", json=body) as r:
+                    assert r.status == 200
+                await meter.once()
+        fit = guard.fit(endpoint)
+        assert fit is not None and fit.intervals == 2 and fit.slope > 0
     finally:
         await server.aclose()
