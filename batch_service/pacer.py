@@ -109,7 +109,9 @@ class Pacer:
         self.gain = gain
         self.guard = guard
         self.cap: int | None = None  # batch streams the step guard allows now (None: off)
-        self.interactive = 0  # interactive requests at the replicas, as the guard reads them
+        # interactive requests at the replicas: the guard's reading (our lines at the replicas
+        # taken off), or ``others`` (all our lines taken off) where the guard reads nothing
+        self.interactive = 0
         self._window: float | None = None  # the controlled window (None: no sample yet)
         self._raised_at = float("-inf")
         self._bucket = max(4.0, max_concurrency / 8)  # lines that may start now
@@ -149,27 +151,23 @@ class Pacer:
             self._others.popleft()
         room = pool.capacity - others
         head = self.headroom()
-        cap = self._cap(pool, recent, fresh, now)  # run for every job: it keeps the guard's view
+        cap = self._cap(pool, recent, fresh, now, others)  # every job: it keeps the guard's view
         self.cap = cap if decodes else None
+        admitted = math.floor(self.lane_share * pool.capacity)  # what admission lets us hold
         if self._window is None:
-            admitted = math.floor(self.lane_share * pool.capacity)
             self._window = float(min(math.floor(self.fill * room), room - head, admitted))
             if self.cap is not None:
                 self._window = min(self._window, float(self.cap))
             self._raised_at = now
         elif fresh:
             aim = pool.capacity - max(head, math.ceil((1.0 - self.fill) * room))
-            # interactive work at the replicas: the step guard's reading where it has one
-            # (our lines at the replicas taken off), else ``others`` (all our lines taken off)
-            read = self.guard is not None and pool.endpoints  # (_cap read it just now)
-            interactive = self.interactive if read else others
             if self.cap is not None:  # the step guard: at most ``cap`` batch streams
-                aim = min(aim, interactive + self.cap)
+                aim = min(aim, self.interactive + self.cap)
             # no more of ours at the replicas than admission lets the batch lane hold
             # (``max_share`` of the slots): a window aiming past it grew without ever
             # reaching its aim, and the lines past it waited in the gateway's queue, where
             # the degradation ladder read them as the pool's overload
-            aim = min(aim, interactive + math.floor(self.lane_share * pool.capacity))
+            aim = min(aim, self.interactive + admitted)
             error = aim - (pool.running + pool.queued)
             if error < 0:  # at once, from our lines as the sample saw them (an excess seen
                 self._window = min(self._window, recent + error)  # in two samples: cut once)
@@ -180,7 +178,7 @@ class Pacer:
         self._window = max(0.0, min(self._window, float(self.max)))
         return max(0, min(math.floor(self._window), int(self.limit), self.max))
 
-    def _cap(self, pool: PoolView, recent: int, fresh: bool, now: float) -> int | None:
+    def _cap(self, pool: PoolView, recent: int, fresh: bool, now: float, others: int) -> int | None:
         """The step guard's bound on batch streams until interactive is quiet
         (:class:`~batch_service.stepguard.Quiet`: idle for ``trend`` and for ``ln 20 / λ``
         at its arrival rate ``λ``); None: no bound.
@@ -191,8 +189,9 @@ class Pacer:
         ``others`` (all our lines subtracted) a full batch hid up to that many interactive
         requests, and the guard let go while they ran. The share is the median of the last
         samples taken while interactive was quiet (then every request at the replicas is
-        ours)."""
+        ours). Without a guard (or replicas to read) interactive is read as ``others``."""
         if self.guard is None or not pool.endpoints:
+            self.interactive = others
             return None
         occupancy = pool.running + pool.queued
         share = statistics.median(self._transit) if self._transit else 0.0
