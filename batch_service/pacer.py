@@ -211,6 +211,17 @@ class Pacer:
             return None  # interactive quiet: the slots decide
         return self.guard.cap(pool.endpoints, interactive)
 
+    def at_replicas(self, ours: int) -> int:
+        """Of ``ours`` lines in flight, those at the replicas, for the degradation ladder and
+        the online planner (poolstate/valley.py): less the measured share in the gateway
+        (none measured yet: all of them). The count now, not the fewest over the last
+        ``lag`` that the pool-state sample may be: the published count reaches the ladder a
+        publish and a read later (0.25 s each), and a lower one lagged a job's opening
+        window by a second, long enough to read its lines as overload and clamp the free
+        tier for the step's dwell (measured: one clamp at each job's start)."""
+        share = statistics.median(self._transit) if self._transit else 0.0
+        return max(0, math.floor((1.0 - share) * ours))
+
     def starts(self, now: float, want: int) -> int:
         """How many of ``want`` new lines may start at ``now`` (the start bucket; taken)."""
         burst = max(4.0, self.max / 8)

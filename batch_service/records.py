@@ -37,6 +37,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from batch_service.objects import TERMINAL
+from poolstate.valley import KEY_TTL_S, RunnerWord, valley_key
 
 __all__ = ["GROUP", "INTENTS", "QUEUE", "Claim", "Records", "decode_hash"]
 
@@ -345,3 +346,12 @@ class Records:
     async def ack(self, entry: str) -> None:
         await self.redis.xack(QUEUE, GROUP, entry)
         await self.redis.xdel(QUEUE, entry)
+
+    # ---- the runners' lines on the pool (the ladder's and the planner's) ----------------------
+    async def publish_valley(self, pool: str, consumer: str, word: RunnerWord) -> None:
+        """This runner's lines on ``pool`` now (poolstate/valley.py)."""
+        key = valley_key(pool)
+        async with self.redis.pipeline(transaction=False) as p:
+            p.hset(key, consumer, word.encode())
+            p.pexpire(key, int(KEY_TTL_S * 1000))
+            await p.execute()

@@ -16,6 +16,7 @@ import collections
 import json
 import logging
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from batch_service.stepmeter import StepMeter
 from batch_service.validate import EMBEDDINGS, Line, parse_lines
 from policy.batch import BATCH_LINE_HEADER, BatchPolicy
 from poolstate.reader import PoolStateReader
+from poolstate.valley import PUBLISH_EVERY_S, RunnerWord
 from wire.contract import IDEMPOTENCY_IN_USE
 from wire.jsontypes import JsonValue
 
@@ -128,6 +130,8 @@ class BatchRunner:
             r.max_concurrency, r.fill, r.backoff, guard=self.guard, lane_share=settings.lane_share
         )
         self._http: aiohttp.ClientSession | None = None
+        # lines the pool answered since start, their prompt and completion tokens
+        self._answered = [0, 0, 0]
 
     # ---- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -236,6 +240,7 @@ class BatchRunner:
         expires = float(job.get("expires_at") or UNLIMITED)
         created = float(job["created_at"])
         touched = checked = self.clock()
+        published = float("-inf")
         outcome = "completed"
         stopping = False
         decodes = job["endpoint"] != EMBEDDINGS  # embeddings lines are no decode streams
@@ -268,6 +273,9 @@ class BatchRunner:
                         task = asyncio.create_task(self._send(t, jid, job, line, tries))
                         inflight[task] = line
                 self.m.inflight.set(len(inflight))
+                if now - published >= PUBLISH_EVERY_S:
+                    published = now
+                    await self._publish(self.pacer.at_replicas(len(inflight)))
                 if not inflight:
                     await asyncio.sleep(0.05)
                     continue
@@ -281,10 +289,23 @@ class BatchRunner:
         finally:
             for task in inflight:
                 task.cancel()
+            await self._publish(0)
             self.m.inflight.set(0)
             self.m.lag.set(0)
             self.m.remaining.set(0)
         return outcome
+
+    async def _publish(self, lines: int) -> None:
+        """Our lines at the pool's replicas and those it answered (poolstate/valley.py): the
+        degradation ladder does not read them as the pool's overload, nor the online planner
+        as its demand. A Redis error skips one write (a reader stops counting a word
+        ``MAX_AGE_S`` old: both read the plain pool then)."""
+        a = self._answered
+        word = RunnerWord(lines, time.time(), a[0], a[1], a[2])
+        try:
+            await self.records.publish_valley(self.s.policy.pool, self.s.consumer, word)
+        except (RedisError, OSError) as exc:
+            log.debug("the lines at the replicas were not published: %s", exc)
 
     async def _send(
         self, t: str, jid: str, job: dict[str, str], line: Line, tries: collections.Counter[int]
@@ -342,7 +363,18 @@ class BatchRunner:
             self.m.lines.labels("completed" if ok else "failed").inc()
         if ok:
             self.pacer.answered()
+            self._count_answered(body)
         return True
+
+    def _count_answered(self, body: JsonValue) -> None:
+        """One line the pool answered, with its usage's tokens (the planner's subtraction)."""
+        usage = body.get("usage") if isinstance(body, dict) else None
+        prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        generated = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        a = self._answered
+        a[0] += 1
+        a[1] += prompt if isinstance(prompt, int) and prompt > 0 else 0
+        a[2] += generated if isinstance(generated, int) and generated > 0 else 0
 
     async def _finalize(
         self, claim: Claim, job: dict[str, str], lines: list[Line], status: str

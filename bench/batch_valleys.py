@@ -10,7 +10,9 @@ arrivals:
 Capacity is counted in running slots (the pool's ``max_running_requests``): every
 ``--sample`` seconds the interactive requests in flight (client side) and the batch lines in
 flight (the runner's gauge, the naive client's count) are read; the idle capacity is
-``slots - interactive``, the batch's use of it ``min(batch, idle)``.
+``slots - interactive``, the batch's use of it ``min(batch, idle)``. The filter server's
+degradation step (``tokenweir_filters_ladder_step``) is sampled with them: the example clamps
+the free tier's answers from step 1 (``ladder_step_share``, ``ladder_steps_up``).
 
     python bench/batch_valleys.py --day 40 --out bench/results/batch_valleys.json
 """
@@ -117,6 +119,9 @@ class Arm:
     # arrival (the last sample), interactive requests in flight at its arrival)
     seen: list[tuple[float, int, int]] = field(default_factory=list)
     guard: list[int] = field(default_factory=list)  # the runner's step-guard cap, when binding
+    # the pool's degradation step at each sample (the filter server's gauge): at 1 the example
+    # clamps the free tier's answers, at 2 it sends them to the fallback model
+    ladder: list[int] = field(default_factory=list)
 
 
 async def interactive(http: aiohttp.ClientSession, url: str, arm: Arm, i: int, tokens: int) -> None:
@@ -196,6 +201,8 @@ async def gauge(http: aiohttp.ClientSession, url: str, name: str) -> float:
 
 
 INTERACTIVE_PRIORITY, BATCH_PRIORITY = "100", "0"  # policy/admission.py's defaults
+LADDER_STEP = 'tokenweir_filters_ladder_step\\{pool="chat"\\}'
+LADDER_UP = 'tokenweir_filters_ladder_changes_total\\{direction="up",pool="chat"\\}'
 
 
 async def replica_state(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
@@ -210,6 +217,7 @@ async def run_arm(
     arm = Arm(name)
     url = f"http://127.0.0.1:{gw}/v1/chat/completions"
     runner_metrics = f"http://127.0.0.1:{ports['runner']}/metrics"
+    filter_metrics = f"http://127.0.0.1:{ports['fsm']}/metrics"
     extra: dict[str, Any] = {}
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(
@@ -239,6 +247,7 @@ async def run_arm(
 
         state_url = f"http://127.0.0.1:{ports['em']}/_emulator/state"
         first = await replica_state(http, state_url)
+        steps_up = await gauge(http, filter_metrics, LADDER_UP)
 
         async def sampler() -> None:
             while not stop.is_set():
@@ -250,6 +259,8 @@ async def run_arm(
                         if cap >= 0:
                             arm.guard.append(int(cap))
                 arm.samples.append((arm.inter, b))
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    arm.ladder.append(int(await gauge(http, filter_metrics, LADDER_STEP)))
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     st = await replica_state(http, state_url)
                     run, wait = st["running"], st["waiting"]
@@ -274,6 +285,7 @@ async def run_arm(
         await asyncio.gather(*workers, return_exceptions=True)
         last = await replica_state(http, state_url)
         arm.preempted = int(last["preempted_total"]) - int(first["preempted_total"])
+        extra["ladder_steps_up"] = await gauge(http, filter_metrics, LADDER_UP) - steps_up
         if batch_id is not None:
             b = await client.batches.retrieve(batch_id)
             extra["batch_completed_during_day"] = (
@@ -327,6 +339,10 @@ def summary(arm: Arm, slots: int, extra: dict[str, Any]) -> dict[str, Any]:
         "arrivals_beside_batch_over_10": sum(1 for _, b, _ in arm.seen if b > 10),
         "guard_binding_share": round(len(arm.guard) / len(arm.samples), 3) if arm.samples else 0,
         "guard_mean_cap": round(statistics.mean(arm.guard), 2) if arm.guard else None,
+        # the share of the day the example's ladder clamped the free tier (step 1 and up)
+        "ladder_step_share": (
+            round(sum(1 for x in arm.ladder if x >= 1) / len(arm.ladder), 3) if arm.ladder else None
+        ),
         **extra,
     }
 

@@ -31,11 +31,13 @@ from controlplane.saturation.targets import targets_from_policy
 from controlplane.xds.server import XdsServer
 from policy import Address, Policy
 from policy.servers import Replicas
+from poolstate.valley_reader import ValleyReader
 from runtime.admin_auth import AdminTls
 from runtime.buildworker import Target
 from runtime.grpc_health import AioHealth
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
+from runtime.redis_connect import LazyRedis
 
 __all__ = ["ADS_SERVICE", "ControlPlane", "ControlPlaneSettings"]
 
@@ -91,6 +93,11 @@ class ControlPlane:
         self.scraper.tap(self.autoscaler.tap)
         self.scraper.subscribe(self.autoscaler.on_state)
         self.autoscaler.follow_starting(self.scraper.set_starting)  # Retry-After while loading
+        # the batch runners' lines, which the planner does not count as demand (Redis: the
+        # quotas'; poolstate/valley.py)
+        self._valley_redis = LazyRedis(settings.redis_url)
+        self.valley = ValleyReader(self._valley_redis, clock=time.monotonic, wall=time.time)
+        self.autoscaler.valley = self.valley.words
         self.reloader = Reloader(
             settings.policy_path,
             self.cache,
@@ -139,6 +146,9 @@ class ControlPlane:
         self.shadow.configure(policy)
         self.dashboard.on_policy(policy)
         self.autoscaler.configure(policy)
+        rl = policy.ratelimit
+        self._valley_redis.use(self.settings.redis_url or (rl.redis_url if rl else None))
+        self.valley.configure(self.autoscaler.valley_pools(policy))
 
     async def start(self) -> ReloadResult:
         """Load the policy (a rejected file is reported, not fatal: the server waits for a good
@@ -152,6 +162,7 @@ class ControlPlane:
         self.shadow.start()
         self.dashboard.start()
         self.autoscaler.start()
+        self.valley.start()
         return result
 
     @property
@@ -169,6 +180,8 @@ class ControlPlane:
         await self.drain()
         await self.canary.aclose()
         await self.autoscaler.aclose()
+        await self.valley.aclose()
+        await self._valley_redis.aclose()
         await self.shadow.aclose()
         await self._canary_fetcher.aclose()
         await self.scraper.aclose()

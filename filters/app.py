@@ -34,10 +34,10 @@ from filters.plugins.admission.signal import (
     alive_source,
     capacity_source,
     down_source,
+    ladder_source,
     pool_state_reader,
     ranking_source,
     ready_source,
-    saturation_source,
 )
 from filters.plugins.admission.spread import LaneBalance
 from filters.plugins.collapse.fanout import FanoutServer
@@ -53,8 +53,10 @@ from filters.registry import RouteEntry, build_routes, iter_routes
 from filters.server import FilterServer, FilterServicer
 from filters.services import Services, default_services
 from filters.usage_log import UsageLog
+from filters.valley import valley_pools
 from policy import Policy, load_policy
 from policy.phases import uses_collapse, uses_shadow_pairs
+from poolstate.valley_reader import ValleyReader
 from quota.topup import TopUps
 from runtime.admin_auth import admin_tls, admin_token
 from runtime.h2 import transport_for
@@ -155,6 +157,7 @@ class FilterApp:
         self._redis: Redis | None = None
         self._shared_returns: SharedReturns | None = None
         self._fairshare: FairShare | None = None
+        self._valley: ValleyReader | None = None  # the batch runners' lines (the ladder's)
         self._keys: KeyStore | None = None
         self._budget_reader: Budget = NoBudget()
         self.watcher = PolicyWatcher(
@@ -263,6 +266,12 @@ class FilterApp:
             self._shared_lengths = SharedLengths(
                 self._redis, self.lengths, clock=self._clock, on_error=self.metrics.redis_errors.inc
             ).start()
+            self._valley = ValleyReader(
+                self._redis_now, clock=self._clock, wall=self._wall,
+                on_error=self.metrics.redis_errors.inc,
+            )  # fmt: skip
+            self._valley.configure(valley_pools(self.policy))
+            self._valley.start()
         # tenants' token shares of each lane, across filter processes where admission is split
         self._fairshare = FairShare(
             self.gates, self._redis, clock=self._clock, registry=self.metrics.registry
@@ -348,7 +357,8 @@ class FilterApp:
         self.gates.ranking = ranking_source(self._pool_state)
         self.gates.capacity = capacity_source(self._pool_state)
         self.gates.ready_in = ready_source(self._pool_state, self.gates.wall)
-        self.ladders.saturation = saturation_source(self._pool_state)
+        # the pool's saturation less the batch runners' lines at its replicas (filters/valley.py)
+        self.ladders.saturation = ladder_source(self._pool_state, self._valley_lines)
         self._tasks.append(asyncio.create_task(self._follow_capacity(), name="follow-capacity"))
         if not await self._pool_state.first(BOOT_WAIT_S):
             _log.warning(
@@ -356,6 +366,12 @@ class FilterApp:
                 "answers (a pool that declares none is not limited until then)",
                 BOOT_WAIT_S, self._pool_state.url,
             )  # fmt: skip
+
+    async def _redis_now(self) -> Redis | None:
+        return self._redis
+
+    def _valley_lines(self, pool: str) -> int:
+        return self._valley.lines(pool) if self._valley is not None else 0
 
     async def _follow_capacity(self) -> None:
         """Each new pool state (or every 5 s) sets the admission limit, and its gauge, of the
@@ -427,6 +443,8 @@ class FilterApp:
         self.gates.configure(built.policy)
         self.balance.configure(built.policy)
         self.ladders.configure(built.policy)
+        if self._valley is not None:
+            self._valley.configure(valley_pools(built.policy))
         self.lengths.configure(built.policy.reservation.window)
         self.tracing.apply(built.policy.tracing)  # built off the loop, swapped whole
         if self.server is not None:
@@ -491,6 +509,9 @@ class FilterApp:
         if self._fairshare is not None:
             await self._fairshare.aclose()
             self._fairshare = None
+        if self._valley is not None:
+            await self._valley.aclose()
+            self._valley = None
         if self._shared_returns is not None:
             self.gates.share_returns(None)
             await self._shared_returns.aclose()

@@ -18,6 +18,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 __all__ = [
+    "LazyRedis",
     "RedisAuthError",
     "connect_redis",
     "redacted",
@@ -119,3 +120,37 @@ async def connect_redis(url: str, *, timeout: float = 0.5) -> aioredis.Redis | R
     if forced:
         return RedisCluster.from_url(clean, **opts)
     return aioredis.Redis.from_url(clean, health_check_interval=0, **opts)
+
+
+class LazyRedis:
+    """A client connected at the first call and kept (:func:`connect_redis`), for a background
+    reader whose Redis comes with the policy: :meth:`use` a URL (None: no Redis; a new one
+    drops the old client). A call while Redis refuses the credentials raises
+    :class:`RedisAuthError` (so do the next ones, until the URL changes)."""
+
+    def __init__(self, url: str | None = None, *, timeout: float = 1.0) -> None:
+        self._url = url
+        self._timeout = timeout
+        self._client: aioredis.Redis | RedisCluster | None = None
+        self._old: list[aioredis.Redis | RedisCluster] = []
+
+    def use(self, url: str | None) -> None:
+        if url != self._url:
+            self._url = url
+            if self._client is not None:
+                self._old.append(self._client)
+                self._client = None
+
+    async def __call__(self) -> aioredis.Redis | RedisCluster | None:
+        while self._old:
+            await self._old.pop().aclose()
+        if self._url is None:
+            return None
+        if self._client is None:
+            self._client = await connect_redis(self._url, timeout=self._timeout)
+        return self._client
+
+    async def aclose(self) -> None:
+        self.use(None)
+        while self._old:
+            await self._old.pop().aclose()

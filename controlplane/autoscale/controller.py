@@ -25,11 +25,12 @@ from policy import Policy
 from policy.autoscale import AutoscalePolicy
 from poolstate import PoolState
 from poolstate.counters import ReplicaCounters, parse_counters
+from poolstate.valley import RunnerWord
 from runtime.tasks import stop_task
 from wire.jsontypes import JsonObject
 
 from .demand import DemandWindow
-from .lanes import LaneWindow, ordered
+from .lanes import LaneWindow, ordered, without_runners
 from .need import replicas_for
 from .rates import MEASURED, RateEstimator, Speed, pool_speed
 from .stabilize import Decision, Stabilizer
@@ -52,6 +53,7 @@ class PoolStatus(TypedDict):
     serving: int
     starting: int
     forecast_rps: float
+    batch_runner_lines: int  # the batch runners' lines at the replicas (not demand)
     min: int
     max: int
     budget: int | None
@@ -83,6 +85,7 @@ class PoolPlan:
     lanes: LaneWindow = field(default_factory=lambda: LaneWindow(20.0))
     lane_shares: dict[str, float] = field(default_factory=dict)
     slots: int | None = None  # the pool's declared capacity.max_running_requests
+    runner_lines: int = 0  # the batch runners' lines at the replicas (not demand)
 
 
 class _Metrics:
@@ -131,6 +134,11 @@ class _Metrics:
             "lane (admission's admitted + shed by lane), each planned against its own TTFT "
             "budget", ["pool", "lane"], registry=registry,
         )  # fmt: skip
+        self.runner_lines = Gauge(
+            "tokenweir_pool_batch_runner_lines", "The batch runners' lines at a pool's "
+            "replicas as they last said (poolstate/valley.py): the planner leaves them and "
+            "those they were answered out of the pool's demand", ["pool"], registry=registry,
+        )  # fmt: skip
         self.reasons: dict[str, str] = {}
         self.replicas_seen: dict[str, set[str]] = {}
 
@@ -145,6 +153,7 @@ class _Metrics:
         self.desired.labels(pool, d.reason).set(d.desired)
         self.needed.labels(pool).set(d.need.replicas)
         self.rate.labels(pool, "forecast").set(plan.forecast_rps)
+        self.runner_lines.labels(pool).set(plan.runner_lines)
         for lane in plan.budgets:
             share = plan.lane_shares.get(lane, 0.0)
             self.lane_rate.labels(pool, lane).set(plan.forecast_rps * share)
@@ -193,6 +202,8 @@ class Autoscaler:
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self._starting_listeners: list[Callable[[str, int, float | None], None]] = []
+        # pool → its batch runners' words (poolstate/valley.py): their lines are no demand
+        self.valley: Callable[[str], Mapping[str, RunnerWord]] = lambda pool: {}
 
     # ---- inputs ------------------------------------------------------------------------------
     def configure(self, policy: Policy) -> None:
@@ -239,6 +250,16 @@ class Autoscaler:
             if self._metrics is not None:
                 self._metrics.forget(gone)
         self.pools = keep
+
+    @staticmethod
+    def valley_pools(policy: Policy) -> tuple[str, ...]:
+        """The autoscaled pool the batch runners fill, where runners run: its runners' words
+        are read (poolstate/valley.py)."""
+        b = policy.batch
+        if b is None or b.runner.replicas <= 0:
+            return ()
+        pool = policy.pools.get(b.pool)
+        return (b.pool,) if pool is not None and pool.autoscale is not None else ()
 
     def tap(self, endpoint: str, text: str) -> None:
         counters = parse_counters(text)
@@ -289,14 +310,16 @@ class Autoscaler:
             plan.next_at = now + plan.policy.interval
             read = {ep: self._counters[ep] for ep in plan.endpoints if ep in self._counters}
             seen = {ep: c for ep, (_, c) in read.items()}
-            plan.window.observe(now, seen)
+            words = self.valley(name)
+            plan.runner_lines = sum(w.lines for w in words.values())
+            plan.window.observe(now, seen, words)
             demand = plan.window.demand()
             a = plan.policy
             plan.forecast_rps = demand.forecast_rps(a.forecast)
             self._measure(name, plan, read, demand.prompt_mean, demand.output_mean,
                           demand.hit_rate)  # fmt: skip
             decode, prefill, _ = plan.speed
-            lanes = ordered(plan.lanes.shares(), plan.budgets)
+            lanes = ordered(without_runners(plan.lanes.shares(), demand.runner_share), plan.budgets)
             plan.lane_shares = {ld.lane: ld.share for ld in lanes}
             need = replicas_for(
                 demand, plan.forecast_rps, plan.replica, ttft_s=plan.ttft_s,
@@ -355,6 +378,7 @@ class Autoscaler:
                 "serving": plan.serving,
                 "starting": plan.starting,
                 "forecast_rps": _round(plan.forecast_rps),
+                "batch_runner_lines": plan.runner_lines,
                 "min": plan.policy.min_replicas,
                 "max": plan.policy.max_replicas,
                 "budget": plan.policy.budget_replicas,

@@ -10,6 +10,15 @@ rate of its older half, over the time between their midpoints (req/s per s), onc
 is full, and only by what exceeds two standard deviations of Poisson noise in the two counts (at
 a few requests per second a constant rate otherwise reads as ramps of ±50%). Until a request has finished, the token means are unknown (``measured`` False) and the
 planner sizes the pool by the requests in flight alone.
+
+**A batch runner's lines are not demand** (poolstate/valley.py): a job fills whatever slots it
+finds, so planned for, its lines asked for replicas no interactive request needed (and a
+replica added is more slots for the job to fill). The runners' words (their lines at the replicas, and the lines the pool
+answered them with their tokens, cumulative) are counted the same way as a replica's counters
+and taken off: arrivals ``Δanswered + Δlines``, finished, prompt and generated tokens, and the
+requests in flight. Each total is the replicas' less the runners' (never below what it was: a
+runner's word and a replica's page are read at different moments, and a round in which the
+runner is ahead must not count as arrivals twice later).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from poolstate.counters import ReplicaCounters
+from poolstate.valley import RunnerWord
 
 __all__ = ["DEFAULT_OUTPUT", "DEFAULT_PROMPT", "Demand", "DemandWindow"]
 
@@ -40,6 +50,9 @@ class Demand:
     inflight: float = 0.0
     span_s: float = 0.0  # how much history the numbers rest on
     measured: bool = False  # a request has finished: the token means are the pool's own
+    # the share of the replicas' arrivals over the window that were batch runners' lines
+    # (left out of ``arrival_rps``; admission counts them in the batch lane: lanes.py)
+    runner_share: float = 0.0
 
     def forecast_rps(self, horizon_s: float) -> float:
         """The arrival rate ``horizon_s`` ahead on the trend; never below the rate now (a
@@ -55,6 +68,7 @@ class _Point:
     prompt: float
     generated: float
     cached: float
+    raw: float = 0.0  # the replicas' own arrivals, the runners' lines included
 
 
 class DemandWindow:
@@ -64,15 +78,24 @@ class DemandWindow:
         self.window_s = window_s
         self._last: dict[str, ReplicaCounters] = {}
         self._points: deque[_Point] = deque()
-        self._totals = _Point(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        self._totals = _Point(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # the replicas' less the runners'
+        self._raw = self._totals  # the replicas' own
+        self._runners_last: dict[str, RunnerWord] = {}
+        self._runners = self._totals  # the batch runners' lines (poolstate/valley.py)
         self._inflight = 0.0
         self._prompt_mean = DEFAULT_PROMPT
         self._output_mean = DEFAULT_OUTPUT
         self._hit = 0.0
         self._measured = False
 
-    def observe(self, now: float, replicas: Mapping[str, ReplicaCounters]) -> None:
-        """Add one round of the pool's replicas' counters (only those that answered)."""
+    def observe(
+        self,
+        now: float,
+        replicas: Mapping[str, ReplicaCounters],
+        runners: Mapping[str, RunnerWord] | None = None,
+    ) -> None:
+        """Add one round of the pool's replicas' counters (only those that answered), less the
+        batch runners' lines on the pool (``runners``: each fresh runner replica's word)."""
         a = f = p = g = c = 0.0
         for ep, cur in replicas.items():
             prev = self._last.get(ep)
@@ -86,15 +109,48 @@ class DemandWindow:
         # a replica that stopped answering keeps its last counters: if it comes back with the
         # same process its deltas are right; if not, the decrease check above skips it
         self._last.update(replicas)
-        self._inflight = sum(r.inflight for r in replicas.values())
-        t = self._totals
-        self._totals = _Point(
-            now, t.arrivals + max(a, 0.0), t.finished + f, t.prompt + p, t.generated + g,
-            t.cached + c,
+        words = runners or {}
+        lines = sum(w.lines for w in words.values())
+        self._inflight = max(0.0, sum(r.inflight for r in replicas.values()) - lines)
+        r = self._raw
+        self._raw = _Point(
+            now, r.arrivals + max(a, 0.0), r.finished + f, r.prompt + p, r.generated + g,
+            r.cached + c,
         )  # fmt: skip
+        self._runners = self._runner_totals(now, words)
+        raw, ours, t = self._raw, self._runners, self._totals
+        self._totals = _Point(
+            now,
+            max(t.arrivals, raw.arrivals - ours.arrivals),
+            max(t.finished, raw.finished - ours.finished),
+            max(t.prompt, raw.prompt - ours.prompt),
+            max(t.generated, raw.generated - ours.generated),
+            raw.cached,  # the runners' cached tokens are not known: the hit rate is the pool's
+            raw.arrivals,
+        )
         self._points.append(self._totals)
         while len(self._points) > 2 and self._points[1].t <= now - self.window_s:
             self._points.popleft()
+
+    def _runner_totals(self, now: float, words: Mapping[str, RunnerWord]) -> _Point:
+        """The runners' cumulative lines, as a replica's: arrivals ``Δanswered + Δlines``
+        (a runner seen first, or restarted, adds nothing that round; one not heard keeps its
+        last word)."""
+        a = f = p = g = 0.0
+        for name, cur in words.items():
+            prev = self._runners_last.get(name)
+            if prev is None or cur.answered < prev.answered or cur.prompt < prev.prompt:
+                continue
+            a += (cur.answered - prev.answered) + (cur.lines - prev.lines)
+            f += cur.answered - prev.answered
+            p += cur.prompt - prev.prompt
+            g += cur.generated - prev.generated
+        self._runners_last.update(words)
+        t = self._runners
+        # not clamped per round: the lines at the replicas are an estimate that moves both
+        # ways, and over a window their changes cancel (the net totals are kept monotone)
+        return _Point(now, t.arrivals + a, t.finished + f, t.prompt + p,
+                      t.generated + g, 0.0)  # fmt: skip
 
     def forget(self, endpoints: set[str]) -> None:
         """Drop replicas no longer in the pool."""
@@ -123,7 +179,9 @@ class DemandWindow:
             self._measured = True
         if prompt > 0:
             self._hit = min(max((last.cached - first.cached) / prompt, 0.0), 0.99)
+        raw = last.raw - first.raw
         return Demand(
+            runner_share=min(max(1.0 - arrivals / raw, 0.0), 1.0) if raw > 0 else 0.0,
             arrival_rps=arrivals / span,
             trend_rps_per_s=self._trend(),
             prompt_mean=self._prompt_mean,

@@ -29,7 +29,14 @@ from controlplane.planner import PlanInputs
 from controlplane.planner.capacity import Capacity, wait_estimate
 from controlplane.planner.inputs import LANES, Lane
 
-__all__ = ["LaneDemand", "LaneWindow", "lane_wait_fits", "ordered", "replicas_for_lane"]
+__all__ = [
+    "LaneDemand",
+    "LaneWindow",
+    "lane_wait_fits",
+    "ordered",
+    "replicas_for_lane",
+    "without_runners",
+]
 
 _MAX_SEARCH = 10_000
 
@@ -109,6 +116,18 @@ def replicas_for_lane(
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if fits(mid) else (mid, hi)
     return hi
+
+
+def without_runners(shares: Mapping[str, float], runner_share: float) -> dict[str, float]:
+    """The lanes' shares without the batch runners' lines (poolstate/valley.py): admission
+    counts them in the batch lane, and ``runner_share`` of the pool's arrivals were theirs
+    (:attr:`~controlplane.autoscale.demand.Demand.runner_share`); the rest is renormalised by
+    :func:`ordered`. Without them a job filling the valleys made most of a pool's arrivals
+    batch, and the interactive lane was planned for a sliver of the rate left."""
+    if runner_share <= 0:
+        return dict(shares)
+    out = {lane: max(0.0, s - runner_share) if lane == "batch" else s for lane, s in shares.items()}
+    return {lane: s for lane, s in out.items() if s > 0}
 
 
 def ordered(shares: Mapping[str, float], budgets: Mapping[str, float]) -> tuple[LaneDemand, ...]:

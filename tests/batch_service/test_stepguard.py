@@ -234,3 +234,20 @@ def test_a_job_whose_lines_decode_nothing_is_not_held_by_the_guard() -> None:
     p = Pacer(128, 0.95, 0.2, guard=StepGuard(0.1))
     emb = light_interactive(p, decodes=False)
     assert min(emb) >= 100 and p.cap is None  # the slots decide (768 idle)
+
+
+def test_the_lines_at_the_replicas_the_ladder_leaves_out() -> None:
+    """What the runner publishes for the degradation ladder and the planner
+    (poolstate/valley.py): its lines in flight less the share measured in the gateway (~1/6
+    here: 50 of 60 at the replica); every line before a share is measured."""
+    g = StepGuard(0.1)
+    feed(g, "r1", [2, 60, 4, 58, 3, 61, 2, 60] * 4, seed2k)
+    p = Pacer(max_concurrency=128, fill=1.0, backoff=1.0, guard=g, lag=0.5)
+    assert p.at_replicas(0) == 0
+    eps = ("r1",)
+    p.window(PoolView(64, 0, 0.0, version=1, endpoints=eps), ours=60, now=0.0)
+    assert p.at_replicas(60) == 60  # no share measured yet: every line counts
+    for v in range(2, 20):  # steady and idle: 60 in flight, 50 at the replica
+        p.window(PoolView(64, 50, 0.8, version=v, endpoints=eps), ours=60, now=v * 0.25)
+    assert p.at_replicas(60) == 50
+    assert p.at_replicas(30) == 25

@@ -17,9 +17,11 @@ from aiohttp import web
 
 from batch_service.files import DirectoryStore
 from batch_service.records import Records
+from poolstate.valley import KEY_TTL_S, fresh_total, valley_key
 from runtime.redis_connect import connect_redis
 from tests.helpers import ChildProcess, free_port, serving, wait_for_port
 from tests.integration.batch_jobs import (
+    ENDED,
     batch_runner,
     chat_lines,
     emulator_process,
@@ -158,3 +160,36 @@ def _openai_error(status: int, code: str, retry_after: str | None = None) -> web
     headers = {"retry-after": retry_after} if retry_after is not None else None
     body = {"error": {"message": code, "type": "invalid_request_error", "code": code}}
     return web.json_response(body, status=status, headers=headers)
+
+
+async def test_the_runner_publishes_its_lines_at_the_replicas_for_the_ladder(
+    tmp_path: Path, redis_port: int, emulator: int
+) -> None:
+    """While a job runs the runner writes how many of its lines are at the pool's replicas
+    (poolstate/valley.py; the degradation ladder leaves them out of the pool's saturation),
+    at most its lines in flight; 0 once the job is over."""
+    redis = await connect_redis(f"redis://127.0.0.1:{redis_port}/0", timeout=2.0)
+    records, store = Records(redis), DirectoryStore(tmp_path / "files")
+    await redis.delete(valley_key("chat"))
+    tenant, n = f"t{secrets.token_hex(4)}", 24
+    await submit_job(records, store, tenant, chat_lines(n, "v", max_tokens=32),
+                     job_record("batch_v", n))  # fmt: skip
+    policy = runner_policy(max_concurrency=4, backoff=0.05, claim_idle=2.0)
+    consumer = f"test-{tenant}"
+    runner = batch_runner(policy, f"http://127.0.0.1:{emulator}", consumer, records, store)
+    seen: list[int] = []
+    async with running(runner):
+        end = time.monotonic() + 60
+        while (await records.get_job(tenant, "batch_v") or {}).get("status") not in ENDED:
+            assert time.monotonic() < end, "the job did not end"
+            fields = await redis.hgetall(valley_key("chat"))
+            seen.append(fresh_total(fields, time.time()))
+            await asyncio.sleep(0.05)
+        got = await wait_ended(records, tenant, "batch_v")
+    assert got["status"] == "completed"
+    assert max(seen) > 0 and max(seen) <= 4  # at most its lines in flight
+    last = await redis.hget(valley_key("chat"), consumer)
+    assert last is not None and last.split()[0] == b"0"
+    assert 0 < await redis.pttl(valley_key("chat")) <= KEY_TTL_S * 1000
+    await redis.delete(valley_key("chat"))
+    await redis.aclose()

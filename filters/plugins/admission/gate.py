@@ -97,6 +97,8 @@ class PoolGate:
         self._swept = -math.inf
         self._returns: dict[str, tuple[int, int]] = {}  # lane → (claimed, expired) counted
         self.shared: SharedReturns | None = None  # promises seen by every filter process
+        # the batch runners' lines running (poolstate/valley.py): left out of :meth:`demand`
+        self._valley: set[Ticket] = set()
 
     async def acquire(
         self,
@@ -109,12 +111,14 @@ class PoolGate:
         on_wait: Callable[[float], Awaitable[None]] | None = None,
         key: Hashable | None = None,
         returned: bool = False,
+        valley: bool = False,
     ) -> Ticket | Shed:
         """A running slot, after waiting if need be, or the answer to send instead.
         ``on_wait(seconds)`` is awaited before waiting (to extend Envoy's message timeout);
         ``key`` recognises the client when it comes back as a ``Retry-After`` told it;
         ``returned``: another filter process's promise was already kept for it
-        (:meth:`returning`, the ladder's shed step let it through)."""
+        (:meth:`returning`, the ladder's shed step let it through); ``valley``: a batch
+        runner's line, which :meth:`demand` leaves out while it runs."""
         now = self.clock()
         shared = self.shared
         if (
@@ -133,6 +137,7 @@ class PoolGate:
         if isinstance(r, Shed):
             self._shed(lane, r, key)
             return r
+        r.valley = valley
         if shared is not None and r.returning and not returned:
             shared.forget(self.name, lane, key)  # kept here: nowhere else
         if r.state == "admitted":
@@ -180,7 +185,9 @@ class PoolGate:
         if not limit:
             return None
         core = self.core
-        held = core.in_flight + sum(len(q) for q in core.queues.values())
+        # a batch runner's lines running are not overload: the runner yields them itself
+        # (poolstate/valley.py); queued, they are demand the pool cannot serve now
+        held = core.in_flight - len(self._valley) + sum(len(q) for q in core.queues.values())
         return (held + core.refused_slots(self.clock())) / limit
 
     def expected(self) -> float | None:
@@ -225,6 +232,7 @@ class PoolGate:
     def release(self, ticket: Ticket, settled: float | None = None) -> None:
         """The request ended (or never started): its slot goes to the next waiter;
         ``settled``: the tokens its usage settled, when known here (its tenant's counter)."""
+        self._valley.discard(ticket)
         self._wake(self.core.release(self.clock(), ticket, settled))
 
     def set_limits(self, max_requests: int | None, max_tokens: int | None) -> None:
@@ -322,6 +330,8 @@ class PoolGate:
         self._gauges()
 
     def _admitted(self, t: Ticket, how: str, now: float) -> None:
+        if t.valley:
+            self._valley.add(t)
         self.metrics.admitted.labels(self.name, t.lane, how).inc()
         self.metrics.wait.labels(self.name, t.lane).observe(now - t.arrived)
         self._gauges()

@@ -32,6 +32,7 @@ from filters.plugins.admission.queues import Ticket
 from filters.plugins.admission.spread import LaneBalance
 from filters.plugins.tokens.plugin import backend_priority
 from filters.services import Services
+from policy.batch_checks import batch_line_routes
 from policy.routing import ENDPOINT_HEADER
 
 __all__ = ["AdmissionPlugin", "return_key", "shed_reply"]
@@ -109,6 +110,8 @@ class AdmissionPlugin(BasePlugin):
             gates.configure(services.policy)
         self.gates: Gates = gates
         self.policy = services.policy.admission
+        # the batch runners' routes: their lines running are not the ladder's demand
+        self.valley_routes = batch_line_routes(services.policy)
         balance = getattr(services, "balance", None)
         if balance is None:  # no shared balance (a bare Services): this plugin's own
             balance = LaneBalance()
@@ -135,6 +138,7 @@ class AdmissionPlugin(BasePlugin):
             on_wait=ctx.hold,
             key=return_key(ctx.tenant or "anonymous", headers),
             returned=ctx.plan.returned,
+            valley=ctx.route.name in self.valley_routes,
         )
         if isinstance(result, Shed):
             result = self.gates.promise(gate.name, result)  # a scale-up may make it sooner

@@ -39,6 +39,7 @@ class Ticket:
     key: Hashable | None = None  # what recognises its client when it comes back (Retry-After)
     returning: bool = False  # it came back when a Retry-After told it: served first
     charge: float = 0.0  # the tokens its tenant's virtual counter was charged at its start
+    valley: bool = False  # a batch runner's line (poolstate/valley.py): not the ladder's demand
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ from filters.plugins.admission.spread import Down, replicas_down
 from policy.model import Policy
 from poolstate.reader import PoolStateReader, pools_url
 from poolstate.state import PoolSummary, ReplicaState
+from poolstate.valley import ladder_level
 from runtime.admin_auth import admin_tls, admin_token
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "alive_source",
     "capacity_source",
     "down_source",
+    "ladder_source",
     "pool_capacity",
     "pool_state_reader",
     "ranking_source",
@@ -146,6 +148,23 @@ def capacity_source(reader: PoolStateReader) -> CapacitySource:
 
 def saturation_source(reader: PoolStateReader) -> SaturationSource:
     return _per_pool(reader, lambda s: s.saturation if s.endpoints else None)
+
+
+def ladder_source(reader: PoolStateReader, lines: Callable[[str], int]) -> SaturationSource:
+    """Per pool, the saturation the degradation ladder reads: the pool's mean, less the share
+    of its slots the batch runners' ``lines(pool)`` at its replicas hold
+    (:func:`poolstate.valley.ladder_level`, over :func:`pool_capacity`: the slots of every
+    replica, as the mean counts them); None while the pool state is stale."""
+
+    def source(pool: str) -> float | None:
+        if reader.stale:
+            return None
+        s = reader.state.pools.get(pool)
+        if s is None or not s.endpoints:
+            return None
+        return ladder_level(s.saturation, lines(pool), pool_capacity(s) or 0)
+
+    return source
 
 
 def ranking_source(reader: PoolStateReader) -> RankingSource:

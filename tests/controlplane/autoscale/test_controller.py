@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from controlplane.autoscale import Autoscaler
 from policy import load_policy_text
 from poolstate import PoolState, PoolSummary, ReplicaState
+from poolstate.valley import RunnerWord
 
 POLICY = """
 version: 1
@@ -96,3 +98,66 @@ def test_replicas_starting_reach_the_published_pool_state(tmp_path: Path) -> Non
     a.set_starting("chat", 0)
     assert heard == [("chat", 2, 12.5), ("chat", 0, None)]
     assert a.pools["chat"].starting == 0
+
+
+def _fill(a: Autoscaler, now: list[float], runner: bool) -> None:
+    """12 s of a pool whose slots a batch runner fills: its 58 lines/s beside 2 interactive
+    requests/s (500-token prompts, 200-token answers), 40 of its lines at the replicas."""
+    eps = ("127.0.0.1:9001", "127.0.0.1:9002")
+    words: dict[str, RunnerWord] = {}
+    a.valley = lambda pool: words if runner and pool == "chat" else {}
+    for t in range(0, 12):
+        now[0] = float(t)
+        lines, inter = 58.0 * t, 2.0 * t
+        words["runner-0"] = RunnerWord(40, 0.0, int(lines), int(lines * 500), int(lines * 200))
+        done = (lines + inter) / 2
+        for ep in eps:
+            a.tap(ep, _page(done, 20 + 1, done * 500, done * 200))
+        a.tick()
+
+
+def test_a_batch_runners_lines_do_not_buy_replicas(tmp_path: Path) -> None:
+    """A job fills whatever slots it finds: counted as demand, its lines asked here for every
+    replica up to max_replicas (and would fill those too). With the runners' words
+    (poolstate/valley.py) the pool is planned for the interactive requests alone."""
+    policy = load_policy_text(POLICY, str(tmp_path / "p.yaml"))
+    plain_now, valley_now = [0.0], [0.0]
+    plain = Autoscaler(clock=lambda: plain_now[0], registry=CollectorRegistry())
+    plain.configure(policy)
+    _fill(plain, plain_now, runner=False)
+    assert plain.desired("chat") == 4  # the batch bought every replica it could
+    valley = Autoscaler(clock=lambda: valley_now[0], registry=CollectorRegistry())
+    valley.configure(policy)
+    _fill(valley, valley_now, runner=True)
+    assert valley.desired("chat") <= 2  # what serves now, or fewer
+    assert valley.to_json()["pools"]["chat"]["forecast_rps"] == pytest.approx(2.0, abs=0.3)
+
+
+def test_the_runners_words_are_read_for_the_autoscaled_batch_pool(tmp_path: Path) -> None:
+    text = (
+        POLICY
+        + """
+filters: {}
+services:
+  batch-api: {endpoints: [127.0.0.1:9004]}
+gateways:
+  edge:
+    routes:
+      - {name: jobs, match: {prefix: /v1/batches}, service: batch-api, filters: {plugins: [
+          {name: identity, settings: {forward_authorization: true}}]}}
+      - name: lines
+        match: {prefix: /v1/, headers: {x-batch-line: "1"}}
+        pool: chat
+        filters: {plugins: [identity, idempotency]}
+batch: {service: batch-api, gateway: edge, pool: chat}
+"""
+    )
+    policy = load_policy_text(text, str(tmp_path / "p.yaml"))
+    assert Autoscaler.valley_pools(policy) == ("chat",)
+    no_runner = load_policy_text(
+        text.replace("pool: chat}\n", "pool: chat, runner: {replicas: 0}}\n"), "p.yaml"
+    )
+    assert Autoscaler.valley_pools(no_runner) == ()
+    not_scaled = load_policy_text(text.replace("pool: chat}", "pool: plain}").replace(
+        "        pool: chat\n", "        pool: plain\n"), "p.yaml")  # fmt: skip
+    assert Autoscaler.valley_pools(not_scaled) == ()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.autoscale import DemandWindow, ReplicaCounters, parse_counters
+from poolstate.valley import RunnerWord
 
 PAGE = """# HELP sglang:num_requests_total Finished requests
 # TYPE sglang:num_requests_total counter
@@ -136,3 +137,49 @@ def test_tokens_of_streams_in_flight_do_not_inflate_the_output_mean() -> None:
     # 1 finished (24 tokens) while 9 more arrived and already streamed 20 tokens each
     w.observe(2.0, {"a": _c(1, 9, prompt=200, gen=24 + 9 * 20)})
     assert w.demand().output_mean == pytest.approx(204 / 10)  # not 204 per finished request
+
+
+def test_a_batch_runners_lines_are_not_demand() -> None:
+    """A runner fills whatever slots it finds (poolstate/valley.py): planned for, its lines
+    asked for more replicas, then filled them. Its word (lines at the replicas, lines answered
+    and their tokens) is taken off the replicas' counters."""
+    w = DemandWindow(10.0)
+    # interactive: 2 req/s of 100-token prompts and 20-token answers, 2 in flight; the
+    # runner: 20 lines/s of 500 and 50, 40 lines at the replicas
+    for t in range(0, 11):
+        inter_done, lines_done = 2 * t, 20 * t
+        replica = _c(
+            inter_done + lines_done,
+            prompt=100 * inter_done + 500 * lines_done,
+            gen=20 * inter_done + 50 * lines_done,
+            inflight=2 + 40,
+        )
+        runner = RunnerWord(40, 0.0, lines_done, 500 * lines_done, 50 * lines_done)
+        w.observe(float(t), {"a": replica}, {"runner-0": runner})
+    d = w.demand()
+    assert d.arrival_rps == pytest.approx(2.0)
+    assert d.prompt_mean == pytest.approx(100.0) and d.output_mean == pytest.approx(20.0)
+    assert d.inflight == 2 and d.runner_share == pytest.approx(20 / 22)
+    # without the runners' word the same pool reads 11x the demand
+    plain = DemandWindow(10.0)
+    for t in range(0, 11):
+        n = 22 * t
+        plain.observe(float(t), {"a": _c(n, prompt=100 * 2 * t + 500 * 20 * t, inflight=42)})
+    assert plain.demand().arrival_rps == pytest.approx(22.0)
+
+
+def test_a_runners_word_ahead_of_the_replicas_page_counts_its_lines_once() -> None:
+    """Read at different moments: a round in which the runner says 10 new lines that the
+    replica's page does not show yet, then the page catches up. The pool's net arrivals stay
+    what the replica saw of others (never below what they were, never counted twice)."""
+    w = DemandWindow(10.0)
+    w.observe(0.0, {"a": _c(0, inflight=0)}, {"r": RunnerWord(0, 0.0)})
+    w.observe(1.0, {"a": _c(1, inflight=0)}, {"r": RunnerWord(10, 0.0)})  # ahead
+    w.observe(2.0, {"a": _c(2, inflight=10)}, {"r": RunnerWord(10, 0.0)})  # caught up
+    w.observe(3.0, {"a": _c(13, inflight=0)}, {"r": RunnerWord(0, 0.0, 10)})  # answered
+    d = w.demand()
+    assert d.arrival_rps == pytest.approx(3 / 3)  # 1 a second of others' requests
+    assert d.inflight == 0
+    # a runner that restarted (its counts went down) adds nothing that round
+    w.observe(4.0, {"a": _c(14, inflight=0)}, {"r": RunnerWord(0, 0.0, 0)})
+    assert w.demand().arrival_rps == pytest.approx(4 / 4)

@@ -7,7 +7,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from controlplane.autoscale import Autoscaler, Demand, replicas_for
-from controlplane.autoscale.lanes import LaneDemand, LaneWindow, ordered
+from controlplane.autoscale.lanes import LaneDemand, LaneWindow, ordered, without_runners
 from controlplane.dashboard.collector import ServiceCollector, Source
 from controlplane.planner import profile_replica
 from policy import load_policy_text
@@ -143,3 +143,17 @@ async def test_the_collector_hands_each_round_to_its_followers() -> None:
     c.follow(lambda now, totals: seen.append(totals.lane_arrivals()))
     await c.scrape_once()
     assert seen == [{("chat", "batch"): 9.0, ("chat", "interactive"): 4.0}]
+
+
+def test_the_runners_lines_leave_the_batch_lanes_share() -> None:
+    """Admission counts a batch runner's lines in the batch lane; the pool's rate no longer
+    holds them (demand.py), so neither may the shares: else a job filling the valleys made
+    97% of the arrivals batch and interactive was planned for 3% of the rate left."""
+    budgets = {"interactive": 2.0, "batch": 30.0}
+    shares = {"interactive": 2 / 60, "batch": 58 / 60}
+    only = ordered(without_runners(shares, 56 / 60), budgets)
+    assert [(ld.lane, round(ld.share, 3)) for ld in only] == [("interactive", 0.5), ("batch", 0.5)]
+    all_runner = ordered(without_runners(shares, 58 / 60), budgets)
+    assert [(ld.lane, ld.share) for ld in all_runner] == [("interactive", 1.0)]
+    assert without_runners(shares, 0.0) == shares
+    assert without_runners({"interactive": 1.0}, 0.5) == {"interactive": 1.0}

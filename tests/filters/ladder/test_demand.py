@@ -7,10 +7,11 @@ import asyncio
 
 import pytest
 
+from filters.plugins.admission.core import Shed
 from filters.plugins.admission.gate import Gates
 from filters.plugins.admission.plugin import AdmissionPlugin
 from policy import load_policy_text
-from tests.filters.conftest import FakeClock
+from tests.filters.conftest import FakeClock, make_services
 from tests.filters.ladder.test_plugin import POLICY, Setup
 
 
@@ -98,3 +99,44 @@ async def test_a_fast_draining_lane_is_told_its_place_not_the_dwell(s: Setup) ->
     assert out is not None and out.reply is not None
     assert out.reply.headers["retry-after"] == "1"
     assert 0.1 <= int(out.reply.headers["retry-after-ms"]) / 1000 < 0.5
+
+
+async def test_a_batch_runners_lines_running_are_not_the_ladders_demand(s: Setup) -> None:
+    """A runner's line holds its slot like any request, but while it runs it is no overload
+    (poolstate/valley.py): the runner yields it itself. Queued, it is demand again."""
+    gate = s.gates.gate("chat")
+    assert gate is not None
+    line = await gate.acquire("batch", "t", valley=True)
+    assert not isinstance(line, Shed) and line.valley
+    assert s.gates.demand("chat") == 0.0 and s.ladders.step("chat") == 0
+    waiter = asyncio.create_task(gate.acquire("batch", "t", valley=True))
+    await asyncio.sleep(0)  # queued behind it: the pool cannot serve it now
+    assert s.gates.demand("chat") == 1.0
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+    gate.release(line)
+    assert s.gates.demand("chat") == 0.0
+    other = await gate.acquire("batch", "t")  # anyone else's request counts
+    assert not isinstance(other, Shed)
+    assert s.gates.demand("chat") == 1.0
+    gate.release(other)
+    assert s.gates.demand("chat") == 0.0
+
+
+def test_the_admission_plugin_marks_the_batch_line_routes_lines() -> None:
+    text = POLICY.replace(
+        "gateways:",
+        "services:\n  batch-api: {endpoints: [127.0.0.1:9003]}\n"
+        "batch: {service: batch-api, gateway: edge, pool: chat}\ngateways:",
+    ).replace(
+        "    routes:\n",
+        "    routes:\n"
+        "      - {name: jobs, match: {prefix: /v1/batches}, service: batch-api, filters: "
+        "{plugins: [{name: identity, settings: {forward_authorization: true}}]}}\n"
+        "      - name: lines\n"
+        "        match: {prefix: /v1/, headers: {x-batch-line: '1'}}\n"
+        "        pool: chat\n"
+        "        filters: {plugins: [identity, idempotency, lane, admission]}\n",
+    )
+    plugin = AdmissionPlugin({}, make_services(load_policy_text(text), FakeClock()))
+    assert plugin.valley_routes == frozenset({"lines"})
