@@ -20,9 +20,7 @@ import argparse
 import asyncio
 import io
 import json
-import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,32 +30,16 @@ import aiohttp
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from runtime.ports import free_port, free_port_block  # noqa: E402
+from batch_mesh import KEY, example_on_free_ports, gauge, lines, start_up, stop_up  # noqa: E402
 
-KEY = "tw-demo-pro-key"
-MODEL = "llama-3.1-8b"
+from runtime.ports import free_port_block  # noqa: E402
 
 
 def policy_text(max_replicas: int, slots: int) -> tuple[str, dict[str, int]]:
     """The example policy on free ports, no sidecar; pool chat autoscaled."""
-    doc = yaml.safe_load((ROOT / "examples" / "mesh.yaml").read_text())
-    doc.pop("sidecars")
-    doc["services"].pop("inventory")
-    gw = doc["gateways"]["edge"]
-    gw["routes"] = [r for r in gw["routes"] if r.get("service") != "inventory"]
-    ports: dict[str, int] = {}
-
-    def port(name: str) -> int:
-        return ports.setdefault(name, free_port())
-
-    doc["control_plane"]["xds"] = f"127.0.0.1:{port('xds')}"
-    doc["control_plane"]["metrics"] = f"127.0.0.1:{port('cp')}"
-    doc["ratelimit"]["address"] = f"127.0.0.1:{port('rl')}"
-    doc["ratelimit"]["metrics_port"] = port("rlm")
-    doc["filters"]["address"] = f"127.0.0.1:{port('fs')}"
-    doc["filters"]["metrics_port"] = port("fsm")
+    doc, ports = example_on_free_ports()
     chat = doc["pools"]["chat"]
     ports["em"] = free_port_block(max_replicas)
     chat["emulated"].update(replicas=1, profile="seed-2k", base_port=ports["em"], time_scale=1.0)
@@ -69,28 +51,11 @@ def policy_text(max_replicas: int, slots: int) -> tuple[str, dict[str, int]]:
         "scale_down_cooldown": "10s", "scale_down_window": "10s", "load_time": "2s",
         "drain_timeout": "30s",
     }  # fmt: skip
-    doc["pools"]["chat-small"]["emulated"]["base_port"] = port("em2")
-    doc["services"]["batch-api"]["endpoints"] = [f"127.0.0.1:{port('api')}"]
-    gw["listen"] = f"127.0.0.1:{port('gw')}"
-    doc["batch"]["runner"]["metrics_port"] = port("runner")
     return yaml.safe_dump(doc, sort_keys=False), ports
 
 
-def lines(n: int, tokens: int) -> bytes:
-    rows = [
-        {"custom_id": f"l{i}", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": MODEL, "max_tokens": tokens,
-                  "messages": [{"role": "user", "content": f"summarise {i}: " + "text " * 60}]}}
-        for i in range(n)
-    ]  # fmt: skip
+def _jsonl(rows: list[dict[str, Any]]) -> bytes:
     return "\n".join(json.dumps(r) for r in rows).encode()
-
-
-async def gauge(http: aiohttp.ClientSession, url: str, name: str) -> float:
-    async with http.get(url) as r:
-        text = await r.text()
-    m = re.search(rf"^{name} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
 
 
 def serving(run: Path) -> int:
@@ -106,7 +71,7 @@ async def measure(ns: argparse.Namespace, run: Path, ports: dict[str, int]) -> d
     gw = ports["gw"]
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{gw}/v1", api_key=KEY, max_retries=2)
     f = await client.files.create(
-        file=("b.jsonl", io.BytesIO(lines(ns.lines, ns.tokens))), purpose="batch"
+        file=("b.jsonl", io.BytesIO(_jsonl(lines(ns.lines, ns.tokens)))), purpose="batch"
     )
     b = await client.batches.create(
         input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -151,26 +116,11 @@ def main() -> None:
     ns = p.parse_args()
     text, ports = policy_text(ns.max, ns.slots)
     run = Path(ns.run_dir)
-    run.mkdir(parents=True, exist_ok=True)
-    (run / "mesh.yaml").write_text(text)
-    tokenweir = Path(sys.executable).parent / "tokenweir"
-    argv = [str(tokenweir), "--log-level", "warning", "up", "--autoscale", "--no-prometheus",
-            "--fresh", "-c", str(run / "mesh.yaml"), "--run-dir", str(run / "up")]  # fmt: skip
-    up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert up.stdout is not None
+    up = start_up(run, text, "--autoscale")
     try:
-        for line in up.stdout:
-            if "tokenweir up: ready" in line:
-                break
-            if "failed" in line:
-                raise RuntimeError(line)
         result = asyncio.run(measure(ns, run, ports))
     finally:
-        up.send_signal(2)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        stop_up(up)
     out = {"setup": {k: str(v) for k, v in vars(ns).items()}, **result}
     summary = {k: v for k, v in out.items() if k != "samples"}
     print(json.dumps(summary, indent=2))

@@ -26,10 +26,7 @@ import io
 import json
 import math
 import random
-import re
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -40,12 +37,11 @@ import aiohttp
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from batch_mesh import KEY, MODEL, example_on_free_ports, gauge, lines, start_up, stop_up  # noqa: E402
 
 from runtime.ports import free_port  # noqa: E402
-
-KEY = "tw-demo-pro-key"
-MODEL = "llama-3.1-8b"
 
 
 def policy_text(
@@ -56,30 +52,12 @@ def policy_text(
     slots: int | None = None,
 ) -> tuple[str, int, dict[str, int]]:
     """The example policy on free ports: one chat replica, no sidecar, the batch runner."""
-    doc = yaml.safe_load((ROOT / "examples" / "mesh.yaml").read_text())
-    doc.pop("sidecars")
-    doc["services"].pop("inventory")
-    gw = doc["gateways"]["edge"]
-    gw["routes"] = [r for r in gw["routes"] if r.get("service") != "inventory"]
-    ports: dict[str, int] = {}
-
-    def port(name: str) -> int:
-        return ports.setdefault(name, free_port())
-
-    doc["control_plane"]["xds"] = f"127.0.0.1:{port('xds')}"
-    doc["control_plane"]["metrics"] = f"127.0.0.1:{port('cp')}"
-    doc["ratelimit"]["address"] = f"127.0.0.1:{port('rl')}"
-    doc["ratelimit"]["metrics_port"] = port("rlm")
-    doc["filters"]["address"] = f"127.0.0.1:{port('fs')}"
-    doc["filters"]["metrics_port"] = port("fsm")
+    doc, ports = example_on_free_ports()
+    ports["em"] = free_port()
     chat = doc["pools"]["chat"]["emulated"]
-    chat.update(replicas=1, profile=slots_profile, base_port=port("em"), time_scale=time_scale)
+    chat.update(replicas=1, profile=slots_profile, base_port=ports["em"], time_scale=time_scale)
     if slots is not None:  # the replica runs this many (SGLang's --max-running-requests)
         doc["pools"]["chat"].setdefault("capacity", {})["max_running_requests"] = slots
-    doc["pools"]["chat-small"]["emulated"]["base_port"] = port("em2")
-    doc["services"]["batch-api"]["endpoints"] = [f"127.0.0.1:{port('api')}"]
-    gw["listen"] = f"127.0.0.1:{port('gw')}"
-    doc["batch"]["runner"]["metrics_port"] = port("runner")
     if fill is not None:
         doc["batch"]["runner"]["fill"] = fill
     if step_increase is not None:  # the step guard's key; "off": null (no guard)
@@ -153,22 +131,6 @@ async def interactive(http: aiohttp.ClientSession, url: str, arm: Arm, i: int, t
         arm.inter -= 1
 
 
-def lines(n: int, tokens: int) -> list[dict[str, Any]]:
-    return [
-        {
-            "custom_id": f"l{i}",
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {
-                "model": MODEL,
-                "max_tokens": tokens,
-                "messages": [{"role": "user", "content": f"summarise {i}: " + "text " * 60}],
-            },
-        }
-        for i in range(n)
-    ]
-
-
 async def naive(
     http: aiohttp.ClientSession, url: str, arm: Arm, todo: list[dict[str, Any]], stop: asyncio.Event
 ) -> None:
@@ -191,13 +153,6 @@ async def naive(
             arm.batch -= 1
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), wait)
-
-
-async def gauge(http: aiohttp.ClientSession, url: str, name: str) -> float:
-    async with http.get(url) as r:
-        text = await r.text()
-    m = re.search(rf"^{name} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
 
 
 INTERACTIVE_PRIORITY, BATCH_PRIORITY = "100", "0"  # policy/admission.py's defaults
@@ -351,20 +306,8 @@ async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
     text, gw, ports = policy_text(
         ns.profile, ns.fill, ns.time_scale, ns.max_step_increase, ns.slots
     )
-    run = Path(ns.run_dir)
-    run.mkdir(parents=True, exist_ok=True)
-    (run / "mesh.yaml").write_text(text)
-    tokenweir = Path(sys.executable).parent / "tokenweir"
-    argv = [str(tokenweir), "--log-level", "warning", "up", "--no-prometheus", "--fresh",
-            "-c", str(run / "mesh.yaml"), "--run-dir", str(run / "up")]  # fmt: skip
-    up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert up.stdout is not None
+    up = start_up(Path(ns.run_dir), text)
     try:
-        for line in up.stdout:
-            if "tokenweir up: ready" in line:
-                break
-            if "failed" in line:
-                raise RuntimeError(line)
         slots = ns.slots
         arrivals = day_arrivals(ns.day, ns.peak_rps, ns.valley_rps, ns.seed)
         rows = []
@@ -382,15 +325,6 @@ async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
         }
     finally:
         stop_up(up)
-
-
-def stop_up(up: subprocess.Popen[str]) -> None:
-    """Stop ``tokenweir up`` as Ctrl-C does (it stops its children), killing it after 60 s."""
-    up.send_signal(signal.SIGINT)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        up.wait(60)
-    if up.poll() is None:
-        up.kill()
 
 
 def main() -> None:

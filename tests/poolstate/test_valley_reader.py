@@ -16,6 +16,7 @@ from policy import Address
 from poolstate.valley import MAX_AGE_S, RunnerWord, valley_key
 from poolstate.valley_reader import ValleyReader
 from runtime.redis_connect import LazyRedis, connect_redis
+from tests.controlplane.autoscale.test_controller import BATCH_POLICY
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -53,29 +54,6 @@ async def test_what_a_runner_writes_is_read_back_and_ages_out(redis_port: int) -
         await lazy.aclose()
 
 
-POLICY = """
-version: 1
-filters: {}
-pools:
-  chat:
-    models: [m]
-    endpoints: [127.0.0.1:9001]
-    autoscale: {profile: seed-2k, min_replicas: 1, max_replicas: 4}
-services:
-  batch-api: {endpoints: [127.0.0.1:9004]}
-gateways:
-  edge:
-    routes:
-      - {name: jobs, match: {prefix: /v1/batches}, service: batch-api, filters: {plugins: [
-          {name: identity, settings: {forward_authorization: true}}]}}
-      - name: lines
-        match: {prefix: /v1/, headers: {x-batch-line: "1"}}
-        pool: chat
-        filters: {plugins: [identity, idempotency]}
-batch: {service: batch-api, gateway: edge, pool: chat}
-"""
-
-
 async def test_the_control_planes_planner_reads_the_runners_words(
     tmp_path: Path, redis_port: int
 ) -> None:
@@ -83,7 +61,7 @@ async def test_the_control_planes_planner_reads_the_runners_words(
     redis = await connect_redis(url, timeout=2.0)
     await redis.delete(valley_key("chat"))
     path = tmp_path / "mesh.yaml"
-    path.write_text(POLICY)
+    path.write_text(BATCH_POLICY)
     settings = ControlPlaneSettings(
         path, Address("127.0.0.1", free_port()), Address("127.0.0.1", free_port()),
         redis_url=url,

@@ -33,6 +33,27 @@ pools:
 """
 
 
+# POLICY with a batch API and runner filling the autoscaled pool ``chat``
+BATCH_POLICY = (
+    POLICY
+    + """
+filters: {}
+services:
+  batch-api: {endpoints: [127.0.0.1:9004]}
+gateways:
+  edge:
+    routes:
+      - {name: jobs, match: {prefix: /v1/batches}, service: batch-api, filters: {plugins: [
+          {name: identity, settings: {forward_authorization: true}}]}}
+      - name: lines
+        match: {prefix: /v1/, headers: {x-batch-line: "1"}}
+        pool: chat
+        filters: {plugins: [identity, idempotency]}
+batch: {service: batch-api, gateway: edge, pool: chat}
+"""
+)
+
+
 def _page(finished: float, running: float, prompt: float, generated: float) -> str:
     return (
         f'sglang:num_requests_total{{model_name="m"}} {finished}\n'
@@ -134,24 +155,7 @@ def test_a_batch_runners_lines_do_not_buy_replicas(tmp_path: Path) -> None:
 
 
 def test_the_runners_words_are_read_for_the_autoscaled_batch_pool(tmp_path: Path) -> None:
-    text = (
-        POLICY
-        + """
-filters: {}
-services:
-  batch-api: {endpoints: [127.0.0.1:9004]}
-gateways:
-  edge:
-    routes:
-      - {name: jobs, match: {prefix: /v1/batches}, service: batch-api, filters: {plugins: [
-          {name: identity, settings: {forward_authorization: true}}]}}
-      - name: lines
-        match: {prefix: /v1/, headers: {x-batch-line: "1"}}
-        pool: chat
-        filters: {plugins: [identity, idempotency]}
-batch: {service: batch-api, gateway: edge, pool: chat}
-"""
-    )
+    text = BATCH_POLICY
     policy = load_policy_text(text, str(tmp_path / "p.yaml"))
     assert Autoscaler.valley_pools(policy) == ("chat",)
     no_runner = load_policy_text(
