@@ -37,7 +37,6 @@ from runtime.buildworker import Target
 from runtime.grpc_health import AioHealth
 from runtime.health import HealthState
 from runtime.metrics_http import MetricsServer
-from runtime.redis_connect import LazyRedis
 
 __all__ = ["ADS_SERVICE", "ControlPlane", "ControlPlaneSettings"]
 
@@ -93,11 +92,6 @@ class ControlPlane:
         self.scraper.tap(self.autoscaler.tap)
         self.scraper.subscribe(self.autoscaler.on_state)
         self.autoscaler.follow_starting(self.scraper.set_starting)  # Retry-After while loading
-        # the batch runners' lines, which the planner does not count as demand (Redis: the
-        # quotas'; poolstate/valley.py)
-        self._valley_redis = LazyRedis(settings.redis_url)
-        self.valley = ValleyReader(self._valley_redis, clock=time.monotonic, wall=time.time)
-        self.autoscaler.valley = self.valley.words
         self.reloader = Reloader(
             settings.policy_path,
             self.cache,
@@ -116,6 +110,12 @@ class ControlPlane:
             nodes=self.xds.nodes,
             quotas=QuotaWindows(settings.redis_url, registry=self.registry),
         )
+        # the batch runners' lines, which the planner does not count as demand
+        # (poolstate/valley.py), read through the dashboard's Redis client (the quotas')
+        self.valley = ValleyReader(
+            self.dashboard.quotas.redis, clock=time.monotonic, wall=time.time
+        )
+        self.autoscaler.valley = self.valley.words
         self.dashboard.collector.follow(  # arrivals by lane for the online planner
             lambda now, totals: self.autoscaler.on_lanes(now, totals.lane_arrivals())
         )
@@ -146,8 +146,6 @@ class ControlPlane:
         self.shadow.configure(policy)
         self.dashboard.on_policy(policy)
         self.autoscaler.configure(policy)
-        rl = policy.ratelimit
-        self._valley_redis.use(self.settings.redis_url or (rl.redis_url if rl else None))
         self.valley.configure(self.autoscaler.valley_pools(policy))
 
     async def start(self) -> ReloadResult:
@@ -181,7 +179,6 @@ class ControlPlane:
         await self.canary.aclose()
         await self.autoscaler.aclose()
         await self.valley.aclose()
-        await self._valley_redis.aclose()
         await self.shadow.aclose()
         await self._canary_fetcher.aclose()
         await self.scraper.aclose()

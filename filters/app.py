@@ -53,9 +53,9 @@ from filters.registry import RouteEntry, build_routes, iter_routes
 from filters.server import FilterServer, FilterServicer
 from filters.services import Services, default_services
 from filters.usage_log import UsageLog
-from filters.valley import valley_pools
 from policy import Policy, load_policy
 from policy.phases import uses_collapse, uses_shadow_pairs
+from poolstate.valley import runner_pool
 from poolstate.valley_reader import ValleyReader
 from quota.topup import TopUps
 from runtime.admin_auth import admin_tls, admin_token
@@ -270,7 +270,7 @@ class FilterApp:
                 self._redis_now, clock=self._clock, wall=self._wall,
                 on_error=self.metrics.redis_errors.inc,
             )  # fmt: skip
-            self._valley.configure(valley_pools(self.policy))
+            self._valley.configure(_valley_pools(self.policy))
             self._valley.start()
         # tenants' token shares of each lane, across filter processes where admission is split
         self._fairshare = FairShare(
@@ -357,7 +357,7 @@ class FilterApp:
         self.gates.ranking = ranking_source(self._pool_state)
         self.gates.capacity = capacity_source(self._pool_state)
         self.gates.ready_in = ready_source(self._pool_state, self.gates.wall)
-        # the pool's saturation less the batch runners' lines at its replicas (filters/valley.py)
+        # the pool's saturation less the batch runners' lines at its replicas (poolstate/valley.py)
         self.ladders.saturation = ladder_source(self._pool_state, self._valley_lines)
         self._tasks.append(asyncio.create_task(self._follow_capacity(), name="follow-capacity"))
         if not await self._pool_state.first(BOOT_WAIT_S):
@@ -444,7 +444,7 @@ class FilterApp:
         self.balance.configure(built.policy)
         self.ladders.configure(built.policy)
         if self._valley is not None:
-            self._valley.configure(valley_pools(built.policy))
+            self._valley.configure(_valley_pools(built.policy))
         self.lengths.configure(built.policy.reservation.window)
         self.tracing.apply(built.policy.tracing)  # built off the loop, swapped whole
         if self.server is not None:
@@ -519,3 +519,10 @@ class FilterApp:
         if self._redis is not None:
             await self._redis.aclose()
             self._redis = None
+
+
+def _valley_pools(policy: Policy) -> tuple[str, ...]:
+    """The batch runners' pool, where it has a degradation ladder: its runners' lines are read
+    (poolstate/valley.py)."""
+    pool = runner_pool(policy)
+    return (pool,) if pool is not None and policy.pools[pool].degradation is not None else ()

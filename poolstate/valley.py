@@ -40,6 +40,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from policy.model import Policy
+
 __all__ = [
     "KEY_TTL_S",
     "MAX_AGE_S",
@@ -48,12 +50,22 @@ __all__ = [
     "fresh_total",
     "fresh_words",
     "ladder_level",
+    "runner_pool",
     "valley_key",
 ]
 
 PUBLISH_EVERY_S = 0.25  # a runner's write, while it feeds a job (the pool state's scrape interval)
 MAX_AGE_S = 2.0  # a field older than this counts nothing (a runner gone, or its clock off)
 KEY_TTL_S = 10.0  # the hash disappears this long after its last write
+
+
+def runner_pool(policy: Policy) -> str | None:
+    """The pool the batch runners fill, where runners run (None: no batch section, no runner
+    replicas, or a pool the policy does not have)."""
+    b = policy.batch
+    if b is None or b.runner.replicas <= 0 or b.pool not in policy.pools:
+        return None
+    return b.pool
 
 
 def valley_key(pool: str) -> str:

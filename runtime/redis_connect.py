@@ -134,6 +134,10 @@ class LazyRedis:
         self._client: aioredis.Redis | RedisCluster | None = None
         self._old: list[aioredis.Redis | RedisCluster] = []
 
+    @property
+    def url(self) -> str | None:
+        return self._url
+
     def use(self, url: str | None) -> None:
         if url != self._url:
             self._url = url

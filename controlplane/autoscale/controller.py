@@ -25,7 +25,7 @@ from policy import Policy
 from policy.autoscale import AutoscalePolicy
 from poolstate import PoolState
 from poolstate.counters import ReplicaCounters, parse_counters
-from poolstate.valley import RunnerWord
+from poolstate.valley import RunnerWord, runner_pool
 from runtime.tasks import stop_task
 from wire.jsontypes import JsonObject
 
@@ -255,11 +255,8 @@ class Autoscaler:
     def valley_pools(policy: Policy) -> tuple[str, ...]:
         """The autoscaled pool the batch runners fill, where runners run: its runners' words
         are read (poolstate/valley.py)."""
-        b = policy.batch
-        if b is None or b.runner.replicas <= 0:
-            return ()
-        pool = policy.pools.get(b.pool)
-        return (b.pool,) if pool is not None and pool.autoscale is not None else ()
+        pool = runner_pool(policy)
+        return (pool,) if pool is not None and policy.pools[pool].autoscale is not None else ()
 
     def tap(self, endpoint: str, text: str) -> None:
         counters = parse_counters(text)

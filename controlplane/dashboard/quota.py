@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 from policy import Policy
 from quota.errors import QuotaUnavailable
 from quota.reader import QuotaReader, WindowUsage
-from runtime.redis_connect import RedisAuthError, connect_redis
+from runtime.redis_connect import LazyRedis, RedisAuthError
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -49,11 +49,13 @@ class QuotaWindows:
         timeout: float = 1.0,
     ) -> None:
         self._given = redis_url
-        self._url: str | None = redis_url
+        # the control plane's Redis client, connected at the first read (the batch runners'
+        # words are read through it too: ControlPlane.valley)
+        self.redis = LazyRedis(redis_url, timeout=timeout)
         self._clock = clock
         self._timeout = timeout
-        self._client: Redis | RedisCluster | None = None
         self._reader: QuotaReader | None = None
+        self._reader_on: Redis | RedisCluster | None = None  # the client it reads
         self._policy: Policy | None = None
         self.errors = Counter(
             "tokenweir_dashboard_quota_read_errors_total",
@@ -63,15 +65,14 @@ class QuotaWindows:
 
     def on_policy(self, policy: Policy) -> None:
         self._policy = policy
-        url = self._given or (policy.ratelimit.redis_url if policy.ratelimit else None)
-        if url != self._url:  # a new Redis: the next read connects to it
-            self._url, self._reader = url, None
+        # a new Redis: the next read connects to it
+        self.redis.use(self._given or (policy.ratelimit.redis_url if policy.ratelimit else None))
         if self._reader is not None:
             self._reader.update_policy(policy)
 
     @property
     def configured(self) -> bool:
-        return self._url is not None and self._policy is not None
+        return self.redis.url is not None and self._policy is not None
 
     async def read(self, tenants: Sequence[str]) -> tuple[dict[str, list[WindowUsage]], str | None]:
         if not self.configured or not tenants:
@@ -88,22 +89,19 @@ class QuotaWindows:
         return dict(zip(names, found, strict=True)), None
 
     async def _connect(self) -> QuotaReader:
-        if self._reader is None:
-            assert self._url is not None and self._policy is not None
-            await self._drop_client()
-            self._client = await connect_redis(self._url, timeout=self._timeout)
+        client = await self.redis()
+        assert client is not None and self._policy is not None
+        if self._reader is None or self._reader_on is not client:
+            if self._reader is not None:
+                await self._reader.aclose()
             self._reader = QuotaReader(
-                self._client, self._policy, clock=self._clock, timeout=self._timeout
+                client, self._policy, clock=self._clock, timeout=self._timeout
             )
+            self._reader_on = client
         return self._reader
-
-    async def _drop_client(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
 
     async def aclose(self) -> None:
         if self._reader is not None:
             await self._reader.aclose()
             self._reader = None
-        await self._drop_client()
+        await self.redis.aclose()

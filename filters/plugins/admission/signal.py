@@ -147,7 +147,8 @@ def capacity_source(reader: PoolStateReader) -> CapacitySource:
 
 
 def saturation_source(reader: PoolStateReader) -> SaturationSource:
-    return _per_pool(reader, lambda s: s.saturation if s.endpoints else None)
+    """Per pool, its mean saturation; None while the pool state is stale."""
+    return ladder_source(reader, lambda pool: 0)
 
 
 def ladder_source(reader: PoolStateReader, lines: Callable[[str], int]) -> SaturationSource:
@@ -155,14 +156,13 @@ def ladder_source(reader: PoolStateReader, lines: Callable[[str], int]) -> Satur
     of its slots the batch runners' ``lines(pool)`` at its replicas hold
     (:func:`poolstate.valley.ladder_level`, over :func:`pool_capacity`: the slots of every
     replica, as the mean counts them); None while the pool state is stale."""
+    pool_state = _per_pool(
+        reader, lambda s: (s.saturation, pool_capacity(s) or 0) if s.endpoints else None
+    )
 
     def source(pool: str) -> float | None:
-        if reader.stale:
-            return None
-        s = reader.state.pools.get(pool)
-        if s is None or not s.endpoints:
-            return None
-        return ladder_level(s.saturation, lines(pool), pool_capacity(s) or 0)
+        got = pool_state(pool)
+        return None if got is None else ladder_level(got[0], lines(pool), got[1])
 
     return source
 
