@@ -208,12 +208,13 @@ class CheckpointMap:
         """The known points of ``marks`` (a prompt's checkpoints), from the first, in a row."""
         out: list[Point] = []
         points = self._points
+        get, touch, add = points.get, points.move_to_end, out.append
         for mark in marks:
-            point = points.get(mark)
+            point = get(mark)
             if point is None:
                 break
-            points.move_to_end(mark)
-            out.append(point)
+            touch(mark)
+            add(point)
         return out
 
     def start_of(self, marks: Sequence[bytes], known: int, root: Point = ROOT) -> Point | None:

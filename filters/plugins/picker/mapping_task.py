@@ -68,7 +68,10 @@ async def run_mapper(picker: MapperHost) -> None:
             jobs: list[Job] = []
             sent: list[tuple[Prompt, int, Point]] = []
             for prompt in todo:
-                known = len(picker.map.lookup(prompt.marks))
+                # the points known at its pick are not looked up (or touched) again: a long
+                # prompt has hundreds, and the pick touched them moments ago
+                seen = len(prompt.points)
+                known = seen + len(picker.map.lookup(prompt.marks[seen:]))
                 start = picker.map.start_of(prompt.marks, known, prompt.root)
                 if known >= len(prompt.marks) or start is None:  # mapped, or evicted
                     picker.mapped(prompt)

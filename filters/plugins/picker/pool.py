@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +42,7 @@ from filters.plugins.picker.mapper import (
 )
 from filters.plugins.picker.mapping_task import run_mapper
 from filters.plugins.picker.metrics import PickerMetrics
-from filters.plugins.picker.prompt import Prompt, checkpoints, prompt_bytes
+from filters.plugins.picker.prompt import Hold, Prompt, checkpoints, prompt_bytes
 from filters.plugins.picker.score import Candidate, Pick, Weights, choose
 from filters.plugins.picker.score_ttft import Scoring, choose_ttft
 from filters.plugins.picker.worker import MapperWorker
@@ -124,8 +125,8 @@ class PoolPicker:
         self.latency = LatencyModel()
         self._inflight_uncached: dict[str, int] = {f.name: 0 for f in self.feeds}
         self._stored_seen: dict[str, int] = {f.name: 0 for f in self.feeds}
-        # checkpoint → {replica: until}: prefixes recently sent there, before their events
-        self._pending: collections.OrderedDict[bytes, dict[str, float]] = collections.OrderedDict()
+        # checkpoint → {replica: hold}: prefixes recently sent there, before their events
+        self._pending: collections.OrderedDict[bytes, dict[str, Hold]] = collections.OrderedDict()
         # (replica, checkpoint) → the request prefilling it there now (prefill coalescing)
         self.leads = Leads(self.map.max_points)
         self.queue: asyncio.Queue[Prompt] | None = None
@@ -303,12 +304,19 @@ class PoolPicker:
             # until its text is mapped the index cannot see the prefix at all: the pending pick
             # holds until then (the mapper lags seconds on a busy box), pending_ttl after that
             until = self._clock() + self.routing.pending_ttl + (_MAP_GRACE_S if queued else 0.0)
+            hold = Hold(until)
+            prompt.holds.append(hold)
+            pending = self._pending
+            get, touch = pending.get, pending.move_to_end
             for mark in prompt.marks:
-                entry = self._pending.setdefault(mark, {})
-                entry[name] = until
-                self._pending.move_to_end(mark)
-            while len(self._pending) > self.map.max_points:
-                self._pending.popitem(last=False)
+                entry = get(mark)
+                if entry is None:
+                    pending[mark] = {name: hold}  # new: already the most recent
+                else:
+                    entry[name] = hold
+                    touch(mark)
+            while len(pending) > self.map.max_points:
+                pending.popitem(last=False)
         return uncached, self._lead(prompt, pick, uncached) if lead else None
 
     def _lead(self, prompt: Prompt, pick: Pick, uncached: int) -> Lead | None:
@@ -357,11 +365,8 @@ class PoolPicker:
     def mapped(self, prompt: Prompt) -> None:
         """``prompt``'s text is mapped: its pending picks expire ``pending_ttl`` from now."""
         until = self._clock() + self.routing.pending_ttl
-        for mark in prompt.marks:
-            entry = self._pending.get(mark)
-            if entry:
-                for name, old in entry.items():
-                    entry[name] = min(old, until)
+        for hold in prompt.holds:
+            hold.until = min(hold.until, until)
 
     def _tokens_at(self, points: Sequence[Point], k: int) -> int:
         """Backend tokens (whole pages) covered by the first ``k`` checkpoints. Past the mapped
@@ -400,17 +405,26 @@ class PoolPicker:
         }
 
     def _pending_runs(self, marks: Sequence[bytes], now: float) -> dict[str, int]:
-        """Per replica recently sent this prefix: how many checkpoints in a row it shares."""
+        """Per replica recently sent this prefix: how many checkpoints in a row it shares.
+        Each replica alive at the first checkpoint walks on alone (two dict reads a step, not a
+        set per checkpoint): a prompt's checkpoints run to a few hundred."""
+        pending = self._pending
+        first = pending.get(marks[0]) if marks else None
+        if not first:
+            return {}
+        get = pending.get
         runs: dict[str, int] = {}
-        alive: set[str] | None = None
-        for mark in marks:
-            entry = self._pending.get(mark)
-            here = {n for n, until in entry.items() if until >= now} if entry else set()
-            alive = here if alive is None else alive & here
-            if not alive:
-                break
-            for name in alive:
-                runs[name] = runs.get(name, 0) + 1
+        for name, hold in first.items():
+            if hold.until < now:
+                continue
+            run = 1
+            for mark in itertools.islice(marks, 1, None):
+                entry = get(mark)
+                held = entry.get(name) if entry is not None else None
+                if held is None or held.until < now:
+                    break
+                run += 1
+            runs[name] = run
         return runs
 
     # ---- background --------------------------------------------------------------------------

@@ -19,14 +19,22 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from chat.tokenizer import ChatTemplateError, HfChatTokenizer
 from filters.plugins.picker.mapper import ROOT, Point
 
-__all__ = ["Prompt", "checkpoints", "prompt_bytes", "render_emulator_chat"]
+__all__ = ["Hold", "Prompt", "checkpoints", "prompt_bytes", "render_emulator_chat"]
 
 _ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+@dataclass(slots=True)
+class Hold:
+    """Until when a pick's prefix counts as pending on its replica: one object shared by every
+    checkpoint the pick wrote, so that the mapper's end shortens them all at once."""
+
+    until: float
 
 
 @dataclass(slots=True)
@@ -37,6 +45,7 @@ class Prompt:
     marks: list[bytes]
     points: list[Point]
     root: Point = ROOT  # the point before its first token: the adapter's seed (mapper.adapter_root)
+    holds: list[Hold] = field(default_factory=list)  # its picks' pending holds (PoolPicker)
 
 
 def _content(content: object) -> str | None:

@@ -314,3 +314,48 @@ def test_prompts_queued_while_the_mapper_works_go_in_one_call(
             await picker.aclose()
 
     asyncio.run(main())
+
+
+def _runs_by_sets(
+    view: dict[bytes, dict[str, float]], marks: list[bytes], now: float
+) -> dict[str, int]:
+    """The pending runs as first written: the replicas alive at every checkpoint so far, as
+    sets intersected one checkpoint at a time (the reference for the per-replica walk)."""
+    runs: dict[str, int] = {}
+    alive: set[str] | None = None
+    for mark in marks:
+        entry = view.get(mark)
+        here = {n for n, until in entry.items() if until >= now} if entry else set()
+        alive = here if alive is None else alive & here
+        if not alive:
+            break
+        for name in alive:
+            runs[name] = runs.get(name, 0) + 1
+    return runs
+
+
+def test_pending_runs_walk_each_replica_as_the_set_intersection_did() -> None:
+    """Prompts sharing prefixes of random lengths, sent to random replicas at random times,
+    some mapped: every prompt's pending runs equal the set-per-checkpoint reading."""
+    import random
+
+    rng = random.Random(7)
+    clock = Clock()
+    picker, _ = _picker(clock, pending_ttl=1.0)
+    picker.queue = asyncio.Queue(1000)  # queued picks hold until mapped, as under start()
+    stems = [_text(f"s{i}", 120) for i in range(4)]
+    sent = []
+    for _ in range(300):
+        stem = rng.choice(stems)
+        prompt = picker.prompt(stem[: rng.randint(64, len(stem))] + _text("t", rng.randint(0, 40)))
+        picker.record(prompt, Pick(rng.choice(NAMES), "load"))
+        sent.append(prompt)
+        if rng.random() < 0.3:
+            picker.mapped(rng.choice(sent))
+        clock.now += rng.random() * 0.4
+        view = {m: {n: h.until for n, h in e.items()} for m, e in picker._pending.items()}
+        for probe in rng.sample(sent, min(5, len(sent))):
+            assert picker._pending_runs(probe.marks, clock.now) == _runs_by_sets(
+                view, probe.marks, clock.now
+            )
+    assert any(picker._pending_runs(p.marks, clock.now) for p in sent[-20:])  # not all expired
