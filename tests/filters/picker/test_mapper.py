@@ -115,6 +115,20 @@ def test_checkpoints_name_whole_prefixes() -> None:
         checkpoints(b"", 0)
 
 
+def test_a_salt_makes_other_checkpoints_and_is_bounded() -> None:
+    """An adapter's seed (12 bytes) is padded to 16: the salted prompt never shares a digest
+    with the same or any unsalted text, even one that starts with the seed's bytes."""
+    seed = b"lora" + (7).to_bytes(8, "big")
+    text = b"0123456789abcdef" * 4
+    salted = checkpoints(text, 16, seed)
+    assert len(salted) == 4 and not set(salted) & set(checkpoints(text, 16))
+    assert not set(salted) & set(checkpoints(seed + text, 16))
+    assert not set(salted) & set(checkpoints(seed.ljust(16, b"\0") + text, 16))
+    assert checkpoints(text, 16, seed) == salted
+    with pytest.raises(ValueError, match="at most 16 bytes"):
+        checkpoints(text, 16, b"x" * 17)
+
+
 @settings(max_examples=40, deadline=None)
 @given(WORDS, WORDS, st.integers(1, 3), st.integers(3, 30), st.sampled_from([1, 4]))
 def test_a_batch_maps_like_one_prompt_at_a_time_and_hashes_shared_text_once(
