@@ -10,6 +10,7 @@ import zlib
 from collections.abc import Sequence
 
 from filters.plugins.picker.coalesce import Lead, Wait, follow
+from filters.plugins.picker.cuts import cut_end
 from filters.plugins.picker.pool import PoolPicker
 from filters.plugins.picker.prompt import Prompt, checkpoints
 
@@ -131,7 +132,7 @@ class ApproxTreeRouter(Router):
                 k += 1
             runs.append(k)
         best = max(range(len(self.trees)), key=lambda i: runs[i])
-        ratio = runs[best] * 512 / max(len(job.data), 1)
+        ratio = cut_end(runs[best], 512) / max(len(job.data), 1)
         if ratio <= self.threshold:
             best = min(range(len(self.trees)), key=lambda i: len(self.trees[i]))
         tree = self.trees[best]

@@ -8,7 +8,7 @@ Python (53 ms for 12k tokens at page size 1). So the request path only computes 
 incrementally: a prompt whose first ``k`` checkpoints are known resumes tokenizing and hashing at
 checkpoint ``k``, so a conversation's next turn costs only its new text.
 
-For checkpoint ``k`` (bytes ``[0, k × step)``) the tokens are the words that end, followed by
+For checkpoint ``k`` (bytes ``[0, cut_end(k, step))``: :mod:`filters.plugins.picker.cuts`) the tokens are the words that end, followed by
 whitespace, before the cut (the emulator's tokenizer: one token per whitespace-separated word,
 id = CRC-32 of its UTF-8 bytes); a word touching the cut is left to the next checkpoint, so the
 tokens depend only on the bytes before the cut. The block hash stored is that of the last whole
@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from chat.tokenizer import HfChatTokenizer
+from filters.plugins.picker.cuts import cut_end
 from policy.routing import EMULATOR_TOKENIZER
 from prefixindex.adapters import adapter_id, adapter_prior
 from prefixindex.hashing import block_id, raw_chain
@@ -104,7 +105,7 @@ def map_points(
     out: list[Point] = []
     point = start
     for k in range(first + 1, first + count + 1):
-        point = _advance(data, base, point, k * step, page, mask, split)
+        point = _advance(data, base, point, cut_end(k, step), page, mask, split)
         out.append(point)
     return out
 

@@ -8,6 +8,7 @@ import asyncio
 import logging
 from typing import Protocol
 
+from filters.plugins.picker.cuts import cut_end
 from filters.plugins.picker.errors import MapperDown
 from filters.plugins.picker.mapper import EMULATOR, CheckpointMap, Job, Point, map_batch
 from filters.plugins.picker.metrics import PickerMetrics
@@ -79,7 +80,7 @@ async def run_mapper(picker: MapperHost) -> None:
                 count = min(_SLICE, len(prompt.marks) - known)
                 # only the bytes still to map go to the worker process, not the whole
                 # prompt (a conversation's next turn resumes where its last one was mapped)
-                data = prompt.data[start.resume : (known + count) * step]
+                data = prompt.data[start.resume : cut_end(known + count, step)]
                 jobs.append(
                     (prompt.marks[known : known + count], data, start, known, count,
                      start.resume)

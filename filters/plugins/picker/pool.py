@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from chat.tokenizer import HfChatTokenizer
 from filters.plugins.picker.coalesce import STORED_SHARE, Lead, Leads, Wait
+from filters.plugins.picker.cuts import cut_end, cuts_within
 from filters.plugins.picker.latency import LatencyModel, Rates
 from filters.plugins.picker.mapper import (
     EMULATOR,
@@ -235,7 +236,7 @@ class PoolPicker:
                     name=name,
                     known=count is not None,
                     healthy=healthy(name) if healthy is not None else True,
-                    matched_bytes=k * step,
+                    matched_bytes=cut_end(k, step),
                     matched_tokens=self._tokens_at(prompt.points, k),
                     inflight=self.inflight.get(name, 0),
                     cached_blocks=self.index.blocks_of(name),
@@ -332,7 +333,7 @@ class PoolPicker:
         # backlog counts from the last count read): see filters/plugins/picker/coalesce.py
         target = self._stored_seen[name] + int(STORED_SHARE * self.backlog[name])
         lead = Lead(name, target, self._clock() + r.coalesce_wait)
-        self.leads.add(lead, prompt.marks[pick.predicted_bytes // r.checkpoint_bytes :])
+        self.leads.add(lead, prompt.marks[cuts_within(pick.predicted_bytes, r.checkpoint_bytes) :])
         return lead
 
     def indexed(self, prompt: Prompt, name: str, marks: int) -> bool:
@@ -377,7 +378,9 @@ class PoolPicker:
         if k <= len(points):
             return points[k - 1].cached_tokens
         base = points[-1] if points else ROOT
-        more = (k * self.routing.checkpoint_bytes - base.resume) / self.map.bytes_per_token()
+        more = (
+            cut_end(k, self.routing.checkpoint_bytes) - base.resume
+        ) / self.map.bytes_per_token()
         tokens = base.tokens + int(more)
         return tokens - tokens % self.routing.page_size
 

@@ -6,13 +6,14 @@ the model's own with ``routing.tokenizer``; ``/generate`` ``text``; ``/v1/comple
 know the backend's prompt (token-id prompts, malformed bodies): such requests fall back to ring
 hash.
 
-``checkpoints`` cuts those bytes every ``step`` bytes and returns one digest per whole chunk, each
+``checkpoints`` cuts those bytes every ``step`` bytes, then farther apart in bands past the first
+64 cuts (:mod:`filters.plugins.picker.cuts`), and returns one digest per whole chunk, each
 naming the *whole prefix* up to its end (one incremental SHA-256, a copy per checkpoint). This is
 the only per-request hashing on the request path: it runs at C speed over the buffer (SHA-256,
 about 0.6 ms for 300 KB on the 2-core box, bench/routing_hash.py), whatever the page size. Two prompts
-sharing their first ``k × step`` bytes share their first ``k`` checkpoints; a trailing partial
-chunk is not fingerprinted, so matches are known at ``step`` granularity (an approximation: up
-to ``step`` bytes of a shared prefix are not counted).
+sharing their first ``cut_end(k)`` bytes share their first ``k`` checkpoints; a trailing partial
+chunk is not fingerprinted, so matches are known at checkpoint granularity (an approximation: up
+to one checkpoint of a shared prefix, ``step`` bytes or 1/32 of it, is not counted).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from chat.tokenizer import ChatTemplateError, HfChatTokenizer
+from filters.plugins.picker.cuts import cuts
 from filters.plugins.picker.mapper import ROOT, Point
 
 __all__ = ["Hold", "Prompt", "checkpoints", "prompt_bytes", "render_emulator_chat"]
@@ -113,8 +115,8 @@ def prompt_bytes(
 
 
 def checkpoints(data: bytes, step: int, salt: bytes = b"") -> list[bytes]:
-    """One 16-byte digest per whole ``step``-byte chunk, each over ``data[: (i + 1) × step]``;
-    ``salt`` (at most 16 bytes: a LoRA adapter's seed) makes the same text under another adapter
+    """One 16-byte digest per whole checkpoint, each over ``data[: cut_end(i + 1, step)]``
+    (:mod:`filters.plugins.picker.cuts`: ``step`` bytes apart, then farther in bands); ``salt`` (at most 16 bytes: a LoRA adapter's seed) makes the same text under another adapter
     other checkpoints, as the backend caches it apart.
 
     SHA-256 (OpenSSL's, in the CPU's SHA instructions where it has them) over the salt padded to
@@ -130,7 +132,7 @@ def checkpoints(data: bytes, step: int, salt: bytes = b"") -> list[bytes]:
     update, copy = hasher.update, hasher.copy
     out: list[bytes] = []
     add = out.append
-    for start in range(0, len(data) - step + 1, step):
-        update(data[start : start + step])
+    for start, end in cuts(len(data), step):
+        update(data[start:end])
         add(copy().digest()[:_DIGEST_BYTES])
     return out

@@ -1,7 +1,7 @@
 """The endpoint picker's decision: a pure function over plain data (no I/O, no clock).
 
 For each candidate replica (known to the prefix index, not marked unhealthy) the picker knows
-the share of the prompt it holds (checkpoints matched × step / prompt bytes, from the index or
+the share of the prompt it holds (the bytes its matched checkpoints cover / prompt bytes, from the index or
 from a recent pick of the same prefix still waiting for its KV events) and its requests in
 flight. Then:
 

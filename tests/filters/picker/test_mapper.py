@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.emulator.tokenizer import encode, render_chat
+from filters.plugins.picker.cuts import cut_end
 from filters.plugins.picker.mapper import ROOT, CheckpointMap, map_points
 from filters.plugins.picker.prompt import checkpoints, prompt_bytes, render_emulator_chat
 from prefixindex.hashing import prefix_block_ids
@@ -44,7 +45,7 @@ def test_each_checkpoint_names_the_backends_block_hash(
     points = cmap.lookup(marks)
     assert len(points) == len(marks)
     for k, point in enumerate(points, start=1):
-        assert (point.cached_tokens, point.block) == _expected(data, k * step, page, every)
+        assert (point.cached_tokens, point.block) == _expected(data, cut_end(k, step), page, every)
 
 
 @settings(max_examples=40, deadline=None)
@@ -59,7 +60,7 @@ def test_mapping_a_slice_from_its_offset_gives_the_same_points(
     known = data.draw(st.integers(0, len(marks)))
     start = ROOT if known == 0 else whole[known - 1]
     rest = len(marks) - known
-    cut = text[start.resume : len(marks) * step]
+    cut = text[start.resume : cut_end(len(marks), step)]
     assert map_points(cut, start, known, rest, step, page, every, start.resume) == whole[known:]
     with pytest.raises(ValueError):
         map_points(cut, start, known, rest, step, page, every, start.resume + 1)

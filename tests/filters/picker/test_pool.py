@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from backends.emulator.radix_cache import RadixCache
 from backends.emulator.tokenizer import encode
+from filters.plugins.picker.cuts import cut_end
 from filters.plugins.picker.metrics import PickerMetrics
 from filters.plugins.picker.pool import PoolPicker, feeds_for
 from filters.plugins.picker.score import Pick
@@ -201,7 +202,7 @@ def test_a_pending_prefix_is_counted_in_tokens_at_the_measured_bytes_per_token()
     picker.done(NAMES[2], picker.record(prompt, Pick(NAMES[2], "load")))  # sent; not mapped yet
     follow = picker.pick(picker.prompt(doc + b" next turn"))
     assert follow.replica == NAMES[2]
-    whole = len(prompt.marks) * 64  # bytes of the pending checkpoints
+    whole = cut_end(len(prompt.marks), 64)  # bytes of the pending checkpoints
     words_in_prefix = len(doc[:whole].split())
     assert 0.95 * words_in_prefix <= follow.predicted_tokens <= 1.05 * words_in_prefix
 
