@@ -5,7 +5,7 @@ Side by side on one prompt (the emulator's word tokenizer, page size 1):
 - ``full chain``: tokenize the whole prompt and SHA-256 every page as SGLang does (what a picker
   hashing every request on the request path would pay);
 - ``request path``: what the ``picker`` plugin does per request: render, checkpoint digests
-  (one BLAKE2b pass), checkpoint-map lookups, the index walk and the score (the prompt's map
+  (one SHA-256 pass), checkpoint-map lookups, the index walk and the score (the prompt's map
   entries present: a conversation's next turn or a shared document);
 - ``request path, unseen``: the same for a prompt never seen (nothing mapped: the walk stops at
   once);

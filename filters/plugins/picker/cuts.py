@@ -10,7 +10,7 @@ Why not evenly spaced: everything the picker does per request walks a prompt's c
 digests, the map lookups, the index walk, the pending picks: docs/benchmarks.md), so evenly
 spaced cuts make a request's cost grow with its prompt's length: 300 checkpoints at 300 KiB.
 Bands make it grow with the logarithm past the first band: 64 + 32·log2(length / (64·step)),
-140 at 300 KiB. What it costs: past the first band a shared prefix is known to within
+133 at 300 KiB. What it costs: past the first band a shared prefix is known to within
 ``2 / BAND`` (1/32) of its length instead of ``step`` bytes, e.g. 4 KiB of 200 KiB.
 """
 
