@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import itertools
 import logging
 import time
@@ -58,6 +59,13 @@ __all__ = ["PoolPicker", "feeds_for"]
 _log = logging.getLogger(__name__)
 _MAP_GRACE_S = 30.0  # longest a pending pick waits for its prompt to be mapped
 _WARM_TIMEOUT_S = 30.0  # longest start() waits for the worker process to come up
+_SUFFIX = 64  # a turn's last bytes, which its next turn renders again otherwise (a chat template's
+# generation prompt): left out of the comparison
+_MATCHED_ENDS = 16_384  # matched prefixes remembered (PoolPicker._shared; ~0.3 KB each, LRU)
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()[:16]
 
 
 def feeds_for(
@@ -130,6 +138,11 @@ class PoolPicker:
         self._pending: collections.OrderedDict[bytes, dict[str, Hold]] = collections.OrderedDict()
         # (replica, checkpoint) → the request prefilling it there now (prefill coalescing)
         self.leads = Leads(self.map.max_points)
+        # the block a mostly cached pick's match ended on → the rest of that prompt (where it
+        # starts, its length, its digest): see _shared
+        self._matched: collections.OrderedDict[int, tuple[int, int, bytes]] = (
+            collections.OrderedDict()
+        )
         self.queue: asyncio.Queue[Prompt] | None = None
         self._queue_capacity = queue_size
         self._subscriber: KvEventSubscriber | None = None
@@ -242,6 +255,7 @@ class PoolPicker:
                     cached_blocks=self.index.blocks_of(name),
                     backlog_tokens=max(0, self.backlog.get(name, 0) - max(0, own) - free),
                     recent=self.recent.get(name, 0.0),
+                    shared=self._shared(prompt, k),
                 )
             )
         tie = prompt.marks[0] if prompt.marks else prompt.data[:64]
@@ -290,6 +304,7 @@ class PoolPicker:
             for other in self.recent:
                 self.recent[other] *= keep
             self.recent[name] = self.recent.get(name, 0.0) + 1.0
+        self._remember_match(prompt, pick)
         uncached = max(0, self._tokens_of(prompt) - pick.predicted_tokens)
         if name in self.backlog:
             self.backlog[name] += uncached
@@ -319,6 +334,54 @@ class PoolPicker:
             while len(pending) > self.map.max_points:
                 pending.popitem(last=False)
         return uncached, self._lead(prompt, pick, uncached) if lead else None
+
+    def _shared(self, prompt: Prompt, k: int) -> bool:
+        """Whether the cached prefix a replica holds of ``prompt`` (its first ``k``
+        checkpoints) is one other requests share (a document many ask about) rather than this
+        conversation's own history.
+
+        The prefix is named by the backend block its match ends on (the last anchor page of
+        its ``k``-th checkpoint: the same for every prompt that shares those tokens, whatever
+        follows them). Each request sent mostly cached left, under that block, the rest of its
+        prompt from where its text was tokenized up to. If this prompt carries that rest (but
+        its last ``_SUFFIX`` bytes: the generation prompt a chat template ends a turn with,
+        rendered otherwise by the next turn) and more, it is that conversation's next turn: its
+        own history, which a move would prefill again (score.py keeps it on a busy replica).
+        Any other rest, or the same prompt again, means the prefix is shared: a second copy on
+        another replica pays back. A match the map cannot name yet (past the mapped
+        checkpoints) counts as its own."""
+        key = self._match_key(prompt, k)
+        seen = self._matched.get(key) if key is not None else None
+        if seen is None:
+            return False  # nobody else matched up to here: its own
+        off, rest, digest = seen
+        if len(prompt.data) <= off + rest or rest <= _SUFFIX:
+            return True
+        return _digest(prompt.data[off : off + rest - _SUFFIX]) != digest
+
+    @staticmethod
+    def _match_key(prompt: Prompt, k: int) -> int | None:
+        """The block a match of ``k`` checkpoints ends on (None: not mapped that far)."""
+        if not 0 < k <= len(prompt.points):
+            return None
+        return prompt.points[k - 1].block
+
+    def _remember_match(self, prompt: Prompt, pick: Pick) -> None:
+        """Note the block ``pick``'s cached prefix ends on and the rest of its prompt (only
+        for a prompt mostly cached: :meth:`_shared` is asked only about those)."""
+        size = len(prompt.data)
+        if pick.predicted_bytes <= 0 or pick.predicted_bytes < self.routing.sticky_share * size:
+            return
+        k = cuts_within(pick.predicted_bytes, self.routing.checkpoint_bytes)
+        key = self._match_key(prompt, k)
+        if key is None:
+            return
+        off = prompt.points[k - 1].resume
+        matched = self._matched
+        matched[key] = (off, size - off, _digest(prompt.data[off : size - _SUFFIX]))
+        matched.move_to_end(key)
+        while len(matched) > _MATCHED_ENDS:
+            matched.popitem(last=False)
 
     def _lead(self, prompt: Prompt, pick: Pick, uncached: int) -> Lead | None:
         """This request as the lead of its new checkpoints on its replica (None: too little to

@@ -10,7 +10,12 @@ flight. Then:
    share of the recent picks also exceeds ``max_share ×`` the mean: a replica that holds a hot
    prefix keeps its followers through a burst of in-flight requests as long as it has not been
    taking more than its share over the window (moving them makes a second copy, which evicts
-   other prefixes: measured, docs/benchmarks.md);
+   other prefixes: measured, docs/benchmarks.md) — and never one that holds at least
+   ``sticky_share`` of a prompt when what it holds is that conversation's own history
+   (``shared`` False: no other request matched that prefix, or only this conversation's
+   earlier turn did; :meth:`~filters.plugins.picker.pool.PoolPicker._shared`): moving a
+   conversation prefills all of it again on a replica where it serves nobody else, while a
+   second copy of a prefix many requests share pays back;
 2. a share below ``min_prefix_tokens`` counts as 0 (a shared system prompt alone says nothing);
 3. ``score = w × share − (1 − w) × inflight / (mean + 1)``, ``w = cache_weight``; the best
    score wins. If the winner holds nothing useful, or less than ``sticky_share`` of the prompt
@@ -60,6 +65,7 @@ class Candidate:
     cached_blocks: int = 0  # blocks the index holds for it (the size of its radix tree)
     backlog_tokens: int = 0  # sent to it, not yet reported prefilled (PoolPicker's estimate)
     recent: float = 0.0  # its picks over the balance window (decayed; PoolPicker's count)
+    shared: bool = False  # an earlier request matched the same cached prefix (a hot one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,13 +108,19 @@ def choose(
     blocks = (sum(c.cached_blocks for c in live) / len(live) or 1.0) if shares else 1.0
     cap = weights.max_share * recent
 
-    def ok(c: Candidate) -> bool:
-        return c.inflight + 1 <= bound or (shares and c.recent <= cap)
-
-    allowed = [c for c in live if ok(c)] or [min(live, key=_load)]
     w = weights.cache_weight
     size = max(prompt_len, 1)
     per_token = weights.backlog_weight / max(prompt_tokens, 1)
+    sticky = weights.sticky_share * size
+
+    def ok(c: Candidate) -> bool:
+        if c.inflight + 1 <= bound or (shares and c.recent <= cap):
+            return True
+        # a conversation's own history, mostly cached there: moving it prefills it all again
+        own = not c.shared and c.matched_tokens >= weights.min_prefix_tokens
+        return own and c.matched_bytes >= sticky
+
+    allowed = [c for c in live if ok(c)] or [min(live, key=_load)]
 
     def load(c: Candidate, placing: bool) -> float:
         if placing and shares:  # a prompt nobody holds: the recent picks and the cache's size
@@ -125,7 +137,7 @@ def choose(
         return (value, -c.cached_blocks, rendezvous(tie_key, c.name))
 
     best = max(allowed, key=lambda c: score(c, False))
-    if not useful(best) or best.matched_bytes < weights.sticky_share * size:
+    if not useful(best) or best.matched_bytes < sticky:
         # little of it cached anywhere: where this prompt waits least
         best = max(allowed, key=lambda c: score(c, True))
     reason = "cache" if useful(best) else "load"

@@ -18,8 +18,11 @@ WINDOW = Weights(cache_weight=0.7, max_imbalance=1.5, min_prefix_tokens=100, bal
                  max_share=1.3)  # fmt: skip
 
 
-def c(name: str, matched: int, inflight: int, recent: float, blocks: int = 0) -> Candidate:
-    return Candidate(name, True, True, matched, matched, inflight, blocks, 0, recent)
+def c(
+    name: str, matched: int, inflight: int, recent: float, blocks: int = 0, shared: bool = True
+) -> Candidate:
+    """A candidate; what it holds is a prefix other requests share unless ``shared`` is False."""
+    return Candidate(name, True, True, matched, matched, inflight, blocks, 0, recent, shared)
 
 
 def test_a_busy_holder_within_its_share_keeps_the_prompt_it_holds() -> None:
@@ -35,6 +38,17 @@ def test_a_busy_holder_past_its_share_is_skipped() -> None:
     pool = [c("a", 1000, 8, 20.0), c("b", 0, 0, 5.0), c("c", 0, 1, 5.0)]
     pick = choose(pool, 1000, WINDOW)
     assert pick.replica == "b" and pick.reason == "load"
+
+
+def test_a_busy_holder_keeps_a_conversations_own_history_past_its_share() -> None:
+    """What it holds is this conversation's own earlier turns (no other request matched that
+    prefix): moving it would prefill it all again, so neither rule moves it; a prompt it holds
+    less than sticky_share of is moved as before."""
+    pool = [c("a", 1000, 8, 20.0, shared=False), c("b", 0, 0, 5.0), c("c", 0, 1, 5.0)]
+    assert choose(pool, 1000, WINDOW).replica == "a"
+    assert choose(pool, 1000, INFLIGHT_ONLY).replica == "a"
+    little = [c("a", 400, 8, 20.0, shared=False), c("b", 0, 0, 5.0), c("c", 0, 1, 5.0)]
+    assert choose(little, 1000, WINDOW).replica == "b"
 
 
 def test_a_replica_under_the_in_flight_bound_is_never_skipped_for_its_share() -> None:

@@ -80,16 +80,48 @@ def test_a_prompt_goes_where_its_prefix_is_cached_and_away_when_that_replica_goe
     assert pick.replica not in (None, owner)
 
 
-def test_a_busy_owner_is_skipped_past_the_imbalance_bound() -> None:
+def _asked(picker: PoolPicker, doc: bytes, question: bytes) -> Pick:
+    """A question after ``doc``, mapped, picked and sent (recorded) where the picker said."""
+    prompt = picker.prompt(doc + question)
+    picker.map.extend(prompt.data, prompt.marks, 0, len(prompt.marks))
+    prompt = picker.prompt(doc + question)
+    pick = picker.pick(prompt)
+    picker.done(pick.replica or "", picker.record(prompt, pick))
+    return pick
+
+
+def test_a_busy_owner_of_a_shared_prefix_is_skipped_past_the_imbalance_bound() -> None:
+    """Two requests asked different questions about the same cached document: it is a shared
+    prefix, and a busy holder is skipped (a second copy elsewhere pays back)."""
     clock = Clock()
     picker, caches = _picker(clock, pending_ttl=0.0, max_imbalance=1.5, balance_window=0)
     doc = _text("doc", 300)
     caches[NAMES[0]].insert(encode(doc.decode()))
     _publish(picker, NAMES[0], caches[NAMES[0]], 1)
-    prompt = picker.prompt(doc)
-    picker.map.extend(prompt.data, prompt.marks, 0, len(prompt.marks))
-    picker.inflight[NAMES[0]] = 5
-    assert picker.pick(picker.prompt(doc)).replica != NAMES[0]
+    assert _asked(picker, doc, b" " + _text("first", 30)).replica == NAMES[0]
+    picker.inflight[NAMES[0]] = 2  # past the bound (1.5 × (2/3 + 1)); its cache still outscores
+    assert _asked(picker, doc, b" " + _text("second", 30)).replica != NAMES[0]
+    assert _asked(picker, doc, b" " + _text("first", 30)).replica != NAMES[0]  # the same again
+
+
+def test_a_busy_owner_keeps_a_conversations_next_turn() -> None:
+    """What the busy replica holds is this conversation's own history (its earlier turn, the
+    generation prompt its template ended with rendered again differently): moving the next
+    turn would prefill all of it again, so it stays; another conversation starting from the
+    same history is a shared prefix and moves."""
+    clock = Clock()
+    picker, caches = _picker(clock, pending_ttl=0.0, max_imbalance=1.5, balance_window=0)
+    history = _text("turn", 300)
+    caches[NAMES[0]].insert(encode(history.decode()))
+    _publish(picker, NAMES[0], caches[NAMES[0]], 1)
+    asked = b" " + _text("question", 30)
+    assert _asked(picker, history, asked + b" <|assistant|>").replica == NAMES[0]
+    picker.inflight[NAMES[0]] = 2  # past the bound, as above
+    follow_up = asked + b" " + _text("answer", 30) + b" " + _text("next", 20) + b" <|assistant|>"
+    pick = _asked(picker, history, follow_up)
+    assert (pick.replica, pick.reason) == (NAMES[0], "cache")
+    other = picker.pick(picker.prompt(history + b" " + _text("elsewhere", 40)))
+    assert other.replica != NAMES[0]
 
 
 def test_a_busy_owner_keeps_its_prompt_while_it_was_sent_no_more_than_its_share() -> None:
@@ -105,7 +137,10 @@ def test_a_busy_owner_keeps_its_prompt_while_it_was_sent_no_more_than_its_share(
         picker.record(other, Pick(name, "load"))
         picker.done(name)
     picker.inflight[NAMES[0]] = 5
-    assert picker.pick(picker.prompt(doc)).replica == NAMES[0]
+    prompt = picker.prompt(doc)
+    pick = picker.pick(prompt)
+    assert pick.replica == NAMES[0]
+    picker.done(NAMES[0], picker.record(prompt, pick))  # the same prompt again is a shared one
     for _ in range(8):  # now it has been sent far more than the others
         picker.record(other, Pick(NAMES[0], "load"))
         picker.done(NAMES[0])

@@ -9,7 +9,7 @@ W = Weights(cache_weight=0.7, max_imbalance=1.5, min_prefix_tokens=100)
 
 def c(name: str, matched: int = 0, inflight: int = 0, **kw: bool) -> Candidate:
     return Candidate(name, kw.get("known", True), kw.get("healthy", True), matched, matched,
-                     inflight)  # fmt: skip
+                     inflight, shared=kw.get("shared", True))  # fmt: skip
 
 
 def test_the_replica_holding_the_prefix_wins() -> None:
@@ -23,10 +23,16 @@ def test_load_beats_a_small_cache_advantage() -> None:
     assert pick.replica == "a"
 
 
-def test_a_replica_past_the_imbalance_bound_is_skipped_even_with_everything_cached() -> None:
+def test_a_replica_past_the_imbalance_bound_is_skipped_even_with_a_shared_prefix_cached() -> None:
     # mean 3, bound 1.5 × 4 = 6: b's 8 + 1 is past it
     pick = choose([c("a", 0, 0), c("b", 1000, 8), c("c", 0, 1)], 1000, W)
     assert pick.replica == "a" and pick.reason == "load"
+
+
+def test_a_replica_past_the_bound_keeps_a_conversations_own_history() -> None:
+    # the same, but what b holds no other request matched: a move would prefill it again
+    pick = choose([c("a", 0, 0), c("b", 1000, 8, shared=False), c("c", 0, 1)], 1000, W)
+    assert (pick.replica, pick.reason) == ("b", "cache")
 
 
 def test_a_match_below_min_prefix_counts_as_nothing() -> None:
