@@ -85,8 +85,13 @@ async def test_decode_answers_after_the_prefill_computed_the_prompt(
 ) -> None:
     prefill, decode = pd
     room = random.getrandbits(63)
+    # 10,800 tokens: the prefill's modelled time (54 ms at this time scale) stays well above a
+    # loaded box's scheduling delays (a 1,080-token prompt's 5 ms did not: 4.7 vs 7.4 ms in CI)
+    long = {"text": "the quick brown fox jumps over the lazy dog " * 1200}
     async with aiohttp.ClientSession() as http:
-        (ps, pbody), (ds, dbody) = await _send_both(http, prefill, decode, _body(prefill, room))
+        (ps, pbody), (ds, dbody) = await _send_both(
+            http, prefill, decode, _body(prefill, room, **long)
+        )
         assert (ps, ds) == (200, 200)
         assert pbody["meta_info"]["completion_tokens"] == 1  # prefill samples the first token
         assert dbody["meta_info"]["completion_tokens"] == 8
@@ -109,7 +114,9 @@ async def test_decode_answers_after_the_prefill_computed_the_prompt(
         p_ttft, d_ttft = await _metric(http, prefill, ttft), await _metric(http, decode, ttft)
         assert d_ttft < p_ttft / 2, (d_ttft, p_ttft)
         # a second request with the same prompt hits the prefill's radix cache
-        (_, pbody2), (ds2, _) = await _send_both(http, prefill, decode, _body(prefill, room + 1))
+        (_, pbody2), (ds2, _) = await _send_both(
+            http, prefill, decode, _body(prefill, room + 1, **long)
+        )
         assert ds2 == 200 and pbody2["meta_info"]["cached_tokens"] > 0
 
 
