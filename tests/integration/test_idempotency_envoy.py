@@ -102,12 +102,21 @@ async def test_a_second_gateway_replica_replays_from_redis(tmp_path: Path, redis
             policy = load_policy(st.mesh.policy_path)
             services = replace(make_services(policy, FakeClock()), redis=redis)
             plugin = IdempotencyPlugin({}, services)
-            ctx = Context(route=route_info(policy, policy.gateways["edge"].routes[0]),
-                          started=0.0, method="POST", path="/v1/chat/completions",
-                          tenant="acme")  # fmt: skip
-            await plugin.request_headers(ctx, {"idempotency-key": "rep-1"}, False)
-            result = await plugin.request_body(ctx, body)
-            assert result is not None and result.reply is not None
+            # the first replica stores the answer as its stream ends, which may be a moment
+            # after the client has it: until then the key is "still running" (retry after 1 s),
+            # as a client retrying at once would be told
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10.0
+            while True:
+                ctx = Context(route=route_info(policy, policy.gateways["edge"].routes[0]),
+                              started=0.0, method="POST", path="/v1/chat/completions",
+                              tenant="acme")  # fmt: skip
+                await plugin.request_headers(ctx, {"idempotency-key": "rep-1"}, False)
+                result = await plugin.request_body(ctx, body)
+                assert result is not None and result.reply is not None
+                if b"idempotency_key_in_use" not in result.reply.body or loop.time() > deadline:
+                    break
+                await asyncio.sleep(0.1)
             assert result.reply.body == first
         finally:
             await redis.aclose()
