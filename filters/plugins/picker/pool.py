@@ -27,6 +27,7 @@ import collections
 import hashlib
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -232,6 +233,9 @@ class PoolPicker:
         by_ttft = self.routing.scoring == "predicted_ttft"
         # predicted_ttft counts the backlog exactly (no allowance: the rates say what it costs)
         free = 0 if by_ttft else self.routing.backlog_allowance
+        # whether a match is shared matters only where it holds sticky_share of the prompt
+        # (score.py rule 1), and not at all to predicted_ttft: asked only there
+        sticky = math.inf if by_ttft else self.routing.sticky_share * len(prompt.data)
         candidates = []
         for name, count in held.items():
             k = count or 0
@@ -244,18 +248,19 @@ class PoolPicker:
             lead = leading.get(name)
             if lead is not None and lead.marks > k:
                 k = lead.marks  # being prefilled there now: a request sent there waits for it
+            matched = cut_end(k, step)
             candidates.append(
                 Candidate(
                     name=name,
                     known=count is not None,
                     healthy=healthy(name) if healthy is not None else True,
-                    matched_bytes=cut_end(k, step),
+                    matched_bytes=matched,
                     matched_tokens=self._tokens_at(prompt.points, k),
                     inflight=self.inflight.get(name, 0),
                     cached_blocks=self.index.blocks_of(name),
                     backlog_tokens=max(0, self.backlog.get(name, 0) - max(0, own) - free),
                     recent=self.recent.get(name, 0.0),
-                    shared=self._shared(prompt, k),
+                    shared=matched >= sticky and self._shared(prompt, k),
                 )
             )
         tie = prompt.marks[0] if prompt.marks else prompt.data[:64]
